@@ -1,0 +1,83 @@
+"""Synthetic models: residual blocks of Conv, BatchNormalization, Relu, Identity and Add.
+
+``build(n_nodes)`` makes a model of about ``n_nodes`` nodes (5 per block) with random weights and
+randomized BatchNormalization statistics, so that folding changes numbers measurably. Used by the
+tests and by scripts/bench_engine.py to show that optimize time grows linearly with graph size.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+NODES_PER_BLOCK = 5
+
+
+def build(n_nodes: int, *, channels: int = 4, size: int = 8, seed: int = 0, opset: int = 17,
+          ir_version: int = 10) -> onnx.ModelProto:
+    """Blocks of x -> Conv -> BatchNormalization -> Relu -> Identity -> Add(x).
+
+    Every fourth block uses a depthwise conv (group = channels) and every third a conv without bias.
+    """
+    rng = np.random.default_rng(seed)
+    blocks = max(1, n_nodes // NODES_PER_BLOCK)
+    nodes, inits = [], []
+    x = "input"
+    c = channels
+
+    def init(name, array):
+        inits.append(numpy_helper.from_array(array.astype(np.float32), name))
+        return name
+
+    for i in range(blocks):
+        depthwise = i % 4 == 3
+        group = c if depthwise else 1
+        w = init(f"b{i}.w", rng.standard_normal((c, c // group, 3, 3)) * (0.5 if depthwise else 0.2))
+        conv_inputs = [x, w]
+        if i % 3 != 2:
+            conv_inputs.append(init(f"b{i}.b", rng.standard_normal(c) * 0.1))
+        nodes.append(helper.make_node("Conv", conv_inputs, [f"b{i}.conv"], name=f"b{i}/conv",
+                                      pads=[1, 1, 1, 1], group=group))
+        nodes.append(helper.make_node(
+            "BatchNormalization",
+            [f"b{i}.conv", init(f"b{i}.scale", rng.uniform(0.5, 1.5, c)), init(f"b{i}.beta", rng.standard_normal(c) * 0.1),
+             init(f"b{i}.mean", rng.standard_normal(c) * 0.1), init(f"b{i}.var", rng.uniform(0.5, 2.0, c))],
+            [f"b{i}.bn"], name=f"b{i}/bn", epsilon=1e-5))
+        nodes.append(helper.make_node("Relu", [f"b{i}.bn"], [f"b{i}.relu"], name=f"b{i}/relu"))
+        nodes.append(helper.make_node("Identity", [f"b{i}.relu"], [f"b{i}.id"], name=f"b{i}/identity"))
+        nodes.append(helper.make_node("Add", [f"b{i}.id", x], [f"b{i}.out"], name=f"b{i}/add"))
+        x = f"b{i}.out"
+    graph = helper.make_graph(
+        nodes, f"synthetic_{blocks * NODES_PER_BLOCK}",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, c, size, size])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, c, size, size])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir_version,
+                             producer_name="onnxopt.models.synthetic")
+
+
+def inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for vi in model.graph.input:
+        dims = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        feeds[vi.name] = rng.standard_normal(dims).astype(np.float32)
+    return feeds
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(description="Write a synthetic conv/BN/relu/identity/add model.")
+    p.add_argument("--nodes", type=int, default=100, help="about this many nodes (5 per block)")
+    p.add_argument("--out", default="synthetic.onnx")
+    args = p.parse_args(argv)
+    onnx.save(build(args.nodes), args.out)
+    print(f"wrote {args.out} ({max(1, args.nodes // NODES_PER_BLOCK) * NODES_PER_BLOCK} nodes)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,126 @@
+"""``optimize()``: the library face."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import os
+import time
+from collections.abc import Iterable, Sequence
+
+import onnx_ir as ir
+
+from . import driver, io, registry
+from .pattern import Rule
+
+
+@dataclasses.dataclass
+class Report:
+    """What one optimize() call did: node counts before/after, per-rule statistics, timings."""
+
+    before: dict[str, int]
+    after: dict[str, int]
+    rules: dict[str, driver.RuleStats]
+    rewrites: int
+    seconds: dict[str, float]
+    cycles: list[dict]
+    hit_limit: bool
+    warnings: list[str]
+
+    @property
+    def fired(self) -> dict[str, int]:
+        return {name: st.fired for name, st in self.rules.items() if st.fired}
+
+    def as_dict(self) -> dict:
+        return {
+            "nodes_before": sum(self.before.values()),
+            "nodes_after": sum(self.after.values()),
+            "op_types_before": self.before,
+            "op_types_after": self.after,
+            "rewrites": self.rewrites,
+            "rules": {name: st.as_dict() for name, st in self.rules.items()},
+            "seconds": {k: round(v, 6) for k, v in self.seconds.items()},
+            "cycles": self.cycles,
+            "hit_limit": self.hit_limit,
+            "warnings": self.warnings,
+        }
+
+
+def resolve_rules(rules: Sequence[Rule] | None = None, extra_rules: Sequence[Rule] = (),
+                  disable: Iterable[str] = (), target: str | None = None) -> list[Rule]:
+    base = registry.builtin_rules() if rules is None else list(rules)
+    return registry.select([*base, *extra_rules], disable=disable, target=target)
+
+
+def optimize(
+    model: io.ModelLike,
+    *,
+    rules: Sequence[Rule] | None = None,
+    extra_rules: Sequence[Rule] = (),
+    disable: Iterable[str] = (),
+    target: str | None = None,
+    output: str | os.PathLike | None = None,
+    external_data: str | bool | None = None,
+    max_rewrites: int | None = None,
+    check: bool = True,
+    inplace: bool = False,
+    return_report: bool = False,
+):
+    """Rewrite ``model`` with the rules until nothing more applies.
+
+    Args:
+        model: a path, bytes, onnx.ModelProto or onnx_ir.Model; the result is of the same kind
+            (for a path, the path written, which ``output`` must name).
+        rules: the rule set (default: onnxopt's built-in library).
+        extra_rules: rules added to ``rules``.
+        disable: names of rules to leave out.
+        target: "cpu" or "cuda": only rules valid for that execution provider.
+        output: where to write the result (required for a path input; optional otherwise).
+        external_data: weights file name for the output, True for ``<output>.data``, False for one
+            file; by default a model that came with external data is saved with it too.
+        max_rewrites: cap on rewrites (default 10 x nodes + 1000).
+        check: run the ONNX checker and external-data check on the input.
+        inplace: for an onnx_ir.Model, rewrite it in place instead of a copy.
+        return_report: return ``(result, Report)`` instead of the result alone.
+    """
+    # The IR is a large web of reference cycles; the cyclic collector's full passes over it make
+    # time grow faster than the graph. Nothing here relies on it, so it is paused for the call.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _optimize(model, rules, extra_rules, disable, target, output, external_data, max_rewrites,
+                         check, inplace, return_report)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _optimize(model, rules, extra_rules, disable, target, output, external_data, max_rewrites, check,
+              inplace, return_report):
+    t0 = time.perf_counter()
+    chosen = resolve_rules(rules, extra_rules, disable, target)
+    loaded = io.load(model, check=check, copy_ir=not inplace)
+    t1 = time.perf_counter()
+    before = driver.node_counts(loaded.model)
+    result = driver.rewrite(loaded.model, chosen, max_rewrites=max_rewrites)
+    after = driver.node_counts(loaded.model)
+    t2 = time.perf_counter()
+    out = io.give_back(loaded, output, external_data=external_data)
+    t3 = time.perf_counter()
+    if not return_report:
+        return out
+    warnings = [c["message"] for c in result.cycles]
+    if result.hit_limit:
+        warnings.append(f"stopped at the rewrite limit ({result.rewrites} rewrites); the result is valid but "
+                        "may not be fully optimized")
+    report = Report(before, after, result.rules, result.rewrites,
+                    {"load": t1 - t0, "rewrite": t2 - t1, "save": t3 - t2, "total": t3 - t0},
+                    result.cycles, result.hit_limit, warnings)
+    return out, report
+
+
+def default_rules() -> list[Rule]:
+    return registry.builtin_rules()
+
+
+__all__ = ["Report", "default_rules", "optimize", "ir"]

@@ -1,0 +1,380 @@
+"""The fixpoint driver.
+
+A worklist with set semantics, seeded with every node of every graph (If/Loop/Scan bodies
+included) in graph order. Rules are indexed by their root op type, so a node is only tried against
+the rules that could match it. After a rewrite, only what it touched goes back on the list: the new
+nodes, the users of the values it replaced, and the producers and remaining users of the values
+the removed nodes read. The cost is therefore proportional to what changes, not to graph size
+times passes.
+
+Guarantees:
+- Deterministic: the same model and rules give the same rewrites in the same order, and new
+  nodes, values and initializers get names derived from the rule and the root node.
+- Bounded: at most ``max_rewrites`` rewrites; a rule that fires again on the same structure over
+  the same inputs (rules undoing each other) is reported as a cycle and not applied again there.
+- Graph outputs keep their names; a rewrite that cannot honour that is refused.
+- Every node a rule creates carries provenance in its metadata: ``onnxopt.rule`` (the rule),
+  ``onnxopt.replaced`` (the names of the nodes it matched) and ``onnxopt.sources`` (the original
+  nodes it derives from, through earlier rewrites).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from collections.abc import Iterable, Sequence
+
+import onnx_ir as ir
+from onnx_ir.passes.common import RemoveUnusedNodesPass
+
+from .errors import RuleError
+from .pattern import Builder, Match, Refuse, Rule
+
+RULE_KEY = "onnxopt.rule"
+REPLACED_KEY = "onnxopt.replaced"
+SOURCES_KEY = "onnxopt.sources"
+
+
+@dataclasses.dataclass
+class RuleStats:
+    tried: int = 0
+    matched: int = 0
+    refused: int = 0
+    fired: int = 0
+    seconds: float = 0.0
+    reasons: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+    def as_dict(self, top: int = 5) -> dict:
+        return {
+            "tried": self.tried,
+            "matched": self.matched,
+            "refused": self.refused,
+            "fired": self.fired,
+            "seconds": round(self.seconds, 6),
+            "top_refusals": dict(self.reasons.most_common(top)),
+        }
+
+
+@dataclasses.dataclass
+class DriverResult:
+    rewrites: int = 0
+    visited: int = 0
+    removed_dead: int = 0
+    rules: dict[str, RuleStats] = dataclasses.field(default_factory=dict)
+    cycles: list[dict] = dataclasses.field(default_factory=list)
+    hit_limit: bool = False
+    log: list[dict] = dataclasses.field(default_factory=list)
+
+
+def _generalize_reason(reason: str) -> str:
+    """Strip node names from a refusal reason so reasons aggregate by kind."""
+    return reason.split(": ", 1)[-1] if ": " in reason else reason
+
+
+class _Namer:
+    """Unique, deterministic names for new nodes and values across the whole model."""
+
+    def __init__(self, model: ir.Model):
+        taken: set[str] = set()
+        for graph in model.graphs():
+            for value in graph.inputs:
+                taken.add(value.name)
+            for name in graph.initializers:
+                taken.add(name)
+            for node in graph:
+                taken.add(node.name)
+                for value in node.outputs:
+                    taken.add(value.name)
+        taken.discard(None)
+        self.taken = taken
+        self.counters: dict[str, int] = {}
+
+    def __call__(self, hint: str) -> str:
+        if hint not in self.taken:
+            self.taken.add(hint)
+            return hint
+        n = self.counters.get(hint, 0)
+        while True:
+            n += 1
+            name = f"{hint}_{n}"
+            if name not in self.taken:
+                self.counters[hint] = n
+                self.taken.add(name)
+                return name
+
+
+def index_rules(rules: Sequence[Rule]) -> dict[tuple[str, str], list[Rule]]:
+    """Rules by root (domain, op_type), highest priority first, then by name."""
+    seen: set[str] = set()
+    index: dict[tuple[str, str], list[Rule]] = {}
+    for rule in rules:
+        if not isinstance(rule, Rule):
+            raise RuleError(f"not a Rule: {rule!r}")
+        if rule.name in seen:
+            raise RuleError(f"two rules are named {rule.name!r}")
+        seen.add(rule.name)
+        index.setdefault(rule.pattern.key, []).append(rule)
+    for bucket in index.values():
+        bucket.sort(key=lambda r: (-r.priority, r.name))
+    return index
+
+
+class Driver:
+    def __init__(self, model: ir.Model, rules: Sequence[Rule], *, max_rewrites: int | None = None,
+                 stop_after: int | None = None, keep_log: bool = False):
+        self.model = model
+        self.index = index_rules(rules)
+        self.result = DriverResult(rules={r.name: RuleStats() for r in rules})
+        self.opsets = dict(model.opset_imports)
+        if "ai.onnx" in self.opsets and "" not in self.opsets:
+            self.opsets[""] = self.opsets["ai.onnx"]
+        self.max_rewrites = max_rewrites
+        self.stop_after = stop_after  # for bisecting: apply only the first N rewrites
+        self.keep_log = keep_log
+        self._namer: _Namer | None = None
+        self._queue: collections.deque[ir.Node] = collections.deque()
+        self._queued: set[ir.Node] = set()
+        self._seen_keys: set[tuple] = set()
+        self._blocked: set[tuple] = set()
+        self._keepalive: list = []
+        self._origin: dict[ir.Node, frozenset] = {}
+
+    # -- worklist -------------------------------------------------------------------------
+    def _push(self, node: ir.Node | None) -> None:
+        if node is not None and node not in self._queued and node.graph is not None:
+            self._queued.add(node)
+            self._queue.append(node)
+
+    def _push_users(self, value: ir.Value) -> None:
+        for use in value.uses():
+            self._push(use.node)
+
+    # -- main loop ------------------------------------------------------------------------
+    def run(self) -> DriverResult:
+        result = self.result
+        initial = 0
+        for graph in self.model.graphs():
+            for node in graph:
+                initial += 1
+                self._push(node)
+        limit = self.max_rewrites if self.max_rewrites is not None else 10 * initial + 1000
+        if self.stop_after is not None:
+            limit = min(limit, self.stop_after)
+        index = self.index
+        stats = result.rules
+        clock = time.perf_counter
+        while self._queue:
+            node = self._queue.popleft()
+            self._queued.discard(node)
+            if node.graph is None:
+                continue
+            candidates = index.get((node.domain if node.domain != "ai.onnx" else "", node.op_type))
+            if not candidates:
+                continue
+            result.visited += 1
+            for rule in candidates:
+                st = stats[rule.name]
+                st.tried += 1
+                t0 = clock()
+                outcome = rule.match(node, self.opsets)
+                if isinstance(outcome, str):
+                    st.reasons[_generalize_reason(outcome)] += 1
+                    st.seconds += clock() - t0
+                    continue
+                st.matched += 1
+                if result.rewrites >= limit:
+                    result.hit_limit = self.stop_after is None or limit < self.stop_after
+                    st.seconds += clock() - t0
+                    self._queue.clear()
+                    self._queued.clear()
+                    break
+                reason = self._apply(outcome)
+                st.seconds += clock() - t0
+                if reason is None:
+                    st.fired += 1
+                    result.rewrites += 1
+                    break
+                st.refused += 1
+                st.reasons[_generalize_reason(reason)] += 1
+        return result
+
+    # -- one rewrite ----------------------------------------------------------------------
+    def _origins(self, node: ir.Node) -> frozenset:
+        origins = self._origin.get(node)
+        if origins is None:  # an original node: its own origin (the dict keeps it alive)
+            origins = self._origin[node] = frozenset((id(node),))
+        return origins
+
+    def _cycle_key(self, m: Match) -> tuple:
+        """Identifies a rewrite by rule, matched op types, the values it reads from outside and
+        the original nodes it derives from. Rules undoing each other recreate the same key;
+        two identical but distinct subexpressions do not (their origins differ)."""
+        inside = set(m.nodes)
+        external = []
+        for node in m.nodes:
+            for value in node.inputs:
+                if value is None or value.producer() in inside:
+                    continue
+                external.append(value)
+        shape = tuple((n.domain, n.op_type) for n in m.nodes)
+        origins = frozenset().union(*(self._origins(n) for n in m.nodes))
+        return (m.rule.name, shape, tuple(id(v) for v in external), origins), external
+
+    def _apply(self, m: Match) -> str | None:
+        """Apply the rewrite for ``m``; None on success, else the reason it was refused."""
+        root, graph, rule = m.root, m.graph, m.rule
+        key, external = self._cycle_key(m)
+        if key in self._blocked:
+            return "blocked after a cycle"
+        if key in self._seen_keys:
+            self._blocked.add(key)
+            self.result.cycles.append({
+                "rule": rule.name,
+                "node": root.name,
+                "created_by": root.metadata_props.get(RULE_KEY, ""),
+                "message": f"rule {rule.name} would rewrite {root.name} again after "
+                           f"{root.metadata_props.get(RULE_KEY, 'another rule')} recreated it; stopped",
+            })
+            return "cycle detected"
+        if self._namer is None:
+            self._namer = _Namer(self.model)
+        builder = Builder(m, self._namer)
+        try:
+            replacement = rule.replacement(m, builder)
+        except Refuse as exc:
+            builder.abort()
+            return str(exc) or "replacement refused"
+        if replacement is None:
+            builder.abort()
+            return "replacement returned nothing"
+        news = [replacement] if isinstance(replacement, ir.Value) else list(replacement)
+        olds = list(root.outputs)
+        reason = self._check_outputs(graph, root, olds, news, builder)
+        if reason is not None:
+            builder.abort()
+            return reason
+        self._seen_keys.add(key)
+        self._keepalive.append(external)  # ids in seen keys must stay unique
+        for node in builder.nodes:
+            self._origin[node] = key[3]
+        self._commit(m, builder, olds, news)
+        return None
+
+    @staticmethod
+    def _check_outputs(graph, root, olds, news, builder) -> str | None:
+        if len(news) > len(olds):
+            return f"replacement gives {len(news)} values for {len(olds)} outputs"
+        for old in olds[len(news):]:
+            if old.uses() or old.is_graph_output():
+                return f"output {old.name!r} is used but not replaced"
+        created = {v for n in builder.nodes for v in n.outputs}
+        seen_outputs: set[ir.Value] = set()
+        for old, new in zip(olds, news):
+            if new is old:
+                continue
+            if not old.is_graph_output():
+                continue
+            if new in created:
+                continue
+            # An existing value would become this graph output: it must be an ordinary
+            # intermediate of this graph that can take the output's name.
+            producer = new.producer()
+            if producer is None or producer.graph is not graph:
+                return f"{old.name!r} is a graph output and {new.name!r} cannot take its place"
+            if new.is_graph_output() or new in seen_outputs:
+                return f"{old.name!r} and {new.name!r} would be the same graph output"
+            seen_outputs.add(new)
+        return None
+
+    def _commit(self, m: Match, builder: Builder, olds, news) -> None:
+        root, graph, rule = m.root, m.graph, m.rule
+        replaced = [n.name or n.op_type for n in m.nodes]
+        sources: list[str] = []
+        for n in m.nodes:
+            src = n.metadata_props.get(SOURCES_KEY)
+            sources.extend(src.split(",") if src else [n.name or n.op_type])
+        sources_text = ",".join(dict.fromkeys(sources))
+        for node in builder.nodes:
+            node.metadata_props[RULE_KEY] = rule.name
+            node.metadata_props[REPLACED_KEY] = ",".join(replaced)
+            node.metadata_props[SOURCES_KEY] = sources_text
+        if builder.nodes:
+            graph.insert_before(root, builder.nodes)
+        for value in builder.initializers:
+            graph.register_initializer(value)
+        created = {v for n in builder.nodes for v in n.outputs}
+        for old, new in zip(olds, news):
+            if new is old:
+                continue
+            if new.type is None and old.type is not None:
+                new.type = old.type
+            if new.shape is None and old.shape is not None:
+                new.shape = old.shape
+            name = old.name
+            if new in created or old.is_graph_output():
+                old.name = None
+                old.replace_all_uses_with(new, replace_graph_outputs=True)
+                new.name = name
+            else:
+                old.replace_all_uses_with(new)
+            self._push_users(new)
+        # Remove what the rewrite made dead: the root, then matched nodes and their producers.
+        touched_inputs: list[ir.Value] = []
+        for node in m.nodes:
+            touched_inputs.extend(v for v in node.inputs if v is not None)
+        self._remove_dead(list(m.nodes))
+        for value in touched_inputs:
+            self._push(value.producer())
+            self._push_users(value)
+        for node in builder.nodes:
+            self._push(node)
+        if self.keep_log:
+            self.result.log.append({"rule": rule.name, "replaced": replaced,
+                                    "created": [n.name for n in builder.nodes]})
+
+    def _remove_dead(self, candidates: list[ir.Node]) -> None:
+        stack = list(reversed(candidates))
+        while stack:
+            node = stack.pop()
+            graph = node.graph
+            if graph is None:
+                continue
+            if any(v.uses() or v.is_graph_output() for v in node.outputs):
+                continue
+            inputs = [v for v in node.inputs if v is not None]
+            graph.remove(node, safe=True)
+            self.result.removed_dead += 1
+            for value in inputs:
+                producer = value.producer()
+                if producer is not None and producer.graph is not None:
+                    stack.append(producer)
+
+
+def remove_unused(model: ir.Model) -> None:
+    """Dead nodes and unused initializers, in the main graph and in every subgraph."""
+    RemoveUnusedNodesPass()(model)
+    for graph in model.graphs():
+        if graph is model.graph:
+            continue
+        outputs = set(graph.outputs)
+        for name, value in list(graph.initializers.items()):
+            if not value.uses() and value not in outputs:
+                del graph.initializers[name]
+
+
+def node_counts(model: ir.Model) -> dict[str, int]:
+    counts: collections.Counter = collections.Counter()
+    for graph in model.graphs():
+        for node in graph:
+            op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+            counts[op] += 1
+    return dict(sorted(counts.items()))
+
+
+def rewrite(model: ir.Model, rules: Iterable[Rule], **options) -> DriverResult:
+    """Run the fixpoint driver over ``model`` in place, then remove what became unused."""
+    driver = Driver(model, list(rules), **options)
+    result = driver.run()
+    remove_unused(model)
+    return result

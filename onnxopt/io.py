@@ -1,0 +1,266 @@
+"""Loading and saving models in every form users hold them.
+
+Inputs may be a path, ``bytes``, an ``onnx.ModelProto`` or an ``onnx_ir.Model``; the caller gets
+back the same kind. Bad input raises :class:`InvalidModelError` with a one-line message. Weights
+are never copied on load: a ModelProto's tensors are wrapped, not copied, and external data is
+memory-mapped lazily by onnx_ir. Saving writes to a temporary file next to the target and renames
+it into place, so a failure never leaves a half-written model and the input is never touched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import tempfile
+from pathlib import Path
+from typing import Union
+
+import onnx
+import onnx_ir as ir
+
+from .errors import InvalidModelError, UsageError
+
+ModelLike = Union[str, os.PathLike, bytes, onnx.ModelProto, ir.Model]
+
+# Protobuf cannot serialize a message of 2 GiB or more; keep well clear of it.
+_PROTO_LIMIT = 2**31 - 2**26
+
+
+@dataclasses.dataclass
+class Loaded:
+    """An IR model plus what we need to give it back in the form it came in."""
+
+    model: ir.Model
+    kind: str  # "path" | "bytes" | "proto" | "ir"
+    path: Path | None = None
+    external: bool = False  # the input kept (some) weights in external data files
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("==>"):
+            return line
+    return text.splitlines()[0]
+
+
+def _parse(data: bytes, what: str) -> onnx.ModelProto:
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except Exception as exc:  # protobuf raises DecodeError (a Message.Error subclass)
+        # A protobuf that starts like a ModelProto (field 1 = ir_version, varint) but fails
+        # to parse was most likely cut short.
+        if data[:1] == b"\x08" and len(data) > 16:
+            raise InvalidModelError(
+                f"{what} is a truncated or corrupted ONNX file ({len(data)} bytes; protobuf: {_first_line(exc)})"
+            ) from None
+        raise InvalidModelError(f"{what} is not an ONNX model (it does not parse as one)") from None
+    if not proto.HasField("graph") or proto.ir_version <= 0 or not proto.opset_import:
+        if data[:1] == b"\x08" and proto.ir_version > 0:
+            raise InvalidModelError(f"{what} is a truncated ONNX file (no complete graph)")
+        raise InvalidModelError(f"{what} is not an ONNX model (no graph, IR version or opset import)")
+    return proto
+
+
+def _check(target: onnx.ModelProto | bytes | str, what: str) -> None:
+    try:
+        onnx.checker.check_model(target)
+    except Exception as exc:
+        raise InvalidModelError(f"{what} fails the ONNX checker: {_first_line(exc)}") from None
+
+
+def _external_tensors(model: ir.Model):
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            if isinstance(value.const_value, ir.ExternalTensor):
+                yield value.name, value.const_value
+
+
+def _check_external_data(model: ir.Model, what: str) -> bool:
+    """Raise if an external-data file is missing or too short; return whether any is used."""
+    sizes: dict[str, int] = {}
+    found = False
+    for name, tensor in _external_tensors(model):
+        found = True
+        path = tensor.path
+        if path not in sizes:
+            try:
+                sizes[path] = os.path.getsize(path)
+            except OSError:
+                raise InvalidModelError(
+                    f"{what}: missing external data file '{tensor.location}' (tensor '{name}', looked for {path})"
+                ) from None
+        end = (tensor.offset or 0) + (tensor.length if tensor.length is not None else tensor.nbytes)
+        if end > sizes[path]:
+            raise InvalidModelError(
+                f"{what}: external data file '{tensor.location}' is too short for tensor '{name}' "
+                f"(needs {end} bytes, has {sizes[path]})"
+            )
+    return found
+
+
+def load(source: ModelLike, *, check: bool = True, copy_ir: bool = True) -> Loaded:
+    """Load any supported model form into onnx_ir.
+
+    ``check`` runs the ONNX checker and the external-data check (not done for an onnx_ir.Model,
+    which is trusted as built). ``copy_ir`` clones an onnx_ir.Model (tensors shared) so the
+    caller's object is not mutated.
+    """
+    if isinstance(source, ir.Model):
+        return Loaded(source.clone() if copy_ir else source, "ir")
+    if isinstance(source, onnx.ModelProto):
+        if check:
+            # Large models serialize badly; the checker then needs a path, which we lack.
+            if source.ByteSize() < _PROTO_LIMIT:
+                _check(source, "model")
+        model = ir.from_proto(source)
+        external = _check_external_data(model, "model") if check else False
+        return Loaded(model, "proto", external=external)
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        data = bytes(source)
+        proto = _parse(data, "input bytes")
+        if check:
+            _check(data, "model")
+        return Loaded(ir.from_proto(proto), "bytes")
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        what = str(path)
+        if not path.exists():
+            raise InvalidModelError(f"{what}: no such file")
+        if path.is_dir():
+            raise InvalidModelError(f"{what}: is a directory, not an ONNX file")
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise InvalidModelError(f"{what}: cannot read ({exc.strerror})") from None
+        proto = _parse(data, what)
+        model = ir.from_proto(proto)
+        ir.external_data.set_base_dir(model.graph, path.parent)
+        # Report a missing data file as such before the checker reports it less clearly.
+        external = _check_external_data(model, what)
+        if check:
+            # The bytes in hand spare the checker a second read of the file; external data
+            # was checked above.
+            _check(data, what)
+        del data
+        return Loaded(model, "path", path=path, external=external)
+    raise UsageError(
+        f"cannot load a model from {type(source).__name__}: pass a path, bytes, onnx.ModelProto or onnx_ir.Model"
+    )
+
+
+@functools.cache
+def onnxruntime_max_ir_version() -> int | None:
+    """The highest model IR version the installed onnxruntime accepts (None if not installed).
+
+    Found by asking onnxruntime to load a one-node model at descending IR versions, so it is
+    exact for whatever build is installed (CPU or GPU).
+    """
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", [x], [y])
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    for version in range(onnx.IR_VERSION, 6, -1):
+        proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=version)
+        try:
+            ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        except Exception:
+            continue
+        return version
+    return None
+
+
+def clamp_ir_version(model: ir.Model) -> None:
+    """Lower the model's IR version to one the installed onnxruntime accepts."""
+    limit = onnxruntime_max_ir_version()
+    if limit is not None and model.ir_version > limit:
+        model.ir_version = limit
+
+
+def _initializer_bytes(model: ir.Model) -> int:
+    total = 0
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            if value.const_value is not None:
+                total += value.const_value.nbytes
+    return total
+
+
+def save(
+    model: ir.Model,
+    path: str | os.PathLike,
+    *,
+    external_data: str | bool | None = None,
+    size_threshold: int = 1024,
+) -> Path:
+    """Write ``model`` to ``path`` atomically.
+
+    ``external_data``: a file name (relative to the model's directory) to put weights in, True for
+    ``<model file name>.data``, False to force one file, None to decide: external when the weights
+    would push the file past protobuf's 2 GiB limit.
+    """
+    path = Path(path)
+    if external_data is None:
+        external_data = _initializer_bytes(model) >= _PROTO_LIMIT
+    if external_data is True:
+        external_data = path.name + ".data"
+    clamp_ir_version(model)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    os.close(fd)
+    try:
+        if external_data:
+            ir.save(model, tmp, external_data=str(external_data), size_threshold_bytes=size_threshold)
+        else:
+            ir.save(model, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def to_proto(model: ir.Model) -> onnx.ModelProto:
+    clamp_ir_version(model)
+    return ir.to_proto(model)
+
+
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    a, b = Path(a), Path(b)
+    if a.exists() and b.exists():
+        return os.path.samefile(a, b)
+    return a.resolve() == b.resolve()
+
+
+def give_back(loaded: Loaded, output: str | os.PathLike | None, *, external_data: str | bool | None = None):
+    """Return the optimized model in the form it came in (writing it when it came as a path)."""
+    model = loaded.model
+    if loaded.kind == "path":
+        if output is None:
+            raise UsageError("a model given as a path needs output= (the input file is never overwritten)")
+        if loaded.path is not None and same_file(loaded.path, output):
+            raise UsageError(f"output {output} is the input file; onnxopt never modifies its input")
+        if external_data is None and loaded.external:
+            external_data = True
+        written = save(model, output, external_data=external_data)
+        return type(output)(written) if isinstance(output, (str, Path)) else written
+    if output is not None:
+        save(model, output, external_data=external_data)
+    if loaded.kind == "ir":
+        clamp_ir_version(model)
+        return model
+    if loaded.kind == "proto":
+        return to_proto(model)
+    return to_proto(model).SerializeToString()

@@ -1,0 +1,493 @@
+"""The rule language.
+
+A rule is one row of data: what it matches (a pattern), when it applies (a condition that gives the
+reason when it refuses), what it becomes (a replacement), a name, a priority, and the targets it is
+valid for::
+
+    Rule("conv_bn_fold",
+         Op("BatchNormalization", Op("Conv", "x", Const("w"), Opt(Const("b")), name="conv"),
+            Const("scale"), Const("beta"), Const("mean"), Const("var"), name="bn"),
+         replacement=fold, condition=bn_is_inference, priority=10,
+         doc="Conv followed by inference BatchNormalization becomes one Conv")
+
+Patterns:
+    ``Op(op_type, *inputs, domain="", attrs={}, commutative=False, name=None, output=0, shared=False)``
+        a node; ``inputs`` are patterns (a plain string is shorthand for ``Var(string)``). A nested
+        ``Op`` matches the producer of an input; by default that producer's output must have no
+        other use and not be a graph output (``shared=True`` lifts this), and it must live in the
+        same graph as the root. ``attrs`` maps names to a required value or a predicate; a missing
+        attribute is compared through its schema default.
+    ``Var(name)``    any value, bound to ``name`` (the same name twice must be the same value)
+    ``Const(name, value=None, rtol=0, atol=0)``
+        a value known at optimization time: an initializer that is not also a graph input, or the
+        output of a Constant node; with ``value`` the constant must equal it (within tolerance).
+    ``Opt(pattern)`` an optional input: absent (bound to None) or matching ``pattern``
+    ``ANY``          any value, unbound
+
+A condition returns ``None``/``True`` to accept, or a string (the reason) / ``False`` to refuse.
+A replacement takes ``(match, builder)`` and returns the value(s) that replace the root node's
+outputs, built with ``builder.op(...)`` and ``builder.const(...)``; it may raise ``Refuse(reason)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Union
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+TARGETS = frozenset({"cpu", "cuda"})
+
+
+class Refuse(Exception):
+    """Raised by a replacement that finds it cannot apply; the message is the reason."""
+
+
+# --------------------------------------------------------------------------------------------
+# Constants
+
+
+def constant_tensor(value: ir.Value | None) -> ir.TensorProtocol | None:
+    """The tensor behind ``value`` if it is known at optimization time, else None.
+
+    Initializers that are also graph inputs are *not* constant: the caller may override them.
+    """
+    if value is None:
+        return None
+    producer = value.producer()
+    if producer is None:
+        if value.const_value is not None and not value.is_graph_input():
+            return value.const_value
+        return None
+    if producer.op_type == "Constant" and producer.domain in ("", "ai.onnx"):
+        attr = producer.attributes.get("value")
+        if attr is not None and not attr.is_ref() and attr.type == ir.AttributeType.TENSOR:
+            return attr.as_tensor()
+        for key, dtype in (("value_float", np.float32), ("value_int", np.int64)):
+            attr = producer.attributes.get(key)
+            if attr is not None and not attr.is_ref():
+                return ir.tensor(np.array(attr.value, dtype=dtype))
+        for key, dtype in (("value_floats", np.float32), ("value_ints", np.int64)):
+            attr = producer.attributes.get(key)
+            if attr is not None and not attr.is_ref():
+                return ir.tensor(np.array(list(attr.value), dtype=dtype))
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Patterns
+
+
+class Pattern:
+    """Base class. ``_match(value, state)`` returns None on success or a reason string."""
+
+    def _match(self, value: ir.Value | None, state: _State) -> str | None:  # pragma: no cover
+        raise NotImplementedError
+
+
+def _as_pattern(p: Any) -> Pattern:
+    if isinstance(p, Pattern):
+        return p
+    if isinstance(p, str):
+        return Var(p)
+    raise TypeError(f"not a pattern: {p!r}")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Var(Pattern):
+    name: str | None = None
+    check: Callable[[ir.Value], bool] | None = None
+
+    def _match(self, value, state):
+        if value is None:
+            return f"{self.name or 'input'} is absent"
+        if self.check is not None and not self.check(value):
+            return f"{self.name or 'input'}: check failed"
+        return state.bind(self.name, value)
+
+
+ANY = Var()
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Const(Pattern):
+    name: str | None = None
+    value: Any = None
+    rtol: float = 0.0
+    atol: float = 0.0
+
+    def _match(self, value, state):
+        if value is None:
+            return f"{self.name or 'constant'} is absent"
+        tensor = constant_tensor(value)
+        if tensor is None:
+            return f"{self.name or value.name!r} is not a constant"
+        if self.value is not None:
+            try:
+                actual = tensor.numpy()
+                ok = np.allclose(actual, np.asarray(self.value), rtol=self.rtol, atol=self.atol)
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
+                return f"{self.name or value.name!r} is not {self.value!r}"
+        if self.name is not None:
+            state.consts[self.name] = tensor
+        return state.bind(self.name, value)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Opt(Pattern):
+    pattern: Pattern
+
+    def __init__(self, pattern: Any):
+        object.__setattr__(self, "pattern", _as_pattern(pattern))
+
+    def _match(self, value, state):
+        if value is None:
+            name = getattr(self.pattern, "name", None)
+            return state.bind(name, None) if name else None
+        return self.pattern._match(value, state)
+
+
+def _schema_default(node: ir.Node, attr_name: str, opset: int):
+    return _schema_default_cached(node.op_type, node.domain, opset, attr_name)
+
+
+@functools.lru_cache(maxsize=4096)
+def _schema_default_cached(op_type: str, domain: str, opset: int, attr_name: str):
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, domain)
+    except Exception:
+        return None
+    attr = schema.attributes.get(attr_name)
+    if attr is None or not attr.default_value.name:
+        return None
+    return onnx.helper.get_attribute_value(attr.default_value)
+
+
+class Op(Pattern):
+    """A node pattern; see the module docstring."""
+
+    __slots__ = ("op_type", "inputs", "domain", "attrs", "commutative", "name", "output", "shared")
+
+    def __init__(
+        self,
+        op_type: str,
+        *inputs: Any,
+        domain: str = "",
+        attrs: Mapping[str, Any] | None = None,
+        commutative: bool = False,
+        name: str | None = None,
+        output: int = 0,
+        shared: bool = False,
+    ):
+        self.op_type = op_type
+        self.inputs = tuple(_as_pattern(p) for p in inputs)
+        self.domain = "" if domain == "ai.onnx" else domain
+        self.attrs = dict(attrs or {})
+        self.commutative = commutative
+        self.name = name
+        self.output = output
+        self.shared = shared
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.domain, self.op_type)
+
+    def __repr__(self) -> str:
+        return f"Op({self.op_type!r}{', ' if self.inputs else ''}{', '.join(map(repr, self.inputs))})"
+
+    # Matching a value: the value must be produced by a node this pattern accepts.
+    def _match(self, value, state):
+        if value is None:
+            return f"{self.op_type} input is absent"
+        node = value.producer()
+        if node is None:
+            return f"{value.name!r} is not produced by {self.op_type}"
+        if node.graph is not state.graph:
+            return f"{value.name!r} comes from another graph"
+        if self.output >= len(node.outputs) or node.outputs[self.output] is not value:
+            return f"{value.name!r} is not output {self.output} of {node.op_type}"
+        if not self.shared:
+            if len(value.uses()) != 1:
+                return f"{value.name!r} ({node.op_type}) has {len(value.uses())} uses"
+            if value.is_graph_output():
+                return f"{value.name!r} ({node.op_type}) is a graph output"
+        return self.match_node(node, state)
+
+    def match_node(self, node: ir.Node, state: _State) -> str | None:
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        if node.op_type != self.op_type or domain != self.domain:
+            return f"expected {self.op_type}, found {node.op_type} ({node.name})"
+        if node in state.node_set:
+            return f"{node.name} is matched twice"
+        for key, want in self.attrs.items():
+            attr = node.attributes.get(key)
+            if attr is not None:
+                if attr.is_ref():
+                    return f"{node.name}: attribute {key} is a reference"
+                have = attr.value
+                if isinstance(have, Sequence) and not isinstance(have, (str, bytes)):
+                    have = list(have)
+            else:
+                have = _schema_default(node, key, state.opset(node.domain))
+            ok = want(have) if callable(want) else have == want
+            if not ok:
+                return f"{node.name}: attribute {key}={have!r} does not fit"
+        actual = list(node.inputs)
+        while actual and actual[-1] is None:
+            actual.pop()
+        if len(actual) > len(self.inputs):
+            return f"{node.name} has {len(actual)} inputs, pattern takes {len(self.inputs)}"
+        actual += [None] * (len(self.inputs) - len(actual))
+        state.push_node(node, self.name)
+        orders = [actual]
+        if self.commutative and len(actual) > 1:
+            orders = [list(p) for p in itertools.permutations(actual)]
+        reason = None
+        for order in orders:
+            saved = state.save()
+            reason = None
+            for i, (pattern, value) in enumerate(zip(self.inputs, order)):
+                reason = pattern._match(value, state)
+                if reason is not None:
+                    reason = f"{node.name} input {i}: {reason}"
+                    break
+            if reason is None:
+                return None
+            state.restore(saved)
+        state.pop_node(node, self.name)
+        return reason
+
+
+class _State:
+    """Bindings being built during one match; supports backtracking."""
+
+    __slots__ = ("graph", "values", "consts", "nodes", "node_set", "named", "opsets")
+
+    def __init__(self, graph: ir.Graph, opsets: Mapping[str, int]):
+        self.graph = graph
+        self.values: dict[str, ir.Value | None] = {}
+        self.consts: dict[str, ir.TensorProtocol] = {}
+        self.nodes: list[ir.Node] = []
+        self.node_set: set[ir.Node] = set()
+        self.named: dict[str, ir.Node] = {}
+        self.opsets = opsets
+
+    def opset(self, domain: str) -> int:
+        return self.opsets.get(domain, self.opsets.get("ai.onnx", 1) if domain == "" else 1)
+
+    def bind(self, name: str | None, value: ir.Value | None) -> str | None:
+        if name is None:
+            return None
+        if name in self.values:
+            if self.values[name] is not value:
+                return f"{name} is bound to two different values"
+            return None
+        self.values[name] = value
+        return None
+
+    def push_node(self, node: ir.Node, name: str | None) -> None:
+        self.nodes.append(node)
+        self.node_set.add(node)
+        if name is not None:
+            self.named[name] = node
+
+    def pop_node(self, node: ir.Node, name: str | None) -> None:
+        self.nodes.remove(node)
+        self.node_set.discard(node)
+        if name is not None:
+            self.named.pop(name, None)
+
+    def save(self):
+        return (dict(self.values), dict(self.consts), len(self.nodes), dict(self.named))
+
+    def restore(self, saved) -> None:
+        values, consts, n, named = saved
+        self.values, self.consts, self.named = values, consts, named
+        for node in self.nodes[n:]:
+            self.node_set.discard(node)
+        del self.nodes[n:]
+
+
+# --------------------------------------------------------------------------------------------
+# Matches and rules
+
+
+class Match:
+    """What a pattern bound. ``m["x"]`` is a value, ``m.const("w")`` a numpy array,
+    ``m.node("bn")`` a node, ``m.attr("bn", "epsilon", 1e-5)`` an attribute value."""
+
+    def __init__(self, rule: Rule, root: ir.Node, state: _State):
+        self.rule = rule
+        self.root = root
+        self.graph = state.graph
+        self.values = state.values
+        self.tensors = state.consts
+        self.nodes: tuple[ir.Node, ...] = tuple(state.nodes)
+        self.named = state.named
+        self._opsets = state.opsets
+        self._arrays: dict[str, np.ndarray] = {}
+
+    def __getitem__(self, name: str) -> ir.Value | None:
+        return self.values[name]
+
+    def __contains__(self, name: str) -> bool:
+        return self.values.get(name) is not None
+
+    def const(self, name: str) -> np.ndarray | None:
+        """The constant bound to ``name`` as a numpy array (converted once per match)."""
+        array = self._arrays.get(name)
+        if array is None:
+            tensor = self.tensors.get(name)
+            if tensor is None:
+                return None
+            array = self._arrays[name] = tensor.numpy()
+        return array
+
+    def node(self, name: str) -> ir.Node:
+        return self.named[name]
+
+    def attr(self, node_name: str, attr_name: str, default: Any = None) -> Any:
+        attr = self.named[node_name].attributes.get(attr_name)
+        if attr is None:
+            return default
+        value = attr.value
+        if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+            return list(value)
+        return value
+
+    def opset(self, domain: str = "") -> int:
+        return self._opsets.get(domain, 1)
+
+    def shape(self, name: str) -> ir.Shape | None:
+        """The shape of the value bound to ``name``, inferred locally when the model lacks it."""
+        from .shapes import infer
+
+        return infer(self.values.get(name), self._opsets)
+
+
+Condition = Callable[[Match], Union[None, bool, str]]
+Replacement = Callable[[Match, "Builder"], Union[ir.Value, Sequence[ir.Value], None]]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Rule:
+    name: str
+    pattern: Op
+    replacement: Replacement
+    condition: Condition | None = None
+    doc: str = ""
+    priority: int = 0
+    targets: frozenset[str] = TARGETS
+
+    def __post_init__(self):
+        if not isinstance(self.pattern, Op):
+            raise TypeError(f"rule {self.name}: the pattern's root must be an Op")
+        targets = frozenset(self.targets)
+        unknown = targets - TARGETS
+        if unknown:
+            raise ValueError(f"rule {self.name}: unknown targets {sorted(unknown)}; known {sorted(TARGETS)}")
+        object.__setattr__(self, "targets", targets)
+
+    @property
+    def summary(self) -> str:
+        return (self.doc or "").strip().splitlines()[0] if self.doc else ""
+
+    def match(self, node: ir.Node, opsets: Mapping[str, int]) -> Match | str:
+        """A Match, or the reason this rule does not apply at ``node``."""
+        state = _State(node.graph, opsets)
+        reason = self.pattern.match_node(node, state)
+        if reason is not None:
+            return reason
+        m = Match(self, node, state)
+        if self.condition is not None:
+            verdict = self.condition(m)
+            if verdict is False:
+                return "condition refused"
+            if isinstance(verdict, str):
+                return verdict
+        return m
+
+
+# --------------------------------------------------------------------------------------------
+# Building replacements
+
+
+class Builder:
+    """Creates the replacement nodes and initializers of one rewrite.
+
+    Nothing touches the graph until the driver commits; an aborted rewrite leaves no trace.
+    """
+
+    def __init__(self, match: Match, namer: Callable[[str], str]):
+        self.match = match
+        self._namer = namer
+        self.nodes: list[ir.Node] = []
+        self.initializers: list[ir.Value] = []
+
+    def op(
+        self,
+        op_type: str,
+        *inputs: ir.Value | None,
+        domain: str = "",
+        outputs: int = 1,
+        attrs: Mapping[str, Any] | Sequence[ir.Attr] | None = None,
+        **kwattrs: Any,
+    ) -> Any:
+        """Create a node; returns its output (or a tuple of outputs when ``outputs > 1``)."""
+        attributes: list[ir.Attr] = []
+        if attrs is not None:
+            if isinstance(attrs, Mapping):
+                kwattrs = {**attrs, **kwattrs}
+            else:
+                taken = set(kwattrs)
+                attributes = [_copy_attr(a) for a in attrs if a.name not in taken]
+        attributes += [_to_attr(k, v) for k, v in kwattrs.items()]
+        base = self._namer(f"{self.match.root.name or self.match.root.op_type}/{self.match.rule.name}")
+        outs = [ir.Value(name=self._namer(f"{base}_out{i}" if outputs > 1 else f"{base}_out")) for i in range(outputs)]
+        node = ir.Node(domain, op_type, list(inputs), attributes=attributes, outputs=outs, name=base)
+        self.nodes.append(node)
+        return outs[0] if outputs == 1 else tuple(outs)
+
+    def const(self, array: Any, name: str = "const") -> ir.Value:
+        """A new initializer holding ``array`` (numpy array or ir tensor)."""
+        if isinstance(array, np.ndarray):
+            tensor = ir.Tensor(array)
+        elif isinstance(array, (ir.Tensor, ir.ExternalTensor, ir.StringTensor, ir.LazyTensor)):
+            tensor = array
+        else:
+            tensor = ir.tensor(np.asarray(array))
+        value = ir.Value(
+            name=self._namer(name),
+            shape=ir.Shape(tensor.shape),
+            type=ir.TensorType(tensor.dtype),
+            const_value=tensor,
+        )
+        tensor.name = value.name
+        self.initializers.append(value)
+        return value
+
+    def abort(self) -> None:
+        for node in self.nodes:
+            for i in range(len(node.inputs)):
+                node.replace_input_with(i, None)
+        self.nodes.clear()
+        self.initializers.clear()
+
+
+def _copy_attr(attr: ir.Attr) -> ir.Attr:
+    if attr.is_ref():
+        return ir.RefAttr(attr.name, attr.ref_attr_name, attr.type)
+    return ir.Attr(attr.name, attr.type, attr.value)
+
+
+def _to_attr(name: str, value: Any) -> ir.Attr:
+    if isinstance(value, ir.Attr):
+        return _copy_attr(value) if value.name == name else ir.Attr(name, value.type, value.value)
+    return ir.convenience.convert_attribute(name, value)

@@ -1,0 +1,59 @@
+"""Finding rules: the built-in library, users' rules files, and selection by name and target."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from .errors import RuleError, UsageError
+from .pattern import TARGETS, Rule
+
+
+def builtin_rules() -> list[Rule]:
+    """The rules shipped in onnxopt's rule library (``rules/``, installed as ``onnxopt.rules``)."""
+    from onnxopt.rules import RULES
+
+    return list(RULES)
+
+
+def load_rules_file(path: str | os.PathLike) -> list[Rule]:
+    """Import a Python file and return its ``RULES`` list (or, lacking one, every Rule it defines)."""
+    path = Path(path)
+    if not path.is_file():
+        raise RuleError(f"rules file {path}: no such file")
+    module_name = f"onnxopt_user_rules_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise RuleError(f"rules file {path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # the user's code: report it on one line
+        sys.modules.pop(module_name, None)
+        raise RuleError(f"rules file {path}: {type(exc).__name__}: {exc}") from None
+    rules = getattr(module, "RULES", None)
+    if rules is None:
+        rules = [v for v in vars(module).values() if isinstance(v, Rule)]
+    rules = list(rules)
+    bad = [r for r in rules if not isinstance(r, Rule)]
+    if bad:
+        raise RuleError(f"rules file {path}: RULES holds {type(bad[0]).__name__}, not Rule")
+    if not rules:
+        raise RuleError(f"rules file {path}: defines no rules")
+    return rules
+
+
+def select(rules: Sequence[Rule], *, disable: Iterable[str] = (), target: str | None = None) -> list[Rule]:
+    """Drop disabled rules (unknown names are an error) and rules not valid for ``target``."""
+    names = {r.name for r in rules}
+    disable = set(disable)
+    unknown = sorted(disable - names)
+    if unknown:
+        raise UsageError(f"unknown rule(s) to disable: {', '.join(unknown)} (see --list-rules)")
+    if target is not None and target not in TARGETS:
+        raise UsageError(f"unknown target {target!r}; choose from {', '.join(sorted(TARGETS))}")
+    return [r for r in rules if r.name not in disable and (target is None or target in r.targets)]

@@ -1,0 +1,105 @@
+"""Shapes on demand.
+
+Exported models often lack shape information on intermediate values, and running ONNX shape
+inference over a whole large graph is slow (minutes at 100k nodes through onnx_ir's pass). Rules
+that need a shape ask :func:`infer` for one value; it runs onnx's own per-node inference
+(``onnx.shape_inference.infer_node_outputs``) on just the producers that value depends on whose
+outputs are unknown, and records the results on those values, so each value is inferred once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import onnx
+import onnx_ir as ir
+
+from .pattern import constant_tensor
+
+_MAX_NODES = 4096  # per request: bounds the work one question can cause
+_SMALL_CONST = 1024  # constant inputs up to this many elements are passed as data (Reshape shapes...)
+
+
+def _known(value: ir.Value) -> bool:
+    return value.type is not None and value.shape is not None
+
+
+def _from_constant(value: ir.Value) -> bool:
+    tensor = constant_tensor(value)
+    if tensor is None:
+        return False
+    value.shape = ir.Shape(tensor.shape)
+    value.type = ir.TensorType(tensor.dtype)
+    return True
+
+
+def _infer_node(node: ir.Node, opsets: Mapping[str, int]) -> None:
+    if any(attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for attr in node.attributes.values()):
+        return
+    domain = "" if node.domain == "ai.onnx" else node.domain
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opsets.get(domain, 1), domain)
+    except Exception:
+        return
+    types, data = {}, {}
+    for value in node.inputs:
+        if value is None or value.name is None:
+            continue
+        if value.type is not None:
+            types[value.name] = ir.serde.serialize_value(value).type
+        tensor = constant_tensor(value)
+        if tensor is not None and tensor.size <= _SMALL_CONST:
+            data[value.name] = ir.serde.serialize_tensor(tensor)
+            data[value.name].name = value.name
+    proto = ir.serde.serialize_node(node)
+    try:
+        out = onnx.shape_inference.infer_node_outputs(
+            schema, proto, types, data,
+            opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in opsets.items()],
+        )
+    except Exception:
+        return
+    for value in node.outputs:
+        tp = out.get(value.name)
+        if tp is None:
+            continue
+        if value.type is None:
+            value.type = ir.serde.deserialize_type_proto_for_type(tp)
+        if value.shape is None:
+            value.shape = ir.serde.deserialize_type_proto_for_shape(tp)
+
+
+def infer(value: ir.Value | None, opsets: Mapping[str, int]) -> ir.Shape | None:
+    """The shape of ``value`` (None if unknown even after local inference)."""
+    if value is None:
+        return None
+    if _known(value) or _from_constant(value):
+        return value.shape
+    # Depth-first over unknown producers; a node is inferred once all its inputs were tried.
+    stack: list[tuple[ir.Node, bool]] = []
+    producer = value.producer()
+    if producer is None:
+        return value.shape
+    stack.append((producer, False))
+    visited: set[ir.Node] = set()
+    while stack and len(visited) <= _MAX_NODES:
+        node, ready = stack.pop()
+        if ready:
+            _infer_node(node, opsets)
+            continue
+        if node in visited:
+            continue
+        visited.add(node)
+        stack.append((node, True))
+        for inp in node.inputs:
+            if inp is None or _known(inp) or _from_constant(inp):
+                continue
+            up = inp.producer()
+            if up is not None and up not in visited:
+                stack.append((up, False))
+    return value.shape
+
+
+def rank(value: ir.Value | None, opsets: Mapping[str, int]) -> int | None:
+    shape = infer(value, opsets)
+    return None if shape is None else len(shape)

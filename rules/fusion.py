@@ -1,0 +1,150 @@
+"""BatchNormalization folding: into a preceding Conv or ConvTranspose, or into Mul+Add.
+
+All arithmetic is done in float64 and cast back to the weights' type once, so folding adds no
+more rounding than storing the folded weights needs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from onnxopt.pattern import Const, Match, Op, Opt, Rule
+
+import ml_dtypes
+
+_FLOAT_DTYPES = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64, ml_dtypes.bfloat16))
+
+
+def _bn_inference(m: Match):
+    """The BatchNormalization computes y = (x - mean) / sqrt(var + eps) * scale + beta."""
+    bn = m.node("bn")
+    if m.opset("") >= 14 and m.attr("bn", "training_mode", 0) != 0:
+        return "BatchNormalization is in training mode"
+    if m.opset("") < 9 and m.attr("bn", "spatial", 1) != 1:
+        return "BatchNormalization with spatial=0"
+    for out in bn.outputs[1:]:
+        if out.uses() or out.is_graph_output():
+            return "BatchNormalization's running statistics outputs are used"
+    params = [m.const(k) for k in ("scale", "beta", "mean", "var")]
+    channels = params[0].size
+    for name, p in zip(("scale", "beta", "mean", "var"), params):
+        if p.ndim != 1 or p.size != channels:
+            return f"BatchNormalization {name} has shape {p.shape}, expected ({channels},)"
+        if p.dtype not in _FLOAT_DTYPES:
+            return f"BatchNormalization {name} has type {p.dtype}"
+    return None
+
+
+def _bn_factors(m: Match) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel (multiplier, offset) in float64: y = x * s + t."""
+    eps = float(m.attr("bn", "epsilon", 1e-5))
+    scale, beta, mean, var = (m.const(k).astype(np.float64) for k in ("scale", "beta", "mean", "var"))
+    s = scale / np.sqrt(var + eps)
+    return s, beta - mean * s
+
+
+def _weight_checks(m: Match, out_channels_of) -> str | None:
+    reason = _bn_inference(m)
+    if reason:
+        return reason
+    w = m.const("w")
+    if w.dtype not in _FLOAT_DTYPES:
+        return f"weight type {w.dtype} is not a float type"
+    if w.ndim < 3:
+        return f"weight rank {w.ndim} < 3"
+    out_channels = out_channels_of(m, w)
+    channels = m.const("scale").size
+    if out_channels != channels:
+        return f"conv has {out_channels} output channels, BatchNormalization {channels}"
+    if "b" in m:
+        b = m.const("b")
+        if b.shape != (out_channels,):
+            return f"bias has shape {b.shape}, expected ({out_channels},)"
+    return None
+
+
+def _conv_out_channels(m: Match, w: np.ndarray) -> int:
+    return w.shape[0]
+
+
+def _convt_out_channels(m: Match, w: np.ndarray) -> int:
+    return w.shape[1] * int(m.attr("conv", "group", 1))
+
+
+def _new_bias(m: Match, s: np.ndarray, t: np.ndarray, dtype) -> np.ndarray:
+    b = m.const("b").astype(np.float64) if "b" in m else np.zeros_like(s)
+    return (b * s + t).astype(dtype)
+
+
+def _fold_conv(m: Match, b):
+    s, t = _bn_factors(m)
+    w = m.const("w")
+    w_new = (w.astype(np.float64) * s.reshape((-1,) + (1,) * (w.ndim - 1))).astype(w.dtype)
+    conv = m.node("conv")
+    weight = b.const(w_new, name=f"{m['w'].name}_bnfold")
+    bias = b.const(_new_bias(m, s, t, w.dtype), name=f"{conv.name or 'conv'}_bias_bnfold")
+    return b.op("Conv", m["x"], weight, bias, attrs=list(conv.attributes.values()))
+
+
+def _fold_conv_transpose(m: Match, b):
+    s, t = _bn_factors(m)
+    w = m.const("w")
+    group = int(m.attr("conv", "group", 1))
+    # Weight is (C_in, C_out / group, k...); output channel of (i, j) is (i // (C_in/group)) * C_out/group + j.
+    cin, cout_g = w.shape[0], w.shape[1]
+    grouped = w.astype(np.float64).reshape((group, cin // group, cout_g) + w.shape[2:])
+    factor = s.reshape((group, 1, cout_g) + (1,) * (w.ndim - 2))
+    w_new = (grouped * factor).reshape(w.shape).astype(w.dtype)
+    conv = m.node("conv")
+    weight = b.const(w_new, name=f"{m['w'].name}_bnfold")
+    bias = b.const(_new_bias(m, s, t, w.dtype), name=f"{conv.name or 'convtranspose'}_bias_bnfold")
+    return b.op("ConvTranspose", m["x"], weight, bias, attrs=list(conv.attributes.values()))
+
+
+def _bn_to_affine_ok(m: Match):
+    reason = _bn_inference(m)
+    if reason:
+        return reason
+    x = m["x"]
+    shape = m.shape("x")
+    if shape is None or x.dtype is None:
+        return "input shape is unknown"
+    if len(shape) < 2:
+        return f"input rank {len(shape)} < 2"
+    if x.dtype is None or x.dtype.name.lower() not in ("float16", "float", "double", "bfloat16"):
+        return f"input type {x.dtype} is not a float type"
+    channels = shape[1]
+    if isinstance(channels, int) and channels != m.const("scale").size:
+        return f"input has {channels} channels, parameters {m.const('scale').size}"
+    return None
+
+
+def _bn_to_affine(m: Match, b):
+    s, t = _bn_factors(m)
+    x = m["x"]
+    dtype = x.dtype.numpy()
+    shape = (-1,) + (1,) * (len(x.shape) - 2)
+    name = m.node("bn").name or "bn"
+    scaled = b.op("Mul", x, b.const(s.reshape(shape).astype(dtype), name=f"{name}_scale"))
+    return b.op("Add", scaled, b.const(t.reshape(shape).astype(dtype), name=f"{name}_shift"))
+
+
+def _bn(producer):
+    return Op("BatchNormalization", producer, Const("scale"), Const("beta"), Const("mean"), Const("var"),
+              name="bn")
+
+
+RULES = [
+    Rule("conv_bn_fold",
+         _bn(Op("Conv", "x", Const("w"), Opt(Const("b")), name="conv")),
+         _fold_conv, condition=lambda m: _weight_checks(m, _conv_out_channels), priority=10,
+         doc="Conv followed by inference BatchNormalization becomes one Conv (bias added if absent; "
+             "grouped and depthwise too)."),
+    Rule("convtranspose_bn_fold",
+         _bn(Op("ConvTranspose", "x", Const("w"), Opt(Const("b")), name="conv")),
+         _fold_conv_transpose, condition=lambda m: _weight_checks(m, _convt_out_channels), priority=10,
+         doc="ConvTranspose followed by inference BatchNormalization becomes one ConvTranspose."),
+    Rule("bn_to_mul_add",
+         _bn("x"), _bn_to_affine, condition=_bn_to_affine_ok, priority=0,
+         doc="BatchNormalization after anything else becomes Mul and Add by per-channel constants."),
+]

@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+ort = pytest.importorskip("onnxruntime", reason="onnxruntime is needed to check rewrites numerically")
+
+
+def run_ort(model: onnx.ModelProto | bytes | str, feeds: dict[str, np.ndarray], *, optimize: bool = False):
+    """Outputs of onnxruntime CPU; graph optimizations off so onnxruntime's own fusions do not mask ours."""
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if not optimize:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if isinstance(model, onnx.ModelProto):
+        model = model.SerializeToString()
+    sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def assert_same_outputs(before, after, feeds, *, rtol=1e-5, atol=1e-5):
+    a = run_ort(before, feeds)
+    b = run_ort(after, feeds)
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.shape == y.shape and x.dtype == y.dtype
+        np.testing.assert_allclose(y, x, rtol=rtol, atol=atol)
+    return a, b

@@ -1,0 +1,63 @@
+"""Small model builders for the tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+IR = 10
+
+
+def model(nodes, inputs, outputs, inits=(), opset=17, **kw):
+    graph = helper.make_graph(nodes, "test", inputs, outputs, list(inits))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR, **kw)
+
+
+def tinfo(name, shape, dtype=TensorProto.FLOAT):
+    """A tensor value info; an int shape means that rank with unknown (symbolic) dims."""
+    if isinstance(shape, int):
+        shape = [f"{name}_d{i}" for i in range(shape)]
+    return helper.make_tensor_value_info(name, dtype, shape)
+
+
+def init(name, array):
+    return numpy_helper.from_array(np.asarray(array), name)
+
+
+def bn_params(prefix, c, rng, dtype=np.float32):
+    return [
+        init(f"{prefix}.scale", rng.uniform(0.5, 1.5, c).astype(dtype)),
+        init(f"{prefix}.beta", (rng.standard_normal(c) * 0.3).astype(dtype)),
+        init(f"{prefix}.mean", (rng.standard_normal(c) * 0.3).astype(dtype)),
+        init(f"{prefix}.var", rng.uniform(0.3, 2.0, c).astype(dtype)),
+    ]
+
+
+def bn_node(x, y, prefix, **attrs):
+    return helper.make_node("BatchNormalization",
+                            [x, f"{prefix}.scale", f"{prefix}.beta", f"{prefix}.mean", f"{prefix}.var"],
+                            [y], name=f"{prefix}/bn", **attrs)
+
+
+def op_types(m: onnx.ModelProto) -> list[str]:
+    return [n.op_type for n in m.graph.node]
+
+
+def feeds_for(m: onnx.ModelProto, seed=0) -> dict:
+    rng = np.random.default_rng(seed)
+    out = {}
+    inits = {i.name for i in m.graph.initializer}
+    for vi in m.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        dims = [d.dim_value or 1 for d in tt.shape.dim]
+        dtype = helper.tensor_dtype_to_np_dtype(tt.elem_type)
+        if np.issubdtype(dtype, np.floating):
+            out[vi.name] = rng.standard_normal(dims).astype(dtype)
+        elif dtype == np.bool_:
+            out[vi.name] = rng.integers(0, 2, dims).astype(bool)
+        else:
+            out[vi.name] = rng.integers(0, 5, dims).astype(dtype)
+    return out

@@ -1,0 +1,246 @@
+"""The fixpoint driver: worklist, determinism, bounds, cycles, subgraphs, provenance, statistics."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from conftest import assert_same_outputs, run_ort
+from helpers import bn_node, bn_params, feeds_for, init, model, op_types, tinfo
+from onnx import TensorProto, helper
+
+from onnxopt import Const, Op, Refuse, Rule, optimize
+from onnxopt.driver import Driver
+from onnxopt.errors import RuleError, UsageError
+from onnxopt.models import synthetic
+
+
+def test_synthetic_model_optimizes_and_matches():
+    m = synthetic.build(200)
+    out, report = optimize(m, return_report=True)
+    assert report.before == {"Add": 40, "BatchNormalization": 40, "Conv": 40, "Identity": 40, "Relu": 40}
+    assert report.after == {"Add": 40, "Conv": 40, "Relu": 40}
+    assert report.fired == {"conv_bn_fold": 40, "identity_elimination": 40}
+    a, _ = assert_same_outputs(m, out, synthetic.inputs(m), rtol=1e-4, atol=1e-3)
+    assert np.abs(a[0]).max() > 1
+
+
+def test_byte_identical_output():
+    m = synthetic.build(300)
+    first = optimize(m.SerializeToString())
+    second = optimize(m.SerializeToString())
+    assert first == second
+    # and through an onnx_ir.Model, which is cloned, not consumed
+    irm = ir.from_proto(m)
+    a = ir.to_proto(optimize(irm)).SerializeToString()
+    b = ir.to_proto(optimize(irm)).SerializeToString()
+    assert a == b
+
+
+def test_work_is_proportional_to_changes():
+    """Rules are indexed by root op: nodes no rule is rooted at are never tried, and each node
+    with candidate rules is visited a bounded number of times."""
+    m = synthetic.build(1000)
+    model_ir = ir.from_proto(m)
+    from onnxopt.registry import builtin_rules
+
+    driver = Driver(model_ir, builtin_rules())
+    result = driver.run()
+    # 200 BN + 200 Identity are the only nodes with rules rooted at them; rewrites push back
+    # the new Conv (no rule rooted there) and users of changed values (Relu, Add: none either).
+    assert result.rewrites == 400
+    assert result.visited <= 2 * 400
+    tried = {name: st.tried for name, st in result.rules.items() if st.tried}
+    assert tried["conv_bn_fold"] == 200
+    assert tried["identity_elimination"] == 200
+    assert "dropout_elimination" not in tried
+
+
+def _swap_rules():
+    """Two rules that undo each other: Relu(Neg(x)) <-> Neg(Relu-ish) forms."""
+    a_to_b = Rule("a_to_b", Op("Sigmoid", "x"), lambda m, b: b.op("HardSigmoid", m["x"], alpha=0.2, beta=0.5))
+    b_to_a = Rule("b_to_a", Op("HardSigmoid", "x"), lambda m, b: b.op("Sigmoid", m["x"]))
+    return [a_to_b, b_to_a]
+
+
+def test_rules_that_undo_each_other_are_reported_not_looped():
+    m = model([helper.make_node("Sigmoid", ["x"], ["y"], name="sig")], [tinfo("x", [3])], [tinfo("y", [3])])
+    out, report = optimize(m, rules=_swap_rules(), return_report=True)
+    assert report.cycles, "the cycle must be reported"
+    assert report.cycles[0]["rule"] == "a_to_b"
+    assert report.cycles[0]["created_by"] == "b_to_a"
+    assert report.rewrites == 2  # a_to_b, b_to_a, then stopped before a_to_b again
+    assert any("a_to_b" in w for w in report.warnings)
+    assert op_types(out) == ["Sigmoid"]
+
+
+def test_identical_subexpressions_are_not_mistaken_for_a_cycle():
+    # Two distinct Identity nodes reading the same value: both removable, no cycle.
+    nodes = [helper.make_node("Identity", ["x"], ["a"], name="i1"), helper.make_node("Identity", ["x"], ["b"], name="i2"),
+             helper.make_node("Add", ["a", "b"], ["y"], name="add")]
+    m = model(nodes, [tinfo("x", [3])], [tinfo("y", [3])])
+    out, report = optimize(m, return_report=True)
+    assert not report.cycles
+    assert op_types(out) == ["Add"]
+
+
+def test_rewrite_cap():
+    m = synthetic.build(100)
+    out, report = optimize(m, max_rewrites=5, return_report=True)
+    assert report.rewrites == 5
+    assert report.hit_limit
+    assert any("limit" in w for w in report.warnings)
+    assert_same_outputs(m, out, synthetic.inputs(m), rtol=1e-4, atol=1e-3)
+
+
+def test_priority_decides_between_rules_at_one_root():
+    m = synthetic.build(5)
+    low = Rule("bn_never", Op("BatchNormalization", "x", "s", "b", "m", "v"),
+               lambda m, b: b.op("Identity", m["x"]), priority=-5)
+    out, report = optimize(m, extra_rules=[low], return_report=True)
+    assert report.rules["conv_bn_fold"].fired == 1
+    assert report.rules["bn_never"].fired == 0
+    def decline(m, b):
+        raise Refuse("declined on purpose")
+
+    high = Rule("bn_first", Op("BatchNormalization", "x", "s", "b", "m", "v"), decline, priority=50)
+    out, report = optimize(m, extra_rules=[high], return_report=True)
+    assert report.rules["bn_first"].refused == 1
+    assert report.rules["bn_first"].reasons["declined on purpose"] == 1
+    assert report.rules["conv_bn_fold"].fired == 1
+
+
+def test_condition_reason_is_recorded():
+    m = synthetic.build(10)
+    rule = Rule("never_relu", Op("Relu", "x"), lambda m, b: m["x"], condition=lambda m: "relu is precious")
+    _, report = optimize(m, extra_rules=[rule], return_report=True)
+    st = report.rules["never_relu"]
+    # each Relu is tried when first visited and again when a neighbouring rewrite touches it
+    assert st.tried >= 2 and st.fired == 0 and st.matched == 0
+    assert st.reasons["relu is precious"] == st.tried
+
+
+def test_duplicate_rule_names_rejected():
+    rule = Rule("identity_elimination", Op("Identity", "x"), lambda m, b: m["x"])
+    with pytest.raises(RuleError):
+        optimize(synthetic.build(5), extra_rules=[rule])
+
+
+def test_disable_unknown_rule_rejected():
+    with pytest.raises(UsageError):
+        optimize(synthetic.build(5), disable=["no_such_rule"])
+
+
+def test_target_filters_rules():
+    cuda_only = Rule("relu_to_neg_neg", Op("Relu", "x"), lambda m, b: b.op("Relu", b.op("Identity", m["x"])),
+                     targets={"cuda"})
+    m = synthetic.build(5)
+    _, report = optimize(m, extra_rules=[cuda_only], target="cpu", return_report=True)
+    assert "relu_to_neg_neg" not in report.rules
+    with pytest.raises(ValueError):
+        Rule("bad", Op("Relu", "x"), lambda m, b: None, targets={"tpu"})
+
+
+def test_provenance_on_new_nodes():
+    m = synthetic.build(10)
+    out = optimize(m)
+    convs = [n for n in out.graph.node if n.op_type == "Conv"]
+    props = {p.key: p.value for p in convs[0].metadata_props}
+    assert props["onnxopt.rule"] == "conv_bn_fold"
+    assert set(props["onnxopt.replaced"].split(",")) == {"b0/bn", "b0/conv"}
+    assert set(props["onnxopt.sources"].split(",")) == {"b0/bn", "b0/conv"}
+
+
+def test_provenance_sources_follow_chains_of_rewrites():
+    """A node made from a node that was itself made by a rule names the original nodes."""
+    relu_to_max = Rule("relu_to_max", Op("Relu", "x"), lambda m, b: b.op("Max", m["x"], b.const(np.float32(0), "zero")))
+    max_to_clip = Rule("max_to_clip", Op("Max", "x", Const("z", value=0.0)),
+                       lambda m, b: b.op("Clip", m["x"], m["z"]))
+    m = model([helper.make_node("Relu", ["x"], ["y"], name="orig_relu")], [tinfo("x", [4])], [tinfo("y", [4])])
+    out = optimize(m, rules=[relu_to_max, max_to_clip])
+    assert op_types(out) == ["Clip"]
+    props = {p.key: p.value for p in out.graph.node[0].metadata_props}
+    assert props["onnxopt.rule"] == "max_to_clip"
+    assert props["onnxopt.sources"] == "orig_relu"
+    assert [o.name for o in out.graph.output] == ["y"]
+    assert_same_outputs(m, out, feeds_for(m))
+
+
+def test_commutative_pattern_and_constant_value():
+    add_zero = Rule("add_zero", Op("Add", "x", Const("z", value=0.0), commutative=True), lambda m, b: m["x"])
+    nodes = [helper.make_node("Add", ["zero", "x"], ["a"], name="add1"),  # constant first
+             helper.make_node("Add", ["a", "zero"], ["b"], name="add2"),
+             helper.make_node("Add", ["b", "one"], ["y"], name="add3")]  # not zero: stays
+    m = model(nodes, [tinfo("x", [3])], [tinfo("y", [3])],
+              [init("zero", np.zeros(3, np.float32)), init("one", np.ones(3, np.float32))])
+    out, report = optimize(m, rules=[add_zero], return_report=True)
+    assert report.fired == {"add_zero": 2}
+    assert op_types(out) == ["Add"]
+    assert_same_outputs(m, out, feeds_for(m))
+
+
+def _branch(name, nodes, out_name, inits=()):
+    return helper.make_graph(nodes, name, [], [tinfo(out_name, 4)], list(inits))
+
+
+def test_if_and_loop_bodies_are_rewritten_with_outer_values():
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((4, 4, 3, 3)).astype(np.float32)
+    # then: Conv(x_outer, w_outer) + BN (params in the body) + Identity
+    then_g = _branch("then", [
+        helper.make_node("Conv", ["x", "w"], ["tc"], name="then/conv", pads=[1, 1, 1, 1]),
+        bn_node("tc", "tb", "then"),
+        helper.make_node("Identity", ["tb"], ["then_out"], name="then/id"),
+    ], "then_out", bn_params("then", 4, rng))
+    # else: BN directly on the outer input (-> Mul+Add), params from the outer graph
+    else_g = _branch("else", [bn_node("x", "else_out", "outer")], "else_out")
+    # loop body: adds an outer value each iteration, through an Identity
+    loop_body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"], name="loop/cond"),
+         helper.make_node("Identity", ["bias"], ["b_id"], name="loop/id"),
+         helper.make_node("Add", ["acc_in", "b_id"], ["acc_out"], name="loop/add")],
+        "body",
+        [tinfo("i", [], TensorProto.INT64), tinfo("cond_in", [], TensorProto.BOOL), tinfo("acc_in", 4)],
+        [tinfo("cond_out", [], TensorProto.BOOL), tinfo("acc_out", 4)],
+    )
+    nodes = [
+        helper.make_node("If", ["flag"], ["branch"], name="if", then_branch=then_g, else_branch=else_g),
+        helper.make_node("Loop", ["trip", "", "branch"], ["y"], name="loop", body=loop_body),
+    ]
+    inits = [init("w", w), init("bias", np.full((1, 4, 1, 1), 0.5, np.float32)), init("trip", np.array(3, np.int64)),
+             *bn_params("outer", 4, rng)]
+    m = model(nodes, [tinfo("x", [1, 4, 5, 5]), tinfo("flag", [], TensorProto.BOOL)], [tinfo("y", 4)], inits)
+    onnx.checker.check_model(m)
+    out, report = optimize(m, return_report=True)
+    onnx.checker.check_model(out)
+    fired = report.fired
+    assert fired["conv_bn_fold"] == 1
+    assert fired["bn_to_mul_add"] == 1
+    # then/id and loop/id go; loop/cond stays: its input is the body's own input, its output the body's output
+    assert fired["identity_elimination"] == 2
+    assert report.rules["identity_elimination"].refused == 1
+    then_out = out.graph.node[0].attribute[0].g if out.graph.node[0].attribute[0].name == "then_branch" else \
+        out.graph.node[0].attribute[1].g
+    assert [n.op_type for n in then_out.node] == ["Conv"]
+    x = rng.standard_normal((1, 4, 5, 5)).astype(np.float32)
+    for flag in (True, False):
+        feeds = {"x": x, "flag": np.array(flag)}
+        np.testing.assert_allclose(run_ort(out, feeds)[0], run_ort(m, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_unused_nodes_and_initializers_removed_at_end():
+    nodes = [helper.make_node("Relu", ["x"], ["y"], name="relu"),
+             helper.make_node("Neg", ["x"], ["dead"], name="dead")]
+    m = model(nodes, [tinfo("x", [3])], [tinfo("y", [3])], [init("unused", np.ones(3, np.float32))])
+    out = optimize(m)
+    assert op_types(out) == ["Relu"]
+    assert not out.graph.initializer
+
+
+def test_replacement_arity_checked():
+    bad = Rule("bad", Op("Relu", "x"), lambda m, b: [m["x"], m["x"]])
+    m = model([helper.make_node("Relu", ["x"], ["y"], name="relu")], [tinfo("x", [3])], [tinfo("y", [3])])
+    out, report = optimize(m, rules=[bad], return_report=True)
+    assert op_types(out) == ["Relu"]
+    assert report.rules["bad"].refused == 1

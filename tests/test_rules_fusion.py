@@ -1,0 +1,162 @@
+"""BatchNormalization folding, checked numerically with onnxruntime before and after."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from conftest import assert_same_outputs, run_ort
+from helpers import bn_node, bn_params, feeds_for, init, model, op_types, tinfo
+from onnx import TensorProto, helper
+
+from onnxopt import optimize
+
+
+def conv_bn_model(*, cin=4, cout=6, group=1, bias=True, dims=2, opset=17, dtype=np.float32,
+                  transpose=False, kernel=3, seed=0, relu=True, bn_attrs=None):
+    rng = np.random.default_rng(seed)
+    spatial = [7] * dims
+    if transpose:
+        w = rng.standard_normal((cin, cout // group) + (kernel,) * dims).astype(dtype)
+    else:
+        w = rng.standard_normal((cout, cin // group) + (kernel,) * dims).astype(dtype)
+    inits = [init("w", w), *bn_params("bn", cout, rng, dtype)]
+    conv_in = ["x", "w"]
+    if bias:
+        inits.append(init("b", (rng.standard_normal(cout) * 0.5).astype(dtype)))
+        conv_in.append("b")
+    op = "ConvTranspose" if transpose else "Conv"
+    nodes = [helper.make_node(op, conv_in, ["c"], name="conv", group=group, pads=[1] * (2 * dims),
+                              **({"strides": [2] * dims} if transpose else {})),
+             bn_node("c", "y" if not relu else "n", "bn", **(bn_attrs or {}))]
+    if relu:
+        nodes.append(helper.make_node("Relu", ["n"], ["y"], name="relu"))
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    return model(nodes, [tinfo("x", [2, cin] + spatial, elem)], [tinfo("y", dims + 2, elem)], inits, opset=opset)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(),
+        dict(bias=False),
+        dict(group=2, cin=4, cout=6),
+        dict(group=4, cin=4, cout=4),  # depthwise
+        dict(group=4, cin=4, cout=8, bias=False),  # depthwise with multiplier
+        dict(dims=1),
+        dict(dims=3, cin=2, cout=3),
+        dict(opset=9),
+        dict(opset=15, bn_attrs={"training_mode": 0}),
+        dict(relu=False),
+    ],
+    ids=["plain", "no-bias", "grouped", "depthwise", "depthwise-x2", "conv1d", "conv3d", "opset9", "opset15",
+         "no-relu"],
+)
+def test_conv_bn_fold(kw):
+    m = conv_bn_model(**kw)
+    out, report = optimize(m, return_report=True)
+    assert "BatchNormalization" not in op_types(out)
+    assert op_types(out).count("Conv") == 1
+    conv = next(n for n in out.graph.node if n.op_type == "Conv")
+    assert len(conv.input) == 3, "the folded Conv must carry a bias"
+    assert report.fired == {"conv_bn_fold": 1}
+    a, b = assert_same_outputs(m, out, feeds_for(m), rtol=1e-5, atol=1e-5)
+    assert np.abs(a[0]).max() > 0.1  # outputs are not trivially zero
+
+
+def test_conv_bn_fold_fp16():
+    m = conv_bn_model(dtype=np.float16)
+    out = optimize(m)
+    assert "BatchNormalization" not in op_types(out)
+    assert_same_outputs(m, out, feeds_for(m), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(bias=False), dict(group=2, cin=4, cout=6), dict(group=4, cin=4, cout=4),
+                                dict(dims=1)],
+                         ids=["plain", "no-bias", "grouped", "depthwise", "convtranspose1d"])
+def test_convtranspose_bn_fold(kw):
+    m = conv_bn_model(transpose=True, **kw)
+    out, report = optimize(m, return_report=True)
+    assert op_types(out).count("ConvTranspose") == 1
+    assert "BatchNormalization" not in op_types(out)
+    assert report.fired == {"convtranspose_bn_fold": 1}
+    assert_same_outputs(m, out, feeds_for(m), rtol=1e-5, atol=1e-5)
+
+
+def test_bn_without_conv_becomes_mul_add():
+    rng = np.random.default_rng(1)
+    m = model([helper.make_node("Relu", ["x"], ["r"], name="relu"), bn_node("r", "y", "bn")],
+              [tinfo("x", [2, 5, 4, 3])], [tinfo("y", [2, 5, 4, 3])], bn_params("bn", 5, rng))
+    out, report = optimize(m, return_report=True)
+    assert sorted(op_types(out)) == ["Add", "Mul", "Relu"]
+    assert report.fired == {"bn_to_mul_add": 1}
+    assert_same_outputs(m, out, feeds_for(m))
+
+
+def test_bn_rank2_input_becomes_mul_add():
+    rng = np.random.default_rng(2)
+    m = model([bn_node("x", "y", "bn")], [tinfo("x", [3, 5])], [tinfo("y", [3, 5])], bn_params("bn", 5, rng))
+    out = optimize(m)
+    assert sorted(op_types(out)) == ["Add", "Mul"]
+    assert_same_outputs(m, out, feeds_for(m))
+
+
+def test_conv_with_two_users_is_not_folded_but_bn_still_goes():
+    """The Conv output feeds the BN and a graph output: folding would change that output."""
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((4, 4, 3, 3)).astype(np.float32)
+    m = model([helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]), bn_node("c", "y", "bn")],
+              [tinfo("x", [1, 4, 5, 5])], [tinfo("y", [1, 4, 5, 5]), tinfo("c", [1, 4, 5, 5])],
+              [init("w", w), *bn_params("bn", 4, rng)])
+    out, report = optimize(m, return_report=True)
+    assert report.rules["conv_bn_fold"].fired == 0
+    assert report.fired == {"bn_to_mul_add": 1}
+    assert [o.name for o in out.graph.output] == ["y", "c"]
+    assert_same_outputs(m, out, feeds_for(m))
+
+
+def test_training_mode_bn_is_left_alone():
+    rng = np.random.default_rng(4)
+    m = model([bn_node("x", "y", "bn", training_mode=1)], [tinfo("x", [2, 3, 4, 4])], [tinfo("y", [2, 3, 4, 4])],
+              bn_params("bn", 3, rng), opset=15)
+    out, report = optimize(m, return_report=True)
+    assert op_types(out) == ["BatchNormalization"]
+    assert report.rules["bn_to_mul_add"].refused + sum(report.rules["bn_to_mul_add"].reasons.values()) >= 1
+    assert any("training" in r for r in report.rules["bn_to_mul_add"].reasons)
+
+
+def test_bn_with_non_constant_parameters_is_left_alone():
+    rng = np.random.default_rng(5)
+    params = bn_params("bn", 3, rng)
+    # scale is a graph input: the caller can change it at run time
+    m = model([bn_node("x", "y", "bn")], [tinfo("x", [2, 3, 4, 4]), tinfo("bn.scale", [3])],
+              [tinfo("y", [2, 3, 4, 4])], params[1:])
+    out = optimize(m)
+    assert op_types(out) == ["BatchNormalization"]
+
+
+def test_initializer_that_is_also_an_input_is_not_a_constant():
+    rng = np.random.default_rng(6)
+    m = conv_bn_model(relu=False)
+    m.graph.input.append(tinfo("w", [6, 4, 3, 3]))  # overridable at run time
+    out = optimize(m)
+    assert "Conv" in op_types(out)
+    assert "BatchNormalization" not in op_types(out)  # became Mul+Add instead of folding into w
+    assert "Mul" in op_types(out)
+    feeds = feeds_for(m)
+    feeds["w"] = rng.standard_normal((6, 4, 3, 3)).astype(np.float32)
+    np.testing.assert_allclose(run_ort(out, feeds)[0], run_ort(m, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_shared_weight_is_folded_per_conv():
+    """Two Conv+BN pairs sharing one weight each get their own folded weight."""
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((4, 4, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c1"], name="conv1", pads=[1, 1, 1, 1]), bn_node("c1", "y1", "bn1"),
+             helper.make_node("Conv", ["x", "w"], ["c2"], name="conv2", pads=[1, 1, 1, 1]), bn_node("c2", "y2", "bn2")]
+    m = model(nodes, [tinfo("x", [1, 4, 6, 6])], [tinfo("y1", 4), tinfo("y2", 4)],
+              [init("w", w), *bn_params("bn1", 4, rng), *bn_params("bn2", 4, rng)])
+    out = optimize(m)
+    assert op_types(out) == ["Conv", "Conv"]
+    assert "w" not in {i.name for i in out.graph.initializer}  # the original weight is no longer used
+    assert_same_outputs(m, out, feeds_for(m))
