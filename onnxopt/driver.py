@@ -68,8 +68,9 @@ class DriverResult:
 
 
 def _generalize_reason(reason: str) -> str:
-    """Strip node names from a refusal reason so reasons aggregate by kind."""
-    return reason.split(": ", 1)[-1] if ": " in reason else reason
+    """The innermost part of a refusal reason (without the path of node names leading to it),
+    so that reasons aggregate by kind."""
+    return reason.rsplit(": ", 1)[-1]
 
 
 class _Namer:

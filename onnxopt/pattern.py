@@ -223,7 +223,7 @@ class Op(Pattern):
     def match_node(self, node: ir.Node, state: _State) -> str | None:
         domain = "" if node.domain == "ai.onnx" else node.domain
         if node.op_type != self.op_type or domain != self.domain:
-            return f"expected {self.op_type}, found {node.op_type} ({node.name})"
+            return f"expected {self.op_type}, found {node.op_type}"
         if node in state.node_set:
             return f"{node.name} is matched twice"
         for key, want in self.attrs.items():

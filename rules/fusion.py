@@ -106,6 +106,12 @@ def _bn_to_affine_ok(m: Match):
     if reason:
         return reason
     x = m["x"]
+    producer = x.producer()
+    if producer is not None and producer.op_type in ("Conv", "ConvTranspose") and producer.domain == "" \
+            and len(x.uses()) == 1 and not x.is_graph_output():
+        # Two kernels instead of one would be a loss; the BN stays for conv folding once the
+        # conv's weights or bias become constant.
+        return "follows a Conv that could absorb it"
     shape = m.shape("x")
     if shape is None or x.dtype is None:
         return "input shape is unknown"
