@@ -12,15 +12,22 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import __version__, registry
+from . import __version__, io, registry
 from .api import optimize, resolve_rules
 from .errors import OnnxoptError
 
 EXIT_OK, EXIT_BAD_INPUT = 0, 2
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (and exit code 2), like every other error."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_BAD_INPUT, f"onnxopt: error: {message} (see --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="onnxopt",
         description="Rewrite an ONNX model with onnxopt's rules until nothing more applies.",
     )
@@ -73,6 +80,7 @@ def _write_json(path: str, data: dict) -> None:
     target = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
     try:
+        os.chmod(tmp, io.FILE_MODE)
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2, sort_keys=False)
             f.write("\n")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Union
@@ -35,15 +36,14 @@ class Loaded:
     kind: str  # "path" | "bytes" | "proto" | "ir"
     path: Path | None = None
     external: bool = False  # the input kept (some) weights in external data files
+    data_files: frozenset = frozenset()  # those files (resolved): never to be overwritten
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    for line in text.splitlines():
-        line = line.strip()
-        if line and not line.startswith("==>"):
-            return line
-    return text.splitlines()[0]
+def _first_line(exc: BaseException, limit: int = 400) -> str:
+    """The message folded onto one line (checker messages span several), capped in length."""
+    text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip() and not line.strip().startswith("==>"))
+    text = text or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _parse(data: bytes, what: str) -> onnx.ModelProto:
@@ -72,34 +72,64 @@ def _check(target: onnx.ModelProto | bytes | str, what: str) -> None:
         raise InvalidModelError(f"{what} fails the ONNX checker: {_first_line(exc)}") from None
 
 
-def _external_tensors(model: ir.Model):
+def _graphs(graph: onnx.GraphProto):
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _graphs(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    yield from _graphs(g)
+
+
+def _check_external_data(proto: onnx.ModelProto, base_dir: Path, what: str) -> bool:
+    """Raise if an external-data file is missing or too short; return whether any is used."""
+    sizes: dict[Path, int] = {}
+    found = False
+    for graph in _graphs(proto.graph):
+        for tensor in graph.initializer:
+            if tensor.data_location != onnx.TensorProto.EXTERNAL:
+                continue
+            found = True
+            info = {e.key: e.value for e in tensor.external_data}
+            location = info.get("location", "")
+            path = base_dir / location
+            if path not in sizes:
+                try:
+                    sizes[path] = path.stat().st_size if path.is_file() else -1
+                except OSError:
+                    sizes[path] = -1
+                if sizes[path] < 0:
+                    raise InvalidModelError(
+                        f"{what}: missing external data file '{location}' (tensor '{tensor.name}', "
+                        f"looked for {path})"
+                    )
+            if "length" in info:
+                need = int(info["length"])
+            else:
+                count = 1
+                for d in tensor.dims:
+                    count *= d
+                need = count * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+            end = int(info.get("offset", 0)) + need
+            if end > sizes[path]:
+                raise InvalidModelError(
+                    f"{what}: external data file '{location}' is too short for tensor '{tensor.name}' "
+                    f"(needs {end} bytes, has {sizes[path]})"
+                )
+    return found
+
+
+def external_data_files(model: ir.Model) -> set[Path]:
+    """The external data files the model's tensors are read from (resolved paths)."""
+    files = set()
     for graph in model.graphs():
         for value in graph.initializers.values():
-            if isinstance(value.const_value, ir.ExternalTensor):
-                yield value.name, value.const_value
-
-
-def _check_external_data(model: ir.Model, what: str) -> bool:
-    """Raise if an external-data file is missing or too short; return whether any is used."""
-    sizes: dict[str, int] = {}
-    found = False
-    for name, tensor in _external_tensors(model):
-        found = True
-        path = tensor.path
-        if path not in sizes:
-            try:
-                sizes[path] = os.path.getsize(path)
-            except OSError:
-                raise InvalidModelError(
-                    f"{what}: missing external data file '{tensor.location}' (tensor '{name}', looked for {path})"
-                ) from None
-        end = (tensor.offset or 0) + (tensor.length if tensor.length is not None else tensor.nbytes)
-        if end > sizes[path]:
-            raise InvalidModelError(
-                f"{what}: external data file '{tensor.location}' is too short for tensor '{name}' "
-                f"(needs {end} bytes, has {sizes[path]})"
-            )
-    return found
+            tensor = value.const_value
+            if isinstance(tensor, ir.ExternalTensor):
+                files.add(Path(tensor.path).resolve())
+    return files
 
 
 def load(source: ModelLike, *, check: bool = True, copy_ir: bool = True) -> Loaded:
@@ -112,13 +142,11 @@ def load(source: ModelLike, *, check: bool = True, copy_ir: bool = True) -> Load
     if isinstance(source, ir.Model):
         return Loaded(source.clone() if copy_ir else source, "ir")
     if isinstance(source, onnx.ModelProto):
-        if check:
-            # Large models serialize badly; the checker then needs a path, which we lack.
-            if source.ByteSize() < _PROTO_LIMIT:
-                _check(source, "model")
-        model = ir.from_proto(source)
-        external = _check_external_data(model, "model") if check else False
-        return Loaded(model, "proto", external=external)
+        external = _check_external_data(source, Path("."), "model") if check else False
+        if check and source.ByteSize() < _PROTO_LIMIT:
+            # (a larger proto cannot be serialized for the checker)
+            _check(source, "model")
+        return Loaded(ir.from_proto(source), "proto", external=external)
     if isinstance(source, (bytes, bytearray, memoryview)):
         data = bytes(source)
         proto = _parse(data, "input bytes")
@@ -137,16 +165,17 @@ def load(source: ModelLike, *, check: bool = True, copy_ir: bool = True) -> Load
         except OSError as exc:
             raise InvalidModelError(f"{what}: cannot read ({exc.strerror})") from None
         proto = _parse(data, what)
+        # A missing data file is reported as such, before the checker reports it less clearly.
+        external = _check_external_data(proto, path.parent, what)
+        if check:
+            # The bytes in hand spare the checker a second read of the file; with external data
+            # it needs the path to find the data files.
+            _check(str(path) if external else data, what)
+        del data
         model = ir.from_proto(proto)
         ir.external_data.set_base_dir(model.graph, path.parent)
-        # Report a missing data file as such before the checker reports it less clearly.
-        external = _check_external_data(model, what)
-        if check:
-            # The bytes in hand spare the checker a second read of the file; external data
-            # was checked above.
-            _check(data, what)
-        del data
-        return Loaded(model, "path", path=path, external=external)
+        files = frozenset(external_data_files(model)) if external else frozenset()
+        return Loaded(model, "path", path=path, external=external, data_files=files)
     raise UsageError(
         f"cannot load a model from {type(source).__name__}: pass a path, bytes, onnx.ModelProto or onnx_ir.Model"
     )
@@ -196,39 +225,64 @@ def _initializer_bytes(model: ir.Model) -> int:
     return total
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+FILE_MODE = 0o666 & ~_umask()
+
+
 def save(
     model: ir.Model,
     path: str | os.PathLike,
     *,
     external_data: str | bool | None = None,
     size_threshold: int = 1024,
+    protect: frozenset = frozenset(),
 ) -> Path:
     """Write ``model`` to ``path`` atomically.
 
     ``external_data``: a file name (relative to the model's directory) to put weights in, True for
     ``<model file name>.data``, False to force one file, None to decide: external when the weights
     would push the file past protobuf's 2 GiB limit.
+
+    Everything is first written into a temporary directory beside ``path``, then renamed into
+    place (the data file first, the model last), so a failure leaves neither a partial model nor
+    a model paired with the wrong weights. A data file that the model reads its weights from, or
+    that is in ``protect`` (the input's data files), is never overwritten.
     """
     path = Path(path)
     if external_data is None:
         external_data = _initializer_bytes(model) >= _PROTO_LIMIT
     if external_data is True:
         external_data = path.name + ".data"
+    parent = path.parent if str(path.parent) else Path(".")
+    if external_data:
+        data_path = parent / str(external_data)
+        if Path(str(external_data)).is_absolute() or ".." in Path(str(external_data)).parts:
+            raise UsageError(f"external data name {external_data!r} must be a plain name beside the model")
+        if data_path.resolve() in external_data_files(model) | protect:
+            raise UsageError(
+                f"external data file {data_path} holds the input's weights; choose another name or directory"
+            )
     clamp_ir_version(model)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-    os.close(fd)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent))
     try:
+        staged = staging / path.name
         if external_data:
-            ir.save(model, tmp, external_data=str(external_data), size_threshold_bytes=size_threshold)
+            ir.save(model, staged, external_data=str(external_data), size_threshold_bytes=size_threshold)
+            staged_data = staging / str(external_data)
+            if staged_data.exists():
+                os.chmod(staged_data, FILE_MODE)
+                os.replace(staged_data, parent / str(external_data))
         else:
-            ir.save(model, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+            ir.save(model, staged)
+        os.chmod(staged, FILE_MODE)
+        os.replace(staged, path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return path
 
 
@@ -252,9 +306,11 @@ def give_back(loaded: Loaded, output: str | os.PathLike | None, *, external_data
             raise UsageError("a model given as a path needs output= (the input file is never overwritten)")
         if loaded.path is not None and same_file(loaded.path, output):
             raise UsageError(f"output {output} is the input file; onnxopt never modifies its input")
+        if Path(output).resolve() in loaded.data_files:
+            raise UsageError(f"output {output} is the input's external data file; onnxopt never modifies its input")
         if external_data is None and loaded.external:
             external_data = True
-        written = save(model, output, external_data=external_data)
+        written = save(model, output, external_data=external_data, protect=loaded.data_files)
         return type(output)(written) if isinstance(output, (str, Path)) else written
     if output is not None:
         save(model, output, external_data=external_data)
