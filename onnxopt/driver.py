@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import time
 from collections.abc import Iterable, Sequence
 
@@ -29,7 +30,7 @@ import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
 from .errors import RuleError
-from .pattern import Builder, Match, Refuse, Rule
+from .pattern import Builder, Match, Refuse, Rule, constant_tensor
 
 RULE_KEY = "onnxopt.rule"
 REPLACED_KEY = "onnxopt.replaced"
@@ -103,6 +104,19 @@ class _Namer:
                 self.counters[hint] = n
                 self.taken.add(name)
                 return name
+
+
+def _value_key(value: ir.Value):
+    """Identity of an input for cycle detection: small constants by content (rules that undo each
+    other often recreate equal constants as new values), everything else by object."""
+    tensor = constant_tensor(value)
+    if tensor is not None and tensor.size <= 4096:
+        try:
+            array = tensor.numpy()
+            return ("const", str(array.dtype), array.shape, array.tobytes())
+        except Exception:
+            pass
+    return id(value)
 
 
 def index_rules(rules: Sequence[Rule]) -> dict[tuple[str, str], list[Rule]]:
@@ -220,7 +234,7 @@ class Driver:
                 external.append(value)
         shape = tuple((n.domain, n.op_type) for n in m.nodes)
         origins = frozenset().union(*(self._origins(n) for n in m.nodes))
-        return (m.rule.name, shape, tuple(id(v) for v in external), origins), external
+        return (m.rule.name, shape, tuple(_value_key(v) for v in external), origins), external
 
     def _apply(self, m: Match) -> str | None:
         """Apply the rewrite for ``m``; None on success, else the reason it was refused."""
@@ -269,6 +283,8 @@ class Driver:
         for old in olds[len(news):]:
             if old.uses() or old.is_graph_output():
                 return f"output {old.name!r} is used but not replaced"
+        if len({id(v) for v in news}) != len(news):
+            return "the replacement gives one value for two outputs"
         created = {v for n in builder.nodes for v in n.outputs}
         seen_outputs: set[ir.Value] = set()
         for old, new in zip(olds, news):
@@ -294,23 +310,30 @@ class Driver:
         sources: list[str] = []
         for n in m.nodes:
             src = n.metadata_props.get(SOURCES_KEY)
-            sources.extend(src.split(",") if src else [n.name or n.op_type])
-        sources_text = ",".join(dict.fromkeys(sources))
+            sources.extend(json.loads(src) if src else [n.name or n.op_type])
+        replaced_text = json.dumps(replaced)
+        sources_text = json.dumps(list(dict.fromkeys(sources)))
         for node in builder.nodes:
             node.metadata_props[RULE_KEY] = rule.name
-            node.metadata_props[REPLACED_KEY] = ",".join(replaced)
+            node.metadata_props[REPLACED_KEY] = replaced_text
             node.metadata_props[SOURCES_KEY] = sources_text
         if builder.nodes:
             graph.insert_before(root, builder.nodes)
+        if builder.initializers and self.model.ir_version < 4:
+            # Before IR 4 an initializer must also be a graph input; IR 4 lifts that and
+            # changes nothing else for these models.
+            self.model.ir_version = 4
         for value in builder.initializers:
             graph.register_initializer(value)
         created = {v for n in builder.nodes for v in n.outputs}
         for old, new in zip(olds, news):
             if new is old:
                 continue
-            if new.type is None and old.type is not None:
+            # Same tensor, so the old type and shape hold; a graph output keeps its declared
+            # ones (its dimension names are part of the model's interface).
+            if old.type is not None and (new.type is None or old.is_graph_output()):
                 new.type = old.type
-            if new.shape is None and old.shape is not None:
+            if old.shape is not None and (new.shape is None or old.is_graph_output()):
                 new.shape = old.shape
             name = old.name
             if new in created or old.is_graph_output():
@@ -344,12 +367,35 @@ class Driver:
             if any(v.uses() or v.is_graph_output() for v in node.outputs):
                 continue
             inputs = [v for v in node.inputs if v is not None]
+            for attr in node.attributes.values():
+                # Nodes of a removed If/Loop/Scan body must stop counting as users of outer values.
+                if attr.type == ir.AttributeType.GRAPH:
+                    inputs += _detach_graph(attr.as_graph())
+                elif attr.type == ir.AttributeType.GRAPHS:
+                    for sub in attr.as_graphs():
+                        inputs += _detach_graph(sub)
             graph.remove(node, safe=True)
             self.result.removed_dead += 1
             for value in inputs:
                 producer = value.producer()
                 if producer is not None and producer.graph is not None:
                     stack.append(producer)
+
+
+def _detach_graph(graph: ir.Graph) -> list[ir.Value]:
+    """Disconnect every node of ``graph`` (and its subgraphs) from its inputs; return the
+    outer-scope values they read."""
+    outer = []
+    for node in graph.all_nodes():
+        for i, value in enumerate(node.inputs):
+            if value is None:
+                continue
+            producer = value.producer()
+            owner = producer.graph if producer is not None else value.graph
+            if owner is not None and owner is not graph and owner is not node.graph:
+                outer.append(value)
+            node.replace_input_with(i, None)
+    return outer
 
 
 def remove_unused(model: ir.Model) -> None:
@@ -374,7 +420,11 @@ def node_counts(model: ir.Model) -> dict[str, int]:
 
 
 def rewrite(model: ir.Model, rules: Iterable[Rule], **options) -> DriverResult:
-    """Run the fixpoint driver over ``model`` in place, then remove what became unused."""
+    """Run the fixpoint driver over ``model`` in place, then remove what became unused.
+
+    Dead code is removed first too: a dead user of a value would otherwise block patterns
+    that need that value to have a single use."""
+    remove_unused(model)
     driver = Driver(model, list(rules), **options)
     result = driver.run()
     remove_unused(model)

@@ -130,7 +130,9 @@ class Const(Pattern):
         if self.value is not None:
             try:
                 actual = tensor.numpy()
-                ok = np.allclose(actual, np.asarray(self.value), rtol=self.rtol, atol=self.atol)
+                # every element equals the value (an empty tensor equals nothing)
+                ok = actual.size > 0 and bool(
+                    np.all(np.isclose(actual, np.asarray(self.value), rtol=self.rtol, atol=self.atol)))
             except (TypeError, ValueError):
                 ok = False
             if not ok:
@@ -248,7 +250,9 @@ class Op(Pattern):
         state.push_node(node, self.name)
         orders = [actual]
         if self.commutative and len(actual) > 1:
-            orders = [list(p) for p in itertools.permutations(actual)]
+            # all orders for up to 4 inputs; beyond that (24+ orders) only the given and reversed
+            orders = ([list(p) for p in itertools.permutations(actual)] if len(actual) <= 4
+                      else [actual, actual[::-1]])
         reason = None
         for order in orders:
             saved = state.save()
@@ -449,7 +453,9 @@ class Builder:
                 taken = set(kwattrs)
                 attributes = [_copy_attr(a) for a in attrs if a.name not in taken]
         attributes += [_to_attr(k, v) for k, v in kwattrs.items()]
-        base = self._namer(f"{self.match.root.name or self.match.root.op_type}/{self.match.rule.name}")
+        # "<original node name>::<rule>": earlier rules' suffixes are dropped, so names do not grow
+        root_name = (self.match.root.name or self.match.root.op_type).split("::")[0]
+        base = self._namer(f"{root_name}::{self.match.rule.name}")
         outs = [ir.Value(name=self._namer(f"{base}_out{i}" if outputs > 1 else f"{base}_out")) for i in range(outputs)]
         node = ir.Node(domain, op_type, list(inputs), attributes=attributes, outputs=outs, name=base)
         self.nodes.append(node)

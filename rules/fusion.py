@@ -18,13 +18,20 @@ _FLOAT_DTYPES = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float
 def _bn_inference(m: Match):
     """The BatchNormalization computes y = (x - mean) / sqrt(var + eps) * scale + beta."""
     bn = m.node("bn")
-    if m.opset("") >= 14 and m.attr("bn", "training_mode", 0) != 0:
-        return "BatchNormalization is in training mode"
-    if m.opset("") < 9 and m.attr("bn", "spatial", 1) != 1:
+    opset = m.opset("")
+    if opset >= 14:
+        if m.attr("bn", "training_mode", 0) != 0:
+            return "BatchNormalization is in training mode"
+        for out in bn.outputs[1:]:
+            if out.uses() or out.is_graph_output():
+                return "BatchNormalization's running statistics outputs are used"
+    elif sum(1 for out in bn.outputs if out.name) > 1:
+        # Before opset 14 the number of outputs selects training mode (batch statistics).
+        return "BatchNormalization with more than one output is in training mode"
+    if opset < 7 and m.attr("bn", "is_test", 0) != 1:
+        return "BatchNormalization without is_test=1 is in training mode"
+    if opset < 9 and m.attr("bn", "spatial", 1) != 1:
         return "BatchNormalization with spatial=0"
-    for out in bn.outputs[1:]:
-        if out.uses() or out.is_graph_output():
-            return "BatchNormalization's running statistics outputs are used"
     params = [m.const(k) for k in ("scale", "beta", "mean", "var")]
     channels = params[0].size
     for name, p in zip(("scale", "beta", "mean", "var"), params):
@@ -105,6 +112,8 @@ def _bn_to_affine_ok(m: Match):
     reason = _bn_inference(m)
     if reason:
         return reason
+    if m.opset("") < 7:
+        return "Mul/Add before opset 7 broadcast only with the broadcast attribute"
     x = m["x"]
     producer = x.producer()
     if producer is not None and producer.op_type in ("Conv", "ConvTranspose") and producer.domain == "" \

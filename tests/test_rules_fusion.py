@@ -160,3 +160,47 @@ def test_shared_weight_is_folded_per_conv():
     assert op_types(out) == ["Conv", "Conv"]
     assert "w" not in {i.name for i in out.graph.initializer}  # the original weight is no longer used
     assert_same_outputs(m, out, feeds_for(m))
+
+
+@pytest.mark.parametrize("opset", [9, 12, 13])
+def test_bn_with_training_outputs_before_opset14_is_training_mode(opset):
+    """Before opset 14 the number of outputs selects training mode, even if extra outputs are unused."""
+    rng = np.random.default_rng(8)
+    w = rng.standard_normal((3, 3, 3, 3)).astype(np.float32)
+    bn = helper.make_node("BatchNormalization", ["c", "bn.scale", "bn.beta", "bn.mean", "bn.var"],
+                          ["y", "rm", "rv", "sm", "sv"], name="bn")
+    m = model([helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]), bn],
+              [tinfo("x", [2, 3, 4, 4])], [tinfo("y", [2, 3, 4, 4])], [init("w", w), *bn_params("bn", 3, rng)],
+              opset=opset)
+    out, report = optimize(m, return_report=True)
+    assert "BatchNormalization" in op_types(out)
+    assert not report.fired
+    assert_same_outputs(m, out, feeds_for(m))
+
+
+def test_ir3_model_with_constant_node_weights_stays_valid():
+    """Folding creates initializers; an IR 3 model would need them as graph inputs too."""
+    rng = np.random.default_rng(9)
+    w = rng.standard_normal((3, 3, 3, 3)).astype(np.float32)
+    consts = [helper.make_node("Constant", [], [t.name], value=t) for t in [init("w", w), *bn_params("bn", 3, rng)]]
+    m = model(consts + [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+                        bn_node("c", "y", "bn")],
+              [tinfo("x", [1, 3, 4, 4])], [tinfo("y", [1, 3, 4, 4])], opset=8)
+    m.ir_version = 3
+    out = optimize(m)
+    onnx.checker.check_model(out, full_check=True)
+    assert op_types(out) == ["Conv"]
+    assert_same_outputs(m, out, feeds_for(m))
+    optimize(out)  # its own output is valid input
+
+
+def test_dead_user_does_not_block_folding():
+    rng = np.random.default_rng(10)
+    w = rng.standard_normal((3, 3, 3, 3)).astype(np.float32)
+    m = model([helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]), bn_node("c", "y", "bn"),
+               helper.make_node("Relu", ["c"], ["dead"], name="dead_relu")],
+              [tinfo("x", [1, 3, 4, 4])], [tinfo("y", [1, 3, 4, 4])], [init("w", w), *bn_params("bn", 3, rng)])
+    out, report = optimize(m, return_report=True)
+    assert report.fired == {"conv_bn_fold": 1}
+    assert op_types(out) == ["Conv"]
+    assert_same_outputs(m, out, feeds_for(m))
