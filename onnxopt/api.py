@@ -92,6 +92,11 @@ def optimize(
                          check, inplace, return_report)
     finally:
         if gc_was_enabled:
+            # Hand what was allocated meanwhile to the oldest generation (two list splices) so
+            # that re-enabling does not start with one young-generation pass over all of it;
+            # it is collected by the next full collection, as long-lived data would be.
+            gc.freeze()
+            gc.unfreeze()
             gc.enable()
 
 

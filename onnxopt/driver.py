@@ -27,7 +27,6 @@ import time
 from collections.abc import Iterable, Sequence
 
 import onnx_ir as ir
-from onnx_ir.passes.common import RemoveUnusedNodesPass
 
 from .errors import RuleError
 from .pattern import Builder, Match, Refuse, Rule, constant_tensor
@@ -106,9 +105,11 @@ class _Namer:
                 return name
 
 
-def _value_key(value: ir.Value):
-    """Identity of an input for cycle detection: small constants by content (rules that undo each
-    other often recreate equal constants as new values), everything else by object."""
+def _value_key(value: ir.Value, created: set):
+    """Identity of an input for cycle detection: constants that rules created, by content (rules
+    that undo each other recreate equal constants as new values); everything else by object."""
+    if value not in created:
+        return id(value)
     tensor = constant_tensor(value)
     if tensor is not None and tensor.size <= 4096:
         try:
@@ -154,6 +155,7 @@ class Driver:
         self._blocked: set[tuple] = set()
         self._keepalive: list = []
         self._origin: dict[ir.Node, frozenset] = {}
+        self._created: set[ir.Value] = set()  # initializers made by rules
 
     # -- worklist -------------------------------------------------------------------------
     def _push(self, node: ir.Node | None) -> None:
@@ -234,7 +236,7 @@ class Driver:
                 external.append(value)
         shape = tuple((n.domain, n.op_type) for n in m.nodes)
         origins = frozenset().union(*(self._origins(n) for n in m.nodes))
-        return (m.rule.name, shape, tuple(_value_key(v) for v in external), origins), external
+        return (m.rule.name, shape, tuple(_value_key(v, self._created) for v in external), origins), external
 
     def _apply(self, m: Match) -> str | None:
         """Apply the rewrite for ``m``; None on success, else the reason it was refused."""
@@ -325,6 +327,7 @@ class Driver:
             self.model.ir_version = 4
         for value in builder.initializers:
             graph.register_initializer(value)
+            self._created.add(value)
         created = {v for n in builder.nodes for v in n.outputs}
         for old, new in zip(olds, news):
             if new is old:
@@ -398,16 +401,50 @@ def _detach_graph(graph: ir.Graph) -> list[ir.Value]:
     return outer
 
 
-def remove_unused(model: ir.Model) -> None:
-    """Dead nodes and unused initializers, in the main graph and in every subgraph."""
-    RemoveUnusedNodesPass()(model)
-    for graph in model.graphs():
-        if graph is model.graph:
+def _subgraphs(node: ir.Node):
+    for attr in node.attributes.values():
+        if attr.type == ir.AttributeType.GRAPH:
+            yield attr.as_graph()
+        elif attr.type == ir.AttributeType.GRAPHS:
+            yield from attr.as_graphs()
+
+
+def _remove_unused_in(graph: ir.Graph) -> int:
+    """One reverse pass (users come after producers, so chains go at once), then initializers."""
+    removed = 0
+    outputs = frozenset(graph.outputs)
+    for node in reversed(graph):
+        if any(v in outputs or v.uses() for v in node.outputs):
+            for sub in _subgraphs(node):
+                removed += _remove_unused_in(sub)
             continue
-        outputs = set(graph.outputs)
-        for name, value in list(graph.initializers.items()):
-            if not value.uses() and value not in outputs:
-                del graph.initializers[name]
+        for sub in _subgraphs(node):
+            _detach_graph(sub)
+        graph.remove(node, safe=True)
+        removed += 1
+    inputs = frozenset(graph.inputs)
+    for name, value in list(graph.initializers.items()):
+        if not value.uses() and value not in outputs and value not in inputs:
+            del graph.initializers[name]
+            removed += 1
+    return removed
+
+
+def remove_unused(model: ir.Model) -> int:
+    """Dead nodes and unused initializers, in the main graph and every subgraph (and functions).
+
+    Graph inputs and outputs are kept: the model's interface does not change. (onnx_ir's
+    RemoveUnusedNodesPass does the same and also trims optional outputs, but looks up an op
+    schema per node, which costs more than the whole rewrite on large graphs.)
+    """
+    removed = _remove_unused_in(model.graph)
+    for function in model.functions.values():
+        outputs = frozenset(function.outputs)
+        for node in reversed(function):
+            if not any(v in outputs or v.uses() for v in node.outputs):
+                function.remove(node, safe=True)
+                removed += 1
+    return removed
 
 
 def node_counts(model: ir.Model) -> dict[str, int]:
