@@ -1,0 +1,5 @@
+import sys
+
+from .zoo import main
+
+sys.exit(main())
