@@ -33,7 +33,8 @@ def build(n_nodes: int, *, channels: int = 4, size: int = 8, seed: int = 0, opse
     for i in range(blocks):
         depthwise = i % 4 == 3
         group = c if depthwise else 1
-        w = init(f"b{i}.w", rng.standard_normal((c, c // group, 3, 3)) * (0.5 if depthwise else 0.2))
+        fan_in = (c // group) * 9
+        w = init(f"b{i}.w", rng.standard_normal((c, c // group, 3, 3)) / np.sqrt(fan_in))
         conv_inputs = [x, w]
         if i % 3 != 2:
             conv_inputs.append(init(f"b{i}.b", rng.standard_normal(c) * 0.1))
@@ -41,7 +42,8 @@ def build(n_nodes: int, *, channels: int = 4, size: int = 8, seed: int = 0, opse
                                       pads=[1, 1, 1, 1], group=group))
         nodes.append(helper.make_node(
             "BatchNormalization",
-            [f"b{i}.conv", init(f"b{i}.scale", rng.uniform(0.5, 1.5, c)), init(f"b{i}.beta", rng.standard_normal(c) * 0.1),
+            # small BN scales keep the residual sum bounded over thousands of blocks
+            [f"b{i}.conv", init(f"b{i}.scale", rng.uniform(0.02, 0.1, c)), init(f"b{i}.beta", rng.standard_normal(c) * 0.01),
              init(f"b{i}.mean", rng.standard_normal(c) * 0.1), init(f"b{i}.var", rng.uniform(0.5, 2.0, c))],
             [f"b{i}.bn"], name=f"b{i}/bn", epsilon=1e-5))
         nodes.append(helper.make_node("Relu", [f"b{i}.bn"], [f"b{i}.relu"], name=f"b{i}/relu"))

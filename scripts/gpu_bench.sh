@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One command on the lent GPU machine (see ../shared/gpu/README.md): install the carried
+# onnxruntime-gpu and wheels, build the benchmark models with the project's own builders, and run
+# the side-by-side benchmark with CPU and CUDA columns. Results go to $OUT.
+#   usage: bash scripts/gpu_bench.sh [bench.py options...]
+set -uo pipefail
+W=/tmp/gw/onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl
+if [ ! -d /tmp/site/onnxruntime ]; then
+  cat /tmp/gw/part? > "$W" && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$W"
+fi
+if [ -d .gpu/wheels ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/wheels/*.whl
+fi
+export PYTHONPATH=/tmp/site:$PWD/.gpu/pkg:$PWD
+# onnxopt itself, importable as onnxopt / onnxopt.rules / onnxopt.models without installing
+mkdir -p .gpu/pkg/onnxopt
+cp -r onnxopt/* .gpu/pkg/onnxopt/
+rm -rf .gpu/pkg/onnxopt/rules .gpu/pkg/onnxopt/models
+cp -r rules .gpu/pkg/onnxopt/rules
+cp -r models .gpu/pkg/onnxopt/models
+export PYTHONPATH=/tmp/site:$PWD/.gpu/pkg
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import onnxruntime as o, onnx, onnx_ir, torch; print('ort', o.__version__, o.get_available_providers()); print('onnx', onnx.__version__, 'onnx_ir', onnx_ir.__version__, 'torch', torch.__version__)"
+export ONNXOPT_CACHE=${ONNXOPT_CACHE:-/tmp/zoo}
+mkdir -p "$ONNXOPT_CACHE"
+# models carried from the developer machine (PyPI-shipped ones: no registry here)
+[ -d .gpu/zoo ] && cp -n .gpu/zoo/* "$ONNXOPT_CACHE"/ 2>/dev/null
+python3 scripts/bench.py --providers cpu,cuda --cache "$ONNXOPT_CACHE" \
+  --json "$OUT/bench_gpu.json" --markdown "$OUT/BENCHMARKS_gpu.md" "$@" 2>&1 | tee "$OUT/bench_gpu.log"

