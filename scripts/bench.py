@@ -703,7 +703,7 @@ def model_table(result: dict, cuda: bool) -> str:
     return "\n".join(lines)
 
 
-def summary_tables(results: dict) -> str:
+def summary_tables(results: dict, cuda: bool = False) -> str:
     models = [m for m, r in results.items() if "rows" in r]
     if not models:
         return ""
@@ -718,7 +718,11 @@ def summary_tables(results: dict) -> str:
         ("CPU latency, median relative to the original", lambda r: r.get("cpu_latency", {}).get("ratio"),
          lambda v: f"{v:.2f}×"),
         ("optimize time, s", lambda r: r.get("optimize_median_s"), _sig),
-    ]:
+    ] + ([
+        ("CUDA kernels per run", lambda r: r.get("cuda", {}).get("kernels"), str),
+        ("CUDA latency, median relative to the original", lambda r: r.get("cuda_latency", {}).get("ratio"),
+         lambda v: f"{v:.2f}×"),
+    ] if cuda else []):
         out.append(f"**{title}** (best per model in bold, none when all tie; failed tools and tools whose outputs differ are not ranked)\n")
         out.append("| tool | " + " | ".join(models) + " |")
         out.append("|---|" + "---:|" * len(models))
@@ -737,6 +741,8 @@ def summary_tables(results: dict) -> str:
                 v = get(row)
                 if row.get("status") == "error":
                     cells.append("error")
+                elif v is None and title.startswith("CUDA") and "cuda_error" in row:
+                    cells.append("CUDA error")
                 elif v is None:
                     cells.append("—" if t == ORIGINAL else "")
                 else:
@@ -774,7 +780,7 @@ def render_markdown(report: dict) -> str:
     L.append("")
     L.append("## Summary")
     L.append("")
-    L.append(summary_tables(report["models"]))
+    L.append(summary_tables(report["models"], cuda))
     for name, res in report["models"].items():
         L.append(f"## {name}")
         L.append("")
@@ -846,7 +852,58 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="keep the optimized models, profiles and inputs here (default: a temporary directory)")
     p.add_argument("--json", type=Path, default=None, help="write all raw numbers here")
     p.add_argument("--markdown", type=Path, default=None, help="write the report here (e.g. BENCHMARKS.md)")
+    p.add_argument("--render", type=Path, default=None, metavar="JSON",
+                   help="measure nothing: write --markdown from this earlier --json report")
+    p.add_argument("--cuda-report", type=Path, nargs="+", default=None, metavar="JSON",
+                   help="with --render: --json reports of a run with --providers cpu,cuda (e.g. on a GPU machine, "
+                        "possibly split by --family), appended as the CUDA section")
     return p.parse_args(argv)
+
+
+def merge_reports(reports: list[dict]) -> dict:
+    """One report from several runs of the same setup split by model (e.g. --family on a GPU machine)."""
+    if not reports:
+        raise ValueError("no report to merge")
+    meta = json.loads(json.dumps(reports[0]["meta"]))
+    if len(reports) > 1:
+        meta["command"] = "`; `".join(r["meta"]["command"] for r in reports)
+        dates = sorted({r["meta"]["date"] for r in reports})
+        meta["date"] = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
+        for r in reports[1:]:
+            for k, v in r["meta"].get("versions", {}).items():
+                if meta["versions"].get(k) != v:
+                    meta["versions"][k] = f"{meta['versions'].get(k)} / {v}"
+    models: dict = {}
+    for r in reports:
+        for name, res in r["models"].items():
+            if name not in models or ("rows" in res and "rows" not in models[name]):
+                models[name] = res
+    models = dict(sorted(models.items(), key=lambda kv: _zoo_position(kv[0])))  # stable: unknown names keep order
+    return {"meta": meta, "models": models}
+
+
+def _zoo_position(name: str) -> int:
+    try:
+        from onnxopt.models import zoo
+
+        return [s.name for s in zoo.SPECS].index(name)
+    except (ImportError, ValueError):
+        return 1 << 30
+
+
+def render_with_cuda(main: dict, cuda_reports: list[dict] | None) -> str:
+    text = render_markdown(main)
+    if not cuda_reports:
+        return text
+    cuda = merge_reports(cuda_reports)
+    if "cuda" not in cuda["meta"]["providers"]:
+        raise ValueError("--cuda-report: the report has no CUDA measurements (run with --providers cpu,cuda)")
+    body = render_markdown(cuda).split("\n", 2)[2]  # drop the top title
+    body = "\n".join(("#" + line) if line.startswith("#") else line for line in body.split("\n"))
+    gpu = cuda["meta"].get("gpu") or "GPU"
+    return (text.rstrip("\n") + "\n\n" + f"## CUDA ({gpu.split(',')[0]})\n\n"
+            + "A separate run on a GPU machine, CPU and CUDA providers side by side; its CPU figures come from that "
+              "machine, not from the one above.\n" + body)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -854,6 +911,20 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--child"]:
         return _child_main(argv[1])
     args = parse_args(argv)
+    if args.render or args.cuda_report:
+        if not (args.render and args.markdown):
+            print("bench: error: --render and --cuda-report need --render JSON and --markdown OUT", file=sys.stderr)
+            return 2
+        try:
+            main_report = json.loads(args.render.read_text())
+            cuda_reports = [json.loads(p.read_text()) for p in args.cuda_report or []]
+            text = render_with_cuda(main_report, cuda_reports)
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"bench: error: {one_line(exc)}", file=sys.stderr)
+            return 2
+        args.markdown.write_text(text)
+        print(f"wrote {args.markdown}")
+        return 0
     from onnxopt.models import zoo
 
     def log(s: str) -> None:

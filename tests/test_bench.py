@@ -182,3 +182,47 @@ def test_cli_rejects_unknown_model_and_tool(capsys):
     assert bench.main(["--models", "no-such-model"]) == 2
     assert bench.main(["--tools", "no-such-tool"]) == 2
     assert "no tool named" in capsys.readouterr().err
+
+
+def _report(models: dict, providers=("cpu",), date="2026-01-01 00:00 UTC", command="cmd") -> dict:
+    meta = {"date": date, "command": command, "machine": {"platform": "p", "python": "3"}, "gpu": "GPU X, 1",
+            "versions": {"onnx": "1"}, "providers": list(providers), "tool_docs": [],
+            "options": {"repeat": 1, "runs": 1, "warmup": 1, "latency_budget": 1.0, "tolerance": 1e-3, "gap": 0.002}}
+    return {"meta": meta, "models": models}
+
+
+def test_render_merges_cuda_reports_into_a_section(tmp_path):
+    def row(k, cuda_k=None, status="ok", **extra):
+        r = {"status": status, "nodes": k, "cpu": {"kernels": k}, "max_abs": 0.0, "max_rel": 0.0, **extra}
+        if cuda_k is not None:
+            r["cuda"] = {"kernels": cuda_k, "by_provider": {"CUDAExecutionProvider": cuda_k}, "memcpy": 0}
+        return r
+
+    def model(fam, a_cuda, b_cuda, b_extra=None):
+        return {"family": fam, "tools": ["a", "b"], "rows": {"original": row(9, 9, "baseline"), "a": row(5, a_cuda),
+                                                            "b": row(7, b_cuda, **(b_extra or {}))}}
+
+    import json
+
+    cpu = _report({"m1": model("vision", None, None)})
+    g1 = _report({"m1": model("vision", 3, None, {"cuda_error": "boom"})}, ("cpu", "cuda"), command="run1")
+    g2 = _report({"m2": model("ocr", 4, 2), "m3": {"family": "x", "skipped": "not fetched"}}, ("cpu", "cuda"),
+                 date="2026-01-02 00:00 UTC", command="run2")
+    paths = []
+    for i, r in enumerate([cpu, g1, g2]):
+        paths.append(tmp_path / f"{i}.json")
+        paths[-1].write_text(json.dumps(r))
+    out = tmp_path / "B.md"
+    assert bench.main(["--render", str(paths[0]), "--cuda-report", str(paths[1]), str(paths[2]),
+                       "--markdown", str(out)]) == 0
+    text = out.read_text()
+    main, cuda = text.split("## CUDA (GPU X)")
+    assert "CUDA kernels per run" not in main and "CUDA kernels per run" in cuda
+    assert "### m1" in cuda and "### m2" in cuda and "not fetched" in cuda
+    assert "run1" in cuda and "run2" in cuda and "2026-01-01 00:00 UTC to 2026-01-02 00:00 UTC" in cuda
+    kern = cuda.split("**CUDA kernels per run**")[1].split("\n\n")[1]
+    cells = {ln.split("|")[1].strip(): [c.strip() for c in ln.split("|")[2:-1]] for ln in kern.splitlines()[2:]}
+    assert cells["b"] == ["CUDA error", "**2**"] and cells["a"] == ["**3**", "4"]
+    # a report without CUDA measurements is refused, with a one-line error
+    assert bench.main(["--render", str(paths[0]), "--cuda-report", str(paths[0]), "--markdown", str(out)]) == 2
+    assert bench.main(["--render", str(paths[0])]) == 2
