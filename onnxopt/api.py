@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 
 import onnx_ir as ir
 
-from . import driver, io, registry
+from . import driver, fold, io, passes, registry
 from .pattern import Rule
 
 
@@ -49,6 +49,7 @@ class Report:
 def resolve_rules(rules: Sequence[Rule] | None = None, extra_rules: Sequence[Rule] = (),
                   disable: Iterable[str] = (), target: str | None = None) -> list[Rule]:
     base = registry.builtin_rules() if rules is None else list(rules)
+    disable = [d for d in disable if d not in passes.PASSES]
     return registry.select([*base, *extra_rules], disable=disable, target=target)
 
 
@@ -62,6 +63,9 @@ def optimize(
     output: str | os.PathLike | None = None,
     external_data: str | bool | None = None,
     max_rewrites: int | None = None,
+    fold_size_limit: int = fold.DEFAULT_SIZE_LIMIT,
+    fold_input_limit: int = fold.DEFAULT_INPUT_LIMIT,
+    graph_passes: Iterable[str] | None = None,
     check: bool = True,
     inplace: bool = False,
     return_report: bool = False,
@@ -79,6 +83,13 @@ def optimize(
         external_data: weights file name for the output, True for ``<output>.data``, False for one
             file; by default a model that came with external data is saved with it too.
         max_rewrites: cap on rewrites (default 10 x nodes + 1000).
+        fold_size_limit: bytes; constant folding creates a larger tensor only in place of at least
+            as many bytes of constants that become unused (default 1 MiB).
+        fold_input_limit: bytes; a node whose constant inputs together pass this is not
+            evaluated (default 256 MiB), so huge weights are not read to fold them.
+        graph_passes: whole-graph passes (``onnxopt.passes.PASSES``: initializer deduplication and
+            common-subexpression elimination); default all of them with the built-in rules, none
+            with an explicit ``rules`` list. ``disable`` takes their names too.
         check: run the ONNX checker and external-data check on the input.
         inplace: for an onnx_ir.Model, rewrite it in place instead of a copy.
         return_report: return ``(result, Report)`` instead of the result alone.
@@ -89,7 +100,7 @@ def optimize(
     gc.disable()
     try:
         return _optimize(model, rules, extra_rules, disable, target, output, external_data, max_rewrites,
-                         check, inplace, return_report)
+                         check, inplace, return_report, fold_size_limit, graph_passes, fold_input_limit)
     finally:
         if gc_was_enabled:
             # Hand what was allocated meanwhile to the oldest generation (two list splices) so
@@ -101,13 +112,20 @@ def optimize(
 
 
 def _optimize(model, rules, extra_rules, disable, target, output, external_data, max_rewrites, check,
-              inplace, return_report):
+              inplace, return_report, fold_size_limit=fold.DEFAULT_SIZE_LIMIT, graph_passes=None,
+              fold_input_limit=fold.DEFAULT_INPUT_LIMIT):
     t0 = time.perf_counter()
+    disable = list(disable)
     chosen = resolve_rules(rules, extra_rules, disable, target)
+    if graph_passes is None:  # with the built-in library by default; an explicit rule list runs alone
+        graph_passes = passes.PASSES if rules is None else ()
+    graph_passes = [p for p in graph_passes if p not in disable]
     loaded = io.load(model, check=check, copy_ir=not inplace)
     t1 = time.perf_counter()
     before = driver.node_counts(loaded.model)
-    result = driver.rewrite(loaded.model, chosen, max_rewrites=max_rewrites)
+    result = driver.rewrite(loaded.model, chosen, max_rewrites=max_rewrites, graph_passes=graph_passes,
+                            options={"fold_size_limit": int(fold_size_limit),
+                                     "fold_input_limit": int(fold_input_limit)})
     after = driver.node_counts(loaded.model)
     t2 = time.perf_counter()
     out = io.give_back(loaded, output, external_data=external_data)

@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import __version__, io, registry
+from . import __version__, fold, io, passes, registry
 from .api import optimize, resolve_rules
 from .errors import OnnxoptError
 
@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-builtin-rules", action="store_true", help="use only the rules given with --rules")
     p.add_argument("--target", choices=["cpu", "cuda"], help="only rules valid for this execution provider")
     p.add_argument("--max-rewrites", type=int, metavar="N", help="cap on the number of rewrites")
+    p.add_argument("--fold-size-limit", type=int, metavar="BYTES", default=fold.DEFAULT_SIZE_LIMIT,
+                   help="constant folding creates a larger tensor only in place of at least as many bytes of "
+                        "constants that become unused (default 1 MiB)")
     ext = p.add_mutually_exclusive_group()
     ext.add_argument("--external-data", metavar="NAME", nargs="?", const=True,
                      help="save weights to an external data file (default name: OUTPUT.data)")
@@ -108,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
             for rule in resolve_rules(base, extra, args.disable, args.target):
                 targets = ",".join(sorted(rule.targets))
                 print(f"{rule.name:<28} {rule.pattern.op_type:<20} p={rule.priority:<3} [{targets}]  {rule.summary}")
+            if base is None:
+                for name in passes.PASSES:
+                    if name not in args.disable:
+                        print(f"{name:<28} {'(graph pass)':<20} {'':<5} [cpu,cuda]  {passes.SUMMARY[name]}")
             return EXIT_OK
         if not args.input:
             return _fail("the input model is missing (usage: onnxopt IN -o OUT)")
@@ -117,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         _, report = optimize(
             args.input, rules=base, extra_rules=extra, disable=args.disable, target=args.target,
             output=args.output, external_data=external, max_rewrites=args.max_rewrites, return_report=True,
+            fold_size_limit=args.fold_size_limit,
         )
         if args.json:
             data = {"input": args.input, "output": args.output, **report.as_dict()}

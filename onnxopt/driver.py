@@ -28,8 +28,9 @@ from collections.abc import Iterable, Sequence
 
 import onnx_ir as ir
 
+from . import passes
 from .errors import RuleError
-from .pattern import Builder, Match, Refuse, Rule, constant_tensor
+from .pattern import ANY_OP, Builder, Match, Refuse, Rule, constant_tensor
 
 RULE_KEY = "onnxopt.rule"
 REPLACED_KEY = "onnxopt.replaced"
@@ -138,9 +139,12 @@ def index_rules(rules: Sequence[Rule]) -> dict[tuple[str, str], list[Rule]]:
 
 class Driver:
     def __init__(self, model: ir.Model, rules: Sequence[Rule], *, max_rewrites: int | None = None,
-                 stop_after: int | None = None, keep_log: bool = False):
+                 stop_after: int | None = None, keep_log: bool = False, options: dict | None = None):
         self.model = model
+        self.options = dict(options or {})
         self.index = index_rules(rules)
+        self._wild = {key[0]: bucket for key, bucket in self.index.items() if key[1] == ANY_OP}
+        self._merged: dict[tuple[str, str], list[Rule]] = {}
         self.result = DriverResult(rules={r.name: RuleStats() for r in rules})
         self.opsets = dict(model.opset_imports)
         if "ai.onnx" in self.opsets and "" not in self.opsets:
@@ -156,6 +160,7 @@ class Driver:
         self._keepalive: list = []
         self._origin: dict[ir.Node, frozenset] = {}
         self._created: set[ir.Value] = set()  # initializers made by rules
+        self._limit: int | None = None
 
     # -- worklist -------------------------------------------------------------------------
     def _push(self, node: ir.Node | None) -> None:
@@ -164,20 +169,32 @@ class Driver:
             self._queue.append(node)
 
     def _push_users(self, value: ir.Value) -> None:
+        """Users of ``value`` and their users: a pattern rooted one node further down may now
+        match (BatchNormalization over a Conv whose bias just became constant)."""
         for use in value.uses():
-            self._push(use.node)
+            node = use.node
+            self._push(node)
+            for out in node.outputs:
+                for use2 in out.uses():
+                    self._push(use2.node)
 
     # -- main loop ------------------------------------------------------------------------
-    def run(self) -> DriverResult:
+    def run(self, seed: bool = True) -> DriverResult:
+        """Rewrite until the worklist is empty; ``seed`` puts every node on it first (later
+        calls after a whole-graph pass only continue with what that pass touched)."""
         result = self.result
-        initial = 0
-        for graph in self.model.graphs():
-            for node in graph:
-                initial += 1
-                self._push(node)
-        limit = self.max_rewrites if self.max_rewrites is not None else 10 * initial + 1000
-        if self.stop_after is not None:
-            limit = min(limit, self.stop_after)
+        if seed:
+            initial = 0
+            for graph in self.model.graphs():
+                for node in graph:
+                    initial += 1
+                    self._push(node)
+            if self._limit is None:
+                limit = self.max_rewrites if self.max_rewrites is not None else 10 * initial + 1000
+                if self.stop_after is not None:
+                    limit = min(limit, self.stop_after)
+                self._limit = limit
+        limit = self._limit
         index = self.index
         stats = result.rules
         clock = time.perf_counter
@@ -186,7 +203,11 @@ class Driver:
             self._queued.discard(node)
             if node.graph is None:
                 continue
-            candidates = index.get((node.domain if node.domain != "ai.onnx" else "", node.op_type))
+            key = (node.domain if node.domain != "ai.onnx" else "", node.op_type)
+            candidates = self._merged.get(key)
+            if candidates is None:
+                candidates = self._merged[key] = sorted(
+                    index.get(key, []) + self._wild.get(key[0], []), key=lambda r: (-r.priority, r.name))
             if not candidates:
                 continue
             result.visited += 1
@@ -194,7 +215,10 @@ class Driver:
                 st = stats[rule.name]
                 st.tried += 1
                 t0 = clock()
-                outcome = rule.match(node, self.opsets)
+                try:
+                    outcome = rule.match(node, self.opsets, self.options)
+                except Exception as exc:  # a failing condition refuses; it does not abort the run
+                    outcome = f"condition raised {type(exc).__name__}: {exc}"
                 if isinstance(outcome, str):
                     st.reasons[_generalize_reason(outcome)] += 1
                     st.seconds += clock() - t0
@@ -262,6 +286,9 @@ class Driver:
         except Refuse as exc:
             builder.abort()
             return str(exc) or "replacement refused"
+        except Exception as exc:  # a bug in a rule must not take the user's model down with it
+            builder.abort()
+            return f"rule raised {type(exc).__name__}: {exc}"
         if replacement is None:
             builder.abort()
             return "replacement returned nothing"
@@ -287,7 +314,7 @@ class Driver:
                 return f"output {old.name!r} is used but not replaced"
         if len({id(v) for v in news}) != len(news):
             return "the replacement gives one value for two outputs"
-        created = {v for n in builder.nodes for v in n.outputs}
+        created = {v for n in builder.nodes for v in n.outputs} | set(builder.initializers)
         seen_outputs: set[ir.Value] = set()
         for old, new in zip(olds, news):
             if new is old:
@@ -328,7 +355,7 @@ class Driver:
         for value in builder.initializers:
             graph.register_initializer(value)
             self._created.add(value)
-        created = {v for n in builder.nodes for v in n.outputs}
+        created = {v for n in builder.nodes for v in n.outputs} | set(builder.initializers)
         for old, new in zip(olds, news):
             if new is old:
                 continue
@@ -339,7 +366,7 @@ class Driver:
             if old.shape is not None and (new.shape is None or old.is_graph_output()):
                 new.shape = old.shape
             name = old.name
-            if new in created or old.is_graph_output():
+            if (new in created and name) or old.is_graph_output():
                 old.name = None
                 old.replace_all_uses_with(new, replace_graph_outputs=True)
                 new.name = name
@@ -456,13 +483,40 @@ def node_counts(model: ir.Model) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def rewrite(model: ir.Model, rules: Iterable[Rule], **options) -> DriverResult:
+_PASS_FUNCTIONS = {passes.DEDUP: passes.deduplicate_initializers, passes.CSE: passes.eliminate_common_subexpressions}
+_MAX_PASS_ROUNDS = 32
+
+
+def rewrite(model: ir.Model, rules: Iterable[Rule], *, graph_passes: Iterable[str] = passes.PASSES,
+            **options) -> DriverResult:
     """Run the fixpoint driver over ``model`` in place, then remove what became unused.
 
     Dead code is removed first too: a dead user of a value would otherwise block patterns
-    that need that value to have a single use."""
+    that need that value to have a single use. Between rule rounds the whole-graph passes
+    (``onnxopt.passes``: initializer deduplication, common-subexpression elimination) run; what
+    they merge goes back on the worklist, until neither rules nor passes change anything."""
     remove_unused(model)
     driver = Driver(model, list(rules), **options)
     result = driver.run()
+    chosen = [name for name in passes.PASSES if name in set(graph_passes)]
+    for name in chosen:
+        result.rules.setdefault(name, RuleStats())
+    for _ in range(_MAX_PASS_ROUNDS):
+        if not chosen or (driver._limit is not None and result.rewrites >= driver._limit):
+            break
+        changed = 0
+        for name in chosen:
+            st = result.rules[name]
+            t0 = time.perf_counter()
+            n = _PASS_FUNCTIONS[name](model, touched=driver._push_users)
+            st.seconds += time.perf_counter() - t0
+            st.tried += 1
+            st.matched += n
+            st.fired += n
+            changed += n
+        if not changed:
+            break
+        remove_unused(model)
+        driver.run(seed=False)
     remove_unused(model)
     return result

@@ -21,6 +21,8 @@ Patterns:
     ``Const(name, value=None, rtol=0, atol=0)``
         a value known at optimization time: an initializer that is not also a graph input, or the
         output of a Constant node; with ``value`` the constant must equal it (within tolerance).
+    ``Op("*", domain="", name=...)`` (root only) any node of that domain, whatever its inputs:
+        for rules such as constant folding whose condition inspects the node itself.
     ``Opt(pattern)`` an optional input: absent (bound to None) or matching ``pattern``
     ``ANY``          any value, unbound
 
@@ -172,6 +174,9 @@ def _schema_default_cached(op_type: str, domain: str, opset: int, attr_name: str
     return onnx.helper.get_attribute_value(attr.default_value)
 
 
+ANY_OP = "*"
+
+
 class Op(Pattern):
     """A node pattern; see the module docstring."""
 
@@ -224,10 +229,13 @@ class Op(Pattern):
 
     def match_node(self, node: ir.Node, state: _State) -> str | None:
         domain = "" if node.domain == "ai.onnx" else node.domain
-        if node.op_type != self.op_type or domain != self.domain:
+        if domain != self.domain or (node.op_type != self.op_type and self.op_type != ANY_OP):
             return f"expected {self.op_type}, found {node.op_type}"
         if node in state.node_set:
             return f"{node.name} is matched twice"
+        if self.op_type == ANY_OP:  # any node of the domain; its inputs are the condition's business
+            state.push_node(node, self.name)
+            return None
         for key, want in self.attrs.items():
             attr = node.attributes.get(key)
             if attr is not None:
@@ -272,9 +280,10 @@ class Op(Pattern):
 class _State:
     """Bindings being built during one match; supports backtracking."""
 
-    __slots__ = ("graph", "values", "consts", "nodes", "node_set", "named", "opsets")
+    __slots__ = ("graph", "values", "consts", "nodes", "node_set", "named", "opsets", "options")
 
-    def __init__(self, graph: ir.Graph, opsets: Mapping[str, int]):
+    def __init__(self, graph: ir.Graph, opsets: Mapping[str, int], options: Mapping[str, Any] | None = None):
+        self.options = options or {}
         self.graph = graph
         self.values: dict[str, ir.Value | None] = {}
         self.consts: dict[str, ir.TensorProtocol] = {}
@@ -336,6 +345,7 @@ class Match:
         self.nodes: tuple[ir.Node, ...] = tuple(state.nodes)
         self.named = state.named
         self._opsets = state.opsets
+        self.options = state.options  # the optimize() call's settings (e.g. fold_size_limit)
         self._arrays: dict[str, np.ndarray] = {}
 
     def __getitem__(self, name: str) -> ir.Value | None:
@@ -393,6 +403,8 @@ class Rule:
     def __post_init__(self):
         if not isinstance(self.pattern, Op):
             raise TypeError(f"rule {self.name}: the pattern's root must be an Op")
+        if self.pattern.op_type == ANY_OP and self.pattern.inputs:
+            raise TypeError(f"rule {self.name}: Op('*') takes no input patterns")
         targets = frozenset(self.targets)
         unknown = targets - TARGETS
         if unknown:
@@ -403,9 +415,10 @@ class Rule:
     def summary(self) -> str:
         return (self.doc or "").strip().splitlines()[0] if self.doc else ""
 
-    def match(self, node: ir.Node, opsets: Mapping[str, int]) -> Match | str:
+    def match(self, node: ir.Node, opsets: Mapping[str, int], options: Mapping[str, Any] | None = None
+              ) -> Match | str:
         """A Match, or the reason this rule does not apply at ``node``."""
-        state = _State(node.graph, opsets)
+        state = _State(node.graph, opsets, options)
         reason = self.pattern.match_node(node, state)
         if reason is not None:
             return reason

@@ -33,7 +33,17 @@ def _from_constant(value: ir.Value) -> bool:
     return True
 
 
+_TRIED = "onnxopt.shape_tried"
+
+
 def _infer_node(node: ir.Node, opsets: Mapping[str, int]) -> None:
+    # Once per node: a node whose outputs stay unknown is not asked again (new nodes are).
+    if node.op_type == "If" and node.domain in ("", "ai.onnx"):
+        _infer_if(node, opsets)  # not marked: its branches may become known later (cheap to ask again)
+        return
+    if node.meta.get(_TRIED):
+        return
+    node.meta[_TRIED] = True
     if any(attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for attr in node.attributes.values()):
         return
     domain = "" if node.domain == "ai.onnx" else node.domain
@@ -69,6 +79,27 @@ def _infer_node(node: ir.Node, opsets: Mapping[str, int]) -> None:
             value.shape = ir.serde.deserialize_type_proto_for_shape(tp)
 
 
+def _infer_if(node: ir.Node, opsets: Mapping[str, int]) -> None:
+    """An If output takes the type and shape its two branches agree on."""
+    then_attr, else_attr = node.attributes.get("then_branch"), node.attributes.get("else_branch")
+    if then_attr is None or else_attr is None or then_attr.is_ref() or else_attr.is_ref():
+        return
+    then_g, else_g = then_attr.as_graph(), else_attr.as_graph()
+    for i, value in enumerate(node.outputs):
+        if i >= len(then_g.outputs) or i >= len(else_g.outputs) or _known(value):
+            continue
+        a, b = then_g.outputs[i], else_g.outputs[i]
+        sa, sb = infer(a, opsets), infer(b, opsets)
+        if sa is None or sb is None or a.type is None or a.type != b.type:
+            continue
+        if len(sa) != len(sb) or any(not (isinstance(x, int) and x == y) for x, y in zip(sa, sb)):
+            continue  # only fully static, equal shapes are taken
+        if value.type is None:
+            value.type = a.type
+        if value.shape is None:
+            value.shape = ir.Shape(list(sa))
+
+
 def infer(value: ir.Value | None, opsets: Mapping[str, int]) -> ir.Shape | None:
     """The shape of ``value`` (None if unknown even after local inference)."""
     if value is None:
@@ -87,7 +118,7 @@ def infer(value: ir.Value | None, opsets: Mapping[str, int]) -> ir.Shape | None:
         if ready:
             _infer_node(node, opsets)
             continue
-        if node in visited:
+        if node in visited or node.meta.get(_TRIED):
             continue
         visited.add(node)
         stack.append((node, True))

@@ -200,7 +200,9 @@ def test_list_rules(capsys):
     code, stdout, stderr = run_main(capsys, "--list-rules")
     assert code == 0 and stderr == ""
     listed = [line.split()[0] for line in stdout.splitlines() if line.strip()]
-    expected = [r.name for r in onnxopt.default_rules()]
+    from onnxopt.passes import PASSES
+
+    expected = [r.name for r in onnxopt.default_rules()] + list(PASSES)
     assert listed == expected
     assert {"conv_bn_fold", "identity_elimination", "bn_to_mul_add"} <= set(listed)
 
@@ -209,7 +211,12 @@ def test_list_rules_with_disable(capsys):
     code, stdout, _ = run_main(capsys, "--list-rules", "--disable", "conv_bn_fold")
     assert code == 0
     listed = {line.split()[0] for line in stdout.splitlines() if line.strip()}
-    assert listed == {r.name for r in onnxopt.default_rules()} - {"conv_bn_fold"}
+    from onnxopt.passes import PASSES
+
+    assert listed == ({r.name for r in onnxopt.default_rules()} | set(PASSES)) - {"conv_bn_fold"}
+    # graph passes are disabled by the same flag
+    code, stdout, _ = run_main(capsys, "--list-rules", "--disable", PASSES[0])
+    assert code == 0 and PASSES[0] not in {line.split()[0] for line in stdout.splitlines() if line.strip()}
 
 
 @pytest.mark.parametrize("shapes", ["no_value_info", "shape_inferred"])
@@ -262,7 +269,9 @@ def test_user_rules_listed(user_rules, capsys):
     code, stdout, _ = run_main(capsys, "--list-rules", "--rules", user_rules)
     assert code == 0
     listed = [line.split()[0] for line in stdout.splitlines() if line.strip()]
-    assert listed == [r.name for r in onnxopt.default_rules()] + ["relu_to_max"]
+    from onnxopt.passes import PASSES
+
+    assert listed == [r.name for r in onnxopt.default_rules()] + ["relu_to_max"] + list(PASSES)
 
 
 def test_no_builtin_rules(src, model100, user_rules, tmp_path, capsys):

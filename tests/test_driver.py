@@ -49,13 +49,16 @@ def test_work_is_proportional_to_changes():
 
     driver = Driver(model_ir, builtin_rules())
     result = driver.run()
-    # 200 BN + 200 Identity are the only nodes with rules rooted at them; rewrites push back
-    # the new Conv (no rule rooted there) and users of changed values (Relu, Add: none either).
+    # 200 BN + 200 Identity are the only nodes with op-specific rules rooted at them. Constant
+    # folding looks at any node (its condition rejects a node with a non-constant input at the
+    # first input), so each of the 1000 nodes is visited once, and each rewrite puts back a
+    # bounded number of neighbours: never a whole-graph re-scan.
     assert result.rewrites == 400
-    assert result.visited <= 2 * 400
+    assert result.visited <= 1000 + 2 * 400
     tried = {name: st.tried for name, st in result.rules.items() if st.tried}
     assert tried["conv_bn_fold"] == 200
     assert tried["identity_elimination"] == 200
+    assert tried["constant_folding"] <= 1000 + 2 * 400
     assert "dropout_elimination" not in tried
 
 

@@ -1,0 +1,128 @@
+"""Evaluating nodes at optimization time, for constant folding.
+
+The evaluator is onnx's reference implementation (``onnx.reference``), one node at a time:
+
+- it *is* the ONNX specification in executable form, for every standard op at every opset
+  version, so a folded value is what the standard says the node computes;
+- it ships with onnx, which the core already needs, so folding works without onnxruntime (an
+  optional extra here);
+- a node costs about 0.3 ms to evaluate, and only nodes whose inputs are all constant are ever
+  evaluated, which in exported models are shape computations and small parameter tensors.
+
+onnxruntime would be faster on large tensors but needs a session per evaluation (milliseconds
+each) and is not always installed; numpy alone would mean re-implementing the spec by hand.
+
+What is never folded: random ops (their value differs per run), nodes with subgraphs, ops outside
+the standard domain, sequence/optional/map values, string tensors, results whose size breaks
+the size limit (see :func:`size_allows`), and nodes whose constant inputs together pass
+``DEFAULT_INPUT_LIMIT`` (256 MiB; ``optimize(fold_input_limit=...)``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+RANDOM_OPS = frozenset({
+    "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
+})
+# Not folded here: Constant nodes become initializers by their own rule; Identity of a constant
+# would only copy it (identity_elimination forwards the value instead); the rest have subgraphs.
+NOT_FOLDED = RANDOM_OPS | frozenset({"Constant", "Identity", "If", "Loop", "Scan", "SequenceMap"})
+
+DEFAULT_SIZE_LIMIT = 1 << 20  # bytes: folded outputs up to this size are always accepted
+# bytes: a node whose constant inputs add up to more is not evaluated (reading a multi-GiB weight
+# at optimization time to fold, say, its sum costs more than it saves; weights stay lazy).
+DEFAULT_INPUT_LIMIT = 256 << 20
+
+
+class EvaluationError(Exception):
+    pass
+
+
+@functools.lru_cache(maxsize=256)
+def _schema_exists(op_type: str, opset: int) -> bool:
+    try:
+        onnx.defs.get_schema(op_type, opset, "")
+        return True
+    except Exception:
+        return False
+
+
+def evaluate(node: ir.Node, opset: int, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    """Outputs of ``node`` (standard domain) on constant ``inputs`` (None for absent optional ones)."""
+    from onnx.reference import ReferenceEvaluator
+
+    in_names = ["" if x is None else f"i{k}" for k, x in enumerate(inputs)]
+    out_names = [f"o{k}" if v is not None else "" for k, v in enumerate(node.outputs)]
+    attrs = [ir.serde.serialize_attribute(a) for a in node.attributes.values()]
+    proto = onnx.helper.make_node(node.op_type, in_names, out_names)
+    proto.attribute.extend(attrs)
+    try:
+        evaluator = ReferenceEvaluator(proto, opsets={"": opset})
+        feeds = {name: x for name, x in zip(in_names, inputs) if name}
+        results = evaluator.run(None, feeds)
+    except Exception as exc:  # the reference implementation refuses: then so do we
+        raise EvaluationError(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+    out = []
+    for r in results:
+        if not isinstance(r, np.ndarray):
+            if isinstance(r, (np.generic, int, float, bool)):
+                r = np.asarray(r)
+            else:
+                raise EvaluationError(f"result is a {type(r).__name__}, not a tensor")
+        out.append(r)
+    return out
+
+
+def nbytes(tensor: ir.TensorProtocol) -> int:
+    try:
+        return int(tensor.nbytes)
+    except Exception:
+        return int(np.prod(tensor.shape.numpy(), dtype=np.int64)) * max(1, tensor.dtype.itemsize)
+
+
+def size_allows(node: ir.Node, out_bytes: int, limit: int) -> bool:
+    """A folded result is accepted when it is at most ``limit`` bytes, or when it is no larger than
+    the constants feeding the node that this node alone uses (they disappear with it), so folding
+    never grows the model by more than ``limit`` per node."""
+    if out_bytes <= limit:
+        return True
+    from .pattern import constant_tensor
+
+    freed = 0
+    for value in node.inputs:
+        if value is None or value.is_graph_output():
+            continue
+        if any(use.node is not node for use in value.uses()):
+            continue
+        tensor = constant_tensor(value)
+        if tensor is not None:
+            freed += nbytes(tensor)
+    return out_bytes <= freed
+
+
+def expected_dtype(value: ir.Value, opsets: Mapping[str, int]) -> ir.DataType | None:
+    from .shapes import infer
+
+    if value.type is None:
+        infer(value, opsets)
+    if value.type is None:
+        return None
+    if not isinstance(value.type, ir.TensorType):
+        return ir.DataType.UNDEFINED  # sequence/optional/sparse: never a folded tensor
+    return value.type.dtype
+
+
+def expected_shape(value: ir.Value, opsets: Mapping[str, int]) -> tuple[int, ...] | None:
+    """The static shape the model (or onnx's shape inference) gives ``value``, if fully known."""
+    from .shapes import infer
+
+    shape = infer(value, opsets)
+    if shape is None or any(not isinstance(d, int) for d in shape):
+        return None
+    return tuple(int(d) for d in shape)

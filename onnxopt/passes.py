@@ -1,0 +1,168 @@
+"""Whole-graph passes the rule language cannot express: they compare nodes with each other.
+
+- ``common_subexpression_elimination``: nodes with the same op, attributes and input values
+  compute the same outputs; later ones are replaced by the first (graph order is topological, so
+  the first is defined before every use of the others). Random ops and nodes with subgraphs are
+  never merged.
+- ``initializer_deduplication``: initializers (not graph inputs) with the same dtype, shape and
+  bytes are one (e.g. the tied embedding matrix the legacy GPT-2 export stores twice).
+
+Both run in every graph (If/Loop/Scan bodies included), keep graph output names, and record what
+they merged in the kept node's metadata (``onnxopt.merged``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+
+import numpy as np
+import onnx_ir as ir
+
+from .fold import RANDOM_OPS
+
+CSE = "common_subexpression_elimination"
+DEDUP = "initializer_deduplication"
+PASSES = (DEDUP, CSE)
+SUMMARY = {
+    DEDUP: "Initializers with equal dtype, shape and bytes become one.",
+    CSE: "Nodes with the same op, attributes and inputs become one.",
+}
+MERGED_KEY = "onnxopt.merged"
+
+
+def _attr_key(attr: ir.Attr):
+    if attr.is_ref():
+        return (attr.name, "ref", attr.ref_attr_name)
+    t = attr.type
+    if t in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS):
+        raise _Unmergeable
+    v = attr.value
+    if t == ir.AttributeType.TENSOR:
+        arr = v.numpy()
+        return (attr.name, "t", str(arr.dtype), arr.shape, arr.tobytes())
+    if t == ir.AttributeType.TENSORS:
+        return (attr.name, "ts", tuple((str(a.dtype), a.shape, a.tobytes()) for a in (x.numpy() for x in v)))
+    if t in (ir.AttributeType.FLOAT,):
+        return (attr.name, "f", np.float32(v).tobytes())
+    if t == ir.AttributeType.FLOATS:
+        return (attr.name, "fs", np.asarray(list(v), dtype=np.float32).tobytes())
+    if t in (ir.AttributeType.INTS, ir.AttributeType.STRINGS):
+        return (attr.name, int(t), tuple(v))
+    if t in (ir.AttributeType.INT, ir.AttributeType.STRING):
+        return (attr.name, int(t), v)
+    raise _Unmergeable  # sparse tensors, type protos: rare, left alone
+
+
+class _Unmergeable(Exception):
+    pass
+
+
+def _node_key(node: ir.Node):
+    if node.op_type in RANDOM_OPS and node.domain in ("", "ai.onnx"):
+        return None
+    try:
+        attrs = tuple(sorted(_attr_key(a) for a in node.attributes.values()))
+    except _Unmergeable:
+        return None
+    return (node.domain if node.domain != "ai.onnx" else "", node.op_type, node.overload,
+            tuple(None if v is None else id(v) for v in node.inputs), len(node.outputs), attrs)
+
+
+def _replace(old: ir.Value, new: ir.Value) -> bool:
+    """Point every use of ``old`` (and the graph output it may be) at ``new``; False if impossible."""
+    if old.is_graph_output():
+        if new.is_graph_output() or new.is_graph_input() or new.is_initializer():
+            return False
+        name = old.name
+        old.name = None
+        old.replace_all_uses_with(new, replace_graph_outputs=True)
+        new.name = name
+        return True
+    old.replace_all_uses_with(new)
+    return True
+
+
+def _graphs(graph: ir.Graph):
+    yield graph
+    for node in graph.all_nodes():
+        for attr in node.attributes.values():
+            if attr.type == ir.AttributeType.GRAPH:
+                yield attr.as_graph()
+            elif attr.type == ir.AttributeType.GRAPHS:
+                yield from attr.as_graphs()
+
+
+def eliminate_common_subexpressions(model: ir.Model, touched: Callable[[ir.Value], None] | None = None) -> int:
+    merged = 0
+    for graph in _graphs(model.graph):
+        seen: dict[tuple, ir.Node] = {}
+        for node in list(graph):
+            if node.graph is not graph:
+                continue
+            key = _node_key(node)
+            if key is None:
+                continue
+            first = seen.get(key)
+            if first is None:
+                seen[key] = node
+                continue
+            if any(o.is_graph_output() for o in node.outputs) and any(o.is_graph_output() for o in first.outputs):
+                continue
+            pairs = list(zip(node.outputs, first.outputs))
+            if any(old.is_graph_output() and not _can_take_output(new) for old, new in pairs):
+                continue
+            for old, new in pairs:
+                _replace(old, new)
+                if touched is not None:
+                    touched(new)
+            names = json.loads(first.metadata_props.get(MERGED_KEY, "[]"))
+            names.append(node.name or node.op_type)
+            first.metadata_props[MERGED_KEY] = json.dumps(names)
+            graph.remove(node, safe=True)
+            merged += 1
+    return merged
+
+
+def _can_take_output(value: ir.Value) -> bool:
+    return not (value.is_graph_output() or value.is_graph_input() or value.is_initializer())
+
+
+def deduplicate_initializers(model: ir.Model, touched: Callable[[ir.Value], None] | None = None) -> int:
+    merged = 0
+    for graph in _graphs(model.graph):
+        inputs = set(graph.inputs)
+        groups: dict[tuple, list[ir.Value]] = {}
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if value in inputs or tensor is None or value.is_graph_output():
+                continue
+            groups.setdefault((tensor.dtype, tuple(tensor.shape)), []).append(value)
+        for (dtype, _), values in groups.items():
+            if len(values) < 2 or dtype == ir.DataType.STRING:
+                continue
+            # A cheap fingerprint (a strided sample of the bytes) first; full comparison only
+            # among tensors whose fingerprints agree, so distinct large weights are never hashed.
+            by_print: dict[bytes, list[ir.Value]] = {}
+            for value in values:
+                try:
+                    array = value.const_value.numpy()
+                except Exception:
+                    continue
+                flat = array.reshape(-1).view(np.uint8) if array.dtype != object else None
+                if flat is None:
+                    continue
+                step = max(1, flat.size // 256)
+                fp = hashlib.blake2b(flat[::step].tobytes(), digest_size=16).digest()
+                candidates = by_print.setdefault(fp, [])
+                keep = next((k for k in candidates if np.array_equal(k.const_value.numpy().reshape(-1).view(np.uint8), flat)), None)
+                if keep is None:
+                    candidates.append(value)
+                    continue
+                value.replace_all_uses_with(keep)
+                graph.initializers.pop(value.name)
+                if touched is not None:
+                    touched(keep)
+                merged += 1
+    return merged

@@ -1,0 +1,501 @@
+"""Algebraic simplification: each rule carries the condition that makes it exact.
+
+Exact here means the rewritten graph computes bit-identical values on every input (NaN and
+infinities included) except where a rule's doc says "equal values" (x + 0 turns -0.0 into +0.0,
+which compares equal), and keeps every output's shape and dtype.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxopt.pattern import Const, Match, Op, Opt, Refuse, Rule
+from onnxopt.shapes import infer
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+def _dtype(m: Match, name: str) -> ir.DataType | None:
+    value = m[name]
+    if value is None:
+        return None
+    if value.type is None:
+        infer(value, m._opsets)
+    if isinstance(value.type, ir.TensorType):
+        return value.type.dtype
+    return None
+
+
+def _dims(m: Match, name: str) -> list | None:
+    shape = m.shape(name)
+    if shape is None:
+        return None
+    return [d if isinstance(d, int) else None for d in shape]
+
+
+def _broadcast_keeps_shape(m: Match, x: str, c: np.ndarray) -> bool:
+    """x op c has x's shape: every dim of c is 1 or the same static dim of x, c no higher rank."""
+    if c.ndim == 0:
+        return True
+    dims = _dims(m, x)
+    if dims is None or c.ndim > len(dims):
+        return False
+    for cd, xd in zip(reversed(c.shape), reversed(dims)):
+        if cd != 1 and cd != xd:
+            return False
+    return True
+
+
+def _x(m: Match, b):
+    return m["x"]
+
+
+# Cast: a source type whose every value the target holds exactly (so a round trip is the identity)
+_EXACT = {
+    ir.DataType.BOOL: {ir.DataType.INT8, ir.DataType.INT16, ir.DataType.INT32, ir.DataType.INT64, ir.DataType.UINT8,
+                       ir.DataType.UINT16, ir.DataType.UINT32, ir.DataType.UINT64, ir.DataType.FLOAT16,
+                       ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.BFLOAT16},
+    ir.DataType.INT8: {ir.DataType.INT16, ir.DataType.INT32, ir.DataType.INT64, ir.DataType.FLOAT16,
+                       ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.BFLOAT16},
+    ir.DataType.UINT8: {ir.DataType.INT16, ir.DataType.INT32, ir.DataType.INT64, ir.DataType.UINT16,
+                        ir.DataType.UINT32, ir.DataType.UINT64, ir.DataType.FLOAT16, ir.DataType.FLOAT,
+                        ir.DataType.DOUBLE, ir.DataType.BFLOAT16},
+    ir.DataType.INT16: {ir.DataType.INT32, ir.DataType.INT64, ir.DataType.FLOAT, ir.DataType.DOUBLE},
+    ir.DataType.UINT16: {ir.DataType.INT32, ir.DataType.INT64, ir.DataType.UINT32, ir.DataType.UINT64,
+                         ir.DataType.FLOAT, ir.DataType.DOUBLE},
+    ir.DataType.INT32: {ir.DataType.INT64, ir.DataType.DOUBLE},
+    ir.DataType.UINT32: {ir.DataType.INT64, ir.DataType.UINT64, ir.DataType.DOUBLE},
+    ir.DataType.FLOAT16: {ir.DataType.FLOAT, ir.DataType.DOUBLE},
+    ir.DataType.BFLOAT16: {ir.DataType.FLOAT, ir.DataType.DOUBLE},
+    ir.DataType.FLOAT: {ir.DataType.DOUBLE},
+}
+
+
+# --- Cast -------------------------------------------------------------------------------------
+
+
+def _cast_noop(m: Match):
+    src = _dtype(m, "x")
+    if src is None:
+        return "input dtype unknown"
+    if int(m.attr("cast", "to")) != src.value:
+        return "changes the type"
+    if m.attr("cast", "saturate", 1) != 1 and src.value != int(m.attr("cast", "to")):
+        return "saturate"
+    return None
+
+
+def _cast_chain(m: Match):
+    src = _dtype(m, "x")
+    if src is None:
+        return "input dtype unknown"
+    mid = ir.DataType(int(m.attr("inner", "to")))
+    if mid != src and mid not in _EXACT.get(src, ()):
+        return f"{src.name} -> {mid.name} is not exact"
+    return None
+
+
+def _cast_chain_replace(m: Match, b):
+    src = _dtype(m, "x")
+    to = int(m.attr("outer", "to"))
+    if to == src.value:
+        return m["x"]
+    return b.op("Cast", m["x"], attrs=m.node("outer").attributes.values())
+
+
+def _castlike_known(m: Match):
+    if _dtype(m, "like") is None:
+        return "the target dtype is unknown"
+    return None
+
+
+def _castlike_to_cast(m: Match, b):
+    attrs = {"to": _dtype(m, "like").value}
+    sat = m.node("cl").attributes.get("saturate")
+    if sat is not None:
+        attrs["saturate"] = sat.value
+    return b.op("Cast", m["x"], **attrs)
+
+
+# --- shape ops --------------------------------------------------------------------------------
+
+
+def _reshape_chain(m: Match):
+    shape = m.const("shape")
+    if m.attr("outer", "allowzero", 0) != 1 and np.any(shape == 0):
+        return "the outer shape copies dimensions (0) from its input"
+    return None
+
+
+def _reshape_chain_replace(m: Match, b):
+    return b.op("Reshape", m["x"], m["shape"], attrs=m.node("outer").attributes.values())
+
+
+def _reshape_noop(m: Match):
+    dims = _dims(m, "x")
+    shape = m.const("shape")
+    if dims is None or any(d is None for d in dims):
+        return "input shape not static"
+    target = list(shape.reshape(-1))
+    if len(target) != len(dims):
+        return "rank changes"
+    allowzero = m.attr("r", "allowzero", 0) == 1
+    for t, d in zip(target, dims):
+        if t == d or (t == 0 and not allowzero):
+            continue
+        if t == -1 and target.count(-1) == 1:
+            continue
+        return "shape changes"
+    return None
+
+
+def _flatten_noop(m: Match):
+    dims = _dims(m, "x")
+    axis = m.attr("f", "axis", 1)
+    if dims is None or len(dims) != 2 or axis not in (1, -1):
+        return "not a 2-D input flattened at axis 1"
+    return None
+
+
+def _axes(m: Match, node: str, input_name: str):
+    """Squeeze/Unsqueeze axes from the input (opset 13+) or the attribute."""
+    if input_name in m:
+        arr = m.const(input_name)
+        return None if arr is None else sorted(int(a) for a in arr.reshape(-1))
+    attr = m.attr(node, "axes")
+    return None if attr is None else sorted(int(a) for a in attr)
+
+
+def _squeeze_unsqueeze(m: Match):
+    inner, outer = _axes(m, "inner", "a1"), _axes(m, "outer", "a2")
+    if inner is None or outer is None:
+        return "axes not given"
+    if any(a < 0 for a in inner + outer):
+        return "negative axes"
+    if inner != outer:
+        return "different axes"
+    return None
+
+
+def _transpose_perm(m: Match, node: str, rank_of: str):
+    perm = m.attr(node, "perm")
+    if perm is None:
+        r = _dims(m, rank_of)
+        if r is None:
+            return None
+        perm = list(reversed(range(len(r))))
+    return [int(p) for p in perm]
+
+
+def _transpose_pair(m: Match, b):
+    p1 = _transpose_perm(m, "inner", "x")
+    if p1 is None:
+        raise Refuse("rank unknown")
+    p2 = m.attr("outer", "perm")
+    p2 = list(reversed(range(len(p1)))) if p2 is None else [int(p) for p in p2]
+    if len(p1) != len(p2):
+        raise Refuse("ranks differ")
+    perm = [p1[i] for i in p2]
+    if perm == list(range(len(perm))):
+        return m["x"]
+    return b.op("Transpose", m["x"], perm=perm)
+
+
+def _transpose_identity(m: Match):
+    perm = m.attr("t", "perm")
+    if perm is None or [int(p) for p in perm] != list(range(len(perm))):
+        return "not the identity permutation"
+    return None
+
+
+def _expand_noop(m: Match):
+    dims = _dims(m, "x")
+    shape = m.const("shape")
+    if dims is None:
+        return "input shape unknown"
+    target = [int(s) for s in shape.reshape(-1)]
+    if len(target) > len(dims):
+        return "raises the rank"
+    for t, d in zip(reversed(target), reversed(dims)):
+        if t == 1 or (d is not None and t == d):
+            continue
+        return "expands"
+    return None
+
+
+_BIG = 1 << 62
+
+
+def _slice_noop(m: Match):
+    starts, ends = m.const("starts"), m.const("ends")
+    steps = m.const("steps") if "steps" in m else None
+    if steps is not None and np.any(steps != 1):
+        return "step is not 1"
+    if np.any(starts != 0):
+        return "does not start at 0"
+    dims = _dims(m, "x")
+    axes = m.const("axes") if "axes" in m else np.arange(len(ends))
+    for axis, end in zip(axes.reshape(-1), ends.reshape(-1)):
+        if end >= _BIG:
+            continue
+        if dims is None or int(axis) >= len(dims) or int(axis) < -len(dims):
+            return "cannot tell whether it covers the axis"
+        d = dims[int(axis)]
+        if d is None or end < d:
+            return "cuts the axis"
+    return None
+
+
+def _pad_noop(m: Match):
+    pads = m.const("pads")
+    if np.any(pads != 0):
+        return "pads"
+    return None
+
+
+def _concat_single(m: Match):
+    node = m.root
+    if len(node.inputs) != 1:
+        return "more than one input"
+    return None
+
+
+def _split_single(m: Match):
+    node = m.root
+    if len(node.outputs) != 1:
+        return "more than one output"
+    return None
+
+
+# --- arithmetic -------------------------------------------------------------------------------
+
+
+def _neutral(m: Match):
+    return None if _broadcast_keeps_shape(m, "x", m.const("c")) else "the constant broadcasts x to a larger shape"
+
+
+def _div_by_const(m: Match):
+    c = m.const("c")
+    if c.dtype.kind != "f":
+        return "not a float division"
+    if not np.all(np.isfinite(c)) or np.any(c == 0):
+        return "zero or non-finite divisor"
+    mant, _ = np.frexp(c.astype(np.float64))
+    if not np.all(np.abs(mant) == 0.5):
+        return "1/c is not exact (c is not a power of two)"
+    inv = (1.0 / c.astype(np.float64)).astype(c.dtype)
+    if not np.all(np.isfinite(inv)) or np.any(inv == 0):
+        return "1/c leaves the type's range"
+    return None
+
+
+def _div_to_mul(m: Match, b):
+    c = m.const("c")
+    return b.op("Mul", m["x"], b.const((1.0 / c.astype(np.float64)).astype(c.dtype), name="reciprocal"))
+
+
+def _pow_two(m: Match):
+    c = m.const("p")
+    if c.size != 1 or float(c.reshape(-1)[0]) != 2.0:
+        return "exponent is not 2"
+    if c.ndim > 0 and not _broadcast_keeps_shape(m, "x", c):
+        return "the exponent broadcasts"
+    if _dtype(m, "x") not in (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
+        return "not a float"
+    return None
+
+
+def _square(m: Match, b):
+    return b.op("Mul", m["x"], m["x"])
+
+
+def _matmul_add(m: Match):
+    dims = _dims(m, "a")
+    w = m.const("w")
+    c = m.const("c")
+    if dims is None or len(dims) != 2 or w.ndim != 2:
+        return "not a 2-D MatMul"
+    if c.ndim > 2 or (c.ndim >= 1 and c.shape[-1] not in (1, w.shape[1])) or (c.ndim == 2 and c.shape[0] != 1 and c.shape[0] != dims[0]):
+        return "bias does not broadcast to [M, N]"
+    if c.dtype != w.dtype or w.dtype not in (np.float32, np.float64, np.float16):
+        return "type"
+    return None
+
+
+def _gemm(m: Match, b):
+    return b.op("Gemm", m["a"], m["w"], m["c"])
+
+
+# --- Conv absorbs per-channel Mul/Add and Pad ---------------------------------------------------
+
+
+def _per_channel(m: Match, out_channels: int, c: np.ndarray, rank: int) -> np.ndarray | None:
+    """c as a vector over the output channels, if it broadcasts along channels only."""
+    if c.ndim > rank:
+        return None
+    shape = (1,) * (rank - c.ndim) + c.shape
+    if shape[0] != 1 or any(s != 1 for s in shape[2:]):
+        return None
+    if shape[1] not in (1, out_channels):
+        return None
+    return np.broadcast_to(c.reshape(-1), (out_channels,)).copy()
+
+
+def _conv_ok(m: Match):
+    w = m.const("w")
+    if w.dtype.kind != "f":
+        return "not a float conv"
+    if m.const("c").dtype != w.dtype:
+        return "type"
+    vec = _per_channel(m, w.shape[0], m.const("c"), w.ndim)
+    if vec is None:
+        return "the constant is not per output channel"
+    return None
+
+
+def _conv_mul(m: Match, b):
+    w, c = m.const("w"), m.const("c")
+    vec = _per_channel(m, w.shape[0], c, w.ndim).astype(np.float64)
+    new_w = (w.astype(np.float64) * vec.reshape((-1,) + (1,) * (w.ndim - 1))).astype(w.dtype)
+    inputs = [m["x"], b.const(new_w, name="weight")]
+    if "b" in m:
+        inputs.append(b.const((m.const("b").astype(np.float64) * vec).astype(w.dtype), name="bias"))
+    return b.op("Conv", *inputs, attrs=m.node("conv").attributes.values())
+
+
+def _conv_add(m: Match, b):
+    w, c = m.const("w"), m.const("c")
+    vec = _per_channel(m, w.shape[0], c, w.ndim).astype(np.float64)
+    bias = m.const("b").astype(np.float64) if "b" in m else np.zeros(w.shape[0])
+    return b.op("Conv", m["x"], m["w"], b.const((bias + vec).astype(w.dtype), name="bias"),
+                attrs=m.node("conv").attributes.values())
+
+
+def _pad_into(m: Match):
+    mode = m.attr("pad", "mode", "constant")
+    if mode != "constant":
+        return "not a constant pad"
+    if "value" in m:
+        v = m.const("value")
+        if v is None or v.size != 1 or float(v.reshape(-1)[0]) != 0.0:
+            return "pad value is not 0"
+    if "axes" in m:
+        return "pad with axes"
+    pads = m.const("pads").reshape(-1)
+    if np.any(pads < 0):
+        return "negative pads crop"
+    n = pads.size // 2
+    if n < 3 or pads[0] or pads[1] or pads[n] or pads[n + 1]:
+        return "pads batch or channel axes"
+    node = m.node("op")
+    if node.attributes.get("auto_pad") is not None and m.attr("op", "auto_pad") not in ("NOTSET", b"NOTSET"):
+        return "auto_pad"
+    if node.op_type == "AveragePool" and m.attr("op", "count_include_pad", 0) != 1:
+        return "AveragePool excludes padding from the average"
+    return None
+
+
+def _pad_fold(m: Match, b):
+    pads = [int(p) for p in m.const("pads").reshape(-1)]
+    n = len(pads) // 2
+    extra = pads[2:n] + pads[n + 2:]
+    k = n - 2
+    old = m.attr("op", "pads") or [0] * (2 * k)
+    new = [int(a) + int(e) for a, e in zip(old, extra)]
+    node = m.node("op")
+    attrs = [a for a in node.attributes.values() if a.name != "pads"]
+    inputs = [m["x"]] + list(node.inputs[1:])
+    return b.op(node.op_type, *inputs, attrs=attrs, pads=new)
+
+
+def _range_one_element(m: Match):
+    for name in ("s", "l", "d"):
+        dims = _dims(m, name)
+        if dims is not None and len(dims) > 0 and all(d == 1 for d in dims):
+            return None
+    return "inputs are scalars or of unknown shape"
+
+
+def _range_scalars(m: Match, b):
+    scalar = b.const(np.zeros((0,), dtype=np.int64), name="scalar_shape")
+    inputs = []
+    for name in ("s", "l", "d"):
+        dims = _dims(m, name)
+        if dims is not None and len(dims) > 0 and all(d == 1 for d in dims):
+            inputs.append(b.op("Reshape", m[name], scalar))
+        else:
+            inputs.append(m[name])
+    return b.op("Range", *inputs)
+
+
+RULES = [
+    Rule("range_scalar_inputs", Op("Range", "s", "l", "d"), _range_scalars, condition=_range_one_element,
+         doc="Range inputs known to hold one element in a [1]-like shape become scalars, as the spec requires "
+             "(onnxruntime's shape inference rejects them once their shapes are known)."),
+    # Cast
+    Rule("cast_elimination", Op("Cast", "x", name="cast"), _x, condition=_cast_noop,
+         doc="Cast to the type x already has is x."),
+    Rule("cast_chain", Op("Cast", Op("Cast", "x", name="inner"), name="outer"), _cast_chain_replace,
+         condition=_cast_chain,
+         doc="Cast(Cast(x, A), B) is Cast(x, B) (or x) when A holds every value of x's type exactly."),
+    Rule("castlike_to_cast", Op("CastLike", "x", "like", name="cl"), _castlike_to_cast, condition=_castlike_known,
+         doc="CastLike(x, y) with y's dtype known is Cast(x, to=dtype): then constant inputs fold."),
+    # shape ops
+    Rule("reshape_chain", Op("Reshape", Op("Reshape", "x", "s1"), Const("shape"), name="outer"),
+         _reshape_chain_replace, condition=_reshape_chain,
+         doc="Reshape(Reshape(x, s1), s2) is Reshape(x, s2) when s2 copies no dimension (no 0)."),
+    Rule("reshape_flatten_chain", Op("Reshape", Op("Flatten", "x"), Const("shape"), name="outer"),
+         _reshape_chain_replace, condition=_reshape_chain,
+         doc="Reshape(Flatten(x), s) is Reshape(x, s) when s copies no dimension (no 0)."),
+    Rule("reshape_elimination", Op("Reshape", "x", Const("shape"), name="r"), _x, condition=_reshape_noop,
+         doc="Reshape to the shape x already has (static) is x."),
+    Rule("flatten_elimination", Op("Flatten", "x", name="f"), _x, condition=_flatten_noop,
+         doc="Flatten of a 2-D value at axis 1 is the value."),
+    Rule("squeeze_unsqueeze", Op("Squeeze", Op("Unsqueeze", "x", Opt(Const("a1")), name="inner"), Opt(Const("a2")),
+                                 name="outer"), _x, condition=_squeeze_unsqueeze,
+         doc="Squeeze(Unsqueeze(x, axes), axes) is x."),
+    Rule("unsqueeze_squeeze", Op("Unsqueeze", Op("Squeeze", "x", Opt(Const("a1")), name="inner"), Opt(Const("a2")),
+                                 name="outer"), _x, condition=_squeeze_unsqueeze,
+         doc="Unsqueeze(Squeeze(x, axes), axes) is x (the squeezed axes had size 1)."),
+    Rule("transpose_pair", Op("Transpose", Op("Transpose", "x", name="inner"), name="outer"), _transpose_pair,
+         doc="Two Transposes are one (or none when they cancel)."),
+    Rule("transpose_elimination", Op("Transpose", "x", name="t"), _x, condition=_transpose_identity,
+         doc="Transpose by the identity permutation is x."),
+    Rule("expand_elimination", Op("Expand", "x", Const("shape")), _x, condition=_expand_noop,
+         doc="Expand to a shape x already covers is x."),
+    Rule("slice_elimination", Op("Slice", "x", Const("starts"), Const("ends"), Opt(Const("axes")), Opt(Const("steps"))),
+         _x, condition=_slice_noop, doc="Slice from 0 to past the end with step 1 is x."),
+    Rule("pad_elimination", Op("Pad", "x", Const("pads"), Opt("value"), Opt("axes")), _x, condition=_pad_noop,
+         doc="Pad by zeros on every side is x."),
+    Rule("concat_elimination", Op("Concat", "x"), _x, condition=_concat_single, doc="Concat of one input is it."),
+    Rule("split_elimination", Op("Split", "x", Opt(Const("split"))), _x, condition=_split_single,
+         doc="Split into one piece is x."),
+    # arithmetic
+    Rule("mul_by_one", Op("Mul", "x", Const("c", value=1), commutative=True), _x, condition=_neutral,
+         doc="x * 1 is x (when 1 does not broadcast x larger)."),
+    Rule("add_zero", Op("Add", "x", Const("c", value=0), commutative=True), _x, condition=_neutral,
+         doc="x + 0 is x (equal values: -0.0 + 0 is +0.0; when 0 does not broadcast x larger)."),
+    Rule("sub_zero", Op("Sub", "x", Const("c", value=0)), _x, condition=_neutral,
+         doc="x - 0 is x (when 0 does not broadcast x larger)."),
+    Rule("div_by_one", Op("Div", "x", Const("c", value=1)), _x, condition=_neutral,
+         doc="x / 1 is x (when 1 does not broadcast x larger)."),
+    Rule("div_to_mul", Op("Div", "x", Const("c")), _div_to_mul, condition=_div_by_const, priority=-1,
+         doc="x / c is x * (1/c) when c is a power of two (so 1/c is exact)."),
+    Rule("pow_two_to_mul", Op("Pow", "x", Const("p")), _square, condition=_pow_two, doc="Pow(x, 2) is x * x."),
+    Rule("matmul_add_to_gemm", Op("Add", Op("MatMul", "a", Const("w")), Const("c"), commutative=True), _gemm,
+         condition=_matmul_add, doc="MatMul(A, W) + c on a 2-D A is Gemm(A, W, c)."),
+    # Conv absorbs
+    Rule("conv_mul_fold", Op("Mul", Op("Conv", "x", Const("w"), Opt(Const("b")), name="conv"), Const("c"),
+                             commutative=True), _conv_mul, condition=_conv_ok,
+         doc="Conv followed by Mul by a per-output-channel constant scales the weights and bias."),
+    Rule("conv_add_fold", Op("Add", Op("Conv", "x", Const("w"), Opt(Const("b")), name="conv"), Const("c"),
+                             commutative=True), _conv_add, condition=_conv_ok,
+         doc="Conv followed by Add of a per-output-channel constant adds it to the bias."),
+    Rule("pad_into_conv", Op("Conv", Op("Pad", "x", Const("pads"), Opt(Const("value")), Opt("axes"), name="pad"),
+                             "w", Opt("b"), name="op"), _pad_fold, condition=_pad_into,
+         doc="Zero Pad of spatial axes before a Conv becomes the Conv's pads."),
+    Rule("pad_into_averagepool", Op("AveragePool", Op("Pad", "x", Const("pads"), Opt(Const("value")), Opt("axes"),
+                                                      name="pad"), name="op"), _pad_fold, condition=_pad_into,
+         doc="Zero Pad before an AveragePool with count_include_pad=1 becomes its pads."),
+]

@@ -1,0 +1,196 @@
+"""Constant folding: nodes whose inputs are all known at optimization time become initializers.
+
+Also the shape arithmetic exporters emit (``Shape -> Gather -> Unsqueeze -> Concat -> Reshape``):
+``Shape``/``Size`` of a value whose shape is static fold, and so do ``Gather``/``Slice`` of a
+``Shape`` that pick only static dimensions, so dynamic axes stay dynamic while everything known is
+computed once. Evaluation, exclusions and the size limit are described in ``onnxopt.fold``; the
+limit is ``optimize(fold_size_limit=...)`` / ``--fold-size-limit`` (default 1 MiB).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxopt import fold
+from onnxopt.pattern import Const, Match, Op, Opt, Refuse, Rule, constant_tensor
+
+
+def _limit(m: Match) -> int:
+    return int(m.options.get("fold_size_limit", fold.DEFAULT_SIZE_LIMIT))
+
+
+def _consts(b, m: Match, arrays) -> list[ir.Value]:
+    node = m.root
+    out = []
+    for value, array in zip(node.outputs, arrays):
+        want = fold.expected_dtype(value, m._opsets) if (value.uses() or value.is_graph_output()) else None
+        have = ir.DataType.from_numpy(array.dtype) if array.dtype != object else ir.DataType.STRING
+        if want is not None and want != have:
+            raise Refuse(f"evaluation gave {have.name}, the model declares {want.name}")
+        if have == ir.DataType.STRING:
+            raise Refuse("string tensors are not folded")
+        if value.uses() or value.is_graph_output():
+            want_shape = fold.expected_shape(value, m._opsets)
+            if want_shape is not None and tuple(want_shape) != array.shape:
+                if int(np.prod(want_shape, dtype=np.int64)) != array.size:
+                    raise Refuse(f"evaluation gave shape {array.shape}, the model's shape is {tuple(want_shape)}")
+                array = array.reshape(want_shape)  # e.g. a scalar given as [1] by the evaluator
+        array = array if array.flags.c_contiguous else array.copy(order="C")  # (ascontiguousarray makes 0-d 1-d)
+        out.append(b.const(array, name=value.name or "folded"))
+    return out
+
+
+# --- Constant nodes ------------------------------------------------------------------------
+
+
+def _constant_tensor_ok(m: Match):
+    if constant_tensor(m.root.outputs[0]) is None:
+        return "a Constant holding a sparse tensor, strings or an attribute reference is kept"
+    return None
+
+
+def _constant_to_initializer(m: Match, b):
+    tensor = constant_tensor(m.root.outputs[0])
+    if tensor.dtype == ir.DataType.STRING:
+        raise Refuse("string constants are kept as Constant nodes")
+    return b.const(tensor if isinstance(tensor, ir.Tensor) and tensor.name is None else tensor.numpy(),
+                   name=m.root.outputs[0].name or "const")
+
+
+# --- general folding -----------------------------------------------------------------------
+
+
+def _foldable(m: Match):
+    node = m.root
+    if node.op_type in fold.NOT_FOLDED:
+        return f"{node.op_type} is never folded"
+    if not node.inputs or all(v is None for v in node.inputs):
+        return "no inputs"  # ConstantOfShape with no input etc. are left alone
+    for value in node.inputs:
+        if value is not None and constant_tensor(value) is None:
+            return "an input is not constant"
+    for attr in node.attributes.values():
+        if attr.is_ref():
+            return "an attribute is a reference"
+        if attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS):
+            return "has a subgraph"
+    return None
+
+
+def _fold(m: Match, b):
+    node = m.root
+    tensors = [constant_tensor(value) if value is not None else None for value in node.inputs]
+    in_bytes = sum(fold.nbytes(t) for t in tensors if t is not None)
+    in_limit = int(m.options.get("fold_input_limit", fold.DEFAULT_INPUT_LIMIT))
+    if in_bytes > in_limit:
+        raise Refuse(f"constant inputs of {in_bytes} bytes pass the input limit")
+    arrays = []
+    for tensor in tensors:
+        if tensor is not None and tensor.dtype == ir.DataType.STRING:
+            raise Refuse("string inputs are not folded")
+        arrays.append(None if tensor is None else tensor.numpy())
+    try:
+        results = fold.evaluate(node, m.opset(""), arrays)
+    except fold.EvaluationError as exc:
+        raise Refuse(f"evaluation failed: {exc}") from None
+    if len(results) < len(node.outputs):
+        raise Refuse("evaluation gave fewer outputs than the node has")
+    total = sum(int(r.nbytes) for r in results)
+    if not fold.size_allows(node, total, _limit(m)):
+        raise Refuse(f"result of {total} bytes passes the size limit")
+    return _consts(b, m, results[: len(node.outputs)])
+
+
+# --- shapes ---------------------------------------------------------------------------------
+
+
+def _static_dims(m: Match, name: str):
+    shape = m.shape(name)
+    if shape is None:
+        return None
+    return [d if isinstance(d, int) else None for d in shape]
+
+
+def _shape_range(m: Match, dims: list) -> list:
+    start = m.attr("shape", "start", 0) or 0
+    end = m.attr("shape", "end", None)
+    return dims[start:end] if end is not None else dims[start:]
+
+
+def _fold_shape(m: Match, b):
+    dims = _static_dims(m, "x")
+    if dims is None:
+        raise Refuse("shape unknown")
+    dims = _shape_range(m, dims)
+    if any(d is None for d in dims):
+        raise Refuse("the shape has dynamic dimensions")
+    return b.const(np.array(dims, dtype=np.int64), name=m.root.outputs[0].name or "shape")
+
+
+def _fold_size(m: Match, b):
+    dims = _static_dims(m, "x")
+    if dims is None or any(d is None for d in dims):
+        raise Refuse("the shape is not static")
+    return b.const(np.array(int(np.prod(dims, dtype=np.int64)), dtype=np.int64), name=m.root.outputs[0].name or "size")
+
+
+def _fold_gather_of_shape(m: Match, b):
+    dims = _static_dims(m, "x")
+    if dims is None:
+        raise Refuse("shape unknown")
+    dims = _shape_range(m, dims)
+    idx = m.const("idx")
+    if idx.dtype.kind not in "iu" or (m.attr("gather", "axis", 0) or 0) != 0:
+        raise Refuse("not an integer index on axis 0")
+    flat = idx.reshape(-1).astype(np.int64)
+    if np.any(flat < -len(dims)) or np.any(flat >= len(dims)):
+        raise Refuse("index out of range")
+    picked = [dims[int(i)] for i in flat]
+    if any(d is None for d in picked):
+        raise Refuse("a picked dimension is dynamic")
+    return b.const(np.array(picked, dtype=np.int64).reshape(idx.shape), name=m.root.outputs[0].name or "dims")
+
+
+def _fold_slice_of_shape(m: Match, b):
+    dims = _static_dims(m, "x")
+    if dims is None:
+        raise Refuse("shape unknown")
+    dims = _shape_range(m, dims)
+    starts, ends = m.const("starts"), m.const("ends")
+    axes = m.const("axes") if "axes" in m else np.array([0])
+    steps = m.const("steps") if "steps" in m else np.array([1])
+    if starts.size != 1 or ends.size != 1 or axes.size != 1 or steps.size != 1 or int(axes.reshape(-1)[0]) not in (0, -1):
+        raise Refuse("not a 1-D slice")
+    step = int(steps.reshape(-1)[0])
+    if step == 0:
+        raise Refuse("zero step")
+    n = len(dims)
+    # clamp like ONNX Slice (values beyond int range mean "to the end")
+    s, e = int(starts.reshape(-1)[0]), int(ends.reshape(-1)[0])
+    s, e = max(min(s, 1 << 62), -(1 << 62)), max(min(e, 1 << 62), -(1 << 62))
+    picked = dims[slice(s, e, step)] if n else []
+    if any(d is None for d in picked):
+        raise Refuse("a sliced dimension is dynamic")
+    return b.const(np.array(picked, dtype=np.int64), name=m.root.outputs[0].name or "dims")
+
+
+_SHAPE = Op("Shape", "x", name="shape", shared=True)
+
+RULES = [
+    Rule("constant_to_initializer", Op("Constant", name="c"), _constant_to_initializer,
+         condition=_constant_tensor_ok, priority=100,
+         doc="A Constant node becomes an initializer (weights kept in Constant nodes, as PP-OCR does)."),
+    Rule("constant_folding", Op("*", name="n"), _fold, condition=_foldable, priority=90,
+         doc="A standard node whose inputs are all constant is evaluated (onnx reference) into initializers."),
+    Rule("shape_folding", Op("Shape", "x", name="shape"), _fold_shape, priority=80,
+         doc="Shape of a value whose shape is static is a constant."),
+    Rule("size_folding", Op("Size", "x"), _fold_size, priority=80,
+         doc="Size of a value whose shape is static is a constant."),
+    Rule("shape_gather_folding", Op("Gather", _SHAPE, Const("idx"), name="gather"), _fold_gather_of_shape,
+         priority=80, doc="Gather of static dimensions from a Shape is a constant, even when other axes are dynamic."),
+    Rule("shape_slice_folding",
+         Op("Slice", _SHAPE, Const("starts"), Const("ends"), Opt(Const("axes")), Opt(Const("steps"))),
+         _fold_slice_of_shape, priority=80,
+         doc="Slice of static dimensions from a Shape is a constant, even when other axes are dynamic."),
+]
