@@ -483,7 +483,8 @@ def node_counts(model: ir.Model) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-_PASS_FUNCTIONS = {passes.DEDUP: passes.deduplicate_initializers, passes.CSE: passes.eliminate_common_subexpressions}
+_PASS_FUNCTIONS = {passes.DEDUP: passes.deduplicate_initializers, passes.CSE: passes.eliminate_common_subexpressions,
+                   passes.SHAPES: passes.complete_shapes}
 _MAX_PASS_ROUNDS = 32
 
 
@@ -498,25 +499,36 @@ def rewrite(model: ir.Model, rules: Iterable[Rule], *, graph_passes: Iterable[st
     remove_unused(model)
     driver = Driver(model, list(rules), **options)
     result = driver.run()
-    chosen = [name for name in passes.PASSES if name in set(graph_passes)]
-    for name in chosen:
+    wanted = set(graph_passes)
+    chosen = [name for name in passes.PASSES if name in wanted and name not in passes.FINAL]
+    final = [name for name in passes.FINAL if name in wanted]
+    for name in chosen + final:
         result.rules.setdefault(name, RuleStats())
     for _ in range(_MAX_PASS_ROUNDS):
         if not chosen or (driver._limit is not None and result.rewrites >= driver._limit):
             break
         changed = 0
         for name in chosen:
-            st = result.rules[name]
-            t0 = time.perf_counter()
-            n = _PASS_FUNCTIONS[name](model, touched=driver._push_users)
-            st.seconds += time.perf_counter() - t0
-            st.tried += 1
-            st.matched += n
-            st.fired += n
-            changed += n
+            changed += _run_pass(result.rules[name], name, model, driver._push_users, result)
         if not changed:
             break
         remove_unused(model)
         driver.run(seed=False)
     remove_unused(model)
+    for name in final:  # annotations, not rewrites: reported as matched (values given a shape)
+        _run_pass(result.rules[name], name, model, None, rewrites=False)
     return result
+
+
+def _run_pass(st: RuleStats, name: str, model: ir.Model, touched, result: DriverResult | None = None,
+              rewrites: bool = True) -> int:
+    t0 = time.perf_counter()
+    n = _PASS_FUNCTIONS[name](model, touched=touched)
+    st.seconds += time.perf_counter() - t0
+    st.tried += 1
+    st.matched += n
+    if rewrites:
+        st.fired += n
+        if result is not None:
+            result.rewrites += n
+    return n

@@ -9,6 +9,12 @@
 
 Both run in every graph (If/Loop/Scan bodies included), keep graph output names, and record what
 they merged in the kept node's metadata (``onnxopt.merged``).
+
+- ``shape_completion`` (last, once): onnx's shape inference with data propagation over the result,
+  filling in the type and shape of every value that has none; shapes already known are kept.
+  onnxruntime's own fusions at session time (SkipLayerNormalization, Attention, ...) check shapes
+  recorded in the model, so a model with complete shapes runs fewer kernels (all-MiniLM-L6-v2,
+  legacy export: 338 -> 314 kernels per run).
 """
 
 from __future__ import annotations
@@ -24,10 +30,13 @@ from .fold import RANDOM_OPS
 
 CSE = "common_subexpression_elimination"
 DEDUP = "initializer_deduplication"
-PASSES = (DEDUP, CSE)
+SHAPES = "shape_completion"
+PASSES = (DEDUP, CSE, SHAPES)
+FINAL = (SHAPES,)  # run once after the fixpoint, not between rounds
 SUMMARY = {
     DEDUP: "Initializers with equal dtype, shape and bytes become one.",
     CSE: "Nodes with the same op, attributes and inputs become one.",
+    SHAPES: "Values without a recorded type or shape get the ones onnx's inference gives (data propagation).",
 }
 MERGED_KEY = "onnxopt.merged"
 
@@ -166,3 +175,46 @@ def deduplicate_initializers(model: ir.Model, touched: Callable[[ir.Value], None
                     touched(keep)
                 merged += 1
     return merged
+
+
+def complete_shapes(model: ir.Model, touched: Callable[[ir.Value], None] | None = None) -> int:
+    """Fill in the missing types and shapes of the main graph's values from onnx's shape inference
+    (strict mode off, data propagation on); returns how many values gained a shape. A shape with
+    anonymous dimensions (from per-node inference during rewriting) takes the inferred one, whose
+    symbols are consistent across the graph (onnxruntime's fusions compare them). Weights are not
+    serialized for it (onnx_ir strips initializers over 1 kB around the call)."""
+    import onnx
+
+    try:
+        from onnx_ir.passes.common._c_api_utils import call_onnx_api
+    except ImportError:  # onnx_ir moved its helper: go without (shapes are an aid, not a need)
+        return 0
+    graph = model.graph
+    missing = {}
+    for node in graph:
+        for value in node.outputs:
+            if value.name and (value.shape is None or value.type is None
+                               or any(not isinstance(d, int) and d.value is None for d in value.shape)):
+                missing[value.name] = value
+    if not missing:
+        return 0
+
+    def infer(proto):
+        return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+
+    try:
+        inferred = call_onnx_api(infer, model)
+    except Exception:  # inference refusing a model we would save anyway: leave shapes as they are
+        return 0
+    filled = 0
+    for info in inferred.graph.value_info:
+        value = missing.get(info.name)
+        if value is None or not info.type.HasField("tensor_type"):
+            continue
+        tt = info.type.tensor_type
+        if value.type is None and tt.elem_type:
+            value.type = ir.TensorType(ir.DataType(tt.elem_type))
+        if tt.HasField("shape") and not value.is_graph_output():
+            value.shape = ir.serde.deserialize_type_proto_for_shape(info.type)
+            filled += 1
+    return filled

@@ -303,6 +303,10 @@ def _pow_two(m: Match):
         return "the exponent broadcasts"
     if _dtype(m, "x") not in (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
         return "not a float"
+    if any(use.node.op_type == "ReduceMean" for use in m.root.outputs[0].uses()):
+        # the variance of a layer norm: onnxruntime fuses Sub-Pow(2)-ReduceMean-... into one
+        # LayerNormalization kernel, and its pattern wants Pow, not Mul
+        return "a layer norm's variance (onnxruntime's LayerNorm fusion expects Pow)"
     return None
 
 
@@ -498,4 +502,202 @@ RULES = [
     Rule("pad_into_averagepool", Op("AveragePool", Op("Pad", "x", Const("pads"), Opt(Const("value")), Opt("axes"),
                                                       name="pad"), name="op"), _pad_fold, condition=_pad_into,
          doc="Zero Pad before an AveragePool with count_include_pad=1 becomes its pads."),
+]
+
+
+# --- sequences and shapes built from the input's own dimensions -------------------------------
+
+
+def _split_sizes(m: Match) -> list[int] | None:
+    """The piece sizes SplitToSequence cuts, when known; None otherwise."""
+    axis = int(m.attr("sts", "axis", 0))
+    dims = _dims(m, "x")
+    d = None
+    if dims is not None and -len(dims) <= axis < len(dims):
+        d = dims[axis]
+    if "split" in m:
+        split = m.const("split")
+        if split.dtype.kind not in "iu":
+            return None
+        if split.ndim == 1:
+            return [int(s) for s in split]
+        if d is None or int(split) <= 0:
+            return None
+        s = int(split)
+        return [s] * (d // s) + ([d % s] if d % s else [])
+    return None if d is None else [1] * d
+
+
+def _sequence_at_split(m: Match):
+    sizes = _split_sizes(m)
+    if not sizes:
+        return "the pieces are not known"
+    i = m.const("i")
+    if i.size != 1 or not -len(sizes) <= int(i.reshape(-1)[0]) < len(sizes):
+        return "index out of range"
+    if m.opset("") < 11:
+        return "opset"
+    return None
+
+
+def _sequence_at_to_split(m: Match, b):
+    sizes = _split_sizes(m)
+    axis = int(m.attr("sts", "axis", 0))
+    i = int(m.const("i").reshape(-1)[0]) % len(sizes)
+    if m.opset("") >= 13:
+        outs = b.op("Split", m["x"], b.const(np.array(sizes, dtype=np.int64), name="split"), axis=axis,
+                    outputs=len(sizes))
+    else:
+        outs = b.op("Split", m["x"], axis=axis, split=sizes, outputs=len(sizes))
+    out = outs if len(sizes) == 1 else outs[i]
+    if "split" not in m and int(m.attr("sts", "keepdims", 1)) == 0:
+        if m.opset("") >= 13:
+            out = b.op("Squeeze", out, b.const(np.array([axis], dtype=np.int64), name="axes"))
+        else:
+            out = b.op("Squeeze", out, axes=[axis])
+    return out
+
+
+def _shape_elements(value: ir.Value | None, depth: int = 0) -> list | None:
+    """A 1-D int64 shape tensor as a list of ints and ("dim", source, k) entries (the k-th
+    dimension of ``source`` read through Shape), or None when it is anything else."""
+    from onnxopt.pattern import constant_tensor
+
+    if value is None or depth > 8:
+        return None
+    tensor = constant_tensor(value)
+    if tensor is not None:
+        arr = tensor.numpy()
+        if arr.dtype != np.int64 or arr.ndim > 1:
+            return None
+        return [int(a) for a in arr.reshape(-1)]
+    node = value.producer()
+    if node is None or node.domain not in ("", "ai.onnx"):
+        return None
+    op = node.op_type
+    if op == "Concat":
+        parts = []
+        for v in node.inputs:
+            part = _shape_elements(v, depth + 1)
+            if part is None:
+                return None
+            parts.extend(part)
+        return parts
+    if op == "Shape":
+        src = node.inputs[0]
+        if src.shape is None:
+            return None
+        rank = len(src.shape)
+        start = node.attributes.get("start")
+        end = node.attributes.get("end")
+        ks = list(range(rank))[slice(start.value if start else None, end.value if end else None)]
+        return [("dim", src, k) for k in ks]
+    if op == "Unsqueeze" and len(node.inputs) >= 1:
+        axes = node.inputs[1] if len(node.inputs) > 1 else None
+        inner = _scalar_element(node.inputs[0], depth + 1)
+        if inner is None:
+            return None
+        axes_t = constant_tensor(axes) if axes is not None else None
+        ax = axes_t.numpy().reshape(-1).tolist() if axes_t is not None else node.attributes.get("axes").value \
+            if node.attributes.get("axes") is not None else None
+        return [inner] if ax is not None and list(ax) in ([0], [-1]) else None
+    if op in ("Gather", "Slice"):
+        src = _shape_elements(node.inputs[0], depth + 1)
+        if src is None:
+            return None
+        if op == "Gather":
+            idx = constant_tensor(node.inputs[1])
+            axis = node.attributes.get("axis")
+            if idx is None or (axis is not None and axis.value != 0) or idx.numpy().ndim != 1:
+                return None
+            return [src[int(i)] for i in idx.numpy()] if all(-len(src) <= int(i) < len(src) for i in idx.numpy()) \
+                else None
+        consts = [constant_tensor(v) if v is not None else None for v in node.inputs[1:5]]
+        if len(consts) < 2 or consts[0] is None or consts[1] is None or any(
+                v is not None and c is None for v, c in zip(node.inputs[3:5], consts[2:])):
+            return None
+        vals = [c.numpy().reshape(-1) if c is not None else None for c in consts] + [None] * (4 - len(consts))
+        if any(v is not None and v.size != 1 for v in vals):
+            return None
+        if vals[2] is not None and int(vals[2][0]) not in (0, -1):
+            return None
+        step = 1 if vals[3] is None else int(vals[3][0])
+        if step == 0:
+            return None
+        s, e = int(vals[0][0]), int(vals[1][0])
+        return src[slice(max(min(s, 1 << 62), -(1 << 62)), max(min(e, 1 << 62), -(1 << 62)), step)]
+    return None
+
+
+def _scalar_element(value: ir.Value | None, depth: int):
+    from onnxopt.pattern import constant_tensor
+
+    if value is None:
+        return None
+    tensor = constant_tensor(value)
+    if tensor is not None:
+        arr = tensor.numpy()
+        return int(arr.reshape(-1)[0]) if arr.size == 1 and arr.dtype == np.int64 else None
+    node = value.producer()
+    if node is None or node.op_type != "Gather" or node.domain not in ("", "ai.onnx"):
+        return None
+    src = _shape_elements(node.inputs[0], depth + 1)
+    idx = constant_tensor(node.inputs[1])
+    axis = node.attributes.get("axis")
+    if src is None or idx is None or idx.numpy().ndim != 0 or (axis is not None and axis.value != 0):
+        return None
+    i = int(idx.numpy())
+    return src[i] if -len(src) <= i < len(src) else None
+
+
+def _reshape_target(m: Match) -> list[int] | None:
+    """The Reshape's shape as constants, its input's own dimensions (same position) as 0."""
+    elements = _shape_elements(m["shape"])
+    if elements is None:
+        return None
+    x = m["x"]
+    rank = len(x.shape) if x.shape is not None else None
+    out = []
+    for j, e in enumerate(elements):
+        if isinstance(e, int):
+            if e == 0:
+                return None  # a literal 0 already copies; keep the arithmetic simple
+            out.append(e)
+        elif e[1] is x and e[2] == j and rank is not None and j < rank:
+            out.append(0)
+        elif e[1].shape is not None and isinstance(e[1].shape[e[2]], int):
+            out.append(int(e[1].shape[e[2]]))
+        else:
+            return None
+    if out.count(-1) > 1:
+        return None
+    return out
+
+
+def _reshape_from_own_dims(m: Match):
+    if m.attr("r", "allowzero", 0) == 1:
+        return "allowzero"
+    if m["shape"].producer() is None:
+        return "the shape is already a constant"
+    if _reshape_target(m) is None:
+        return "the shape is not built from constants and the input's own dimensions"
+    return None
+
+
+def _reshape_const_shape(m: Match, b):
+    target = _reshape_target(m)
+    return b.op("Reshape", m["x"], b.const(np.array(target, dtype=np.int64), name="shape"),
+                attrs=m.node("r").attributes.values())
+
+
+RULES += [
+    Rule("sequence_at_split", Op("SequenceAt", Op("SplitToSequence", "x", Opt(Const("split")), name="sts",
+                                                  shared=True), Const("i")),
+         _sequence_at_to_split, condition=_sequence_at_split,
+         doc="SequenceAt(SplitToSequence(x), i) with known pieces is output i of a Split "
+             "(identical Splits then merge: one Split instead of a sequence)."),
+    Rule("reshape_shape_from_input", Op("Reshape", "x", "shape", name="r"), _reshape_const_shape,
+         condition=_reshape_from_own_dims,
+         doc="Reshape whose target shape is assembled (Shape/Gather/Slice/Unsqueeze/Concat) from constants "
+             "and x's own dimensions at the same positions takes a constant shape, with 0 for the copied ones."),
 ]

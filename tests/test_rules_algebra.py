@@ -1,0 +1,293 @@
+"""Constant folding, control flow, CSE, algebraic rules and shape completion, each checked with
+onnxruntime before and after, and each condition shown refusing where the rewrite would be wrong."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from conftest import assert_same_outputs, run_ort
+from helpers import feeds_for, init, model, op_types, tinfo
+from onnx import TensorProto, helper
+
+from onnxopt import optimize
+
+
+def _i64(name, values):
+    return init(name, np.array(values, dtype=np.int64))
+
+
+# --- constant folding --------------------------------------------------------------------------
+
+
+def test_constant_nodes_and_constant_subgraph_fold():
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    nodes = [helper.make_node("Constant", [], ["w"], value=onnx.numpy_helper.from_array(w)),
+             helper.make_node("Transpose", ["w"], ["wt"]),
+             helper.make_node("Mul", ["wt", "two"], ["w2"]),
+             helper.make_node("MatMul", ["x", "w2"], ["y"])]
+    m = model(nodes, [tinfo("x", [4, 3])], [tinfo("y", [4, 2])], [init("two", np.float32(2))])
+    out, report = optimize(m, return_report=True)
+    assert op_types(out) == ["MatMul"]
+    assert report.fired["constant_to_initializer"] == 1 and report.fired["constant_folding"] == 2
+    folded = onnx.numpy_helper.to_array(next(i for i in out.graph.initializer if i.name == out.graph.node[0].input[1]))
+    np.testing.assert_array_equal(folded, w.T * 2)
+    assert_same_outputs(m, out, feeds_for(m))
+
+
+def test_random_ops_never_fold():
+    nodes = [helper.make_node("RandomNormalLike", ["c"], ["r"], seed=1.0),
+             helper.make_node("Add", ["x", "r"], ["y"])]
+    m = model(nodes, [tinfo("x", [3])], [tinfo("y", [3])], [init("c", np.zeros(3, np.float32))])
+    out = optimize(m)
+    assert "RandomNormalLike" in op_types(out)
+
+
+def test_fold_size_limit_keeps_model_from_growing():
+    # Expand of a scalar to 1 MiB + 4 bytes: over the limit, and it frees only 4 bytes
+    nodes = [helper.make_node("Expand", ["c", "shape"], ["big"]), helper.make_node("Add", ["x", "big"], ["y"])]
+    n = (1 << 18) + 1
+    m = model(nodes, [tinfo("x", [n])], [tinfo("y", [n])], [init("c", np.float32(1)), _i64("shape", [n])])
+    out, report = optimize(m, return_report=True)
+    assert "Expand" in op_types(out)
+    assert any("size limit" in r for r in report.rules["constant_folding"].reasons)
+    out2 = optimize(m, fold_size_limit=8 << 20)
+    assert "Expand" not in op_types(out2)
+    assert_same_outputs(m, out2, feeds_for(m))
+
+
+def test_shape_chain_folds_static_dims_and_keeps_dynamic_ones():
+    """The exporters' Shape -> Gather -> Unsqueeze -> Concat -> Reshape: the static dims fold,
+    the dynamic batch stays a run-time value."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "i0"], ["d0"], axis=0),
+             helper.make_node("Gather", ["s", "i1"], ["d1"], axis=0),
+             helper.make_node("Gather", ["s", "i2"], ["d2"], axis=0),
+             helper.make_node("Mul", ["d1", "d2"], ["d12"]),
+             helper.make_node("Unsqueeze", ["d0", "ax"], ["u0"]),
+             helper.make_node("Unsqueeze", ["d12", "ax"], ["u1"]),
+             helper.make_node("Concat", ["u0", "u1"], ["shape"], axis=0),
+             helper.make_node("Reshape", ["x", "shape"], ["y"])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 5])
+    m = model(nodes, [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 20])],
+              [_i64("i0", 0), _i64("i1", 1), _i64("i2", 2), _i64("ax", [0])])
+    out = optimize(m)
+    assert op_types(out) == ["Reshape"]  # [0, 20]: batch copied at run time
+    shape = onnx.numpy_helper.to_array(next(i for i in out.graph.initializer if i.name == out.graph.node[0].input[1]))
+    assert shape.tolist() == [0, 20]
+    for batch in (1, 3):
+        feeds = {"x": np.random.default_rng(batch).standard_normal((batch, 4, 5)).astype(np.float32)}
+        assert_same_outputs(m, out, feeds)
+
+
+# --- control flow ------------------------------------------------------------------------------
+
+
+def _branch(name, op, const):
+    return helper.make_graph([helper.make_node(op, ["x", f"{name}_c"], [f"{name}_y"])], name, [],
+                             [tinfo(f"{name}_y", [3])], [init(f"{name}_c", np.float32(const))])
+
+
+@pytest.mark.parametrize("cond", [True, False])
+def test_if_on_constant_condition_is_inlined(cond):
+    nodes = [helper.make_node("If", ["cond"], ["y"], then_branch=_branch("then", "Add", 1.0),
+                              else_branch=_branch("else", "Mul", 3.0))]
+    m = model(nodes, [tinfo("x", [3])], [tinfo("y", [3])], [init("cond", np.array(cond))])
+    out, report = optimize(m, return_report=True)
+    assert op_types(out) == (["Add"] if cond else ["Mul"])
+    assert report.fired["if_constant_condition"] == 1
+    assert [o.name for o in out.graph.output] == ["y"]
+    assert_same_outputs(m, out, feeds_for(m))
+
+
+def test_if_on_input_condition_is_kept():
+    nodes = [helper.make_node("If", ["cond"], ["y"], then_branch=_branch("then", "Add", 1.0),
+                              else_branch=_branch("else", "Mul", 3.0))]
+    m = model(nodes, [tinfo("x", [3]), tinfo("cond", [], TensorProto.BOOL)], [tinfo("y", [3])])
+    assert op_types(optimize(m)) == ["If"]
+
+
+# --- CSE and initializer de-duplication --------------------------------------------------------
+
+
+def test_cse_and_duplicate_initializers():
+    w = np.random.default_rng(0).standard_normal((3, 3)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"]),
+             helper.make_node("MatMul", ["x", "w2"], ["b"]),  # same weights, stored twice
+             helper.make_node("Relu", ["a"], ["ra"]),
+             helper.make_node("Relu", ["b"], ["rb"]),
+             helper.make_node("Add", ["ra", "rb"], ["y"])]
+    m = model(nodes, [tinfo("x", [2, 3])], [tinfo("y", [2, 3])], [init("w1", w), init("w2", w.copy())])
+    out, report = optimize(m, return_report=True)
+    assert op_types(out) == ["MatMul", "Relu", "Add"]
+    assert len(out.graph.initializer) == 1
+    assert report.fired["initializer_deduplication"] == 1
+    assert report.fired["common_subexpression_elimination"] == 2
+    assert_same_outputs(m, out, feeds_for(m))
+
+
+def test_cse_never_merges_random_ops():
+    nodes = [helper.make_node("RandomUniformLike", ["x"], ["a"]), helper.make_node("RandomUniformLike", ["x"], ["b"]),
+             helper.make_node("Sub", ["a", "b"], ["y"])]
+    m = model(nodes, [tinfo("x", [3])], [tinfo("y", [3])])
+    assert op_types(optimize(m)).count("RandomUniformLike") == 2
+
+
+# --- algebra -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mid,removed", [(TensorProto.DOUBLE, True), (TensorProto.FLOAT16, False),
+                                         (TensorProto.INT32, False)])
+def test_cast_round_trip_only_when_exact(mid, removed):
+    nodes = [helper.make_node("Neg", ["x"], ["n"]), helper.make_node("Cast", ["n"], ["a"], to=mid),
+             helper.make_node("Cast", ["a"], ["b"], to=TensorProto.FLOAT), helper.make_node("Neg", ["b"], ["y"])]
+    m = model(nodes, [tinfo("x", [5])], [tinfo("y", [5])])
+    out = optimize(m)
+    assert op_types(out) == (["Neg", "Neg"] if removed else ["Neg", "Cast", "Cast", "Neg"])
+    feeds = {"x": np.array([0.1, 1e-8, 70000.0, -3.7, 2.5], dtype=np.float32)}
+    assert_same_outputs(m, out, feeds, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("c,rewritten", [(4.0, True), (0.25, True), (3.0, False), (0.0, False)])
+def test_div_to_mul_only_when_reciprocal_is_exact(c, rewritten):
+    m = model([helper.make_node("Div", ["x", "c"], ["y"])], [tinfo("x", [4])], [tinfo("y", [4])],
+              [init("c", np.float32(c))])
+    out = optimize(m)
+    assert op_types(out) == (["Mul"] if rewritten else ["Div"])
+    feeds = {"x": np.array([1.0, -3.3, 1e-38, 7e37], dtype=np.float32)}
+    if c != 0:
+        assert_same_outputs(m, out, feeds, rtol=0, atol=0)
+
+
+def test_neutral_elements_and_broadcast_refusal():
+    nodes = [helper.make_node("Mul", ["x", "one"], ["a"]), helper.make_node("Add", ["a", "zero"], ["b"]),
+             helper.make_node("Mul", ["b", "ones_big"], ["y"])]  # 1s of a larger shape: broadcasts
+    m = model(nodes, [tinfo("x", [3])], [tinfo("y", [2, 3])],
+              [init("one", np.float32(1)), init("zero", np.float32(0)), init("ones_big", np.ones((2, 3), np.float32))])
+    out = optimize(m)
+    assert op_types(out) == ["Mul"]
+    assert_same_outputs(m, out, feeds_for(m))
+
+
+def test_transpose_pair_cancels_and_merges():
+    nodes = [helper.make_node("Transpose", ["x"], ["a"], perm=[0, 2, 1]),
+             helper.make_node("Transpose", ["a"], ["b"], perm=[0, 2, 1]),
+             helper.make_node("Transpose", ["b"], ["c"], perm=[1, 0, 2]),
+             helper.make_node("Transpose", ["c"], ["y"], perm=[2, 0, 1])]
+    m = model(nodes, [tinfo("x", [2, 3, 4])], [tinfo("y", [4, 3, 2])])
+    out = optimize(m)
+    assert op_types(out) == ["Transpose"]
+    assert_same_outputs(m, out, feeds_for(m))
+
+
+def test_reshape_and_squeeze_pairs():
+    nodes = [helper.make_node("Reshape", ["x", "s1"], ["a"]), helper.make_node("Reshape", ["a", "s2"], ["b"]),
+             helper.make_node("Unsqueeze", ["b", "ax"], ["c"]), helper.make_node("Squeeze", ["c", "ax"], ["y"])]
+    m = model(nodes, [tinfo("x", [2, 6])], [tinfo("y", [3, 4])],
+              [_i64("s1", [12]), _i64("s2", [3, 4]), _i64("ax", [0])])
+    out = optimize(m)
+    assert op_types(out) == ["Reshape"]
+    assert_same_outputs(m, out, feeds_for(m))
+
+
+def test_pow_two_becomes_mul_but_not_in_a_layer_norm():
+    nodes = [helper.make_node("Pow", ["x", "two"], ["y"]),
+             helper.make_node("Pow", ["x", "two"], ["sq"]), helper.make_node("ReduceMean", ["sq"], ["z"], axes=[-1])]
+    m = model(nodes, [tinfo("x", [2, 3])], [tinfo("y", [2, 3]), tinfo("z", [2, 1])], [init("two", np.float32(2))],
+              opset=17)
+    out = optimize(m)
+    assert sorted(op_types(out)) == ["Mul", "Pow", "ReduceMean"]
+    assert_same_outputs(m, out, feeds_for(m))
+
+
+def test_matmul_add_to_gemm_only_for_2d():
+    rng = np.random.default_rng(1)
+    w, c = rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal(4).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["a"]), helper.make_node("Add", ["a", "c"], ["y"]),
+             helper.make_node("MatMul", ["x3", "w"], ["a3"]), helper.make_node("Add", ["a3", "c"], ["y3"])]
+    m = model(nodes, [tinfo("x", [2, 3]), tinfo("x3", [5, 2, 3])], [tinfo("y", [2, 4]), tinfo("y3", [5, 2, 4])],
+              [init("w", w), init("c", c)])
+    out = optimize(m)
+    assert sorted(op_types(out)) == ["Add", "Gemm", "MatMul"]
+    assert_same_outputs(m, out, feeds_for(m))
+
+
+def test_conv_absorbs_per_channel_mul_add_and_pad():
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Pad", ["x", "pads"], ["p"]),
+             helper.make_node("Conv", ["p", "w"], ["c"]),
+             helper.make_node("Mul", ["c", "scale"], ["m"]),
+             helper.make_node("Add", ["m", "shift"], ["y"])]
+    m = model(nodes, [tinfo("x", [1, 3, 8, 8])], [tinfo("y", [1, 4, 8, 8])],
+              [_i64("pads", [0, 0, 1, 1, 0, 0, 1, 1]), init("w", w),
+               init("scale", rng.uniform(0.5, 2, (1, 4, 1, 1)).astype(np.float32)),
+               init("shift", rng.standard_normal((4, 1, 1)).astype(np.float32))])
+    out = optimize(m)
+    assert op_types(out) == ["Conv"]
+    assert list(next(a for a in out.graph.node[0].attribute if a.name == "pads").ints) == [1, 1, 1, 1]
+    assert_same_outputs(m, out, feeds_for(m), rtol=1e-5, atol=1e-5)
+
+
+def test_conv_mul_refuses_a_spatial_constant():
+    w = np.ones((2, 1, 1, 1), np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Mul", ["c", "s"], ["y"])]
+    m = model(nodes, [tinfo("x", [1, 1, 2, 2])], [tinfo("y", [1, 2, 2, 2])],
+              [init("w", w), init("s", np.arange(4, dtype=np.float32).reshape(1, 1, 2, 2))])
+    out = optimize(m)
+    assert op_types(out) == ["Conv", "Mul"]
+
+
+def test_sequence_at_of_split_to_sequence_becomes_one_split():
+    nodes = [helper.make_node("SplitToSequence", ["x", "split"], ["seq"], axis=1),
+             helper.make_node("SequenceAt", ["seq", "i0"], ["a"]),
+             helper.make_node("SequenceAt", ["seq", "i2"], ["b"]),
+             helper.make_node("SequenceAt", ["seq", "im1"], ["c"]),
+             helper.make_node("Sum", ["a", "b"], ["y"]), helper.make_node("Neg", ["c"], ["z"])]
+    m = model(nodes, [tinfo("x", [2, 6])], [tinfo("y", [2, 2]), tinfo("z", [2, 2])],
+              [_i64("split", [2, 2, 2]), _i64("i0", 0), _i64("i2", 2), _i64("im1", -1)])
+    out = optimize(m)
+    assert sorted(op_types(out)) == ["Neg", "Split", "Sum"]
+    assert_same_outputs(m, out, feeds_for(m))
+
+
+def test_reshape_with_a_dimension_of_another_value_is_kept():
+    """Copying x's batch into the shape of a Reshape of a *different* value is not a 0."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "i0"], ["d0"], axis=0),
+             helper.make_node("Unsqueeze", ["d0", "ax"], ["u"]),
+             helper.make_node("Concat", ["u", "m1"], ["shape"], axis=0),
+             helper.make_node("Reshape", ["z", "shape"], ["y"])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 2])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, ["k", 6])
+    m = model(nodes, [x, z], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", "m"])],
+              [_i64("i0", 0), _i64("ax", [0]), _i64("m1", [-1])])
+    out = optimize(m)
+    assert "Shape" in op_types(out)
+    feeds = {"x": np.zeros((3, 2), np.float32), "z": np.arange(36, dtype=np.float32).reshape(6, 6)}
+    assert_same_outputs(m, out, feeds)
+
+
+# --- shape completion --------------------------------------------------------------------------
+
+
+def test_shape_completion_records_consistent_symbolic_shapes():
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Add", ["a", "x"], ["b"]),
+             helper.make_node("Neg", ["b"], ["y"])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8])
+    m = model(nodes, [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 8])])
+    out = optimize(m)
+    shapes = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in out.graph.value_info}
+    assert shapes["a"] == shapes["b"] == ["batch", "seq", 8]
+    bare = optimize(m, disable=["shape_completion"])
+    assert len(bare.graph.value_info) < len(out.graph.value_info)
+    assert_same_outputs(m, out, feeds_for(m))
+
+
+def test_optimized_model_runs_with_ort_optimizations():
+    """Complete shapes must never make onnxruntime's own optimizer reject the model."""
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Add", ["a", "x"], ["y"])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])
+    m = model(nodes, [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])])
+    out = optimize(m)
+    feeds = {"x": np.ones((3, 8), np.float32)}
+    np.testing.assert_array_equal(run_ort(out, feeds, optimize=True)[0], run_ort(m, feeds)[0])
