@@ -9,7 +9,7 @@ onnxruntime run no more kernels than the original does.
 from __future__ import annotations
 
 import json
-import sys
+import os
 
 import numpy as np
 import onnx
@@ -29,12 +29,15 @@ def _kernels(path, feeds) -> tuple[int, list]:
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.enable_profiling = True
+    so.profile_file_prefix = str(path.parent / f"profile-{path.stem}")
     sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     feeds = {i.name: feeds[i.name] for i in sess.get_inputs()}
     sess.run(None, feeds)
     outs = sess.run(None, feeds)
-    with open(sess.end_profiling()) as f:
+    profile = sess.end_profiling()
+    with open(profile) as f:
         events = json.load(f)
+    os.unlink(profile)
     runs = [e for e in events if e.get("name") == "model_run"]
     last = runs[-1]
     start, end = last["ts"], last["ts"] + last["dur"]
