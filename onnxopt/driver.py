@@ -497,9 +497,11 @@ def rewrite(model: ir.Model, rules: Iterable[Rule], *, graph_passes: Iterable[st
     (``onnxopt.passes``: initializer deduplication, common-subexpression elimination) run; what
     they merge goes back on the worklist, until neither rules nor passes change anything."""
     remove_unused(model)
+    wanted = set(graph_passes)
+    if passes.SHAPES in wanted:  # consistent symbolic shapes before matching, too
+        passes.complete_shapes(model)
     driver = Driver(model, list(rules), **options)
     result = driver.run()
-    wanted = set(graph_passes)
     chosen = [name for name in passes.PASSES if name in wanted and name not in passes.FINAL]
     final = [name for name in passes.FINAL if name in wanted]
     for name in chosen + final:

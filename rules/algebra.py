@@ -663,7 +663,7 @@ def _reshape_target(m: Match) -> list[int] | None:
             if e == 0:
                 return None  # a literal 0 already copies; keep the arithmetic simple
             out.append(e)
-        elif e[1] is x and e[2] == j and rank is not None and j < rank:
+        elif rank is not None and j < rank and (e[1] is x and e[2] == j or _same_symbol(e[1], e[2], x, j)):
             out.append(0)
         elif e[1].shape is not None and isinstance(e[1].shape[e[2]], int):
             out.append(int(e[1].shape[e[2]]))
@@ -672,6 +672,16 @@ def _reshape_target(m: Match) -> list[int] | None:
     if out.count(-1) > 1:
         return None
     return out
+
+
+def _same_symbol(a: ir.Value, k: int, x: ir.Value, j: int) -> bool:
+    """Dimension k of a and dimension j of x carry the same named symbol (onnx's shape inference
+    gives equal dimensions equal names, and distinct unknowns distinct ones)."""
+    if a.shape is None or x.shape is None or not -len(a.shape) <= k < len(a.shape):
+        return False
+    da, dx = a.shape[k], x.shape[j]
+    return (not isinstance(da, int) and not isinstance(dx, int) and da.value is not None
+            and da.value == dx.value)
 
 
 def _reshape_from_own_dims(m: Match):
@@ -690,6 +700,34 @@ def _reshape_const_shape(m: Match, b):
                 attrs=m.node("r").attributes.values())
 
 
+def _merged_axes(m: Match) -> list[int] | None:
+    a1, a2 = _axes(m, "inner", "a1"), _axes(m, "outer", "a2")
+    dims = _dims(m, "x")
+    if a1 is None or a2 is None or dims is None:
+        return None
+    r = len(dims)
+    mid, final = r + len(a1), r + len(a1) + len(a2)
+    a1 = sorted(a % mid for a in a1)
+    a2 = sorted(a % final for a in a2)
+    if len(set(a1)) != len(a1) or len(set(a2)) != len(a2):
+        return None
+    kept = [p for p in range(final) if p not in a2]  # the intermediate's axes, in the final tensor
+    return sorted(set(a2) | {kept[a] for a in a1})
+
+
+def _unsqueeze_mergeable(m: Match):
+    if _merged_axes(m) is None:
+        return "axes or rank unknown"
+    return None
+
+
+def _unsqueeze_merge(m: Match, b):
+    axes = _merged_axes(m)
+    if m.opset("") >= 13:
+        return b.op("Unsqueeze", m["x"], b.const(np.array(axes, dtype=np.int64), name="axes"))
+    return b.op("Unsqueeze", m["x"], axes=axes)
+
+
 RULES += [
     Rule("sequence_at_split", Op("SequenceAt", Op("SplitToSequence", "x", Opt(Const("split")), name="sts",
                                                   shared=True), Const("i")),
@@ -699,5 +737,9 @@ RULES += [
     Rule("reshape_shape_from_input", Op("Reshape", "x", "shape", name="r"), _reshape_const_shape,
          condition=_reshape_from_own_dims,
          doc="Reshape whose target shape is assembled (Shape/Gather/Slice/Unsqueeze/Concat) from constants "
-             "and x's own dimensions at the same positions takes a constant shape, with 0 for the copied ones."),
+             "and x's own dimensions at the same positions (the same value, or the same named symbol) takes a "
+             "constant shape, with 0 for the copied ones."),
+    Rule("unsqueeze_chain", Op("Unsqueeze", Op("Unsqueeze", "x", Opt(Const("a1")), name="inner"), Opt(Const("a2")),
+                               name="outer"), _unsqueeze_merge, condition=_unsqueeze_mergeable,
+         doc="Unsqueeze(Unsqueeze(x, a1), a2) is one Unsqueeze with both sets of axes."),
 ]

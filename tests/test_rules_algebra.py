@@ -291,3 +291,37 @@ def test_optimized_model_runs_with_ort_optimizations():
     out = optimize(m)
     feeds = {"x": np.ones((3, 8), np.float32)}
     np.testing.assert_array_equal(run_ort(out, feeds, optimize=True)[0], run_ort(m, feeds)[0])
+
+
+@pytest.mark.parametrize("a1,a2", [([1], [2]), ([0], [0]), ([2], [0]), ([0, 2], [1, -1])])
+def test_unsqueeze_chain_merges_with_remapped_axes(a1, a2):
+    nodes = [helper.make_node("Neg", ["x"], ["n"]), helper.make_node("Unsqueeze", ["n", "a1"], ["u"]),
+             helper.make_node("Unsqueeze", ["u", "a2"], ["y"])]
+    rank = 2 + len(a1) + len(a2)
+    m = model(nodes, [tinfo("x", [3, 4])], [tinfo("y", rank)], [_i64("a1", a1), _i64("a2", a2)])
+    out = optimize(m)
+    assert op_types(out) == ["Neg", "Unsqueeze"]
+    assert_same_outputs(m, out, feeds_for(m))
+
+
+def test_reshape_shape_from_a_value_with_the_same_symbolic_dims():
+    """The attention heads split of a BERT export: the target shape reads batch and sequence
+    from another value whose dims are the same symbols; they become 0 (copy)."""
+    nodes = [helper.make_node("Relu", ["x"], ["h"]),
+             helper.make_node("Shape", ["h"], ["s"]),
+             helper.make_node("Gather", ["s", "i0"], ["b"], axis=0), helper.make_node("Gather", ["s", "i1"], ["t"], axis=0),
+             helper.make_node("Unsqueeze", ["b", "ax"], ["ub"]), helper.make_node("Unsqueeze", ["t", "ax"], ["ut"]),
+             helper.make_node("Concat", ["ub", "ut", "heads"], ["shape"], axis=0),
+             helper.make_node("MatMul", ["x", "w"], ["q"]),
+             helper.make_node("Reshape", ["q", "shape"], ["y"])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8])
+    m = model(nodes, [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 2, 4])],
+              [_i64("i0", 0), _i64("i1", 1), _i64("ax", [0]), _i64("heads", [2, 4]),
+               init("w", np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32))])
+    out = optimize(m)
+    assert op_types(out) == ["MatMul", "Reshape"]
+    shape = onnx.numpy_helper.to_array(next(i for i in out.graph.initializer if i.name == out.graph.node[1].input[1]))
+    assert shape.tolist() == [0, 0, 2, 4]
+    for b, t in ((1, 5), (3, 2)):
+        feeds = {"x": np.random.default_rng(b).standard_normal((b, t, 8)).astype(np.float32)}
+        assert_same_outputs(m, out, feeds)
