@@ -277,13 +277,108 @@ def save(
             if staged_data.exists():
                 os.chmod(staged_data, FILE_MODE)
                 os.replace(staged_data, parent / str(external_data))
-        else:
+        elif not write_streamed(model, staged):
             ir.save(model, staged)
         os.chmod(staged, FILE_MODE)
         os.replace(staged, path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return path
+
+
+_STREAM_MIN_BYTES = 1024
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _tensor_buffer(tensor) -> memoryview | bytes:
+    """The tensor's little-endian bytes, without a copy where its numpy array already is them."""
+    if isinstance(tensor, ir.Tensor) and tensor.dtype.itemsize * 8 >= 8 and tensor.dtype != ir.DataType.STRING:
+        try:
+            array = tensor.numpy()
+        except Exception:  # noqa: BLE001
+            return tensor.tobytes()
+        if (array.flags.c_contiguous and array.dtype.byteorder in ("<", "=", "|")
+                and array.dtype.itemsize == tensor.dtype.itemsize):
+            return memoryview(array.reshape(-1)).cast("B")
+    return tensor.tobytes()
+
+
+def write_streamed(model: ir.Model, path: Path) -> bool:
+    """Write ``model`` as one file, streaming large initializers' bytes from their buffers.
+
+    protobuf would copy every weight twice (into the ModelProto, then into the serialized
+    string); here the graph is serialized without its large initializers and each large tensor
+    is written after it as a GraphProto ``initializer`` field (protobuf allows a message's fields
+    in any order and concatenates repeated ones), so weights are copied at most once. The result
+    parses to the same ModelProto as onnx's own serialization, except that large initializers
+    come after the small ones. Returns False (nothing written) where this does not apply:
+    external or string tensors, or a model that would pass protobuf's 2 GiB limit.
+    """
+    graph = model.graph
+    big: list[ir.Value] = []
+    total = 0
+    for value in graph.initializers.values():
+        tensor = value.const_value
+        if tensor is None or isinstance(tensor, (ir.ExternalTensor, ir.StringTensor)):
+            if isinstance(tensor, ir.ExternalTensor):
+                return False
+            continue
+        if tensor.nbytes >= _STREAM_MIN_BYTES:
+            big.append(value)
+            total += tensor.nbytes
+    if not big or total >= _PROTO_LIMIT:
+        return False
+    order = list(graph.initializers.values())
+    for value in big:
+        graph.initializers.pop(value.name)
+    try:
+        proto = ir.serde.serialize_model(model)
+    finally:
+        for value in order:
+            graph.initializers.pop(value.name, None)
+        for value in order:
+            graph.initializers.add(value)
+    inputs = {v.name for v in graph.inputs}
+    for value in big:  # the value_info onnx_ir writes for an initializer that is not an input
+        if value.name not in inputs and (value.type is not None or value.shape is not None):
+            ir.serde.serialize_value_into(proto.graph.value_info.add(), value)
+    graph_bytes = proto.graph.SerializeToString()
+    proto.ClearField("graph")
+    entries: list = []
+    graph_len = len(graph_bytes)
+    for value in big:
+        tensor = value.const_value
+        header = onnx.TensorProto(name=value.name, data_type=tensor.dtype.value, dims=list(tensor.shape.numpy()))
+        if tensor.doc_string:
+            header.doc_string = tensor.doc_string
+        for key, val in tensor.metadata_props.items():
+            entry = header.metadata_props.add()
+            entry.key, entry.value = key, val
+        data = _tensor_buffer(tensor)
+        n = data.nbytes if isinstance(data, memoryview) else len(data)
+        head = header.SerializeToString() + b"\x4a" + _varint(n)  # raw_data = field 9, bytes
+        prefix = b"\x2a" + _varint(len(head) + n) + head  # GraphProto.initializer = field 5
+        entries.append((prefix, data))
+        graph_len += len(prefix) + n
+    with open(path, "wb") as f:
+        f.write(proto.SerializeToString())
+        f.write(b"\x3a" + _varint(graph_len))  # ModelProto.graph = field 7
+        f.write(graph_bytes)
+        for prefix, data in entries:
+            f.write(prefix)
+            f.write(data)
+    return True
 
 
 def to_proto(model: ir.Model) -> onnx.ModelProto:

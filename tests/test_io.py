@@ -523,3 +523,51 @@ def test_invalid_model_error_is_value_error():
     # Callers that catch ValueError keep working.
     with pytest.raises(ValueError):
         onnxopt.optimize(b"garbage bytes that are not a model")
+
+
+def test_streamed_save_is_the_same_model(tmp_path):
+    """Single-file saves stream large weights from their buffers; the file must parse to the
+    model onnx_ir's own save writes (up to the order of initializers and their value_info)."""
+    import ml_dtypes
+    from onnx import TensorProto, helper, numpy_helper
+
+    from onnxopt import io as oio
+
+    rng = np.random.default_rng(0)
+    big32 = rng.standard_normal((64, 64)).astype(np.float32)
+    big16 = rng.standard_normal((16, 64)).astype(np.float16)
+    bigbf = rng.standard_normal(1024).astype(ml_dtypes.bfloat16)
+    big8 = rng.integers(-128, 127, 4096).astype(np.int8)
+    small = np.arange(3, dtype=np.int64)
+    inits = [numpy_helper.from_array(big32, "w32"), numpy_helper.from_array(big16, "w16"),
+             numpy_helper.from_array(big8, "w8"), numpy_helper.from_array(small, "s"),
+             helper.make_tensor("wbf", TensorProto.BFLOAT16, [1024], bigbf.view(np.uint16).tobytes(), raw=True)]
+    inits[0].doc_string = "weights"
+    nodes = [helper.make_node("MatMul", ["x", "w32"], ["a"]), helper.make_node("Cast", ["w16"], ["c"], to=1),
+             helper.make_node("Add", ["a", "c"], ["y"]), helper.make_node("Cast", ["w8"], ["z8"], to=1),
+             helper.make_node("Cast", ["wbf"], ["zb"], to=1), helper.make_node("Identity", ["s"], ["si"])]
+    vi = helper.make_tensor_value_info
+    m = helper.make_model(helper.make_graph(nodes, "g", [vi("x", TensorProto.FLOAT, [16, 64])],
+                                            [vi("y", TensorProto.FLOAT, [16, 64]), vi("z8", TensorProto.FLOAT, [4096]),
+                                             vi("zb", TensorProto.FLOAT, [1024]), vi("si", TensorProto.INT64, [3])],
+                                            inits), opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    model = ir.from_proto(m)
+    a, b = tmp_path / "streamed.onnx", tmp_path / "reference.onnx"
+    assert oio.write_streamed(model, a)
+    ir.save(model, b)
+    pa, pb = onnx.load(str(a)), onnx.load(str(b))
+    for q in (pa, pb):
+        for field in (q.graph.initializer, q.graph.value_info):
+            items = sorted(field, key=lambda t: t.name)
+            del field[:]
+            field.extend(items)
+    assert pa == pb
+    assert [t.name for t in onnx.load(str(a)).graph.initializer] == list(model.graph.initializers)[3:4] + [
+        "w32", "w16", "w8", "wbf"]
+    assert list(model.graph.initializers) == ["w32", "w16", "w8", "s", "wbf"]  # the model is left as it was
+    ort = pytest.importorskip("onnxruntime")
+    feeds = {"x": rng.standard_normal((16, 64)).astype(np.float32)}
+    got = ort.InferenceSession(str(a), providers=["CPUExecutionProvider"]).run(None, feeds)
+    want = ort.InferenceSession(str(b), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for x, y in zip(got, want):
+        np.testing.assert_array_equal(x, y)
