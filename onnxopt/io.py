@@ -181,13 +181,73 @@ def load(source: ModelLike, *, check: bool = True, copy_ir: bool = True) -> Load
     )
 
 
+def _onnxruntime_identity() -> str | None:
+    """Which onnxruntime is installed (distribution, version, location), without importing it."""
+    import importlib.metadata
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("onnxruntime")
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    where = os.path.dirname(spec.origin or "") or str(list(spec.submodule_search_locations or [""])[0])
+    for dist in ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino"):
+        try:
+            version = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        try:
+            mtime = os.stat(os.path.join(where, "capi")).st_mtime_ns
+        except OSError:
+            mtime = 0
+        return f"{dist}=={version}@{where}#{mtime}"
+    return None
+
+
+def _ir_cache_file() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "onnxopt" / "onnxruntime-ir-version.json"
+
+
 @functools.cache
 def onnxruntime_max_ir_version() -> int | None:
     """The highest model IR version the installed onnxruntime accepts (None if not installed).
 
     Found by asking onnxruntime to load a one-node model at descending IR versions, so it is
-    exact for whatever build is installed (CPU or GPU).
+    exact for whatever build is installed (CPU or GPU). Importing onnxruntime and probing costs
+    about half a second, so the answer is kept in ``~/.cache/onnxopt/onnxruntime-ir-version.json``
+    keyed by the installed distribution, version and location (read without importing it).
     """
+    import json
+
+    identity = _onnxruntime_identity()
+    if identity is None:
+        return None
+    cache = _ir_cache_file()
+    try:
+        known = json.loads(cache.read_text())
+        if isinstance(known.get(identity), int):
+            return known[identity]
+    except (OSError, ValueError, AttributeError):
+        known = {}
+    version = _probe_onnxruntime_ir_version()
+    if version is not None:
+        try:
+            known = known if isinstance(known, dict) else {}
+            known[identity] = version
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=cache.parent, prefix=".ir-", suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                json.dump(known, f)
+            os.replace(tmp, cache)
+        except OSError:
+            pass  # a read-only home: probe again next time
+    return version
+
+
+def _probe_onnxruntime_ir_version() -> int | None:
     try:
         import onnxruntime as ort
     except ImportError:

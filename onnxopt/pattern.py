@@ -69,7 +69,7 @@ def constant_tensor(value: ir.Value | None) -> ir.TensorProtocol | None:
     if producer.op_type == "Constant" and producer.domain in ("", "ai.onnx"):
         attr = producer.attributes.get("value")
         if attr is not None and not attr.is_ref() and attr.type == ir.AttributeType.TENSOR:
-            return attr.as_tensor()
+            return attr.value  # (as_tensor() re-checks the type against a Protocol: slow)
         for key, dtype in (("value_float", np.float32), ("value_int", np.int64)):
             attr = producer.attributes.get(key)
             if attr is not None and not attr.is_ref():
