@@ -592,6 +592,15 @@ def _shape_elements(value: ir.Value | None, depth: int = 0) -> list | None:
         end = node.attributes.get("end")
         ks = list(range(rank))[slice(start.value if start else None, end.value if end else None)]
         return [("dim", src, k) for k in ks]
+    if op == "Reshape" and len(node.inputs) == 2:  # a scalar made 1-D: Reshape(s, [-1]) or [1]
+        target = constant_tensor(node.inputs[1])
+        if target is None or target.numpy().reshape(-1).tolist() not in ([-1], [1]):
+            return None
+        inner = _scalar_element(node.inputs[0], depth + 1)
+        if inner is not None:
+            return [inner]
+        part = _shape_elements(node.inputs[0], depth + 1)
+        return part if part is not None and len(part) == 1 else None
     if op == "Unsqueeze" and len(node.inputs) >= 1:
         axes = node.inputs[1] if len(node.inputs) > 1 else None
         inner = _scalar_element(node.inputs[0], depth + 1)
@@ -639,6 +648,13 @@ def _scalar_element(value: ir.Value | None, depth: int):
         arr = tensor.numpy()
         return int(arr.reshape(-1)[0]) if arr.size == 1 and arr.dtype == np.int64 else None
     node = value.producer()
+    if node is not None and node.op_type in ("Squeeze", "Reshape") and node.domain in ("", "ai.onnx"):
+        part = _shape_elements(node.inputs[0], depth + 1)  # a 1-element shape tensor made a scalar
+        if node.op_type == "Reshape":
+            target = constant_tensor(node.inputs[1]) if len(node.inputs) > 1 else None
+            if target is None or target.numpy().size != 0:
+                return None
+        return part[0] if part is not None and len(part) == 1 else None
     if node is None or node.op_type != "Gather" or node.domain not in ("", "ai.onnx"):
         return None
     src = _shape_elements(node.inputs[0], depth + 1)
@@ -665,8 +681,8 @@ def _reshape_target(m: Match) -> list[int] | None:
             out.append(e)
         elif rank is not None and j < rank and (e[1] is x and e[2] == j or _same_symbol(e[1], e[2], x, j)):
             out.append(0)
-        elif e[1].shape is not None and isinstance(e[1].shape[e[2]], int):
-            out.append(int(e[1].shape[e[2]]))
+        elif e[1].shape is not None and isinstance(e[1].shape[e[2]], int) and int(e[1].shape[e[2]]) > 0:
+            out.append(int(e[1].shape[e[2]]))  # (a static 0 would read as "copy")
         else:
             return None
     if out.count(-1) > 1:
@@ -685,8 +701,6 @@ def _same_symbol(a: ir.Value, k: int, x: ir.Value, j: int) -> bool:
 
 
 def _reshape_from_own_dims(m: Match):
-    if m.attr("r", "allowzero", 0) == 1:
-        return "allowzero"
     if m["shape"].producer() is None:
         return "the shape is already a constant"
     if _reshape_target(m) is None:
@@ -695,9 +709,11 @@ def _reshape_from_own_dims(m: Match):
 
 
 def _reshape_const_shape(m: Match, b):
+    # A 0 copies the dimension it stands for, which is the value the original computed, so the
+    # new Reshape copies (allowzero 0) even where the original had allowzero=1 (it has no literal 0).
     target = _reshape_target(m)
-    return b.op("Reshape", m["x"], b.const(np.array(target, dtype=np.int64), name="shape"),
-                attrs=m.node("r").attributes.values())
+    attrs = [a for a in m.node("r").attributes.values() if a.name != "allowzero"]
+    return b.op("Reshape", m["x"], b.const(np.array(target, dtype=np.int64), name="shape"), attrs=attrs)
 
 
 def _merged_axes(m: Match) -> list[int] | None:

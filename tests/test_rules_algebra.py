@@ -325,3 +325,23 @@ def test_reshape_shape_from_a_value_with_the_same_symbolic_dims():
     for b, t in ((1, 5), (3, 2)):
         feeds = {"x": np.random.default_rng(b).standard_normal((b, t, 8)).astype(np.float32)}
         assert_same_outputs(m, out, feeds)
+
+
+def test_dynamo_style_reshape_with_allowzero():
+    """The dynamo exporter: dims through Squeeze/Reshape of scalars and Reshape(allowzero=1); the
+    copied dims become 0 under allowzero=0, and the results stay equal."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Slice", ["s", "z", "one"], ["s0"]),
+             helper.make_node("Squeeze", ["s0"], ["b"]),
+             helper.make_node("Reshape", ["b", "m1"], ["b1"]),
+             helper.make_node("Concat", ["b1", "m1", "four"], ["shape"], axis=0),
+             helper.make_node("Reshape", ["x", "shape"], ["y"], allowzero=1)]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 8])
+    m = model(nodes, [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 6, 4])],
+              [_i64("z", [0]), _i64("one", [1]), _i64("m1", [-1]), _i64("four", [4])], opset=18)
+    out = optimize(m)
+    assert op_types(out) == ["Reshape"]
+    assert all(a.i == 0 for a in out.graph.node[0].attribute if a.name == "allowzero")
+    for b in (2, 1):
+        feeds = {"x": np.random.default_rng(b).standard_normal((b, 3, 8)).astype(np.float32)}
+        assert_same_outputs(m, out, feeds)
