@@ -27,6 +27,10 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+# Imported with the library, not on the first fold: it loads every op's implementation (~0.1 s),
+# which a process pays once rather than inside the first optimize() call.
+from onnx.reference import ReferenceEvaluator
+
 RANDOM_OPS = frozenset({
     "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
 })
@@ -53,17 +57,31 @@ def _schema_exists(op_type: str, opset: int) -> bool:
         return False
 
 
+_EVALUATORS: dict[tuple[int, bytes], ReferenceEvaluator] = {}
+_EVALUATOR_CACHE_SIZE = 512
+
+
+def _evaluator(proto: onnx.NodeProto, opset: int) -> ReferenceEvaluator:
+    """One evaluator per distinct node (op, attributes, input/output arity, opset): building one
+    costs ~0.4 ms, and exporters repeat the same node many times (one per layer)."""
+    key = (opset, proto.SerializeToString(deterministic=True))
+    evaluator = _EVALUATORS.get(key)
+    if evaluator is None:
+        if len(_EVALUATORS) >= _EVALUATOR_CACHE_SIZE:
+            _EVALUATORS.pop(next(iter(_EVALUATORS)))
+        evaluator = _EVALUATORS[key] = ReferenceEvaluator(proto, opsets={"": opset})
+    return evaluator
+
+
 def evaluate(node: ir.Node, opset: int, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
     """Outputs of ``node`` (standard domain) on constant ``inputs`` (None for absent optional ones)."""
-    from onnx.reference import ReferenceEvaluator
-
     in_names = ["" if x is None else f"i{k}" for k, x in enumerate(inputs)]
     out_names = [f"o{k}" if v is not None else "" for k, v in enumerate(node.outputs)]
     attrs = [ir.serde.serialize_attribute(a) for a in node.attributes.values()]
     proto = onnx.helper.make_node(node.op_type, in_names, out_names)
     proto.attribute.extend(attrs)
     try:
-        evaluator = ReferenceEvaluator(proto, opsets={"": opset})
+        evaluator = _evaluator(proto, opset)
         feeds = {name: x for name, x in zip(in_names, inputs) if name}
         results = evaluator.run(None, feeds)
     except Exception as exc:  # the reference implementation refuses: then so do we

@@ -10,8 +10,10 @@
 Both run in every graph (If/Loop/Scan bodies included), keep graph output names, and record what
 they merged in the kept node's metadata (``onnxopt.merged``).
 
-- ``shape_completion`` (last, once): onnx's shape inference with data propagation over the result,
-  filling in the type and shape of every value that has none; shapes already known are kept.
+- ``shape_completion`` (before matching, and once after): onnx's shape inference with data
+  propagation, filling in the type and shape of every value that has none, or that has anonymous
+  dimensions; shapes already known are kept. Only for models with a dynamic input dimension
+  (with static inputs every shape is static and onnxruntime infers it anyway).
   onnxruntime's own fusions at session time (SkipLayerNormalization, Attention, ...) check shapes
   recorded in the model, so a model with complete shapes runs fewer kernels (all-MiniLM-L6-v2,
   legacy export: 338 -> 314 kernels per run).
@@ -177,6 +179,19 @@ def deduplicate_initializers(model: ir.Model, touched: Callable[[ir.Value], None
     return merged
 
 
+_LOCAL_LIMIT = 32
+
+
+def has_dynamic_inputs(model: ir.Model) -> bool:
+    """Some graph input has a dimension that is not a fixed number (or an unknown shape)."""
+    for value in model.graph.inputs:
+        if value.is_initializer():
+            continue
+        if value.shape is None or any(not isinstance(d, int) for d in value.shape):
+            return True
+    return False
+
+
 def complete_shapes(model: ir.Model, touched: Callable[[ir.Value], None] | None = None) -> int:
     """Fill in the missing types and shapes of the main graph's values from onnx's shape inference
     (strict mode off, data propagation on); returns how many values gained a shape. A shape with
@@ -190,6 +205,10 @@ def complete_shapes(model: ir.Model, touched: Callable[[ir.Value], None] | None 
     except ImportError:  # onnx_ir moved its helper: go without (shapes are an aid, not a need)
         return 0
     graph = model.graph
+    if not has_dynamic_inputs(model):
+        # Static inputs: every shape is static, per-node inference finds it when a rule asks,
+        # and onnxruntime infers them all at load; there are no symbols to make consistent.
+        return 0
     missing = {}
     for node in graph:
         for value in node.outputs:
@@ -198,6 +217,13 @@ def complete_shapes(model: ir.Model, touched: Callable[[ir.Value], None] | None 
                 missing[value.name] = value
     if not missing:
         return 0
+    if len(missing) <= _LOCAL_LIMIT and all(v.shape is None for v in missing.values()):
+        # a few new values: per-node inference from their inputs' (already consistent) shapes
+        from .shapes import infer
+
+        opsets = dict(model.opset_imports)
+        opsets.setdefault("", opsets.get("ai.onnx", 1))
+        return sum(1 for v in missing.values() if infer(v, opsets) is not None)
 
     def infer(proto):
         return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)

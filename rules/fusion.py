@@ -86,7 +86,8 @@ def _new_bias(m: Match, s: np.ndarray, t: np.ndarray, dtype) -> np.ndarray:
 def _fold_conv(m: Match, b):
     s, t = _bn_factors(m)
     w = m.const("w")
-    w_new = (w.astype(np.float64) * s.reshape((-1,) + (1,) * (w.ndim - 1))).astype(w.dtype)
+    # products in float64, one rounding to the weight's type (without a float64 copy of w first)
+    w_new = np.multiply(w, s.reshape((-1,) + (1,) * (w.ndim - 1)), dtype=np.float64).astype(w.dtype)
     conv = m.node("conv")
     weight = b.const(w_new, name=f"{m['w'].name}_bnfold")
     bias = b.const(_new_bias(m, s, t, w.dtype), name=f"{conv.name or 'conv'}_bias_bnfold")
