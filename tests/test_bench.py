@@ -226,3 +226,28 @@ def test_render_merges_cuda_reports_into_a_section(tmp_path):
     # a report without CUDA measurements is refused, with a one-line error
     assert bench.main(["--render", str(paths[0]), "--cuda-report", str(paths[0]), "--markdown", str(out)]) == 2
     assert bench.main(["--render", str(paths[0])]) == 2
+
+
+def test_render_says_when_the_cuda_section_is_older(tmp_path):
+    import json
+
+    row = {"status": "ok", "nodes": 3, "cpu": {"kernels": 3}, "cuda": {"kernels": 2, "by_provider": {}, "memcpy": 0}}
+    models = {"m": {"family": "vision", "tools": ["a"], "rows": {"original": dict(row, status="baseline"), "a": row}}}
+    cpu = _report(models, date="2026-02-01 00:00 UTC")
+    cpu["meta"]["onnxopt_commit"] = "new1234"
+    gpu = _report(models, ("cpu", "cuda"), date="2026-01-01 00:00 UTC")
+    gpu["meta"]["onnxopt_commit"] = "old5678"
+    paths = []
+    for i, r in enumerate([cpu, gpu, cpu]):
+        paths.append(tmp_path / f"{i}.json")
+        paths[-1].write_text(json.dumps(r))
+    out = tmp_path / "B.md"
+    assert bench.main(["--render", str(paths[0]), "--cuda-report", str(paths[1]), "--markdown", str(out)]) == 0
+    text = out.read_text()
+    assert "(onnxopt at commit new1234)" in text.split("## CUDA")[0]
+    assert "measured on 2026-01-01 00:00 UTC with onnxopt at old5678" in text.split("## CUDA")[1]
+    # the same commit and date: no such note
+    gpu["meta"].update(onnxopt_commit="new1234", date="2026-02-01 00:00 UTC")
+    paths[1].write_text(json.dumps(dict(gpu, meta=dict(gpu["meta"], providers=["cpu", "cuda"]))))
+    assert bench.main(["--render", str(paths[0]), "--cuda-report", str(paths[1]), "--markdown", str(out)]) == 0
+    assert "so its onnxopt rows show that version" not in out.read_text()
