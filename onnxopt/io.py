@@ -9,6 +9,7 @@ it into place, so a failure never leaves a half-written model and the input is n
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -17,6 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Union
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 
@@ -366,12 +368,29 @@ def _tensor_buffer(tensor) -> memoryview | bytes:
     if isinstance(tensor, ir.Tensor) and tensor.dtype.itemsize * 8 >= 8 and tensor.dtype != ir.DataType.STRING:
         try:
             array = tensor.numpy()
+            if (array.flags.c_contiguous and array.dtype.byteorder in ("<", "=", "|")
+                    and array.dtype.itemsize == tensor.dtype.itemsize):
+                # (a uint8 view: ml_dtypes arrays, bfloat16 and float8, export no buffer of their own)
+                return memoryview(array.reshape(-1).view(np.uint8))
         except Exception:  # noqa: BLE001
-            return tensor.tobytes()
-        if (array.flags.c_contiguous and array.dtype.byteorder in ("<", "=", "|")
-                and array.dtype.itemsize == tensor.dtype.itemsize):
-            return memoryview(array.reshape(-1)).cast("B")
+            pass
     return tensor.tobytes()
+
+
+@contextlib.contextmanager
+def detached_initializers(graph: ir.Graph, values: list[ir.Value]):
+    """Take ``values`` out of ``graph``'s initializers for the duration; afterwards the
+    initializers are what they were, in the same order, whatever happened meanwhile."""
+    order = list(graph.initializers.values())
+    try:
+        for value in values:
+            graph.initializers.pop(value.name)
+        yield
+    finally:
+        for value in order:
+            graph.initializers.pop(value.name, None)
+        for value in order:
+            graph.initializers.add(value)
 
 
 def write_streamed(model: ir.Model, path: Path) -> bool:
@@ -394,21 +413,16 @@ def write_streamed(model: ir.Model, path: Path) -> bool:
             if isinstance(tensor, ir.ExternalTensor):
                 return False
             continue
-        if tensor.nbytes >= _STREAM_MIN_BYTES:
-            big.append(value)
-            total += tensor.nbytes
+        if tensor.nbytes < _STREAM_MIN_BYTES:
+            continue
+        if value.meta.get("quant_parameter_tensor_names") or value.metadata_props or value.doc_string:
+            continue  # annotations onnx_ir writes beside the initializer: left to its serializer
+        big.append(value)
+        total += tensor.nbytes
     if not big or total >= _PROTO_LIMIT:
         return False
-    order = list(graph.initializers.values())
-    for value in big:
-        graph.initializers.pop(value.name)
-    try:
+    with detached_initializers(graph, big):
         proto = ir.serde.serialize_model(model)
-    finally:
-        for value in order:
-            graph.initializers.pop(value.name, None)
-        for value in order:
-            graph.initializers.add(value)
     inputs = {v.name for v in graph.inputs}
     for value in big:  # the value_info onnx_ir writes for an initializer that is not an input
         if value.name not in inputs and (value.type is not None or value.shape is not None):

@@ -28,6 +28,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx_ir as ir
 
+from . import io
 from .fold import RANDOM_OPS
 
 CSE = "common_subexpression_elimination"
@@ -182,6 +183,32 @@ def deduplicate_initializers(model: ir.Model, touched: Callable[[ir.Value], None
 _LOCAL_LIMIT = 32
 
 
+_INFER_DATA_LIMIT = 1000  # bytes: initializers up to this size keep their data for data propagation
+
+
+def _infer(model: ir.Model):
+    """onnx's shape inference (data propagation on, strict mode off) over a copy of ``model``
+    serialized without large weights: those are declared as graph inputs of their type and shape
+    instead. An initializer that is also a graph input (a default the caller may override) keeps
+    no data at all, so data propagation never takes its default for a constant. ``model`` itself
+    is left as it was (no shape, type or initializer order changes)."""
+    import onnx
+
+    graph = model.graph
+    inputs = {v.name for v in graph.inputs}
+    detached = [v for v in graph.initializers.values()
+                if v.name in inputs or v.const_value is None or v.const_value.nbytes > _INFER_DATA_LIMIT]
+    with io.detached_initializers(graph, detached):
+        proto = ir.serde.serialize_model(model)
+    for value in detached:
+        tensor = value.const_value
+        if value.name in inputs or tensor is None:
+            continue  # already a declared graph input, or nothing to declare
+        proto.graph.input.append(onnx.helper.make_tensor_value_info(
+            value.name, tensor.dtype.value, [int(d) for d in tensor.shape]))
+    return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+
+
 def has_dynamic_inputs(model: ir.Model) -> bool:
     """Some graph input has a dimension that is not a fixed number (or an unknown shape)."""
     for value in model.graph.inputs:
@@ -197,13 +224,9 @@ def complete_shapes(model: ir.Model, touched: Callable[[ir.Value], None] | None 
     (strict mode off, data propagation on); returns how many values gained a shape. A shape with
     anonymous dimensions (from per-node inference during rewriting) takes the inferred one, whose
     symbols are consistent across the graph (onnxruntime's fusions compare them). Weights are not
-    serialized for it (onnx_ir strips initializers over 1 kB around the call)."""
+    serialized for it (see :func:`_infer`)."""
     import onnx
 
-    try:
-        from onnx_ir.passes.common._c_api_utils import call_onnx_api
-    except ImportError:  # onnx_ir moved its helper: go without (shapes are an aid, not a need)
-        return 0
     graph = model.graph
     if not has_dynamic_inputs(model):
         # Static inputs: every shape is static, per-node inference finds it when a rule asks,
@@ -225,11 +248,8 @@ def complete_shapes(model: ir.Model, touched: Callable[[ir.Value], None] | None 
         opsets.setdefault("", opsets.get("ai.onnx", 1))
         return sum(1 for v in missing.values() if infer(v, opsets) is not None)
 
-    def infer(proto):
-        return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
-
     try:
-        inferred = call_onnx_api(infer, model)
+        inferred = _infer(model)
     except Exception:  # inference refusing a model we would save anyway: leave shapes as they are
         return 0
     filled = 0

@@ -571,3 +571,33 @@ def test_streamed_save_is_the_same_model(tmp_path):
     want = ort.InferenceSession(str(b), providers=["CPUExecutionProvider"]).run(None, feeds)
     for x, y in zip(got, want):
         np.testing.assert_array_equal(x, y)
+
+
+def test_streamed_save_of_ml_dtypes_and_annotated_weights(tmp_path):
+    """bfloat16/float8 weights stream through a byte view; weights carrying value metadata or a
+    quantization annotation are left to onnx_ir's serializer, which writes those beside them."""
+    import ml_dtypes
+
+    from onnxopt import io as oio
+
+    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([600]))
+    bf = ir.Value(name="bf", const_value=ir.Tensor(np.arange(600).astype(ml_dtypes.bfloat16)))
+    f8 = ir.Value(name="f8", const_value=ir.Tensor(np.ones(2000).astype(ml_dtypes.float8_e4m3fn)))
+    c = ir.Node("", "Cast", [bf], attributes=[ir.AttrInt64("to", 1)], outputs=[ir.Value(name="c")])
+    y = ir.Value(name="y", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([600]))
+    add = ir.Node("", "Add", [x, c.outputs[0]], outputs=[y])
+    graph = ir.Graph([x], [y], nodes=[c, add], initializers=[bf, f8], opset_imports={"": 21})
+    model = ir.Model(graph, ir_version=10)
+    path = tmp_path / "m.onnx"
+    assert oio.write_streamed(model, path)
+    loaded = {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer}
+    np.testing.assert_array_equal(loaded["bf"].astype(np.float32), np.arange(600).astype(ml_dtypes.bfloat16).astype(np.float32))
+    assert loaded["f8"].view(np.uint8).tolist() == np.ones(2000).astype(ml_dtypes.float8_e4m3fn).view(np.uint8).tolist()
+    # annotated: not streamed here, so io.save keeps the annotation through onnx_ir
+    bf.metadata_props["origin"] = "layer1"
+    f8.meta["quant_parameter_tensor_names"] = {"SCALE_TENSOR": "x"}
+    assert not oio.write_streamed(model, tmp_path / "n.onnx")
+    oio.save(model, tmp_path / "n.onnx")
+    proto = onnx.load(str(tmp_path / "n.onnx"))
+    assert [q.tensor_name for q in proto.graph.quantization_annotation] == ["f8"]
+    assert any(v.name == "bf" and v.metadata_props for v in proto.graph.value_info)

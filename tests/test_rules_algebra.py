@@ -345,3 +345,22 @@ def test_dynamo_style_reshape_with_allowzero():
     for b in (2, 1):
         feeds = {"x": np.random.default_rng(b).standard_normal((b, 3, 8)).astype(np.float32)}
         assert_same_outputs(m, out, feeds)
+
+
+def test_overridable_input_default_is_never_taken_for_a_constant():
+    """An initializer that is also a graph input is a default the caller may override: shape
+    inference's data propagation must not see its value, so nothing derived from it folds."""
+    n = 40
+    nodes = [helper.make_node("Reshape", ["x", "shp"], ["r0"])]
+    for i in range(n):  # enough nodes that shape completion runs over the whole graph
+        nodes.append(helper.make_node("Sin" if i % 2 else "Cos", [f"r{i}"], [f"r{i + 1}"]))
+    nodes.append(helper.make_node("Shape", [f"r{n}"], ["y"]))
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])
+    shp = helper.make_tensor_value_info("shp", TensorProto.INT64, [2])
+    m = model(nodes, [x, shp], [helper.make_tensor_value_info("y", TensorProto.INT64, [2])],
+              [_i64("shp", [4, 300])])
+    out = optimize(m)
+    assert "Shape" in op_types(out)
+    feeds = {"x": np.zeros(1200, np.float32), "shp": np.array([6, 200], np.int64)}
+    assert run_ort(out, feeds)[0].tolist() == [6, 200] == run_ort(m, feeds)[0].tolist()
+    assert [d.dim_value for d in out.graph.input[1].type.tensor_type.shape.dim] == [2]
