@@ -97,6 +97,22 @@ def evaluate(node: ir.Node, opset: int, inputs: Sequence[np.ndarray | None]) -> 
     return out
 
 
+def slice_positions(n: int, start: int, end: int, step: int) -> list[int]:
+    """The indices ONNX Slice picks on an axis of length ``n`` (the spec's clamping, which for a
+    negative step differs from Python's: a start below 0 becomes 0, not an empty slice)."""
+    if step == 0:
+        raise ValueError("zero step")
+    if start < 0:
+        start += n
+    if end < 0:
+        end += n
+    if step > 0:
+        start, end = min(max(start, 0), n), min(max(end, 0), n)
+    else:
+        start, end = min(max(start, 0), n - 1), min(max(end, -1), n - 1)
+    return list(range(start, end, step))
+
+
 def nbytes(tensor: ir.TensorProtocol) -> int:
     try:
         return int(tensor.nbytes)

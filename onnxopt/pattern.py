@@ -455,9 +455,11 @@ class Builder:
         domain: str = "",
         outputs: int = 1,
         attrs: Mapping[str, Any] | Sequence[ir.Attr] | None = None,
+        overload: str = "",
         **kwattrs: Any,
     ) -> Any:
-        """Create a node; returns its output (or a tuple of outputs when ``outputs > 1``)."""
+        """Create a node; returns its output (or a tuple of outputs when ``outputs > 1``).
+        ``overload`` names the overload of a model-local function being called."""
         attributes: list[ir.Attr] = []
         if attrs is not None:
             if isinstance(attrs, Mapping):
@@ -470,7 +472,8 @@ class Builder:
         root_name = (self.match.root.name or self.match.root.op_type).split("::")[0]
         base = self._namer(f"{root_name}::{self.match.rule.name}")
         outs = [ir.Value(name=self._namer(f"{base}_out{i}" if outputs > 1 else f"{base}_out")) for i in range(outputs)]
-        node = ir.Node(domain, op_type, list(inputs), attributes=attributes, outputs=outs, name=base)
+        node = ir.Node(domain, op_type, list(inputs), attributes=attributes, outputs=outs, name=base,
+                       overload=overload)
         self.nodes.append(node)
         return outs[0] if outputs == 1 else tuple(outs)
 

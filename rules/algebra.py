@@ -535,6 +535,9 @@ def _sequence_at_split(m: Match):
     i = m.const("i")
     if i.size != 1 or not -len(sizes) <= int(i.reshape(-1)[0]) < len(sizes):
         return "index out of range"
+    if "split" in m and m.const("split").ndim == 0 and int(m.attr("sts", "keepdims", 1)) == 0:
+        # the spec ignores keepdims when split is given; onnxruntime squeezes for a scalar split
+        return "scalar split with keepdims=0 (onnxruntime and the spec disagree)"
     if m.opset("") < 11:
         return "opset"
     return None
@@ -576,6 +579,9 @@ def _shape_elements(value: ir.Value | None, depth: int = 0) -> list | None:
         return None
     op = node.op_type
     if op == "Concat":
+        axis = node.attributes.get("axis")
+        if axis is None or axis.value not in (0, -1):
+            return None
         parts = []
         for v in node.inputs:
             part = _shape_elements(v, depth + 1)
@@ -633,8 +639,9 @@ def _shape_elements(value: ir.Value | None, depth: int = 0) -> list | None:
         step = 1 if vals[3] is None else int(vals[3][0])
         if step == 0:
             return None
-        s, e = int(vals[0][0]), int(vals[1][0])
-        return src[slice(max(min(s, 1 << 62), -(1 << 62)), max(min(e, 1 << 62), -(1 << 62)), step)]
+        from onnxopt.fold import slice_positions
+
+        return [src[i] for i in slice_positions(len(src), int(vals[0][0]), int(vals[1][0]), step)]
     return None
 
 
@@ -646,7 +653,7 @@ def _scalar_element(value: ir.Value | None, depth: int):
     tensor = constant_tensor(value)
     if tensor is not None:
         arr = tensor.numpy()
-        return int(arr.reshape(-1)[0]) if arr.size == 1 and arr.dtype == np.int64 else None
+        return int(arr) if arr.ndim == 0 and arr.dtype == np.int64 else None
     node = value.producer()
     if node is not None and node.op_type in ("Squeeze", "Reshape") and node.domain in ("", "ai.onnx"):
         part = _shape_elements(node.inputs[0], depth + 1)  # a 1-element shape tensor made a scalar
@@ -668,6 +675,11 @@ def _scalar_element(value: ir.Value | None, depth: int):
 
 def _reshape_target(m: Match) -> list[int] | None:
     """The Reshape's shape as constants, its input's own dimensions (same position) as 0."""
+    target = _reshape_elements_target(m)
+    return None if target is None else _resolve_minus_one(m, target)
+
+
+def _reshape_elements_target(m: Match) -> list[int] | None:
     elements = _shape_elements(m["shape"])
     if elements is None:
         return None
@@ -696,16 +708,57 @@ def _same_symbol(a: ir.Value, k: int, x: ir.Value, j: int) -> bool:
     if a.shape is None or x.shape is None or not -len(a.shape) <= k < len(a.shape):
         return False
     da, dx = a.shape[k], x.shape[j]
-    return (not isinstance(da, int) and not isinstance(dx, int) and da.value is not None
-            and da.value == dx.value)
+    return (not isinstance(da, int) and not isinstance(dx, int) and bool(da.value) and da.value == dx.value
+            and da.value not in _placeholder_symbols(x.graph or a.graph))
+
+
+_PLACEHOLDERS = frozenset({"?", "None", "none", "-1", "*", "unknown", "dynamic", "N/A"})
+
+
+def _placeholder_symbols(graph: ir.Graph | None) -> frozenset:
+    """Dimension names that cannot be trusted to mean one value: the placeholders some exporters
+    write for every unknown dimension, and any name that one graph input repeats on two axes
+    (which, at face value, would claim those axes equal)."""
+    names = set(_PLACEHOLDERS)
+    for value in (graph.inputs if graph is not None else ()):
+        if value.shape is None:
+            continue
+        seen = set()
+        for d in value.shape:
+            if not isinstance(d, int) and d.value:
+                if d.value in seen:
+                    names.add(d.value)
+                seen.add(d.value)
+    return frozenset(names)
 
 
 def _reshape_from_own_dims(m: Match):
     if m["shape"].producer() is None:
         return "the shape is already a constant"
-    if _reshape_target(m) is None:
+    target = _reshape_target(m)
+    if target is None:
         return "the shape is not built from constants and the input's own dimensions"
+    if m.attr("r", "allowzero", 0) == 1 and -1 in target and 0 in target:
+        # onnxruntime accepts 0 with -1 under allowzero=1 (the spec does not); allowzero=0 would not
+        return "allowzero=1 with -1: a copied dimension of 0 would change meaning"
     return None
+
+
+def _resolve_minus_one(m: Match, target: list[int]) -> list[int]:
+    """A -1 where the Reshape's output has a known size, or the symbol of x's dimension at that
+    position, is that size or a copy (0): then no -1 is left to meet a copied 0 of a zero-sized
+    dimension."""
+    if -1 not in target:
+        return target
+    j = target.index(-1)
+    out, x = m.root.outputs[0], m["x"]
+    if out.shape is None or len(out.shape) != len(target):
+        return target
+    if isinstance(out.shape[j], int) and out.shape[j] > 0:
+        return target[:j] + [int(out.shape[j])] + target[j + 1:]
+    if x.shape is not None and j < len(x.shape) and _same_symbol(out, j, x, j):
+        return target[:j] + [0] + target[j + 1:]
+    return target
 
 
 def _reshape_const_shape(m: Match, b):

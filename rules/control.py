@@ -50,7 +50,7 @@ def _inline(m: Match, b):
     for node in graph:
         inputs = [None if v is None else mapping.get(v, v) for v in node.inputs]
         outs = b.op(node.op_type, *inputs, domain=node.domain, outputs=len(node.outputs),
-                    attrs=node.attributes.values())
+                    attrs=node.attributes.values(), overload=node.overload)
         outs = (outs,) if len(node.outputs) == 1 else outs
         for old, new in zip(node.outputs, outs):
             new.type, new.shape = old.type, old.shape

@@ -165,11 +165,8 @@ def _fold_slice_of_shape(m: Match, b):
     step = int(steps.reshape(-1)[0])
     if step == 0:
         raise Refuse("zero step")
-    n = len(dims)
-    # clamp like ONNX Slice (values beyond int range mean "to the end")
-    s, e = int(starts.reshape(-1)[0]), int(ends.reshape(-1)[0])
-    s, e = max(min(s, 1 << 62), -(1 << 62)), max(min(e, 1 << 62), -(1 << 62))
-    picked = dims[slice(s, e, step)] if n else []
+    picked = [dims[i] for i in fold.slice_positions(len(dims), int(starts.reshape(-1)[0]), int(ends.reshape(-1)[0]),
+                                                    step)]
     if any(d is None for d in picked):
         raise Refuse("a sliced dimension is dynamic")
     return b.const(np.array(picked, dtype=np.int64), name=m.root.outputs[0].name or "dims")

@@ -327,24 +327,41 @@ def test_reshape_shape_from_a_value_with_the_same_symbolic_dims():
         assert_same_outputs(m, out, feeds)
 
 
-def test_dynamo_style_reshape_with_allowzero():
-    """The dynamo exporter: dims through Squeeze/Reshape of scalars and Reshape(allowzero=1); the
-    copied dims become 0 under allowzero=0, and the results stay equal."""
+def _dynamo_heads(out_dims):
+    """x [batch, seq, 8] -> Reshape(x, [dim0 via Shape/Slice/Squeeze/Reshape, -1, 2, 4], allowzero=1)."""
     nodes = [helper.make_node("Shape", ["x"], ["s"]),
              helper.make_node("Slice", ["s", "z", "one"], ["s0"]),
              helper.make_node("Squeeze", ["s0"], ["b"]),
              helper.make_node("Reshape", ["b", "m1"], ["b1"]),
-             helper.make_node("Concat", ["b1", "m1", "four"], ["shape"], axis=0),
+             helper.make_node("Concat", ["b1", "m1", "two", "four"], ["shape"], axis=0),
              helper.make_node("Reshape", ["x", "shape"], ["y"], allowzero=1)]
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 8])
-    m = model(nodes, [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 6, 4])],
-              [_i64("z", [0]), _i64("one", [1]), _i64("m1", [-1]), _i64("four", [4])], opset=18)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8])
+    return model(nodes, [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_dims)],
+                 [_i64("z", [0]), _i64("one", [1]), _i64("m1", [-1]), _i64("two", [2]), _i64("four", [4])], opset=18)
+
+
+def test_dynamo_style_reshape_with_allowzero():
+    """The dynamo exporter's view(bsz, -1, heads, dim): dims through Squeeze/Reshape of scalars,
+    allowzero=1. The output's declared symbols show the -1 is x's own seq, so the target is all
+    copies and constants ([0, 0, 2, 4], allowzero 0): equal results, zero-sized dims included."""
+    m = _dynamo_heads(["batch", "seq", 2, 4])
     out = optimize(m)
     assert op_types(out) == ["Reshape"]
-    assert all(a.i == 0 for a in out.graph.node[0].attribute if a.name == "allowzero")
-    for b in (2, 1):
-        feeds = {"x": np.random.default_rng(b).standard_normal((b, 3, 8)).astype(np.float32)}
+    shape = onnx.numpy_helper.to_array(next(i for i in out.graph.initializer if i.name == out.graph.node[0].input[1]))
+    assert shape.tolist() == [0, 0, 2, 4]
+    for b, t in ((2, 3), (1, 1), (0, 3), (2, 0)):
+        feeds = {"x": np.random.default_rng(b).standard_normal((b, t, 8)).astype(np.float32)}
         assert_same_outputs(m, out, feeds)
+
+
+def test_allowzero_reshape_with_an_unproven_minus_one_is_kept():
+    """Without proof that -1 is a copy, 0 and -1 together would change meaning for a zero-sized
+    batch under allowzero=0 (onnxruntime accepts them under allowzero=1): the rule refuses."""
+    m = _dynamo_heads(["batch", "h", 2, 4])
+    out = optimize(m)
+    assert "Shape" in op_types(out)
+    for b in (2, 0):
+        assert_same_outputs(m, out, {"x": np.zeros((b, 3, 8), np.float32)})
 
 
 def test_overridable_input_default_is_never_taken_for_a_constant():
@@ -364,3 +381,88 @@ def test_overridable_input_default_is_never_taken_for_a_constant():
     feeds = {"x": np.zeros(1200, np.float32), "shp": np.array([6, 200], np.int64)}
     assert run_ort(out, feeds)[0].tolist() == [6, 200] == run_ort(m, feeds)[0].tolist()
     assert [d.dim_value for d in out.graph.input[1].type.tensor_type.shape.dim] == [2]
+
+
+# --- review regressions ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("disable", [[], ["shape_slice_folding"]])
+def test_slice_of_shape_clamps_like_onnx_for_negative_steps(disable):
+    """Slice(Shape(x), -10, -20, step -1): ONNX clamps the start to 0 and picks [A]; Python's
+    slice would pick nothing."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Slice", ["s", "st", "en", "ax", "sp"], ["t"]),
+             helper.make_node("Reshape", ["x", "t"], ["y"])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["a", 1, 1])
+    m = model(nodes, [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["a"])],
+              [_i64("st", [-10]), _i64("en", [-20]), _i64("ax", [0]), _i64("sp", [-1])])
+    out = optimize(m, disable=disable)
+    for a in (6, 1):
+        assert_same_outputs(m, out, {"x": np.arange(a, dtype=np.float32).reshape(a, 1, 1)})
+
+
+def test_empty_dim_params_are_not_one_symbol():
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "i"], ["g"], axis=0),
+             helper.make_node("Concat", ["g", "m1"], ["t"], axis=0), helper.make_node("Reshape", ["x", "t"], ["y"])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["", ""])
+    m = model(nodes, [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["", ""])],
+              [_i64("i", [1]), _i64("m1", [-1])])
+    out = optimize(m)
+    assert_same_outputs(m, out, {"x": np.arange(6, dtype=np.float32).reshape(2, 3)})
+
+
+def test_inlined_branch_keeps_a_local_function_overload():
+    f_nodes = [helper.make_node("Neg", ["a"], ["b"])]
+    fa = onnx.helper.make_function("local", "F", ["a"], ["b"], f_nodes, [helper.make_opsetid("", 17)], overload="a")
+    fb = onnx.helper.make_function("local", "F", ["a"], ["b"], [helper.make_node("Relu", ["a"], ["b"])],
+                                   [helper.make_opsetid("", 17)], overload="b")
+    call = helper.make_node("F", ["x"], ["t_y"], domain="local")
+    call.overload = "b"
+    then = helper.make_graph([call], "then", [], [tinfo("t_y", [3])])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["e_y"])], "else", [], [tinfo("e_y", [3])])
+    g = helper.make_graph([helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)], "g",
+                          [tinfo("x", [3])], [tinfo("y", [3])], [init("c", np.array(True))])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("local", 1)],
+                          ir_version=10, functions=[fa, fb])
+    out = optimize(m)
+    assert [(n.op_type, n.overload) for n in out.graph.node] == [("F", "b")]
+    assert_same_outputs(m, out, {"x": np.array([-1.0, 0.5, 2.0], np.float32)})
+
+
+def test_scalar_split_with_keepdims_0_is_left_alone():
+    """The spec ignores keepdims when split is given; onnxruntime squeezes for a scalar split."""
+    nodes = [helper.make_node("SplitToSequence", ["x", "one"], ["seq"], axis=0, keepdims=0),
+             helper.make_node("SequenceAt", ["seq", "i0"], ["y"])]
+    m = model(nodes, [tinfo("x", [3, 4])], [tinfo("y", [4])], [_i64("one", 1), _i64("i0", 0)])
+    out = optimize(m)
+    assert "SplitToSequence" in op_types(out)
+    assert_same_outputs(m, out, feeds_for(m))
+
+
+def test_allowzero_reshape_with_minus_one_keeps_its_meaning():
+    nodes = [helper.make_node("Shape", ["x"], ["s"], start=1), helper.make_node("Concat", ["m1", "s"], ["t"], axis=0),
+             helper.make_node("Reshape", ["x", "t"], ["y"], allowzero=1)]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["a", "b", 4])
+    m = model(nodes, [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["a", "b", 4])], [_i64("m1", [-1])],
+              opset=18)
+    out = optimize(m)
+    # the output's symbols prove the -1 is x's own dim 0: all copies, sound for zero-sized dims
+    assert op_types(out) == ["Reshape"]
+    for shape in ((2, 0, 4), (0, 3, 4), (2, 3, 4)):
+        assert_same_outputs(m, out, {"x": np.zeros(shape, np.float32)})
+
+
+def test_allowzero_minus_one_of_known_size_becomes_that_size():
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "i0"], ["b"], axis=0),
+             helper.make_node("Unsqueeze", ["b", "ax"], ["ub"]),
+             helper.make_node("Concat", ["ub", "m1", "four"], ["shape"], axis=0),
+             helper.make_node("Reshape", ["x", "shape"], ["y"], allowzero=1)]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 8])
+    m = model(nodes, [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 6, 4])],
+              [_i64("i0", 0), _i64("ax", [0]), _i64("m1", [-1]), _i64("four", [4])], opset=18)
+    out = optimize(m)
+    assert op_types(out) == ["Reshape"]
+    shape = onnx.numpy_helper.to_array(next(i for i in out.graph.initializer if i.name == out.graph.node[0].input[1]))
+    assert shape.tolist() == [0, 6, 4]
+    for b in (2, 0):
+        assert_same_outputs(m, out, {"x": np.ones((b, 3, 8), np.float32)})
