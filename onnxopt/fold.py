@@ -73,8 +73,31 @@ def _evaluator(proto: onnx.NodeProto, opset: int) -> ReferenceEvaluator:
     return evaluator
 
 
+def _slice(inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+    """Slice (opset 10+), with the spec's clamping: onnx's reference implementation clamps a
+    negative step's start like Python does (an empty result where ONNX picks the first element)."""
+    data, starts, ends = inputs[0], inputs[1].reshape(-1), inputs[2].reshape(-1)
+    axes = inputs[3].reshape(-1) if len(inputs) > 3 and inputs[3] is not None else np.arange(len(starts))
+    steps = inputs[4].reshape(-1) if len(inputs) > 4 and inputs[4] is not None else np.ones(len(starts), np.int64)
+    if not (len(starts) == len(ends) == len(axes) == len(steps)) or len(set(int(a) % max(data.ndim, 1) for a in axes)) != len(axes):
+        raise EvaluationError("inconsistent Slice inputs")
+    out = data
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        a = int(a)
+        if not -data.ndim <= a < data.ndim:
+            raise EvaluationError("axis out of range")
+        a %= data.ndim
+        out = np.take(out, slice_positions(out.shape[a], int(s), int(e), int(st)), axis=a)
+    return np.ascontiguousarray(out)
+
+
 def evaluate(node: ir.Node, opset: int, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
     """Outputs of ``node`` (standard domain) on constant ``inputs`` (None for absent optional ones)."""
+    if node.op_type == "Slice" and opset >= 10 and len(inputs) >= 3 and all(x is not None for x in inputs[:3]):
+        try:
+            return [_slice(inputs)]
+        except (ValueError, IndexError) as exc:
+            raise EvaluationError(f"{type(exc).__name__}: {exc}") from None
     in_names = ["" if x is None else f"i{k}" for k, x in enumerate(inputs)]
     out_names = [f"o{k}" if v is not None else "" for k, v in enumerate(node.outputs)]
     attrs = [ir.serde.serialize_attribute(a) for a in node.attributes.values()]

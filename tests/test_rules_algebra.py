@@ -466,3 +466,15 @@ def test_allowzero_minus_one_of_known_size_becomes_that_size():
     assert shape.tolist() == [0, 6, 4]
     for b in (2, 0):
         assert_same_outputs(m, out, {"x": np.ones((b, 3, 8), np.float32)})
+
+
+@pytest.mark.parametrize("s,e,a,st", [([-10], [-20], [0], [-1]), ([-1], [-1000], [1], [-1]), ([5], [0], [-1], [-2]),
+                                      ([1, 0], [3, 2], [2, 0], [1, 1])])
+def test_constant_slice_folds_with_onnx_clamping(s, e, a, st):
+    data = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    nodes = [helper.make_node("Slice", ["d", "s", "e", "a", "st"], ["sl"]), helper.make_node("Neg", ["sl"], ["y"])]
+    m = model(nodes, [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+              [init("d", data), _i64("s", s), _i64("e", e), _i64("a", a), _i64("st", st)])
+    out = optimize(m, check=False)
+    assert "Slice" not in op_types(out)
+    np.testing.assert_array_equal(run_ort(out, {})[0], run_ort(m, {})[0])
