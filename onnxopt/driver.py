@@ -498,8 +498,12 @@ def rewrite(model: ir.Model, rules: Iterable[Rule], *, graph_passes: Iterable[st
     they merge goes back on the worklist, until neither rules nor passes change anything."""
     remove_unused(model)
     wanted = set(graph_passes)
-    if passes.SHAPES in wanted:  # consistent symbolic shapes before matching, too
-        passes.complete_shapes(model)
+    declared = passes.declared_shapes(model)
+    inferred = 0
+    if passes.SHAPES in wanted:  # consistent symbolic shapes for the rules to reason with
+        t0 = time.perf_counter()
+        inferred = passes.complete_shapes(model)
+        t_shapes = time.perf_counter() - t0
     driver = Driver(model, list(rules), **options)
     result = driver.run()
     chosen = [name for name in passes.PASSES if name in wanted and name not in passes.FINAL]
@@ -518,7 +522,9 @@ def rewrite(model: ir.Model, rules: Iterable[Rule], *, graph_passes: Iterable[st
         driver.run(seed=False)
     remove_unused(model)
     for name in final:  # annotations, not rewrites: reported as matched (values given a shape)
-        _run_pass(result.rules[name], name, model, None, rewrites=False)
+        st = result.rules[name]
+        st.tried, st.matched, st.seconds = 1, inferred, t_shapes
+    passes.forget_inferred_shapes(model, declared)
     return result
 
 
