@@ -534,12 +534,14 @@ def bench_model(name: str, path: Path, family: str, inputs: dict[str, np.ndarray
 
 
 def onnxopt_commit() -> str | None:
-    """The checkout's commit (with "+changes" when the tree differs from it), if in a git checkout."""
+    """The checkout's commit (with "+changes" when the tree differs from it, the benchmark's own
+    outputs aside), if in a git checkout."""
     root = Path(__file__).resolve().parent.parent
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
                               timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":(exclude)scripts/results", ":(exclude)BENCHMARKS.md"], cwd=root,
                                capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
