@@ -484,7 +484,7 @@ def node_counts(model: ir.Model) -> dict[str, int]:
 
 
 _PASS_FUNCTIONS = {passes.DEDUP: passes.deduplicate_initializers, passes.CSE: passes.eliminate_common_subexpressions,
-                   passes.SHAPES: passes.complete_shapes}
+                   passes.SHAPES: passes.complete_shapes, passes.LIFT: passes.lift_constants}
 _MAX_PASS_ROUNDS = 32
 
 
@@ -498,6 +498,11 @@ def rewrite(model: ir.Model, rules: Iterable[Rule], *, graph_passes: Iterable[st
     they merge goes back on the worklist, until neither rules nor passes change anything."""
     remove_unused(model)
     wanted = set(graph_passes)
+    first_stats = {}
+    for name in passes.FIRST:
+        if name in wanted:
+            first_stats[name] = st = RuleStats()
+            _run_pass(st, name, model, None)
     declared = passes.declared_shapes(model)
     inferred = 0
     if passes.SHAPES in wanted:  # consistent symbolic shapes for the rules to reason with
@@ -506,8 +511,10 @@ def rewrite(model: ir.Model, rules: Iterable[Rule], *, graph_passes: Iterable[st
         t_shapes = time.perf_counter() - t0
     driver = Driver(model, list(rules), **options)
     result = driver.run()
-    chosen = [name for name in passes.PASSES if name in wanted and name not in passes.FINAL]
+    chosen = [name for name in passes.PASSES if name in wanted and name not in passes.FINAL + passes.FIRST]
     final = [name for name in passes.FINAL if name in wanted]
+    result.rules.update(first_stats)
+    result.rewrites += sum(st.fired for st in first_stats.values())
     for name in chosen + final:
         result.rules.setdefault(name, RuleStats())
     for _ in range(_MAX_PASS_ROUNDS):

@@ -35,9 +35,12 @@ from .fold import RANDOM_OPS
 CSE = "common_subexpression_elimination"
 DEDUP = "initializer_deduplication"
 SHAPES = "shape_completion"
-PASSES = (DEDUP, CSE, SHAPES)
+LIFT = "constant_lifting"
+PASSES = (LIFT, DEDUP, CSE, SHAPES)
 FINAL = (SHAPES,)  # run once after the fixpoint, not between rounds
+FIRST = (LIFT,)  # run once before matching
 SUMMARY = {
+    LIFT: "Constant nodes become initializers, in one sweep before matching (onnx_ir's pass).",
     DEDUP: "Initializers with equal dtype, shape and bytes become one.",
     CSE: "Nodes with the same op, attributes and inputs become one.",
     SHAPES: "Values without a recorded type or shape get the ones onnx's inference gives (data propagation).",
@@ -287,3 +290,14 @@ def declared_shapes(model: ir.Model) -> frozenset:
     """The main graph's node outputs whose shapes the model itself records (an exporter's
     value_info)."""
     return frozenset(v for node in model.graph for v in node.outputs if v.shape is not None)
+
+
+def lift_constants(model: ir.Model, touched: Callable[[ir.Value], None] | None = None) -> int:
+    """Every Constant node (any of its value forms) becomes an initializer, in every graph, with
+    onnx_ir's pass: one sweep instead of a rewrite per node (PP-OCR keeps ~300 weights this way).
+    Constants that are graph outputs stay nodes (rule ``constant_to_initializer`` takes them)."""
+    from onnx_ir.passes.common import LiftConstantsToInitializersPass
+
+    before = sum(1 for g in model.graphs() for n in g if n.op_type == "Constant")
+    LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
+    return before - sum(1 for g in model.graphs() for n in g if n.op_type == "Constant")

@@ -29,7 +29,7 @@ def test_constant_nodes_and_constant_subgraph_fold():
     m = model(nodes, [tinfo("x", [4, 3])], [tinfo("y", [4, 2])], [init("two", np.float32(2))])
     out, report = optimize(m, return_report=True)
     assert op_types(out) == ["MatMul"]
-    assert report.fired["constant_to_initializer"] == 1 and report.fired["constant_folding"] == 2
+    assert report.fired["constant_lifting"] == 1 and report.fired["constant_folding"] == 2
     folded = onnx.numpy_helper.to_array(next(i for i in out.graph.initializer if i.name == out.graph.node[0].input[1]))
     np.testing.assert_array_equal(folded, w.T * 2)
     assert_same_outputs(m, out, feeds_for(m))
@@ -484,3 +484,16 @@ def test_constant_slice_folds_with_onnx_clamping(s, e, a, st):
     out = optimize(m, check=False)
     assert "Slice" not in op_types(out)
     np.testing.assert_array_equal(run_ort(out, {})[0], run_ort(m, {})[0])
+
+
+def test_constants_lift_without_the_pass_too():
+    """With constant_lifting disabled the rule does the same, one node at a time."""
+    w = np.arange(6, dtype=np.float32).reshape(3, 2)
+    nodes = [helper.make_node("Constant", [], ["w"], value=onnx.numpy_helper.from_array(w)),
+             helper.make_node("Constant", [], ["k"], value_floats=[1.0, 2.0, 3.0]),
+             helper.make_node("Add", ["x", "k"], ["a"]), helper.make_node("MatMul", ["a", "w"], ["y"], name="mm")]
+    m = model(nodes, [tinfo("x", [4, 3])], [tinfo("y", [4, 2])])
+    for disable, fired in (([], "constant_lifting"), (["constant_lifting"], "constant_to_initializer")):
+        out, report = optimize(m, disable=disable, return_report=True)
+        assert op_types(out) == ["Add", "MatMul"] and report.fired[fired] == 2
+        assert_same_outputs(m, out, feeds_for(m))
