@@ -2,6 +2,24 @@
 
 __version__ = "0.1.0"
 
+
+def _source_checkout() -> None:
+    """In a source checkout, rules/ and models/ sit beside onnxopt/ (installed, they are the
+    subpackages onnxopt.rules and onnxopt.models): let them be found there, so that
+    ``python -m onnxopt ...`` from the repository root works whatever is installed."""
+    import os
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    if os.path.isdir(os.path.join(here, "rules")):
+        return  # an installed package: its subpackages are in place
+    if os.path.isfile(os.path.join(root, "setup.cfg")) and os.path.isfile(os.path.join(root, "rules", "__init__.py")) \
+            and os.path.isfile(os.path.join(root, "models", "__init__.py")):
+        __path__.append(root)
+
+
+_source_checkout()
+
 from .api import Report, default_rules, optimize  # noqa: E402
 from .errors import InvalidModelError, OnnxoptError, RuleError, UsageError  # noqa: E402
 from .pattern import ANY, Builder, Const, Match, Op, Opt, Refuse, Rule, Var  # noqa: E402

@@ -63,3 +63,20 @@ def test_readme_starts_with_two_setup_commands_and_ci_runs_the_second():
     assert "python -m onnxopt" in commands[0] and "pytest" in commands[1]
     ci = (ROOT / ".ci" / "run").read_text()
     assert "sed -n '3p'" in ci  # the second command of the first block, verbatim
+
+
+def test_source_checkout_finds_rules_and_models_without_an_install(tmp_path):
+    """The README's first command runs `python -m onnxopt...` from the repository root after a
+    non-editable install: the source onnxopt/ shadows the installed one there, and must still
+    find rules/ and models/ beside it."""
+    code = (
+        "import sys\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]\n"
+        "import onnxopt, onnxopt.rules, onnxopt.models.synthetic\n"
+        f"assert onnxopt.__file__.startswith({str(ROOT)!r}), onnxopt.__file__\n"
+        "print(len(onnxopt.default_rules()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.strip()) == len(onnxopt.default_rules())
