@@ -83,6 +83,7 @@ class Options:
     gap: float = 0.002  # pause before each timed run, so the previous session's spinning threads settle
     providers: tuple[str, ...] = ("cpu",)
     tolerance: float = 1e-3  # max rel diff above which a row is marked "differs"
+    threads: int = 0  # intra-op threads of the latency sessions (0: onnxruntime's default)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -228,7 +229,7 @@ def evaluate(model_path: str, inputs: dict[str, np.ndarray], *, provider: str = 
 
 def measure_latency(models: dict[str, str], inputs: dict[str, np.ndarray], *, provider: str = "cpu",
                     runs: int = 50, warmup: int = 5, budget_s: float = 120.0, min_rounds: int = 5,
-                    gap_s: float = 0.002, log: Callable[[str], None] | None = None) -> dict:
+                    gap_s: float = 0.002, threads: int = 0, log: Callable[[str], None] | None = None) -> dict:
     """One session per entry, warmed up, then ``runs`` interleaved rounds (fewer when the rounds
     would pass ``budget_s``, but at least ``min_rounds``); each round times one run of every
     session, the order rotated by one per round."""
@@ -239,6 +240,8 @@ def measure_latency(models: dict[str, str], inputs: dict[str, np.ndarray], *, pr
         try:
             so = ort.SessionOptions()
             so.log_severity_level = 3
+            if threads:
+                so.intra_op_num_threads = threads
             sess = ort.InferenceSession(path, so, providers=_providers(provider))
             feeds[name] = _feeds_for(sess, inputs)
             sessions[name] = sess
@@ -312,7 +315,7 @@ def _job(job: dict) -> dict:
     if kind == "latency":
         return measure_latency(job["models"], inputs, provider=job["provider"], runs=job["runs"],
                                warmup=job["warmup"], budget_s=job["budget_s"], min_rounds=job["min_rounds"],
-                               gap_s=job["gap_s"])
+                               gap_s=job["gap_s"], threads=job.get("threads", 0))
     raise ValueError(f"unknown job kind {kind!r}")
 
 
@@ -509,7 +512,7 @@ def bench_model(name: str, path: Path, family: str, inputs: dict[str, np.ndarray
         log(f"  {name}: {provider} latency, {len(live)} sessions, up to {opts.runs} interleaved rounds ...")
         res = run_job({"kind": "latency", "models": live, "inputs": str(inputs_file), "provider": provider,
                        "runs": opts.runs, "warmup": opts.warmup, "budget_s": opts.latency_budget,
-                       "min_rounds": opts.min_rounds, "gap_s": opts.gap},
+                       "min_rounds": opts.min_rounds, "gap_s": opts.gap, "threads": opts.threads},
                       work / "jobs", max(opts.timeout, 4 * opts.latency_budget))
         if not res.get("ok"):
             for t in live:
@@ -793,8 +796,9 @@ def render_markdown(report: dict) -> str:
     o = meta["options"]
     L.append(f"- Optimize time: median of {o['repeat']} runs; latency: up to {o['runs']} interleaved rounds after "
              f"{o['warmup']} warm-up runs per session (fewer rounds when they would pass {o['latency_budget']:g} s; "
-             f"the number used is under each table); rows whose max rel diff passes {o['tolerance']:g} are "
-             "marked `differs`.")
+             f"the number used is under each table)"
+             + (f", sessions with {o['threads']} intra-op thread(s)" if o.get("threads") else "")
+             + f"; rows whose max rel diff passes {o['tolerance']:g} are marked `differs`.")
     L.append("")
     L.append("## Summary")
     L.append("")
@@ -864,6 +868,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="cap on seconds of timed latency runs per model and provider; fewer rounds past it (default 120)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per tool run / evaluation (default 600)")
     p.add_argument("--tolerance", type=float, default=1e-3, help="max rel diff beyond which a row is 'differs'")
+    p.add_argument("--threads", type=int, default=0,
+                   help="intra-op threads of the latency sessions (default: onnxruntime's); 1 gives steadier "
+                        "figures on a small shared machine, where sessions of 2 threads contend with everything else")
     p.add_argument("--cache", type=Path, default=None, help="zoo cache directory (default $ONNXOPT_CACHE)")
     p.add_argument("--providers", default="cpu", help="cpu or cpu,cuda (default cpu)")
     p.add_argument("--work", type=Path, default=None,
@@ -979,6 +986,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"CUDA: {cuda_note}")
             providers = ("cpu",)
     opts = Options(repeat=max(1, args.repeat), runs=max(1, args.runs), warmup=max(1, args.warmup),
+                   threads=max(0, args.threads),
                    timeout=args.timeout, latency_budget=args.latency_budget, providers=providers,
                    tolerance=args.tolerance)
     cache = args.cache or zoo.DEFAULT_CACHE
