@@ -251,3 +251,26 @@ def test_render_says_when_the_cuda_section_is_older(tmp_path):
     paths[1].write_text(json.dumps(dict(gpu, meta=dict(gpu["meta"], providers=["cpu", "cuda"]))))
     assert bench.main(["--render", str(paths[0]), "--cuda-report", str(paths[1]), "--markdown", str(out)]) == 0
     assert "so its onnxopt rows show that version" not in out.read_text()
+
+
+def test_latency_sessions_take_a_thread_count(tmp_path, monkeypatch):
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    m = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                                            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                                            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])]),
+                          opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    path = tmp_path / "m.onnx"
+    onnx.save(m, path)
+    seen = []
+    real = ort.InferenceSession
+
+    def spy(p, so=None, **kw):
+        seen.append(so.intra_op_num_threads)
+        return real(p, so, **kw)
+
+    monkeypatch.setattr(ort, "InferenceSession", spy)
+    res = bench.measure_latency({"a": str(path)}, {"x": np.ones(4, np.float32)}, runs=3, warmup=1, threads=1)
+    assert seen == [1] and res["rounds"] == 3 and len(res["results"]["a"]["times_ms"]) == 3
+    assert bench.parse_args(["--threads", "1"]).threads == 1
