@@ -87,9 +87,10 @@ def optimize(
             as many bytes of constants that become unused (default 1 MiB).
         fold_input_limit: bytes; a node whose constant inputs together pass this is not
             evaluated (default 256 MiB), so huge weights are not read to fold them.
-        graph_passes: whole-graph passes (``onnxopt.passes.PASSES``: initializer deduplication and
-            common-subexpression elimination); default all of them with the built-in rules, none
-            with an explicit ``rules`` list. ``disable`` takes their names too.
+        graph_passes: whole-graph passes (``onnxopt.passes.PASSES``: constant lifting, initializer
+            deduplication, common-subexpression elimination, shape completion); default all of them
+            with the built-in rules, none with an explicit ``rules`` list. ``disable`` takes their
+            names too.
         check: run the ONNX checker and external-data check on the input.
         inplace: for an onnx_ir.Model, rewrite it in place instead of a copy.
         return_report: return ``(result, Report)`` instead of the result alone.

@@ -493,57 +493,46 @@ def rewrite(model: ir.Model, rules: Iterable[Rule], *, graph_passes: Iterable[st
     """Run the fixpoint driver over ``model`` in place, then remove what became unused.
 
     Dead code is removed first too: a dead user of a value would otherwise block patterns
-    that need that value to have a single use. Between rule rounds the whole-graph passes
-    (``onnxopt.passes``: initializer deduplication, common-subexpression elimination) run; what
-    they merge goes back on the worklist, until neither rules nor passes change anything."""
+    that need that value to have a single use. The whole-graph passes (``onnxopt.passes``) run
+    once before matching (constant lifting, shape completion) or between rule rounds
+    (initializer deduplication, common-subexpression elimination: what they merge goes back on
+    the worklist, until neither rules nor passes change anything). Shapes the input did not
+    declare are not kept in the result."""
     remove_unused(model)
     wanted = set(graph_passes)
-    first_stats = {}
-    for name in passes.FIRST:
-        if name in wanted:
-            first_stats[name] = st = RuleStats()
-            _run_pass(st, name, model, None)
+    stats = {name: RuleStats() for name in passes.PASSES if name in wanted}
     declared = passes.declared_shapes(model)
-    inferred = 0
-    if passes.SHAPES in wanted:  # consistent symbolic shapes for the rules to reason with
-        t0 = time.perf_counter()
-        inferred = passes.complete_shapes(model)
-        t_shapes = time.perf_counter() - t0
+    early = sum(_run_pass(stats[name], name, model, None) for name in passes.FIRST if name in stats)
     driver = Driver(model, list(rules), **options)
     result = driver.run()
-    chosen = [name for name in passes.PASSES if name in wanted and name not in passes.FINAL + passes.FIRST]
-    final = [name for name in passes.FINAL if name in wanted]
-    result.rules.update(first_stats)
-    result.rewrites += sum(st.fired for st in first_stats.values())
-    for name in chosen + final:
-        result.rules.setdefault(name, RuleStats())
+    result.rewrites += early
+    between = [name for name in passes.BETWEEN if name in stats]
     for _ in range(_MAX_PASS_ROUNDS):
-        if not chosen or (driver._limit is not None and result.rewrites >= driver._limit):
+        if not between or (driver._limit is not None and result.rewrites >= driver._limit):
             break
         changed = 0
-        for name in chosen:
-            changed += _run_pass(result.rules[name], name, model, driver._push_users, result)
+        for name in between:
+            changed += _run_pass(stats[name], name, model, driver._push_users)
+        result.rewrites += changed
         if not changed:
             break
         remove_unused(model)
         driver.run(seed=False)
     remove_unused(model)
-    for name in final:  # annotations, not rewrites: reported as matched (values given a shape)
-        st = result.rules[name]
-        st.tried, st.matched, st.seconds = 1, inferred, t_shapes
     passes.forget_inferred_shapes(model, declared)
+    result.rules.update(stats)
     return result
 
 
-def _run_pass(st: RuleStats, name: str, model: ir.Model, touched, result: DriverResult | None = None,
-              rewrites: bool = True) -> int:
+def _run_pass(st: RuleStats, name: str, model: ir.Model, touched) -> int:
+    """Run one graph pass; returns the rewrites it made (none for an annotation pass, whose count
+    is reported as matched only)."""
     t0 = time.perf_counter()
     n = _PASS_FUNCTIONS[name](model, touched=touched)
     st.seconds += time.perf_counter() - t0
     st.tried += 1
     st.matched += n
-    if rewrites:
-        st.fired += n
-        if result is not None:
-            result.rewrites += n
+    if name in passes.ANNOTATIONS:
+        return 0
+    st.fired += n
     return n

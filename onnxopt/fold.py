@@ -20,7 +20,6 @@ the size limit (see :func:`size_allows`), and nodes whose constant inputs togeth
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -46,15 +45,6 @@ DEFAULT_INPUT_LIMIT = 256 << 20
 
 class EvaluationError(Exception):
     pass
-
-
-@functools.lru_cache(maxsize=256)
-def _schema_exists(op_type: str, opset: int) -> bool:
-    try:
-        onnx.defs.get_schema(op_type, opset, "")
-        return True
-    except Exception:
-        return False
 
 
 _EVALUATORS: dict[tuple[int, bytes], ReferenceEvaluator] = {}

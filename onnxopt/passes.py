@@ -36,14 +36,15 @@ CSE = "common_subexpression_elimination"
 DEDUP = "initializer_deduplication"
 SHAPES = "shape_completion"
 LIFT = "constant_lifting"
-PASSES = (LIFT, DEDUP, CSE, SHAPES)
-FINAL = (SHAPES,)  # run once after the fixpoint, not between rounds
-FIRST = (LIFT,)  # run once before matching
+PASSES = (LIFT, DEDUP, CSE, SHAPES)  # in the order reports and --list-rules show them
+FIRST = (LIFT, SHAPES)  # once, before matching, in this order
+BETWEEN = (DEDUP, CSE)  # between rule rounds, until nothing changes
+ANNOTATIONS = (SHAPES,)  # changes no node: what it counts is reported as matched, not fired
 SUMMARY = {
     LIFT: "Constant nodes become initializers, in one sweep before matching (onnx_ir's pass).",
     DEDUP: "Initializers with equal dtype, shape and bytes become one.",
     CSE: "Nodes with the same op, attributes and inputs become one.",
-    SHAPES: "Values without a recorded type or shape get the ones onnx's inference gives (data propagation).",
+    SHAPES: "Consistent symbolic shapes (onnx inference, data propagation) for the rules; not written out.",
 }
 MERGED_KEY = "onnxopt.merged"
 
@@ -100,19 +101,9 @@ def _replace(old: ir.Value, new: ir.Value) -> bool:
     return True
 
 
-def _graphs(graph: ir.Graph):
-    yield graph
-    for node in graph.all_nodes():
-        for attr in node.attributes.values():
-            if attr.type == ir.AttributeType.GRAPH:
-                yield attr.as_graph()
-            elif attr.type == ir.AttributeType.GRAPHS:
-                yield from attr.as_graphs()
-
-
 def eliminate_common_subexpressions(model: ir.Model, touched: Callable[[ir.Value], None] | None = None) -> int:
     merged = 0
-    for graph in _graphs(model.graph):
+    for graph in model.graphs():
         seen: dict[tuple, ir.Node] = {}
         for node in list(graph):
             if node.graph is not graph:
@@ -147,7 +138,7 @@ def _can_take_output(value: ir.Value) -> bool:
 
 def deduplicate_initializers(model: ir.Model, touched: Callable[[ir.Value], None] | None = None) -> int:
     merged = 0
-    for graph in _graphs(model.graph):
+    for graph in model.graphs():
         inputs = set(graph.inputs)
         groups: dict[tuple, list[ir.Value]] = {}
         for value in graph.initializers.values():
@@ -226,11 +217,9 @@ def has_dynamic_inputs(model: ir.Model) -> bool:
 def complete_shapes(model: ir.Model, touched: Callable[[ir.Value], None] | None = None) -> int:
     """Fill in the missing types and shapes of the main graph's values from onnx's shape inference
     (strict mode off, data propagation on); returns how many values gained a shape. A shape with
-    anonymous dimensions (from per-node inference during rewriting) takes the inferred one, whose
-    symbols are consistent across the graph (onnxruntime's fusions compare them). Weights are not
-    serialized for it (see :func:`_infer`)."""
-    import onnx
-
+    anonymous dimensions takes the inferred one, whose symbols are consistent across the graph
+    (rules compare them). A few missing values are inferred node by node instead. Weights are
+    not serialized for it (see :func:`_infer`)."""
     graph = model.graph
     if not has_dynamic_inputs(model):
         # Static inputs: every shape is static, per-node inference finds it when a rule asks,
