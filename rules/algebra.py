@@ -331,6 +331,53 @@ def _gemm(m: Match, b):
     return b.op("Gemm", m["a"], m["w"], m["c"])
 
 
+def _unflatten_elements_match(m: Match, x: ir.Value, n: int) -> bool:
+    """The shape tensor "s2" is x's leading dimensions (the same value, the same named symbol or
+    the same static size) followed by n."""
+    elements = _shape_elements(m["s2"])
+    rank = len(x.shape)
+    if elements is None or len(elements) != rank or elements[-1] != n:
+        return False
+    for j, e in enumerate(elements[:-1]):
+        if isinstance(e, int):
+            if not (isinstance(x.shape[j], int) and e == x.shape[j] and e > 0):
+                return False
+        elif not (e[1] is x and e[2] == j or _same_symbol(e[1], e[2], x, j)):
+            return False
+    return True
+
+
+def _gemm_unflatten(m: Match):
+    x = m["x"]
+    w = m.const("w")
+    if infer(x, m._opsets) is None or len(x.shape) < 3:
+        return "x's rank is unknown or below 3"
+    if w.ndim != 2 or m.attr("gemm", "transA", 0) != 0 or m.attr("gemm", "alpha", 1.0) != 1.0:
+        return "Gemm transposes or scales A"
+    k_axis, n_axis = (1, 0) if m.attr("gemm", "transB", 0) else (0, 1)
+    k, n = w.shape[k_axis], w.shape[n_axis]
+    flat = m.const("s1")
+    if flat.tolist() != [-1, k] or x.shape[-1] != k:
+        return "the first Reshape is not x flattened to [-1, K] along its last axis"
+    if "c" in m:
+        if m.attr("gemm", "beta", 1.0) != 1.0:
+            return "Gemm scales its bias"
+        c = _dims(m, "c")
+        if c is None or not (len(c) <= 1 and c in ([], [1], [n]) or c in ([1, 1], [1, n])):
+            return "bias does not broadcast along N only"
+    if _dtype(m, "x") not in (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
+        return "type"
+    if not _unflatten_elements_match(m, x, n):
+        return "the second Reshape does not restore x's leading dimensions"
+    return None
+
+
+def _gemm_to_matmul(m: Match, b):
+    w = m["w"] if not m.attr("gemm", "transB", 0) else b.const(np.ascontiguousarray(m.const("w").T), name="weight_t")
+    out = b.op("MatMul", m["x"], w)
+    return b.op("Add", out, m["c"]) if "c" in m else out
+
+
 # --- Conv absorbs per-channel Mul/Add and Pad ---------------------------------------------------
 
 
@@ -489,6 +536,12 @@ RULES = [
     Rule("pow_two_to_mul", Op("Pow", "x", Const("p")), _square, condition=_pow_two, doc="Pow(x, 2) is x * x."),
     Rule("matmul_add_to_gemm", Op("Add", Op("MatMul", "a", Const("w")), Const("c"), commutative=True), _gemm,
          condition=_matmul_add, doc="MatMul(A, W) + c on a 2-D A is Gemm(A, W, c)."),
+    Rule("gemm_flatten_to_matmul",
+         Op("Reshape", Op("Gemm", Op("Reshape", "x", Const("s1")), Const("w"), Opt("c"), name="gemm"), "s2"),
+         _gemm_to_matmul, condition=_gemm_unflatten,
+         doc="Reshape(Gemm(Reshape(x, [-1, K]), W, c), x.shape[:-1] + [N]) -- a linear layer applied to "
+             "flattened rows, as legacy GPT-2 exports write it -- is MatMul(x, W) + c: the reshapes and "
+             "the shape arithmetic that rebuilt the leading dimensions go."),
     # Conv absorbs
     Rule("conv_mul_fold", Op("Mul", Op("Conv", "x", Const("w"), Opt(Const("b")), name="conv"), Const("c"),
                              commutative=True), _conv_mul, condition=_conv_ok,

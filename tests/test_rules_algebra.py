@@ -497,3 +497,43 @@ def test_constants_lift_without_the_pass_too():
         out, report = optimize(m, disable=disable, return_report=True)
         assert op_types(out) == ["Add", "MatMul"] and report.fired[fired] == 2
         assert_same_outputs(m, out, feeds_for(m))
+
+
+def _conv1d(trans_b=0, alpha=1.0, bias_shape=(6,), last=6, lead_from="x"):
+    """GPT-2's Conv1D as the legacy exporter writes it: Reshape(x, [-1, K]) -> Gemm(W, c) ->
+    Reshape to x.shape[:-1] + [N], the leading dims read through Shape/Gather/Unsqueeze/Concat."""
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((6, 4) if trans_b else (4, 6)).astype(np.float32)
+    nodes = [helper.make_node("Relu", ["x"], ["h"]),
+             helper.make_node("Shape", [lead_from if lead_from != "x" else "h"], ["s"]),
+             helper.make_node("Gather", ["s", "i0"], ["b"], axis=0), helper.make_node("Gather", ["s", "i1"], ["t"], axis=0),
+             helper.make_node("Unsqueeze", ["b", "ax"], ["ub"]), helper.make_node("Unsqueeze", ["t", "ax"], ["ut"]),
+             helper.make_node("Concat", ["ub", "ut", "n"], ["size_out"], axis=0),
+             helper.make_node("Reshape", ["h", "flat"], ["h2"]),
+             helper.make_node("Gemm", ["h2", "w", "c"], ["g"], transB=trans_b, alpha=alpha),
+             helper.make_node("Reshape", ["g", "size_out"], ["y"])]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 4])]
+    if lead_from != "x":
+        inputs.append(helper.make_tensor_value_info(lead_from, TensorProto.FLOAT, ["b2", "s2", 4]))
+    return model(nodes, inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "t", last])],
+                 [_i64("i0", 0), _i64("i1", 1), _i64("ax", [0]), _i64("n", [last]), _i64("flat", [-1, 4]),
+                  init("w", w), init("c", rng.standard_normal(bias_shape).astype(np.float32))])
+
+
+@pytest.mark.parametrize("trans_b", [0, 1])
+@pytest.mark.parametrize("bias_shape", [(6,), (1, 6)])
+def test_gemm_on_flattened_rows_becomes_matmul(trans_b, bias_shape):
+    m = _conv1d(trans_b=trans_b, bias_shape=bias_shape)
+    out = optimize(m)
+    assert op_types(out) == ["Relu", "MatMul", "Add"]
+    for b, t in ((1, 5), (3, 2)):
+        feeds = {"x": np.random.default_rng(b).standard_normal((b, t, 4)).astype(np.float32)}
+        assert_same_outputs(m, out, feeds, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("kw", [dict(alpha=0.5), dict(bias_shape=(3, 6)), dict(last=3), dict(lead_from="other")],
+                         ids=["alpha", "bias-per-row", "wrong-N", "dims-of-another-value"])
+def test_gemm_on_flattened_rows_kept_when_not_provably_a_linear_layer(kw):
+    m = _conv1d(**kw)
+    out = optimize(m)
+    assert "Gemm" in op_types(out)
