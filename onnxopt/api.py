@@ -26,6 +26,8 @@ class Report:
     cycles: list[dict]
     hit_limit: bool
     warnings: list[str]
+    log: list[dict] = dataclasses.field(default_factory=list)  # the rewrites in order (with stop_after)
+    verification: dict | None = None  # verify.verify()'s report, with verify=
 
     @property
     def fired(self) -> dict[str, int]:
@@ -43,6 +45,8 @@ class Report:
             "cycles": self.cycles,
             "hit_limit": self.hit_limit,
             "warnings": self.warnings,
+            **({"log": self.log} if self.log else {}),
+            **({"verification": self.verification} if self.verification is not None else {}),
         }
 
 
@@ -69,6 +73,9 @@ def optimize(
     check: bool = True,
     inplace: bool = False,
     return_report: bool = False,
+    stop_after: int | None = None,
+    verify: bool | str | Sequence[str] = False,
+    verify_options: dict | None = None,
 ):
     """Rewrite ``model`` with the rules until nothing more applies.
 
@@ -94,6 +101,15 @@ def optimize(
         check: run the ONNX checker and external-data check on the input.
         inplace: for an onnx_ir.Model, rewrite it in place instead of a copy.
         return_report: return ``(result, Report)`` instead of the result alone.
+        stop_after: apply only the first N rewrites (graph-pass merges included), and record them
+            in ``Report.log``; for bisecting (``python -m onnxopt bisect``).
+        verify: run onnxruntime on the original and the result and compare them (``True`` or
+            ``"cpu"``, ``"cuda"``, ``"cpu,cuda"``, or a list): outputs, kernels, latency, see
+            ``onnxopt.verify.verify``. When outputs differ beyond tolerance it raises
+            ``onnxopt.verify.VerificationError`` (its ``report`` attribute has the details) and
+            writes no output. The report is ``Report.verification``.
+        verify_options: keyword arguments for ``onnxopt.verify.verify`` (inputs, input_shapes,
+            int_ranges, seed, rtol, atol, runs, warmup, latency, threads, progress).
     """
     # The IR is a large web of reference cycles; the cyclic collector's full passes over it make
     # time grow faster than the graph. Nothing here relies on it, so it is paused for the call.
@@ -101,7 +117,8 @@ def optimize(
     gc.disable()
     try:
         return _optimize(model, rules, extra_rules, disable, target, output, external_data, max_rewrites,
-                         check, inplace, return_report, fold_size_limit, graph_passes, fold_input_limit)
+                         check, inplace, return_report, fold_size_limit, graph_passes, fold_input_limit,
+                         stop_after, verify, verify_options)
     finally:
         if gc_was_enabled:
             # Hand what was allocated meanwhile to the oldest generation (two list splices) so
@@ -114,32 +131,51 @@ def optimize(
 
 def _optimize(model, rules, extra_rules, disable, target, output, external_data, max_rewrites, check,
               inplace, return_report, fold_size_limit=fold.DEFAULT_SIZE_LIMIT, graph_passes=None,
-              fold_input_limit=fold.DEFAULT_INPUT_LIMIT):
+              fold_input_limit=fold.DEFAULT_INPUT_LIMIT, stop_after=None, verify=False, verify_options=None):
     t0 = time.perf_counter()
     disable = list(disable)
     chosen = resolve_rules(rules, extra_rules, disable, target)
     if graph_passes is None:  # with the built-in library by default; an explicit rule list runs alone
         graph_passes = passes.PASSES if rules is None else ()
     graph_passes = [p for p in graph_passes if p not in disable]
+    if verify is not False:
+        from . import verify as verifier
+
+        providers = verifier.parse_providers(verify)
+        verifier.check_providers(providers)  # before the work: a missing provider is a usage error
     loaded = io.load(model, check=check, copy_ir=not inplace)
+    # what the verifier runs as the original: the input itself (a path), or a copy taken now
+    original = (model if loaded.kind == "path" else io.to_proto(loaded.model) if loaded.kind == "ir"
+                else model) if verify is not False else None
     t1 = time.perf_counter()
     before = driver.node_counts(loaded.model)
     result = driver.rewrite(loaded.model, chosen, max_rewrites=max_rewrites, graph_passes=graph_passes,
+                            stop_after=stop_after, keep_log=stop_after is not None,
                             options={"fold_size_limit": int(fold_size_limit),
                                      "fold_input_limit": int(fold_input_limit)})
     after = driver.node_counts(loaded.model)
     t2 = time.perf_counter()
-    out = io.give_back(loaded, output, external_data=external_data)
+    verification = None
+    if verify is not False:
+        verification = verifier.verify(original, io.to_proto(loaded.model), providers=providers,
+                                       **(verify_options or {}))
+        if not verification["ok"]:
+            raise verifier.VerificationError(f"verification failed, no output written: "
+                                             f"{verifier.summary_line(verification)}", verification)
     t3 = time.perf_counter()
+    out = io.give_back(loaded, output, external_data=external_data)
+    t4 = time.perf_counter()
     if not return_report:
         return out
     warnings = [c["message"] for c in result.cycles]
     if result.hit_limit:
         warnings.append(f"stopped at the rewrite limit ({result.rewrites} rewrites); the result is valid but "
                         "may not be fully optimized")
-    report = Report(before, after, result.rules, result.rewrites,
-                    {"load": t1 - t0, "rewrite": t2 - t1, "save": t3 - t2, "total": t3 - t0},
-                    result.cycles, result.hit_limit, warnings)
+    seconds = {"load": t1 - t0, "rewrite": t2 - t1, "save": t4 - t3, "total": t4 - t0}
+    if verification is not None:
+        seconds["verify"] = t3 - t2
+    report = Report(before, after, result.rules, result.rewrites, seconds, result.cycles, result.hit_limit,
+                    warnings, log=result.log, verification=verification)
     return out, report
 
 

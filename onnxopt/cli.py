@@ -1,6 +1,11 @@
 """``python -m onnxopt`` / ``onnxopt``: thin wiring of the library for the shell.
 
-Exit codes: 0 success, 2 bad input or usage (one line on stderr, no traceback).
+    onnxopt IN -o OUT [--verify cpu,cuda]     optimize (and verify before writing)
+    onnxopt verify ORIGINAL OPTIMIZED ...     compare two models on onnxruntime
+    onnxopt bisect MODEL ...                  find the rewrite that breaks a model
+
+Exit codes: 0 success, 1 outputs differ beyond tolerance (verification), 2 bad input or usage
+(one line on stderr, no traceback).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from . import __version__, fold, io, passes, registry
 from .api import optimize, resolve_rules
 from .errors import OnnxoptError
 
-EXIT_OK, EXIT_BAD_INPUT = 0, 2
+EXIT_OK, EXIT_DIFFERS, EXIT_BAD_INPUT = 0, 1, 2
 
 
 class _Parser(argparse.ArgumentParser):
@@ -30,16 +35,15 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="onnxopt",
         description="Rewrite an ONNX model with onnxopt's rules until nothing more applies.",
+        epilog="Also: 'onnxopt verify ORIGINAL OPTIMIZED' compares two models on onnxruntime (outputs, kernels, "
+               "latency; see 'onnxopt verify --help'), and 'onnxopt bisect MODEL' finds the rewrite after which "
+               "a model's outputs differ. Exit codes: 0 ok, 1 outputs differ (verification), 2 bad input.",
     )
     p.add_argument("input", nargs="?", help="the ONNX model to optimize (never modified)")
     p.add_argument("-o", "--output", help="where to write the optimized model (written atomically)")
     p.add_argument("--json", metavar="REPORT", help="also write the report as JSON to this file")
     p.add_argument("--list-rules", action="store_true", help="list the rules with one-line docs and exit")
-    p.add_argument("--disable", metavar="RULE", action="append", default=[], help="leave a rule out (repeatable)")
-    p.add_argument("--rules", metavar="FILE", action="append", default=[],
-                   help="a Python file whose RULES are added to the built-in ones (repeatable)")
-    p.add_argument("--no-builtin-rules", action="store_true", help="use only the rules given with --rules")
-    p.add_argument("--target", choices=["cpu", "cuda"], help="only rules valid for this execution provider")
+    _add_rule_args(p)
     p.add_argument("--max-rewrites", type=int, metavar="N", help="cap on the number of rewrites")
     p.add_argument("--fold-size-limit", type=int, metavar="BYTES", default=fold.DEFAULT_SIZE_LIMIT,
                    help="constant folding creates a larger tensor only in place of at least as many bytes of "
@@ -48,9 +52,140 @@ def _parser() -> argparse.ArgumentParser:
     ext.add_argument("--external-data", metavar="NAME", nargs="?", const=True,
                      help="save weights to an external data file (default name: OUTPUT.data)")
     ext.add_argument("--single-file", action="store_true", help="save weights inside the model file")
+    p.add_argument("--verify", metavar="PROVIDERS", nargs="?", const="cpu",
+                   help="before writing, verify the result against the input on onnxruntime (cpu, cuda or "
+                        "cpu,cuda; default cpu): on a difference, exit 1 and write nothing")
+    _add_verify_args(p)
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
     p.add_argument("--version", action="version", version=f"onnxopt {__version__}")
     return p
+
+
+def _add_rule_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--disable", metavar="RULE", action="append", default=[], help="leave a rule out (repeatable)")
+    p.add_argument("--rules", metavar="FILE", action="append", default=[],
+                   help="a Python file whose RULES are added to the built-in ones (repeatable)")
+    p.add_argument("--no-builtin-rules", action="store_true", help="use only the rules given with --rules")
+    p.add_argument("--target", choices=["cpu", "cuda"], help="only rules valid for this execution provider")
+
+
+def _add_input_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("inputs and tolerances")
+    g.add_argument("--inputs", metavar="FILE.npz", help="input arrays by name (others are generated)")
+    g.add_argument("--input-shape", metavar="NAME=DIMS", action="append", default=[],
+                   help="shape of a generated input, e.g. input=1x3x224x224; sets its dynamic axes (repeatable)")
+    g.add_argument("--int-range", metavar="NAME=LOW:HIGH", action="append", default=[],
+                   help="inclusive range of a generated integer input, e.g. input_ids=0:30521 (repeatable; "
+                        "default: the rows of the Gather table it indexes, 0:1 for names with 'mask', else 0:9)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the generated inputs (default 0)")
+    g.add_argument("--rtol", type=float, help="relative tolerance for every output (default per dtype: "
+                                              "float32 1e-4, float16 1e-2, ...)")
+    g.add_argument("--atol", type=float, help="absolute tolerance for every output (default per dtype: "
+                                              "float32 1e-5, float16 1e-3, ...)")
+
+
+def _add_verify_args(p: argparse.ArgumentParser) -> None:
+    _add_input_args(p)
+    g = p.add_argument_group("measurement")
+    g.add_argument("--runs", type=int, default=20, metavar="N",
+                   help="timed interleaved runs per provider after the warm-up (default 20; 0: no latency)")
+    g.add_argument("--warmup", type=int, default=5, metavar="N", help="warm-up runs per session (default 5)")
+    g.add_argument("--threads", type=int, default=0, metavar="N",
+                   help="onnxruntime intra-op threads (default: onnxruntime's)")
+
+
+def _verify_options(args) -> dict:
+    from . import verify
+
+    return {"inputs": args.inputs, "input_shapes": verify.parse_input_shapes(args.input_shape),
+            "int_ranges": verify.parse_int_ranges(args.int_range), "seed": args.seed, "rtol": args.rtol,
+            "atol": args.atol, "runs": args.runs, "warmup": args.warmup, "threads": args.threads,
+            "progress": verify.Progress(enabled=None if not getattr(args, "quiet", False) else False)}
+
+
+def _verify_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="onnxopt verify",
+                description="Run onnxruntime on an original and an optimized model and compare outputs, kernel "
+                            "counts and latency per execution provider. Exit 0 when outputs agree, 1 when they "
+                            "differ beyond tolerance, 2 on bad input.")
+    p.add_argument("original", help="the model before optimization")
+    p.add_argument("optimized", help="the model after optimization")
+    p.add_argument("--providers", default="cpu", help="cpu, cuda or cpu,cuda (default cpu)")
+    _add_verify_args(p)
+    p.add_argument("--json", metavar="REPORT", help="also write the report as JSON to this file")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only the verdict line")
+    return p
+
+
+def _bisect_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="onnxopt bisect",
+                description="Binary search over the rewrites onnxopt makes to MODEL for the first one after which "
+                            "its outputs differ on onnxruntime; names the rule and the nodes. Exit 0 when the "
+                            "fully optimized model verifies, 1 when a culprit was found, 2 on bad input.")
+    p.add_argument("model", help="the original model")
+    p.add_argument("--provider", default="cpu", choices=["cpu", "cuda"], help="where to run (default cpu)")
+    _add_rule_args(p)
+    _add_input_args(p)
+    p.add_argument("--json", metavar="REPORT", help="also write the report as JSON to this file")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only the culprit line")
+    return p
+
+
+def _errors(fn):
+    """Run a face; one-line errors and exit codes for everything it raises."""
+    from .verify import VerificationError
+
+    try:
+        return fn()
+    except VerificationError as exc:
+        print(f"onnxopt: {exc}", file=sys.stderr)
+        return EXIT_DIFFERS
+    except OnnxoptError as exc:
+        return _fail(str(exc))
+    except (OSError, MemoryError) as exc:
+        return _fail(f"{type(exc).__name__}: {exc}")
+
+
+def verify_main(argv: list[str]) -> int:
+    args = _verify_parser().parse_args(argv)
+
+    def run():
+        from . import verify
+
+        report = verify.verify(args.original, args.optimized, providers=args.providers, **_verify_options(args))
+        if args.json:
+            _write_json(args.json, report)
+        if args.quiet:
+            print("verdict: " + ("outputs agree" if report["ok"] else verify.summary_line(report)))
+        else:
+            print(verify.format_report(report))
+        return EXIT_OK if report["ok"] else EXIT_DIFFERS
+
+    return _errors(run)
+
+
+def bisect_main(argv: list[str]) -> int:
+    args = _bisect_parser().parse_args(argv)
+
+    def run():
+        from . import verify
+
+        extra = []
+        for path in args.rules:
+            extra.extend(registry.load_rules_file(path))
+        report = verify.bisect(
+            args.model, rules=[] if args.no_builtin_rules else None, extra_rules=extra, disable=args.disable,
+            target=args.target, provider=args.provider, inputs=args.inputs,
+            input_shapes=verify.parse_input_shapes(args.input_shape),
+            int_ranges=verify.parse_int_ranges(args.int_range), seed=args.seed, rtol=args.rtol, atol=args.atol,
+            progress=verify.Progress(enabled=None if not args.quiet else False))
+        if args.json:
+            _write_json(args.json, report)
+        text = verify.format_bisect(report)
+        print(text.splitlines()[-1] if args.quiet else text)
+        return EXIT_OK if report["ok"] else EXIT_DIFFERS
+
+    return _errors(run)
 
 
 def _table(rows: list[tuple], header: tuple) -> str:
@@ -100,39 +235,51 @@ def _fail(message: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "verify":
+        return verify_main(argv[1:])
+    if argv and argv[0] == "bisect":
+        return bisect_main(argv[1:])
     parser = _parser()
     args = parser.parse_args(argv)  # usage errors exit 2 with a one-line message
-    try:
-        extra = []
-        for path in args.rules:
-            extra.extend(registry.load_rules_file(path))
-        base = [] if args.no_builtin_rules else None
-        if args.list_rules:
-            for rule in resolve_rules(base, extra, args.disable, args.target):
-                targets = ",".join(sorted(rule.targets))
-                print(f"{rule.name:<28} {rule.pattern.op_type:<20} p={rule.priority:<3} [{targets}]  {rule.summary}")
-            if base is None:
-                for name in passes.PASSES:
-                    if name not in args.disable:
-                        print(f"{name:<28} {'(graph pass)':<20} {'':<5} [cpu,cuda]  {passes.SUMMARY[name]}")
-            return EXIT_OK
-        if not args.input:
-            return _fail("the input model is missing (usage: onnxopt IN -o OUT)")
-        if not args.output:
-            return _fail("-o/--output is required (the input file is never overwritten)")
-        external = False if args.single_file else args.external_data
-        _, report = optimize(
-            args.input, rules=base, extra_rules=extra, disable=args.disable, target=args.target,
-            output=args.output, external_data=external, max_rewrites=args.max_rewrites, return_report=True,
-            fold_size_limit=args.fold_size_limit,
-        )
-        if args.json:
-            data = {"input": args.input, "output": args.output, **report.as_dict()}
-            _write_json(args.json, data)
-        if not args.quiet:
-            print(format_report(report, args.input, args.output))
+    return _errors(lambda: _optimize_main(args))
+
+
+def _optimize_main(args) -> int:
+    extra = []
+    for path in args.rules:
+        extra.extend(registry.load_rules_file(path))
+    base = [] if args.no_builtin_rules else None
+    if args.list_rules:
+        for rule in resolve_rules(base, extra, args.disable, args.target):
+            targets = ",".join(sorted(rule.targets))
+            print(f"{rule.name:<28} {rule.pattern.op_type:<20} p={rule.priority:<3} [{targets}]  {rule.summary}")
+        if base is None:
+            for name in passes.PASSES:
+                if name not in args.disable:
+                    print(f"{name:<28} {'(graph pass)':<20} {'':<5} [cpu,cuda]  {passes.SUMMARY[name]}")
         return EXIT_OK
-    except OnnxoptError as exc:
-        return _fail(str(exc))
-    except (OSError, MemoryError) as exc:
-        return _fail(f"{type(exc).__name__}: {exc}")
+    if not args.input:
+        return _fail("the input model is missing (usage: onnxopt IN -o OUT)")
+    if not args.output:
+        return _fail("-o/--output is required (the input file is never overwritten)")
+    external = False if args.single_file else args.external_data
+    verify_args = {}
+    if args.verify is not None:
+        verify_args = {"verify": args.verify, "verify_options": _verify_options(args)}
+    _, report = optimize(
+        args.input, rules=base, extra_rules=extra, disable=args.disable, target=args.target,
+        output=args.output, external_data=external, max_rewrites=args.max_rewrites, return_report=True,
+        fold_size_limit=args.fold_size_limit, **verify_args,
+    )
+    if args.json:
+        data = {"input": args.input, "output": args.output, **report.as_dict()}
+        _write_json(args.json, data)
+    if not args.quiet:
+        print(format_report(report, args.input, args.output))
+        if report.verification is not None:
+            from . import verify
+
+            print()
+            print(verify.format_report(report.verification))
+    return EXIT_OK

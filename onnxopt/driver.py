@@ -502,17 +502,28 @@ def rewrite(model: ir.Model, rules: Iterable[Rule], *, graph_passes: Iterable[st
     wanted = set(graph_passes)
     stats = {name: RuleStats() for name in passes.PASSES if name in wanted}
     declared = passes.declared_shapes(model)
-    early = sum(_run_pass(stats[name], name, model, None) for name in passes.FIRST if name in stats)
+    keep_log = options.get("keep_log", False)
+    early, early_log = 0, []
+    for name in passes.FIRST:
+        if name in stats:
+            n = _run_pass(stats[name], name, model, None)
+            early += n
+            if n and keep_log:
+                early_log.append({"pass": name, "rewrites": n})
     driver = Driver(model, list(rules), **options)
+    driver.result.rewrites = early  # passes' merges count as rewrites (max_rewrites, stop_after)
+    driver.result.log.extend(early_log)
     result = driver.run()
-    result.rewrites += early
     between = [name for name in passes.BETWEEN if name in stats]
     for _ in range(_MAX_PASS_ROUNDS):
         if not between or (driver._limit is not None and result.rewrites >= driver._limit):
             break
         changed = 0
         for name in between:
-            changed += _run_pass(stats[name], name, model, driver._push_users)
+            n = _run_pass(stats[name], name, model, driver._push_users)
+            changed += n
+            if n and keep_log:
+                result.log.append({"pass": name, "rewrites": n})
         result.rewrites += changed
         if not changed:
             break

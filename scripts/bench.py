@@ -54,6 +54,10 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from onnxopt.verify import count_kernels, measure_latency  # noqa: E402  (the verifier's own measures)
 
 
 def _load_peers():
@@ -108,30 +112,6 @@ def count_nodes(model) -> tuple[int, dict[str, int]]:
 
     walk(model.graph)
     return sum(ops.values()), dict(sorted(ops.items()))
-
-
-def count_kernels(events: list[dict]) -> dict:
-    """Kernels of the last run in an onnxruntime profile: Node events ending in "_kernel_time"
-    that start inside the last "model_run" event (if none, all kernel events)."""
-    runs = [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
-    kernels = [e for e in events if e.get("cat") == "Node" and str(e.get("name", "")).endswith("_kernel_time")]
-    if runs:
-        last = max(runs, key=lambda e: e["ts"])
-        lo, hi = last["ts"], last["ts"] + last.get("dur", 0)
-        kernels = [e for e in kernels if lo <= e["ts"] <= hi]
-    by_op: Counter = Counter()
-    by_provider: Counter = Counter()
-    for e in kernels:
-        args = e.get("args", {})
-        by_op[args.get("op_name", "?")] += 1
-        by_provider[args.get("provider", "?")] += 1
-    return {
-        "kernels": len(kernels),
-        "by_op": dict(sorted(by_op.items())),
-        "by_provider": dict(sorted(by_provider.items())),
-        "memcpy": sum(n for op, n in by_op.items() if op.startswith("Memcpy")),
-        "runs_in_profile": len(runs),
-    }
 
 
 def compare_outputs(ref: list[tuple[str, np.ndarray]], got: list[tuple[str, np.ndarray]]) -> dict:
@@ -225,57 +205,6 @@ def evaluate(model_path: str, inputs: dict[str, np.ndarray], *, provider: str = 
     if reference is not None:
         result.update(compare_outputs(reference, got))
     return result, got
-
-
-def measure_latency(models: dict[str, str], inputs: dict[str, np.ndarray], *, provider: str = "cpu",
-                    runs: int = 50, warmup: int = 5, budget_s: float = 120.0, min_rounds: int = 5,
-                    gap_s: float = 0.002, threads: int = 0, log: Callable[[str], None] | None = None) -> dict:
-    """One session per entry, warmed up, then ``runs`` interleaved rounds (fewer when the rounds
-    would pass ``budget_s``, but at least ``min_rounds``); each round times one run of every
-    session, the order rotated by one per round."""
-    import onnxruntime as ort
-
-    sessions, feeds, errors = {}, {}, {}
-    for name, path in models.items():
-        try:
-            so = ort.SessionOptions()
-            so.log_severity_level = 3
-            if threads:
-                so.intra_op_num_threads = threads
-            sess = ort.InferenceSession(path, so, providers=_providers(provider))
-            feeds[name] = _feeds_for(sess, inputs)
-            sessions[name] = sess
-        except Exception as exc:  # noqa: BLE001 - one broken model must not stop the others
-            errors[name] = one_line(exc)
-    per_run = {}
-    for name, sess in list(sessions.items()):
-        try:
-            for _ in range(max(1, warmup)):
-                t0 = time.perf_counter()
-                sess.run(None, feeds[name])
-                per_run[name] = time.perf_counter() - t0
-        except Exception as exc:  # noqa: BLE001
-            errors[name] = one_line(exc)
-            del sessions[name]
-    names = list(sessions)
-    est = sum(per_run[n] + gap_s for n in names) or 1e-9
-    rounds = max(min(runs, min_rounds), min(runs, int(budget_s / est)))
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(rounds):
-        k = r % len(names) if names else 0
-        for name in names[k:] + names[:k]:
-            if gap_s:
-                time.sleep(gap_s)
-            t0 = time.perf_counter()
-            sessions[name].run(None, feeds[name])
-            times[name].append(time.perf_counter() - t0)
-    out: dict = {"rounds": rounds, "errors": errors, "results": {}}
-    for name, ts in times.items():
-        ms = [t * 1e3 for t in ts]
-        out["results"][name] = {"median_ms": statistics.median(ms), "p90_ms": float(np.percentile(ms, 90)),
-                                "min_ms": min(ms), "mean_ms": statistics.fmean(ms),
-                                "times_ms": [round(x, 4) for x in ms]}
-    return out
 
 
 def one_line(exc: BaseException, limit: int = 300) -> str:

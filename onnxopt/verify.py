@@ -1,0 +1,998 @@
+"""The verifier: run onnxruntime on a model before and after optimization and prove they agree.
+
+For every requested execution provider (``cpu``, ``cuda``) it compares every output (shape,
+dtype, max absolute and relative error, mean and 99th percentile of the absolute error, cosine
+similarity, elements out of tolerance, NaN/Inf mismatches), counts the kernels onnxruntime's
+profiler records per run (by op type, by provider, Memcpy nodes), and times both models
+(interleaved runs after a warm-up: median, 90th percentile, after/before ratio). With CPU and
+CUDA both requested it also compares each model's CPU outputs with its CUDA outputs.
+
+When outputs differ it finds the culprit: the first value, in the optimized graph's order,
+present in both graphs by name, whose values diverge; the node that produced it, and the rule
+that created that node (``onnxopt.rule`` provenance). :func:`bisect` goes further: it replays the
+driver's rewrites and binary-searches the first one after which verification fails.
+
+This module knows no command line; ``onnxopt.cli`` and ``scripts/bench.py`` use it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from . import io
+from .errors import InvalidModelError, OnnxoptError, UsageError
+
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+
+# Default tolerances by output dtype: (rtol, atol); an element passes when
+# |after - before| <= atol + rtol * |before| (numpy.isclose's rule).
+TOLERANCES = {
+    "float64": (1e-7, 1e-9),
+    "float32": (1e-4, 1e-5),
+    "float16": (1e-2, 1e-3),
+    "bfloat16": (5e-2, 1e-2),
+    "int8": (0.0, 1.0),  # one quantization step
+    "uint8": (0.0, 1.0),
+}
+EXACT = (0.0, 0.0)  # every other dtype (integers, bool, strings): exact
+LOW_PRECISION = (1e-2, 1e-3)  # float32/64 outputs of a model that computes in fp16/bf16/int8
+_LOW_PRECISION_TYPES = {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.INT8,
+                        onnx.TensorProto.UINT8}
+_QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul",
+              "MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul", "MatMulNBits", "QAttention"}
+
+
+class VerificationError(OnnxoptError):
+    """The optimized model's outputs differ from the original's beyond tolerance."""
+
+    def __init__(self, message: str, report: dict | None = None):
+        super().__init__(message)
+        self.report = report
+
+
+class VerifyUnavailable(OnnxoptError):
+    """onnxruntime (or the requested execution provider) is not installed."""
+
+
+# --- models -----------------------------------------------------------------------------------
+
+
+class _Model:
+    """One model for onnxruntime: a path, or bytes of a proto without external data."""
+
+    def __init__(self, source, label: str):
+        self.label = label
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        if isinstance(source, (str, os.PathLike)):
+            path = Path(source)
+            if not path.is_file():
+                raise InvalidModelError(f"{label} model {path} does not exist")
+            self.path: str | None = str(path)
+            io.load(path, check=True, copy_ir=False)  # validates: not ONNX, truncated, invalid, missing data
+            self.proto = onnx.load(str(path), load_external_data=False)
+        elif isinstance(source, onnx.ModelProto):
+            self.proto, self.path = source, None
+        else:
+            import onnx_ir as ir
+
+            if isinstance(source, ir.Model):
+                source = ir.to_proto(source)
+                self.proto, self.path = source, None
+            elif isinstance(source, bytes):
+                io.load(source, check=True, copy_ir=False)  # one-line errors for what is not a model
+                self.proto, self.path = onnx.load_from_string(source), None
+            else:
+                raise UsageError(f"{label}: expected a path, bytes, onnx.ModelProto or onnx_ir.Model")
+        if self.path is None and self.proto.ByteSize() >= 2**31 - 2**26:
+            self._tmp = tempfile.TemporaryDirectory(prefix="onnxopt-verify-")
+            self.path = os.path.join(self._tmp.name, "model.onnx")
+            onnx.save(self.proto, self.path, save_as_external_data=True, location="model.onnx.data")
+            self.proto = onnx.load(self.path, load_external_data=False)
+
+    def source(self):
+        return self.path if self.path is not None else self.proto.SerializeToString()
+
+    def with_outputs(self, names: Sequence[str], types: Mapping[str, onnx.TypeProto]) -> bytes | str:
+        """The model with extra graph outputs (values of the main graph), for onnxruntime."""
+        proto = onnx.ModelProto()
+        proto.CopyFrom(self.proto)
+        have = {o.name for o in proto.graph.output}
+        for name in names:
+            if name not in have:
+                vi = proto.graph.output.add()
+                vi.name = name
+                vi.type.CopyFrom(types[name])
+        if self.path is None:
+            return proto.SerializeToString()
+        # keep external data resolvable: write next to nothing, point at the original directory
+        tmp = tempfile.mkdtemp(prefix="onnxopt-verify-")
+        base = os.path.dirname(os.path.abspath(self.path))
+        for init in proto.graph.initializer:
+            for entry in init.external_data:
+                if entry.key == "location":
+                    entry.value = os.path.join(base, entry.value)
+        path = os.path.join(tmp, "model.onnx")
+        onnx.save(proto, path)
+        return path
+
+
+def _ort():
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise VerifyUnavailable("onnxruntime is not installed (pip install 'onnxopt[ort]', or onnxruntime-gpu)") \
+            from None
+    return ort
+
+
+def parse_providers(text: str | Sequence[str] | bool | None) -> list[str]:
+    if text is None or text is True:
+        return ["cpu"]
+    items = text.split(",") if isinstance(text, str) else list(text)
+    out = []
+    for item in (i.strip().lower() for i in items):
+        item = {"cpuexecutionprovider": "cpu", "cudaexecutionprovider": "cuda"}.get(item, item)
+        if item not in PROVIDERS:
+            raise UsageError(f"unknown provider {item!r} (choose from {', '.join(PROVIDERS)})")
+        if item not in out:
+            out.append(item)
+    if not out:
+        raise UsageError("no provider given")
+    return out
+
+
+def check_providers(providers: Sequence[str]) -> None:
+    available = _ort().get_available_providers()
+    for p in providers:
+        if PROVIDERS[p] not in available:
+            raise VerifyUnavailable(f"{PROVIDERS[p]} is not available in this onnxruntime "
+                                    f"({', '.join(available)}); for cuda install onnxruntime-gpu")
+
+
+def session(model, provider: str = "cpu", *, profile_prefix: str | None = None, threads: int = 0,
+            optimization: str | None = None):
+    """An onnxruntime session on one provider (CUDA sessions fall back to CPU for what CUDA lacks)."""
+    ort = _ort()
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if threads:
+        so.intra_op_num_threads = threads
+    if profile_prefix:
+        so.enable_profiling = True
+        so.profile_file_prefix = profile_prefix
+    if optimization == "disable":
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    names = [PROVIDERS[provider]] + (["CPUExecutionProvider"] if provider != "cpu" else [])
+    return ort.InferenceSession(model, so, providers=names)
+
+
+# --- inputs -----------------------------------------------------------------------------------
+
+
+def parse_input_shapes(items: Iterable[str]) -> dict[str, list[int]]:
+    """``NAME=1x3x224x224`` (or ``NAME=1,3,224,224``) entries."""
+    out = {}
+    for item in items:
+        name, sep, dims = item.rpartition("=")
+        if not sep or not name:
+            raise UsageError(f"--input-shape {item!r}: expected NAME=D1xD2x... (e.g. input=1x3x224x224)")
+        try:
+            out[name] = [int(d) for d in re.split(r"[x,]", dims.strip()) if d != ""]
+        except ValueError:
+            raise UsageError(f"--input-shape {item!r}: dimensions must be integers") from None
+        if any(d < 0 for d in out[name]):
+            raise UsageError(f"--input-shape {item!r}: dimensions must not be negative")
+    return out
+
+
+def parse_int_ranges(items: Iterable[str]) -> dict[str, tuple[int, int]]:
+    """``NAME=LOW:HIGH`` entries (inclusive): the values generated for an integer input."""
+    out = {}
+    for item in items:
+        name, sep, rng = item.rpartition("=")
+        lo, colon, hi = rng.partition(":")
+        try:
+            if not sep or not name or not colon:
+                raise ValueError
+            out[name] = (int(lo), int(hi))
+        except ValueError:
+            raise UsageError(f"--int-range {item!r}: expected NAME=LOW:HIGH (inclusive), e.g. input_ids=0:30521") \
+                from None
+        if out[name][0] > out[name][1]:
+            raise UsageError(f"--int-range {item!r}: LOW is above HIGH")
+    return out
+
+
+def _gather_bounds(proto: onnx.ModelProto) -> dict[str, int]:
+    """Graph inputs used directly as Gather indices into a constant table: the table's size
+    along that axis (token ids into an embedding matrix)."""
+    shapes = {i.name: list(i.dims) for i in proto.graph.initializer}
+    for node in proto.graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            shapes[node.output[0]] = list(node.attribute[0].t.dims)
+    inputs = {i.name for i in proto.graph.input}
+    bounds: dict[str, int] = {}
+    for node in proto.graph.node:
+        if node.op_type != "Gather" or len(node.input) < 2 or node.input[1] not in inputs:
+            continue
+        table = shapes.get(node.input[0])
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        if table is None or not table:
+            continue
+        n = table[axis % len(table)]
+        bounds[node.input[1]] = min(n, bounds.get(node.input[1], n))
+    return bounds
+
+
+_NP = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.DOUBLE: np.float64, onnx.TensorProto.FLOAT16: np.float16,
+       onnx.TensorProto.INT8: np.int8, onnx.TensorProto.UINT8: np.uint8, onnx.TensorProto.INT16: np.int16,
+       onnx.TensorProto.UINT16: np.uint16, onnx.TensorProto.INT32: np.int32, onnx.TensorProto.UINT32: np.uint32,
+       onnx.TensorProto.INT64: np.int64, onnx.TensorProto.UINT64: np.uint64, onnx.TensorProto.BOOL: np.bool_}
+
+
+def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
+                int_ranges: Mapping[str, tuple[int, int]] | None = None, npz: str | os.PathLike | None = None,
+                seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
+    """Inputs for every graph input of ``model`` (path, proto or onnx_ir model), and how each was made.
+
+    From ``npz`` where it has the input; otherwise generated, the same for the same seed:
+    floats from a standard normal distribution, integers uniformly in a valid range (the user's
+    ``int_ranges``; else 0..n-1 for an input that indexes a Gather table of n rows, 0..1 for a
+    name containing "mask", 0..9 otherwise), bools 0/1. Dynamic dimensions: from ``shapes``
+    (per input), then the same named symbol elsewhere, else 1 on the first axis and 16 on others.
+    """
+    proto = model.proto if isinstance(model, _Model) else _Model(model, "model").proto
+    shapes = dict(shapes or {})
+    int_ranges = dict(int_ranges or {})
+    inits = {i.name for i in proto.graph.initializer}
+    graph_inputs = [i for i in proto.graph.input if i.name not in inits]
+    known = {i.name for i in graph_inputs}
+    for name in [*shapes, *int_ranges]:
+        if name not in known:
+            raise UsageError(f"the model has no input {name!r} (inputs: {', '.join(sorted(known)) or 'none'})")
+    given: dict[str, np.ndarray] = {}
+    if npz is not None:
+        try:
+            with np.load(npz, allow_pickle=False) as z:
+                given = {k: z[k] for k in z.files}
+        except (OSError, ValueError) as exc:
+            raise InvalidModelError(f"inputs file {npz}: {exc}") from None
+        extra = sorted(set(given) - known)
+        if extra:
+            raise UsageError(f"inputs file {npz} has {', '.join(extra)}, which the model does not take")
+    symbols: dict[str, int] = {}
+    for vi in graph_inputs:  # symbols fixed by the shapes the user gave (or the npz arrays)
+        dims = vi.type.tensor_type.shape.dim
+        fixed = shapes.get(vi.name) or (list(given[vi.name].shape) if vi.name in given else None)
+        if fixed is not None and len(fixed) == len(dims):
+            for d, v in zip(dims, fixed):
+                if d.dim_param:
+                    symbols.setdefault(d.dim_param, v)
+    bounds = _gather_bounds(proto)
+    rng = np.random.default_rng(seed)
+    feeds, how = {}, {}
+    for vi in graph_inputs:
+        tt = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type"):
+            raise UsageError(f"input {vi.name!r} is not a tensor; give it in an .npz file")
+        dtype = _NP.get(tt.elem_type)
+        if vi.name in given:
+            arr = given[vi.name]
+            if dtype is not None and arr.dtype != dtype:
+                raise UsageError(f"input {vi.name!r} in {npz} is {arr.dtype}, the model takes {np.dtype(dtype)}")
+            feeds[vi.name] = arr
+            how[vi.name] = {"source": "npz", "shape": list(arr.shape), "dtype": str(arr.dtype)}
+            continue
+        if dtype is None:
+            raise UsageError(f"input {vi.name!r} has type {onnx.TensorProto.DataType.Name(tt.elem_type)}, "
+                             "which is not generated; give it in an .npz file")
+        if vi.name in shapes:
+            shape = list(shapes[vi.name])
+            if tt.HasField("shape") and len(shape) != len(tt.shape.dim):
+                raise UsageError(f"--input-shape {vi.name}: rank {len(shape)}, the model's input has rank "
+                                 f"{len(tt.shape.dim)}")
+            for d, v in zip(tt.shape.dim, shape):
+                if d.HasField("dim_value") and d.dim_value != v:
+                    raise UsageError(f"--input-shape {vi.name}: dimension {v} where the model fixes {d.dim_value}")
+        else:
+            shape = []
+            for k, d in enumerate(tt.shape.dim):
+                if d.HasField("dim_value"):
+                    shape.append(d.dim_value)
+                elif d.dim_param and d.dim_param in symbols:
+                    shape.append(symbols[d.dim_param])
+                else:
+                    v = 1 if k == 0 else 16
+                    if d.dim_param:
+                        symbols[d.dim_param] = v
+                    shape.append(v)
+        info = {"source": "generated", "shape": shape, "dtype": str(np.dtype(dtype))}
+        if np.issubdtype(dtype, np.floating):
+            arr = rng.standard_normal(shape).astype(dtype)
+            info["distribution"] = "normal(0, 1)"
+        elif dtype == np.bool_:
+            arr = rng.integers(0, 2, shape).astype(np.bool_)
+        else:
+            if vi.name in int_ranges:
+                lo, hi = int_ranges[vi.name]
+            elif vi.name in bounds:
+                lo, hi = 0, bounds[vi.name] - 1
+            elif "mask" in vi.name.lower():
+                lo, hi = 0, 1
+            else:
+                lo, hi = 0, 9
+            info["range"] = [lo, hi]
+            arr = rng.integers(lo, hi, shape, endpoint=True).astype(dtype)
+        feeds[vi.name] = arr
+        how[vi.name] = info
+    return feeds, how
+
+
+# --- comparing outputs ------------------------------------------------------------------------
+
+
+def _dtype_name(a: np.ndarray) -> str:
+    return "bfloat16" if a.dtype.name == "bfloat16" else a.dtype.name
+
+
+def is_low_precision(proto: onnx.ModelProto) -> bool:
+    """The model computes in fp16/bf16 or int8 (weights of those types, or quantization ops)."""
+    if any(i.data_type in _LOW_PRECISION_TYPES for i in proto.graph.initializer):
+        return True
+    return any(n.op_type in _QUANT_OPS for n in proto.graph.node)
+
+
+def tolerance(dtype: str, low_precision: bool = False, rtol: float | None = None,
+              atol: float | None = None) -> tuple[float, float, str]:
+    """(rtol, atol, where they come from) for an output of ``dtype``."""
+    if low_precision and dtype in ("float32", "float64"):
+        base, why = LOW_PRECISION, f"{dtype} output of a fp16/bf16/int8 model"
+    elif dtype in TOLERANCES:
+        base, why = TOLERANCES[dtype], f"default for {dtype}"
+    else:
+        base, why = EXACT, f"exact for {dtype}"
+    if rtol is not None or atol is not None:
+        why = "given"
+    return (base[0] if rtol is None else rtol), (base[1] if atol is None else atol), why
+
+
+def compare(before: np.ndarray, after: np.ndarray, rtol: float, atol: float) -> dict:
+    """Statistics of ``after`` against ``before``; ``ok`` when shapes and dtypes match and every
+    element is within tolerance. NaN must meet NaN, and an infinity the same infinity."""
+    out: dict = {"shape_before": list(before.shape), "shape_after": list(after.shape),
+                 "dtype_before": _dtype_name(before), "dtype_after": _dtype_name(after), "rtol": rtol, "atol": atol}
+    if before.shape != after.shape or before.dtype != after.dtype:
+        out.update(ok=False, problem="shape" if before.shape != after.shape else "dtype")
+        return out
+    n = int(before.size)
+    out["elements"] = n
+    if before.dtype.kind not in "fiub" and before.dtype.name != "bfloat16":  # strings, objects
+        equal = before == after
+        out.update(out_of_tolerance=int(n - np.count_nonzero(equal)), ok=bool(np.all(equal)))
+        return out
+    a = before.astype(np.float64)
+    b = after.astype(np.float64)
+    nan_a, nan_b = np.isnan(a), np.isnan(b)
+    inf_a, inf_b = np.isinf(a), np.isinf(b)
+    nan_mismatch = int(np.count_nonzero(nan_a != nan_b))
+    inf_mismatch = int(np.count_nonzero((inf_a | inf_b) & ~(nan_a | nan_b) & (a != b)))
+    finite = np.isfinite(a) & np.isfinite(b)
+    d = np.abs(a[finite] - b[finite])
+    ref = np.abs(a[finite])
+    out_tol = int(np.count_nonzero(d > atol + rtol * ref)) + nan_mismatch + inf_mismatch
+    out.update(nan_before=int(nan_a.sum()), nan_after=int(nan_b.sum()), inf_before=int(inf_a.sum()),
+               inf_after=int(inf_b.sum()), nan_mismatch=nan_mismatch, inf_mismatch=inf_mismatch)
+    if d.size:
+        rel = d / np.maximum(ref, np.finfo(np.float64).tiny)
+        rel[d == 0] = 0.0
+        out.update(max_abs=float(d.max()), max_rel=float(rel.max()), mean_abs=float(d.mean()),
+                   p99_abs=float(np.percentile(d, 99)))
+        av, bv = a[finite], b[finite]
+        na, nb = float(np.linalg.norm(av)), float(np.linalg.norm(bv))
+        out["cosine"] = 1.0 if na == nb == 0 else (float(av @ bv) / (na * nb) if na and nb else 0.0)
+    else:
+        out.update(max_abs=0.0, max_rel=0.0, mean_abs=0.0, p99_abs=0.0, cosine=1.0)
+    out["out_of_tolerance"] = out_tol
+    out["ok"] = out_tol == 0
+    return out
+
+
+def compare_all(before: Sequence[tuple[str, np.ndarray]], after: Sequence[tuple[str, np.ndarray]], *,
+                low_precision: bool = False, rtol: float | None = None, atol: float | None = None) -> list[dict]:
+    """One comparison per output of ``before``, matched by name (else by position)."""
+    by_name = dict(after)
+    rows = []
+    for i, (name, a) in enumerate(before):
+        b = by_name.get(name, after[i][1] if i < len(after) else None)
+        if b is None:
+            rows.append({"name": name, "ok": False, "problem": "missing in the optimized model"})
+            continue
+        a, b = np.asarray(a), np.asarray(b)
+        r, t, why = tolerance(_dtype_name(a), low_precision, rtol, atol)
+        rows.append({"name": name, **compare(a, b, r, t), "tolerance": why})
+    return rows
+
+
+# --- kernels and latency ----------------------------------------------------------------------
+
+
+def count_kernels(events: list[dict]) -> dict:
+    """Kernels of the last run in an onnxruntime profile: Node events ending in "_kernel_time"
+    that start inside the last "model_run" event (if none, all kernel events)."""
+    runs = [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
+    kernels = [e for e in events if e.get("cat") == "Node" and str(e.get("name", "")).endswith("_kernel_time")]
+    if runs:
+        last = max(runs, key=lambda e: e["ts"])
+        lo, hi = last["ts"], last["ts"] + last.get("dur", 0)
+        kernels = [e for e in kernels if lo <= e["ts"] <= hi]
+    by_op: Counter = Counter()
+    by_provider: Counter = Counter()
+    for e in kernels:
+        args = e.get("args", {})
+        by_op[args.get("op_name", "?")] += 1
+        by_provider[args.get("provider", "?")] += 1
+    return {
+        "kernels": len(kernels),
+        "by_op": dict(sorted(by_op.items())),
+        "by_provider": dict(sorted(by_provider.items())),
+        "memcpy": sum(n for op, n in by_op.items() if op.startswith("Memcpy")),
+        "runs_in_profile": len(runs),
+    }
+
+
+def run_profiled(model, feeds: Mapping[str, np.ndarray], provider: str = "cpu", warmup: int = 1,
+                 threads: int = 0) -> tuple[list[tuple[str, np.ndarray]], dict, float]:
+    """Outputs, kernel counts of one profiled run (after ``warmup`` runs) and session-creation seconds."""
+    with tempfile.TemporaryDirectory(prefix="onnxopt-prof-") as tmp:
+        t0 = time.perf_counter()
+        sess = session(model, provider, profile_prefix=os.path.join(tmp, "p"), threads=threads)
+        init_s = time.perf_counter() - t0
+        feeds = {i.name: feeds[i.name] for i in sess.get_inputs()}
+        for _ in range(max(0, warmup)):
+            sess.run(None, feeds)
+        outs = sess.run(None, feeds)
+        with open(sess.end_profiling()) as f:
+            events = json.load(f)
+    names = [o.name for o in sess.get_outputs()]
+    return [(n, np.asarray(v)) for n, v in zip(names, outs)], count_kernels(events), init_s
+
+
+def measure_latency(models: dict[str, object], inputs: Mapping[str, np.ndarray], *, provider: str = "cpu",
+                    runs: int = 50, warmup: int = 5, budget_s: float = 120.0, min_rounds: int = 5,
+                    gap_s: float = 0.002, threads: int = 0, log: Callable[[str], None] | None = None,
+                    progress: Callable[[int, int], None] | None = None) -> dict:
+    """One session per entry, warmed up, then ``runs`` interleaved rounds (fewer when the rounds
+    would pass ``budget_s``, but at least ``min_rounds``); each round times one run of every
+    session, the order rotated by one per round."""
+    sessions, feeds, errors = {}, {}, {}
+    for name, model in models.items():
+        try:
+            sess = session(model, provider, threads=threads)
+            feeds[name] = {i.name: inputs[i.name] for i in sess.get_inputs()}
+            sessions[name] = sess
+        except Exception as exc:  # noqa: BLE001 - one broken model must not stop the others
+            errors[name] = _one_line(exc)
+    per_run = {}
+    for name, sess in list(sessions.items()):
+        try:
+            for _ in range(max(1, warmup)):
+                t0 = time.perf_counter()
+                sess.run(None, feeds[name])
+                per_run[name] = time.perf_counter() - t0
+        except Exception as exc:  # noqa: BLE001
+            errors[name] = _one_line(exc)
+            del sessions[name]
+    names = list(sessions)
+    est = sum(per_run[n] + gap_s for n in names) or 1e-9
+    rounds = max(min(runs, min_rounds), min(runs, int(budget_s / est)))
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        k = r % len(names) if names else 0
+        for name in names[k:] + names[:k]:
+            if gap_s:
+                time.sleep(gap_s)
+            t0 = time.perf_counter()
+            sessions[name].run(None, feeds[name])
+            times[name].append(time.perf_counter() - t0)
+        if progress is not None:
+            progress(r + 1, rounds)
+    out: dict = {"rounds": rounds, "warmup": warmup, "errors": errors, "results": {}}
+    for name, ts in times.items():
+        ms = [t * 1e3 for t in ts]
+        out["results"][name] = {"median_ms": statistics.median(ms), "p90_ms": float(np.percentile(ms, 90)),
+                                "min_ms": min(ms), "mean_ms": statistics.fmean(ms),
+                                "times_ms": [round(x, 4) for x in ms]}
+    return out
+
+
+def _one_line(exc: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# --- the culprit ------------------------------------------------------------------------------
+
+
+def _value_types(proto: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+    """Tensor types of the main graph's values (declared, else from onnx's shape inference)."""
+    types: dict[str, onnx.TypeProto] = {}
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False)
+        infos = list(inferred.graph.value_info) + list(inferred.graph.output)
+    except Exception:  # noqa: BLE001 - inference is best effort here
+        infos = []
+    for vi in [*proto.graph.value_info, *proto.graph.output, *infos]:
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type and vi.name not in types:
+            t = onnx.TypeProto()
+            t.tensor_type.elem_type = vi.type.tensor_type.elem_type  # shape left out: any shape
+            types[vi.name] = t
+    return types
+
+
+def find_culprit(original: _Model, optimized: _Model, feeds: Mapping[str, np.ndarray], provider: str = "cpu", *,
+                 low_precision: bool = False, rtol: float | None = None, atol: float | None = None) -> dict:
+    """The first value of the optimized graph (in its node order) that the original graph also
+    has by name and whose values differ beyond tolerance; its producer and the rule behind it.
+
+    Both models run with onnxruntime's graph optimizations off and every such value exposed as an
+    output, so each value is the graph's own."""
+    opt_proto, orig_proto = optimized.proto, original.proto
+    inits = {i.name for i in opt_proto.graph.initializer} | {i.name for i in orig_proto.graph.initializer}
+    produced_orig = {o for n in orig_proto.graph.node for o in n.output if o}
+    order, producer = [], {}
+    for node in opt_proto.graph.node:
+        for o in node.output:
+            if o and o in produced_orig and o not in inits:
+                order.append(o)
+                producer[o] = node
+    t_orig, t_opt = _value_types(orig_proto), _value_types(opt_proto)
+    names = [n for n in order if n in t_orig and n in t_opt
+             and t_orig[n].tensor_type.elem_type == t_opt[n].tensor_type.elem_type]
+    result: dict = {"compared_values": len(names)}
+    if not names:
+        result["message"] = "the two graphs share no intermediate value names"
+        return result
+    values = {}
+    for label, model, types in (("before", original, t_orig), ("after", optimized, t_opt)):
+        sess = session(model.with_outputs(names, types), provider, optimization="disable")
+        f = {i.name: feeds[i.name] for i in sess.get_inputs()}
+        outs = sess.run([*names], f)
+        values[label] = dict(zip(names, outs))
+    for name in names:
+        a, b = np.asarray(values["before"][name]), np.asarray(values["after"][name])
+        r, t, _ = tolerance(_dtype_name(a), low_precision, rtol, atol)
+        stats = compare(a, b, r, t)
+        if not stats["ok"]:
+            node = producer[name]
+            result.update(value=name, stats=stats, node=_describe(node), rule=_meta(node).get("onnxopt.rule"))
+            if result["rule"] is None:  # an original node: what changed is what it reads
+                result["changed_inputs"] = _changed_inputs(orig_proto, opt_proto, node)
+                result["rule_nodes"] = _rules_upstream(opt_proto, node)
+            return result
+    result["message"] = ("every shared intermediate value agrees; the difference arises in values the "
+                         "optimized graph renamed or removed, or in onnxruntime's own graph optimizations")
+    return result
+
+
+def _meta(node: onnx.NodeProto) -> dict[str, str]:
+    return {p.key: p.value for p in node.metadata_props}
+
+
+def _describe(node: onnx.NodeProto) -> dict:
+    meta = _meta(node)
+    d = {"name": node.name, "op_type": node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}",
+         "inputs": list(node.input), "outputs": list(node.output)}
+    if "onnxopt.rule" in meta:
+        d["rule"] = meta["onnxopt.rule"]
+        for key in ("onnxopt.replaced", "onnxopt.sources"):
+            if key in meta:
+                try:
+                    d[key.split(".")[1]] = json.loads(meta[key])
+                except ValueError:
+                    d[key.split(".")[1]] = meta[key]
+    return d
+
+
+def _changed_inputs(orig: onnx.ModelProto, opt: onnx.ModelProto, node: onnx.NodeProto) -> list[dict]:
+    """The inputs of an original node that now come from elsewhere (a rule removed or replaced
+    their producer): position, the value it read before and now, and their producers."""
+    before = next((n for n in orig.graph.node if n.name and n.name == node.name), None)
+    if before is None:
+        return []
+
+    def producer(proto, name):
+        for n in proto.graph.node:
+            if name in n.output:
+                return _describe(n)
+        return None
+
+    out = []
+    for k, (a, b) in enumerate(zip(before.input, node.input)):
+        if a != b:
+            out.append({"input": k, "before": a, "after": b, "producer_before": producer(orig, a),
+                        "producer_after": producer(opt, b)})
+    return out
+
+
+def _rules_upstream(proto: onnx.ModelProto, node: onnx.NodeProto, limit: int = 5) -> list[dict]:
+    """The nearest nodes at or above ``node`` that a rule created (by provenance), breadth first."""
+    by_output = {o: n for n in proto.graph.node for o in n.output if o}
+    seen, queue, found = set(), [node], []
+    while queue and len(found) < limit:
+        n = queue.pop(0)
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if "onnxopt.rule" in _meta(n):
+            found.append(_describe(n))
+            continue
+        queue.extend(by_output[i] for i in n.input if i in by_output)
+    return found
+
+
+# --- the whole verification -------------------------------------------------------------------
+
+
+class Progress:
+    """A one-line progress bar on stderr when it is a terminal (silent otherwise)."""
+
+    def __init__(self, enabled: bool | None = None, stream=None):
+        self.stream = stream or sys.stderr
+        self.enabled = self.stream.isatty() if enabled is None else enabled
+        self._last = ""
+
+    def __call__(self, step: str, done: int = 0, total: int = 0) -> None:
+        if not self.enabled:
+            return
+        width = 24
+        filled = int(width * done / total) if total else 0
+        bar = f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} " if total else ""
+        line = f"\r{bar}{step}"[:120]
+        self.stream.write(line + " " * max(0, len(self._last) - len(line)))
+        self.stream.flush()
+        self._last = line
+
+    def close(self) -> None:
+        if self.enabled and self._last:
+            self.stream.write("\r" + " " * len(self._last) + "\r")
+            self.stream.flush()
+            self._last = ""
+
+
+def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", inputs: str | os.PathLike | None = None,
+           feeds: Mapping[str, np.ndarray] | None = None, input_shapes: Mapping[str, Sequence[int]] | None = None,
+           int_ranges: Mapping[str, tuple[int, int]] | None = None, seed: int = 0, rtol: float | None = None,
+           atol: float | None = None, runs: int = 20, warmup: int = 5, latency: bool = True, culprit: bool = True,
+           threads: int = 0, progress: Progress | None = None) -> dict:
+    """Verify ``optimized`` against ``original`` on each provider; returns the report (a dict
+    that :func:`format_report` prints); ``report["ok"]`` is False when an output differs.
+
+    ``original``/``optimized``: paths, bytes, onnx.ModelProto or onnx_ir.Model. Inputs come from
+    ``feeds``, else from ``inputs`` (.npz) and generation (see :func:`make_inputs`). ``runs``: timed
+    rounds per provider after ``warmup`` runs (0 skips latency, as does ``latency=False``)."""
+    providers = parse_providers(providers)
+    check_providers(providers)
+    progress = progress or Progress(enabled=False)
+    before = _Model(original, "original")
+    after = _Model(optimized, "optimized")
+    if feeds is None:
+        feeds, how = make_inputs(before, shapes=input_shapes, int_ranges=int_ranges, npz=inputs, seed=seed)
+    else:
+        feeds, how = dict(feeds), {k: {"source": "given", "shape": list(np.shape(v)), "dtype": str(np.asarray(v).dtype)}
+                                   for k, v in feeds.items()}
+    low = is_low_precision(before.proto)
+    report: dict = {"original": before.label if before.path is None else before.path,
+                    "optimized": after.label if after.path is None else after.path,
+                    "seed": seed, "inputs": how, "low_precision": low, "providers": {}}
+    outputs: dict[str, dict[str, list]] = {}
+    steps = len(providers) * (2 + (1 if latency and runs else 0))
+    step = 0
+    for p in providers:
+        entry: dict = {}
+        got = {}
+        for label, model in (("before", before), ("after", after)):
+            progress(f"{p}: running the {'original' if label == 'before' else 'optimized'} model", step, steps)
+            try:
+                got[label], kernels, init_s = run_profiled(model.source(), feeds, p, threads=threads)
+            except Exception as exc:  # noqa: BLE001 - onnxruntime refusing a model is a result
+                raise InvalidModelError(f"onnxruntime ({p}) cannot run the {model.label} model: {_one_line(exc)}") \
+                    from None
+            entry.setdefault("kernels", {})[label] = {**kernels, "session_init_s": round(init_s, 4)}
+            step += 1
+        outputs[p] = got
+        entry["outputs"] = compare_all(got["before"], got["after"], low_precision=low, rtol=rtol, atol=atol)
+        entry["ok"] = all(r["ok"] for r in entry["outputs"])
+        if latency and runs:
+            progress(f"{p}: latency", step, steps)
+            lat = measure_latency({"before": before.source(), "after": after.source()}, feeds, provider=p,
+                                  runs=runs, warmup=warmup, threads=threads, min_rounds=min(runs, 5),
+                                  progress=lambda d, t, p=p, s=step: progress(f"{p}: latency {d}/{t}", s, steps))
+            res = lat["results"]
+            entry["latency"] = {"rounds": lat["rounds"], "warmup": warmup,
+                                **{k: {"median_ms": round(v["median_ms"], 4), "p90_ms": round(v["p90_ms"], 4)}
+                                   for k, v in res.items()}}
+            if "before" in res and "after" in res and res["before"]["median_ms"] > 0:
+                entry["latency"]["ratio_median"] = round(res["after"]["median_ms"] / res["before"]["median_ms"], 4)
+                entry["latency"]["ratio_p90"] = round(res["after"]["p90_ms"] / res["before"]["p90_ms"], 4)
+            step += 1
+        if not entry["ok"] and culprit:
+            progress(f"{p}: looking for the first diverging value", step, steps)
+            try:
+                entry["culprit"] = find_culprit(before, after, feeds, p, low_precision=low, rtol=rtol, atol=atol)
+            except Exception as exc:  # noqa: BLE001 - the verdict stands without it
+                entry["culprit"] = {"message": f"could not run the models with their intermediate values exposed: "
+                                               f"{_one_line(exc)}"}
+        report["providers"][p] = entry
+    if "cpu" in outputs and len(outputs) > 1:
+        report["cross_provider"] = {}
+        for p in outputs:
+            if p == "cpu":
+                continue
+            report["cross_provider"][f"cpu-vs-{p}"] = {
+                label: compare_all(outputs["cpu"][label], outputs[p][label], low_precision=low, rtol=rtol, atol=atol)
+                for label in ("before", "after")}
+    progress.close()
+    report["ok"] = all(e["ok"] for e in report["providers"].values())
+    return report
+
+
+def summary_line(report: dict) -> str:
+    """One line naming the worst output and the culprit, for errors."""
+    for p, entry in report["providers"].items():
+        if entry["ok"]:
+            continue
+        bad = [r for r in entry["outputs"] if not r["ok"]]
+        r = bad[0]
+        what = r.get("problem") or (f"{r.get('out_of_tolerance')}/{r.get('elements')} elements out of tolerance, "
+                                    f"max abs {r.get('max_abs', 0):.3g}, max rel {r.get('max_rel', 0):.3g}")
+        text = f"outputs differ on {p}: {r['name']}: {what}"
+        c = entry.get("culprit") or {}
+        if c.get("value"):
+            text += f"; first diverging value {c['value']!r} from {c['node']['op_type']} {c['node']['name']!r}"
+            if c.get("rule"):
+                text += f" (rule {c['rule']})"
+        return text
+    return "outputs agree"
+
+
+# --- the report on the terminal ---------------------------------------------------------------
+
+
+def _fmt(x, digits: int = 3) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        if x == 0:
+            return "0"
+        return f"{x:.{digits}g}"
+    return str(x)
+
+
+def _table(rows: list[tuple], header: tuple) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+
+    def fmt(r):
+        return "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+
+    return "\n".join([fmt(header), "  ".join("-" * w for w in widths), *map(fmt, rows)])
+
+
+def _output_rows(rows: list[dict]) -> list[tuple]:
+    out = []
+    for r in rows:
+        status = "ok" if r["ok"] else f"DIFFERS ({r['problem']})" if r.get("problem") else "DIFFERS"
+        out.append((r["name"], "x".join(map(str, r.get("shape_after", []))) or "scalar", r.get("dtype_after", "-"),
+                    _fmt(r.get("max_abs")), _fmt(r.get("max_rel")), _fmt(r.get("p99_abs")),
+                    _fmt(r.get("cosine"), 7), f"{r.get('out_of_tolerance', '-')}/{r.get('elements', '-')}",
+                    f"{_fmt(r.get('rtol'))}/{_fmt(r.get('atol'))}", status))
+    return out
+
+
+_OUT_HEADER = ("output", "shape", "dtype", "max abs", "max rel", "p99 abs", "cosine", "out of tol", "rtol/atol",
+               "status")
+
+
+def _changed_lines(c: dict) -> list[str]:
+    lines = []
+    for ch in c.get("changed_inputs", []):
+        pb, pa = ch.get("producer_before"), ch.get("producer_after")
+        lines.append(f"  its input {ch['input']} was {ch['before']!r}"
+                     + (f" ({pb['op_type']} {pb['name']!r})" if pb else "")
+                     + f", now {ch['after']!r}"
+                     + (f" ({pa['op_type']} {pa['name']!r}" + (f", rule {pa['rule']})" if pa.get("rule") else ")")
+                        if pa else ""))
+    if c.get("changed_inputs") is not None and not c.get("rule"):
+        lines.append("  (a rule that forwards a value creates no node to carry provenance: "
+                     "`python -m onnxopt bisect ORIGINAL` names the rewrite)")
+    return lines
+
+
+def format_report(report: dict) -> str:
+    lines = [f"verify {report['original']} -> {report['optimized']}"]
+    ins = ", ".join(f"{k} {'x'.join(map(str, v['shape'])) or 'scalar'} {v['dtype']} ({v['source']}"
+                    + (f", {v['range'][0]}..{v['range'][1]}" if "range" in v else "") + ")"
+                    for k, v in report["inputs"].items())
+    lines.append(f"inputs (seed {report['seed']}): {ins or 'none'}")
+    if report.get("low_precision"):
+        lines.append(f"fp16/bf16/int8 model: float32 outputs compared at rtol {LOW_PRECISION[0]}, atol "
+                     f"{LOW_PRECISION[1]}")
+    for p, e in report["providers"].items():
+        lines += ["", f"== {p.upper()} ({PROVIDERS[p]}): {'outputs agree' if e['ok'] else 'OUTPUTS DIFFER'}",
+                  _table(_output_rows(e["outputs"]), _OUT_HEADER)]
+        kb, ka = e["kernels"]["before"], e["kernels"]["after"]
+        prov = lambda k: ", ".join(f"{n.replace('ExecutionProvider', '')} {c}" for n, c in k["by_provider"].items())  # noqa: E731
+        lines.append(f"kernels per run: {kb['kernels']} -> {ka['kernels']} ({ka['kernels'] - kb['kernels']:+d}); "
+                     f"by provider: before {prov(kb) or '-'}; after {prov(ka) or '-'}; "
+                     f"Memcpy {kb['memcpy']} -> {ka['memcpy']}")
+        ops = sorted(set(kb["by_op"]) | set(ka["by_op"]))
+        changed = [(op, kb["by_op"].get(op, 0), ka["by_op"].get(op, 0)) for op in ops
+                   if kb["by_op"].get(op, 0) != ka["by_op"].get(op, 0)]
+        if changed:
+            lines.append(_table([(op, b, a, f"{a - b:+d}") for op, b, a in changed],
+                                ("kernels by op type", "before", "after", "change")))
+        lat = e.get("latency")
+        if lat and "before" in lat and "after" in lat:
+            lines.append(f"latency ({lat['rounds']} interleaved runs after {lat['warmup']} warm-up): "
+                         f"median {lat['before']['median_ms']:.3f} -> {lat['after']['median_ms']:.3f} ms "
+                         f"(x{lat.get('ratio_median', float('nan')):.3f}), p90 {lat['before']['p90_ms']:.3f} -> "
+                         f"{lat['after']['p90_ms']:.3f} ms (x{lat.get('ratio_p90', float('nan')):.3f})")
+        c = e.get("culprit")
+        if c:
+            if c.get("value"):
+                n = c["node"]
+                lines.append(f"culprit: first diverging value {c['value']!r} (of {c['compared_values']} shared), "
+                             f"produced by {n['op_type']} {n['name']!r}"
+                             + (f", created by rule {c['rule']} from {', '.join(n.get('replaced', []))}"
+                                if c.get("rule") else ", an original node"))
+                s = c["stats"]
+                lines.append(f"  max abs {_fmt(s.get('max_abs'))}, max rel {_fmt(s.get('max_rel'))}, "
+                             f"{s.get('out_of_tolerance', '-')}/{s.get('elements', '-')} elements out of tolerance")
+                lines += _changed_lines(c)
+            else:
+                lines.append(f"culprit: {c.get('message')}")
+    for key, by_label in report.get("cross_provider", {}).items():
+        for label, rows in by_label.items():
+            model = "original" if label == "before" else "optimized"
+            lines += ["", f"== {key}, {model} model (informational)",
+                      _table(_output_rows(rows), _OUT_HEADER)]
+    lines += ["", "verdict: " + ("outputs agree on " + ", ".join(report["providers"]) if report["ok"]
+                                 else summary_line(report))]
+    return "\n".join(lines)
+
+
+# --- bisecting the driver's rewrites -------------------------------------------------------------
+
+
+def bisect(model, *, rules=None, extra_rules=(), disable: Iterable[str] = (), target: str | None = None,
+           provider: str = "cpu", inputs: str | os.PathLike | None = None,
+           input_shapes: Mapping[str, Sequence[int]] | None = None,
+           int_ranges: Mapping[str, tuple[int, int]] | None = None, seed: int = 0, rtol: float | None = None,
+           atol: float | None = None, optimize_options: dict | None = None,
+           progress: Progress | None = None) -> dict:
+    """Binary search over the driver's sequence of rewrites for the first one after which the
+    optimized model's outputs differ from ``model``'s on ``provider``.
+
+    The driver is deterministic, so optimizing with ``stop_after=n`` applies exactly the first
+    ``n`` rewrites of the full run (a graph pass's merges count as rewrites and run as one step).
+    The result names the step: the rule and the nodes it replaced and created (or the pass),
+    and the first diverging value in the model right after it."""
+    import onnx_ir as ir
+
+    from .api import optimize
+
+    provider = parse_providers(provider)[0]
+    check_providers([provider])
+    progress = progress or Progress(enabled=False)
+    original = _Model(model, "original")
+    source = ir.load(original.path) if original.path is not None else ir.from_proto(original.proto)
+    feeds, how = make_inputs(original, shapes=input_shapes, int_ranges=int_ranges, npz=inputs, seed=seed)
+    low = is_low_precision(original.proto)
+    sess = session(original.source(), provider)
+    reference = [(o.name, np.asarray(v)) for o, v in zip(sess.get_outputs(),
+                                                         sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()}))]
+    del sess
+    options = dict(optimize_options or {})
+    runs: dict = {}
+
+    def attempt(n: int | None):
+        key = -1 if n is None else n
+        if key not in runs:
+            out, rep = optimize(source, rules=rules, extra_rules=extra_rules, disable=disable, target=target,
+                                stop_after=n if n is not None else 10**12, return_report=True, **options)
+            proto = io.to_proto(out)
+            try:
+                s = session(proto.SerializeToString() if proto.ByteSize() < 2**31 - 2**26 else
+                            _Model(proto, "optimized").source(), provider)
+                got = [(o.name, np.asarray(v)) for o, v in zip(s.get_outputs(),
+                                                              s.run(None, {i.name: feeds[i.name] for i in s.get_inputs()}))]
+                rows = compare_all(reference, got, low_precision=low, rtol=rtol, atol=atol)
+                ok, error = all(r["ok"] for r in rows), None
+            except Exception as exc:  # noqa: BLE001 - a model onnxruntime rejects fails verification
+                rows, ok, error = [], False, f"onnxruntime cannot run it: {_one_line(exc)}"
+            runs[key] = {"ok": ok, "rows": rows, "error": error, "log": rep.log, "rewrites": rep.rewrites,
+                         "proto": proto}
+        return runs[key]
+
+    progress("full optimization", 0, 1)
+    full = attempt(None)
+    total = full["rewrites"]
+    report: dict = {"model": original.path or "model", "provider": provider, "inputs": how, "seed": seed,
+                    "rewrites": total}
+    if full["ok"]:
+        progress.close()
+        report.update(ok=True, message=f"the fully optimized model ({total} rewrites) verifies on {provider}: "
+                                       "nothing to bisect")
+        return report
+    lo, hi = 0, total
+    steps_total = max(1, int(np.ceil(np.log2(total + 1))) + 1)
+    done = 0
+    progress(f"bisecting {total} rewrites", done, steps_total)
+    if not attempt(0)["ok"]:
+        hi = 0
+    else:
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            done += 1
+            progress(f"bisecting: rewrites {lo}..{hi}", done, steps_total)
+            if attempt(mid)["ok"]:
+                lo = mid
+            else:
+                hi = mid
+    bad = attempt(hi) if hi < total else full
+    good_log = attempt(lo)["log"] if hi > 0 else []
+    steps = bad["log"][len(good_log):] if hi > 0 else bad["log"]
+    report.update(ok=False, first_failing_rewrite=hi, steps=steps, outputs=bad["rows"], error=bad["error"])
+    rules_named = [s["rule"] for s in steps if "rule" in s] + [s["pass"] for s in steps if "pass" in s]
+    report["culprit_rule"] = rules_named[0] if rules_named else None
+    if hi == 0:
+        report["message"] = ("outputs already differ before any rule fires: the graph passes that run first "
+                             f"({', '.join(rules_named) or 'none'}) or the model itself")
+    progress("locating the first diverging value", steps_total, steps_total)
+    try:
+        report["culprit"] = find_culprit(original, _Model(bad["proto"], "optimized"), feeds, provider,
+                                         low_precision=low, rtol=rtol, atol=atol)
+    except Exception as exc:  # noqa: BLE001
+        report["culprit"] = {"message": f"could not expose intermediate values: {_one_line(exc)}"}
+    progress.close()
+    return report
+
+
+def format_bisect(report: dict) -> str:
+    lines = [f"bisect {report['model']} on {report['provider']} ({report['rewrites']} rewrites in the full run)"]
+    if report["ok"]:
+        return "\n".join(lines + [report["message"]])
+    n = report["first_failing_rewrite"]
+    lines.append(f"outputs differ after rewrite {n}" + (f" (the model is fine after {n - 1})" if n > 0 else ""))
+    if report.get("message"):
+        lines.append(report["message"])
+    for s in report["steps"]:
+        if "rule" in s:
+            lines.append(f"  rule {s['rule']}: replaced {', '.join(s['replaced'])} with "
+                         f"{', '.join(s['created']) or 'nothing (forwarded a value)'}")
+        else:
+            lines.append(f"  pass {s['pass']}: {s['rewrites']} merges")
+    if report.get("error"):
+        lines.append(f"  {report['error']}")
+    if report.get("outputs"):
+        lines.append(_table(_output_rows(report["outputs"]), _OUT_HEADER))
+    c = report.get("culprit") or {}
+    if c.get("value"):
+        lines.append(f"first diverging value: {c['value']!r} from {c['node']['op_type']} {c['node']['name']!r}"
+                     + (f" (rule {c['rule']})" if c.get("rule") else " (an original node)"))
+        lines += [x for x in _changed_lines(c) if "bisect" not in x]
+    elif c.get("message"):
+        lines.append(f"first diverging value: {c['message']}")
+    lines.append(f"culprit: {report.get('culprit_rule') or 'unknown'}")
+    return "\n".join(lines)

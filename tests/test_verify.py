@@ -1,0 +1,383 @@
+"""The verifier (onnxopt.verify) and its faces: ``python -m onnxopt verify``, ``bisect``,
+``--verify`` and ``optimize(verify=...)``.
+
+Failing verifications come from rules that are wrong on purpose (loaded as user rule files), so
+the tests prove that a real difference is caught, located and named.
+"""
+
+from __future__ import annotations
+
+import io as _io
+import json
+import textwrap
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from helpers import init, model, tinfo
+from onnxopt import cli, optimize, verify
+from onnxopt.errors import InvalidModelError, UsageError
+from onnxopt.models import synthetic
+
+ort = pytest.importorskip("onnxruntime")
+HAS_CUDA = "CUDAExecutionProvider" in ort.get_available_providers()
+
+# Wrong on purpose. drop_relu forwards Relu's input (it creates no node, so provenance cannot name
+# it; bisect must). erf_to_tanh creates a node, which carries the rule's name.
+BAD_RULES = textwrap.dedent('''
+    from onnxopt import Op, Rule
+
+
+    def _drop(m, b):
+        return m["x"]
+
+
+    def _tanh(m, b):
+        return b.op("Tanh", m["x"])
+
+
+    RULES = [
+        Rule("drop_relu", Op("Relu", "x"), _drop,
+             condition=lambda m: None if m.root.name == "b3/relu" else "not the one",
+             doc="Wrong on purpose: removes one Relu."),
+        Rule("erf_to_tanh", Op("Erf", "x"), _tanh, doc="Wrong on purpose: Erf is not Tanh."),
+    ]
+''')
+
+
+@pytest.fixture(scope="module")
+def syn(tmp_path_factory):
+    d = tmp_path_factory.mktemp("syn")
+    src = d / "model.onnx"
+    onnx.save(synthetic.build(60), str(src))
+    good = d / "good.onnx"
+    optimize(str(src), output=str(good))
+    rules = d / "bad_rules.py"
+    rules.write_text(BAD_RULES)
+    bad = d / "bad.onnx"
+    assert cli.main([str(src), "-o", str(bad), "--rules", str(rules), "-q"]) == 0
+    return {"src": src, "good": good, "bad": bad, "rules": rules, "dir": d}
+
+
+def run_main(capsys, *args):
+    code = cli.main([str(a) for a in args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def one_line_error(err: str) -> str:
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("onnxopt: error:") and "Traceback" not in err, err
+    return lines[0]
+
+
+# --- inputs ---------------------------------------------------------------------------------------
+
+
+def _text_model():
+    """input_ids index an embedding of 50 rows; the mask and a second table of 2 rows."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Gather", ["emb", "input_ids"], ["e"]),
+             helper.make_node("Gather", ["types", "token_type_ids"], ["t"]),
+             helper.make_node("Add", ["e", "t"], ["s"]),
+             helper.make_node("Cast", ["attention_mask"], ["mf"], to=TensorProto.FLOAT),
+             helper.make_node("Unsqueeze", ["mf", "ax"], ["m3"]),
+             helper.make_node("Mul", ["s", "m3"], ["y"])]
+    ins = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"])
+           for n in ("input_ids", "token_type_ids", "attention_mask")]
+    return model(nodes, ins, [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 4])],
+                 [init("emb", rng.standard_normal((50, 4)).astype(np.float32)),
+                  init("types", rng.standard_normal((2, 4)).astype(np.float32)), init("ax", np.array([-1]))])
+
+
+def test_generated_inputs_follow_shapes_symbols_and_valid_ranges():
+    m = _text_model()
+    feeds, how = verify.make_inputs(m, shapes={"input_ids": [3, 7]})
+    # the symbols batch=3, seq=7 fixed by input_ids carry over to the other inputs
+    assert {k: v.shape for k, v in feeds.items()} == {k: (3, 7) for k in feeds}
+    assert how["input_ids"]["range"] == [0, 49] and feeds["input_ids"].max() <= 49
+    assert how["token_type_ids"]["range"] == [0, 1]
+    assert how["attention_mask"]["range"] == [0, 1] and set(np.unique(feeds["attention_mask"])) <= {0, 1}
+    feeds2, _ = verify.make_inputs(m, shapes={"input_ids": [3, 7]})
+    assert all(np.array_equal(feeds[k], feeds2[k]) for k in feeds)  # same seed, same inputs
+    feeds3, _ = verify.make_inputs(m, shapes={"input_ids": [3, 7]}, seed=1)
+    assert not np.array_equal(feeds["input_ids"], feeds3["input_ids"])
+    feeds4, how4 = verify.make_inputs(m, int_ranges={"input_ids": (5, 6)})
+    assert set(np.unique(feeds4["input_ids"])) <= {5, 6} and how4["input_ids"]["range"] == [5, 6]
+    assert feeds4["input_ids"].shape == (1, 16)  # defaults: 1 on the first axis, 16 on others
+
+
+def test_inputs_from_npz_and_generated_for_the_rest(tmp_path):
+    m = _text_model()
+    ids = np.array([[1, 2, 3]], dtype=np.int64)
+    np.savez(tmp_path / "in.npz", input_ids=ids)
+    feeds, how = verify.make_inputs(m, npz=tmp_path / "in.npz")
+    assert np.array_equal(feeds["input_ids"], ids) and how["input_ids"]["source"] == "npz"
+    assert feeds["attention_mask"].shape == (1, 3) and how["attention_mask"]["source"] == "generated"
+    np.savez(tmp_path / "wrong.npz", input_ids=ids.astype(np.int32))
+    with pytest.raises(UsageError, match="int32"):
+        verify.make_inputs(m, npz=tmp_path / "wrong.npz")
+    np.savez(tmp_path / "extra.npz", nope=ids)
+    with pytest.raises(UsageError, match="nope"):
+        verify.make_inputs(m, npz=tmp_path / "extra.npz")
+
+
+@pytest.mark.parametrize("bad", [dict(shapes={"missing": [1]}), dict(shapes={"input_ids": [1, 2, 3]}),
+                                 dict(int_ranges={"nope": (0, 1)})])
+def test_input_settings_that_do_not_fit_the_model_are_refused(bad):
+    with pytest.raises(UsageError):
+        verify.make_inputs(_text_model(), **bad)
+
+
+@pytest.mark.parametrize("text,ok", [("x=1x3x224x224", {"x": [1, 3, 224, 224]}), ("a:b=2,3", {"a:b": [2, 3]}),
+                                     ("x", None), ("x=1xq", None), ("x=-1", None)])
+def test_parse_input_shape(text, ok):
+    if ok is None:
+        with pytest.raises(UsageError):
+            verify.parse_input_shapes([text])
+    else:
+        assert verify.parse_input_shapes([text]) == ok
+
+
+# --- comparison -----------------------------------------------------------------------------------
+
+
+def test_compare_statistics_and_tolerance():
+    a = np.linspace(-1, 1, 1000).astype(np.float32)
+    b = a.copy()
+    b[10] += 1e-3  # out of fp32 tolerance
+    b[20] += 1e-7  # within it
+    r = verify.compare(a, b, *verify.tolerance("float32")[:2])
+    assert not r["ok"] and r["out_of_tolerance"] == 1
+    assert r["max_abs"] == pytest.approx(1e-3, rel=1e-3) and r["cosine"] > 0.999999
+    assert r["p99_abs"] < r["max_abs"] and r["mean_abs"] == pytest.approx(r["max_abs"] / 1000, rel=0.01)
+    assert verify.compare(a, a.copy(), 1e-4, 1e-5)["ok"]
+    assert verify.compare(a, a[:10], 1e-4, 1e-5)["problem"] == "shape"
+    assert verify.compare(a, a.astype(np.float64), 1e-4, 1e-5)["problem"] == "dtype"
+
+
+def test_nan_and_inf_are_compared_explicitly():
+    a = np.array([np.nan, np.inf, -np.inf, 1.0], dtype=np.float32)
+    assert verify.compare(a, a.copy(), 1e-4, 1e-5)["ok"]  # NaN meets NaN, infinities themselves
+    r = verify.compare(a, np.array([0.0, np.inf, -np.inf, 1.0], np.float32), 1e-4, 1e-5)
+    assert not r["ok"] and r["nan_mismatch"] == 1 and r["nan_before"] == 1 and r["nan_after"] == 0
+    r = verify.compare(a, np.array([np.nan, np.inf, np.inf, 1.0], np.float32), 1e-4, 1e-5)
+    assert not r["ok"] and r["inf_mismatch"] == 1
+    r = verify.compare(a, np.array([np.nan, 3e38, -np.inf, 1.0], np.float32), 1.0, 1e30)  # inf vs finite
+    assert not r["ok"] and r["inf_mismatch"] == 1
+
+
+def test_default_tolerances_by_dtype_and_model_precision():
+    assert verify.tolerance("float32")[:2] == (1e-4, 1e-5)
+    assert verify.tolerance("float16")[:2] == (1e-2, 1e-3)
+    assert verify.tolerance("int64")[:2] == (0.0, 0.0)
+    assert verify.tolerance("int8")[:2] == (0.0, 1.0)
+    assert verify.tolerance("float32", low_precision=True)[:2] == verify.LOW_PRECISION
+    assert verify.tolerance("float32", rtol=0.5)[:2] == (0.5, 1e-5)
+    fp16 = model([helper.make_node("Add", ["x", "c"], ["y"])], [tinfo("x", [2], TensorProto.FLOAT16)],
+                 [tinfo("y", [2], TensorProto.FLOAT16)], [init("c", np.ones(2, np.float16))])
+    assert verify.is_low_precision(fp16) and not verify.is_low_precision(_text_model())
+
+
+# --- verify: agreement, kernels, latency ----------------------------------------------------------
+
+
+def test_verify_optimized_model_agrees_with_fewer_kernels(syn, tmp_path, capsys):
+    report_path = tmp_path / "r.json"
+    code, out, err = run_main(capsys, "verify", syn["src"], syn["good"], "--runs", "5", "--json", report_path)
+    assert code == 0, out + err
+    rep = json.loads(report_path.read_text())
+    cpu = rep["providers"]["cpu"]
+    assert rep["ok"] and cpu["ok"]
+    k = cpu["kernels"]
+    # onnxruntime folds this model's BatchNormalization itself: the same kernels either way
+    assert k["after"]["kernels"] == k["before"]["kernels"] == sum(k["before"]["by_op"].values())
+    convs = sum(n.op_type == "Conv" for n in onnx.load(str(syn["src"])).graph.node)
+    assert k["before"]["by_op"]["Conv"] == convs > 0 and "BatchNormalization" not in k["before"]["by_op"]
+    assert k["before"]["by_provider"] == {"CPUExecutionProvider": k["before"]["kernels"]}
+    lat = cpu["latency"]
+    assert lat["rounds"] == 5 and lat["after"]["median_ms"] > 0 and lat["ratio_median"] > 0
+    assert lat["before"]["p90_ms"] >= lat["before"]["median_ms"]
+    row = cpu["outputs"][0]
+    assert row["ok"] and row["max_abs"] < 1e-4 and row["cosine"] > 0.99999
+    assert "outputs agree" in out and "kernels per run:" in out and "latency" in out
+
+
+def test_verify_names_the_culprit_of_a_wrong_rewrite(syn, tmp_path, capsys):
+    code, out, err = run_main(capsys, "verify", syn["src"], syn["bad"], "--runs", "0", "--json", tmp_path / "r.json")
+    assert code == 1
+    rep = json.loads((tmp_path / "r.json").read_text())
+    c = rep["providers"]["cpu"]["culprit"]
+    # b3's Relu was dropped: the first value that diverges is what reads it, b3's Add
+    assert c["value"] == "b3.out" and c["node"]["name"] == "b3/add" and c["rule"] is None
+    ch = c["changed_inputs"][0]  # it read Identity(Relu(BN(Conv))), now the folded Conv directly
+    assert ch["before"] == "b3.id" and ch["producer_before"]["op_type"] == "Identity"
+    assert ch["producer_after"]["rule"] == "conv_bn_fold"
+    assert "first diverging value 'b3.out'" in out and "bisect" in out
+
+
+def test_bisect_finds_the_rule_and_node(syn, tmp_path, capsys):
+    code, out, err = run_main(capsys, "bisect", syn["src"], "--rules", syn["rules"], "--json", tmp_path / "b.json")
+    assert code == 1, out + err
+    rep = json.loads((tmp_path / "b.json").read_text())
+    assert rep["culprit_rule"] == "drop_relu"
+    assert rep["steps"] == [{"rule": "drop_relu", "replaced": ["b3/relu"], "created": []}]
+    assert 0 < rep["first_failing_rewrite"] <= rep["rewrites"]
+    assert out.strip().endswith("culprit: drop_relu")
+    # the step before is fine and the step itself is not: replay both
+    for n, ok in ((rep["first_failing_rewrite"] - 1, True), (rep["first_failing_rewrite"], False)):
+        from onnxopt import registry
+
+        extra = registry.load_rules_file(str(syn["rules"]))
+        out_model = optimize(onnx.load(str(syn["src"])), extra_rules=extra, stop_after=n)
+        r = verify.verify(syn["src"], out_model, runs=0)
+        assert r["ok"] is ok
+
+
+def test_bisect_of_a_good_optimization_exits_0(syn, capsys):
+    code, out, _ = run_main(capsys, "bisect", syn["src"], "-q")
+    assert code == 0 and "nothing to bisect" in out
+
+
+def test_culprit_rule_from_provenance_on_a_real_model(tmp_path, capsys):
+    """BERT (transformers, legacy exporter): erf_to_tanh turns its GELU wrong; the first diverging
+    value is the rule's own node, named by provenance; bisect agrees."""
+    pytest.importorskip("torch", reason="torch (the 'export' extra) is needed to export BERT")
+    pytest.importorskip("transformers", reason="transformers (the 'export' extra) is needed to build BERT")
+    from onnxopt.models import transformers_models
+
+    src = tmp_path / "bert.onnx"
+    transformers_models.export("bert", src, exporter="legacy", cache=tmp_path)
+    rules = tmp_path / "bad.py"
+    rules.write_text(BAD_RULES)
+    good, bad = tmp_path / "good.onnx", tmp_path / "bad.onnx"
+    assert cli.main([str(src), "-o", str(good), "-q"]) == 0
+    assert cli.main([str(src), "-o", str(bad), "--rules", str(rules), "-q"]) == 0
+    code, out, _ = run_main(capsys, "verify", src, good, "--input-shape", "input_ids=2x9", "--runs", "3",
+                            "--json", tmp_path / "g.json")
+    assert code == 0, out
+    g = json.loads((tmp_path / "g.json").read_text())
+    assert g["inputs"]["attention_mask"]["shape"] == [2, 9]  # the symbols carried over
+    assert g["inputs"]["input_ids"]["range"][1] == 8191  # the word-embedding table's rows
+    k = g["providers"]["cpu"]["kernels"]
+    assert k["after"]["kernels"] < k["before"]["kernels"]
+    code, out, _ = run_main(capsys, "verify", src, bad, "--runs", "0", "--json", tmp_path / "b.json")
+    assert code == 1
+    c = json.loads((tmp_path / "b.json").read_text())["providers"]["cpu"]["culprit"]
+    assert c["rule"] == "erf_to_tanh" and c["node"]["op_type"] == "Tanh"
+    assert "created by rule erf_to_tanh" in out
+    code, out, _ = run_main(capsys, "bisect", src, "--rules", rules, "--disable", "drop_relu", "-q")
+    assert code == 1 and out.strip() == "culprit: erf_to_tanh"
+
+
+# --- optimize(verify=...) and --verify ------------------------------------------------------------
+
+
+def test_optimize_with_verify_reports_and_writes(syn, tmp_path):
+    out = tmp_path / "o.onnx"
+    _, report = optimize(str(syn["src"]), output=str(out), verify=True, verify_options={"runs": 3},
+                         return_report=True)
+    assert out.exists() and report.verification["ok"]
+    assert report.verification["providers"]["cpu"]["latency"]["rounds"] == 3
+    assert "verify" in report.seconds and report.as_dict()["verification"]["ok"]
+
+
+def test_optimize_with_verify_refuses_a_wrong_result_and_writes_nothing(syn, tmp_path):
+    from onnxopt import registry
+
+    out = tmp_path / "o.onnx"
+    extra = registry.load_rules_file(str(syn["rules"]))
+    with pytest.raises(verify.VerificationError, match="b3.out") as exc:
+        optimize(str(syn["src"]), output=str(out), extra_rules=extra, verify="cpu", verify_options={"runs": 0})
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    assert exc.value.report["providers"]["cpu"]["culprit"]["node"]["name"] == "b3/add"
+    # in memory too: a proto in, nothing back
+    with pytest.raises(verify.VerificationError):
+        optimize(onnx.load(str(syn["src"])), extra_rules=extra, verify=True, verify_options={"runs": 0})
+
+
+def test_cli_verify_flag(syn, tmp_path, capsys):
+    out = tmp_path / "o.onnx"
+    code, stdout, err = run_main(capsys, syn["src"], "-o", out, "--verify", "cpu", "--runs", "2")
+    assert code == 0 and out.exists() and "outputs agree on cpu" in stdout
+    bad = tmp_path / "bad.onnx"
+    code, stdout, err = run_main(capsys, syn["src"], "-o", bad, "--verify", "--rules", syn["rules"], "--runs", "0")
+    assert code == 1 and not bad.exists()
+    assert err.startswith("onnxopt: verification failed, no output written: outputs differ on cpu")
+    assert len(err.strip().splitlines()) == 1
+
+
+# --- bad input ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", ["not-onnx", "missing", "truncated", "provider", "shape-arg", "npz"])
+def test_bad_input_exits_2_with_one_line(syn, tmp_path, capsys, case):
+    good = syn["good"]
+    args = ["verify", syn["src"], good]
+    if case == "not-onnx":
+        (tmp_path / "x.onnx").write_text("hello")
+        args = ["verify", tmp_path / "x.onnx", good]
+    elif case == "missing":
+        args = ["verify", tmp_path / "nope.onnx", good]
+    elif case == "truncated":
+        data = syn["src"].read_bytes()
+        (tmp_path / "t.onnx").write_bytes(data[: len(data) // 2])
+        args = ["verify", syn["src"], tmp_path / "t.onnx"]
+    elif case == "provider":
+        args += ["--providers", "tpu"]
+    elif case == "shape-arg":
+        args += ["--input-shape", "input"]
+    elif case == "npz":
+        (tmp_path / "in.npz").write_text("no")
+        args += ["--inputs", tmp_path / "in.npz"]
+    code, out, err = run_main(capsys, *args)
+    assert code == 2
+    one_line_error(err)
+
+
+def test_model_onnxruntime_cannot_run_is_bad_input(tmp_path, capsys):
+    m = model([helper.make_node("Relu", ["x"], ["y"], domain="custom.nope")], [tinfo("x", [2])], [tinfo("y", [2])])
+    m.opset_import.append(helper.make_opsetid("custom.nope", 1))
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    code, out, err = run_main(capsys, "verify", tmp_path / "m.onnx", tmp_path / "m.onnx")
+    assert code == 2 and "onnxruntime (cpu) cannot run the original model" in one_line_error(err)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="this onnxruntime has CUDA")
+def test_cuda_requested_without_it_is_a_clear_error(syn, capsys):
+    code, out, err = run_main(capsys, "verify", syn["src"], syn["good"], "--providers", "cpu,cuda")
+    assert code == 2 and "CUDAExecutionProvider is not available" in one_line_error(err)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs onnxruntime-gpu and an NVIDIA GPU (CUDAExecutionProvider)")
+def test_cpu_and_cuda(syn, tmp_path):
+    rep = verify.verify(syn["src"], syn["good"], providers="cpu,cuda", runs=5)
+    assert rep["ok"] and set(rep["providers"]) == {"cpu", "cuda"}
+    k = rep["providers"]["cuda"]["kernels"]["after"]
+    assert k["by_provider"].get("CUDAExecutionProvider", 0) > 0
+    assert set(rep["cross_provider"]["cpu-vs-cuda"]) == {"before", "after"}
+
+
+# --- the report -----------------------------------------------------------------------------------
+
+
+def test_progress_bar_draws_and_clears():
+    stream = _io.StringIO()
+    p = verify.Progress(enabled=True, stream=stream)
+    p("latency", 3, 10)
+    assert "[#######" in stream.getvalue() and "3/10 latency" in stream.getvalue()
+    p.close()
+    assert stream.getvalue().endswith("\r")
+    quiet = _io.StringIO()
+    verify.Progress(stream=quiet)("x", 1, 2)  # not a terminal: silent
+    assert quiet.getvalue() == ""
+
+
+def test_report_in_memory_models_and_bytes(syn):
+    src = onnx.load(str(syn["src"]))
+    rep = verify.verify(src, syn["good"].read_bytes(), runs=0)
+    assert rep["ok"] and "latency" not in rep["providers"]["cpu"]
+    with pytest.raises(InvalidModelError):
+        verify.verify(src, b"garbage", runs=0)
