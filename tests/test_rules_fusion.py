@@ -64,6 +64,20 @@ def test_conv_bn_fold(kw):
     assert np.abs(a[0]).max() > 0.1  # outputs are not trivially zero
 
 
+@pytest.mark.parametrize("kw", [dict(cin=32, cout=64), dict(cin=32, cout=64, bias=False),
+                                dict(cin=16, cout=16, group=16, seed=3)], ids=["bias", "no-bias", "depthwise"])
+def test_conv_bn_fold_is_bit_identical_on_onnxruntime(kw):
+    """onnxruntime folds BatchNormalization into Conv itself when it loads the original; computed
+    the same way, the folded weights are the same bits and so are the outputs."""
+    m = conv_bn_model(**kw)
+    out = optimize(m)
+    assert "BatchNormalization" not in op_types(out)
+    feeds = feeds_for(m)
+    a = run_ort(m, feeds, optimize=True)[0]
+    b = run_ort(out, feeds, optimize=True)[0]
+    assert np.array_equal(a, b), float(np.abs(a - b).max())
+
+
 def test_conv_bn_fold_fp16():
     m = conv_bn_model(dtype=np.float16)
     out = optimize(m)
