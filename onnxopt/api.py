@@ -138,15 +138,18 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
     if graph_passes is None:  # with the built-in library by default; an explicit rule list runs alone
         graph_passes = passes.PASSES if rules is None else ()
     graph_passes = [p for p in graph_passes if p not in disable]
-    if verify is not False:
+    if verify:
         from . import verify as verifier
 
         providers = verifier.parse_providers(verify)
         verifier.check_providers(providers)  # before the work: a missing provider is a usage error
     loaded = io.load(model, check=check, copy_ir=not inplace)
-    # what the verifier runs as the original: the input itself (a path), or a copy taken now
-    original = (model if loaded.kind == "path" else io.to_proto(loaded.model) if loaded.kind == "ir"
-                else model) if verify is not False else None
+    # what the verifier runs as the original: the input as given (a path, bytes, a proto, an IR
+    # model left untouched), or for an IR model rewritten in place, a clone taken now (tensors
+    # are shared: rules make new initializers rather than change existing ones)
+    original = None
+    if verify:
+        original = loaded.model.clone() if loaded.kind == "ir" and inplace else model
     t1 = time.perf_counter()
     before = driver.node_counts(loaded.model)
     result = driver.rewrite(loaded.model, chosen, max_rewrites=max_rewrites, graph_passes=graph_passes,
@@ -156,9 +159,8 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
     after = driver.node_counts(loaded.model)
     t2 = time.perf_counter()
     verification = None
-    if verify is not False:
-        verification = verifier.verify(original, io.to_proto(loaded.model), providers=providers,
-                                       **(verify_options or {}))
+    if verify:
+        verification = verifier.verify(original, loaded.model, providers=providers, **(verify_options or {}))
         if not verification["ok"]:
             raise verifier.VerificationError(f"verification failed, no output written: "
                                              f"{verifier.summary_line(verification)}", verification)

@@ -52,9 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     ext.add_argument("--external-data", metavar="NAME", nargs="?", const=True,
                      help="save weights to an external data file (default name: OUTPUT.data)")
     ext.add_argument("--single-file", action="store_true", help="save weights inside the model file")
-    p.add_argument("--verify", metavar="PROVIDERS", nargs="?", const="cpu",
+    p.add_argument("--verify", metavar="PROVIDERS",
                    help="before writing, verify the result against the input on onnxruntime (cpu, cuda or "
-                        "cpu,cuda; default cpu): on a difference, exit 1 and write nothing")
+                        "cpu,cuda): on a difference, exit 1 and write nothing")
     _add_verify_args(p)
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
     p.add_argument("--version", action="version", version=f"onnxopt {__version__}")

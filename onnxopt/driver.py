@@ -520,11 +520,13 @@ def rewrite(model: ir.Model, rules: Iterable[Rule], *, graph_passes: Iterable[st
             break
         changed = 0
         for name in between:
+            if driver._limit is not None and result.rewrites >= driver._limit:
+                break  # (stop_after: a pass is one step; the next one waits for the next round)
             n = _run_pass(stats[name], name, model, driver._push_users)
             changed += n
+            result.rewrites += n
             if n and keep_log:
                 result.log.append({"pass": name, "rewrites": n})
-        result.rewrites += changed
         if not changed:
             break
         remove_unused(model)

@@ -69,62 +69,91 @@ class VerifyUnavailable(OnnxoptError):
 # --- models -----------------------------------------------------------------------------------
 
 
+_PROTO_LIMIT = 2**31 - 2**26  # protobuf cannot serialize 2 GiB; keep clear of it
+
+
+def _has_external_data(proto: onnx.ModelProto) -> bool:
+    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)
+
+
 class _Model:
-    """One model for onnxruntime: a path, or bytes of a proto without external data."""
+    """One model for onnxruntime: its file (external data resolves beside it), or serialized bytes
+    when it is in memory; a model too large to serialize, or in memory with weights in external
+    files, is written to a temporary directory, removed by :meth:`close`."""
 
     def __init__(self, source, label: str):
         self.label = label
         self._tmp: tempfile.TemporaryDirectory | None = None
+        self.path: str | None = None
         if isinstance(source, (str, os.PathLike)):
             path = Path(source)
             if not path.is_file():
                 raise InvalidModelError(f"{label} model {path} does not exist")
-            self.path: str | None = str(path)
             io.load(path, check=True, copy_ir=False)  # validates: not ONNX, truncated, invalid, missing data
-            self.proto = onnx.load(str(path), load_external_data=False)
-        elif isinstance(source, onnx.ModelProto):
-            self.proto, self.path = source, None
-        else:
-            import onnx_ir as ir
+            self.path = str(path)
+            self.proto = onnx.load(self.path, load_external_data=False)
+            return
+        import onnx_ir as ir
 
-            if isinstance(source, ir.Model):
-                source = ir.to_proto(source)
-                self.proto, self.path = source, None
-            elif isinstance(source, bytes):
-                io.load(source, check=True, copy_ir=False)  # one-line errors for what is not a model
-                self.proto, self.path = onnx.load_from_string(source), None
+        if isinstance(source, bytes):
+            io.load(source, check=True, copy_ir=False)  # one-line errors for what is not a model
+            source = onnx.load_from_string(source)
+        if isinstance(source, onnx.ModelProto):
+            if _has_external_data(source):  # resolved against the working directory, as io.load does
+                source = ir.from_proto(source)
             else:
-                raise UsageError(f"{label}: expected a path, bytes, onnx.ModelProto or onnx_ir.Model")
-        if self.path is None and self.proto.ByteSize() >= 2**31 - 2**26:
-            self._tmp = tempfile.TemporaryDirectory(prefix="onnxopt-verify-")
-            self.path = os.path.join(self._tmp.name, "model.onnx")
+                self.proto = source
+        if isinstance(source, ir.Model):
+            external = any(isinstance(v.const_value, ir.ExternalTensor)
+                           for g in source.graphs() for v in g.initializers.values())
+            size = sum(v.const_value.nbytes for g in source.graphs() for v in g.initializers.values()
+                       if v.const_value is not None)
+            if external or size >= _PROTO_LIMIT:
+                io.clamp_ir_version(source)
+                self.path = os.path.join(self._dir(), "model.onnx")
+                ir.save(source, self.path, external_data="model.onnx.data")
+                self.proto = onnx.load(self.path, load_external_data=False)
+                return
+            self.proto = io.to_proto(source)
+        elif not isinstance(source, onnx.ModelProto):
+            raise UsageError(f"{label}: expected a path, bytes, onnx.ModelProto or onnx_ir.Model")
+        if self.proto.ByteSize() >= _PROTO_LIMIT:
+            self.path = os.path.join(self._dir(), "model.onnx")
             onnx.save(self.proto, self.path, save_as_external_data=True, location="model.onnx.data")
             self.proto = onnx.load(self.path, load_external_data=False)
+
+    def _dir(self) -> str:
+        if self._tmp is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="onnxopt-verify-")
+        return self._tmp.name
+
+    def close(self) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
 
     def source(self):
         return self.path if self.path is not None else self.proto.SerializeToString()
 
     def with_outputs(self, names: Sequence[str], types: Mapping[str, onnx.TypeProto]) -> bytes | str:
-        """The model with extra graph outputs (values of the main graph), for onnxruntime."""
-        proto = onnx.ModelProto()
-        proto.CopyFrom(self.proto)
+        """The model with extra graph outputs (values of the main graph), for onnxruntime: bytes
+        (weights loaded from external files when they fit), else a file in the temporary directory."""
+        if self.path is not None and _has_external_data(self.proto):
+            proto = onnx.load(self.path, load_external_data=False)
+            onnx.load_external_data_for_model(proto, os.path.dirname(os.path.abspath(self.path)))
+        else:
+            proto = onnx.ModelProto()
+            proto.CopyFrom(self.proto)
         have = {o.name for o in proto.graph.output}
         for name in names:
             if name not in have:
                 vi = proto.graph.output.add()
                 vi.name = name
                 vi.type.CopyFrom(types[name])
-        if self.path is None:
+        if proto.ByteSize() < _PROTO_LIMIT:
             return proto.SerializeToString()
-        # keep external data resolvable: write next to nothing, point at the original directory
-        tmp = tempfile.mkdtemp(prefix="onnxopt-verify-")
-        base = os.path.dirname(os.path.abspath(self.path))
-        for init in proto.graph.initializer:
-            for entry in init.external_data:
-                if entry.key == "location":
-                    entry.value = os.path.join(base, entry.value)
-        path = os.path.join(tmp, "model.onnx")
-        onnx.save(proto, path)
+        path = os.path.join(self._dir(), "exposed.onnx")
+        onnx.save(proto, path, save_as_external_data=True, location="exposed.onnx.data")
         return path
 
 
@@ -161,12 +190,19 @@ def check_providers(providers: Sequence[str]) -> None:
                                     f"({', '.join(available)}); for cuda install onnxruntime-gpu")
 
 
+# CUDA sessions whose outputs are compared run without TF32 (onnxruntime's CUDA EP uses it by
+# default for float32 MatMul/Conv): its 10-bit mantissa makes two runs of the same computation
+# with regrouped weights differ by ~1e-3, which would hide what the optimizer did.
+EXACT_CUDA_OPTIONS = {"use_tf32": "0"}
+
+
 def session(model, provider: str = "cpu", *, profile_prefix: str | None = None, threads: int = 0,
-            optimization: str | None = None):
-    """An onnxruntime session on one provider (CUDA sessions fall back to CPU for what CUDA lacks)."""
+            optimization: str | None = None, exact: bool = False):
+    """An onnxruntime session on one provider (CUDA sessions fall back to CPU for what CUDA lacks);
+    ``exact``: CUDA without TF32 (for comparing outputs; latency runs with the defaults)."""
     ort = _ort()
     so = ort.SessionOptions()
-    so.log_severity_level = 3
+    so.log_severity_level = 4  # fatal only: failures come back as exceptions, reported in one line
     if threads:
         so.intra_op_num_threads = threads
     if profile_prefix:
@@ -175,6 +211,8 @@ def session(model, provider: str = "cpu", *, profile_prefix: str | None = None, 
     if optimization == "disable":
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     names = [PROVIDERS[provider]] + (["CPUExecutionProvider"] if provider != "cpu" else [])
+    if provider == "cuda" and exact:
+        names = [(names[0], dict(EXACT_CUDA_OPTIONS)), *names[1:]]
     return ort.InferenceSession(model, so, providers=names)
 
 
@@ -281,6 +319,8 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
                 if d.dim_param:
                     symbols.setdefault(d.dim_param, v)
     bounds = _gather_bounds(proto)
+    if seed < 0:
+        raise UsageError(f"seed {seed}: must not be negative")
     rng = np.random.default_rng(seed)
     feeds, how = {}, {}
     for vi in graph_inputs:
@@ -298,6 +338,9 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
         if dtype is None:
             raise UsageError(f"input {vi.name!r} has type {onnx.TensorProto.DataType.Name(tt.elem_type)}, "
                              "which is not generated; give it in an .npz file")
+        if not tt.HasField("shape") and vi.name not in shapes:
+            raise UsageError(f"input {vi.name!r} has no declared shape: give it with --input-shape "
+                             f"{vi.name}=D1xD2... (or in an .npz file)")
         if vi.name in shapes:
             shape = list(shapes[vi.name])
             if tt.HasField("shape") and len(shape) != len(tt.shape.dim):
@@ -318,6 +361,8 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
                     if d.dim_param:
                         symbols[d.dim_param] = v
                     shape.append(v)
+        if vi.name in int_ranges and not np.issubdtype(dtype, np.integer):
+            raise UsageError(f"--int-range {vi.name}: the input is {np.dtype(dtype)}, not an integer type")
         info = {"source": "generated", "shape": shape, "dtype": str(np.dtype(dtype))}
         if np.issubdtype(dtype, np.floating):
             arr = rng.standard_normal(shape).astype(dtype)
@@ -333,8 +378,11 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
                 lo, hi = 0, 1
             else:
                 lo, hi = 0, 9
+            limits = np.iinfo(dtype)
+            if lo < limits.min or hi > limits.max:
+                raise UsageError(f"integer range {lo}..{hi} of input {vi.name!r} does not fit its type {np.dtype(dtype)}")
             info["range"] = [lo, hi]
-            arr = rng.integers(lo, hi, shape, endpoint=True).astype(dtype)
+            arr = rng.integers(lo, hi, shape, endpoint=True, dtype=dtype)
         feeds[vi.name] = arr
         how[vi.name] = info
     return feeds, how
@@ -382,6 +430,17 @@ def compare(before: np.ndarray, after: np.ndarray, rtol: float, atol: float) -> 
         equal = before == after
         out.update(out_of_tolerance=int(n - np.count_nonzero(equal)), ok=bool(np.all(equal)))
         return out
+    if before.dtype.kind in "iub":  # integers and bools: exact arithmetic (int64 does not fit float64)
+        wide = object if before.dtype.itemsize == 8 else np.int64
+        d = np.abs(before.astype(wide) - after.astype(wide)).astype(np.float64) if n else np.zeros(0)
+        ref = np.abs(before.astype(np.float64))
+        bad = (before.astype(wide) != after.astype(wide)) & (d > atol + rtol * ref) if n else np.zeros(0, bool)
+        out_tol = int(np.count_nonzero(bad))
+        out.update(max_abs=float(d.max()) if n else 0.0, mean_abs=float(d.mean()) if n else 0.0,
+                   p99_abs=float(np.percentile(d, 99)) if n else 0.0,
+                   max_rel=float((d / np.maximum(np.maximum(ref, np.abs(after.astype(np.float64))), 1)).max())
+                   if n else 0.0, out_of_tolerance=out_tol, ok=out_tol == 0)
+        return out
     a = before.astype(np.float64)
     b = after.astype(np.float64)
     nan_a, nan_b = np.isnan(a), np.isnan(b)
@@ -395,7 +454,8 @@ def compare(before: np.ndarray, after: np.ndarray, rtol: float, atol: float) -> 
     out.update(nan_before=int(nan_a.sum()), nan_after=int(nan_b.sum()), inf_before=int(inf_a.sum()),
                inf_after=int(inf_b.sum()), nan_mismatch=nan_mismatch, inf_mismatch=inf_mismatch)
     if d.size:
-        rel = d / np.maximum(ref, np.finfo(np.float64).tiny)
+        # relative to the larger magnitude of the two: 2 at most (a sign flip), never 1e307 at a zero
+        rel = d / np.maximum(np.maximum(ref, np.abs(b[finite])), np.finfo(np.float64).tiny)
         rel[d == 0] = 0.0
         out.update(max_abs=float(d.max()), max_rel=float(rel.max()), mean_abs=float(d.mean()),
                    p99_abs=float(np.percentile(d, 99)))
@@ -457,7 +517,7 @@ def run_profiled(model, feeds: Mapping[str, np.ndarray], provider: str = "cpu", 
     """Outputs, kernel counts of one profiled run (after ``warmup`` runs) and session-creation seconds."""
     with tempfile.TemporaryDirectory(prefix="onnxopt-prof-") as tmp:
         t0 = time.perf_counter()
-        sess = session(model, provider, profile_prefix=os.path.join(tmp, "p"), threads=threads)
+        sess = session(model, provider, profile_prefix=os.path.join(tmp, "p"), threads=threads, exact=True)
         init_s = time.perf_counter() - t0
         feeds = {i.name: feeds[i.name] for i in sess.get_inputs()}
         for _ in range(max(0, warmup)):
@@ -566,7 +626,7 @@ def find_culprit(original: _Model, optimized: _Model, feeds: Mapping[str, np.nda
         return result
     values = {}
     for label, model, types in (("before", original, t_orig), ("after", optimized, t_opt)):
-        sess = session(model.with_outputs(names, types), provider, optimization="disable")
+        sess = session(model.with_outputs(names, types), provider, optimization="disable", exact=True)
         f = {i.name: feeds[i.name] for i in sess.get_inputs()}
         outs = sess.run([*names], f)
         values[label] = dict(zip(names, outs))
@@ -684,9 +744,24 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
     rounds per provider after ``warmup`` runs (0 skips latency, as does ``latency=False``)."""
     providers = parse_providers(providers)
     check_providers(providers)
+    if runs < 0 or warmup < 0:
+        raise UsageError("runs and warm-up runs must not be negative")
     progress = progress or Progress(enabled=False)
-    before = _Model(original, "original")
-    after = _Model(optimized, "optimized")
+    before = after = None
+    try:
+        before = _Model(original, "original")
+        after = _Model(optimized, "optimized")
+        return _verify(before, after, providers, feeds, inputs, input_shapes, int_ranges, seed, rtol, atol, runs,
+                       warmup, latency, culprit, threads, progress)
+    finally:
+        progress.close()
+        for m in (before, after):
+            if m is not None:
+                m.close()
+
+
+def _verify(before: _Model, after: _Model, providers, feeds, inputs, input_shapes, int_ranges, seed, rtol, atol,
+            runs, warmup, latency, culprit, threads, progress) -> dict:
     if feeds is None:
         feeds, how = make_inputs(before, shapes=input_shapes, int_ranges=int_ranges, npz=inputs, seed=seed)
     else:
@@ -707,10 +782,18 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
             try:
                 got[label], kernels, init_s = run_profiled(model.source(), feeds, p, threads=threads)
             except Exception as exc:  # noqa: BLE001 - onnxruntime refusing a model is a result
-                raise InvalidModelError(f"onnxruntime ({p}) cannot run the {model.label} model: {_one_line(exc)}") \
-                    from None
+                if label == "before":  # the reference itself does not run: bad input
+                    raise InvalidModelError(f"onnxruntime ({p}) cannot run the original model: {_one_line(exc)}") \
+                        from None
+                entry["error"] = f"onnxruntime ({p}) cannot run the optimized model: {_one_line(exc)}"
+                break
             entry.setdefault("kernels", {})[label] = {**kernels, "session_init_s": round(init_s, 4)}
             step += 1
+        if "error" in entry:  # the optimized model does not run where the original does: it fails
+            entry.update(ok=False, outputs=[{"name": name, "ok": False, "problem": "the optimized model does not run"}
+                                            for name, _ in got["before"]])
+            report["providers"][p] = entry
+            continue
         outputs[p] = got
         entry["outputs"] = compare_all(got["before"], got["after"], low_precision=low, rtol=rtol, atol=atol)
         entry["ok"] = all(r["ok"] for r in entry["outputs"])
@@ -743,7 +826,6 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
             report["cross_provider"][f"cpu-vs-{p}"] = {
                 label: compare_all(outputs["cpu"][label], outputs[p][label], low_precision=low, rtol=rtol, atol=atol)
                 for label in ("before", "after")}
-    progress.close()
     report["ok"] = all(e["ok"] for e in report["providers"].values())
     return report
 
@@ -753,6 +835,8 @@ def summary_line(report: dict) -> str:
     for p, entry in report["providers"].items():
         if entry["ok"]:
             continue
+        if entry.get("error"):
+            return entry["error"]
         bad = [r for r in entry["outputs"] if not r["ok"]]
         r = bad[0]
         what = r.get("problem") or (f"{r.get('out_of_tolerance')}/{r.get('elements')} elements out of tolerance, "
@@ -831,6 +915,11 @@ def format_report(report: dict) -> str:
     for p, e in report["providers"].items():
         lines += ["", f"== {p.upper()} ({PROVIDERS[p]}): {'outputs agree' if e['ok'] else 'OUTPUTS DIFFER'}",
                   _table(_output_rows(e["outputs"]), _OUT_HEADER)]
+        if e.get("error"):
+            lines.append(e["error"])
+            continue
+        if p == "cuda":
+            lines.append("(CUDA outputs are compared with TF32 off, use_tf32=0; latency runs with the defaults)")
         kb, ka = e["kernels"]["before"], e["kernels"]["after"]
         prov = lambda k: ", ".join(f"{n.replace('ExecutionProvider', '')} {c}" for n, c in k["by_provider"].items())  # noqa: E731
         lines.append(f"kernels per run: {kb['kernels']} -> {ka['kernels']} ({ka['kernels'] - kb['kernels']:+d}); "
@@ -888,21 +977,31 @@ def bisect(model, *, rules=None, extra_rules=(), disable: Iterable[str] = (), ta
     ``n`` rewrites of the full run (a graph pass's merges count as rewrites and run as one step).
     The result names the step: the rule and the nodes it replaced and created (or the pass),
     and the first diverging value in the model right after it."""
-    import onnx_ir as ir
-
-    from .api import optimize
-
     provider = parse_providers(provider)[0]
     check_providers([provider])
     progress = progress or Progress(enabled=False)
     original = _Model(model, "original")
+    try:
+        return _bisect(original, rules, extra_rules, disable, target, provider, inputs, input_shapes, int_ranges,
+                       seed, rtol, atol, optimize_options, progress)
+    finally:
+        progress.close()
+        original.close()
+
+
+def _bisect(original: _Model, rules, extra_rules, disable, target, provider, inputs, input_shapes, int_ranges,
+            seed, rtol, atol, optimize_options, progress) -> dict:
+    import onnx_ir as ir
+
+    from .api import optimize
+
     source = ir.load(original.path) if original.path is not None else ir.from_proto(original.proto)
     feeds, how = make_inputs(original, shapes=input_shapes, int_ranges=int_ranges, npz=inputs, seed=seed)
     low = is_low_precision(original.proto)
-    sess = session(original.source(), provider)
-    reference = [(o.name, np.asarray(v)) for o, v in zip(sess.get_outputs(),
-                                                         sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()}))]
-    del sess
+    try:
+        reference = _run(original.source(), feeds, provider)
+    except Exception as exc:  # noqa: BLE001
+        raise InvalidModelError(f"onnxruntime ({provider}) cannot run the original model: {_one_line(exc)}") from None
     options = dict(optimize_options or {})
     runs: dict = {}
 
@@ -911,62 +1010,69 @@ def bisect(model, *, rules=None, extra_rules=(), disable: Iterable[str] = (), ta
         if key not in runs:
             out, rep = optimize(source, rules=rules, extra_rules=extra_rules, disable=disable, target=target,
                                 stop_after=n if n is not None else 10**12, return_report=True, **options)
-            proto = io.to_proto(out)
+            built = _Model(out, "optimized")
             try:
-                s = session(proto.SerializeToString() if proto.ByteSize() < 2**31 - 2**26 else
-                            _Model(proto, "optimized").source(), provider)
-                got = [(o.name, np.asarray(v)) for o, v in zip(s.get_outputs(),
-                                                              s.run(None, {i.name: feeds[i.name] for i in s.get_inputs()}))]
-                rows = compare_all(reference, got, low_precision=low, rtol=rtol, atol=atol)
+                rows = compare_all(reference, _run(built.source(), feeds, provider), low_precision=low, rtol=rtol,
+                                   atol=atol)
                 ok, error = all(r["ok"] for r in rows), None
             except Exception as exc:  # noqa: BLE001 - a model onnxruntime rejects fails verification
                 rows, ok, error = [], False, f"onnxruntime cannot run it: {_one_line(exc)}"
             runs[key] = {"ok": ok, "rows": rows, "error": error, "log": rep.log, "rewrites": rep.rewrites,
-                         "proto": proto}
+                         "model": built}
         return runs[key]
 
-    progress("full optimization", 0, 1)
-    full = attempt(None)
-    total = full["rewrites"]
-    report: dict = {"model": original.path or "model", "provider": provider, "inputs": how, "seed": seed,
-                    "rewrites": total}
-    if full["ok"]:
-        progress.close()
-        report.update(ok=True, message=f"the fully optimized model ({total} rewrites) verifies on {provider}: "
-                                       "nothing to bisect")
-        return report
-    lo, hi = 0, total
-    steps_total = max(1, int(np.ceil(np.log2(total + 1))) + 1)
-    done = 0
-    progress(f"bisecting {total} rewrites", done, steps_total)
-    if not attempt(0)["ok"]:
-        hi = 0
-    else:
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            done += 1
-            progress(f"bisecting: rewrites {lo}..{hi}", done, steps_total)
-            if attempt(mid)["ok"]:
-                lo = mid
-            else:
-                hi = mid
-    bad = attempt(hi) if hi < total else full
-    good_log = attempt(lo)["log"] if hi > 0 else []
-    steps = bad["log"][len(good_log):] if hi > 0 else bad["log"]
-    report.update(ok=False, first_failing_rewrite=hi, steps=steps, outputs=bad["rows"], error=bad["error"])
-    rules_named = [s["rule"] for s in steps if "rule" in s] + [s["pass"] for s in steps if "pass" in s]
-    report["culprit_rule"] = rules_named[0] if rules_named else None
-    if hi == 0:
-        report["message"] = ("outputs already differ before any rule fires: the graph passes that run first "
-                             f"({', '.join(rules_named) or 'none'}) or the model itself")
-    progress("locating the first diverging value", steps_total, steps_total)
     try:
-        report["culprit"] = find_culprit(original, _Model(bad["proto"], "optimized"), feeds, provider,
-                                         low_precision=low, rtol=rtol, atol=atol)
-    except Exception as exc:  # noqa: BLE001
-        report["culprit"] = {"message": f"could not expose intermediate values: {_one_line(exc)}"}
-    progress.close()
-    return report
+        progress("full optimization", 0, 1)
+        full = attempt(None)
+        total = full["rewrites"]
+        report: dict = {"model": original.path or "model", "provider": provider, "inputs": how, "seed": seed,
+                        "rewrites": total}
+        if full["ok"]:
+            report.update(ok=True, message=f"the fully optimized model ({total} rewrites) verifies on {provider}: "
+                                           "nothing to bisect")
+            return report
+        lo, hi = 0, total
+        steps_total = max(1, int(np.ceil(np.log2(total + 1))) + 1)
+        done = 0
+        progress(f"bisecting {total} rewrites", done, steps_total)
+        if not attempt(0)["ok"]:
+            hi = 0
+        else:
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                done += 1
+                progress(f"bisecting: rewrites {lo}..{hi}", done, steps_total)
+                if attempt(mid)["ok"]:
+                    lo = mid
+                else:
+                    hi = mid
+        bad = attempt(hi) if hi < total else full
+        good_log = attempt(lo)["log"] if hi > 0 else []
+        steps = bad["log"][len(good_log):] if hi > 0 else bad["log"]
+        report.update(ok=False, first_failing_rewrite=hi, steps=steps, outputs=bad["rows"], error=bad["error"])
+        named = [s.get("rule") or s.get("pass") for s in steps]
+        report["culprit_rule"] = named[0] if named else None
+        if hi == 0:
+            report["message"] = ("outputs already differ before any rule fires: the graph passes that run first "
+                                 f"({', '.join(named) or 'none'}) or the model itself")
+        progress("locating the first diverging value", steps_total, steps_total)
+        try:
+            report["culprit"] = find_culprit(original, bad["model"], feeds, provider, low_precision=low, rtol=rtol,
+                                             atol=atol)
+        except Exception as exc:  # noqa: BLE001
+            report["culprit"] = {"message": f"could not expose intermediate values: {_one_line(exc)}"}
+        return report
+    finally:
+        for r in runs.values():
+            r["model"].close()
+        for r in runs.values():
+            r.pop("model", None)
+
+
+def _run(model, feeds: Mapping[str, np.ndarray], provider: str) -> list[tuple[str, np.ndarray]]:
+    sess = session(model, provider, exact=True)
+    outs = sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()})
+    return [(o.name, np.asarray(v)) for o, v in zip(sess.get_outputs(), outs)]
 
 
 def format_bisect(report: dict) -> str:

@@ -303,7 +303,7 @@ def test_cli_verify_flag(syn, tmp_path, capsys):
     code, stdout, err = run_main(capsys, syn["src"], "-o", out, "--verify", "cpu", "--runs", "2")
     assert code == 0 and out.exists() and "outputs agree on cpu" in stdout
     bad = tmp_path / "bad.onnx"
-    code, stdout, err = run_main(capsys, syn["src"], "-o", bad, "--verify", "--rules", syn["rules"], "--runs", "0")
+    code, stdout, err = run_main(capsys, syn["src"], "-o", bad, "--verify", "cpu", "--rules", syn["rules"], "--runs", "0")
     assert code == 1 and not bad.exists()
     assert err.startswith("onnxopt: verification failed, no output written: outputs differ on cpu")
     assert len(err.strip().splitlines()) == 1
@@ -381,3 +381,126 @@ def test_report_in_memory_models_and_bytes(syn):
     assert rep["ok"] and "latency" not in rep["providers"]["cpu"]
     with pytest.raises(InvalidModelError):
         verify.verify(src, b"garbage", runs=0)
+
+
+# --- regressions from review ----------------------------------------------------------------------
+
+
+def _matmul_model(neg=False):
+    rng = np.random.default_rng(3)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Neg" if neg else "Identity", ["r"], ["y"])]
+    return model(nodes, [tinfo("x", [2, 64])], [tinfo("y", [2, 64])],
+                 [init("w", rng.standard_normal((64, 64)).astype(np.float32))])
+
+
+def test_external_data_models_in_another_directory(tmp_path, capsys, monkeypatch):
+    d = tmp_path / "models"
+    d.mkdir()
+    for name, neg in (("a", False), ("b", True)):
+        onnx.save(_matmul_model(neg), str(d / f"{name}.onnx"), save_as_external_data=True, location=f"{name}.data",
+                  size_threshold=0)
+    monkeypatch.chdir(tmp_path)  # the data files are beside the models, not in the working directory
+    code, out, err = run_main(capsys, "verify", d / "a.onnx", d / "b.onnx", "--runs", "0", "--json", "r.json")
+    assert code == 1, err
+    c = json.loads((tmp_path / "r.json").read_text())["providers"]["cpu"]["culprit"]
+    assert c["value"] == "y" and c["node"]["op_type"] == "Neg"  # intermediate values exposed with the weights
+    out_path = tmp_path / "o.onnx"
+    code, out, err = run_main(capsys, d / "a.onnx", "-o", out_path, "--verify", "cpu", "--runs", "0")
+    assert code == 0, err
+    assert (tmp_path / "o.onnx.data").exists()  # written with external data, after verification
+    code, out, err = run_main(capsys, "bisect", d / "a.onnx", "-q")
+    assert code == 0 and "nothing to bisect" in out
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("onnxopt-verify")]
+
+
+def test_no_temporary_directories_are_left(syn, tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    verify.verify(syn["src"], syn["bad"], runs=0)  # culprit search writes exposed models
+    verify.bisect(syn["src"], extra_rules=__import__("onnxopt").registry.load_rules_file(str(syn["rules"])))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_int64_outputs_compare_exactly():
+    a = np.array([2**60, 5], dtype=np.int64)
+    b = np.array([2**60 + 1, 5], dtype=np.int64)
+    r = verify.compare(a, b, *verify.tolerance("int64")[:2])
+    assert not r["ok"] and r["out_of_tolerance"] == 1 and r["max_abs"] == 1.0
+    assert verify.compare(a, a.copy(), 0.0, 0.0)["ok"]
+    i8 = np.array([3, -4], np.int8)
+    assert verify.compare(i8, np.array([4, -4], np.int8), *verify.tolerance("int8")[:2])["ok"]  # one step
+    assert not verify.compare(i8, np.array([5, -4], np.int8), *verify.tolerance("int8")[:2])["ok"]
+
+
+def test_relative_error_at_a_zero_reference_is_bounded():
+    r = verify.compare(np.array([0.0, 1.0], np.float32), np.array([1e-3, 1.0], np.float32), 1e-4, 1e-5)
+    assert r["max_rel"] == pytest.approx(1.0) and not r["ok"]
+
+
+def test_an_optimized_model_that_does_not_run_fails_verification(tmp_path, capsys):
+    bad_rule = tmp_path / "r.py"
+    bad_rule.write_text(textwrap.dedent('''
+        from onnxopt import Op, Rule
+
+        def _wrong(m, b):
+            return b.op("Relu", m["x"], domain="com.example.nothing")
+
+        RULES = [Rule("unknown_op", Op("Neg", "x"), _wrong, doc="Wrong on purpose: an op nobody implements.")]
+    '''))
+    src = tmp_path / "m.onnx"
+    onnx.save(_matmul_model(True), str(src))
+    out = tmp_path / "o.onnx"
+    code, stdout, err = run_main(capsys, src, "-o", out, "--rules", bad_rule, "--verify", "cpu", "--runs", "0")
+    assert code == 1 and not out.exists() and "cannot run the optimized model" in err
+
+
+@pytest.mark.parametrize("args", [["--seed", "-1"], ["--runs", "-1"], ["--int-range", "input_ids=0:99999999999999999999"],
+                                  ["--int-range", "input_ids=-1:3x"], ["--int-range", "emb=0:3"]])
+def test_bad_settings_exit_2(tmp_path, capsys, args):
+    src = tmp_path / "text.onnx"
+    onnx.save(_text_model(), str(src))
+    code, out, err = run_main(capsys, "verify", src, src, *args)
+    assert code == 2
+    one_line_error(err)
+
+
+def test_int_range_on_a_float_input_is_refused():
+    with pytest.raises(UsageError, match="not an integer"):
+        verify.make_inputs(synthetic.build(10), int_ranges={"input": (0, 1)})
+
+
+def test_stop_after_counts_each_graph_pass_as_one_step():
+    """bisect relies on stop_after=n being a prefix of the full run: a pass runs whole, and no
+    further pass runs once the count is reached."""
+    w = np.random.default_rng(5).standard_normal((4, 4)).astype(np.float32)
+    nodes = [helper.make_node("Constant", [], ["zero"], value=helper.make_tensor("z", TensorProto.FLOAT, [], [0.0])),
+             helper.make_node("MatMul", ["x", "w1"], ["a"]), helper.make_node("MatMul", ["x", "w2"], ["b"]),
+             helper.make_node("Relu", ["a"], ["ra"]), helper.make_node("Relu", ["b"], ["rb"]),
+             helper.make_node("Add", ["ra", "rb"], ["s"]), helper.make_node("Add", ["s", "zero"], ["t"]),
+             helper.make_node("Identity", ["t"], ["y"])]
+    m = model(nodes, [tinfo("x", [2, 4])], [tinfo("y", [2, 4])], [init("w1", w), init("w2", w.copy())])
+    full = optimize(m, stop_after=10**9, return_report=True)[1]
+    kinds = [s.get("pass") or s["rule"] for s in full.log]
+    assert {"constant_lifting", "initializer_deduplication", "common_subexpression_elimination"} <= set(kinds), kinds
+    count = 0
+    for i, step in enumerate(full.log):
+        count += step.get("rewrites", 1)
+        rep = optimize(m, stop_after=count, return_report=True)[1]
+        assert rep.log == full.log[: i + 1], (i, kinds)
+
+
+def test_cuda_sessions_compare_without_tf32(monkeypatch):
+    seen = {}
+
+    class FakeSession:
+        def __init__(self, model, so, providers):
+            seen["providers"] = providers
+
+    monkeypatch.setattr(ort, "InferenceSession", FakeSession)
+    verify.session(b"", "cuda", exact=True)
+    assert seen["providers"][0] == ("CUDAExecutionProvider", {"use_tf32": "0"})
+    verify.session(b"", "cuda")
+    assert seen["providers"][0] == "CUDAExecutionProvider"  # latency: onnxruntime's defaults
