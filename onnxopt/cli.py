@@ -5,7 +5,7 @@
     onnxopt bisect MODEL ...                  find the rewrite that breaks a model
 
 Exit codes: 0 success, 1 outputs differ beyond tolerance (verification), 2 bad input or usage
-(one line on stderr, no traceback).
+(one line on stderr, no traceback), 3 an internal error (a bug in onnxopt; one line too).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from . import __version__, fold, io, passes, registry
 from .api import optimize, resolve_rules
 from .errors import OnnxoptError
 
-EXIT_OK, EXIT_DIFFERS, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_DIFFERS, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
 
 class _Parser(argparse.ArgumentParser):
@@ -144,6 +144,10 @@ def _errors(fn):
         return _fail(str(exc))
     except (OSError, MemoryError) as exc:
         return _fail(f"{type(exc).__name__}: {exc}")
+    except Exception as exc:  # a bug of ours: say so in one line, and not with 1 ("outputs differ")
+        text = " ".join(str(exc).split())[:300]
+        print(f"onnxopt: internal error: {type(exc).__name__}: {text} (please report it)", file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 def verify_main(argv: list[str]) -> int:

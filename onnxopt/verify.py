@@ -347,12 +347,12 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
                 raise UsageError(f"--input-shape {vi.name}: rank {len(shape)}, the model's input has rank "
                                  f"{len(tt.shape.dim)}")
             for d, v in zip(tt.shape.dim, shape):
-                if d.HasField("dim_value") and d.dim_value != v:
+                if d.HasField("dim_value") and d.dim_value >= 0 and d.dim_value != v:
                     raise UsageError(f"--input-shape {vi.name}: dimension {v} where the model fixes {d.dim_value}")
         else:
             shape = []
             for k, d in enumerate(tt.shape.dim):
-                if d.HasField("dim_value"):
+                if d.HasField("dim_value") and d.dim_value >= 0:  # (some exporters write -1 for "unknown")
                     shape.append(d.dim_value)
                 elif d.dim_param and d.dim_param in symbols:
                     shape.append(symbols[d.dim_param])

@@ -504,3 +504,22 @@ def test_cuda_sessions_compare_without_tf32(monkeypatch):
     assert seen["providers"][0] == ("CUDAExecutionProvider", {"use_tf32": "0"})
     verify.session(b"", "cuda")
     assert seen["providers"][0] == "CUDAExecutionProvider"  # latency: onnxruntime's defaults
+
+
+def test_a_dimension_of_minus_one_is_dynamic():
+    """PP-OCR's exports declare the batch axis as dim_value -1 (meaning unknown)."""
+    m = model([helper.make_node("Relu", ["x"], ["y"])], [tinfo("x", ["b", 3])], [tinfo("y", ["b", 3])])
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = -1
+    feeds, _ = verify.make_inputs(m)
+    assert feeds["x"].shape == (1, 3)
+    feeds, _ = verify.make_inputs(m, shapes={"x": [4, 3]})
+    assert feeds["x"].shape == (4, 3)
+
+
+def test_an_internal_error_is_one_line_and_not_exit_1(syn, capsys, monkeypatch):
+    def boom(*a, **k):
+        raise RuntimeError("something\nbroke")
+
+    monkeypatch.setattr(verify, "verify", boom)
+    code, out, err = run_main(capsys, "verify", syn["src"], syn["good"])
+    assert code == 3 and err.strip() == "onnxopt: internal error: RuntimeError: something broke (please report it)"
