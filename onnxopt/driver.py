@@ -365,6 +365,8 @@ class Driver:
                 new.type = old.type
             if old.shape is not None and (new.shape is None or old.is_graph_output()):
                 new.shape = old.shape
+            if passes.DECLARED in old.meta and new in created:
+                new.meta[passes.DECLARED] = old.meta[passes.DECLARED]  # the same tensor, as recorded
             name = old.name
             if (new in created and name) or old.is_graph_output():
                 old.name = None
@@ -501,7 +503,7 @@ def rewrite(model: ir.Model, rules: Iterable[Rule], *, graph_passes: Iterable[st
     remove_unused(model)
     wanted = set(graph_passes)
     stats = {name: RuleStats() for name in passes.PASSES if name in wanted}
-    declared = passes.declared_shapes(model)
+    passes.mark_declared(model)
     keep_log = options.get("keep_log", False)
     early, early_log = 0, []
     for name in passes.FIRST:
@@ -532,7 +534,7 @@ def rewrite(model: ir.Model, rules: Iterable[Rule], *, graph_passes: Iterable[st
         remove_unused(model)
         driver.run(seed=False)
     remove_unused(model)
-    passes.forget_inferred_shapes(model, declared)
+    passes.forget_inferred_shapes(model)
     result.rules.update(stats)
     return result
 

@@ -259,26 +259,37 @@ def complete_shapes(model: ir.Model, touched: Callable[[ir.Value], None] | None 
     return filled
 
 
-def forget_inferred_shapes(model: ir.Model, declared: frozenset) -> int:
-    """Drop the types and shapes of the main graph's node outputs that the input model did not
-    declare (inferred ones, and those of values rules created), so the output records what the
-    input did; graph outputs keep theirs."""
+DECLARED = "onnxopt.declared"  # value meta: what the input model recorded for it ("type" or "shape")
+
+
+def mark_declared(model: ir.Model) -> None:
+    """Remember, on each main-graph node output, whether the input model recorded its type
+    and shape, its type only, or nothing (the driver carries the mark over to the value that
+    replaces it, which is the same tensor)."""
+    for node in model.graph:
+        for value in node.outputs:
+            if value.shape is not None:
+                value.meta[DECLARED] = "shape"
+            elif value.type is not None:
+                value.meta[DECLARED] = "type"
+
+
+def forget_inferred_shapes(model: ir.Model) -> int:
+    """Drop what the input model did not record on the main graph's node outputs (inferred
+    types and shapes, those of values rules created), so the output records what the input did:
+    a value declared with a type only keeps its type; graph outputs keep theirs."""
     dropped = 0
     for node in model.graph:
         for value in node.outputs:
-            if value in declared or value.is_graph_output():
+            kept = value.meta.get(DECLARED)
+            if kept == "shape" or value.is_graph_output():
                 continue
-            if value.shape is not None or value.type is not None:
+            if value.shape is not None or (kept is None and value.type is not None):
                 value.shape = None
-                value.type = None
+                if kept is None:
+                    value.type = None
                 dropped += 1
     return dropped
-
-
-def declared_shapes(model: ir.Model) -> frozenset:
-    """The main graph's node outputs whose shapes the model itself records (an exporter's
-    value_info)."""
-    return frozenset(v for node in model.graph for v in node.outputs if v.shape is not None)
 
 
 def lift_constants(model: ir.Model, touched: Callable[[ir.Value], None] | None = None) -> int:

@@ -289,6 +289,28 @@ def test_shape_completion_informs_rules_but_output_records_only_declared_shapes(
     assert_same_outputs(m, out, feeds_for(m))
 
 
+def test_declared_value_info_survives_as_declared():
+    """A value declared with a type only keeps its type (and gets no inferred shape); a declared
+    value that a rule replaces with a new node's output keeps its value_info there (the same
+    tensor, under the same name)."""
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Pow", ["a", "two"], ["p"]),
+             helper.make_node("Neg", ["p"], ["c"]), helper.make_node("Cast", ["c"], ["d"], to=TensorProto.FLOAT),
+             helper.make_node("Abs", ["d"], ["y"])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])
+    m = model(nodes, [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])],
+              [init("two", np.float32(2.0))])
+    m.graph.value_info.extend([helper.make_tensor_value_info("a", TensorProto.FLOAT, None),  # type only
+                               helper.make_tensor_value_info("p", TensorProto.FLOAT, ["batch", 8])])
+    out = optimize(m)
+    assert op_types(out) == ["Relu", "Mul", "Neg", "Abs"]  # Pow(a, 2) is a*a; the no-op Cast is gone
+    assert out.graph.node[1].output[0] == "p"
+    infos = {v.name: v.type.tensor_type for v in out.graph.value_info}
+    assert set(infos) == {"a", "p"}
+    assert infos["a"].elem_type == TensorProto.FLOAT and not infos["a"].HasField("shape")
+    assert [d.dim_param or d.dim_value for d in infos["p"].shape.dim] == ["batch", 8]
+    assert_same_outputs(m, out, feeds_for(m))
+
+
 def test_optimized_model_runs_with_ort_optimizations():
     """Complete shapes must never make onnxruntime's own optimizer reject the model."""
     nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Add", ["a", "x"], ["y"])]
