@@ -22,10 +22,10 @@ _source_checkout()
 
 from .api import Report, default_rules, optimize  # noqa: E402
 from .errors import InvalidModelError, OnnxoptError, RuleError, UsageError  # noqa: E402
-from .pattern import ANY, Builder, Const, Match, Op, Opt, Refuse, Rule, Var  # noqa: E402
+from .pattern import ANY, Builder, Const, Match, Op, Opt, Refuse, Rule, Var, forward  # noqa: E402
 from . import rules as _rules  # noqa: E402,F401  (the built-in library, loaded with the package)
 
 __all__ = [
     "ANY", "Builder", "Const", "InvalidModelError", "Match", "Op", "OnnxoptError", "Opt", "Refuse",
-    "Report", "Rule", "RuleError", "UsageError", "Var", "default_rules", "optimize",
+    "Report", "Rule", "RuleError", "UsageError", "Var", "default_rules", "forward", "optimize",
 ]

@@ -390,6 +390,17 @@ Condition = Callable[[Match], Union[None, bool, str]]
 Replacement = Callable[[Match, "Builder"], Union[ir.Value, Sequence[ir.Value], None]]
 
 
+def forward(name: str) -> Replacement:
+    """A replacement that is the value bound to ``name``: the matched nodes compute nothing new
+    (Identity, x * 1, a Cast to the same type...)."""
+
+    def replace(m: Match, b) -> ir.Value:
+        return m[name]
+
+    replace.__name__ = f"forward_{name}"
+    return replace
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Rule:
     name: str

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.pattern import Const, Match, Op, Opt, Refuse, Rule
+from onnxopt.pattern import Const, Match, Op, Opt, Refuse, Rule, forward
 from onnxopt.shapes import infer
 
 # --- helpers ----------------------------------------------------------------------------------
@@ -47,8 +47,7 @@ def _broadcast_keeps_shape(m: Match, x: str, c: np.ndarray) -> bool:
     return True
 
 
-def _x(m: Match, b):
-    return m["x"]
+_x = forward("x")
 
 
 # Cast: a source type whose every value the target holds exactly (so a round trip is the identity)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from onnxopt.pattern import Const, Match, Op, Opt, Rule, constant_tensor
+from onnxopt.pattern import Const, Match, Op, Opt, Rule, constant_tensor, forward
 
 
-def _forward_x(m: Match, b):
-    return m["x"]
+_forward_x = forward("x")
 
 
 def _dropout_is_inference(m: Match):
