@@ -101,13 +101,16 @@ def optimize(
         check: run the ONNX checker and external-data check on the input.
         inplace: for an onnx_ir.Model, rewrite it in place instead of a copy.
         return_report: return ``(result, Report)`` instead of the result alone.
-        stop_after: apply only the first N rewrites (graph-pass merges included), and record them
-            in ``Report.log``; for bisecting (``python -m onnxopt bisect``).
+        stop_after: stop once N rewrites are made, and record them in ``Report.log``; for
+            bisecting (``python -m onnxopt bisect``). A graph pass runs whole and counts its merges
+            as rewrites (constant lifting always runs first, so ``stop_after=0`` lifts constants and
+            applies no rule); the first N rewrites of two runs are the same ones.
         verify: run onnxruntime on the original and the result and compare them (``True`` or
             ``"cpu"``, ``"cuda"``, ``"cpu,cuda"``, or a list): outputs, kernels, latency, see
             ``onnxopt.verify.verify``. When outputs differ beyond tolerance it raises
             ``onnxopt.verify.VerificationError`` (its ``report`` attribute has the details) and
-            writes no output. The report is ``Report.verification``.
+            writes no output (an onnx_ir.Model rewritten ``inplace`` stays rewritten). The
+            report is ``Report.verification``.
         verify_options: keyword arguments for ``onnxopt.verify.verify`` (inputs, input_shapes,
             int_ranges, seed, rtol, atol, runs, warmup, latency, threads, progress).
     """

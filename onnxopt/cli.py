@@ -37,7 +37,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Rewrite an ONNX model with onnxopt's rules until nothing more applies.",
         epilog="Also: 'onnxopt verify ORIGINAL OPTIMIZED' compares two models on onnxruntime (outputs, kernels, "
                "latency; see 'onnxopt verify --help'), and 'onnxopt bisect MODEL' finds the rewrite after which "
-               "a model's outputs differ. Exit codes: 0 ok, 1 outputs differ (verification), 2 bad input.",
+               "a model's outputs differ. Exit codes: 0 ok, 1 outputs differ (verification), 2 bad input, "
+               "3 internal error.",
     )
     p.add_argument("input", nargs="?", help="the ONNX model to optimize (never modified)")
     p.add_argument("-o", "--output", help="where to write the optimized model (written atomically)")
@@ -126,6 +127,9 @@ def _bisect_parser() -> argparse.ArgumentParser:
     p.add_argument("--provider", default="cpu", choices=["cpu", "cuda"], help="where to run (default cpu)")
     _add_rule_args(p)
     _add_input_args(p)
+    p.add_argument("--max-rewrites", type=int, metavar="N", help="cap on the number of rewrites (as when optimizing)")
+    p.add_argument("--fold-size-limit", type=int, metavar="BYTES", default=fold.DEFAULT_SIZE_LIMIT,
+                   help="as when optimizing (default 1 MiB)")
     p.add_argument("--json", metavar="REPORT", help="also write the report as JSON to this file")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the culprit line")
     return p
@@ -182,6 +186,7 @@ def bisect_main(argv: list[str]) -> int:
             target=args.target, provider=args.provider, inputs=args.inputs,
             input_shapes=verify.parse_input_shapes(args.input_shape),
             int_ranges=verify.parse_int_ranges(args.int_range), seed=args.seed, rtol=args.rtol, atol=args.atol,
+            optimize_options={"max_rewrites": args.max_rewrites, "fold_size_limit": args.fold_size_limit},
             progress=verify.Progress(enabled=None if not args.quiet else False))
         if args.json:
             _write_json(args.json, report)
@@ -224,13 +229,24 @@ def _write_json(path: str, data: dict) -> None:
     try:
         os.chmod(tmp, io.FILE_MODE)
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=False)
+            json.dump(_finite(data), f, indent=2, sort_keys=False, allow_nan=False)
             f.write("\n")
         os.replace(tmp, target)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _finite(data):
+    """The report with non-finite floats as strings ("nan", "inf"): strict JSON for any reader."""
+    if isinstance(data, float):
+        return data if data == data and abs(data) != float("inf") else str(data)
+    if isinstance(data, dict):
+        return {k: _finite(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_finite(v) for v in data]
+    return data
 
 
 def _fail(message: str) -> int:
@@ -271,19 +287,26 @@ def _optimize_main(args) -> int:
     verify_args = {}
     if args.verify is not None:
         verify_args = {"verify": args.verify, "verify_options": _verify_options(args)}
-    _, report = optimize(
-        args.input, rules=base, extra_rules=extra, disable=args.disable, target=args.target,
-        output=args.output, external_data=external, max_rewrites=args.max_rewrites, return_report=True,
-        fold_size_limit=args.fold_size_limit, **verify_args,
-    )
+    from .verify import VerificationError, format_report as format_verification
+
+    try:
+        _, report = optimize(
+            args.input, rules=base, extra_rules=extra, disable=args.disable, target=args.target,
+            output=args.output, external_data=external, max_rewrites=args.max_rewrites, return_report=True,
+            fold_size_limit=args.fold_size_limit, **verify_args,
+        )
+    except VerificationError as exc:  # the evidence, then the one-line verdict (and exit 1)
+        if args.json:
+            _write_json(args.json, {"input": args.input, "output": None, "verification": exc.report})
+        if not args.quiet and exc.report is not None:
+            print(format_verification(exc.report))
+        raise
     if args.json:
         data = {"input": args.input, "output": args.output, **report.as_dict()}
         _write_json(args.json, data)
     if not args.quiet:
         print(format_report(report, args.input, args.output))
         if report.verification is not None:
-            from . import verify
-
             print()
-            print(verify.format_report(report.verification))
+            print(format_verification(report.verification))
     return EXIT_OK

@@ -396,10 +396,24 @@ def _dtype_name(a: np.ndarray) -> str:
 
 
 def is_low_precision(proto: onnx.ModelProto) -> bool:
-    """The model computes in fp16/bf16 or int8 (weights of those types, or quantization ops)."""
+    """The model computes in fp16/bf16 or int8: weights of those types (initializers or Constant
+    nodes), Casts to them (mixed-precision exports) or quantization ops."""
     if any(i.data_type in _LOW_PRECISION_TYPES for i in proto.graph.initializer):
         return True
-    return any(n.op_type in _QUANT_OPS for n in proto.graph.node)
+    for n in proto.graph.node:
+        if n.op_type in _QUANT_OPS:
+            return True
+        for a in n.attribute:
+            if (n.op_type == "Constant" and a.name == "value" and a.t.data_type in _LOW_PRECISION_TYPES) or (
+                    n.op_type == "Cast" and a.name == "to" and a.i in _LOW_PRECISION_TYPES):
+                return True
+    return False
+
+
+def check_tolerances(rtol: float | None, atol: float | None) -> None:
+    for name, v in (("rtol", rtol), ("atol", atol)):
+        if v is not None and not (np.isfinite(v) and v >= 0):
+            raise UsageError(f"--{name} {v}: must be a finite number, not negative")
 
 
 def tolerance(dtype: str, low_precision: bool = False, rtol: float | None = None,
@@ -460,8 +474,12 @@ def compare(before: np.ndarray, after: np.ndarray, rtol: float, atol: float) -> 
         out.update(max_abs=float(d.max()), max_rel=float(rel.max()), mean_abs=float(d.mean()),
                    p99_abs=float(np.percentile(d, 99)))
         av, bv = a[finite], b[finite]
+        scale = max(float(np.abs(av).max()), float(np.abs(bv).max()))
+        if scale > 0:  # scaled first: no overflow for values near the float64 limit
+            av, bv = av / scale, bv / scale
         na, nb = float(np.linalg.norm(av)), float(np.linalg.norm(bv))
-        out["cosine"] = 1.0 if na == nb == 0 else (float(av @ bv) / (na * nb) if na and nb else 0.0)
+        cosine = 1.0 if na == nb == 0 else (float(av @ bv) / (na * nb) if na and nb else 0.0)
+        out["cosine"] = min(1.0, max(-1.0, cosine))
     else:
         out.update(max_abs=0.0, max_rel=0.0, mean_abs=0.0, p99_abs=0.0, cosine=1.0)
     out["out_of_tolerance"] = out_tol
@@ -744,8 +762,9 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
     rounds per provider after ``warmup`` runs (0 skips latency, as does ``latency=False``)."""
     providers = parse_providers(providers)
     check_providers(providers)
-    if runs < 0 or warmup < 0:
-        raise UsageError("runs and warm-up runs must not be negative")
+    if runs < 0 or warmup < 0 or threads < 0:
+        raise UsageError("runs, warm-up runs and threads must not be negative")
+    check_tolerances(rtol, atol)
     progress = progress or Progress(enabled=False)
     before = after = None
     try:
@@ -803,7 +822,7 @@ def _verify(before: _Model, after: _Model, providers, feeds, inputs, input_shape
                                   runs=runs, warmup=warmup, threads=threads, min_rounds=min(runs, 5),
                                   progress=lambda d, t, p=p, s=step: progress(f"{p}: latency {d}/{t}", s, steps))
             res = lat["results"]
-            entry["latency"] = {"rounds": lat["rounds"], "warmup": warmup,
+            entry["latency"] = {"rounds": lat["rounds"], "warmup": max(1, warmup),
                                 **{k: {"median_ms": round(v["median_ms"], 4), "p90_ms": round(v["p90_ms"], 4)}
                                    for k, v in res.items()}}
             if "before" in res and "after" in res and res["before"]["median_ms"] > 0:
@@ -979,6 +998,7 @@ def bisect(model, *, rules=None, extra_rules=(), disable: Iterable[str] = (), ta
     and the first diverging value in the model right after it."""
     provider = parse_providers(provider)[0]
     check_providers([provider])
+    check_tolerances(rtol, atol)
     progress = progress or Progress(enabled=False)
     original = _Model(model, "original")
     try:

@@ -523,3 +523,53 @@ def test_an_internal_error_is_one_line_and_not_exit_1(syn, capsys, monkeypatch):
     monkeypatch.setattr(verify, "verify", boom)
     code, out, err = run_main(capsys, "verify", syn["src"], syn["good"])
     assert code == 3 and err.strip() == "onnxopt: internal error: RuntimeError: something broke (please report it)"
+
+
+# --- regressions from the second review -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [["--rtol", "nan"], ["--atol", "inf"], ["--rtol", "-1"], ["--threads", "-1"]])
+def test_tolerances_must_be_finite_and_not_negative(syn, capsys, args):
+    code, out, err = run_main(capsys, "verify", syn["src"], syn["bad"], *args)
+    assert code == 2 and "must" in one_line_error(err)
+    code, out, err = run_main(capsys, "bisect", syn["src"], *args[:2]) if args[0] != "--threads" else (2, "", "")
+    assert code == 2
+
+
+def test_failed_verify_flag_prints_the_report_and_writes_the_json(syn, tmp_path, capsys):
+    out, rep = tmp_path / "o.onnx", tmp_path / "o.json"
+    code, stdout, err = run_main(capsys, syn["src"], "-o", out, "--rules", syn["rules"], "--verify", "cpu",
+                                 "--runs", "0", "--json", rep)
+    assert code == 1 and not out.exists()
+    assert "OUTPUTS DIFFER" in stdout and "culprit:" in stdout
+    data = json.loads(rep.read_text(), parse_constant=lambda c: pytest.fail(f"non-strict JSON: {c}"))
+    assert data["output"] is None and data["verification"]["ok"] is False
+
+
+def test_cosine_is_finite_and_bounded_for_huge_and_fp16_values():
+    big = np.full(4, 1e200)
+    assert verify.compare(big, big.copy(), 0, 0)["cosine"] == 1.0
+    h = np.array([60000, -60000, 60000], np.float16)
+    assert -1.0 <= verify.compare(h, -h, 1e-2, 1e-3)["cosine"] <= 1.0
+
+
+def test_json_report_is_strict_even_with_non_finite_numbers(tmp_path):
+    cli._write_json(str(tmp_path / "r.json"), {"a": float("nan"), "b": [float("inf"), 1.5]})
+    assert json.loads((tmp_path / "r.json").read_text()) == {"a": "nan", "b": ["inf", 1.5]}
+
+
+def test_mixed_precision_models_get_the_looser_tolerance():
+    cast = model([helper.make_node("Cast", ["x"], ["h"], to=TensorProto.FLOAT16),
+                  helper.make_node("Cast", ["h"], ["y"], to=TensorProto.FLOAT)], [tinfo("x", [2])], [tinfo("y", [2])])
+    const = model([helper.make_node("Constant", [], ["c"], value=helper.make_tensor("c", TensorProto.FLOAT16, [1], [1.0])),
+                   helper.make_node("Cast", ["c"], ["cf"], to=TensorProto.FLOAT),
+                   helper.make_node("Add", ["x", "cf"], ["y"])], [tinfo("x", [2])], [tinfo("y", [2])])
+    assert verify.is_low_precision(cast) and verify.is_low_precision(const)
+
+
+def test_bisect_takes_the_optimize_settings(syn, capsys):
+    code, out, _ = run_main(capsys, "bisect", syn["src"], "--rules", syn["rules"], "--max-rewrites", "3", "-q")
+    # the wrong rule would fire later than the third rewrite: within the cap, the model verifies
+    assert code == 0 and "(3 rewrites) verifies" in out
+    code, out, _ = run_main(capsys, "bisect", syn["src"], "--rules", syn["rules"], "-q")
+    assert code == 1
