@@ -16,6 +16,9 @@ import onnx_ir as ir
 
 from .pattern import constant_tensor
 
+# Dimension names some exporters write for every unknown dimension: they name no one value.
+PLACEHOLDER_DIMS = frozenset({"?", "None", "none", "-1", "*", "unknown", "dynamic", "N/A"})
+
 _MAX_NODES = 4096  # per request: bounds the work one question can cause
 _SMALL_CONST = 1024  # constant inputs up to this many elements are passed as data (Reshape shapes...)
 

@@ -33,6 +33,7 @@ import onnx
 
 from . import io
 from .errors import InvalidModelError, OnnxoptError, UsageError
+from .shapes import PLACEHOLDER_DIMS
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 
@@ -316,7 +317,7 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
         fixed = shapes.get(vi.name) or (list(given[vi.name].shape) if vi.name in given else None)
         if fixed is not None and len(fixed) == len(dims):
             for d, v in zip(dims, fixed):
-                if d.dim_param:
+                if d.dim_param and d.dim_param not in PLACEHOLDER_DIMS:
                     symbols.setdefault(d.dim_param, v)
     bounds = _gather_bounds(proto)
     if seed < 0:
@@ -358,7 +359,7 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
                     shape.append(symbols[d.dim_param])
                 else:
                     v = 1 if k == 0 else 16
-                    if d.dim_param:
+                    if d.dim_param and d.dim_param not in PLACEHOLDER_DIMS:
                         symbols[d.dim_param] = v
                     shape.append(v)
         if vi.name in int_ranges and not np.issubdtype(dtype, np.integer):

@@ -11,7 +11,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxopt.pattern import Const, Match, Op, Opt, Refuse, Rule, forward
-from onnxopt.shapes import infer
+from onnxopt.shapes import PLACEHOLDER_DIMS, infer
 
 # --- helpers ----------------------------------------------------------------------------------
 
@@ -764,14 +764,13 @@ def _same_symbol(a: ir.Value, k: int, x: ir.Value, j: int) -> bool:
             and da.value not in _placeholder_symbols(x.graph or a.graph))
 
 
-_PLACEHOLDERS = frozenset({"?", "None", "none", "-1", "*", "unknown", "dynamic", "N/A"})
 
 
 def _placeholder_symbols(graph: ir.Graph | None) -> frozenset:
     """Dimension names that cannot be trusted to mean one value: the placeholders some exporters
     write for every unknown dimension, and any name that one graph input repeats on two axes
     (which, at face value, would claim those axes equal)."""
-    names = set(_PLACEHOLDERS)
+    names = set(PLACEHOLDER_DIMS)
     for value in (graph.inputs if graph is not None else ()):
         if value.shape is None:
             continue

@@ -573,3 +573,11 @@ def test_bisect_takes_the_optimize_settings(syn, capsys):
     assert code == 0 and "(3 rewrites) verifies" in out
     code, out, _ = run_main(capsys, "bisect", syn["src"], "--rules", syn["rules"], "-q")
     assert code == 1
+
+
+def test_placeholder_dimension_names_are_not_shared_symbols():
+    """'?' names no one value: a shape given for one input does not carry to another's '?'."""
+    nodes = [helper.make_node("Relu", ["a"], ["ya"]), helper.make_node("Relu", ["b"], ["yb"])]
+    m = model(nodes, [tinfo("a", ["?", 3]), tinfo("b", ["?", 5]), ], [tinfo("ya", ["?", 3]), tinfo("yb", ["?", 5])])
+    feeds, _ = verify.make_inputs(m, shapes={"a": [7, 3]})
+    assert feeds["a"].shape == (7, 3) and feeds["b"].shape == (1, 5)
