@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 
+from .fold import slice_positions
 from .pattern import constant_tensor
 
 # Dimension names some exporters write for every unknown dimension: they name no one value.
@@ -137,3 +139,34 @@ def infer(value: ir.Value | None, opsets: Mapping[str, int]) -> ir.Shape | None:
 def rank(value: ir.Value | None, opsets: Mapping[str, int]) -> int | None:
     shape = infer(value, opsets)
     return None if shape is None else len(shape)
+
+
+# --- shape vectors ----------------------------------------------------------------------------
+# A shape vector (what Shape returns) as a list of elements: numbers, or anything standing for a
+# dimension (None for "unknown", a symbolic reference). Gather and Slice pick from it as they
+# would from the tensor; both rule families that read shape arithmetic use these.
+
+
+def gather_elements(elements: list, indices: np.ndarray) -> list | None:
+    """``elements`` picked by a Gather on axis 0 (indices in flattened order), or None when the
+    indices are not integers or one is out of range."""
+    if indices.dtype.kind not in "iu":
+        return None
+    flat = indices.reshape(-1).astype(np.int64)
+    n = len(elements)
+    if np.any(flat < -n) or np.any(flat >= n):
+        return None
+    return [elements[int(i)] for i in flat]
+
+
+def slice_elements(elements: list, starts: np.ndarray, ends: np.ndarray, axes: np.ndarray | None = None,
+                   steps: np.ndarray | None = None) -> list | None:
+    """``elements`` picked by a Slice of the vector (one start/end, axis 0 or -1, a nonzero
+    step; ONNX's clamping), or None for anything else."""
+    parts = [starts, ends, axes if axes is not None else np.array([0]), steps if steps is not None else np.array([1])]
+    if any(p.size != 1 or p.dtype.kind not in "iu" for p in parts):
+        return None
+    start, end, axis, step = (int(p.reshape(-1)[0]) for p in parts)
+    if axis not in (0, -1) or step == 0:
+        return None
+    return [elements[i] for i in slice_positions(len(elements), start, end, step)]

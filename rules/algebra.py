@@ -11,7 +11,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxopt.pattern import Const, Match, Op, Opt, Refuse, Rule, forward
-from onnxopt.shapes import PLACEHOLDER_DIMS, infer
+from onnxopt.shapes import PLACEHOLDER_DIMS, gather_elements, infer, slice_elements
 
 # --- helpers ----------------------------------------------------------------------------------
 
@@ -677,23 +677,13 @@ def _shape_elements(value: ir.Value | None, depth: int = 0) -> list | None:
             axis = node.attributes.get("axis")
             if idx is None or (axis is not None and axis.value != 0) or idx.numpy().ndim != 1:
                 return None
-            return [src[int(i)] for i in idx.numpy()] if all(-len(src) <= int(i) < len(src) for i in idx.numpy()) \
-                else None
+            return gather_elements(src, idx.numpy())
         consts = [constant_tensor(v) if v is not None else None for v in node.inputs[1:5]]
         if len(consts) < 2 or consts[0] is None or consts[1] is None or any(
                 v is not None and c is None for v, c in zip(node.inputs[3:5], consts[2:])):
             return None
-        vals = [c.numpy().reshape(-1) if c is not None else None for c in consts] + [None] * (4 - len(consts))
-        if any(v is not None and v.size != 1 for v in vals):
-            return None
-        if vals[2] is not None and int(vals[2][0]) not in (0, -1):
-            return None
-        step = 1 if vals[3] is None else int(vals[3][0])
-        if step == 0:
-            return None
-        from onnxopt.fold import slice_positions
-
-        return [src[i] for i in slice_positions(len(src), int(vals[0][0]), int(vals[1][0]), step)]
+        arrays = [c.numpy() if c is not None else None for c in consts] + [None] * (4 - len(consts))
+        return slice_elements(src, *arrays)
     return None
 
 

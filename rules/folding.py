@@ -14,6 +14,7 @@ import onnx_ir as ir
 
 from onnxopt import fold
 from onnxopt.pattern import Const, Match, Op, Opt, Refuse, Rule, constant_tensor
+from onnxopt.shapes import gather_elements, slice_elements
 
 
 def _limit(m: Match) -> int:
@@ -139,14 +140,12 @@ def _fold_gather_of_shape(m: Match, b):
     dims = _static_dims(m, "x")
     if dims is None:
         raise Refuse("shape unknown")
-    dims = _shape_range(m, dims)
     idx = m.const("idx")
-    if idx.dtype.kind not in "iu" or (m.attr("gather", "axis", 0) or 0) != 0:
-        raise Refuse("not an integer index on axis 0")
-    flat = idx.reshape(-1).astype(np.int64)
-    if np.any(flat < -len(dims)) or np.any(flat >= len(dims)):
-        raise Refuse("index out of range")
-    picked = [dims[int(i)] for i in flat]
+    if (m.attr("gather", "axis", 0) or 0) != 0:
+        raise Refuse("not on axis 0")
+    picked = gather_elements(_shape_range(m, dims), idx)
+    if picked is None:
+        raise Refuse("not integer indices in range")
     if any(d is None for d in picked):
         raise Refuse("a picked dimension is dynamic")
     return b.const(np.array(picked, dtype=np.int64).reshape(idx.shape), name=m.root.outputs[0].name or "dims")
@@ -156,17 +155,10 @@ def _fold_slice_of_shape(m: Match, b):
     dims = _static_dims(m, "x")
     if dims is None:
         raise Refuse("shape unknown")
-    dims = _shape_range(m, dims)
-    starts, ends = m.const("starts"), m.const("ends")
-    axes = m.const("axes") if "axes" in m else np.array([0])
-    steps = m.const("steps") if "steps" in m else np.array([1])
-    if starts.size != 1 or ends.size != 1 or axes.size != 1 or steps.size != 1 or int(axes.reshape(-1)[0]) not in (0, -1):
+    picked = slice_elements(_shape_range(m, dims), m.const("starts"), m.const("ends"),
+                            m.const("axes") if "axes" in m else None, m.const("steps") if "steps" in m else None)
+    if picked is None:
         raise Refuse("not a 1-D slice")
-    step = int(steps.reshape(-1)[0])
-    if step == 0:
-        raise Refuse("zero step")
-    picked = [dims[i] for i in fold.slice_positions(len(dims), int(starts.reshape(-1)[0]), int(ends.reshape(-1)[0]),
-                                                    step)]
     if any(d is None for d in picked):
         raise Refuse("a sliced dimension is dynamic")
     return b.const(np.array(picked, dtype=np.int64), name=m.root.outputs[0].name or "dims")
