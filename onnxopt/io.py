@@ -150,30 +150,11 @@ def load(source: ModelLike, *, check: bool = True, copy_ir: bool = True) -> Load
             _check(source, "model")
         return Loaded(ir.from_proto(source), "proto", external=external)
     if isinstance(source, (bytes, bytearray, memoryview)):
-        data = bytes(source)
-        proto = _parse(data, "input bytes")
-        if check:
-            _check(data, "model")
+        proto, _ = read_checked(source, check=check)
         return Loaded(ir.from_proto(proto), "bytes")
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
-        what = str(path)
-        if not path.exists():
-            raise InvalidModelError(f"{what}: no such file")
-        if path.is_dir():
-            raise InvalidModelError(f"{what}: is a directory, not an ONNX file")
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise InvalidModelError(f"{what}: cannot read ({exc.strerror})") from None
-        proto = _parse(data, what)
-        # A missing data file is reported as such, before the checker reports it less clearly.
-        external = _check_external_data(proto, path.parent, what)
-        if check:
-            # The bytes in hand spare the checker a second read of the file; with external data
-            # it needs the path to find the data files.
-            _check(str(path) if external else data, what)
-        del data
+        proto, external = read_checked(path, check=check)
         model = ir.from_proto(proto)
         ir.external_data.set_base_dir(model.graph, path.parent)
         files = frozenset(external_data_files(model)) if external else frozenset()
@@ -181,6 +162,38 @@ def load(source: ModelLike, *, check: bool = True, copy_ir: bool = True) -> Load
     raise UsageError(
         f"cannot load a model from {type(source).__name__}: pass a path, bytes, onnx.ModelProto or onnx_ir.Model"
     )
+
+
+def read_checked(source: str | os.PathLike | bytes | bytearray | memoryview, *, check: bool = True,
+                 what: str | None = None) -> tuple[onnx.ModelProto, bool]:
+    """The ModelProto of a model file or serialized bytes, validated as :func:`load` validates
+    (one-line InvalidModelError for a missing file, a file that is not ONNX or is truncated, a
+    missing or short external-data file, and with ``check`` the ONNX checker), and whether its
+    weights live in external files (not read). ``what`` names it in messages."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        data = bytes(source)
+        proto = _parse(data, what or "input bytes")
+        if check:
+            _check(data, what or "model")
+        return proto, False
+    path = Path(source)
+    what = what or str(path)
+    if not path.exists():
+        raise InvalidModelError(f"{what}: no such file")
+    if path.is_dir():
+        raise InvalidModelError(f"{what}: is a directory, not an ONNX file")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InvalidModelError(f"{what}: cannot read ({exc.strerror})") from None
+    proto = _parse(data, what)
+    # A missing data file is reported as such, before the checker reports it less clearly.
+    external = _check_external_data(proto, path.parent, what)
+    if check:
+        # The bytes in hand spare the checker a second read of the file; with external data
+        # it needs the path to find the data files.
+        _check(str(path) if external else data, what)
+    return proto, external
 
 
 def _onnxruntime_identity() -> str | None:

@@ -70,13 +70,6 @@ class VerifyUnavailable(OnnxoptError):
 # --- models -----------------------------------------------------------------------------------
 
 
-_PROTO_LIMIT = 2**31 - 2**26  # protobuf cannot serialize 2 GiB; keep clear of it
-
-
-def _has_external_data(proto: onnx.ModelProto) -> bool:
-    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)
-
-
 class _Model:
     """One model for onnxruntime: its file (external data resolves beside it), or serialized bytes
     when it is in memory; a model too large to serialize, or in memory with weights in external
@@ -86,47 +79,44 @@ class _Model:
         self.label = label
         self._tmp: tempfile.TemporaryDirectory | None = None
         self.path: str | None = None
+        self.external = False  # weights in files beside ``path``
         if isinstance(source, (str, os.PathLike)):
-            path = Path(source)
-            if not path.is_file():
-                raise InvalidModelError(f"{label} model {path} does not exist")
-            io.load(path, check=True, copy_ir=False)  # validates: not ONNX, truncated, invalid, missing data
-            self.path = str(path)
-            self.proto = onnx.load(self.path, load_external_data=False)
+            # validated as optimize() validates its input: not ONNX, truncated, invalid, missing data
+            self.proto, self.external = io.read_checked(source, what=f"{label} model {source}")
+            self.path = str(source)
             return
         import onnx_ir as ir
 
         if isinstance(source, bytes):
-            io.load(source, check=True, copy_ir=False)  # one-line errors for what is not a model
-            source = onnx.load_from_string(source)
+            source, _ = io.read_checked(source, what=f"{label} model")
         if isinstance(source, onnx.ModelProto):
-            if _has_external_data(source):  # resolved against the working directory, as io.load does
+            if io._check_external_data(source, Path("."), f"{label} model"):  # (as io.load resolves them)
                 source = ir.from_proto(source)
             else:
                 self.proto = source
         if isinstance(source, ir.Model):
-            external = any(isinstance(v.const_value, ir.ExternalTensor)
-                           for g in source.graphs() for v in g.initializers.values())
-            size = sum(v.const_value.nbytes for g in source.graphs() for v in g.initializers.values()
-                       if v.const_value is not None)
-            if external or size >= _PROTO_LIMIT:
+            if io.external_data_files(source) or io._initializer_bytes(source) >= io._PROTO_LIMIT:
                 io.clamp_ir_version(source)
-                self.path = os.path.join(self._dir(), "model.onnx")
-                ir.save(source, self.path, external_data="model.onnx.data")
-                self.proto = onnx.load(self.path, load_external_data=False)
+                self._save(lambda path: ir.save(source, path, external_data="model.onnx.data"))
                 return
             self.proto = io.to_proto(source)
         elif not isinstance(source, onnx.ModelProto):
             raise UsageError(f"{label}: expected a path, bytes, onnx.ModelProto or onnx_ir.Model")
-        if self.proto.ByteSize() >= _PROTO_LIMIT:
-            self.path = os.path.join(self._dir(), "model.onnx")
-            onnx.save(self.proto, self.path, save_as_external_data=True, location="model.onnx.data")
-            self.proto = onnx.load(self.path, load_external_data=False)
+        if self.proto.ByteSize() >= io._PROTO_LIMIT:
+            proto = self.proto
+            self._save(lambda path: onnx.save(proto, path, save_as_external_data=True, location="model.onnx.data"))
 
     def _dir(self) -> str:
         if self._tmp is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="onnxopt-verify-")
         return self._tmp.name
+
+    def _save(self, write) -> None:
+        """Write the model into the temporary directory with external data, and use that file."""
+        self.path = os.path.join(self._dir(), "model.onnx")
+        write(self.path)
+        self.proto = onnx.load(self.path, load_external_data=False)
+        self.external = True
 
     def close(self) -> None:
         if self._tmp is not None:
@@ -139,9 +129,8 @@ class _Model:
     def with_outputs(self, names: Sequence[str], types: Mapping[str, onnx.TypeProto]) -> bytes | str:
         """The model with extra graph outputs (values of the main graph), for onnxruntime: bytes
         (weights loaded from external files when they fit), else a file in the temporary directory."""
-        if self.path is not None and _has_external_data(self.proto):
-            proto = onnx.load(self.path, load_external_data=False)
-            onnx.load_external_data_for_model(proto, os.path.dirname(os.path.abspath(self.path)))
+        if self.external:
+            proto = onnx.load(self.path)  # with its weights, read from beside the file
         else:
             proto = onnx.ModelProto()
             proto.CopyFrom(self.proto)
@@ -151,7 +140,7 @@ class _Model:
                 vi = proto.graph.output.add()
                 vi.name = name
                 vi.type.CopyFrom(types[name])
-        if proto.ByteSize() < _PROTO_LIMIT:
+        if proto.ByteSize() < io._PROTO_LIMIT:
             return proto.SerializeToString()
         path = os.path.join(self._dir(), "exposed.onnx")
         onnx.save(proto, path, save_as_external_data=True, location="exposed.onnx.data")
@@ -275,10 +264,13 @@ def _gather_bounds(proto: onnx.ModelProto) -> dict[str, int]:
     return bounds
 
 
-_NP = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.DOUBLE: np.float64, onnx.TensorProto.FLOAT16: np.float16,
-       onnx.TensorProto.INT8: np.int8, onnx.TensorProto.UINT8: np.uint8, onnx.TensorProto.INT16: np.int16,
-       onnx.TensorProto.UINT16: np.uint16, onnx.TensorProto.INT32: np.int32, onnx.TensorProto.UINT32: np.uint32,
-       onnx.TensorProto.INT64: np.int64, onnx.TensorProto.UINT64: np.uint64, onnx.TensorProto.BOOL: np.bool_}
+def _generated_dtype(elem_type: int) -> type | None:
+    """The numpy type of an input that can be generated (numpy's own floats, integers, bool), else None."""
+    try:
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+    except (KeyError, ValueError, TypeError):
+        return None
+    return dtype.type if dtype.kind in "fiub" else None
 
 
 def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
@@ -328,7 +320,7 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
         tt = vi.type.tensor_type
         if not vi.type.HasField("tensor_type"):
             raise UsageError(f"input {vi.name!r} is not a tensor; give it in an .npz file")
-        dtype = _NP.get(tt.elem_type)
+        dtype = _generated_dtype(tt.elem_type)
         if vi.name in given:
             arr = given[vi.name]
             if dtype is not None and arr.dtype != dtype:
@@ -392,10 +384,6 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
 # --- comparing outputs ------------------------------------------------------------------------
 
 
-def _dtype_name(a: np.ndarray) -> str:
-    return "bfloat16" if a.dtype.name == "bfloat16" else a.dtype.name
-
-
 def is_low_precision(proto: onnx.ModelProto) -> bool:
     """The model computes in fp16/bf16 or int8: weights of those types (initializers or Constant
     nodes), Casts to them (mixed-precision exports) or quantization ops."""
@@ -435,7 +423,7 @@ def compare(before: np.ndarray, after: np.ndarray, rtol: float, atol: float) -> 
     """Statistics of ``after`` against ``before``; ``ok`` when shapes and dtypes match and every
     element is within tolerance. NaN must meet NaN, and an infinity the same infinity."""
     out: dict = {"shape_before": list(before.shape), "shape_after": list(after.shape),
-                 "dtype_before": _dtype_name(before), "dtype_after": _dtype_name(after), "rtol": rtol, "atol": atol}
+                 "dtype_before": before.dtype.name, "dtype_after": after.dtype.name, "rtol": rtol, "atol": atol}
     if before.shape != after.shape or before.dtype != after.dtype:
         out.update(ok=False, problem="shape" if before.shape != after.shape else "dtype")
         return out
@@ -499,7 +487,7 @@ def compare_all(before: Sequence[tuple[str, np.ndarray]], after: Sequence[tuple[
             rows.append({"name": name, "ok": False, "problem": "missing in the optimized model"})
             continue
         a, b = np.asarray(a), np.asarray(b)
-        r, t, why = tolerance(_dtype_name(a), low_precision, rtol, atol)
+        r, t, why = tolerance(a.dtype.name, low_precision, rtol, atol)
         rows.append({"name": name, **compare(a, b, r, t), "tolerance": why})
     return rows
 
@@ -550,7 +538,7 @@ def run_profiled(model, feeds: Mapping[str, np.ndarray], provider: str = "cpu", 
 
 def measure_latency(models: dict[str, object], inputs: Mapping[str, np.ndarray], *, provider: str = "cpu",
                     runs: int = 50, warmup: int = 5, budget_s: float = 120.0, min_rounds: int = 5,
-                    gap_s: float = 0.002, threads: int = 0, log: Callable[[str], None] | None = None,
+                    gap_s: float = 0.002, threads: int = 0,
                     progress: Callable[[int, int], None] | None = None) -> dict:
     """One session per entry, warmed up, then ``runs`` interleaved rounds (fewer when the rounds
     would pass ``budget_s``, but at least ``min_rounds``); each round times one run of every
@@ -562,7 +550,7 @@ def measure_latency(models: dict[str, object], inputs: Mapping[str, np.ndarray],
             feeds[name] = {i.name: inputs[i.name] for i in sess.get_inputs()}
             sessions[name] = sess
         except Exception as exc:  # noqa: BLE001 - one broken model must not stop the others
-            errors[name] = _one_line(exc)
+            errors[name] = io._first_line(exc, 300)
     per_run = {}
     for name, sess in list(sessions.items()):
         try:
@@ -571,7 +559,7 @@ def measure_latency(models: dict[str, object], inputs: Mapping[str, np.ndarray],
                 sess.run(None, feeds[name])
                 per_run[name] = time.perf_counter() - t0
         except Exception as exc:  # noqa: BLE001
-            errors[name] = _one_line(exc)
+            errors[name] = io._first_line(exc, 300)
             del sessions[name]
     names = list(sessions)
     est = sum(per_run[n] + gap_s for n in names) or 1e-9
@@ -594,11 +582,6 @@ def measure_latency(models: dict[str, object], inputs: Mapping[str, np.ndarray],
                                 "min_ms": min(ms), "mean_ms": statistics.fmean(ms),
                                 "times_ms": [round(x, 4) for x in ms]}
     return out
-
-
-def _one_line(exc: BaseException, limit: int = 300) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # --- the culprit ------------------------------------------------------------------------------
@@ -651,7 +634,7 @@ def find_culprit(original: _Model, optimized: _Model, feeds: Mapping[str, np.nda
         values[label] = dict(zip(names, outs))
     for name in names:
         a, b = np.asarray(values["before"][name]), np.asarray(values["after"][name])
-        r, t, _ = tolerance(_dtype_name(a), low_precision, rtol, atol)
+        r, t, _ = tolerance(a.dtype.name, low_precision, rtol, atol)
         stats = compare(a, b, r, t)
         if not stats["ok"]:
             node = producer[name]
@@ -803,9 +786,9 @@ def _verify(before: _Model, after: _Model, providers, feeds, inputs, input_shape
                 got[label], kernels, init_s = run_profiled(model.source(), feeds, p, threads=threads)
             except Exception as exc:  # noqa: BLE001 - onnxruntime refusing a model is a result
                 if label == "before":  # the reference itself does not run: bad input
-                    raise InvalidModelError(f"onnxruntime ({p}) cannot run the original model: {_one_line(exc)}") \
+                    raise InvalidModelError(f"onnxruntime ({p}) cannot run the original model: {io._first_line(exc, 300)}") \
                         from None
-                entry["error"] = f"onnxruntime ({p}) cannot run the optimized model: {_one_line(exc)}"
+                entry["error"] = f"onnxruntime ({p}) cannot run the optimized model: {io._first_line(exc, 300)}"
                 break
             entry.setdefault("kernels", {})[label] = {**kernels, "session_init_s": round(init_s, 4)}
             step += 1
@@ -836,7 +819,7 @@ def _verify(before: _Model, after: _Model, providers, feeds, inputs, input_shape
                 entry["culprit"] = find_culprit(before, after, feeds, p, low_precision=low, rtol=rtol, atol=atol)
             except Exception as exc:  # noqa: BLE001 - the verdict stands without it
                 entry["culprit"] = {"message": f"could not run the models with their intermediate values exposed: "
-                                               f"{_one_line(exc)}"}
+                                               f"{io._first_line(exc, 300)}"}
         report["providers"][p] = entry
     if "cpu" in outputs and len(outputs) > 1:
         report["cross_provider"] = {}
@@ -884,7 +867,8 @@ def _fmt(x, digits: int = 3) -> str:
     return str(x)
 
 
-def _table(rows: list[tuple], header: tuple) -> str:
+def table(rows: list[tuple], header: tuple) -> str:
+    """Rows under a header, columns aligned (the first left, the others right)."""
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
 
     def fmt(r):
@@ -934,7 +918,7 @@ def format_report(report: dict) -> str:
                      f"{LOW_PRECISION[1]}")
     for p, e in report["providers"].items():
         lines += ["", f"== {p.upper()} ({PROVIDERS[p]}): {'outputs agree' if e['ok'] else 'OUTPUTS DIFFER'}",
-                  _table(_output_rows(e["outputs"]), _OUT_HEADER)]
+                  table(_output_rows(e["outputs"]), _OUT_HEADER)]
         if e.get("error"):
             lines.append(e["error"])
             continue
@@ -949,7 +933,7 @@ def format_report(report: dict) -> str:
         changed = [(op, kb["by_op"].get(op, 0), ka["by_op"].get(op, 0)) for op in ops
                    if kb["by_op"].get(op, 0) != ka["by_op"].get(op, 0)]
         if changed:
-            lines.append(_table([(op, b, a, f"{a - b:+d}") for op, b, a in changed],
+            lines.append(table([(op, b, a, f"{a - b:+d}") for op, b, a in changed],
                                 ("kernels by op type", "before", "after", "change")))
         lat = e.get("latency")
         if lat and "before" in lat and "after" in lat:
@@ -975,7 +959,7 @@ def format_report(report: dict) -> str:
         for label, rows in by_label.items():
             model = "original" if label == "before" else "optimized"
             lines += ["", f"== {key}, {model} model (informational)",
-                      _table(_output_rows(rows), _OUT_HEADER)]
+                      table(_output_rows(rows), _OUT_HEADER)]
     lines += ["", "verdict: " + ("outputs agree on " + ", ".join(report["providers"]) if report["ok"]
                                  else summary_line(report))]
     return "\n".join(lines)
@@ -993,8 +977,9 @@ def bisect(model, *, rules=None, extra_rules=(), disable: Iterable[str] = (), ta
     """Binary search over the driver's sequence of rewrites for the first one after which the
     optimized model's outputs differ from ``model``'s on ``provider``.
 
-    The driver is deterministic, so optimizing with ``stop_after=n`` applies exactly the first
-    ``n`` rewrites of the full run (a graph pass's merges count as rewrites and run as one step).
+    The driver is deterministic, so optimizing with ``stop_after=n`` makes the same first rewrites
+    as the full run and stops after ``n`` (constant lifting runs first, and a graph pass runs
+    whole, counting its merges as rewrites: each is one step).
     The result names the step: the rule and the nodes it replaced and created (or the pass),
     and the first diverging value in the model right after it."""
     provider = parse_providers(provider)[0]
@@ -1022,7 +1007,7 @@ def _bisect(original: _Model, rules, extra_rules, disable, target, provider, inp
     try:
         reference = _run(original.source(), feeds, provider)
     except Exception as exc:  # noqa: BLE001
-        raise InvalidModelError(f"onnxruntime ({provider}) cannot run the original model: {_one_line(exc)}") from None
+        raise InvalidModelError(f"onnxruntime ({provider}) cannot run the original model: {io._first_line(exc, 300)}") from None
     options = dict(optimize_options or {})
     runs: dict = {}
 
@@ -1037,7 +1022,7 @@ def _bisect(original: _Model, rules, extra_rules, disable, target, provider, inp
                                    atol=atol)
                 ok, error = all(r["ok"] for r in rows), None
             except Exception as exc:  # noqa: BLE001 - a model onnxruntime rejects fails verification
-                rows, ok, error = [], False, f"onnxruntime cannot run it: {_one_line(exc)}"
+                rows, ok, error = [], False, f"onnxruntime cannot run it: {io._first_line(exc, 300)}"
             runs[key] = {"ok": ok, "rows": rows, "error": error, "log": rep.log, "rewrites": rep.rewrites,
                          "model": built}
         return runs[key]
@@ -1081,7 +1066,7 @@ def _bisect(original: _Model, rules, extra_rules, disable, target, provider, inp
             report["culprit"] = find_culprit(original, bad["model"], feeds, provider, low_precision=low, rtol=rtol,
                                              atol=atol)
         except Exception as exc:  # noqa: BLE001
-            report["culprit"] = {"message": f"could not expose intermediate values: {_one_line(exc)}"}
+            report["culprit"] = {"message": f"could not expose intermediate values: {io._first_line(exc, 300)}"}
         return report
     finally:
         for r in runs.values():
@@ -1113,7 +1098,7 @@ def format_bisect(report: dict) -> str:
     if report.get("error"):
         lines.append(f"  {report['error']}")
     if report.get("outputs"):
-        lines.append(_table(_output_rows(report["outputs"]), _OUT_HEADER))
+        lines.append(table(_output_rows(report["outputs"]), _OUT_HEADER))
     c = report.get("culprit") or {}
     if c.get("value"):
         lines.append(f"first diverging value: {c['value']!r} from {c['node']['op_type']} {c['node']['name']!r}"

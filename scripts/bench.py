@@ -57,7 +57,7 @@ ROOT = HERE.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from onnxopt.verify import count_kernels, measure_latency  # noqa: E402  (the verifier's own measures)
+from onnxopt.verify import count_kernels, measure_latency, session  # noqa: E402  (the verifier's own measures)
 
 
 def _load_peers():
@@ -154,10 +154,6 @@ def compare_outputs(ref: list[tuple[str, np.ndarray]], got: list[tuple[str, np.n
             "matched_by": "name" if all(m == "name" for m in matched) else "position"}
 
 
-def _providers(provider: str) -> list[str]:
-    return ["CUDAExecutionProvider", "CPUExecutionProvider"] if provider == "cuda" else ["CPUExecutionProvider"]
-
-
 def _feeds_for(sess, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     feeds = {}
     for i in sess.get_inputs():
@@ -177,18 +173,13 @@ def evaluate(model_path: str, inputs: dict[str, np.ndarray], *, provider: str = 
              warmup: int = 1) -> tuple[dict, list[tuple[str, np.ndarray]]]:
     """Nodes, kernels per run (profiled), outputs and their differences from ``reference``."""
     import onnx
-    import onnxruntime as ort
 
     proto = onnx.load(model_path, load_external_data=False)
     nodes, ops = count_nodes(proto)
     del proto
     profile_dir = profile_dir or tempfile.mkdtemp(prefix="bench-prof-")
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.enable_profiling = True
-    so.profile_file_prefix = str(Path(profile_dir) / f"{Path(model_path).stem}-{provider}")
     t0 = time.perf_counter()
-    sess = ort.InferenceSession(model_path, so, providers=_providers(provider))
+    sess = session(model_path, provider, profile_prefix=str(Path(profile_dir) / f"{Path(model_path).stem}-{provider}"))
     init_s = time.perf_counter() - t0
     feeds = _feeds_for(sess, inputs)
     for _ in range(max(1, warmup)):
