@@ -20,6 +20,7 @@ from pathlib import Path
 from . import __version__, fold, io, passes, registry
 from .api import optimize, resolve_rules
 from .errors import OnnxoptError
+from .verify import table
 
 EXIT_OK, EXIT_DIFFERS, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -42,13 +43,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("input", nargs="?", help="the ONNX model to optimize (never modified)")
     p.add_argument("-o", "--output", help="where to write the optimized model (written atomically)")
-    p.add_argument("--json", metavar="REPORT", help="also write the report as JSON to this file")
     p.add_argument("--list-rules", action="store_true", help="list the rules with one-line docs and exit")
     _add_rule_args(p)
-    p.add_argument("--max-rewrites", type=int, metavar="N", help="cap on the number of rewrites")
-    p.add_argument("--fold-size-limit", type=int, metavar="BYTES", default=fold.DEFAULT_SIZE_LIMIT,
-                   help="constant folding creates a larger tensor only in place of at least as many bytes of "
-                        "constants that become unused (default 1 MiB)")
     ext = p.add_mutually_exclusive_group()
     ext.add_argument("--external-data", metavar="NAME", nargs="?", const=True,
                      help="save weights to an external data file (default name: OUTPUT.data)")
@@ -57,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="before writing, verify the result against the input on onnxruntime (cpu, cuda or "
                         "cpu,cuda): on a difference, exit 1 and write nothing")
     _add_verify_args(p)
-    p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
+    _add_report_args(p, quiet="print nothing on success")
     p.add_argument("--version", action="version", version=f"onnxopt {__version__}")
     return p
 
@@ -68,6 +64,15 @@ def _add_rule_args(p: argparse.ArgumentParser) -> None:
                    help="a Python file whose RULES are added to the built-in ones (repeatable)")
     p.add_argument("--no-builtin-rules", action="store_true", help="use only the rules given with --rules")
     p.add_argument("--target", choices=["cpu", "cuda"], help="only rules valid for this execution provider")
+    p.add_argument("--max-rewrites", type=int, metavar="N", help="cap on the number of rewrites")
+    p.add_argument("--fold-size-limit", type=int, metavar="BYTES", default=fold.DEFAULT_SIZE_LIMIT,
+                   help="constant folding creates a larger tensor only in place of at least as many bytes of "
+                        "constants that become unused (default 1 MiB)")
+
+
+def _add_report_args(p: argparse.ArgumentParser, quiet: str) -> None:
+    p.add_argument("--json", metavar="REPORT", help="also write the report as JSON to this file")
+    p.add_argument("-q", "--quiet", action="store_true", help=quiet)
 
 
 def _add_input_args(p: argparse.ArgumentParser) -> None:
@@ -101,7 +106,7 @@ def _verify_options(args) -> dict:
     return {"inputs": args.inputs, "input_shapes": verify.parse_input_shapes(args.input_shape),
             "int_ranges": verify.parse_int_ranges(args.int_range), "seed": args.seed, "rtol": args.rtol,
             "atol": args.atol, "runs": args.runs, "warmup": args.warmup, "threads": args.threads,
-            "progress": verify.Progress(enabled=None if not getattr(args, "quiet", False) else False)}
+            "progress": verify.Progress(enabled=None if not args.quiet else False)}
 
 
 def _verify_parser() -> argparse.ArgumentParser:
@@ -113,8 +118,7 @@ def _verify_parser() -> argparse.ArgumentParser:
     p.add_argument("optimized", help="the model after optimization")
     p.add_argument("--providers", default="cpu", help="cpu, cuda or cpu,cuda (default cpu)")
     _add_verify_args(p)
-    p.add_argument("--json", metavar="REPORT", help="also write the report as JSON to this file")
-    p.add_argument("-q", "--quiet", action="store_true", help="print only the verdict line")
+    _add_report_args(p, quiet="print only the verdict line")
     return p
 
 
@@ -127,11 +131,7 @@ def _bisect_parser() -> argparse.ArgumentParser:
     p.add_argument("--provider", default="cpu", choices=["cpu", "cuda"], help="where to run (default cpu)")
     _add_rule_args(p)
     _add_input_args(p)
-    p.add_argument("--max-rewrites", type=int, metavar="N", help="cap on the number of rewrites (as when optimizing)")
-    p.add_argument("--fold-size-limit", type=int, metavar="BYTES", default=fold.DEFAULT_SIZE_LIMIT,
-                   help="as when optimizing (default 1 MiB)")
-    p.add_argument("--json", metavar="REPORT", help="also write the report as JSON to this file")
-    p.add_argument("-q", "--quiet", action="store_true", help="print only the culprit line")
+    _add_report_args(p, quiet="print only the culprit line")
     return p
 
 
@@ -149,8 +149,8 @@ def _errors(fn):
     except (OSError, MemoryError) as exc:
         return _fail(f"{type(exc).__name__}: {exc}")
     except Exception as exc:  # a bug of ours: say so in one line, and not with 1 ("outputs differ")
-        text = " ".join(str(exc).split())[:300]
-        print(f"onnxopt: internal error: {type(exc).__name__}: {text} (please report it)", file=sys.stderr)
+        print(f"onnxopt: internal error: {type(exc).__name__}: {io._first_line(exc, 300)} (please report it)",
+              file=sys.stderr)
         return EXIT_INTERNAL
 
 
@@ -178,11 +178,9 @@ def bisect_main(argv: list[str]) -> int:
     def run():
         from . import verify
 
-        extra = []
-        for path in args.rules:
-            extra.extend(registry.load_rules_file(path))
+        base, extra = _rule_sets(args)
         report = verify.bisect(
-            args.model, rules=[] if args.no_builtin_rules else None, extra_rules=extra, disable=args.disable,
+            args.model, rules=base, extra_rules=extra, disable=args.disable,
             target=args.target, provider=args.provider, inputs=args.inputs,
             input_shapes=verify.parse_input_shapes(args.input_shape),
             int_ranges=verify.parse_int_ranges(args.int_range), seed=args.seed, rtol=args.rtol, atol=args.atol,
@@ -197,25 +195,17 @@ def bisect_main(argv: list[str]) -> int:
     return _errors(run)
 
 
-def _table(rows: list[tuple], header: tuple) -> str:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    fmt = lambda r: "  ".join(  # noqa: E731
-        str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths))
-    )
-    return "\n".join([fmt(header), "  ".join("-" * w for w in widths), *map(fmt, rows)])
-
-
 def format_report(report, src: str, dst: str) -> str:
     d = report.as_dict()
     ops = sorted(set(report.before) | set(report.after))
     rows = [(op, report.before.get(op, 0), report.after.get(op, 0),
              f"{report.after.get(op, 0) - report.before.get(op, 0):+d}") for op in ops]
     rows.append(("total", d["nodes_before"], d["nodes_after"], f"{d['nodes_after'] - d['nodes_before']:+d}"))
-    out = [f"onnxopt {src} -> {dst}", "", _table(rows, ("op type", "before", "after", "change"))]
+    out = [f"onnxopt {src} -> {dst}", "", table(rows, ("op type", "before", "after", "change"))]
     fired = [(name, st.tried, st.fired, st.refused, f"{st.seconds * 1e3:.1f}")
              for name, st in report.rules.items() if st.tried]
     if fired:
-        out += ["", _table(fired, ("rule", "tried", "fired", "refused", "ms"))]
+        out += ["", table(fired, ("rule", "tried", "fired", "refused", "ms"))]
     s = d["seconds"]
     out += ["", f"{report.rewrites} rewrites; time: load {s['load']:.3f} s, rewrite {s['rewrite']:.3f} s, "
                 f"save {s['save']:.3f} s, total {s['total']:.3f} s"]
@@ -265,11 +255,16 @@ def main(argv: list[str] | None = None) -> int:
     return _errors(lambda: _optimize_main(args))
 
 
-def _optimize_main(args) -> int:
+def _rule_sets(args) -> tuple[list | None, list]:
+    """(base rules: None for the built-in library, extra rules from --rules files)."""
     extra = []
     for path in args.rules:
         extra.extend(registry.load_rules_file(path))
-    base = [] if args.no_builtin_rules else None
+    return ([] if args.no_builtin_rules else None), extra
+
+
+def _optimize_main(args) -> int:
+    base, extra = _rule_sets(args)
     if args.list_rules:
         for rule in resolve_rules(base, extra, args.disable, args.target):
             targets = ",".join(sorted(rule.targets))
