@@ -518,8 +518,6 @@ def rewrite(model: ir.Model, rules: Iterable[Rule], *, graph_passes: Iterable[st
     result = driver.run()
     between = [name for name in passes.BETWEEN if name in stats]
     for _ in range(_MAX_PASS_ROUNDS):
-        if not between or (driver._limit is not None and result.rewrites >= driver._limit):
-            break
         changed = 0
         for name in between:
             if driver._limit is not None and result.rewrites >= driver._limit:

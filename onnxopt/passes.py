@@ -90,7 +90,7 @@ def _node_key(node: ir.Node):
 def _replace(old: ir.Value, new: ir.Value) -> bool:
     """Point every use of ``old`` (and the graph output it may be) at ``new``; False if impossible."""
     if old.is_graph_output():
-        if new.is_graph_output() or new.is_graph_input() or new.is_initializer():
+        if not _can_take_output(new):
             return False
         name = old.name
         old.name = None

@@ -754,8 +754,6 @@ def _same_symbol(a: ir.Value, k: int, x: ir.Value, j: int) -> bool:
             and da.value not in _placeholder_symbols(x.graph or a.graph))
 
 
-
-
 def _placeholder_symbols(graph: ir.Graph | None) -> frozenset:
     """Dimension names that cannot be trusted to mean one value: the placeholders some exporters
     write for every unknown dimension, and any name that one graph input repeats on two axes
