@@ -76,6 +76,7 @@ def optimize(
     stop_after: int | None = None,
     verify: bool | str | Sequence[str] = False,
     verify_options: dict | None = None,
+    outputs: io.Outputs | None = None,
 ):
     """Rewrite ``model`` with the rules until nothing more applies.
 
@@ -113,6 +114,11 @@ def optimize(
             report is ``Report.verification``.
         verify_options: keyword arguments for ``onnxopt.verify.verify`` (inputs, input_shapes,
             int_ranges, seed, rtol, atol, runs, warmup, latency, threads, progress).
+        outputs: an ``onnxopt.io.Outputs`` to stage the written files in instead of putting them in
+            place at once: the caller commits them together with its own (the command line
+            writes its JSON report so). Without it, ``output`` is written atomically here. Either
+            way the input file and its data files are never written, and a failure leaves no
+            output.
     """
     # The IR is a large web of reference cycles; the cyclic collector's full passes over it make
     # time grow faster than the graph. Nothing here relies on it, so it is paused for the call.
@@ -121,7 +127,7 @@ def optimize(
     try:
         return _optimize(model, rules, extra_rules, disable, target, output, external_data, max_rewrites,
                          check, inplace, return_report, fold_size_limit, graph_passes, fold_input_limit,
-                         stop_after, verify, verify_options)
+                         stop_after, verify, verify_options, outputs)
     finally:
         if gc_was_enabled:
             # Hand what was allocated meanwhile to the oldest generation (two list splices) so
@@ -134,7 +140,8 @@ def optimize(
 
 def _optimize(model, rules, extra_rules, disable, target, output, external_data, max_rewrites, check,
               inplace, return_report, fold_size_limit=fold.DEFAULT_SIZE_LIMIT, graph_passes=None,
-              fold_input_limit=fold.DEFAULT_INPUT_LIMIT, stop_after=None, verify=False, verify_options=None):
+              fold_input_limit=fold.DEFAULT_INPUT_LIMIT, stop_after=None, verify=False, verify_options=None,
+              outputs=None):
     t0 = time.perf_counter()
     disable = list(disable)
     chosen = resolve_rules(rules, extra_rules, disable, target)
@@ -153,22 +160,28 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
     original = None
     if verify:
         original = loaded.model.clone() if loaded.kind == "ir" and inplace else model
-    t1 = time.perf_counter()
-    before = driver.node_counts(loaded.model)
-    result = driver.rewrite(loaded.model, chosen, max_rewrites=max_rewrites, graph_passes=graph_passes,
-                            stop_after=stop_after, keep_log=stop_after is not None,
-                            options={"fold_size_limit": int(fold_size_limit),
-                                     "fold_input_limit": int(fold_input_limit)})
-    after = driver.node_counts(loaded.model)
-    t2 = time.perf_counter()
-    verification = None
-    if verify:
-        verification = verifier.verify(original, loaded.model, providers=providers, **(verify_options or {}))
-        if not verification["ok"]:
-            raise verifier.VerificationError(f"verification failed, no output written: "
-                                             f"{verifier.summary_line(verification)}", verification)
-    t3 = time.perf_counter()
-    out = io.give_back(loaded, output, external_data=external_data)
+    plan = io.plan_give_back(loaded, output, external_data=external_data, outputs=outputs)  # before the work
+    try:
+        t1 = time.perf_counter()
+        before = driver.node_counts(loaded.model)
+        result = driver.rewrite(loaded.model, chosen, max_rewrites=max_rewrites, graph_passes=graph_passes,
+                                stop_after=stop_after, keep_log=stop_after is not None,
+                                options={"fold_size_limit": int(fold_size_limit),
+                                         "fold_input_limit": int(fold_input_limit)})
+        after = driver.node_counts(loaded.model)
+        t2 = time.perf_counter()
+        verification = None
+        if verify:
+            verification = verifier.verify(original, loaded.model, providers=providers, **(verify_options or {}))
+            if not verification["ok"]:
+                raise verifier.VerificationError(f"verification failed, no output written: "
+                                                 f"{verifier.summary_line(verification)}", verification)
+        t3 = time.perf_counter()
+        out = io.give_back(loaded, output, plan)
+    except BaseException:
+        if plan is not None and plan.own:
+            plan.outputs.abort()  # the claimed output's staging goes; nothing was written
+        raise
     t4 = time.perf_counter()
     if not return_report:
         return out

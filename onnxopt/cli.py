@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
+import warnings
 from pathlib import Path
 
 from . import __version__, fold, io, passes, registry
@@ -160,9 +159,10 @@ def verify_main(argv: list[str]) -> int:
     def run():
         from . import verify
 
-        report = verify.verify(args.original, args.optimized, providers=args.providers, **_verify_options(args))
-        if args.json:
-            _write_json(args.json, report)
+        with _outputs(args, args.original, args.optimized) as outputs:
+            report = verify.verify(args.original, args.optimized, providers=args.providers,
+                                   **_verify_options(args))
+            _stage_json(outputs, args.json, report)
         if args.quiet:
             print("verdict: " + ("outputs agree" if report["ok"] else verify.summary_line(report)))
         else:
@@ -179,15 +179,15 @@ def bisect_main(argv: list[str]) -> int:
         from . import verify
 
         base, extra = _rule_sets(args)
-        report = verify.bisect(
-            args.model, rules=base, extra_rules=extra, disable=args.disable,
-            target=args.target, provider=args.provider, inputs=args.inputs,
-            input_shapes=verify.parse_input_shapes(args.input_shape),
-            int_ranges=verify.parse_int_ranges(args.int_range), seed=args.seed, rtol=args.rtol, atol=args.atol,
-            optimize_options={"max_rewrites": args.max_rewrites, "fold_size_limit": args.fold_size_limit},
-            progress=verify.Progress(enabled=None if not args.quiet else False))
-        if args.json:
-            _write_json(args.json, report)
+        with _outputs(args, args.model) as outputs:
+            report = verify.bisect(
+                args.model, rules=base, extra_rules=extra, disable=args.disable,
+                target=args.target, provider=args.provider, inputs=args.inputs,
+                input_shapes=verify.parse_input_shapes(args.input_shape),
+                int_ranges=verify.parse_int_ranges(args.int_range), seed=args.seed, rtol=args.rtol, atol=args.atol,
+                optimize_options={"max_rewrites": args.max_rewrites, "fold_size_limit": args.fold_size_limit},
+                progress=verify.Progress(enabled=None if not args.quiet else False))
+            _stage_json(outputs, args.json, report)
         text = verify.format_bisect(report)
         print(text.splitlines()[-1] if args.quiet else text)
         return EXIT_OK if report["ok"] else EXIT_DIFFERS
@@ -213,19 +213,26 @@ def format_report(report, src: str, dst: str) -> str:
     return "\n".join(out)
 
 
-def _write_json(path: str, data: dict) -> None:
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
-    try:
-        os.chmod(tmp, io.FILE_MODE)
-        with os.fdopen(fd, "w") as f:
-            json.dump(_finite(data), f, indent=2, sort_keys=False, allow_nan=False)
-            f.write("\n")
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+def _outputs(args, *inputs: str) -> io.Outputs:
+    """The command's outputs: ``--json`` claimed at once, before any work; the models it reads and
+    their data files protected (see ``onnxopt.io.Outputs``)."""
+    outputs = io.Outputs()
+    for path in inputs:
+        for read in io.files_read(path):
+            outputs.protect(read, f"the input {path}" if read == Path(path) else f"a data file of the input {path}")
+    if getattr(args, "json", None):
+        outputs.claim(args.json, "--json")
+    return outputs
+
+
+def _stage_json(outputs: io.Outputs, path: str | None, data: dict) -> None:
+    """Write the report (strict JSON) to its staged file; it is put in place with the command's
+    other outputs."""
+    if not path:
+        return
+    with open(outputs.stage(path), "w") as f:
+        json.dump(_finite(data), f, indent=2, sort_keys=False, allow_nan=False)
+        f.write("\n")
 
 
 def _finite(data):
@@ -244,8 +251,25 @@ def _fail(message: str) -> int:
     return EXIT_BAD_INPUT
 
 
+EXIT_INTERRUPTED = 130  # as a shell reports a command ended by Ctrl-C (128 + SIGINT)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        with warnings.catch_warnings():
+            # numpy's RuntimeWarnings (overflow, invalid value) come from comparing or folding
+            # non-finite numbers, which the reports state themselves; -q silences everything.
+            warnings.filterwarnings("ignore", category=RuntimeWarning)
+            if "-q" in argv or "--quiet" in argv:
+                warnings.simplefilter("ignore")
+            return _main(argv)
+    except KeyboardInterrupt:  # staged outputs are already removed (onnxopt.io.Outputs)
+        print("onnxopt: interrupted; nothing was written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: list[str]) -> int:
     if argv and argv[0] == "verify":
         return verify_main(argv[1:])
     if argv and argv[0] == "bisect":
@@ -284,21 +308,20 @@ def _optimize_main(args) -> int:
         verify_args = {"verify": args.verify, "verify_options": _verify_options(args)}
     from .verify import VerificationError, format_report as format_verification
 
-    try:
-        _, report = optimize(
-            args.input, rules=base, extra_rules=extra, disable=args.disable, target=args.target,
-            output=args.output, external_data=external, max_rewrites=args.max_rewrites, return_report=True,
-            fold_size_limit=args.fold_size_limit, **verify_args,
-        )
-    except VerificationError as exc:  # the evidence, then the one-line verdict (and exit 1)
-        if args.json:
-            _write_json(args.json, {"input": args.input, "output": None, "verification": exc.report})
-        if not args.quiet and exc.report is not None:
-            print(format_verification(exc.report))
-        raise
-    if args.json:
-        data = {"input": args.input, "output": args.output, **report.as_dict()}
-        _write_json(args.json, data)
+    with _outputs(args, args.input) as outputs:
+        try:
+            _, report = optimize(
+                args.input, rules=base, extra_rules=extra, disable=args.disable, target=args.target,
+                output=args.output, external_data=external, max_rewrites=args.max_rewrites, return_report=True,
+                fold_size_limit=args.fold_size_limit, outputs=outputs, **verify_args,
+            )
+        except VerificationError as exc:  # the evidence (and its JSON), then the one-line verdict (exit 1)
+            _stage_json(outputs, args.json, {"input": args.input, "output": None, "verification": exc.report})
+            outputs.commit()  # the report only: no model was staged
+            if not args.quiet and exc.report is not None:
+                print(format_verification(exc.report))
+            raise
+        _stage_json(outputs, args.json, {"input": args.input, "output": args.output, **report.as_dict()})
     if not args.quiet:
         print(format_report(report, args.input, args.output))
         if report.verification is not None:

@@ -12,9 +12,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Union
 
@@ -53,18 +55,61 @@ def _parse(data: bytes, what: str) -> onnx.ModelProto:
     try:
         proto.ParseFromString(data)
     except Exception as exc:  # protobuf raises DecodeError (a Message.Error subclass)
-        # A protobuf that starts like a ModelProto (field 1 = ir_version, varint) but fails
-        # to parse was most likely cut short.
-        if data[:1] == b"\x08" and len(data) > 16:
-            raise InvalidModelError(
-                f"{what} is a truncated or corrupted ONNX file ({len(data)} bytes; protobuf: {_first_line(exc)})"
-            ) from None
-        raise InvalidModelError(f"{what} is not an ONNX model (it does not parse as one)") from None
-    if not proto.HasField("graph") or proto.ir_version <= 0 or not proto.opset_import:
+        raise InvalidModelError(f"{what} {_why_unparsable(data, exc)}") from None
+    if not proto.HasField("graph"):
         if data[:1] == b"\x08" and proto.ir_version > 0:
-            raise InvalidModelError(f"{what} is a truncated ONNX file (no complete graph)")
-        raise InvalidModelError(f"{what} is not an ONNX model (no graph, IR version or opset import)")
+            raise InvalidModelError(f"{what} is a truncated ONNX file (it ends before its graph)")
+        raise InvalidModelError(f"{what} is not an ONNX model (it has no graph)")
+    if proto.ir_version <= 0:
+        raise InvalidModelError(f"{what} is not a valid ONNX model: it declares no IR version")
+    if not proto.opset_import:
+        raise InvalidModelError(f"{what} is not a valid ONNX model: it declares no opset_import (the operator "
+                                "set versions its nodes follow)")
+    _check_opsets(proto, what)
     return proto
+
+
+def _why_unparsable(data: bytes, exc: Exception) -> str:
+    """What is wrong with bytes that do not parse as a ModelProto, as the end of a sentence."""
+    text = str(exc)
+    if "depth" in text.lower() or "recursion" in text.lower():
+        return ("nests messages deeper than protobuf can read (100 levels: subgraphs within subgraphs); "
+                "it cannot be loaded")
+    for kind in (onnx.TensorProto, onnx.GraphProto, onnx.NodeProto):
+        other = kind()
+        try:
+            other.ParseFromString(data)
+        except Exception:  # noqa: BLE001 - not this kind either
+            continue
+        # exactly these bytes again: a serialized message of that kind (not a model cut short)
+        if other.ByteSize() == len(data) and other.SerializeToString() == data and _looks_like(other):
+            return f"is a serialized {kind.DESCRIPTOR.name}, not an ONNX model (a ModelProto)"
+    if data[:1] == b"\x08" and len(data) > 16:
+        # starts like a ModelProto (field 1 = ir_version, varint): most likely cut short
+        return f"is a truncated or corrupted ONNX file ({len(data)} bytes; protobuf: {_first_line(exc)})"
+    return "is not an ONNX model (it does not parse as one)"
+
+
+def _looks_like(message) -> bool:
+    if isinstance(message, onnx.TensorProto):
+        return message.data_type > 0
+    if isinstance(message, onnx.GraphProto):
+        return len(message.node) > 0 or len(message.output) > 0
+    return bool(message.op_type)
+
+
+def _check_opsets(proto: onnx.ModelProto, what: str) -> None:
+    """Refuse an operator set newer than the installed onnx knows: nothing here could check,
+    fold or shape such nodes by the rules their version defines."""
+    known = {"": onnx.defs.onnx_opset_version(), "ai.onnx": onnx.defs.onnx_opset_version(),
+             "ai.onnx.ml": onnx.defs.onnx_ml_opset_version()}
+    for entry in [*proto.opset_import, *(e for f in proto.functions for e in f.opset_import)]:
+        limit = known.get(entry.domain)
+        if limit is not None and entry.version > limit:
+            raise InvalidModelError(
+                f"{what} imports opset {entry.version} of domain '{entry.domain or 'ai.onnx'}', newer than the "
+                f"installed onnx {onnx.__version__} knows (up to {limit}); upgrade onnx or export with an older opset"
+            )
 
 
 def _check(target: onnx.ModelProto | bytes | str, what: str) -> None:
@@ -85,53 +130,203 @@ def _graphs(graph: onnx.GraphProto):
                     yield from _graphs(g)
 
 
+def _all_tensor_protos(proto: onnx.ModelProto):
+    """Every TensorProto of the model that can hold data: initializers (sparse ones' values and
+    indices too) and tensor attributes (Constant nodes), in every graph and local function."""
+    def from_nodes(nodes):
+        for node in nodes:
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.TENSOR:
+                    yield attr.t
+                elif attr.type == onnx.AttributeProto.TENSORS:
+                    yield from attr.tensors
+                elif attr.type == onnx.AttributeProto.SPARSE_TENSOR:
+                    yield from (attr.sparse_tensor.values, attr.sparse_tensor.indices)
+                elif attr.type == onnx.AttributeProto.SPARSE_TENSORS:
+                    for s in attr.sparse_tensors:
+                        yield from (s.values, s.indices)
+
+    for graph in _graphs(proto.graph):
+        yield from graph.initializer
+        for sparse in graph.sparse_initializer:
+            yield from (sparse.values, sparse.indices)
+        yield from from_nodes(graph.node)
+    for function in proto.functions:
+        for node_graph in (g for n in function.node for a in n.attribute if a.type == onnx.AttributeProto.GRAPH
+                           for g in _graphs(a.g)):
+            yield from node_graph.initializer
+            yield from from_nodes(node_graph.node)
+        yield from from_nodes(function.node)
+
+
+def _tensor_nbytes(tensor: onnx.TensorProto) -> int | None:
+    """The bytes a tensor's data takes in raw form (sub-byte types packed), None for strings."""
+    try:
+        dtype = ir.DataType(tensor.data_type)
+    except ValueError:
+        return None
+    if dtype in (ir.DataType.STRING, ir.DataType.UNDEFINED):
+        return None
+    count = 1
+    for d in tensor.dims:
+        count *= d
+    return (count * dtype.bitwidth + 7) // 8
+
+
+def _external_location(location: str, base_dir: Path, tensor: str, what: str) -> Path:
+    """The data file a tensor names, refused on the name alone when it would leave the model's
+    folder (absolute, '..', a symbolic link inside the folder): nothing outside is ever looked at."""
+    parts = Path(location).parts
+    if not location or Path(location).is_absolute() or "\\" in location or ".." in parts:
+        raise InvalidModelError(
+            f"{what}: external data location {location!r} of tensor '{tensor}' is not a relative path inside "
+            "the model's folder; refused")
+    path = base_dir
+    for part in parts:
+        path = path / part
+        if path.is_symlink():
+            raise InvalidModelError(
+                f"{what}: external data location {location!r} of tensor '{tensor}' goes through a symbolic "
+                "link; refused")
+    return path
+
+
+def _external_int(info: dict, key: str, tensor: str, what: str) -> int | None:
+    if key not in info:
+        return None
+    text = info[key].strip()
+    if not text.isdigit():
+        raise InvalidModelError(
+            f"{what}: external data {key} {info[key]!r} of tensor '{tensor}' is not a non-negative integer")
+    return int(text)
+
+
 def _check_external_data(proto: onnx.ModelProto, base_dir: Path, what: str) -> bool:
-    """Raise if an external-data file is missing or too short; return whether any is used."""
+    """Raise if a tensor's external data is unsafe (its location leaves the model's folder), missing,
+    too short, or of a length that does not fit the tensor; return whether any tensor has some."""
     sizes: dict[Path, int] = {}
     found = False
-    for graph in _graphs(proto.graph):
-        for tensor in graph.initializer:
-            if tensor.data_location != onnx.TensorProto.EXTERNAL:
-                continue
-            found = True
-            info = {e.key: e.value for e in tensor.external_data}
-            location = info.get("location", "")
-            path = base_dir / location
-            if path not in sizes:
-                try:
-                    sizes[path] = path.stat().st_size if path.is_file() else -1
-                except OSError:
-                    sizes[path] = -1
-                if sizes[path] < 0:
-                    raise InvalidModelError(
-                        f"{what}: missing external data file '{location}' (tensor '{tensor.name}', "
-                        f"looked for {path})"
-                    )
-            if "length" in info:
-                need = int(info["length"])
-            else:
-                count = 1
-                for d in tensor.dims:
-                    count *= d
-                need = count * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
-            end = int(info.get("offset", 0)) + need
-            if end > sizes[path]:
+    for tensor in _all_tensor_protos(proto):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        found = True
+        info = {e.key: e.value for e in tensor.external_data}
+        location = info.get("location", "")
+        path = _external_location(location, base_dir, tensor.name, what)
+        offset = _external_int(info, "offset", tensor.name, what) or 0
+        length = _external_int(info, "length", tensor.name, what)
+        need = _tensor_nbytes(tensor)
+        if need is None:
+            raise InvalidModelError(f"{what}: tensor '{tensor.name}' of type {tensor.data_type} cannot be stored "
+                                    "as external data")
+        if length is not None and length != need:
+            raise InvalidModelError(
+                f"{what}: external data of tensor '{tensor.name}' has length {length}, but its type and shape "
+                f"take {need} bytes")
+        if path not in sizes:
+            try:
+                sizes[path] = path.stat().st_size if path.is_file() else -1
+            except OSError:
+                sizes[path] = -1
+            if sizes[path] < 0:
                 raise InvalidModelError(
-                    f"{what}: external data file '{location}' is too short for tensor '{tensor.name}' "
-                    f"(needs {end} bytes, has {sizes[path]})"
-                )
+                    f"{what}: missing external data file '{location}' (tensor '{tensor.name}', looked for {path})")
+        if offset + need > sizes[path]:
+            raise InvalidModelError(
+                f"{what}: external data file '{location}' is too short for tensor '{tensor.name}' "
+                f"(needs {offset + need} bytes, has {sizes[path]})")
     return found
+
+
+def files_read(path: str | os.PathLike) -> list[Path]:
+    """The model file and the external data files it names (those that are safe to name: see
+    :func:`_check_external_data`), without reading any weights; just the path when it is not a
+    readable model (loading it will say why)."""
+    path = Path(path)
+    files = [path]
+    try:
+        proto = onnx.ModelProto()
+        proto.ParseFromString(path.read_bytes())
+    except Exception:  # noqa: BLE001 - not a model: load reports it
+        return files
+    for tensor in _all_tensor_protos(proto):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+            with contextlib.suppress(InvalidModelError):
+                data = _external_location(location, path.parent, tensor.name, str(path))
+                if data not in files:
+                    files.append(data)
+    return files
+
+
+def _tensor_slots(model: ir.Model):
+    """``(tensor, put, in_attribute)`` for every tensor the model holds, ``put(t)`` replacing it:
+    initializers and tensor attributes, in every graph, subgraph and local function."""
+    for graph in (g for root in (model.graph, *model.functions.values()) for g in _ir_graphs(root)):
+        if isinstance(graph, ir.Graph):
+            for value in graph.initializers.values():
+                if value.const_value is not None:
+                    yield value.const_value, functools.partial(setattr, value, "const_value"), False
+        for node in graph:
+            for name, attr in list(node.attributes.items()):
+                if attr.is_ref() or attr.value is None:
+                    continue
+                if attr.type == ir.AttributeType.TENSOR:
+                    yield attr.value, functools.partial(_put_attribute, node, name, None), True
+                elif attr.type == ir.AttributeType.TENSORS:
+                    for k, tensor in enumerate(attr.value):
+                        yield tensor, functools.partial(_put_attribute, node, name, k), True
+
+
+def _ir_graphs(graph: ir.Graph | ir.Function):
+    """``graph`` and every subgraph below it (of a model's graph, or of a local function)."""
+    yield graph
+    for node in graph:
+        for attr in node.attributes.values():
+            if attr.is_ref():
+                continue
+            if attr.type == ir.AttributeType.GRAPH:
+                yield from _ir_graphs(attr.value)
+            elif attr.type == ir.AttributeType.GRAPHS:
+                for sub in attr.value:
+                    yield from _ir_graphs(sub)
+
+
+def _put_attribute(node: ir.Node, name: str, index: int | None, tensor) -> None:
+    if index is None:
+        node.attributes[name] = ir.AttrTensor(name, tensor)
+    else:
+        values = list(node.attributes[name].value)
+        values[index] = tensor
+        node.attributes[name] = ir.AttrTensors(name, values)
 
 
 def external_data_files(model: ir.Model) -> set[Path]:
     """The external data files the model's tensors are read from (resolved paths)."""
-    files = set()
-    for graph in model.graphs():
-        for value in graph.initializers.values():
-            tensor = value.const_value
-            if isinstance(tensor, ir.ExternalTensor):
-                files.add(Path(tensor.path).resolve())
-    return files
+    return {Path(t.path).resolve() for t, _, _ in _tensor_slots(model) if isinstance(t, ir.ExternalTensor)}
+
+
+def _in_memory(tensor: ir.ExternalTensor) -> ir.Tensor:
+    """The same tensor without a file behind it (its array is memory-mapped: no copy until written)."""
+    return ir.Tensor(tensor.numpy(), dtype=tensor.dtype, name=tensor.name, doc_string=tensor.doc_string,
+                     metadata_props=dict(tensor.metadata_props))
+
+
+@contextlib.contextmanager
+def _without_external_references(model: ir.Model, *, attributes_only: bool):
+    """For the duration, tensors read from external files are in-memory tensors (all of them, or
+    those held in attributes, which onnx_ir's external-data writer leaves pointing at the input's
+    files): what is written meanwhile refers to no file but its own. Restored afterwards."""
+    undo = []
+    for tensor, put, in_attribute in list(_tensor_slots(model)):
+        if isinstance(tensor, ir.ExternalTensor) and (in_attribute or not attributes_only):
+            put(_in_memory(tensor))
+            undo.append((tensor, put))
+    try:
+        yield
+    finally:
+        for tensor, put in reversed(undo):
+            put(tensor)
 
 
 def load(source: ModelLike, *, check: bool = True, copy_ir: bool = True) -> Loaded:
@@ -144,6 +339,7 @@ def load(source: ModelLike, *, check: bool = True, copy_ir: bool = True) -> Load
     if isinstance(source, ir.Model):
         return Loaded(source.clone() if copy_ir else source, "ir")
     if isinstance(source, onnx.ModelProto):
+        _check_opsets(source, "model")
         external = _check_external_data(source, Path("."), "model") if check else False
         if check and source.ByteSize() < _PROTO_LIMIT:
             # (a larger proto cannot be serialized for the checker)
@@ -156,7 +352,9 @@ def load(source: ModelLike, *, check: bool = True, copy_ir: bool = True) -> Load
         path = Path(source)
         proto, external = read_checked(path, check=check)
         model = ir.from_proto(proto)
-        ir.external_data.set_base_dir(model.graph, path.parent)
+        for tensor, _, _ in _tensor_slots(model):
+            if isinstance(tensor, ir.ExternalTensor):
+                tensor.base_dir = path.parent
         files = frozenset(external_data_files(model)) if external else frozenset()
         return Loaded(model, "path", path=path, external=external, data_files=files)
     raise UsageError(
@@ -173,9 +371,10 @@ def read_checked(source: str | os.PathLike | bytes | bytearray | memoryview, *, 
     if isinstance(source, (bytes, bytearray, memoryview)):
         data = bytes(source)
         proto = _parse(data, what or "input bytes")
+        external = _check_external_data(proto, Path("."), what or "input bytes")  # (relative to the current folder)
         if check:
-            _check(data, what or "model")
-        return proto, False
+            _check(proto if external else data, what or "model")
+        return proto, external
     path = Path(source)
     what = what or str(path)
     if not path.exists():
@@ -196,8 +395,12 @@ def read_checked(source: str | os.PathLike | bytes | bytearray | memoryview, *, 
     return proto, external
 
 
-def _onnxruntime_identity() -> str | None:
-    """Which onnxruntime is installed (distribution, version, location), without importing it."""
+def _onnxruntime_build() -> str | None:
+    """The installed onnxruntime build, without importing it: its distribution and version, and a
+    fingerprint of its build information and native libraries (names and sizes), so that CPU,
+    GPU and custom builds of one version differ while every environment with the same build
+    agrees. None when onnxruntime is not installed."""
+    import hashlib
     import importlib.metadata
     import importlib.util
 
@@ -205,25 +408,31 @@ def _onnxruntime_identity() -> str | None:
         spec = importlib.util.find_spec("onnxruntime")
     except (ImportError, ValueError):
         return None
-    if spec is None:
+    if spec is None or not spec.submodule_search_locations:
         return None
-    where = os.path.dirname(spec.origin or "") or str(list(spec.submodule_search_locations or [""])[0])
+    capi = Path(list(spec.submodule_search_locations)[0]) / "capi"
     for dist in ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino"):
         try:
             version = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             continue
-        try:
-            mtime = os.stat(os.path.join(where, "capi")).st_mtime_ns
-        except OSError:
-            mtime = 0
-        return f"{dist}=={version}@{where}#{mtime}"
+        digest = hashlib.sha256(f"{dist}=={version}".encode())
+        with contextlib.suppress(OSError):
+            digest.update((capi / "build_and_package_info.py").read_bytes())
+            for lib in sorted(capi.iterdir()):
+                if ".so" in lib.name or lib.suffix in (".pyd", ".dll", ".dylib"):
+                    digest.update(f"{lib.name}:{lib.stat().st_size}".encode())
+        return f"{dist}-{version}-{digest.hexdigest()[:16]}"
     return None
 
 
-def _ir_cache_file() -> Path:
+def ir_cache_dir() -> Path | None:
+    """Where onnxopt keeps what it learned about the installed onnxruntime:
+    ``$XDG_CACHE_HOME/onnxopt`` (default ``~/.cache/onnxopt``); None without a home folder."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "onnxopt" / "onnxruntime-ir-version.json"
+    if not os.path.isabs(base):  # no home folder (expanduser left "~") or a relative setting: no cache
+        return None
+    return Path(base) / "onnxopt"
 
 
 @functools.cache
@@ -232,33 +441,34 @@ def onnxruntime_max_ir_version() -> int | None:
 
     Found by asking onnxruntime to load a one-node model at descending IR versions, so it is
     exact for whatever build is installed (CPU or GPU). Importing onnxruntime and probing costs
-    about half a second, so the answer is kept in ``~/.cache/onnxopt/onnxruntime-ir-version.json``
-    keyed by the installed distribution, version and location (read without importing it).
+    about half a second, so the answer is kept in ``ir_cache_dir()/onnxruntime-<version>-<build
+    fingerprint>.json``, one small file per onnxruntime build (shared by the environments that
+    have that build). Set ``XDG_CACHE_HOME`` to move it; deleting it costs one probe. A cache that
+    cannot be read or written is passed over: the probe's answer is used all the same.
     """
-    import json
-
-    identity = _onnxruntime_identity()
-    if identity is None:
+    build = _onnxruntime_build()
+    if build is None:
         return None
-    cache = _ir_cache_file()
-    try:
-        known = json.loads(cache.read_text())
-        if isinstance(known.get(identity), int):
-            return known[identity]
-    except (OSError, ValueError, AttributeError):
-        known = {}
+    folder = ir_cache_dir()
+    cache = folder / f"onnxruntime-ir-{build}.json" if folder is not None else None
+    if cache is not None:
+        with contextlib.suppress(OSError, ValueError, TypeError, AttributeError, KeyError):
+            known = json.loads(cache.read_text())["max_ir_version"]
+            if isinstance(known, int) and 3 <= known <= onnx.IR_VERSION:
+                return known
     version = _probe_onnxruntime_ir_version()
-    if version is not None:
+    if version is not None and cache is not None:
+        tmp = None
         try:
-            known = known if isinstance(known, dict) else {}
-            known[identity] = version
             cache.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=cache.parent, prefix=".ir-", suffix=".tmp")
             with os.fdopen(fd, "w") as f:
-                json.dump(known, f)
+                json.dump({"onnxruntime": build, "max_ir_version": version}, f)
             os.replace(tmp, cache)
-        except OSError:
-            pass  # a read-only home: probe again next time
+        except OSError:  # a read-only or full home: probe again next time
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
     return version
 
 
@@ -309,56 +519,219 @@ def _umask() -> int:
 FILE_MODE = 0o666 & ~_umask()
 
 
-def save(
-    model: ir.Model,
-    path: str | os.PathLike,
-    *,
-    external_data: str | bool | None = None,
-    size_threshold: int = 1024,
-    protect: frozenset = frozenset(),
-) -> Path:
-    """Write ``model`` to ``path`` atomically.
+class Outputs:
+    """The files one command writes, checked before anything is written and put in place together.
 
-    ``external_data``: a file name (relative to the model's directory) to put weights in, True for
-    ``<model file name>.data``, False to force one file, None to decide: external when the weights
-    would push the file past protobuf's 2 GiB limit.
-
-    Everything is first written into a temporary directory beside ``path``, then renamed into
-    place (the data file first, the model last), so a failure leaves neither a partial model nor
-    a model paired with the wrong weights. A data file that the model reads its weights from, or
-    that is in ``protect`` (the input's data files), is never overwritten.
+    Every target is *claimed* first (:meth:`claim`): it may not be a file the command reads (an
+    input model or its external data, :meth:`protect`; compared after resolving symbolic links
+    and by inode, so a hard link counts), nor another output of the same command, nor a directory;
+    its folder must exist and take a new file (a staging directory is made there at once). Files
+    are then written into those staging directories (:meth:`stage`), and :meth:`commit` renames
+    them into place in claim order (a model's data file before the model that refers to it). Any
+    failure, an interrupt included, before or during the commit removes what was staged and what
+    was already renamed: no output is left. As a context manager it commits on success and
+    cleans up on an exception.
     """
+
+    def __init__(self, protect: Iterable[str | os.PathLike] = ()):
+        self._protected: list[tuple[Path, tuple[int, int] | None, str]] = []
+        self._claims: list[tuple[Path, str, Path]] = []  # (target, what, staging directory)
+        self._staged: dict[Path, Path] = {}
+        for path in protect:
+            self.protect(path)
+
+    @staticmethod
+    def _identity(path: Path) -> tuple[Path, tuple[int, int] | None]:
+        try:
+            st = os.stat(path)
+            inode = (st.st_dev, st.st_ino)
+        except OSError:
+            inode = None
+        return path.resolve(), inode
+
+    def _clash(self, path: Path, others) -> str | None:
+        resolved, inode = self._identity(path)
+        for other, other_inode, what in others:
+            if resolved == other or (inode is not None and inode == other_inode):
+                return what
+        return None
+
+    def protect(self, path: str | os.PathLike, what: str | None = None) -> None:
+        """``path`` is read by the command: no output may be it (checked for claims made already too)."""
+        path = Path(path)
+        what = what or f"the input {path}"
+        self._protected.append((*self._identity(path), what))
+        for target, claimed_as, _ in self._claims:
+            if self._clash(target, self._protected[-1:]):
+                raise UsageError(f"{claimed_as} {target} is {what}; onnxopt never overwrites what it reads")
+
+    def claim(self, path: str | os.PathLike, what: str) -> Path:
+        """Reserve ``path`` as an output (``what`` names it in messages: "-o", "--json", ...)."""
+        path = Path(path)
+        if not path.name or path.name in (".", ".."):
+            raise UsageError(f"{what} {path}: not a file name")
+        clash = self._clash(path, self._protected)
+        if clash:
+            raise UsageError(f"{what} {path} is {clash}; onnxopt never overwrites what it reads")
+        clash = self._clash(path, [(*self._identity(t), f"also the {w} output") for t, w, _ in self._claims])
+        if clash:
+            raise UsageError(f"{what} {path} is {clash}; give each output its own file")
+        if path.is_dir():
+            raise UsageError(f"{what} {path} is a directory; name a file")
+        parent = path.parent
+        if not parent.is_dir():
+            raise UsageError(f"{what} {path}: folder {parent} does not exist")
+        try:
+            staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent))
+        except OSError as exc:
+            raise UsageError(f"{what} {path}: cannot write in folder {parent} ({exc.strerror})") from None
+        self._claims.append((path, what, staging))
+        return path
+
+    def stage(self, path: str | os.PathLike) -> Path:
+        """Where to write the claimed ``path`` now; it is moved into place by :meth:`commit`."""
+        path = Path(path)
+        for target, _, staging in self._claims:
+            if target == path:
+                self._staged[target] = staging / path.name
+                return self._staged[target]
+        raise ValueError(f"{path} was not claimed")
+
+    def unstage(self, path: str | os.PathLike) -> None:
+        """Nothing is to be written at ``path`` after all (e.g. an empty data file)."""
+        staged = self._staged.pop(Path(path), None)
+        if staged is not None and staged.exists():
+            staged.unlink()
+
+    def commit(self) -> None:
+        done: list[Path] = []
+        try:
+            for target, _, _ in self._claims:
+                staged = self._staged.get(target)
+                if staged is None:
+                    continue
+                os.chmod(staged, FILE_MODE)
+                os.replace(staged, target)
+                done.append(target)
+        except BaseException:
+            for target in done:
+                with contextlib.suppress(OSError):
+                    target.unlink()
+            raise
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        """Remove what was staged; claims end."""
+        for _, _, staging in self._claims:
+            shutil.rmtree(staging, ignore_errors=True)
+        self._claims.clear()
+        self._staged.clear()
+
+    def __enter__(self) -> "Outputs":
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        if kind is None:
+            self.commit()
+        else:
+            self.abort()
+
+
+def data_file_name(path: str | os.PathLike, external_data: str | bool) -> str:
+    """The external data file name for a model written to ``path``: True means ``<name>.data``;
+    a given name must be a plain file name (it is written beside the model)."""
+    name = Path(path).name + ".data" if external_data is True else str(external_data)
+    if len(Path(name).parts) != 1 or name in (".", "..") or "\\" in name:
+        raise UsageError(f"external data name {name!r} must be a plain file name (it is written beside the model)")
+    return name
+
+
+@dataclasses.dataclass
+class SavePlan:
+    """Where :func:`write` puts a model: claimed in ``outputs`` before anything is computed."""
+
+    path: Path
+    data_name: str | None  # the external data file beside it, or None for one file
+    outputs: Outputs
+    own: bool  # the plan made ``outputs`` and commits it
+
+
+def plan_save(model: ir.Model, path: str | os.PathLike, *, external_data: str | bool | None = None,
+              protect: Iterable[str | os.PathLike] = (), outputs: Outputs | None = None) -> SavePlan:
+    """Check and claim ``path`` (and its data file) for :func:`write`; see :func:`save`."""
     path = Path(path)
-    if external_data is None:
-        external_data = _initializer_bytes(model) >= _PROTO_LIMIT
-    if external_data is True:
-        external_data = path.name + ".data"
-    parent = path.parent if str(path.parent) else Path(".")
-    if external_data:
-        data_path = parent / str(external_data)
-        if Path(str(external_data)).is_absolute() or ".." in Path(str(external_data)).parts:
-            raise UsageError(f"external data name {external_data!r} must be a plain name beside the model")
-        if data_path.resolve() in external_data_files(model) | protect:
-            raise UsageError(
-                f"external data file {data_path} holds the input's weights; choose another name or directory"
-            )
-    clamp_ir_version(model)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent))
+    own = outputs is None
+    outputs = outputs if outputs is not None else Outputs()
     try:
-        staged = staging / path.name
-        if external_data:
-            ir.save(model, staged, external_data=str(external_data), size_threshold_bytes=size_threshold)
-            staged_data = staging / str(external_data)
-            if staged_data.exists():
-                os.chmod(staged_data, FILE_MODE)
-                os.replace(staged_data, parent / str(external_data))
-        elif not write_streamed(model, staged):
-            ir.save(model, staged)
-        os.chmod(staged, FILE_MODE)
-        os.replace(staged, path)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        for protected in (*protect, *external_data_files(model)):
+            outputs.protect(protected, f"a file the model is read from ({protected})")
+        if external_data is None:
+            external_data = _initializer_bytes(model) >= _PROTO_LIMIT
+        data_name = data_file_name(path, external_data) if external_data else None
+        if data_name:
+            outputs.claim(path.parent / data_name, "the external data file")
+        outputs.claim(path, "the output")
+    except BaseException:
+        if own:
+            outputs.abort()
+        raise
+    return SavePlan(path, data_name, outputs, own)
+
+
+def write(model: ir.Model, plan: SavePlan, *, size_threshold: int = 1024) -> Path:
+    """Write ``model`` as planned: staged beside the targets, committed when the plan owns its
+    :class:`Outputs` (else the caller commits). Tensors the model reads from other files (the
+    input's external data) are written into the output's own files, never referred to."""
+    outputs, path = plan.outputs, plan.path
+    try:
+        clamp_ir_version(model)
+        staged = outputs.stage(path)
+        if plan.data_name:
+            data_path = path.parent / plan.data_name
+            staged_data = outputs.stage(data_path)
+            with _without_external_references(model, attributes_only=True):
+                ir.save(model, staged, external_data=plan.data_name, size_threshold_bytes=size_threshold)
+            written = staged.parent / plan.data_name  # (onnx_ir writes it beside the staged model)
+            if written.exists() and written.stat().st_size > 0:
+                os.replace(written, staged_data)
+            else:
+                outputs.unstage(data_path)  # no weight reached the threshold: no empty data file
+        else:
+            with _without_external_references(model, attributes_only=False):
+                if _initializer_bytes(model) >= _PROTO_LIMIT:
+                    raise UsageError(f"{path}: the weights pass protobuf's 2 GiB limit for one file; save them "
+                                     "as external data")
+                if not write_streamed(model, staged):
+                    ir.save(model, staged)
+        if plan.own:
+            outputs.commit()
+    except BaseException:
+        if plan.own:
+            outputs.abort()
+        raise
     return path
+
+
+def save(model: ir.Model, path: str | os.PathLike, *, external_data: str | bool | None = None,
+         size_threshold: int = 1024, protect: Iterable[str | os.PathLike] = (),
+         outputs: Outputs | None = None) -> Path:
+    """Write ``model`` to ``path`` atomically, to be run from there alone.
+
+    ``external_data``: a file name (beside the model) to put weights in, True for
+    ``<model file name>.data``, False to force one file, None to decide: external when the weights
+    would push the file past protobuf's 2 GiB limit. Weights the model reads from other files
+    (the input's external data) are written into the output's own files, never referred to.
+    No data file is written when no tensor reaches ``size_threshold``.
+
+    The files are claimed in ``outputs`` (a new :class:`Outputs`, committed here, when not given;
+    a caller that passes its own commits it with its other files) and written to staging files
+    beside their targets; the data file is renamed into place before the model. A file in
+    ``protect`` (the input and its data files) or one the model reads its weights from is never
+    written.
+    """
+    plan = plan_save(model, path, external_data=external_data, protect=protect, outputs=outputs)
+    return write(model, plan, size_threshold=size_threshold)
 
 
 _STREAM_MIN_BYTES = 1024
@@ -473,29 +846,27 @@ def to_proto(model: ir.Model) -> onnx.ModelProto:
     return ir.to_proto(model)
 
 
-def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
-    a, b = Path(a), Path(b)
-    if a.exists() and b.exists():
-        return os.path.samefile(a, b)
-    return a.resolve() == b.resolve()
-
-
-def give_back(loaded: Loaded, output: str | os.PathLike | None, *, external_data: str | bool | None = None):
-    """Return the optimized model in the form it came in (writing it when it came as a path)."""
-    model = loaded.model
-    if loaded.kind == "path":
-        if output is None:
+def plan_give_back(loaded: Loaded, output: str | os.PathLike | None, *, external_data: str | bool | None = None,
+                   outputs: Outputs | None = None) -> SavePlan | None:
+    """Check and claim where :func:`give_back` will write (None: nothing to write), before any
+    work is done. The input file and its data files are never written (see :class:`Outputs`)."""
+    if output is None:
+        if loaded.kind == "path":
             raise UsageError("a model given as a path needs output= (the input file is never overwritten)")
-        if loaded.path is not None and same_file(loaded.path, output):
-            raise UsageError(f"output {output} is the input file; onnxopt never modifies its input")
-        if Path(output).resolve() in loaded.data_files:
-            raise UsageError(f"output {output} is the input's external data file; onnxopt never modifies its input")
-        if external_data is None and loaded.external:
-            external_data = True
-        written = save(model, output, external_data=external_data, protect=loaded.data_files)
-        return type(output)(written) if isinstance(output, (str, Path)) else written
-    if output is not None:
-        save(model, output, external_data=external_data)
+        return None
+    if external_data is None and loaded.external and loaded.kind == "path":
+        external_data = True
+    protect = [p for p in (loaded.path, *loaded.data_files) if p is not None]
+    return plan_save(loaded.model, output, external_data=external_data, protect=protect, outputs=outputs)
+
+
+def give_back(loaded: Loaded, output: str | os.PathLike | None, plan: SavePlan | None):
+    """Return the optimized model in the form it came in, writing it as planned."""
+    model = loaded.model
+    if plan is not None:
+        write(model, plan)
+    if loaded.kind == "path":
+        return type(output)(plan.path) if isinstance(output, (str, Path)) else plan.path
     if loaded.kind == "ir":
         clamp_ir_version(model)
         return model

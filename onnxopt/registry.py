@@ -32,9 +32,10 @@ def load_rules_file(path: str | os.PathLike) -> list[Rule]:
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:  # the user's code: report it on one line
+    except (Exception, SystemExit) as exc:  # the user's code (even sys.exit()): report it on one line
         sys.modules.pop(module_name, None)
-        raise RuleError(f"rules file {path}: {type(exc).__name__}: {exc}") from None
+        raise RuleError(f"rules file {path}: raised {type(exc).__name__}: {exc}" if isinstance(exc, SystemExit)
+                        else f"rules file {path}: {type(exc).__name__}: {exc}") from None
     rules = getattr(module, "RULES", None)
     if rules is None:
         rules = [v for v in vars(module).values() if isinstance(v, Rule)]

@@ -554,7 +554,9 @@ def test_cosine_is_finite_and_bounded_for_huge_and_fp16_values():
 
 
 def test_json_report_is_strict_even_with_non_finite_numbers(tmp_path):
-    cli._write_json(str(tmp_path / "r.json"), {"a": float("nan"), "b": [float("inf"), 1.5]})
+    with cli.io.Outputs() as outputs:
+        outputs.claim(tmp_path / "r.json", "--json")
+        cli._stage_json(outputs, str(tmp_path / "r.json"), {"a": float("nan"), "b": [float("inf"), 1.5]})
     assert json.loads((tmp_path / "r.json").read_text()) == {"a": "nan", "b": ["inf", 1.5]}
 
 
