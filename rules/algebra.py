@@ -422,14 +422,34 @@ def _conv_add(m: Match, b):
                 attrs=m.node("conv").attributes.values())
 
 
+def _pool_output_size(n: int, kernel: int, stride: int, dilation: int, ceil: bool, head: int, tail: int) -> int:
+    """An AveragePool output length as onnxruntime and the ONNX spec compute it: with ceil_mode a
+    window that would start in the right padding is dropped (PyTorch's rule)."""
+    span = n + head + tail - dilation * (kernel - 1) - 1
+    size = (-(-span // stride) if ceil else span // stride) + 1
+    if ceil and (size - 1) * stride >= n + head:
+        size -= 1
+    return size
+
+
 def _pad_into(m: Match):
-    mode = m.attr("pad", "mode", "constant")
-    if mode != "constant":
+    """A zero Pad merges into the op's pads when the op then sees the same input positions, the
+    padding counts like the Pad's zeros, and the output keeps its shape:
+
+    - auto_pad NOTSET, or VALID (pads 0) without ceil_mode; SAME_* derives pads from the input size;
+    - the pad value is +0.0 (Conv and AveragePool pad with +0.0; a -0.0 or NaN pad is refused);
+    - AveragePool: count_include_pad=1 (else the Pad's zeros count and the op's padding does not),
+      every merged pad smaller than the kernel (onnxruntime refuses the model otherwise), and with
+      ceil_mode=1, padding added on the right must not change the output length (a window
+      starting in the op's right padding is dropped, one starting in the Pad's zeros is not).
+
+    Strides and dilations need nothing: both read the padded input the same way."""
+    if m.attr("pad", "mode", "constant") != "constant":
         return "not a constant pad"
     if "value" in m:
         v = m.const("value")
-        if v is None or v.size != 1 or float(v.reshape(-1)[0]) != 0.0:
-            return "pad value is not 0"
+        if v.size != 1 or float(v.reshape(-1)[0]) != 0.0 or np.signbit(v.reshape(-1)[0]):
+            return "pad value is not +0.0"
     if "axes" in m:
         return "pad with axes"
     pads = m.const("pads").reshape(-1)
@@ -438,25 +458,59 @@ def _pad_into(m: Match):
     n = pads.size // 2
     if n < 3 or pads[0] or pads[1] or pads[n] or pads[n + 1]:
         return "pads batch or channel axes"
-    node = m.node("op")
-    if node.attributes.get("auto_pad") is not None and m.attr("op", "auto_pad") not in ("NOTSET", b"NOTSET"):
-        return "auto_pad"
-    if node.op_type == "AveragePool" and m.attr("op", "count_include_pad", 0) != 1:
+    auto_pad = _auto_pad(m)
+    ceil = m.attr("op", "ceil_mode", 0) != 0
+    if auto_pad not in ("NOTSET", "VALID"):
+        return f"auto_pad {auto_pad} derives its pads from the input size, which the Pad changes"
+    if auto_pad == "VALID" and ceil:
+        return "auto_pad VALID with ceil_mode"  # the spec sizes VALID with ceil_mode differently
+    old, new = _merged_pads(m)
+    if len(old) != n * 2 - 4:
+        return "the op's pads do not match the Pad's rank"
+    if m.node("op").op_type != "AveragePool":
+        return None
+    if m.attr("op", "count_include_pad", 0) != 1:
         return "AveragePool excludes padding from the average"
+    k = n - 2
+    kernel = m.attr("op", "kernel_shape") or []
+    if len(kernel) != k:
+        return "kernel_shape does not match the Pad's rank"
+    if any(p >= kernel[i % k] for i, p in enumerate(new)):
+        return "a merged pad would reach the kernel size (onnxruntime requires pads smaller than the kernel)"
+    if ceil and any(pads[n + 2:]):
+        dims = _dims(m, "x")
+        if dims is None or any(d is None for d in dims[2:]):
+            return "ceil_mode with padding on the right needs static spatial dimensions"
+        strides = m.attr("op", "strides") or [1] * k
+        dilations = m.attr("op", "dilations") or [1] * k
+        for i in range(k):
+            window = (kernel[i], strides[i], dilations[i], True)
+            padded = dims[i + 2] + int(pads[i + 2]) + int(pads[n + i + 2])
+            if _pool_output_size(padded, *window, old[i], old[k + i]) \
+                    != _pool_output_size(dims[i + 2], *window, new[i], new[k + i]):
+                return "under ceil_mode, padding merged on the right changes the output size"
     return None
 
 
-def _pad_fold(m: Match, b):
+def _auto_pad(m: Match) -> str:
+    auto_pad = m.attr("op", "auto_pad", "NOTSET")
+    return auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+
+
+def _merged_pads(m: Match) -> tuple[list[int], list[int]]:
+    """The op's pads (0s under auto_pad VALID) and those pads plus the Pad's spatial ones."""
     pads = [int(p) for p in m.const("pads").reshape(-1)]
     n = len(pads) // 2
     extra = pads[2:n] + pads[n + 2:]
-    k = n - 2
-    old = m.attr("op", "pads") or [0] * (2 * k)
-    new = [int(a) + int(e) for a, e in zip(old, extra)]
+    old = m.attr("op", "pads") if _auto_pad(m) == "NOTSET" else None
+    old = [int(p) for p in old or [0] * len(extra)]
+    return old, [a + e for a, e in zip(old, extra)]
+
+
+def _pad_fold(m: Match, b):
     node = m.node("op")
-    attrs = [a for a in node.attributes.values() if a.name != "pads"]
-    inputs = [m["x"]] + list(node.inputs[1:])
-    return b.op(node.op_type, *inputs, attrs=attrs, pads=new)
+    attrs = [a for a in node.attributes.values() if a.name not in ("pads", "auto_pad")]
+    return b.op(node.op_type, m["x"], *node.inputs[1:], attrs=attrs, pads=_merged_pads(m)[1])
 
 
 def _range_one_element(m: Match):
@@ -550,10 +604,11 @@ RULES = [
          doc="Conv followed by Add of a per-output-channel constant adds it to the bias."),
     Rule("pad_into_conv", Op("Conv", Op("Pad", "x", Const("pads"), Opt(Const("value")), Opt("axes"), name="pad"),
                              "w", Opt("b"), name="op"), _pad_fold, condition=_pad_into,
-         doc="Zero Pad of spatial axes before a Conv becomes the Conv's pads."),
+         doc="Zero Pad of spatial axes before a Conv (auto_pad NOTSET or VALID) becomes the Conv's pads."),
     Rule("pad_into_averagepool", Op("AveragePool", Op("Pad", "x", Const("pads"), Opt(Const("value")), Opt("axes"),
                                                       name="pad"), name="op"), _pad_fold, condition=_pad_into,
-         doc="Zero Pad before an AveragePool with count_include_pad=1 becomes its pads."),
+         doc="Zero Pad before an AveragePool with count_include_pad=1 becomes its pads (each below the "
+             "kernel size; under ceil_mode only where the output size stays)."),
 ]
 
 
