@@ -392,6 +392,46 @@ def _per_channel(m: Match, out_channels: int, c: np.ndarray, rank: int) -> np.nd
     return np.broadcast_to(c.reshape(-1), (out_channels,)).copy()
 
 
+def non_finite(arrays: dict[str, np.ndarray | None]) -> str | None:
+    """The refusal for folding constants of which one holds inf or NaN, else None."""
+    for name, array in arrays.items():
+        if array is not None and not np.all(np.isfinite(array)):
+            return f"{name} holds inf or NaN"
+    return None
+
+
+def folded_refusal(name: str, after: np.ndarray, before: np.ndarray | None = None) -> str | None:
+    """Why folded weights or bias ``after`` (in their own type) could change results beyond
+    rounding, else None: they overflow, or (``before``: the values a factor scaled) a nonzero
+    weight rounds to 0 and its input no longer counts."""
+    if not np.all(np.isfinite(after)):
+        return f"the folded {name} overflow"
+    if before is not None and np.any((after == 0) & (before != 0)):
+        return f"the folded {name} underflow to 0"
+    return None
+
+
+def fold_weights(m: Match, factor: np.ndarray, fold) -> tuple[np.ndarray, np.ndarray | None]:
+    """``fold()``: the weights ``m.const("w")`` and bias ``m.const("b")`` (or None) with the
+    per-output-channel ``factor`` folded in, when that equals scaling the conv's result up to
+    rounding (NaN and infinities of the input included). Raises Refuse for a zero factor (conv * 0
+    is -0.0 where the conv is negative and NaN where it overflows, zero weights give +0.0), a
+    non-finite weight or bias, and folded ones that overflow or underflow to 0."""
+    if np.any(factor == 0):
+        raise Refuse("a zero factor")
+    w, bias = m.const("w"), m.const("b") if "b" in m else None
+    reason = non_finite({"the weights": w, "the bias": bias})
+    if reason is None:
+        with np.errstate(over="ignore", under="ignore"):
+            new_w, new_b = fold()
+        reason = folded_refusal("weights", new_w, w)
+        if reason is None and new_b is not None:
+            reason = folded_refusal("bias", new_b)
+    if reason:
+        raise Refuse(reason)
+    return new_w, new_b
+
+
 def _conv_ok(m: Match):
     w = m.const("w")
     if w.dtype.kind != "f":
@@ -401,16 +441,21 @@ def _conv_ok(m: Match):
     vec = _per_channel(m, w.shape[0], m.const("c"), w.ndim)
     if vec is None:
         return "the constant is not per output channel"
-    return None
+    return non_finite({f"the {m.root.op_type} constant": vec, "the bias": m.const("b")})
 
 
 def _conv_mul(m: Match, b):
     w, c = m.const("w"), m.const("c")
     vec = _per_channel(m, w.shape[0], c, w.ndim).astype(np.float64)
-    new_w = (w.astype(np.float64) * vec.reshape((-1,) + (1,) * (w.ndim - 1))).astype(w.dtype)
+
+    def fold():
+        new_w = (w.astype(np.float64) * vec.reshape((-1,) + (1,) * (w.ndim - 1))).astype(w.dtype)
+        return new_w, (m.const("b").astype(np.float64) * vec).astype(w.dtype) if "b" in m else None
+
+    new_w, new_b = fold_weights(m, vec, fold)
     inputs = [m["x"], b.const(new_w, name="weight")]
-    if "b" in m:
-        inputs.append(b.const((m.const("b").astype(np.float64) * vec).astype(w.dtype), name="bias"))
+    if new_b is not None:
+        inputs.append(b.const(new_b, name="bias"))
     return b.op("Conv", *inputs, attrs=m.node("conv").attributes.values())
 
 
@@ -418,8 +463,11 @@ def _conv_add(m: Match, b):
     w, c = m.const("w"), m.const("c")
     vec = _per_channel(m, w.shape[0], c, w.ndim).astype(np.float64)
     bias = m.const("b").astype(np.float64) if "b" in m else np.zeros(w.shape[0])
-    return b.op("Conv", m["x"], m["w"], b.const((bias + vec).astype(w.dtype), name="bias"),
-                attrs=m.node("conv").attributes.values())
+    with np.errstate(over="ignore"):
+        new_b = (bias + vec).astype(w.dtype)
+    if reason := folded_refusal("bias", new_b):
+        raise Refuse(reason)
+    return b.op("Conv", m["x"], m["w"], b.const(new_b, name="bias"), attrs=m.node("conv").attributes.values())
 
 
 def _pool_output_size(n: int, kernel: int, stride: int, dilation: int, ceil: bool, head: int, tail: int) -> int:
@@ -598,10 +646,12 @@ RULES = [
     # Conv absorbs
     Rule("conv_mul_fold", Op("Mul", Op("Conv", "x", Const("w"), Opt(Const("b")), name="conv"), Const("c"),
                              commutative=True), _conv_mul, condition=_conv_ok,
-         doc="Conv followed by Mul by a per-output-channel constant scales the weights and bias."),
+         doc="Conv followed by Mul by a per-output-channel constant scales the weights and bias (not for a "
+             "zero or non-finite factor, non-finite weights, or folded weights that overflow or flush to 0)."),
     Rule("conv_add_fold", Op("Add", Op("Conv", "x", Const("w"), Opt(Const("b")), name="conv"), Const("c"),
                              commutative=True), _conv_add, condition=_conv_ok,
-         doc="Conv followed by Add of a per-output-channel constant adds it to the bias."),
+         doc="Conv followed by Add of a per-output-channel constant adds it to the bias (finite constants "
+             "whose sum stays finite)."),
     Rule("pad_into_conv", Op("Conv", Op("Pad", "x", Const("pads"), Opt(Const("value")), Opt("axes"), name="pad"),
                              "w", Opt("b"), name="op"), _pad_fold, condition=_pad_into,
          doc="Zero Pad of spatial axes before a Conv (auto_pad NOTSET or VALID) becomes the Conv's pads."),
