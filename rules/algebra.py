@@ -1,8 +1,11 @@
 """Algebraic simplification: each rule carries the condition that makes it exact.
 
-Exact here means the rewritten graph computes bit-identical values on every input (NaN and
-infinities included) except where a rule's doc says "equal values" (x + 0 turns -0.0 into +0.0,
-which compares equal), and keeps every output's shape and dtype.
+Exact here means the rewritten graph computes, on onnxruntime, bit-identical values on every
+input (NaN, infinities and the sign of zero included) and keeps every output's shape and dtype.
+conv_mul_fold and conv_add_fold are exact up to rounding: they move a constant into a Conv's
+weights or bias, as onnxruntime's own Conv fusions do, so results round differently (and one
+within rounding of the type's largest value may overflow in one model only); they refuse where
+folding could change more than rounding (see fold_weights).
 """
 
 from __future__ import annotations
@@ -272,6 +275,26 @@ def _split_single(m: Match):
 
 def _neutral(m: Match):
     return None if _broadcast_keeps_shape(m, "x", m.const("c")) else "the constant broadcasts x to a larger shape"
+
+
+# onnxruntime's MatMul and Conv kernels add their products to +0.0, so they never return -0.0
+_NO_NEGATIVE_ZERO = frozenset({"MatMul", "Conv"})
+
+
+def _zero_neutral(m: Match):
+    """x + 0 is x except at x = -0.0: -0.0 + 0.0 is +0.0 (and 1/x downstream then gives +inf for
+    -inf). So Add(x, c) goes when c is all -0.0 (x + -0.0 is x), Sub(x, c) when c is all +0.0,
+    either when x holds no -0.0: an integer, or a MatMul/Conv result."""
+    reason = _neutral(m)
+    if reason:
+        return reason
+    c = m.const("c")
+    if c.dtype.kind not in "fV" or np.all(np.signbit(c) == (m.root.op_type == "Add")):
+        return None
+    producer = m["x"].producer()
+    if producer is not None and producer.op_type in _NO_NEGATIVE_ZERO and producer.domain in ("", "ai.onnx"):
+        return None
+    return f"x may be -0.0, which {m.root.op_type} with 0 turns into +0.0"
 
 
 def _div_by_const(m: Match):
@@ -626,10 +649,12 @@ RULES = [
     # arithmetic
     Rule("mul_by_one", Op("Mul", "x", Const("c", value=1), commutative=True), _x, condition=_neutral,
          doc="x * 1 is x (when 1 does not broadcast x larger)."),
-    Rule("add_zero", Op("Add", "x", Const("c", value=0), commutative=True), _x, condition=_neutral,
-         doc="x + 0 is x (equal values: -0.0 + 0 is +0.0; when 0 does not broadcast x larger)."),
-    Rule("sub_zero", Op("Sub", "x", Const("c", value=0)), _x, condition=_neutral,
-         doc="x - 0 is x (when 0 does not broadcast x larger)."),
+    Rule("add_zero", Op("Add", "x", Const("c", value=0), commutative=True), _x, condition=_zero_neutral,
+         doc="x + 0 is x when x holds no -0.0 (an integer, a MatMul or Conv result) or the 0s are -0.0 "
+             "(-0.0 + 0.0 is +0.0); when 0 does not broadcast x larger."),
+    Rule("sub_zero", Op("Sub", "x", Const("c", value=0)), _x, condition=_zero_neutral,
+         doc="x - 0 is x when the 0s are +0.0 (x - -0.0 turns -0.0 into +0.0) or x holds no -0.0; "
+             "when 0 does not broadcast x larger."),
     Rule("div_by_one", Op("Div", "x", Const("c", value=1)), _x, condition=_neutral,
          doc="x / 1 is x (when 1 does not broadcast x larger)."),
     Rule("div_to_mul", Op("Div", "x", Const("c")), _div_to_mul, condition=_div_by_const, priority=-1,

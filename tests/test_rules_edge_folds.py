@@ -132,7 +132,49 @@ def test_bn_to_mul_add_refuses_non_finite_factors(params, reason):
     _check(nodes, x, _bn_inits(*params), "bn_to_mul_add", False, reason)
 
 
-# --- algebraic identities ---------------------------------------------------------------------
+def test_bn_to_mul_add_with_a_zero_scale_keeps_nan_and_sign():
+    """x * 0 + shift is what onnxruntime's BatchNormalization computes itself: NaN for an infinite
+    x, and the Add of +0.0 that follows the Mul stays (x * 0 may be -0.0)."""
+    nodes = [helper.make_node("Neg", ["x"], ["r"]),
+             helper.make_node("BatchNormalization", ["r", "scale", "beta", "mean", "var"], ["y"])]
+    x = np.array([[[INF, 1.0, -1.0], [2.0, -0.0, NAN]]], f32)
+    _check(nodes, x, _bn_inits([0, 1], [0, 0], [0, 0], [1, 1]), "bn_to_mul_add", True)
+
+
+# --- algebraic identities and the sign of zero ---------------------------------------------------
+
+
+def _then_reciprocal(op, c_name="c"):
+    """Neg(x) op c -> Reciprocal: 1/x tells -0.0 (-inf) from +0.0 (+inf)."""
+    return [helper.make_node("Neg", ["x"], ["n"]), helper.make_node(op, ["n", c_name], ["s"]),
+            helper.make_node("Reciprocal", ["s"], ["y"])]
+
+
+ZEROS = np.array([0.0, -0.0, 1.0, INF, NAN], f32)
+
+
+@pytest.mark.parametrize("op,zero,fires", [
+    ("Add", 0.0, False),   # issue 11: -0.0 + 0.0 is +0.0; 1/x gives +inf, without the Add -inf
+    ("Add", -0.0, True),   # x + -0.0 is x for every x
+    ("Sub", -0.0, False),  # -0.0 - -0.0 is +0.0
+    ("Sub", 0.0, True),    # x - 0.0 is x for every x
+], ids=["add+0", "add-0", "sub-0", "sub+0"])
+def test_zero_identities_keep_the_sign_of_zero(op, zero, fires):
+    _check(_then_reciprocal(op), ZEROS, {"c": f32(zero)}, "add_zero" if op == "Add" else "sub_zero", fires,
+           "" if fires else "-0.0")
+
+
+def test_add_zero_after_matmul_and_on_integers():
+    """A MatMul never returns -0.0 on onnxruntime (products are added to +0.0), so the bias of
+    zeros goes; integers have no -0.0."""
+    x = np.array([[-1.0, -1.0], [INF, 1.0], [-0.0, 3e38]], f32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"]), helper.make_node("Add", ["mm", "zero"], ["s"]),
+             helper.make_node("Reciprocal", ["s"], ["y"])]
+    y = _check(nodes, x, {"w": np.array([[0.0, 1.0], [0.0, 2.0]], f32), "zero": np.zeros(2, f32)}, "add_zero", True)
+    assert np.isposinf(y[0, 0])  # the product sum -1*0 + -1*0 is +0.0, as the test relies on
+    xi = np.array([3, -4], np.int32)
+    nodes = [helper.make_node("Neg", ["x"], ["n"]), helper.make_node("Add", ["n", "zero"], ["y"])]
+    _check(nodes, xi, {"zero": np.zeros(2, np.int32)}, "add_zero", True, dtype=TensorProto.INT32)
 
 
 @pytest.mark.parametrize("c", [2.0 ** -127, 2.0 ** 127, 2.0 ** -126, 0.25])
