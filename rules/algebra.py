@@ -1,8 +1,11 @@
 """Algebraic simplification: each rule carries the condition that makes it exact.
 
-Exact here means the rewritten graph computes bit-identical values on every input (NaN and
-infinities included) except where a rule's doc says "equal values" (x + 0 turns -0.0 into +0.0,
-which compares equal), and keeps every output's shape and dtype.
+Exact here means the rewritten graph computes, on onnxruntime, bit-identical values on every
+input (NaN, infinities and the sign of zero included) and keeps every output's shape and dtype.
+conv_mul_fold and conv_add_fold are exact up to rounding: they move a constant into a Conv's
+weights or bias, as onnxruntime's own Conv fusions do, so results round differently (and one
+within rounding of the type's largest value may overflow in one model only); they refuse where
+folding could change more than rounding (see fold_weights).
 """
 
 from __future__ import annotations
@@ -274,6 +277,26 @@ def _neutral(m: Match):
     return None if _broadcast_keeps_shape(m, "x", m.const("c")) else "the constant broadcasts x to a larger shape"
 
 
+# onnxruntime's MatMul and Conv kernels add their products to +0.0, so they never return -0.0
+_NO_NEGATIVE_ZERO = frozenset({"MatMul", "Conv"})
+
+
+def _zero_neutral(m: Match):
+    """x + 0 is x except at x = -0.0: -0.0 + 0.0 is +0.0 (and 1/x downstream then gives +inf for
+    -inf). So Add(x, c) goes when c is all -0.0 (x + -0.0 is x), Sub(x, c) when c is all +0.0,
+    either when x holds no -0.0: an integer, or a MatMul/Conv result."""
+    reason = _neutral(m)
+    if reason:
+        return reason
+    c = m.const("c")
+    if c.dtype.kind not in "fV" or np.all(np.signbit(c) == (m.root.op_type == "Add")):
+        return None
+    producer = m["x"].producer()
+    if producer is not None and producer.op_type in _NO_NEGATIVE_ZERO and producer.domain in ("", "ai.onnx"):
+        return None
+    return f"x may be -0.0, which {m.root.op_type} with 0 turns into +0.0"
+
+
 def _div_by_const(m: Match):
     c = m.const("c")
     if c.dtype.kind != "f":
@@ -392,6 +415,46 @@ def _per_channel(m: Match, out_channels: int, c: np.ndarray, rank: int) -> np.nd
     return np.broadcast_to(c.reshape(-1), (out_channels,)).copy()
 
 
+def non_finite(arrays: dict[str, np.ndarray | None]) -> str | None:
+    """The refusal for folding constants of which one holds inf or NaN, else None."""
+    for name, array in arrays.items():
+        if array is not None and not np.all(np.isfinite(array)):
+            return f"{name} holds inf or NaN"
+    return None
+
+
+def folded_refusal(name: str, after: np.ndarray, before: np.ndarray | None = None) -> str | None:
+    """Why folded weights or bias ``after`` (in their own type) could change results beyond
+    rounding, else None: they overflow, or (``before``: the values a factor scaled) a nonzero
+    weight rounds to 0 and its input no longer counts."""
+    if not np.all(np.isfinite(after)):
+        return f"the folded {name} overflow"
+    if before is not None and np.any((after == 0) & (before != 0)):
+        return f"the folded {name} underflow to 0"
+    return None
+
+
+def fold_weights(m: Match, factor: np.ndarray, fold) -> tuple[np.ndarray, np.ndarray | None]:
+    """``fold()``: the weights ``m.const("w")`` and bias ``m.const("b")`` (or None) with the
+    per-output-channel ``factor`` folded in, when that equals scaling the conv's result up to
+    rounding (NaN and infinities of the input included). Raises Refuse for a zero factor (conv * 0
+    is -0.0 where the conv is negative and NaN where it overflows, zero weights give +0.0), a
+    non-finite weight or bias, and folded ones that overflow or underflow to 0."""
+    if np.any(factor == 0):
+        raise Refuse("a zero factor")
+    w, bias = m.const("w"), m.const("b") if "b" in m else None
+    reason = non_finite({"the weights": w, "the bias": bias})
+    if reason is None:
+        with np.errstate(over="ignore", under="ignore"):
+            new_w, new_b = fold()
+        reason = folded_refusal("weights", new_w, w)
+        if reason is None and new_b is not None:
+            reason = folded_refusal("bias", new_b)
+    if reason:
+        raise Refuse(reason)
+    return new_w, new_b
+
+
 def _conv_ok(m: Match):
     w = m.const("w")
     if w.dtype.kind != "f":
@@ -401,16 +464,21 @@ def _conv_ok(m: Match):
     vec = _per_channel(m, w.shape[0], m.const("c"), w.ndim)
     if vec is None:
         return "the constant is not per output channel"
-    return None
+    return non_finite({f"the {m.root.op_type} constant": vec, "the bias": m.const("b")})
 
 
 def _conv_mul(m: Match, b):
     w, c = m.const("w"), m.const("c")
     vec = _per_channel(m, w.shape[0], c, w.ndim).astype(np.float64)
-    new_w = (w.astype(np.float64) * vec.reshape((-1,) + (1,) * (w.ndim - 1))).astype(w.dtype)
+
+    def fold():
+        new_w = (w.astype(np.float64) * vec.reshape((-1,) + (1,) * (w.ndim - 1))).astype(w.dtype)
+        return new_w, (m.const("b").astype(np.float64) * vec).astype(w.dtype) if "b" in m else None
+
+    new_w, new_b = fold_weights(m, vec, fold)
     inputs = [m["x"], b.const(new_w, name="weight")]
-    if "b" in m:
-        inputs.append(b.const((m.const("b").astype(np.float64) * vec).astype(w.dtype), name="bias"))
+    if new_b is not None:
+        inputs.append(b.const(new_b, name="bias"))
     return b.op("Conv", *inputs, attrs=m.node("conv").attributes.values())
 
 
@@ -418,18 +486,41 @@ def _conv_add(m: Match, b):
     w, c = m.const("w"), m.const("c")
     vec = _per_channel(m, w.shape[0], c, w.ndim).astype(np.float64)
     bias = m.const("b").astype(np.float64) if "b" in m else np.zeros(w.shape[0])
-    return b.op("Conv", m["x"], m["w"], b.const((bias + vec).astype(w.dtype), name="bias"),
-                attrs=m.node("conv").attributes.values())
+    with np.errstate(over="ignore"):
+        new_b = (bias + vec).astype(w.dtype)
+    if reason := folded_refusal("bias", new_b):
+        raise Refuse(reason)
+    return b.op("Conv", m["x"], m["w"], b.const(new_b, name="bias"), attrs=m.node("conv").attributes.values())
+
+
+def _pool_output_size(n: int, kernel: int, stride: int, dilation: int, ceil: bool, head: int, tail: int) -> int:
+    """An AveragePool output length as onnxruntime and the ONNX spec compute it: with ceil_mode a
+    window that would start in the right padding is dropped (PyTorch's rule)."""
+    span = n + head + tail - dilation * (kernel - 1) - 1
+    size = (-(-span // stride) if ceil else span // stride) + 1
+    if ceil and (size - 1) * stride >= n + head:
+        size -= 1
+    return size
 
 
 def _pad_into(m: Match):
-    mode = m.attr("pad", "mode", "constant")
-    if mode != "constant":
+    """A zero Pad merges into the op's pads when the op then sees the same input positions, the
+    padding counts like the Pad's zeros, and the output keeps its shape:
+
+    - auto_pad NOTSET, or VALID (pads 0) without ceil_mode; SAME_* derives pads from the input size;
+    - the pad value is +0.0 (Conv and AveragePool pad with +0.0; a -0.0 or NaN pad is refused);
+    - AveragePool: count_include_pad=1 (else the Pad's zeros count and the op's padding does not),
+      every merged pad smaller than the kernel (onnxruntime refuses the model otherwise), and with
+      ceil_mode=1, padding added on the right must not change the output length (a window
+      starting in the op's right padding is dropped, one starting in the Pad's zeros is not).
+
+    Strides and dilations need nothing: both read the padded input the same way."""
+    if m.attr("pad", "mode", "constant") != "constant":
         return "not a constant pad"
     if "value" in m:
         v = m.const("value")
-        if v is None or v.size != 1 or float(v.reshape(-1)[0]) != 0.0:
-            return "pad value is not 0"
+        if v.size != 1 or float(v.reshape(-1)[0]) != 0.0 or np.signbit(v.reshape(-1)[0]):
+            return "pad value is not +0.0"
     if "axes" in m:
         return "pad with axes"
     pads = m.const("pads").reshape(-1)
@@ -438,25 +529,59 @@ def _pad_into(m: Match):
     n = pads.size // 2
     if n < 3 or pads[0] or pads[1] or pads[n] or pads[n + 1]:
         return "pads batch or channel axes"
-    node = m.node("op")
-    if node.attributes.get("auto_pad") is not None and m.attr("op", "auto_pad") not in ("NOTSET", b"NOTSET"):
-        return "auto_pad"
-    if node.op_type == "AveragePool" and m.attr("op", "count_include_pad", 0) != 1:
+    auto_pad = _auto_pad(m)
+    ceil = m.attr("op", "ceil_mode", 0) != 0
+    if auto_pad not in ("NOTSET", "VALID"):
+        return f"auto_pad {auto_pad} derives its pads from the input size, which the Pad changes"
+    if auto_pad == "VALID" and ceil:
+        return "auto_pad VALID with ceil_mode"  # the spec sizes VALID with ceil_mode differently
+    old, new = _merged_pads(m)
+    if len(old) != n * 2 - 4:
+        return "the op's pads do not match the Pad's rank"
+    if m.node("op").op_type != "AveragePool":
+        return None
+    if m.attr("op", "count_include_pad", 0) != 1:
         return "AveragePool excludes padding from the average"
+    k = n - 2
+    kernel = m.attr("op", "kernel_shape") or []
+    if len(kernel) != k:
+        return "kernel_shape does not match the Pad's rank"
+    if any(p >= kernel[i % k] for i, p in enumerate(new)):
+        return "a merged pad would reach the kernel size (onnxruntime requires pads smaller than the kernel)"
+    if ceil and any(pads[n + 2:]):
+        dims = _dims(m, "x")
+        if dims is None or any(d is None for d in dims[2:]):
+            return "ceil_mode with padding on the right needs static spatial dimensions"
+        strides = m.attr("op", "strides") or [1] * k
+        dilations = m.attr("op", "dilations") or [1] * k
+        for i in range(k):
+            window = (kernel[i], strides[i], dilations[i], True)
+            padded = dims[i + 2] + int(pads[i + 2]) + int(pads[n + i + 2])
+            if _pool_output_size(padded, *window, old[i], old[k + i]) \
+                    != _pool_output_size(dims[i + 2], *window, new[i], new[k + i]):
+                return "under ceil_mode, padding merged on the right changes the output size"
     return None
 
 
-def _pad_fold(m: Match, b):
+def _auto_pad(m: Match) -> str:
+    auto_pad = m.attr("op", "auto_pad", "NOTSET")
+    return auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+
+
+def _merged_pads(m: Match) -> tuple[list[int], list[int]]:
+    """The op's pads (0s under auto_pad VALID) and those pads plus the Pad's spatial ones."""
     pads = [int(p) for p in m.const("pads").reshape(-1)]
     n = len(pads) // 2
     extra = pads[2:n] + pads[n + 2:]
-    k = n - 2
-    old = m.attr("op", "pads") or [0] * (2 * k)
-    new = [int(a) + int(e) for a, e in zip(old, extra)]
+    old = m.attr("op", "pads") if _auto_pad(m) == "NOTSET" else None
+    old = [int(p) for p in old or [0] * len(extra)]
+    return old, [a + e for a, e in zip(old, extra)]
+
+
+def _pad_fold(m: Match, b):
     node = m.node("op")
-    attrs = [a for a in node.attributes.values() if a.name != "pads"]
-    inputs = [m["x"]] + list(node.inputs[1:])
-    return b.op(node.op_type, *inputs, attrs=attrs, pads=new)
+    attrs = [a for a in node.attributes.values() if a.name not in ("pads", "auto_pad")]
+    return b.op(node.op_type, m["x"], *node.inputs[1:], attrs=attrs, pads=_merged_pads(m)[1])
 
 
 def _range_one_element(m: Match):
@@ -524,10 +649,12 @@ RULES = [
     # arithmetic
     Rule("mul_by_one", Op("Mul", "x", Const("c", value=1), commutative=True), _x, condition=_neutral,
          doc="x * 1 is x (when 1 does not broadcast x larger)."),
-    Rule("add_zero", Op("Add", "x", Const("c", value=0), commutative=True), _x, condition=_neutral,
-         doc="x + 0 is x (equal values: -0.0 + 0 is +0.0; when 0 does not broadcast x larger)."),
-    Rule("sub_zero", Op("Sub", "x", Const("c", value=0)), _x, condition=_neutral,
-         doc="x - 0 is x (when 0 does not broadcast x larger)."),
+    Rule("add_zero", Op("Add", "x", Const("c", value=0), commutative=True), _x, condition=_zero_neutral,
+         doc="x + 0 is x when x holds no -0.0 (an integer, a MatMul or Conv result) or the 0s are -0.0 "
+             "(-0.0 + 0.0 is +0.0); when 0 does not broadcast x larger."),
+    Rule("sub_zero", Op("Sub", "x", Const("c", value=0)), _x, condition=_zero_neutral,
+         doc="x - 0 is x when the 0s are +0.0 (x - -0.0 turns -0.0 into +0.0) or x holds no -0.0; "
+             "when 0 does not broadcast x larger."),
     Rule("div_by_one", Op("Div", "x", Const("c", value=1)), _x, condition=_neutral,
          doc="x / 1 is x (when 1 does not broadcast x larger)."),
     Rule("div_to_mul", Op("Div", "x", Const("c")), _div_to_mul, condition=_div_by_const, priority=-1,
@@ -544,16 +671,19 @@ RULES = [
     # Conv absorbs
     Rule("conv_mul_fold", Op("Mul", Op("Conv", "x", Const("w"), Opt(Const("b")), name="conv"), Const("c"),
                              commutative=True), _conv_mul, condition=_conv_ok,
-         doc="Conv followed by Mul by a per-output-channel constant scales the weights and bias."),
+         doc="Conv followed by Mul by a per-output-channel constant scales the weights and bias (not for a "
+             "zero or non-finite factor, non-finite weights, or folded weights that overflow or flush to 0)."),
     Rule("conv_add_fold", Op("Add", Op("Conv", "x", Const("w"), Opt(Const("b")), name="conv"), Const("c"),
                              commutative=True), _conv_add, condition=_conv_ok,
-         doc="Conv followed by Add of a per-output-channel constant adds it to the bias."),
+         doc="Conv followed by Add of a per-output-channel constant adds it to the bias (finite constants "
+             "whose sum stays finite)."),
     Rule("pad_into_conv", Op("Conv", Op("Pad", "x", Const("pads"), Opt(Const("value")), Opt("axes"), name="pad"),
                              "w", Opt("b"), name="op"), _pad_fold, condition=_pad_into,
-         doc="Zero Pad of spatial axes before a Conv becomes the Conv's pads."),
+         doc="Zero Pad of spatial axes before a Conv (auto_pad NOTSET or VALID) becomes the Conv's pads."),
     Rule("pad_into_averagepool", Op("AveragePool", Op("Pad", "x", Const("pads"), Opt(Const("value")), Opt("axes"),
                                                       name="pad"), name="op"), _pad_fold, condition=_pad_into,
-         doc="Zero Pad before an AveragePool with count_include_pad=1 becomes its pads."),
+         doc="Zero Pad before an AveragePool with count_include_pad=1 becomes its pads (each below the "
+             "kernel size; under ceil_mode only where the output size stays)."),
 ]
 
 

@@ -1,16 +1,22 @@
 """BatchNormalization folding: into a preceding Conv or ConvTranspose, or into Mul+Add.
 
 All arithmetic is done in float64 and cast back to the weights' type once, so folding adds no
-more rounding than storing the folded weights needs.
+more rounding than storing the folded weights needs (conv_bn_fold instead rounds the way
+onnxruntime's own fusion does). The result equals the BatchNormalization's up to rounding, NaN and
+infinities of the input included: parameters that hold inf or NaN or have var + epsilon <= 0,
+weights that do, a zero factor (for a conv), and folded values that overflow or flush to 0 are
+refused (see algebra.fold_weights).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from onnxopt.pattern import Const, Match, Op, Opt, Rule
+from onnxopt.pattern import Const, Match, Op, Opt, Refuse, Rule
 
 import ml_dtypes
+
+from .algebra import fold_weights, non_finite
 
 _FLOAT_DTYPES = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64, ml_dtypes.bfloat16))
 
@@ -39,6 +45,12 @@ def _bn_inference(m: Match):
             return f"BatchNormalization {name} has shape {p.shape}, expected ({channels},)"
         if p.dtype not in _FLOAT_DTYPES:
             return f"BatchNormalization {name} has type {p.dtype}"
+    reason = non_finite({f"BatchNormalization {k}": p for k, p in zip(("scale", "beta", "mean", "var"), params)})
+    if reason:
+        return reason
+    work = np.float64 if params[3].dtype == np.float64 else np.float32
+    if np.any(params[3].astype(work) + work(m.attr("bn", "epsilon", 1e-5)) <= 0):
+        return "BatchNormalization var + epsilon <= 0"
     return None
 
 
@@ -97,12 +109,16 @@ def _fold_conv(m: Match, b):
 
     eps = step(np.float32(m.attr("bn", "epsilon", 1e-5)))
     scale, beta, mean, var = (m.const(k).astype(work) for k in ("scale", "beta", "mean", "var"))
-    s = step(scale / step(np.sqrt(step(var + eps))))
-    w_new = (w.astype(work, copy=False) * s.reshape((-1,) + (1,) * (w.ndim - 1))).astype(dtype)
-    if "b" in m:
-        bias_new = step(step(step(m.const("b").astype(work) - mean) * s) + beta)
-    else:
-        bias_new = step(beta - step(mean * s))
+    with np.errstate(over="ignore"):
+        s = step(scale / step(np.sqrt(step(var + eps))))
+
+    def fold():
+        w_new = (w.astype(work, copy=False) * s.reshape((-1,) + (1,) * (w.ndim - 1))).astype(dtype)
+        if "b" in m:
+            return w_new, step(step(step(m.const("b").astype(work) - mean) * s) + beta)
+        return w_new, step(beta - step(mean * s))
+
+    w_new, bias_new = fold_weights(m, s, fold)
     conv = m.node("conv")
     weight = b.const(w_new, name=f"{m['w'].name}_bnfold")
     bias = b.const(bias_new.astype(dtype), name=f"{conv.name or 'conv'}_bias_bnfold")
@@ -115,12 +131,16 @@ def _fold_conv_transpose(m: Match, b):
     group = int(m.attr("conv", "group", 1))
     # Weight is (C_in, C_out / group, k...); output channel of (i, j) is (i // (C_in/group)) * C_out/group + j.
     cin, cout_g = w.shape[0], w.shape[1]
-    grouped = w.astype(np.float64).reshape((group, cin // group, cout_g) + w.shape[2:])
-    factor = s.reshape((group, 1, cout_g) + (1,) * (w.ndim - 2))
-    w_new = (grouped * factor).reshape(w.shape).astype(w.dtype)
+
+    def fold():
+        grouped = w.astype(np.float64).reshape((group, cin // group, cout_g) + w.shape[2:])
+        factor = s.reshape((group, 1, cout_g) + (1,) * (w.ndim - 2))
+        return (grouped * factor).reshape(w.shape).astype(w.dtype), _new_bias(m, s, t, w.dtype)
+
+    w_new, bias_new = fold_weights(m, s, fold)
     conv = m.node("conv")
     weight = b.const(w_new, name=f"{m['w'].name}_bnfold")
-    bias = b.const(_new_bias(m, s, t, w.dtype), name=f"{conv.name or 'convtranspose'}_bias_bnfold")
+    bias = b.const(bias_new, name=f"{conv.name or 'convtranspose'}_bias_bnfold")
     return b.op("ConvTranspose", m["x"], weight, bias, attrs=list(conv.attributes.values()))
 
 
@@ -154,10 +174,14 @@ def _bn_to_affine(m: Match, b):
     s, t = _bn_factors(m)
     x = m["x"]
     dtype = x.dtype.numpy()
+    with np.errstate(over="ignore"):
+        s, t = s.astype(dtype), t.astype(dtype)
+    if reason := non_finite({"the folded scale": s, "the folded shift": t}):
+        raise Refuse(reason)
     shape = (-1,) + (1,) * (len(x.shape) - 2)
     name = m.node("bn").name or "bn"
-    scaled = b.op("Mul", x, b.const(s.reshape(shape).astype(dtype), name=f"{name}_scale"))
-    return b.op("Add", scaled, b.const(t.reshape(shape).astype(dtype), name=f"{name}_shift"))
+    scaled = b.op("Mul", x, b.const(s.reshape(shape), name=f"{name}_scale"))
+    return b.op("Add", scaled, b.const(t.reshape(shape), name=f"{name}_shift"))
 
 
 def _bn(producer):
@@ -170,12 +194,13 @@ RULES = [
          _bn(Op("Conv", "x", Const("w"), Opt(Const("b")), name="conv")),
          _fold_conv, condition=lambda m: _weight_checks(m, _conv_out_channels), priority=10,
          doc="Conv followed by inference BatchNormalization becomes one Conv (bias added if absent; "
-             "grouped and depthwise too)."),
+             "grouped and depthwise too; finite parameters, a nonzero scale, folded weights in range)."),
     Rule("convtranspose_bn_fold",
          _bn(Op("ConvTranspose", "x", Const("w"), Opt(Const("b")), name="conv")),
          _fold_conv_transpose, condition=lambda m: _weight_checks(m, _convt_out_channels), priority=10,
-         doc="ConvTranspose followed by inference BatchNormalization becomes one ConvTranspose."),
+         doc="ConvTranspose followed by inference BatchNormalization becomes one ConvTranspose (as conv_bn_fold)."),
     Rule("bn_to_mul_add",
          _bn("x"), _bn_to_affine, condition=_bn_to_affine_ok, priority=0,
-         doc="BatchNormalization after anything else becomes Mul and Add by per-channel constants."),
+         doc="BatchNormalization after anything else becomes Mul and Add by per-channel constants (finite "
+             "parameters and factors)."),
 ]

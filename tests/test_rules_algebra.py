@@ -163,7 +163,8 @@ def test_neutral_elements_and_broadcast_refusal():
     nodes = [helper.make_node("Mul", ["x", "one"], ["a"]), helper.make_node("Add", ["a", "zero"], ["b"]),
              helper.make_node("Mul", ["b", "ones_big"], ["y"])]  # 1s of a larger shape: broadcasts
     m = model(nodes, [tinfo("x", [3])], [tinfo("y", [2, 3])],
-              [init("one", np.float32(1)), init("zero", np.float32(0)), init("ones_big", np.ones((2, 3), np.float32))])
+              [init("one", np.float32(1)), init("zero", np.float32(-0.0)),  # x + -0.0 is x, -0.0 included
+               init("ones_big", np.ones((2, 3), np.float32))])
     out = optimize(m)
     assert op_types(out) == ["Mul"]
     assert_same_outputs(m, out, feeds_for(m))
