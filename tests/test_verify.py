@@ -154,8 +154,8 @@ def test_compare_statistics_and_tolerance():
     assert r["max_abs"] == pytest.approx(1e-3, rel=1e-3) and r["cosine"] > 0.999999
     assert r["p99_abs"] < r["max_abs"] and r["mean_abs"] == pytest.approx(r["max_abs"] / 1000, rel=0.01)
     assert verify.compare(a, a.copy(), 1e-4, 1e-5)["ok"]
-    assert verify.compare(a, a[:10], 1e-4, 1e-5)["problem"] == "shape"
-    assert verify.compare(a, a.astype(np.float64), 1e-4, 1e-5)["problem"] == "dtype"
+    assert verify.compare(a, a[:10], 1e-4, 1e-5)["problem"] == "shape 1000 in the original, 10 now"
+    assert verify.compare(a, a.astype(np.float64), 1e-4, 1e-5)["problem"] == "dtype float32 in the original, float64 now"
 
 
 def test_nan_and_inf_are_compared_explicitly():
