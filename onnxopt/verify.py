@@ -24,6 +24,8 @@ import statistics
 import sys
 import tempfile
 import time
+import zipfile
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -209,38 +211,49 @@ def session(model, provider: str = "cpu", *, profile_prefix: str | None = None, 
 # --- inputs -----------------------------------------------------------------------------------
 
 
-def parse_input_shapes(items: Iterable[str]) -> dict[str, list[int]]:
-    """``NAME=1x3x224x224`` (or ``NAME=1,3,224,224``) entries."""
+_INT = re.compile(r"-?[0-9]+")
+_INT64_MAX = 2**63 - 1
+
+
+def _parse_entries(items: Iterable[str], flag: str, parse: Callable[[str], object | None], form: str) -> dict:
+    """``NAME=VALUE`` entries, each name once; ``parse`` gives the value or None when malformed."""
     out = {}
     for item in items:
-        name, sep, dims = item.rpartition("=")
-        if not sep or not name:
-            raise UsageError(f"--input-shape {item!r}: expected NAME=D1xD2x... (e.g. input=1x3x224x224)")
-        try:
-            out[name] = [int(d) for d in re.split(r"[x,]", dims.strip()) if d != ""]
-        except ValueError:
-            raise UsageError(f"--input-shape {item!r}: dimensions must be integers") from None
-        if any(d < 0 for d in out[name]):
-            raise UsageError(f"--input-shape {item!r}: dimensions must not be negative")
+        name, sep, text = item.rpartition("=")
+        value = parse(text) if sep and name else None
+        if value is None:
+            raise UsageError(f"{flag} {item!r}: expected {form}")
+        if name in out:
+            raise UsageError(f"{flag} {name}: given twice")
+        out[name] = value
     return out
+
+
+def _dims_or_none(text: str) -> list[int] | None:
+    parts = re.split(r"[x,]", text) if text else []
+    if not all(_INT.fullmatch(p) and 0 <= int(p) <= _INT64_MAX for p in parts):
+        return None
+    return [int(p) for p in parts]
+
+
+def parse_input_shapes(items: Iterable[str]) -> dict[str, list[int]]:
+    """``NAME=1x3x224x224`` (or ``NAME=1,3,224,224``; ``NAME=`` for a scalar) entries: whole
+    numbers that fit ONNX's int64 dimensions, separated by single x or commas."""
+    return _parse_entries(items, "--input-shape", _dims_or_none,
+                          "NAME=D1xD2x... with each D a whole number up to 2**63-1 (e.g. input=1x3x224x224)")
+
+
+def _range_or_none(text: str) -> tuple[int, int] | None:
+    lo, colon, hi = text.partition(":")
+    if not (colon and _INT.fullmatch(lo) and _INT.fullmatch(hi)) or int(lo) > int(hi):
+        return None
+    return int(lo), int(hi)
 
 
 def parse_int_ranges(items: Iterable[str]) -> dict[str, tuple[int, int]]:
-    """``NAME=LOW:HIGH`` entries (inclusive): the values generated for an integer input."""
-    out = {}
-    for item in items:
-        name, sep, rng = item.rpartition("=")
-        lo, colon, hi = rng.partition(":")
-        try:
-            if not sep or not name or not colon:
-                raise ValueError
-            out[name] = (int(lo), int(hi))
-        except ValueError:
-            raise UsageError(f"--int-range {item!r}: expected NAME=LOW:HIGH (inclusive), e.g. input_ids=0:30521") \
-                from None
-        if out[name][0] > out[name][1]:
-            raise UsageError(f"--int-range {item!r}: LOW is above HIGH")
-    return out
+    """``NAME=LOW:HIGH`` entries (inclusive, LOW <= HIGH): the values generated for an integer input."""
+    return _parse_entries(items, "--int-range", _range_or_none,
+                          "NAME=LOW:HIGH with whole numbers, LOW <= HIGH (inclusive), e.g. input_ids=0:30521")
 
 
 def _gather_bounds(proto: onnx.ModelProto) -> dict[str, int]:
@@ -273,6 +286,34 @@ def _generated_dtype(elem_type: int) -> type | None:
     return dtype.type if dtype.kind in "fiub" else None
 
 
+def _load_npz(path) -> dict[str, np.ndarray]:
+    """The arrays of an .npz file by name; anything else (an .npy file, an empty, truncated or
+    corrupted file, pickled objects) is refused in one line."""
+    try:
+        with open(path, "rb") as f:
+            is_zip = f.read(2) == b"PK"
+        if is_zip:
+            with np.load(path, allow_pickle=False) as z:
+                return {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        raise UsageError(f"inputs file {path}: {io._first_line(exc, 200)}") from None
+    raise UsageError(f"inputs file {path}: not an .npz archive (write one with numpy.savez(path, input_name=array, "
+                     "...); a single .npy array names no input)")
+
+
+def _check_shape(vi: onnx.ValueInfoProto, shape: list[int], what: str) -> None:
+    """``shape`` has the rank of input ``vi`` and the dimensions it fixes."""
+    tt = vi.type.tensor_type
+    if not tt.HasField("shape"):
+        return
+    if len(shape) != len(tt.shape.dim):
+        raise UsageError(f"{what}: shape {_dims(shape)} has rank {len(shape)}, the model's input has rank "
+                         f"{len(tt.shape.dim)}")
+    for d, v in zip(tt.shape.dim, shape):
+        if d.HasField("dim_value") and d.dim_value >= 0 and d.dim_value != v:
+            raise UsageError(f"{what}: dimension {v} where the model fixes {d.dim_value}")
+
+
 def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
                 int_ranges: Mapping[str, tuple[int, int]] | None = None, npz: str | os.PathLike | None = None,
                 seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
@@ -293,13 +334,8 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
     for name in [*shapes, *int_ranges]:
         if name not in known:
             raise UsageError(f"the model has no input {name!r} (inputs: {', '.join(sorted(known)) or 'none'})")
-    given: dict[str, np.ndarray] = {}
+    given = _load_npz(npz) if npz is not None else {}
     if npz is not None:
-        try:
-            with np.load(npz, allow_pickle=False) as z:
-                given = {k: z[k] for k in z.files}
-        except (OSError, ValueError) as exc:
-            raise InvalidModelError(f"inputs file {npz}: {exc}") from None
         extra = sorted(set(given) - known)
         if extra:
             raise UsageError(f"inputs file {npz} has {', '.join(extra)}, which the model does not take")
@@ -319,12 +355,14 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
     for vi in graph_inputs:
         tt = vi.type.tensor_type
         if not vi.type.HasField("tensor_type"):
-            raise UsageError(f"input {vi.name!r} is not a tensor; give it in an .npz file")
+            raise UsageError(f"input {vi.name!r} is not a tensor: the verifier makes and reads tensor inputs only "
+                             "(from Python, give it in verify(feeds=...))")
         dtype = _generated_dtype(tt.elem_type)
         if vi.name in given:
             arr = given[vi.name]
             if dtype is not None and arr.dtype != dtype:
                 raise UsageError(f"input {vi.name!r} in {npz} is {arr.dtype}, the model takes {np.dtype(dtype)}")
+            _check_shape(vi, list(arr.shape), f"input {vi.name!r} in {npz}")
             feeds[vi.name] = arr
             how[vi.name] = {"source": "npz", "shape": list(arr.shape), "dtype": str(arr.dtype)}
             continue
@@ -336,12 +374,7 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
                              f"{vi.name}=D1xD2... (or in an .npz file)")
         if vi.name in shapes:
             shape = list(shapes[vi.name])
-            if tt.HasField("shape") and len(shape) != len(tt.shape.dim):
-                raise UsageError(f"--input-shape {vi.name}: rank {len(shape)}, the model's input has rank "
-                                 f"{len(tt.shape.dim)}")
-            for d, v in zip(tt.shape.dim, shape):
-                if d.HasField("dim_value") and d.dim_value >= 0 and d.dim_value != v:
-                    raise UsageError(f"--input-shape {vi.name}: dimension {v} where the model fixes {d.dim_value}")
+            _check_shape(vi, shape, f"--input-shape {vi.name}")
         else:
             shape = []
             for k, d in enumerate(tt.shape.dim):
@@ -357,12 +390,7 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
         if vi.name in int_ranges and not np.issubdtype(dtype, np.integer):
             raise UsageError(f"--int-range {vi.name}: the input is {np.dtype(dtype)}, not an integer type")
         info = {"source": "generated", "shape": shape, "dtype": str(np.dtype(dtype))}
-        if np.issubdtype(dtype, np.floating):
-            arr = rng.standard_normal(shape).astype(dtype)
-            info["distribution"] = "normal(0, 1)"
-        elif dtype == np.bool_:
-            arr = rng.integers(0, 2, shape).astype(np.bool_)
-        else:
+        if np.issubdtype(dtype, np.integer):
             if vi.name in int_ranges:
                 lo, hi = int_ranges[vi.name]
             elif vi.name in bounds:
@@ -372,10 +400,20 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
             else:
                 lo, hi = 0, 9
             limits = np.iinfo(dtype)
-            if lo < limits.min or hi > limits.max:
+            if lo < limits.min or hi > limits.max or lo > hi:
                 raise UsageError(f"integer range {lo}..{hi} of input {vi.name!r} does not fit its type {np.dtype(dtype)}")
             info["range"] = [lo, hi]
-            arr = rng.integers(lo, hi, shape, endpoint=True, dtype=dtype)
+        try:
+            if np.issubdtype(dtype, np.floating):
+                arr = rng.standard_normal(shape).astype(dtype)
+                info["distribution"] = "normal(0, 1)"
+            elif dtype == np.bool_:
+                arr = rng.integers(0, 2, shape).astype(np.bool_)
+            else:
+                arr = rng.integers(lo, hi, shape, endpoint=True, dtype=dtype)
+        except (ValueError, MemoryError) as exc:  # a shape too large for numpy or for memory
+            raise UsageError(f"input {vi.name!r}: cannot make an array of shape {_dims(shape)}: "
+                             f"{io._first_line(exc, 200)}") from None
         feeds[vi.name] = arr
         how[vi.name] = info
     return feeds, how
@@ -500,6 +538,8 @@ def compare(before: np.ndarray, after: np.ndarray, rtol: float, atol: float) -> 
         out.update(max_abs=float(d.max()) if n else 0.0, max_rel=float(rel.max()) if n else 0.0,
                    mean_abs=float(d_finite.mean()) if d_finite.size else 0.0,
                    p99_abs=float(np.percentile(d_finite, 99)) if d_finite.size else 0.0)
+        if out["p99_abs"] != out["p99_abs"]:  # interpolating between differences beyond float64
+            out["p99_abs"] = float("inf")
         if out.get("nan_mismatch"):
             out.update(max_abs=float("nan"), max_rel=float("nan"))
         elif out.get("inf_mismatch"):
@@ -873,8 +913,12 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
     rounds per provider after ``warmup`` runs (0 skips latency, as does ``latency=False``)."""
     providers = parse_providers(providers)
     check_providers(providers)
-    if runs < 0 or warmup < 0 or threads < 0:
-        raise UsageError("runs, warm-up runs and threads must not be negative")
+    if runs < 0:
+        raise UsageError(f"--runs {runs}: must not be negative (0: no latency)")
+    if warmup < 1:
+        raise UsageError(f"--warmup {warmup}: at least 1 warm-up run")
+    if not 0 <= threads <= 2**31 - 1:
+        raise UsageError(f"--threads {threads}: must be 0 (onnxruntime's choice) or a positive 32-bit number")
     check_tolerances(rtol, atol)
     progress = progress or Progress(enabled=False)
     before = after = None
@@ -933,7 +977,7 @@ def _verify(before: _Model, after: _Model, providers, feeds, inputs, input_shape
                                   runs=runs, warmup=warmup, threads=threads, min_rounds=min(runs, 5),
                                   progress=lambda d, t, p=p, s=step: progress(f"{p}: latency {d}/{t}", s, steps))
             res = lat["results"]
-            entry["latency"] = {"rounds": lat["rounds"], "warmup": max(1, warmup),
+            entry["latency"] = {"rounds": lat["rounds"], "warmup": warmup,
                                 **{k: {"median_ms": round(v["median_ms"], 4), "p90_ms": round(v["p90_ms"], 4)}
                                    for k, v in res.items()}}
             if "before" in res and "after" in res and res["before"]["median_ms"] > 0:
