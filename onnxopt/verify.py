@@ -18,8 +18,10 @@ This module knows no command line; ``onnxopt.cli`` and ``scripts/bench.py`` use 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
+import shlex
 import statistics
 import sys
 import tempfile
@@ -34,6 +36,7 @@ import numpy as np
 import onnx
 
 from . import io
+from .driver import REPLACED_KEY as _REPLACED, RULE_KEY as _RULE, SOURCES_KEY as _SOURCES
 from .errors import InvalidModelError, OnnxoptError, UsageError
 from .shapes import PLACEHOLDER_DIMS
 
@@ -79,6 +82,7 @@ class _Model:
 
     def __init__(self, source, label: str):
         self.label = label
+        self.name = str(source) if isinstance(source, (str, os.PathLike)) else label  # for reports
         self._tmp: tempfile.TemporaryDirectory | None = None
         self.path: str | None = None
         self.external = False  # weights in files beside ``path``
@@ -755,28 +759,45 @@ def measure_latency(models: dict[str, object], inputs: Mapping[str, np.ndarray],
 
 
 def _value_types(proto: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
-    """Tensor types of the main graph's values (declared, else from onnx's shape inference)."""
+    """Tensor types of the main graph's values and weights (declared, else from onnx's shape
+    inference), for exposing them as outputs."""
     types: dict[str, onnx.TypeProto] = {}
     try:
         inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False)
         infos = list(inferred.graph.value_info) + list(inferred.graph.output)
     except Exception:  # noqa: BLE001 - inference is best effort here
         infos = []
-    for vi in [*proto.graph.value_info, *proto.graph.output, *infos]:
-        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type and vi.name not in types:
+    elem_types = [(vi.name, vi.type.tensor_type.elem_type) for vi in [*proto.graph.value_info, *proto.graph.output,
+                                                                      *infos] if vi.type.HasField("tensor_type")]
+    elem_types += [(i.name, i.data_type) for i in proto.graph.initializer]
+    for name, elem_type in elem_types:
+        if elem_type and name not in types:
             t = onnx.TypeProto()
-            t.tensor_type.elem_type = vi.type.tensor_type.elem_type  # shape left out: any shape
-            types[vi.name] = t
+            t.tensor_type.elem_type = elem_type  # shape left out: any shape
+            types[name] = t
     return types
+
+
+def _fetch(model: _Model, names: Iterable[str], types: Mapping[str, onnx.TypeProto],
+           feeds: Mapping[str, np.ndarray], provider: str) -> dict:
+    """The values ``names`` take in ``model``: graph inputs from ``feeds``, the others (those with
+    a known type) exposed as outputs of one run with onnxruntime's graph optimizations off, so
+    each value is the graph's own."""
+    names = list(dict.fromkeys(names))
+    values = {n: feeds[n] for n in names if n in feeds}
+    wanted = [n for n in names if n not in feeds and n in types]
+    if wanted:
+        sess = session(model.with_outputs(wanted, types), provider, optimization="disable", exact=True)
+        outs = sess.run(wanted, {i.name: feeds[i.name] for i in sess.get_inputs()})
+        values.update(zip(wanted, map(_host, outs)))
+    return values
 
 
 def find_culprit(original: _Model, optimized: _Model, feeds: Mapping[str, np.ndarray], provider: str = "cpu", *,
                  low_precision: bool = False, rtol: float | None = None, atol: float | None = None) -> dict:
     """The first value of the optimized graph (in its node order) that the original graph also
-    has by name and whose values differ beyond tolerance; its producer and the rule behind it.
-
-    Both models run with onnxruntime's graph optimizations off and every such value exposed as an
-    output, so each value is the graph's own."""
+    has by name and whose values differ beyond tolerance, the node that produced it, and, where
+    the divergence can be tied to one, the rule to blame (see :func:`_tie`)."""
     opt_proto, orig_proto = optimized.proto, original.proto
     inits = {i.name for i in opt_proto.graph.initializer} | {i.name for i in orig_proto.graph.initializer}
     produced_orig = {o for n in orig_proto.graph.node for o in n.output if o}
@@ -793,26 +814,111 @@ def find_culprit(original: _Model, optimized: _Model, feeds: Mapping[str, np.nda
     if not names:
         result["message"] = "the two graphs share no intermediate value names"
         return result
-    values = {}
-    for label, model, types in (("before", original, t_orig), ("after", optimized, t_opt)):
-        sess = session(model.with_outputs(names, types), provider, optimization="disable", exact=True)
-        f = {i.name: feeds[i.name] for i in sess.get_inputs()}
-        outs = sess.run([*names], f)
-        values[label] = dict(zip(names, outs))
+    before, after = _fetch(original, names, t_orig, feeds, provider), _fetch(optimized, names, t_opt, feeds, provider)
+
+    def agree(a, b) -> bool:
+        return compare_value(a, b, low_precision=low_precision, rtol=rtol, atol=atol)["ok"]
+
     for name in names:
-        a, b = np.asarray(values["before"][name]), np.asarray(values["after"][name])
-        r, t, _ = tolerance(a.dtype.name, low_precision, rtol, atol)
-        stats = compare(a, b, r, t)
+        stats = compare_value(before[name], after[name], low_precision=low_precision, rtol=rtol, atol=atol)
         if not stats["ok"]:
             node = producer[name]
-            result.update(value=name, stats=stats, node=_describe(node), rule=_meta(node).get("onnxopt.rule"))
-            if result["rule"] is None:  # an original node: what changed is what it reads
-                result["changed_inputs"] = _changed_inputs(orig_proto, opt_proto, node)
-                result["rule_nodes"] = _rules_upstream(opt_proto, node)
+            result.update(value=name, stats=stats, node=_describe(node))
+            result.update(_tie(original, optimized, node, (t_orig, t_opt), feeds, provider, agree))
             return result
     result["message"] = ("every shared intermediate value agrees; the difference arises in values the "
                          "optimized graph renamed or removed, or in onnxruntime's own graph optimizations")
     return result
+
+
+def _tie(original: _Model, optimized: _Model, node: onnx.NodeProto, types: tuple[dict, dict],
+         feeds: Mapping[str, np.ndarray], provider: str, agree: Callable[[object, object], bool]) -> dict:
+    """Whether the rule behind ``node`` (the producer of the first diverging value) is to blame.
+
+    It is when ``node`` was made by one rewrite of original nodes (its provenance: ``replaced``
+    are original nodes) and every value that rewrite's nodes read agrees with a value the
+    replaced nodes read in the original: the rewrite then computes a different value from the
+    same inputs. Otherwise the result says what is known, without a rule: an input that now
+    comes from elsewhere and differs (a rewrite upstream rerouted it and left no node: a rule
+    that forwards a value, or a graph pass), a node made through several rewrites, an original
+    node. :func:`bisect` then names the rewrite."""
+    orig, opt = original.proto, optimized.proto
+    meta = _meta(node)
+    rule = meta.get(_RULE)
+    replaced = _json_list(meta.get(_REPLACED)) if rule else [node.name]
+    by_name: dict[str, list] = {}
+    for n in orig.graph.node:
+        by_name.setdefault(n.name, []).append(n)
+    if rule and set(replaced) != set(_json_list(meta.get(_SOURCES))):
+        return {"reason": "it was made through several rewrites (of " + ", ".join(_json_list(meta.get(_SOURCES)))
+                          + "): which one went wrong is for bisect to find"}
+    if not all(name and len(by_name.get(name, [])) == 1 for name in replaced):
+        return {"reason": "the original nodes it stands for cannot be told apart by name"}
+    region = _same_rewrite(opt, node) if rule else [node]
+    read_before = _external_inputs([by_name[name][0] for name in replaced])
+    constants_orig = _constants(orig)
+    names_orig = {i.name for i in orig.graph.input} | constants_orig | {o for n in orig.graph.node for o in n.output}
+    # the rewrite's own new weights have no counterpart; every other value it reads must have one
+    read_now = [u for u in _external_inputs(region) if u in names_orig or u not in _constants(opt)]
+    computed_before = [w for w in read_before if w not in constants_orig]
+    t_orig, t_opt = types
+    v_now = _fetch(optimized, read_now, t_opt, feeds, provider)
+    v_before = _fetch(original, [*computed_before, *(u for u in read_now if u in names_orig)], t_orig, feeds,
+                      provider)
+    inputs = []
+    for u in read_now:
+        candidates = [u] if u in names_orig and u in read_before else []
+        candidates += [w for w in computed_before if w != u]
+        match = next((w for w in candidates if u in v_now and w in v_before and agree(v_before[w], v_now[u])), None)
+        inputs.append({"now": u, "producer_now": _producer(opt, u), "before": match, "agrees": match is not None})
+    out: dict = {"inputs": inputs,
+                 "read_before": [{"name": w, "producer": _producer(orig, w)} for w in computed_before]}
+    if any(not i["agrees"] for i in inputs):
+        out["reason"] = ("a rewrite upstream rerouted what it reads and left no node (a rule that forwards a value, "
+                         "or a graph pass)")
+    elif rule:
+        out.update(rule=rule, replaced=replaced)
+    else:
+        out["reason"] = "an original node whose inputs agree with the original's, yet computes a different value"
+    return out
+
+
+def _json_list(text: str | None) -> list[str]:
+    try:
+        value = json.loads(text or "[]")
+    except ValueError:
+        return []
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def _same_rewrite(proto: onnx.ModelProto, node: onnx.NodeProto) -> list[onnx.NodeProto]:
+    """``node`` and the nodes upstream of it that the same rewrite created (same provenance)."""
+    key = [_meta(node).get(k) for k in (_RULE, _REPLACED, _SOURCES)]
+    by_output = {o: n for n in proto.graph.node for o in n.output if o}
+    region, stack, seen = [], [node], set()
+    while stack:
+        n = stack.pop()
+        if id(n) in seen or [_meta(n).get(k) for k in (_RULE, _REPLACED, _SOURCES)] != key:
+            continue
+        seen.add(id(n))
+        region.append(n)
+        stack.extend(by_output[i] for i in n.input if i in by_output)
+    return region
+
+
+def _external_inputs(nodes: list[onnx.NodeProto]) -> list[str]:
+    produced = {o for n in nodes for o in n.output}
+    return list(dict.fromkeys(i for n in nodes for i in n.input if i and i not in produced))
+
+
+def _constants(proto: onnx.ModelProto) -> set[str]:
+    return {i.name for i in proto.graph.initializer} | {
+        n.output[0] for n in proto.graph.node if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and n.output}
+
+
+def _producer(proto: onnx.ModelProto, name: str) -> dict | None:
+    node = next((n for n in proto.graph.node if name in n.output), None)
+    return _describe(node) if node is not None else None
 
 
 def _meta(node: onnx.NodeProto) -> dict[str, str]:
@@ -820,55 +926,15 @@ def _meta(node: onnx.NodeProto) -> dict[str, str]:
 
 
 def _describe(node: onnx.NodeProto) -> dict:
+    """A node by name, op type, inputs and outputs, with the provenance a rewrite gave it (data
+    about the node: the culprit's ``rule`` is what blames a rule)."""
     meta = _meta(node)
     d = {"name": node.name, "op_type": node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}",
          "inputs": list(node.input), "outputs": list(node.output)}
-    if "onnxopt.rule" in meta:
-        d["rule"] = meta["onnxopt.rule"]
-        for key in ("onnxopt.replaced", "onnxopt.sources"):
-            if key in meta:
-                try:
-                    d[key.split(".")[1]] = json.loads(meta[key])
-                except ValueError:
-                    d[key.split(".")[1]] = meta[key]
+    if _RULE in meta:
+        d["provenance"] = {"rule": meta[_RULE], "replaced": _json_list(meta.get(_REPLACED)),
+                           "sources": _json_list(meta.get(_SOURCES))}
     return d
-
-
-def _changed_inputs(orig: onnx.ModelProto, opt: onnx.ModelProto, node: onnx.NodeProto) -> list[dict]:
-    """The inputs of an original node that now come from elsewhere (a rule removed or replaced
-    their producer): position, the value it read before and now, and their producers."""
-    before = next((n for n in orig.graph.node if n.name and n.name == node.name), None)
-    if before is None:
-        return []
-
-    def producer(proto, name):
-        for n in proto.graph.node:
-            if name in n.output:
-                return _describe(n)
-        return None
-
-    out = []
-    for k, (a, b) in enumerate(zip(before.input, node.input)):
-        if a != b:
-            out.append({"input": k, "before": a, "after": b, "producer_before": producer(orig, a),
-                        "producer_after": producer(opt, b)})
-    return out
-
-
-def _rules_upstream(proto: onnx.ModelProto, node: onnx.NodeProto, limit: int = 5) -> list[dict]:
-    """The nearest nodes at or above ``node`` that a rule created (by provenance), breadth first."""
-    by_output = {o: n for n in proto.graph.node for o in n.output if o}
-    seen, queue, found = set(), [node], []
-    while queue and len(found) < limit:
-        n = queue.pop(0)
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
-        if "onnxopt.rule" in _meta(n):
-            found.append(_describe(n))
-            continue
-        queue.extend(by_output[i] for i in n.input if i in by_output)
-    return found
 
 
 # --- the whole verification -------------------------------------------------------------------
@@ -900,17 +966,29 @@ class Progress:
             self._last = ""
 
 
+def _inputs(model: _Model, feeds, inputs, input_shapes, int_ranges, seed) -> tuple[dict, dict]:
+    """The inputs to run and how each was made: ``feeds`` as given, else :func:`make_inputs`."""
+    if feeds is None:
+        return make_inputs(model, shapes=input_shapes, int_ranges=int_ranges, npz=inputs, seed=seed)
+    return dict(feeds), {k: {"source": "given", "shape": list(np.shape(v)) if isinstance(v, np.ndarray) else [],
+                             "dtype": str(v.dtype) if isinstance(v, np.ndarray) else type(v).__name__}
+                         for k, v in feeds.items()}
+
+
 def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", inputs: str | os.PathLike | None = None,
            feeds: Mapping[str, np.ndarray] | None = None, input_shapes: Mapping[str, Sequence[int]] | None = None,
            int_ranges: Mapping[str, tuple[int, int]] | None = None, seed: int = 0, rtol: float | None = None,
            atol: float | None = None, runs: int = 20, warmup: int = 5, latency: bool = True, culprit: bool = True,
-           threads: int = 0, progress: Progress | None = None) -> dict:
+           threads: int = 0, progress: Progress | None = None, bisect_options: Sequence[str] | None = None) -> dict:
     """Verify ``optimized`` against ``original`` on each provider; returns the report (a dict
     that :func:`format_report` prints); ``report["ok"]`` is False when an output differs.
 
     ``original``/``optimized``: paths, bytes, onnx.ModelProto or onnx_ir.Model. Inputs come from
     ``feeds``, else from ``inputs`` (.npz) and generation (see :func:`make_inputs`). ``runs``: timed
-    rounds per provider after ``warmup`` runs (0 skips latency, as does ``latency=False``)."""
+    rounds per provider after ``warmup`` runs (0 skips latency, as does ``latency=False``).
+    When outputs differ, ``report["bisect_command"]`` is the ``python -m onnxopt bisect`` command
+    with these settings; ``bisect_options``: the command-line options that made ``optimized``
+    (--rules, --disable, ...), None when unknown (the command then says to add them)."""
     providers = parse_providers(providers)
     check_providers(providers)
     if runs < 0:
@@ -925,8 +1003,14 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
     try:
         before = _Model(original, "original")
         after = _Model(optimized, "optimized")
-        return _verify(before, after, providers, feeds, inputs, input_shapes, int_ranges, seed, rtol, atol, runs,
-                       warmup, latency, culprit, threads, progress)
+        report = _verify(before, after, providers, feeds, inputs, input_shapes, int_ranges, seed, rtol, atol, runs,
+                         warmup, latency, culprit, threads, progress)
+        if not report["ok"]:
+            report["bisect_command"] = bisect_command(
+                original, next(p for p, e in report["providers"].items() if not e["ok"]), inputs=inputs,
+                input_shapes=input_shapes, int_ranges=int_ranges, seed=seed, rtol=rtol, atol=atol,
+                options=bisect_options)
+        return report
     finally:
         progress.close()
         for m in (before, after):
@@ -936,14 +1020,9 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
 
 def _verify(before: _Model, after: _Model, providers, feeds, inputs, input_shapes, int_ranges, seed, rtol, atol,
             runs, warmup, latency, culprit, threads, progress) -> dict:
-    if feeds is None:
-        feeds, how = make_inputs(before, shapes=input_shapes, int_ranges=int_ranges, npz=inputs, seed=seed)
-    else:
-        feeds, how = dict(feeds), {k: {"source": "given", "shape": list(np.shape(v)), "dtype": str(np.asarray(v).dtype)}
-                                   for k, v in feeds.items()}
+    feeds, how = _inputs(before, feeds, inputs, input_shapes, int_ranges, seed)
     low = is_low_precision(before.proto)
-    report: dict = {"original": before.label if before.path is None else before.path,
-                    "optimized": after.label if after.path is None else after.path,
+    report: dict = {"original": before.name, "optimized": after.name,
                     "seed": seed, "inputs": how, "low_precision": low, "providers": {}}
     outputs: dict[str, dict[str, list]] = {}
     steps = len(providers) * (2 + (1 if latency and runs else 0))
@@ -973,6 +1052,7 @@ def _verify(before: _Model, after: _Model, providers, feeds, inputs, input_shape
         entry["ok"] = all(r["ok"] for r in entry["outputs"])
         if latency and runs:
             progress(f"{p}: latency", step, steps)
+            t0 = time.perf_counter()
             lat = measure_latency({"before": before.source(), "after": after.source()}, feeds, provider=p,
                                   runs=runs, warmup=warmup, threads=threads, min_rounds=min(runs, 5),
                                   progress=lambda d, t, p=p, s=step: progress(f"{p}: latency {d}/{t}", s, steps))
@@ -983,6 +1063,7 @@ def _verify(before: _Model, after: _Model, providers, feeds, inputs, input_shape
             if "before" in res and "after" in res and res["before"]["median_ms"] > 0:
                 entry["latency"]["ratio_median"] = round(res["after"]["median_ms"] / res["before"]["median_ms"], 4)
                 entry["latency"]["ratio_p90"] = round(res["after"]["p90_ms"] / res["before"]["p90_ms"], 4)
+            entry["latency"]["seconds"] = round(time.perf_counter() - t0, 3)
             step += 1
         if not entry["ok"] and culprit:
             progress(f"{p}: looking for the first diverging value", step, steps)
@@ -1018,6 +1099,11 @@ def summary_line(report: dict) -> str:
             text += f"; first diverging value {c['value']!r} from {c['node']['op_type']} {c['node']['name']!r}"
             if c.get("rule"):
                 text += f" (rule {c['rule']})"
+        b = report.get("bisect") or {}
+        if b.get("culprit_rule"):
+            text += f"; bisect: rewrite {b['first_failing_rewrite']} of {b['rewrites']}, {b['culprit_rule']}"
+        elif report.get("bisect_command"):
+            text += f"; to find the rewrite: {report['bisect_command']}"
         return text
     return "outputs agree"
 
@@ -1062,24 +1148,44 @@ _OUT_HEADER = ("output", "shape", "dtype", "max abs", "max rel", "p99 abs", "cos
                "status")
 
 
-def _changed_lines(c: dict) -> list[str]:
-    lines = []
-    for ch in c.get("changed_inputs", []):
-        pb, pa = ch.get("producer_before"), ch.get("producer_after")
-        lines.append(f"  its input {ch['input']} was {ch['before']!r}"
-                     + (f" ({pb['op_type']} {pb['name']!r})" if pb else "")
-                     + f", now {ch['after']!r}"
-                     + (f" ({pa['op_type']} {pa['name']!r}" + (f", rule {pa['rule']})" if pa.get("rule") else ")")
-                        if pa else ""))
-    if c.get("changed_inputs") is not None and not c.get("rule"):
-        lines.append("  (a rule that forwards a value creates no node to carry provenance: "
-                     "`python -m onnxopt bisect ORIGINAL` names the rewrite)")
+def _named(value: str, producer: dict | None) -> str:
+    return f"{value!r}" + (f" ({producer['op_type']} {producer['name']!r})" if producer else "")
+
+
+def _culprit_lines(c: dict, label: str = "culprit") -> list[str]:
+    """The first diverging value, its producer, and a rule only where :func:`_tie` tied one."""
+    if not c.get("value"):
+        return [f"{label}: {c.get('message')}"] if c.get("message") else []
+    n = c["node"]
+    if c.get("rule"):
+        how = (f", created by rule {c['rule']} from {', '.join(c['replaced'])}: from the values those nodes read, "
+               "it computes a different one")
+    elif n.get("provenance"):
+        how = f", a node a rewrite made in place of {', '.join(n['provenance']['sources'])}"
+    else:
+        how = ", an original node"
+    lines = [f"{label}: first diverging value {c['value']!r} (of {c['compared_values']} shared), produced by "
+             f"{n['op_type']} {n['name']!r}{how}", f"  {problem_text(c['stats'])}"]
+    read_before = ", ".join(_named(r["name"], r["producer"]) for r in c.get("read_before", [])) or "only weights"
+    lines += [f"  it reads {_named(i['now'], i['producer_now'])}, which agrees with no value the original read "
+              f"there ({read_before})" for i in c.get("inputs", []) if not i["agrees"]]
+    if c.get("reason"):
+        lines.append(f"  no rule is named: {c['reason']}")
     return lines
+
+
+def _bisect_lines(report: dict) -> list[str]:
+    b = report.get("bisect")
+    if b is None:
+        return [f"to find the rewrite: {report['bisect_command']}"] if report.get("bisect_command") else []
+    if "skipped" in b:
+        return [f"bisect {b['skipped']}; to find the rewrite: {report.get('bisect_command', 'onnxopt bisect')}"]
+    return ["", format_bisect(b)]
 
 
 def format_report(report: dict) -> str:
     lines = [f"verify {report['original']} -> {report['optimized']}"]
-    ins = ", ".join(f"{k} {'x'.join(map(str, v['shape'])) or 'scalar'} {v['dtype']} ({v['source']}"
+    ins = ", ".join(f"{k} {_dims(v['shape'])} {v['dtype']} ({v['source']}"
                     + (f", {v['range'][0]}..{v['range'][1]}" if "range" in v else "") + ")"
                     for k, v in report["inputs"].items())
     lines.append(f"inputs (seed {report['seed']}): {ins or 'none'}")
@@ -1111,25 +1217,13 @@ def format_report(report: dict) -> str:
                          f"median {lat['before']['median_ms']:.3f} -> {lat['after']['median_ms']:.3f} ms "
                          f"(x{lat.get('ratio_median', float('nan')):.3f}), p90 {lat['before']['p90_ms']:.3f} -> "
                          f"{lat['after']['p90_ms']:.3f} ms (x{lat.get('ratio_p90', float('nan')):.3f})")
-        c = e.get("culprit")
-        if c:
-            if c.get("value"):
-                n = c["node"]
-                lines.append(f"culprit: first diverging value {c['value']!r} (of {c['compared_values']} shared), "
-                             f"produced by {n['op_type']} {n['name']!r}"
-                             + (f", created by rule {c['rule']} from {', '.join(n.get('replaced', []))}"
-                                if c.get("rule") else ", an original node"))
-                s = c["stats"]
-                lines.append(f"  max abs {_fmt(s.get('max_abs'))}, max rel {_fmt(s.get('max_rel'))}, "
-                             f"{s.get('out_of_tolerance', '-')}/{s.get('elements', '-')} elements out of tolerance")
-                lines += _changed_lines(c)
-            else:
-                lines.append(f"culprit: {c.get('message')}")
+        lines += _culprit_lines(e.get("culprit") or {})
     for key, by_label in report.get("cross_provider", {}).items():
         for label, rows in by_label.items():
             model = "original" if label == "before" else "optimized"
             lines += ["", f"== {key}, {model} model (informational)",
                       table(_output_rows(rows), _OUT_HEADER)]
+    lines += _bisect_lines(report)
     lines += ["", "verdict: " + ("outputs agree on " + ", ".join(report["providers"]) if report["ok"]
                                  else summary_line(report))]
     return "\n".join(lines)
@@ -1140,7 +1234,7 @@ def format_report(report: dict) -> str:
 
 def bisect(model, *, rules=None, extra_rules=(), disable: Iterable[str] = (), target: str | None = None,
            provider: str = "cpu", inputs: str | os.PathLike | None = None,
-           input_shapes: Mapping[str, Sequence[int]] | None = None,
+           feeds: Mapping[str, np.ndarray] | None = None, input_shapes: Mapping[str, Sequence[int]] | None = None,
            int_ranges: Mapping[str, tuple[int, int]] | None = None, seed: int = 0, rtol: float | None = None,
            atol: float | None = None, optimize_options: dict | None = None,
            progress: Progress | None = None) -> dict:
@@ -1151,28 +1245,28 @@ def bisect(model, *, rules=None, extra_rules=(), disable: Iterable[str] = (), ta
     as the full run and stops after ``n`` (constant lifting runs first, and a graph pass runs
     whole, counting its merges as rewrites: each is one step).
     The result names the step: the rule and the nodes it replaced and created (or the pass),
-    and the first diverging value in the model right after it."""
+    and the first diverging value in the model right after it. Inputs as for :func:`verify`."""
     provider = parse_providers(provider)[0]
     check_providers([provider])
     check_tolerances(rtol, atol)
     progress = progress or Progress(enabled=False)
     original = _Model(model, "original")
     try:
-        return _bisect(original, rules, extra_rules, disable, target, provider, inputs, input_shapes, int_ranges,
-                       seed, rtol, atol, optimize_options, progress)
+        return _bisect(original, rules, extra_rules, disable, target, provider, inputs, feeds, input_shapes,
+                       int_ranges, seed, rtol, atol, optimize_options, progress)
     finally:
         progress.close()
         original.close()
 
 
-def _bisect(original: _Model, rules, extra_rules, disable, target, provider, inputs, input_shapes, int_ranges,
-            seed, rtol, atol, optimize_options, progress) -> dict:
+def _bisect(original: _Model, rules, extra_rules, disable, target, provider, inputs, feeds, input_shapes,
+            int_ranges, seed, rtol, atol, optimize_options, progress) -> dict:
     import onnx_ir as ir
 
     from .api import optimize
 
     source = ir.load(original.path) if original.path is not None else ir.from_proto(original.proto)
-    feeds, how = make_inputs(original, shapes=input_shapes, int_ranges=int_ranges, npz=inputs, seed=seed)
+    feeds, how = _inputs(original, feeds, inputs, input_shapes, int_ranges, seed)
     low = is_low_precision(original.proto)
     try:
         reference = _run(original.source(), feeds, provider)
@@ -1201,7 +1295,7 @@ def _bisect(original: _Model, rules, extra_rules, disable, target, provider, inp
         progress("full optimization", 0, 1)
         full = attempt(None)
         total = full["rewrites"]
-        report: dict = {"model": original.path or "model", "provider": provider, "inputs": how, "seed": seed,
+        report: dict = {"model": original.name, "provider": provider, "inputs": how, "seed": seed,
                         "rewrites": total}
         if full["ok"]:
             report.update(ok=True, message=f"the fully optimized model ({total} rewrites) verifies on {provider}: "
@@ -1269,12 +1363,55 @@ def format_bisect(report: dict) -> str:
         lines.append(f"  {report['error']}")
     if report.get("outputs"):
         lines.append(table(_output_rows(report["outputs"]), _OUT_HEADER))
-    c = report.get("culprit") or {}
-    if c.get("value"):
-        lines.append(f"first diverging value: {c['value']!r} from {c['node']['op_type']} {c['node']['name']!r}"
-                     + (f" (rule {c['rule']})" if c.get("rule") else " (an original node)"))
-        lines += [x for x in _changed_lines(c) if "bisect" not in x]
-    elif c.get("message"):
-        lines.append(f"first diverging value: {c['message']}")
+    lines += _culprit_lines(report.get("culprit") or {}, "right after it")
     lines.append(f"culprit: {report.get('culprit_rule') or 'unknown'}")
     return "\n".join(lines)
+
+
+def bisect_command(model, provider: str = "cpu", *, inputs: str | os.PathLike | None = None,
+                   input_shapes: Mapping[str, Sequence[int]] | None = None,
+                   int_ranges: Mapping[str, tuple[int, int]] | None = None, seed: int = 0, rtol: float | None = None,
+                   atol: float | None = None, options: Sequence[str] | None = None) -> str:
+    """The ``python -m onnxopt bisect`` command that replays a verification's settings on
+    ``model`` (a path; ORIGINAL for a model in memory). ``options``: the command-line options that
+    made the optimized model (--rules, --disable, ...); None when unknown, and the command says so."""
+    words = ["python", "-m", "onnxopt", "bisect", str(model) if isinstance(model, (str, os.PathLike)) else "ORIGINAL"]
+    if provider != "cpu":
+        words += ["--provider", provider]
+    if inputs is not None:
+        words += ["--inputs", str(inputs)]
+    words += [w for name, dims in (input_shapes or {}).items()
+              for w in ("--input-shape", f"{name}={'x'.join(map(str, dims))}")]
+    words += [w for name, (lo, hi) in (int_ranges or {}).items() for w in ("--int-range", f"{name}={lo}:{hi}")]
+    words += ["--seed", str(seed)] if seed else []
+    words += [w for flag, v in (("--rtol", rtol), ("--atol", atol)) if v is not None for w in (flag, repr(v))]
+    text = shlex.join([*words, *(options or [])])
+    if options is None:
+        text += " (plus the --rules/--disable/--target options that made the optimized model)"
+    return text
+
+
+BISECT_BUDGET_S = 60.0
+
+
+def bisect_failure(model, report: dict, *, seconds: float, rewrites: int, verify_options: Mapping | None = None,
+                   budget_s: float | None = None, **optimize_settings) -> dict:
+    """After ``optimize(..., verify=...)`` found outputs that differ (``report``): :func:`bisect`
+    the rewrites on the first provider that failed, with the same inputs, when the estimate,
+    (log2(rewrites) + 1) x ``seconds`` (the measured optimize + verify time, less the latency
+    measurement, which bisect does not repeat), is under ``budget_s`` (default
+    :data:`BISECT_BUDGET_S`); else ``{"skipped": why}``. ``optimize_settings``: rules,
+    extra_rules, disable, target and optimize_options, as the optimization ran."""
+    budget_s = BISECT_BUDGET_S if budget_s is None else budget_s
+    seconds -= sum(e.get("latency", {}).get("seconds", 0) for e in report["providers"].values())
+    estimate = (math.log2(max(1, rewrites)) + 1) * seconds
+    if estimate >= budget_s:
+        return {"skipped": f"not run: about {estimate:.0f} s for {rewrites} rewrites, over {budget_s:.0f} s",
+                "estimate_s": round(estimate, 1)}
+    provider = next(p for p, e in report["providers"].items() if not e["ok"])
+    keys = ("inputs", "feeds", "input_shapes", "int_ranges", "seed", "rtol", "atol", "progress")
+    try:
+        return bisect(model, provider=provider, **{k: v for k, v in (verify_options or {}).items() if k in keys},
+                      **optimize_settings)
+    except Exception as exc:  # noqa: BLE001 - the verification's verdict stands; say why there is no bisect
+        return {"skipped": f"failed: {io._first_line(exc, 300)}"}

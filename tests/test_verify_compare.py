@@ -69,8 +69,8 @@ def test_an_infinity_against_a_finite_value_is_reported_as_such(tmp_path, capsys
                                         [tinfo("y", [3])], [init("zero", np.float32(0)), init("h", np.float32(100))]))
     code, out, err = run_main(capsys, "verify", a, b, "--runs", "0", "-q", "--json", tmp_path / "r.json")
     assert code == 1
-    assert "3/3 elements out of tolerance (3 non-finite: 0 NaN, 3 inf), first non-finite mismatch: inf vs 100 at [0]; " \
-           "max abs inf, max rel inf" in out, out
+    assert ("3/3 elements out of tolerance (3 non-finite: 0 NaN, 3 inf), "
+            "first non-finite mismatch: inf vs 100 at [0]; max abs inf, max rel inf") in out, out
     row = json.loads((tmp_path / "r.json").read_text())["providers"]["cpu"]["outputs"][0]
     assert row["max_abs"] == row["max_rel"] == "inf" and row["inf_mismatch"] == 3 and row["cosine"] is None
     assert row["example"] == {"index": [0], "before": "inf", "after": 100.0, "which": "first non-finite mismatch"}

@@ -145,8 +145,8 @@ def test_nothing_but_the_verdict_under_quiet(tmp_path):
 
 
 def test_a_non_tensor_input_is_not_promised_to_an_npz_file():
-    m = model([helper.make_node("SequenceLength", ["s"], ["n"])],
-              [helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, [2])], [tinfo("n", [], TensorProto.INT64)])
+    seq = helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, [2])
+    m = model([helper.make_node("SequenceLength", ["s"], ["n"])], [seq], [tinfo("n", [], TensorProto.INT64)])
     with pytest.raises(UsageError, match=r"feeds=") as exc:
         verify.make_inputs(m)
     assert "npz" not in str(exc.value)
