@@ -970,6 +970,11 @@ def _inputs(model: _Model, feeds, inputs, input_shapes, int_ranges, seed) -> tup
     """The inputs to run and how each was made: ``feeds`` as given, else :func:`make_inputs`."""
     if feeds is None:
         return make_inputs(model, shapes=input_shapes, int_ranges=int_ranges, npz=inputs, seed=seed)
+    inits = {i.name for i in model.proto.graph.initializer}
+    takes = {i.name for i in model.proto.graph.input if i.name not in inits}
+    if set(feeds) != takes:
+        raise UsageError(f"feeds: the model takes {', '.join(sorted(takes)) or 'no inputs'}; given "
+                         f"{', '.join(sorted(feeds)) or 'none'}")
     return dict(feeds), {k: {"source": "given", "shape": list(np.shape(v)) if isinstance(v, np.ndarray) else [],
                              "dtype": str(v.dtype) if isinstance(v, np.ndarray) else type(v).__name__}
                          for k, v in feeds.items()}
@@ -1086,26 +1091,26 @@ def _verify(before: _Model, after: _Model, providers, feeds, inputs, input_shape
 
 
 def summary_line(report: dict) -> str:
-    """One line naming the worst output and the culprit, for errors."""
-    for p, entry in report["providers"].items():
-        if entry["ok"]:
-            continue
-        if entry.get("error"):
-            return entry["error"]
+    """One line naming the worst output, the culprit and the rewrite bisect found, for errors."""
+    p, entry = next(((p, e) for p, e in report["providers"].items() if not e["ok"]), (None, None))
+    if entry is None:
+        return "outputs agree"
+    if entry.get("error"):
+        text = entry["error"]
+    else:
         r = next(r for r in entry["outputs"] if not r["ok"])
         text = f"outputs differ on {p}: {r['name']}: {problem_text(r)}"
-        c = entry.get("culprit") or {}
-        if c.get("value"):
-            text += f"; first diverging value {c['value']!r} from {c['node']['op_type']} {c['node']['name']!r}"
-            if c.get("rule"):
-                text += f" (rule {c['rule']})"
-        b = report.get("bisect") or {}
-        if b.get("culprit_rule"):
-            text += f"; bisect: rewrite {b['first_failing_rewrite']} of {b['rewrites']}, {b['culprit_rule']}"
-        elif report.get("bisect_command"):
-            text += f"; to find the rewrite: {report['bisect_command']}"
-        return text
-    return "outputs agree"
+    c = entry.get("culprit") or {}
+    if c.get("value"):
+        text += f"; first diverging value {c['value']!r} from {c['node']['op_type']} {c['node']['name']!r}"
+        if c.get("rule"):
+            text += f" (rule {c['rule']})"
+    b = report.get("bisect") or {}
+    if b.get("culprit_rule"):
+        text += f"; bisect: rewrite {b['first_failing_rewrite']} of {b['rewrites']}, {b['culprit_rule']}"
+    elif report.get("bisect_command"):
+        text += f"; to find the rewrite: {report['bisect_command']}"
+    return text
 
 
 # --- the report on the terminal ---------------------------------------------------------------

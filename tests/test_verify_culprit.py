@@ -100,7 +100,8 @@ def test_a_rule_whose_node_computes_a_different_value_from_the_same_inputs_is_na
     assert "created by rule relu_to_abs" in out and "(rule relu_to_abs)" in out
 
 
-def test_optimize_verify_bisects_and_names_the_forwarding_rule(resnet, tmp_path, capsys):
+def test_optimize_verify_bisects_and_names_the_forwarding_rule(resnet, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(verify, "BISECT_BUDGET_S", 3600.0)  # whatever the machine's load (the rule: below)
     out_path, report = tmp_path / "o.onnx", tmp_path / "o.json"
     code, out, err = run_main(capsys, resnet["src"], "-o", out_path, "--rules", resnet["rules"]["drop_relu"],
                               "--verify", "cpu", "--runs", "0", "--json", report)
@@ -123,6 +124,23 @@ def test_a_slow_bisect_is_left_to_the_user_with_the_command(resnet, tmp_path, ca
     assert "bisect:" not in line
     assert line.endswith(f"to find the rewrite: python -m onnxopt bisect {resnet['src']} --seed 3 --rules {rules} "
                          "--fold-size-limit 1048576"), line
+
+
+@pytest.mark.parametrize("seconds,latency_s,runs", [(8.0, 0.0, True), (10.0, 0.0, False), (10.0, 3.0, True)])
+def test_the_automatic_bisect_runs_when_its_estimate_is_under_60_s(monkeypatch, seconds, latency_s, runs):
+    """(log2(rewrites) + 1) x the optimize + verify time (without the latency runs, which bisect
+    does not repeat): 63 rewrites make 6.98 x; 8 s -> 56 s runs, 10 s -> 70 s does not."""
+    calls = []
+    monkeypatch.setattr(verify, "bisect", lambda model, **kw: calls.append(kw) or {"culprit_rule": "r"})
+    report = {"providers": {"cpu": {"ok": True}, "cuda": {"ok": False, "latency": {"seconds": latency_s}}}}
+    got = verify.bisect_failure("m.onnx", report, seconds=seconds, rewrites=63, verify_options={"seed": 4, "runs": 9},
+                                rules=None, extra_rules=[])
+    assert bool(calls) is runs
+    if runs:
+        assert got == {"culprit_rule": "r"} and calls[0] == {"provider": "cuda", "seed": 4, "rules": None,
+                                                             "extra_rules": []}
+    else:
+        assert got["skipped"] == "not run: about 70 s for 63 rewrites, over 60 s"
 
 
 # --- a node made through several rewrites (small synthetic model: fast) --------------------------

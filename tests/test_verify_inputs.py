@@ -152,3 +152,11 @@ def test_a_non_tensor_input_is_not_promised_to_an_npz_file():
     assert "npz" not in str(exc.value)
     rep = verify.verify(m, m, feeds={"s": [np.zeros(2, np.float32)] * 3}, runs=0)
     assert rep["ok"]
+
+
+@pytest.mark.parametrize("feeds", [{}, {"x": np.zeros(3, np.float32), "other": np.zeros(1)}])
+def test_feeds_must_name_the_model_inputs(feeds):
+    """A missing feed was reported as 'onnxruntime (cpu) cannot run the original model: 'x''."""
+    m = model([helper.make_node("Relu", ["x"], ["y"])], [tinfo("x", [3])], [tinfo("y", [3])])
+    with pytest.raises(UsageError, match="the model takes x; given"):
+        verify.verify(m, m, feeds=feeds, runs=0)
