@@ -109,9 +109,10 @@ def optimize(
         verify: run onnxruntime on the original and the result and compare them (``True`` or
             ``"cpu"``, ``"cuda"``, ``"cpu,cuda"``, or a list): outputs, kernels, latency, see
             ``onnxopt.verify.verify``. When outputs differ beyond tolerance it raises
-            ``onnxopt.verify.VerificationError`` (its ``report`` attribute has the details) and
-            writes no output (an onnx_ir.Model rewritten ``inplace`` stays rewritten). The
-            report is ``Report.verification``.
+            ``onnxopt.verify.VerificationError`` (its ``report`` attribute has the details, and
+            under ``"bisect"`` the rewrite after which outputs differ, see
+            ``onnxopt.verify.bisect_failure``) and writes no output (an onnx_ir.Model rewritten
+            ``inplace`` stays rewritten). The report is ``Report.verification``.
         verify_options: keyword arguments for ``onnxopt.verify.verify`` (inputs, input_shapes,
             int_ranges, seed, rtol, atol, runs, warmup, latency, threads, progress).
         outputs: an ``onnxopt.io.Outputs`` to stage the written files in instead of putting them in
@@ -173,7 +174,13 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
         verification = None
         if verify:
             verification = verifier.verify(original, loaded.model, providers=providers, **(verify_options or {}))
-            if not verification["ok"]:
+            if not verification["ok"]:  # bisect names the rewrite, when that is quick enough
+                verification["bisect"] = verifier.bisect_failure(
+                    original, verification, seconds=time.perf_counter() - t0, rewrites=result.rewrites,
+                    verify_options=verify_options, rules=rules, extra_rules=extra_rules, disable=disable,
+                    target=target, optimize_options={
+                        "max_rewrites": max_rewrites, "fold_size_limit": fold_size_limit,
+                        "fold_input_limit": fold_input_limit, "graph_passes": graph_passes, "check": check})
                 raise verifier.VerificationError(f"verification failed, no output written: "
                                                  f"{verifier.summary_line(verification)}", verification)
         t3 = time.perf_counter()

@@ -287,6 +287,15 @@ def _rule_sets(args) -> tuple[list | None, list]:
     return ([] if args.no_builtin_rules else None), extra
 
 
+def _rule_words(args) -> list[str]:
+    """The options that decide the rewrites, as words for the bisect command a failed --verify shows."""
+    pairs = [("--rules", f) for f in args.rules] + [("--disable", d) for d in args.disable]
+    size = args.fold_size_limit if args.fold_size_limit != fold.DEFAULT_SIZE_LIMIT else None
+    pairs += [(flag, str(v)) for flag, v in (("--target", args.target), ("--max-rewrites", args.max_rewrites),
+                                             ("--fold-size-limit", size)) if v is not None]
+    return [w for pair in pairs for w in pair] + ["--no-builtin-rules"] * args.no_builtin_rules
+
+
 def _optimize_main(args) -> int:
     base, extra = _rule_sets(args)
     if args.list_rules:
@@ -305,7 +314,8 @@ def _optimize_main(args) -> int:
     external = False if args.single_file else args.external_data
     verify_args = {}
     if args.verify is not None:
-        verify_args = {"verify": args.verify, "verify_options": _verify_options(args)}
+        verify_args = {"verify": args.verify,
+                       "verify_options": {**_verify_options(args), "bisect_options": _rule_words(args)}}
     from .verify import VerificationError, format_report as format_verification
 
     with _outputs(args, args.input) as outputs:

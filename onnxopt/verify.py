@@ -18,12 +18,16 @@ This module knows no command line; ``onnxopt.cli`` and ``scripts/bench.py`` use 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
+import shlex
 import statistics
 import sys
 import tempfile
 import time
+import zipfile
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -32,6 +36,7 @@ import numpy as np
 import onnx
 
 from . import io
+from .driver import REPLACED_KEY as _REPLACED, RULE_KEY as _RULE, SOURCES_KEY as _SOURCES
 from .errors import InvalidModelError, OnnxoptError, UsageError
 from .shapes import PLACEHOLDER_DIMS
 
@@ -77,6 +82,7 @@ class _Model:
 
     def __init__(self, source, label: str):
         self.label = label
+        self.name = str(source) if isinstance(source, (str, os.PathLike)) else label  # for reports
         self._tmp: tempfile.TemporaryDirectory | None = None
         self.path: str | None = None
         self.external = False  # weights in files beside ``path``
@@ -209,38 +215,49 @@ def session(model, provider: str = "cpu", *, profile_prefix: str | None = None, 
 # --- inputs -----------------------------------------------------------------------------------
 
 
-def parse_input_shapes(items: Iterable[str]) -> dict[str, list[int]]:
-    """``NAME=1x3x224x224`` (or ``NAME=1,3,224,224``) entries."""
+_INT = re.compile(r"-?[0-9]+")
+_INT64_MAX = 2**63 - 1
+
+
+def _parse_entries(items: Iterable[str], flag: str, parse: Callable[[str], object | None], form: str) -> dict:
+    """``NAME=VALUE`` entries, each name once; ``parse`` gives the value or None when malformed."""
     out = {}
     for item in items:
-        name, sep, dims = item.rpartition("=")
-        if not sep or not name:
-            raise UsageError(f"--input-shape {item!r}: expected NAME=D1xD2x... (e.g. input=1x3x224x224)")
-        try:
-            out[name] = [int(d) for d in re.split(r"[x,]", dims.strip()) if d != ""]
-        except ValueError:
-            raise UsageError(f"--input-shape {item!r}: dimensions must be integers") from None
-        if any(d < 0 for d in out[name]):
-            raise UsageError(f"--input-shape {item!r}: dimensions must not be negative")
+        name, sep, text = item.rpartition("=")
+        value = parse(text) if sep and name else None
+        if value is None:
+            raise UsageError(f"{flag} {item!r}: expected {form}")
+        if name in out:
+            raise UsageError(f"{flag} {name}: given twice")
+        out[name] = value
     return out
+
+
+def _dims_or_none(text: str) -> list[int] | None:
+    parts = re.split(r"[x,]", text) if text else []
+    if not all(_INT.fullmatch(p) and 0 <= int(p) <= _INT64_MAX for p in parts):
+        return None
+    return [int(p) for p in parts]
+
+
+def parse_input_shapes(items: Iterable[str]) -> dict[str, list[int]]:
+    """``NAME=1x3x224x224`` (or ``NAME=1,3,224,224``; ``NAME=`` for a scalar) entries: whole
+    numbers that fit ONNX's int64 dimensions, separated by single x or commas."""
+    return _parse_entries(items, "--input-shape", _dims_or_none,
+                          "NAME=D1xD2x... with each D a whole number up to 2**63-1 (e.g. input=1x3x224x224)")
+
+
+def _range_or_none(text: str) -> tuple[int, int] | None:
+    lo, colon, hi = text.partition(":")
+    if not (colon and _INT.fullmatch(lo) and _INT.fullmatch(hi)) or int(lo) > int(hi):
+        return None
+    return int(lo), int(hi)
 
 
 def parse_int_ranges(items: Iterable[str]) -> dict[str, tuple[int, int]]:
-    """``NAME=LOW:HIGH`` entries (inclusive): the values generated for an integer input."""
-    out = {}
-    for item in items:
-        name, sep, rng = item.rpartition("=")
-        lo, colon, hi = rng.partition(":")
-        try:
-            if not sep or not name or not colon:
-                raise ValueError
-            out[name] = (int(lo), int(hi))
-        except ValueError:
-            raise UsageError(f"--int-range {item!r}: expected NAME=LOW:HIGH (inclusive), e.g. input_ids=0:30521") \
-                from None
-        if out[name][0] > out[name][1]:
-            raise UsageError(f"--int-range {item!r}: LOW is above HIGH")
-    return out
+    """``NAME=LOW:HIGH`` entries (inclusive, LOW <= HIGH): the values generated for an integer input."""
+    return _parse_entries(items, "--int-range", _range_or_none,
+                          "NAME=LOW:HIGH with whole numbers, LOW <= HIGH (inclusive), e.g. input_ids=0:30521")
 
 
 def _gather_bounds(proto: onnx.ModelProto) -> dict[str, int]:
@@ -273,6 +290,34 @@ def _generated_dtype(elem_type: int) -> type | None:
     return dtype.type if dtype.kind in "fiub" else None
 
 
+def _load_npz(path) -> dict[str, np.ndarray]:
+    """The arrays of an .npz file by name; anything else (an .npy file, an empty, truncated or
+    corrupted file, pickled objects) is refused in one line."""
+    try:
+        with open(path, "rb") as f:
+            is_zip = f.read(2) == b"PK"
+        if is_zip:
+            with np.load(path, allow_pickle=False) as z:
+                return {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        raise UsageError(f"inputs file {path}: {io._first_line(exc, 200)}") from None
+    raise UsageError(f"inputs file {path}: not an .npz archive (write one with numpy.savez(path, input_name=array, "
+                     "...); a single .npy array names no input)")
+
+
+def _check_shape(vi: onnx.ValueInfoProto, shape: list[int], what: str) -> None:
+    """``shape`` has the rank of input ``vi`` and the dimensions it fixes."""
+    tt = vi.type.tensor_type
+    if not tt.HasField("shape"):
+        return
+    if len(shape) != len(tt.shape.dim):
+        raise UsageError(f"{what}: shape {_dims(shape)} has rank {len(shape)}, the model's input has rank "
+                         f"{len(tt.shape.dim)}")
+    for d, v in zip(tt.shape.dim, shape):
+        if d.HasField("dim_value") and d.dim_value >= 0 and d.dim_value != v:
+            raise UsageError(f"{what}: dimension {v} where the model fixes {d.dim_value}")
+
+
 def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
                 int_ranges: Mapping[str, tuple[int, int]] | None = None, npz: str | os.PathLike | None = None,
                 seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
@@ -293,13 +338,8 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
     for name in [*shapes, *int_ranges]:
         if name not in known:
             raise UsageError(f"the model has no input {name!r} (inputs: {', '.join(sorted(known)) or 'none'})")
-    given: dict[str, np.ndarray] = {}
+    given = _load_npz(npz) if npz is not None else {}
     if npz is not None:
-        try:
-            with np.load(npz, allow_pickle=False) as z:
-                given = {k: z[k] for k in z.files}
-        except (OSError, ValueError) as exc:
-            raise InvalidModelError(f"inputs file {npz}: {exc}") from None
         extra = sorted(set(given) - known)
         if extra:
             raise UsageError(f"inputs file {npz} has {', '.join(extra)}, which the model does not take")
@@ -319,12 +359,14 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
     for vi in graph_inputs:
         tt = vi.type.tensor_type
         if not vi.type.HasField("tensor_type"):
-            raise UsageError(f"input {vi.name!r} is not a tensor; give it in an .npz file")
+            raise UsageError(f"input {vi.name!r} is not a tensor: the verifier makes and reads tensor inputs only "
+                             "(from Python, give it in verify(feeds=...))")
         dtype = _generated_dtype(tt.elem_type)
         if vi.name in given:
             arr = given[vi.name]
             if dtype is not None and arr.dtype != dtype:
                 raise UsageError(f"input {vi.name!r} in {npz} is {arr.dtype}, the model takes {np.dtype(dtype)}")
+            _check_shape(vi, list(arr.shape), f"input {vi.name!r} in {npz}")
             feeds[vi.name] = arr
             how[vi.name] = {"source": "npz", "shape": list(arr.shape), "dtype": str(arr.dtype)}
             continue
@@ -336,12 +378,7 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
                              f"{vi.name}=D1xD2... (or in an .npz file)")
         if vi.name in shapes:
             shape = list(shapes[vi.name])
-            if tt.HasField("shape") and len(shape) != len(tt.shape.dim):
-                raise UsageError(f"--input-shape {vi.name}: rank {len(shape)}, the model's input has rank "
-                                 f"{len(tt.shape.dim)}")
-            for d, v in zip(tt.shape.dim, shape):
-                if d.HasField("dim_value") and d.dim_value >= 0 and d.dim_value != v:
-                    raise UsageError(f"--input-shape {vi.name}: dimension {v} where the model fixes {d.dim_value}")
+            _check_shape(vi, shape, f"--input-shape {vi.name}")
         else:
             shape = []
             for k, d in enumerate(tt.shape.dim):
@@ -357,12 +394,7 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
         if vi.name in int_ranges and not np.issubdtype(dtype, np.integer):
             raise UsageError(f"--int-range {vi.name}: the input is {np.dtype(dtype)}, not an integer type")
         info = {"source": "generated", "shape": shape, "dtype": str(np.dtype(dtype))}
-        if np.issubdtype(dtype, np.floating):
-            arr = rng.standard_normal(shape).astype(dtype)
-            info["distribution"] = "normal(0, 1)"
-        elif dtype == np.bool_:
-            arr = rng.integers(0, 2, shape).astype(np.bool_)
-        else:
+        if np.issubdtype(dtype, np.integer):
             if vi.name in int_ranges:
                 lo, hi = int_ranges[vi.name]
             elif vi.name in bounds:
@@ -372,10 +404,20 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
             else:
                 lo, hi = 0, 9
             limits = np.iinfo(dtype)
-            if lo < limits.min or hi > limits.max:
+            if lo < limits.min or hi > limits.max or lo > hi:
                 raise UsageError(f"integer range {lo}..{hi} of input {vi.name!r} does not fit its type {np.dtype(dtype)}")
             info["range"] = [lo, hi]
-            arr = rng.integers(lo, hi, shape, endpoint=True, dtype=dtype)
+        try:
+            if np.issubdtype(dtype, np.floating):
+                arr = rng.standard_normal(shape).astype(dtype)
+                info["distribution"] = "normal(0, 1)"
+            elif dtype == np.bool_:
+                arr = rng.integers(0, 2, shape).astype(np.bool_)
+            else:
+                arr = rng.integers(lo, hi, shape, endpoint=True, dtype=dtype)
+        except (ValueError, MemoryError) as exc:  # a shape too large for numpy or for memory
+            raise UsageError(f"input {vi.name!r}: cannot make an array of shape {_dims(shape)}: "
+                             f"{io._first_line(exc, 200)}") from None
         feeds[vi.name] = arr
         how[vi.name] = info
     return feeds, how
@@ -419,77 +461,206 @@ def tolerance(dtype: str, low_precision: bool = False, rtol: float | None = None
     return (base[0] if rtol is None else rtol), (base[1] if atol is None else atol), why
 
 
+def _kind(dtype: np.dtype) -> str:
+    """"float" (numpy's floats and ml_dtypes' bfloat16/float8/float4), "int" (integers, bool,
+    int4/uint4) or "other" (strings, objects): how values of ``dtype`` are compared."""
+    if dtype.kind == "f" or (dtype.kind == "V" and dtype.name.startswith(("float", "bfloat"))):
+        return "float"
+    if dtype.kind in "iub" or (dtype.kind == "V" and dtype.name.startswith(("int", "uint"))):
+        return "int"
+    return "other"
+
+
+def _item(v):
+    """A JSON-ready Python value of one element."""
+    v = v.item() if hasattr(v, "item") else v
+    return v if isinstance(v, (bool, int, float, str)) else float(v) if np.isreal(v) else str(v)
+
+
+@np.errstate(all="ignore")  # overflowing differences and non-finite values are handled explicitly
 def compare(before: np.ndarray, after: np.ndarray, rtol: float, atol: float) -> dict:
     """Statistics of ``after`` against ``before``; ``ok`` when shapes and dtypes match and every
-    element is within tolerance. NaN must meet NaN, and an infinity the same infinity."""
+    element is within tolerance (|after - before| <= atol + rtol * |before|).
+
+    Equal values pass (-0 equals 0, as IEEE has it); NaN must meet NaN and an infinity the same
+    infinity. Any other pair with a NaN or an infinity is a non-finite mismatch: counted
+    (``nan_mismatch``, ``inf_mismatch``), and it makes ``max_abs``/``max_rel`` NaN (a NaN on one
+    side only) or inf, never hidden. ``mean_abs``, ``p99_abs`` and ``cosine`` are over the pairs
+    where both are finite (``cosine`` is None when there are non-finite mismatches). ``example``
+    is the first non-finite mismatch, else the largest difference out of tolerance."""
     out: dict = {"shape_before": list(before.shape), "shape_after": list(after.shape),
                  "dtype_before": before.dtype.name, "dtype_after": after.dtype.name, "rtol": rtol, "atol": atol}
-    if before.shape != after.shape or before.dtype != after.dtype:
-        out.update(ok=False, problem="shape" if before.shape != after.shape else "dtype")
+    if before.shape != after.shape:
+        out.update(ok=False, problem=f"shape {_dims(before.shape)} in the original, {_dims(after.shape)} now")
+        return out
+    if before.dtype != after.dtype:
+        out.update(ok=False, problem=f"dtype {before.dtype.name} in the original, {after.dtype.name} now")
         return out
     n = int(before.size)
     out["elements"] = n
-    if before.dtype.kind not in "fiub" and before.dtype.name != "bfloat16":  # strings, objects
-        equal = before == after
-        out.update(out_of_tolerance=int(n - np.count_nonzero(equal)), ok=bool(np.all(equal)))
-        return out
-    if before.dtype.kind in "iub":  # integers and bools: exact arithmetic (int64 does not fit float64)
+    kind = _kind(before.dtype)
+    nonfinite = np.zeros(before.shape, bool)
+    if kind == "other":  # strings, objects: equal or not
+        bad = np.asarray(before != after, bool)
+        d = rel = np.zeros(before.shape)
+    elif kind == "int":  # exact arithmetic (int64 does not fit float64)
         wide = object if before.dtype.itemsize == 8 else np.int64
-        d = np.abs(before.astype(wide) - after.astype(wide)).astype(np.float64) if n else np.zeros(0)
+        a, b = before.astype(wide), after.astype(wide)
+        d = np.abs(a - b).astype(np.float64)
         ref = np.abs(before.astype(np.float64))
-        bad = (before.astype(wide) != after.astype(wide)) & (d > atol + rtol * ref) if n else np.zeros(0, bool)
-        out_tol = int(np.count_nonzero(bad))
-        out.update(max_abs=float(d.max()) if n else 0.0, mean_abs=float(d.mean()) if n else 0.0,
-                   p99_abs=float(np.percentile(d, 99)) if n else 0.0,
-                   max_rel=float((d / np.maximum(np.maximum(ref, np.abs(after.astype(np.float64))), 1)).max())
-                   if n else 0.0, out_of_tolerance=out_tol, ok=out_tol == 0)
-        return out
-    a = before.astype(np.float64)
-    b = after.astype(np.float64)
-    nan_a, nan_b = np.isnan(a), np.isnan(b)
-    inf_a, inf_b = np.isinf(a), np.isinf(b)
-    nan_mismatch = int(np.count_nonzero(nan_a != nan_b))
-    inf_mismatch = int(np.count_nonzero((inf_a | inf_b) & ~(nan_a | nan_b) & (a != b)))
-    finite = np.isfinite(a) & np.isfinite(b)
-    d = np.abs(a[finite] - b[finite])
-    ref = np.abs(a[finite])
-    out_tol = int(np.count_nonzero(d > atol + rtol * ref)) + nan_mismatch + inf_mismatch
-    out.update(nan_before=int(nan_a.sum()), nan_after=int(nan_b.sum()), inf_before=int(inf_a.sum()),
-               inf_after=int(inf_b.sum()), nan_mismatch=nan_mismatch, inf_mismatch=inf_mismatch)
-    if d.size:
-        # relative to the larger magnitude of the two: 2 at most (a sign flip), never 1e307 at a zero
-        rel = d / np.maximum(np.maximum(ref, np.abs(b[finite])), np.finfo(np.float64).tiny)
-        rel[d == 0] = 0.0
-        out.update(max_abs=float(d.max()), max_rel=float(rel.max()), mean_abs=float(d.mean()),
-                   p99_abs=float(np.percentile(d, 99)))
-        av, bv = a[finite], b[finite]
-        scale = max(float(np.abs(av).max()), float(np.abs(bv).max()))
-        if scale > 0:  # scaled first: no overflow for values near the float64 limit
-            av, bv = av / scale, bv / scale
-        na, nb = float(np.linalg.norm(av)), float(np.linalg.norm(bv))
-        cosine = 1.0 if na == nb == 0 else (float(av @ bv) / (na * nb) if na and nb else 0.0)
-        out["cosine"] = min(1.0, max(-1.0, cosine))
+        bad = (a != b) & (d > atol + rtol * ref)
+        rel = d / np.maximum(np.maximum(ref, np.abs(after.astype(np.float64))), 1)
+        d_finite = d
     else:
-        out.update(max_abs=0.0, max_rel=0.0, mean_abs=0.0, p99_abs=0.0, cosine=1.0)
+        a, b = before.astype(np.float64), after.astype(np.float64)
+        nan_a, nan_b, inf_a, inf_b = np.isnan(a), np.isnan(b), np.isinf(a), np.isinf(b)
+        finite = ~(nan_a | nan_b | inf_a | inf_b)
+        nonfinite = ~finite & ~((a == b) | (nan_a & nan_b))
+        nan_mismatch = int(np.count_nonzero(nan_a != nan_b))
+        out.update(nan_before=int(nan_a.sum()), nan_after=int(nan_b.sum()), inf_before=int(inf_a.sum()),
+                   inf_after=int(inf_b.sum()), nan_mismatch=nan_mismatch,
+                   inf_mismatch=int(np.count_nonzero(nonfinite)) - nan_mismatch)
+        d = np.where(finite, np.abs(a - b), 0.0)  # inf where two finite values are too far apart for float64
+        ref = np.abs(a)
+        bad = nonfinite | (finite & (d > atol + rtol * ref))
+        # relative to the larger magnitude of the two: 2 at most (a sign flip), never 1e307 at a zero
+        rel = np.where(d == 0, 0.0, d / np.maximum(np.maximum(ref, np.abs(b)), np.finfo(np.float64).tiny))
+        av, bv = a[finite], b[finite]
+        if nonfinite.any():
+            out["cosine"] = None
+        elif av.size:
+            scale = max(float(np.abs(av).max()), float(np.abs(bv).max()))
+            if scale > 0:  # scaled first: no overflow for values near the float64 limit
+                av, bv = av / scale, bv / scale
+            na, nb = float(np.linalg.norm(av)), float(np.linalg.norm(bv))
+            cosine = 1.0 if na == nb == 0 else (float(av @ bv) / (na * nb) if na and nb else 0.0)
+            out["cosine"] = min(1.0, max(-1.0, cosine))
+        else:
+            out["cosine"] = 1.0
+        d_finite = d[finite]
+    if kind != "other":
+        out.update(max_abs=float(d.max()) if n else 0.0, max_rel=float(rel.max()) if n else 0.0,
+                   mean_abs=float(d_finite.mean()) if d_finite.size else 0.0,
+                   p99_abs=float(np.percentile(d_finite, 99)) if d_finite.size else 0.0)
+        if out["p99_abs"] != out["p99_abs"]:  # interpolating between differences beyond float64
+            out["p99_abs"] = float("inf")
+        if out.get("nan_mismatch"):
+            out.update(max_abs=float("nan"), max_rel=float("nan"))
+        elif out.get("inf_mismatch"):
+            out.update(max_abs=float("inf"), max_rel=float("inf"))
+    out_tol = int(np.count_nonzero(bad))
+    if out_tol:
+        flat_nonfinite = nonfinite.ravel()
+        first = bool(flat_nonfinite.any()) or kind == "other"
+        k = int(np.argmax(flat_nonfinite if flat_nonfinite.any() else np.where(bad.ravel(), d.ravel(), -1.0)))
+        out["example"] = {"index": [int(i) for i in np.unravel_index(k, before.shape)],
+                          "before": _item(before.ravel()[k]), "after": _item(after.ravel()[k]),
+                          "which": ("first non-finite mismatch" if flat_nonfinite.any() else
+                                    "first difference" if first else "largest difference")}
     out["out_of_tolerance"] = out_tol
     out["ok"] = out_tol == 0
     return out
 
 
-def compare_all(before: Sequence[tuple[str, np.ndarray]], after: Sequence[tuple[str, np.ndarray]], *,
+def _dims(shape) -> str:
+    return "x".join(map(str, shape)) or "scalar"
+
+
+def _value_kind(v) -> str:
+    return ("sequence" if isinstance(v, list) else "map" if isinstance(v, dict) else
+            "empty optional" if v is None else "tensor")
+
+
+def _host(v):
+    """An onnxruntime output as compared: an array, a list (a sequence), a dict (a map) or None."""
+    if isinstance(v, (list, tuple)):
+        return [_host(x) for x in v]
+    if isinstance(v, dict):
+        return v
+    return None if v is None else np.asarray(v)
+
+
+def _worst(values: list) -> float:
+    return float("nan") if any(v != v for v in values) else max(values, default=0.0)
+
+
+def compare_value(before, after, *, low_precision: bool = False, rtol: float | None = None,
+                  atol: float | None = None) -> dict:
+    """One output of any kind onnxruntime returns: a tensor (:func:`compare`, with the dtype's
+    tolerance), a sequence (same length, each element compared), a map (same keys, values
+    compared; float values as float32, the type of ZipMap's) or an empty optional (None)."""
+    kb, ka = _value_kind(before), _value_kind(after)
+    if kb != ka:
+        return {"ok": False, "problem": f"a {kb} in the original, a {ka} now"}
+    if kb == "tensor":
+        r, t, why = tolerance(before.dtype.name, low_precision, rtol, atol)
+        return {**compare(before, after, r, t), "tolerance": why}
+    if kb == "empty optional":
+        return {"ok": True, "elements": 0}
+    if kb == "map":
+        if sorted(before, key=repr) != sorted(after, key=repr):
+            return {"ok": False, "problem": "the map's keys differ"}
+        keys = sorted(before, key=repr)
+        as_array = lambda m: np.asarray([m[k] for k in keys], np.float32 if all(  # noqa: E731
+            isinstance(m[k], float) for k in keys) else None)
+        return {"kind": "map", **compare_value(as_array(before), as_array(after), low_precision=low_precision,
+                                               rtol=rtol, atol=atol)}
+    if len(before) != len(after):
+        return {"ok": False, "kind": "sequence",
+                "problem": f"a sequence of {len(before)} in the original, of {len(after)} now"}
+    parts = [compare_value(b, a, low_precision=low_precision, rtol=rtol, atol=atol) for b, a in zip(before, after)]
+    row = {"kind": "sequence", "length": len(parts), "elements": sum(p.get("elements", 0) for p in parts),
+           "out_of_tolerance": sum(p.get("out_of_tolerance", 0) for p in parts),
+           "max_abs": _worst([p["max_abs"] for p in parts if "max_abs" in p]),
+           "max_rel": _worst([p["max_rel"] for p in parts if "max_rel" in p]),
+           "ok": all(p["ok"] for p in parts)}
+    bad = next((k for k, p in enumerate(parts) if not p["ok"]), None)
+    if bad is not None:
+        row["problem"] = f"element {bad}: {problem_text(parts[bad])}"
+    return row
+
+
+def compare_all(before: Sequence[tuple[str, object]], after: Sequence[tuple[str, object]], *,
                 low_precision: bool = False, rtol: float | None = None, atol: float | None = None) -> list[dict]:
-    """One comparison per output of ``before``, matched by name (else by position)."""
-    by_name = dict(after)
+    """One row per output, matched by name and position (a caller may fetch outputs either way):
+    an output missing, at another position or added fails."""
+    names_before = [name for name, _ in before]
+    names_after = [name for name, _ in after]
     rows = []
-    for i, (name, a) in enumerate(before):
-        b = by_name.get(name, after[i][1] if i < len(after) else None)
-        if b is None:
-            rows.append({"name": name, "ok": False, "problem": "missing in the optimized model"})
-            continue
-        a, b = np.asarray(a), np.asarray(b)
-        r, t, why = tolerance(a.dtype.name, low_precision, rtol, atol)
-        rows.append({"name": name, **compare(a, b, r, t), "tolerance": why})
+    for i, (name, value) in enumerate(before):
+        j = names_after.index(name) if name in names_after else None
+        if j is None:
+            now = f" (output {i} is now {names_after[i]!r})" if i < len(after) else ""
+            rows.append({"name": name, "ok": False, "problem": f"missing in the optimized model{now}"})
+        elif j != i:
+            rows.append({"name": name, "ok": False, "problem": f"output {i} in the original, output {j} now"})
+        else:
+            rows.append({"name": name, **compare_value(value, after[j][1], low_precision=low_precision, rtol=rtol,
+                                                       atol=atol)})
+    rows += [{"name": name, "ok": False, "problem": f"output {j} of the optimized model, not in the original"}
+             for j, name in enumerate(names_after) if name not in names_before]
     return rows
+
+
+def _number(x) -> str:
+    return f"{x:.7g}" if isinstance(x, float) else repr(x)
+
+
+def problem_text(row: dict) -> str:
+    """What is wrong with one compared output, in words."""
+    if row.get("problem"):
+        return row["problem"]
+    text = f"{row.get('out_of_tolerance')}/{row.get('elements')} elements out of tolerance"
+    nonfinite = row.get("nan_mismatch", 0) + row.get("inf_mismatch", 0)
+    if nonfinite:
+        text += f" ({nonfinite} non-finite: {row.get('nan_mismatch', 0)} NaN, {row.get('inf_mismatch', 0)} inf)"
+    ex = row.get("example")
+    if ex:
+        text += (f", {ex['which']}: {_number(ex['before'])} vs {_number(ex['after'])} "
+                 f"at [{', '.join(map(str, ex['index']))}]")
+    if "max_abs" in row:
+        text += f"; max abs {_fmt(row['max_abs'])}, max rel {_fmt(row['max_rel'])}"
+    return text
 
 
 # --- kernels and latency ----------------------------------------------------------------------
@@ -533,7 +704,7 @@ def run_profiled(model, feeds: Mapping[str, np.ndarray], provider: str = "cpu", 
         with open(sess.end_profiling()) as f:
             events = json.load(f)
     names = [o.name for o in sess.get_outputs()]
-    return [(n, np.asarray(v)) for n, v in zip(names, outs)], count_kernels(events), init_s
+    return [(n, _host(v)) for n, v in zip(names, outs)], count_kernels(events), init_s
 
 
 def measure_latency(models: dict[str, object], inputs: Mapping[str, np.ndarray], *, provider: str = "cpu",
@@ -588,28 +759,45 @@ def measure_latency(models: dict[str, object], inputs: Mapping[str, np.ndarray],
 
 
 def _value_types(proto: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
-    """Tensor types of the main graph's values (declared, else from onnx's shape inference)."""
+    """Tensor types of the main graph's values and weights (declared, else from onnx's shape
+    inference), for exposing them as outputs."""
     types: dict[str, onnx.TypeProto] = {}
     try:
         inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False)
         infos = list(inferred.graph.value_info) + list(inferred.graph.output)
     except Exception:  # noqa: BLE001 - inference is best effort here
         infos = []
-    for vi in [*proto.graph.value_info, *proto.graph.output, *infos]:
-        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type and vi.name not in types:
+    elem_types = [(vi.name, vi.type.tensor_type.elem_type) for vi in [*proto.graph.value_info, *proto.graph.output,
+                                                                      *infos] if vi.type.HasField("tensor_type")]
+    elem_types += [(i.name, i.data_type) for i in proto.graph.initializer]
+    for name, elem_type in elem_types:
+        if elem_type and name not in types:
             t = onnx.TypeProto()
-            t.tensor_type.elem_type = vi.type.tensor_type.elem_type  # shape left out: any shape
-            types[vi.name] = t
+            t.tensor_type.elem_type = elem_type  # shape left out: any shape
+            types[name] = t
     return types
+
+
+def _fetch(model: _Model, names: Iterable[str], types: Mapping[str, onnx.TypeProto],
+           feeds: Mapping[str, np.ndarray], provider: str) -> dict:
+    """The values ``names`` take in ``model``: graph inputs from ``feeds``, the others (those with
+    a known type) exposed as outputs of one run with onnxruntime's graph optimizations off, so
+    each value is the graph's own."""
+    names = list(dict.fromkeys(names))
+    values = {n: feeds[n] for n in names if n in feeds}
+    wanted = [n for n in names if n not in feeds and n in types]
+    if wanted:
+        sess = session(model.with_outputs(wanted, types), provider, optimization="disable", exact=True)
+        outs = sess.run(wanted, {i.name: feeds[i.name] for i in sess.get_inputs()})
+        values.update(zip(wanted, map(_host, outs)))
+    return values
 
 
 def find_culprit(original: _Model, optimized: _Model, feeds: Mapping[str, np.ndarray], provider: str = "cpu", *,
                  low_precision: bool = False, rtol: float | None = None, atol: float | None = None) -> dict:
     """The first value of the optimized graph (in its node order) that the original graph also
-    has by name and whose values differ beyond tolerance; its producer and the rule behind it.
-
-    Both models run with onnxruntime's graph optimizations off and every such value exposed as an
-    output, so each value is the graph's own."""
+    has by name and whose values differ beyond tolerance, the node that produced it, and, where
+    the divergence can be tied to one, the rule to blame (see :func:`_tie`)."""
     opt_proto, orig_proto = optimized.proto, original.proto
     inits = {i.name for i in opt_proto.graph.initializer} | {i.name for i in orig_proto.graph.initializer}
     produced_orig = {o for n in orig_proto.graph.node for o in n.output if o}
@@ -626,26 +814,111 @@ def find_culprit(original: _Model, optimized: _Model, feeds: Mapping[str, np.nda
     if not names:
         result["message"] = "the two graphs share no intermediate value names"
         return result
-    values = {}
-    for label, model, types in (("before", original, t_orig), ("after", optimized, t_opt)):
-        sess = session(model.with_outputs(names, types), provider, optimization="disable", exact=True)
-        f = {i.name: feeds[i.name] for i in sess.get_inputs()}
-        outs = sess.run([*names], f)
-        values[label] = dict(zip(names, outs))
+    before, after = _fetch(original, names, t_orig, feeds, provider), _fetch(optimized, names, t_opt, feeds, provider)
+
+    def agree(a, b) -> bool:
+        return compare_value(a, b, low_precision=low_precision, rtol=rtol, atol=atol)["ok"]
+
     for name in names:
-        a, b = np.asarray(values["before"][name]), np.asarray(values["after"][name])
-        r, t, _ = tolerance(a.dtype.name, low_precision, rtol, atol)
-        stats = compare(a, b, r, t)
+        stats = compare_value(before[name], after[name], low_precision=low_precision, rtol=rtol, atol=atol)
         if not stats["ok"]:
             node = producer[name]
-            result.update(value=name, stats=stats, node=_describe(node), rule=_meta(node).get("onnxopt.rule"))
-            if result["rule"] is None:  # an original node: what changed is what it reads
-                result["changed_inputs"] = _changed_inputs(orig_proto, opt_proto, node)
-                result["rule_nodes"] = _rules_upstream(opt_proto, node)
+            result.update(value=name, stats=stats, node=_describe(node))
+            result.update(_tie(original, optimized, node, (t_orig, t_opt), feeds, provider, agree))
             return result
     result["message"] = ("every shared intermediate value agrees; the difference arises in values the "
                          "optimized graph renamed or removed, or in onnxruntime's own graph optimizations")
     return result
+
+
+def _tie(original: _Model, optimized: _Model, node: onnx.NodeProto, types: tuple[dict, dict],
+         feeds: Mapping[str, np.ndarray], provider: str, agree: Callable[[object, object], bool]) -> dict:
+    """Whether the rule behind ``node`` (the producer of the first diverging value) is to blame.
+
+    It is when ``node`` was made by one rewrite of original nodes (its provenance: ``replaced``
+    are original nodes) and every value that rewrite's nodes read agrees with a value the
+    replaced nodes read in the original: the rewrite then computes a different value from the
+    same inputs. Otherwise the result says what is known, without a rule: an input that now
+    comes from elsewhere and differs (a rewrite upstream rerouted it and left no node: a rule
+    that forwards a value, or a graph pass), a node made through several rewrites, an original
+    node. :func:`bisect` then names the rewrite."""
+    orig, opt = original.proto, optimized.proto
+    meta = _meta(node)
+    rule = meta.get(_RULE)
+    replaced = _json_list(meta.get(_REPLACED)) if rule else [node.name]
+    by_name: dict[str, list] = {}
+    for n in orig.graph.node:
+        by_name.setdefault(n.name, []).append(n)
+    if rule and set(replaced) != set(_json_list(meta.get(_SOURCES))):
+        return {"reason": "it was made through several rewrites (of " + ", ".join(_json_list(meta.get(_SOURCES)))
+                          + "): which one went wrong is for bisect to find"}
+    if not all(name and len(by_name.get(name, [])) == 1 for name in replaced):
+        return {"reason": "the original nodes it stands for cannot be told apart by name"}
+    region = _same_rewrite(opt, node) if rule else [node]
+    read_before = _external_inputs([by_name[name][0] for name in replaced])
+    constants_orig = _constants(orig)
+    names_orig = {i.name for i in orig.graph.input} | constants_orig | {o for n in orig.graph.node for o in n.output}
+    # the rewrite's own new weights have no counterpart; every other value it reads must have one
+    read_now = [u for u in _external_inputs(region) if u in names_orig or u not in _constants(opt)]
+    computed_before = [w for w in read_before if w not in constants_orig]
+    t_orig, t_opt = types
+    v_now = _fetch(optimized, read_now, t_opt, feeds, provider)
+    v_before = _fetch(original, [*computed_before, *(u for u in read_now if u in names_orig)], t_orig, feeds,
+                      provider)
+    inputs = []
+    for u in read_now:
+        candidates = [u] if u in names_orig and u in read_before else []
+        candidates += [w for w in computed_before if w != u]
+        match = next((w for w in candidates if u in v_now and w in v_before and agree(v_before[w], v_now[u])), None)
+        inputs.append({"now": u, "producer_now": _producer(opt, u), "before": match, "agrees": match is not None})
+    out: dict = {"inputs": inputs,
+                 "read_before": [{"name": w, "producer": _producer(orig, w)} for w in computed_before]}
+    if any(not i["agrees"] for i in inputs):
+        out["reason"] = ("a rewrite upstream rerouted what it reads and left no node (a rule that forwards a value, "
+                         "or a graph pass)")
+    elif rule:
+        out.update(rule=rule, replaced=replaced)
+    else:
+        out["reason"] = "an original node whose inputs agree with the original's, yet computes a different value"
+    return out
+
+
+def _json_list(text: str | None) -> list[str]:
+    try:
+        value = json.loads(text or "[]")
+    except ValueError:
+        return []
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def _same_rewrite(proto: onnx.ModelProto, node: onnx.NodeProto) -> list[onnx.NodeProto]:
+    """``node`` and the nodes upstream of it that the same rewrite created (same provenance)."""
+    key = [_meta(node).get(k) for k in (_RULE, _REPLACED, _SOURCES)]
+    by_output = {o: n for n in proto.graph.node for o in n.output if o}
+    region, stack, seen = [], [node], set()
+    while stack:
+        n = stack.pop()
+        if id(n) in seen or [_meta(n).get(k) for k in (_RULE, _REPLACED, _SOURCES)] != key:
+            continue
+        seen.add(id(n))
+        region.append(n)
+        stack.extend(by_output[i] for i in n.input if i in by_output)
+    return region
+
+
+def _external_inputs(nodes: list[onnx.NodeProto]) -> list[str]:
+    produced = {o for n in nodes for o in n.output}
+    return list(dict.fromkeys(i for n in nodes for i in n.input if i and i not in produced))
+
+
+def _constants(proto: onnx.ModelProto) -> set[str]:
+    return {i.name for i in proto.graph.initializer} | {
+        n.output[0] for n in proto.graph.node if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and n.output}
+
+
+def _producer(proto: onnx.ModelProto, name: str) -> dict | None:
+    node = next((n for n in proto.graph.node if name in n.output), None)
+    return _describe(node) if node is not None else None
 
 
 def _meta(node: onnx.NodeProto) -> dict[str, str]:
@@ -653,55 +926,15 @@ def _meta(node: onnx.NodeProto) -> dict[str, str]:
 
 
 def _describe(node: onnx.NodeProto) -> dict:
+    """A node by name, op type, inputs and outputs, with the provenance a rewrite gave it (data
+    about the node: the culprit's ``rule`` is what blames a rule)."""
     meta = _meta(node)
     d = {"name": node.name, "op_type": node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}",
          "inputs": list(node.input), "outputs": list(node.output)}
-    if "onnxopt.rule" in meta:
-        d["rule"] = meta["onnxopt.rule"]
-        for key in ("onnxopt.replaced", "onnxopt.sources"):
-            if key in meta:
-                try:
-                    d[key.split(".")[1]] = json.loads(meta[key])
-                except ValueError:
-                    d[key.split(".")[1]] = meta[key]
+    if _RULE in meta:
+        d["provenance"] = {"rule": meta[_RULE], "replaced": _json_list(meta.get(_REPLACED)),
+                           "sources": _json_list(meta.get(_SOURCES))}
     return d
-
-
-def _changed_inputs(orig: onnx.ModelProto, opt: onnx.ModelProto, node: onnx.NodeProto) -> list[dict]:
-    """The inputs of an original node that now come from elsewhere (a rule removed or replaced
-    their producer): position, the value it read before and now, and their producers."""
-    before = next((n for n in orig.graph.node if n.name and n.name == node.name), None)
-    if before is None:
-        return []
-
-    def producer(proto, name):
-        for n in proto.graph.node:
-            if name in n.output:
-                return _describe(n)
-        return None
-
-    out = []
-    for k, (a, b) in enumerate(zip(before.input, node.input)):
-        if a != b:
-            out.append({"input": k, "before": a, "after": b, "producer_before": producer(orig, a),
-                        "producer_after": producer(opt, b)})
-    return out
-
-
-def _rules_upstream(proto: onnx.ModelProto, node: onnx.NodeProto, limit: int = 5) -> list[dict]:
-    """The nearest nodes at or above ``node`` that a rule created (by provenance), breadth first."""
-    by_output = {o: n for n in proto.graph.node for o in n.output if o}
-    seen, queue, found = set(), [node], []
-    while queue and len(found) < limit:
-        n = queue.pop(0)
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
-        if "onnxopt.rule" in _meta(n):
-            found.append(_describe(n))
-            continue
-        queue.extend(by_output[i] for i in n.input if i in by_output)
-    return found
 
 
 # --- the whole verification -------------------------------------------------------------------
@@ -733,29 +966,56 @@ class Progress:
             self._last = ""
 
 
+def _inputs(model: _Model, feeds, inputs, input_shapes, int_ranges, seed) -> tuple[dict, dict]:
+    """The inputs to run and how each was made: ``feeds`` as given, else :func:`make_inputs`."""
+    if feeds is None:
+        return make_inputs(model, shapes=input_shapes, int_ranges=int_ranges, npz=inputs, seed=seed)
+    inits = {i.name for i in model.proto.graph.initializer}
+    takes = {i.name for i in model.proto.graph.input if i.name not in inits}
+    if set(feeds) != takes:
+        raise UsageError(f"feeds: the model takes {', '.join(sorted(takes)) or 'no inputs'}; given "
+                         f"{', '.join(sorted(feeds)) or 'none'}")
+    return dict(feeds), {k: {"source": "given", "shape": list(np.shape(v)) if isinstance(v, np.ndarray) else [],
+                             "dtype": str(v.dtype) if isinstance(v, np.ndarray) else type(v).__name__}
+                         for k, v in feeds.items()}
+
+
 def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", inputs: str | os.PathLike | None = None,
            feeds: Mapping[str, np.ndarray] | None = None, input_shapes: Mapping[str, Sequence[int]] | None = None,
            int_ranges: Mapping[str, tuple[int, int]] | None = None, seed: int = 0, rtol: float | None = None,
            atol: float | None = None, runs: int = 20, warmup: int = 5, latency: bool = True, culprit: bool = True,
-           threads: int = 0, progress: Progress | None = None) -> dict:
+           threads: int = 0, progress: Progress | None = None, bisect_options: Sequence[str] | None = None) -> dict:
     """Verify ``optimized`` against ``original`` on each provider; returns the report (a dict
     that :func:`format_report` prints); ``report["ok"]`` is False when an output differs.
 
     ``original``/``optimized``: paths, bytes, onnx.ModelProto or onnx_ir.Model. Inputs come from
     ``feeds``, else from ``inputs`` (.npz) and generation (see :func:`make_inputs`). ``runs``: timed
-    rounds per provider after ``warmup`` runs (0 skips latency, as does ``latency=False``)."""
+    rounds per provider after ``warmup`` runs (0 skips latency, as does ``latency=False``).
+    When outputs differ, ``report["bisect_command"]`` is the ``python -m onnxopt bisect`` command
+    with these settings; ``bisect_options``: the command-line options that made ``optimized``
+    (--rules, --disable, ...), None when unknown (the command then says to add them)."""
     providers = parse_providers(providers)
     check_providers(providers)
-    if runs < 0 or warmup < 0 or threads < 0:
-        raise UsageError("runs, warm-up runs and threads must not be negative")
+    if runs < 0:
+        raise UsageError(f"--runs {runs}: must not be negative (0: no latency)")
+    if warmup < 1:
+        raise UsageError(f"--warmup {warmup}: at least 1 warm-up run")
+    if not 0 <= threads <= 2**31 - 1:
+        raise UsageError(f"--threads {threads}: must be 0 (onnxruntime's choice) or a positive 32-bit number")
     check_tolerances(rtol, atol)
     progress = progress or Progress(enabled=False)
     before = after = None
     try:
         before = _Model(original, "original")
         after = _Model(optimized, "optimized")
-        return _verify(before, after, providers, feeds, inputs, input_shapes, int_ranges, seed, rtol, atol, runs,
-                       warmup, latency, culprit, threads, progress)
+        report = _verify(before, after, providers, feeds, inputs, input_shapes, int_ranges, seed, rtol, atol, runs,
+                         warmup, latency, culprit, threads, progress)
+        if not report["ok"]:
+            report["bisect_command"] = bisect_command(
+                original, next(p for p, e in report["providers"].items() if not e["ok"]), inputs=inputs,
+                input_shapes=input_shapes, int_ranges=int_ranges, seed=seed, rtol=rtol, atol=atol,
+                options=bisect_options)
+        return report
     finally:
         progress.close()
         for m in (before, after):
@@ -765,14 +1025,9 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
 
 def _verify(before: _Model, after: _Model, providers, feeds, inputs, input_shapes, int_ranges, seed, rtol, atol,
             runs, warmup, latency, culprit, threads, progress) -> dict:
-    if feeds is None:
-        feeds, how = make_inputs(before, shapes=input_shapes, int_ranges=int_ranges, npz=inputs, seed=seed)
-    else:
-        feeds, how = dict(feeds), {k: {"source": "given", "shape": list(np.shape(v)), "dtype": str(np.asarray(v).dtype)}
-                                   for k, v in feeds.items()}
+    feeds, how = _inputs(before, feeds, inputs, input_shapes, int_ranges, seed)
     low = is_low_precision(before.proto)
-    report: dict = {"original": before.label if before.path is None else before.path,
-                    "optimized": after.label if after.path is None else after.path,
+    report: dict = {"original": before.name, "optimized": after.name,
                     "seed": seed, "inputs": how, "low_precision": low, "providers": {}}
     outputs: dict[str, dict[str, list]] = {}
     steps = len(providers) * (2 + (1 if latency and runs else 0))
@@ -802,16 +1057,18 @@ def _verify(before: _Model, after: _Model, providers, feeds, inputs, input_shape
         entry["ok"] = all(r["ok"] for r in entry["outputs"])
         if latency and runs:
             progress(f"{p}: latency", step, steps)
+            t0 = time.perf_counter()
             lat = measure_latency({"before": before.source(), "after": after.source()}, feeds, provider=p,
                                   runs=runs, warmup=warmup, threads=threads, min_rounds=min(runs, 5),
                                   progress=lambda d, t, p=p, s=step: progress(f"{p}: latency {d}/{t}", s, steps))
             res = lat["results"]
-            entry["latency"] = {"rounds": lat["rounds"], "warmup": max(1, warmup),
+            entry["latency"] = {"rounds": lat["rounds"], "warmup": warmup,
                                 **{k: {"median_ms": round(v["median_ms"], 4), "p90_ms": round(v["p90_ms"], 4)}
                                    for k, v in res.items()}}
             if "before" in res and "after" in res and res["before"]["median_ms"] > 0:
                 entry["latency"]["ratio_median"] = round(res["after"]["median_ms"] / res["before"]["median_ms"], 4)
                 entry["latency"]["ratio_p90"] = round(res["after"]["p90_ms"] / res["before"]["p90_ms"], 4)
+            entry["latency"]["seconds"] = round(time.perf_counter() - t0, 3)
             step += 1
         if not entry["ok"] and culprit:
             progress(f"{p}: looking for the first diverging value", step, steps)
@@ -834,24 +1091,26 @@ def _verify(before: _Model, after: _Model, providers, feeds, inputs, input_shape
 
 
 def summary_line(report: dict) -> str:
-    """One line naming the worst output and the culprit, for errors."""
-    for p, entry in report["providers"].items():
-        if entry["ok"]:
-            continue
-        if entry.get("error"):
-            return entry["error"]
-        bad = [r for r in entry["outputs"] if not r["ok"]]
-        r = bad[0]
-        what = r.get("problem") or (f"{r.get('out_of_tolerance')}/{r.get('elements')} elements out of tolerance, "
-                                    f"max abs {r.get('max_abs', 0):.3g}, max rel {r.get('max_rel', 0):.3g}")
-        text = f"outputs differ on {p}: {r['name']}: {what}"
-        c = entry.get("culprit") or {}
-        if c.get("value"):
-            text += f"; first diverging value {c['value']!r} from {c['node']['op_type']} {c['node']['name']!r}"
-            if c.get("rule"):
-                text += f" (rule {c['rule']})"
-        return text
-    return "outputs agree"
+    """One line naming the worst output, the culprit and the rewrite bisect found, for errors."""
+    p, entry = next(((p, e) for p, e in report["providers"].items() if not e["ok"]), (None, None))
+    if entry is None:
+        return "outputs agree"
+    if entry.get("error"):
+        text = entry["error"]
+    else:
+        r = next(r for r in entry["outputs"] if not r["ok"])
+        text = f"outputs differ on {p}: {r['name']}: {problem_text(r)}"
+    c = entry.get("culprit") or {}
+    if c.get("value"):
+        text += f"; first diverging value {c['value']!r} from {c['node']['op_type']} {c['node']['name']!r}"
+        if c.get("rule"):
+            text += f" (rule {c['rule']})"
+    b = report.get("bisect") or {}
+    if b.get("culprit_rule"):
+        text += f"; bisect: rewrite {b['first_failing_rewrite']} of {b['rewrites']}, {b['culprit_rule']}"
+    elif report.get("bisect_command"):
+        text += f"; to find the rewrite: {report['bisect_command']}"
+    return text
 
 
 # --- the report on the terminal ---------------------------------------------------------------
@@ -881,7 +1140,9 @@ def _output_rows(rows: list[dict]) -> list[tuple]:
     out = []
     for r in rows:
         status = "ok" if r["ok"] else f"DIFFERS ({r['problem']})" if r.get("problem") else "DIFFERS"
-        out.append((r["name"], "x".join(map(str, r.get("shape_after", []))) or "scalar", r.get("dtype_after", "-"),
+        shape = (_dims(r["shape_after"]) if "shape_after" in r else
+                 f"seq[{r['length']}]" if "length" in r else r.get("kind", "-"))
+        out.append((r["name"], shape, r.get("dtype_after", "-"),
                     _fmt(r.get("max_abs")), _fmt(r.get("max_rel")), _fmt(r.get("p99_abs")),
                     _fmt(r.get("cosine"), 7), f"{r.get('out_of_tolerance', '-')}/{r.get('elements', '-')}",
                     f"{_fmt(r.get('rtol'))}/{_fmt(r.get('atol'))}", status))
@@ -892,24 +1153,44 @@ _OUT_HEADER = ("output", "shape", "dtype", "max abs", "max rel", "p99 abs", "cos
                "status")
 
 
-def _changed_lines(c: dict) -> list[str]:
-    lines = []
-    for ch in c.get("changed_inputs", []):
-        pb, pa = ch.get("producer_before"), ch.get("producer_after")
-        lines.append(f"  its input {ch['input']} was {ch['before']!r}"
-                     + (f" ({pb['op_type']} {pb['name']!r})" if pb else "")
-                     + f", now {ch['after']!r}"
-                     + (f" ({pa['op_type']} {pa['name']!r}" + (f", rule {pa['rule']})" if pa.get("rule") else ")")
-                        if pa else ""))
-    if c.get("changed_inputs") is not None and not c.get("rule"):
-        lines.append("  (a rule that forwards a value creates no node to carry provenance: "
-                     "`python -m onnxopt bisect ORIGINAL` names the rewrite)")
+def _named(value: str, producer: dict | None) -> str:
+    return f"{value!r}" + (f" ({producer['op_type']} {producer['name']!r})" if producer else "")
+
+
+def _culprit_lines(c: dict, label: str = "culprit") -> list[str]:
+    """The first diverging value, its producer, and a rule only where :func:`_tie` tied one."""
+    if not c.get("value"):
+        return [f"{label}: {c.get('message')}"] if c.get("message") else []
+    n = c["node"]
+    if c.get("rule"):
+        how = (f", created by rule {c['rule']} from {', '.join(c['replaced'])}: from the values those nodes read, "
+               "it computes a different one")
+    elif n.get("provenance"):
+        how = f", a node a rewrite made in place of {', '.join(n['provenance']['sources'])}"
+    else:
+        how = ", an original node"
+    lines = [f"{label}: first diverging value {c['value']!r} (of {c['compared_values']} shared), produced by "
+             f"{n['op_type']} {n['name']!r}{how}", f"  {problem_text(c['stats'])}"]
+    read_before = ", ".join(_named(r["name"], r["producer"]) for r in c.get("read_before", [])) or "only weights"
+    lines += [f"  it reads {_named(i['now'], i['producer_now'])}, which agrees with no value the original read "
+              f"there ({read_before})" for i in c.get("inputs", []) if not i["agrees"]]
+    if c.get("reason"):
+        lines.append(f"  no rule is named: {c['reason']}")
     return lines
+
+
+def _bisect_lines(report: dict) -> list[str]:
+    b = report.get("bisect")
+    if b is None:
+        return [f"to find the rewrite: {report['bisect_command']}"] if report.get("bisect_command") else []
+    if "skipped" in b:
+        return [f"bisect {b['skipped']}; to find the rewrite: {report.get('bisect_command', 'onnxopt bisect')}"]
+    return ["", format_bisect(b)]
 
 
 def format_report(report: dict) -> str:
     lines = [f"verify {report['original']} -> {report['optimized']}"]
-    ins = ", ".join(f"{k} {'x'.join(map(str, v['shape'])) or 'scalar'} {v['dtype']} ({v['source']}"
+    ins = ", ".join(f"{k} {_dims(v['shape'])} {v['dtype']} ({v['source']}"
                     + (f", {v['range'][0]}..{v['range'][1]}" if "range" in v else "") + ")"
                     for k, v in report["inputs"].items())
     lines.append(f"inputs (seed {report['seed']}): {ins or 'none'}")
@@ -941,25 +1222,13 @@ def format_report(report: dict) -> str:
                          f"median {lat['before']['median_ms']:.3f} -> {lat['after']['median_ms']:.3f} ms "
                          f"(x{lat.get('ratio_median', float('nan')):.3f}), p90 {lat['before']['p90_ms']:.3f} -> "
                          f"{lat['after']['p90_ms']:.3f} ms (x{lat.get('ratio_p90', float('nan')):.3f})")
-        c = e.get("culprit")
-        if c:
-            if c.get("value"):
-                n = c["node"]
-                lines.append(f"culprit: first diverging value {c['value']!r} (of {c['compared_values']} shared), "
-                             f"produced by {n['op_type']} {n['name']!r}"
-                             + (f", created by rule {c['rule']} from {', '.join(n.get('replaced', []))}"
-                                if c.get("rule") else ", an original node"))
-                s = c["stats"]
-                lines.append(f"  max abs {_fmt(s.get('max_abs'))}, max rel {_fmt(s.get('max_rel'))}, "
-                             f"{s.get('out_of_tolerance', '-')}/{s.get('elements', '-')} elements out of tolerance")
-                lines += _changed_lines(c)
-            else:
-                lines.append(f"culprit: {c.get('message')}")
+        lines += _culprit_lines(e.get("culprit") or {})
     for key, by_label in report.get("cross_provider", {}).items():
         for label, rows in by_label.items():
             model = "original" if label == "before" else "optimized"
             lines += ["", f"== {key}, {model} model (informational)",
                       table(_output_rows(rows), _OUT_HEADER)]
+    lines += _bisect_lines(report)
     lines += ["", "verdict: " + ("outputs agree on " + ", ".join(report["providers"]) if report["ok"]
                                  else summary_line(report))]
     return "\n".join(lines)
@@ -970,7 +1239,7 @@ def format_report(report: dict) -> str:
 
 def bisect(model, *, rules=None, extra_rules=(), disable: Iterable[str] = (), target: str | None = None,
            provider: str = "cpu", inputs: str | os.PathLike | None = None,
-           input_shapes: Mapping[str, Sequence[int]] | None = None,
+           feeds: Mapping[str, np.ndarray] | None = None, input_shapes: Mapping[str, Sequence[int]] | None = None,
            int_ranges: Mapping[str, tuple[int, int]] | None = None, seed: int = 0, rtol: float | None = None,
            atol: float | None = None, optimize_options: dict | None = None,
            progress: Progress | None = None) -> dict:
@@ -981,28 +1250,28 @@ def bisect(model, *, rules=None, extra_rules=(), disable: Iterable[str] = (), ta
     as the full run and stops after ``n`` (constant lifting runs first, and a graph pass runs
     whole, counting its merges as rewrites: each is one step).
     The result names the step: the rule and the nodes it replaced and created (or the pass),
-    and the first diverging value in the model right after it."""
+    and the first diverging value in the model right after it. Inputs as for :func:`verify`."""
     provider = parse_providers(provider)[0]
     check_providers([provider])
     check_tolerances(rtol, atol)
     progress = progress or Progress(enabled=False)
     original = _Model(model, "original")
     try:
-        return _bisect(original, rules, extra_rules, disable, target, provider, inputs, input_shapes, int_ranges,
-                       seed, rtol, atol, optimize_options, progress)
+        return _bisect(original, rules, extra_rules, disable, target, provider, inputs, feeds, input_shapes,
+                       int_ranges, seed, rtol, atol, optimize_options, progress)
     finally:
         progress.close()
         original.close()
 
 
-def _bisect(original: _Model, rules, extra_rules, disable, target, provider, inputs, input_shapes, int_ranges,
-            seed, rtol, atol, optimize_options, progress) -> dict:
+def _bisect(original: _Model, rules, extra_rules, disable, target, provider, inputs, feeds, input_shapes,
+            int_ranges, seed, rtol, atol, optimize_options, progress) -> dict:
     import onnx_ir as ir
 
     from .api import optimize
 
     source = ir.load(original.path) if original.path is not None else ir.from_proto(original.proto)
-    feeds, how = make_inputs(original, shapes=input_shapes, int_ranges=int_ranges, npz=inputs, seed=seed)
+    feeds, how = _inputs(original, feeds, inputs, input_shapes, int_ranges, seed)
     low = is_low_precision(original.proto)
     try:
         reference = _run(original.source(), feeds, provider)
@@ -1031,7 +1300,7 @@ def _bisect(original: _Model, rules, extra_rules, disable, target, provider, inp
         progress("full optimization", 0, 1)
         full = attempt(None)
         total = full["rewrites"]
-        report: dict = {"model": original.path or "model", "provider": provider, "inputs": how, "seed": seed,
+        report: dict = {"model": original.name, "provider": provider, "inputs": how, "seed": seed,
                         "rewrites": total}
         if full["ok"]:
             report.update(ok=True, message=f"the fully optimized model ({total} rewrites) verifies on {provider}: "
@@ -1078,7 +1347,7 @@ def _bisect(original: _Model, rules, extra_rules, disable, target, provider, inp
 def _run(model, feeds: Mapping[str, np.ndarray], provider: str) -> list[tuple[str, np.ndarray]]:
     sess = session(model, provider, exact=True)
     outs = sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()})
-    return [(o.name, np.asarray(v)) for o, v in zip(sess.get_outputs(), outs)]
+    return [(o.name, _host(v)) for o, v in zip(sess.get_outputs(), outs)]
 
 
 def format_bisect(report: dict) -> str:
@@ -1099,12 +1368,55 @@ def format_bisect(report: dict) -> str:
         lines.append(f"  {report['error']}")
     if report.get("outputs"):
         lines.append(table(_output_rows(report["outputs"]), _OUT_HEADER))
-    c = report.get("culprit") or {}
-    if c.get("value"):
-        lines.append(f"first diverging value: {c['value']!r} from {c['node']['op_type']} {c['node']['name']!r}"
-                     + (f" (rule {c['rule']})" if c.get("rule") else " (an original node)"))
-        lines += [x for x in _changed_lines(c) if "bisect" not in x]
-    elif c.get("message"):
-        lines.append(f"first diverging value: {c['message']}")
+    lines += _culprit_lines(report.get("culprit") or {}, "right after it")
     lines.append(f"culprit: {report.get('culprit_rule') or 'unknown'}")
     return "\n".join(lines)
+
+
+def bisect_command(model, provider: str = "cpu", *, inputs: str | os.PathLike | None = None,
+                   input_shapes: Mapping[str, Sequence[int]] | None = None,
+                   int_ranges: Mapping[str, tuple[int, int]] | None = None, seed: int = 0, rtol: float | None = None,
+                   atol: float | None = None, options: Sequence[str] | None = None) -> str:
+    """The ``python -m onnxopt bisect`` command that replays a verification's settings on
+    ``model`` (a path; ORIGINAL for a model in memory). ``options``: the command-line options that
+    made the optimized model (--rules, --disable, ...); None when unknown, and the command says so."""
+    words = ["python", "-m", "onnxopt", "bisect", str(model) if isinstance(model, (str, os.PathLike)) else "ORIGINAL"]
+    if provider != "cpu":
+        words += ["--provider", provider]
+    if inputs is not None:
+        words += ["--inputs", str(inputs)]
+    words += [w for name, dims in (input_shapes or {}).items()
+              for w in ("--input-shape", f"{name}={'x'.join(map(str, dims))}")]
+    words += [w for name, (lo, hi) in (int_ranges or {}).items() for w in ("--int-range", f"{name}={lo}:{hi}")]
+    words += ["--seed", str(seed)] if seed else []
+    words += [w for flag, v in (("--rtol", rtol), ("--atol", atol)) if v is not None for w in (flag, repr(v))]
+    text = shlex.join([*words, *(options or [])])
+    if options is None:
+        text += " (plus the --rules/--disable/--target options that made the optimized model)"
+    return text
+
+
+BISECT_BUDGET_S = 60.0
+
+
+def bisect_failure(model, report: dict, *, seconds: float, rewrites: int, verify_options: Mapping | None = None,
+                   budget_s: float | None = None, **optimize_settings) -> dict:
+    """After ``optimize(..., verify=...)`` found outputs that differ (``report``): :func:`bisect`
+    the rewrites on the first provider that failed, with the same inputs, when the estimate,
+    (log2(rewrites) + 1) x ``seconds`` (the measured optimize + verify time, less the latency
+    measurement, which bisect does not repeat), is under ``budget_s`` (default
+    :data:`BISECT_BUDGET_S`); else ``{"skipped": why}``. ``optimize_settings``: rules,
+    extra_rules, disable, target and optimize_options, as the optimization ran."""
+    budget_s = BISECT_BUDGET_S if budget_s is None else budget_s
+    seconds -= sum(e.get("latency", {}).get("seconds", 0) for e in report["providers"].values())
+    estimate = (math.log2(max(1, rewrites)) + 1) * seconds
+    if estimate >= budget_s:
+        return {"skipped": f"not run: about {estimate:.0f} s for {rewrites} rewrites, over {budget_s:.0f} s",
+                "estimate_s": round(estimate, 1)}
+    provider = next(p for p, e in report["providers"].items() if not e["ok"])
+    keys = ("inputs", "feeds", "input_shapes", "int_ranges", "seed", "rtol", "atol", "progress")
+    try:
+        return bisect(model, provider=provider, **{k: v for k, v in (verify_options or {}).items() if k in keys},
+                      **optimize_settings)
+    except Exception as exc:  # noqa: BLE001 - the verification's verdict stands; say why there is no bisect
+        return {"skipped": f"failed: {io._first_line(exc, 300)}"}

@@ -1,0 +1,179 @@
+"""The culprit report names a rule only when it can tie the divergence to it, and a failed
+``--verify`` bisects by itself (issue 11, item 11).
+
+A wrong rule that only forwards a value (Relu -> x) leaves no node to carry its name: the first
+value that diverges is then produced by a node another, correct rule made (the next Conv folded with
+its BatchNormalization by conv_bn_fold), which the culprit report used to blame. The rules here are
+wrong on purpose and given as user rule files, on a real torchvision export (resnet18)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import onnx
+import pytest
+
+from onnxopt import cli, verify
+
+pytest.importorskip("onnxruntime")
+
+RELU = "/layer1/layer1.0/relu/Relu"  # between layer1.0's conv1/bn1 and its conv2/bn2
+
+WRONG_RULES = textwrap.dedent(f'''
+    from onnxopt import Op, Rule
+
+
+    def _forward(m, b):
+        return m["x"]
+
+
+    def _abs(m, b):
+        return b.op("Abs", m["x"])
+
+
+    def _only(m):
+        return None if m.root.name == {RELU!r} else "not the one"
+
+
+    RULES = [
+        Rule("drop_relu", Op("Relu", "x"), _forward, condition=_only, doc="Wrong on purpose: Relu(x) is not x."),
+        Rule("relu_to_abs", Op("Relu", "x"), _abs, condition=_only, doc="Wrong on purpose: Relu is not Abs."),
+    ]
+''')
+
+
+def run_main(capsys, *args):
+    code = cli.main([str(a) for a in args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def resnet(tmp_path_factory):
+    pytest.importorskip("torch", reason="torch (the 'export' extra) is needed to build resnet18")
+    pytest.importorskip("PIL", reason="torchvision needs pillow")
+    from onnxopt.models import torchvision_models
+
+    d = tmp_path_factory.mktemp("resnet18")
+    src = torchvision_models.export("resnet18", d / "resnet18.onnx")
+    files = {}
+    for rule in ("drop_relu", "relu_to_abs"):
+        other = "relu_to_abs" if rule == "drop_relu" else "drop_relu"
+        files[rule] = d / f"{rule}.py"
+        files[rule].write_text(WRONG_RULES.replace(f'Rule("{other}"', f'# Rule("{other}"'))
+    return {"src": src, "rules": files, "dir": d}
+
+
+def _culprit(path):
+    return json.loads(path.read_text())["providers"]["cpu"]["culprit"]
+
+
+def test_a_forwarding_rule_is_not_blamed_on_the_rule_that_made_the_next_node(resnet, tmp_path, capsys):
+    src = resnet["src"]
+    bad = tmp_path / "bad.onnx"
+    assert cli.main([str(src), "-o", str(bad), "--rules", str(resnet["rules"]["drop_relu"]), "-q"]) == 0
+    code, out, err = run_main(capsys, "verify", src, bad, "--runs", "0", "--json", tmp_path / "r.json")
+    assert code == 1, out + err
+    c = _culprit(tmp_path / "r.json")
+    assert "rule" not in c and "(rule " not in out and "created by rule" not in out
+    # the first diverging value comes from the Conv that conv_bn_fold made of conv2 and bn2, but
+    # that Conv reads bn1's output where conv2 read the Relu's: nothing ties conv_bn_fold to it
+    assert c["node"]["provenance"]["rule"] == "conv_bn_fold"
+    changed = [i for i in c["inputs"] if not i["agrees"]]
+    assert [i["now"] for i in changed] == ["/layer1/layer1.0/bn1/BatchNormalization_output_0"]
+    assert [r["name"] for r in c["read_before"]] == ["/layer1/layer1.0/relu/Relu_output_0"]
+    assert "rule conv_bn_fold" not in out and "created by rule" not in out and "(rule " not in out
+    assert "no rule is named" in out
+    # and it says how to find the rewrite
+    assert f"to find the rewrite: python -m onnxopt bisect {src} (plus the --rules" in out
+
+
+def test_a_rule_whose_node_computes_a_different_value_from_the_same_inputs_is_named(resnet, tmp_path, capsys):
+    src, bad = resnet["src"], tmp_path / "abs.onnx"
+    assert cli.main([str(src), "-o", str(bad), "--rules", str(resnet["rules"]["relu_to_abs"]), "-q"]) == 0
+    code, out, err = run_main(capsys, "verify", src, bad, "--runs", "0", "--json", tmp_path / "r.json")
+    assert code == 1
+    c = _culprit(tmp_path / "r.json")
+    assert c["rule"] == "relu_to_abs" and c["replaced"] == [RELU] and c["node"]["op_type"] == "Abs"
+    assert all(i["agrees"] for i in c["inputs"]) and c["inputs"]
+    assert "created by rule relu_to_abs" in out and "(rule relu_to_abs)" in out
+
+
+def test_optimize_verify_bisects_and_names_the_forwarding_rule(resnet, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(verify, "BISECT_BUDGET_S", 3600.0)  # whatever the machine's load (the rule: below)
+    out_path, report = tmp_path / "o.onnx", tmp_path / "o.json"
+    code, out, err = run_main(capsys, resnet["src"], "-o", out_path, "--rules", resnet["rules"]["drop_relu"],
+                              "--verify", "cpu", "--runs", "0", "--json", report)
+    assert code == 1 and not out_path.exists()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].endswith(", drop_relu"), err
+    b = json.loads(report.read_text())["verification"]["bisect"]
+    assert b["culprit_rule"] == "drop_relu" and b["steps"] == [{"rule": "drop_relu", "replaced": [RELU], "created": []}]
+    assert "culprit: drop_relu" in out
+    assert f"; bisect: rewrite {b['first_failing_rewrite']} of {b['rewrites']}, drop_relu" in err
+
+
+def test_a_slow_bisect_is_left_to_the_user_with_the_command(resnet, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(verify, "BISECT_BUDGET_S", 0.0)  # every bisect is "too slow"
+    rules = resnet["rules"]["drop_relu"]
+    code, out, err = run_main(capsys, resnet["src"], "-o", tmp_path / "o.onnx", "--rules", rules, "--verify", "cpu",
+                              "--runs", "0", "--seed", "3", "-q")
+    assert code == 1
+    line = err.strip()
+    assert "bisect:" not in line
+    assert line.endswith(f"to find the rewrite: python -m onnxopt bisect {resnet['src']} --seed 3 --rules {rules}"), line
+
+
+@pytest.mark.parametrize("seconds,latency_s,runs", [(8.0, 0.0, True), (10.0, 0.0, False), (10.0, 3.0, True)])
+def test_the_automatic_bisect_runs_when_its_estimate_is_under_60_s(monkeypatch, seconds, latency_s, runs):
+    """(log2(rewrites) + 1) x the optimize + verify time (without the latency runs, which bisect
+    does not repeat): 63 rewrites make 6.98 x; 8 s -> 56 s runs, 10 s -> 70 s does not."""
+    calls = []
+    monkeypatch.setattr(verify, "bisect", lambda model, **kw: calls.append(kw) or {"culprit_rule": "r"})
+    report = {"providers": {"cpu": {"ok": True}, "cuda": {"ok": False, "latency": {"seconds": latency_s}}}}
+    got = verify.bisect_failure("m.onnx", report, seconds=seconds, rewrites=63, verify_options={"seed": 4, "runs": 9},
+                                rules=None, extra_rules=[])
+    assert bool(calls) is runs
+    if runs:
+        assert got == {"culprit_rule": "r"} and calls[0] == {"provider": "cuda", "seed": 4, "rules": None,
+                                                             "extra_rules": []}
+    else:
+        assert got["skipped"] == "not run: about 70 s for 63 rewrites, over 60 s"
+
+
+# --- a node made through several rewrites (small synthetic model: fast) --------------------------
+
+DOUBLE_BN = textwrap.dedent('''
+    from onnxopt import Const, Op, Rule
+
+
+    def _double(m, b):
+        scale = b.const(m.const("s") * 2)
+        return b.op("BatchNormalization", m["x"], scale, m["b"], m["m"], m["v"], attrs=m.root.attributes)
+
+
+    RULES = [Rule("bn_double", Op("BatchNormalization", "x", Const("s"), "b", "m", "v"), _double, priority=100,
+                  condition=lambda m: None if m.root.name == "b3/bn" else "not the one",
+                  doc="Wrong on purpose: doubles one BatchNormalization's scale.")]
+''')
+
+
+def test_a_node_made_through_several_rewrites_names_no_rule(tmp_path, capsys):
+    """bn_double (wrong) rewrites b3's BatchNormalization; conv_bn_fold then folds the new node
+    into the Conv: the node carries conv_bn_fold's name, but conv_bn_fold is not to blame."""
+    from onnxopt.models import synthetic
+
+    src, bad, rules = tmp_path / "m.onnx", tmp_path / "bad.onnx", tmp_path / "r.py"
+    onnx.save(synthetic.build(30), str(src))
+    rules.write_text(DOUBLE_BN)
+    assert cli.main([str(src), "-o", str(bad), "--rules", str(rules), "-q"]) == 0
+    code, out, err = run_main(capsys, "verify", src, bad, "--runs", "0", "--json", tmp_path / "r.json")
+    assert code == 1
+    c = _culprit(tmp_path / "r.json")
+    assert "rule" not in c and "(rule " not in out
+    assert c["value"] == "b3.bn" and c["node"]["provenance"]["rule"] == "conv_bn_fold"
+    assert c["reason"].startswith("it was made through several rewrites")
+    assert "rule conv_bn_fold" not in out and "(rule " not in out
+    code, out, err = run_main(capsys, "bisect", src, "--rules", rules, "-q")
+    assert code == 1 and out.strip() == "culprit: bn_double"
