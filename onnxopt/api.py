@@ -152,8 +152,8 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
     if verify:
         from . import verify as verifier
 
-        providers = verifier.parse_providers(verify)
-        verifier.check_providers(providers)  # before the work: a missing provider is a usage error
+        # before the work: a missing provider or a bad setting is a usage error
+        providers = verifier.check_settings(verify, **(verify_options or {}))
     loaded = io.load(model, check=check, copy_ir=not inplace)
     # what the verifier runs as the original: the input as given (a path, bytes, a proto, an IR
     # model left untouched), or for an IR model rewritten in place, a clone taken now (tensors

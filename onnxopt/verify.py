@@ -980,6 +980,21 @@ def _inputs(model: _Model, feeds, inputs, input_shapes, int_ranges, seed) -> tup
                          for k, v in feeds.items()}
 
 
+def check_settings(providers: str | Sequence[str] = "cpu", *, runs: int = 20, warmup: int = 5, threads: int = 0,
+                   rtol: float | None = None, atol: float | None = None, **_) -> list[str]:
+    """Refuse bad verification settings (UsageError, one line) before any work; the providers parsed."""
+    providers = parse_providers(providers)
+    check_providers(providers)
+    if runs < 0:
+        raise UsageError(f"--runs {runs}: must not be negative (0: no latency)")
+    if warmup < 1:
+        raise UsageError(f"--warmup {warmup}: at least 1 warm-up run")
+    if not 0 <= threads <= 2**31 - 1:
+        raise UsageError(f"--threads {threads}: must be 0 (onnxruntime's choice) or a positive 32-bit number")
+    check_tolerances(rtol, atol)
+    return providers
+
+
 def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", inputs: str | os.PathLike | None = None,
            feeds: Mapping[str, np.ndarray] | None = None, input_shapes: Mapping[str, Sequence[int]] | None = None,
            int_ranges: Mapping[str, tuple[int, int]] | None = None, seed: int = 0, rtol: float | None = None,
@@ -994,15 +1009,7 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
     When outputs differ, ``report["bisect_command"]`` is the ``python -m onnxopt bisect`` command
     with these settings; ``bisect_options``: the command-line options that made ``optimized``
     (--rules, --disable, ...), None when unknown (the command then says to add them)."""
-    providers = parse_providers(providers)
-    check_providers(providers)
-    if runs < 0:
-        raise UsageError(f"--runs {runs}: must not be negative (0: no latency)")
-    if warmup < 1:
-        raise UsageError(f"--warmup {warmup}: at least 1 warm-up run")
-    if not 0 <= threads <= 2**31 - 1:
-        raise UsageError(f"--threads {threads}: must be 0 (onnxruntime's choice) or a positive 32-bit number")
-    check_tolerances(rtol, atol)
+    providers = check_settings(providers, runs=runs, warmup=warmup, threads=threads, rtol=rtol, atol=atol)
     progress = progress or Progress(enabled=False)
     before = after = None
     try:

@@ -160,3 +160,13 @@ def test_feeds_must_name_the_model_inputs(feeds):
     m = model([helper.make_node("Relu", ["x"], ["y"])], [tinfo("x", [3])], [tinfo("y", [3])])
     with pytest.raises(UsageError, match="the model takes x; given"):
         verify.verify(m, m, feeds=feeds, runs=0)
+
+
+@pytest.mark.parametrize("setting", [{"warmup": 0}, {"runs": -1}, {"threads": -2}, {"rtol": float("nan")}])
+def test_verify_settings_refused_before_optimizing(setting, monkeypatch):
+    """optimize(verify=...) checks the verifier's settings before the rewrite: no work is wasted."""
+    from onnxopt import driver, optimize
+
+    monkeypatch.setattr(driver, "rewrite", lambda *a, **k: pytest.fail("optimized before checking the settings"))
+    with pytest.raises(UsageError):
+        optimize(_text_model(), verify="cpu", verify_options=setting)
