@@ -351,6 +351,100 @@ def test_cached_model_rechecked(tmp_path, monkeypatch):
     assert zoo.build(cache=tmp_path, log=log.append)["m"] == res["m"] and log[-1].endswith("cached (%s)" % res["m"])
 
 
+# The torchvision models the suite builds (tests/test_real_models.py), here through the zoo's builder.
+VISION_CI = ["resnet50-legacy", "mobilenet_v2-legacy", "efficientnet_b0-legacy", "mobilenet_v2-dynamo"]
+
+
+@pytest.fixture(scope="module")
+def vision_zoo(tmp_path_factory):
+    """name -> the zoo's build of it (a path, or why not), each built once."""
+    pytest.importorskip("torch", reason="torch (the 'export' extra) is needed to build torchvision models")
+    for module in ("torchvision", "skimage"):  # not imported here: torchvision_models imports torchvision its way
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"{module} (the 'export' extra) is needed to build the torchvision models on photographs")
+    cache = tmp_path_factory.mktemp("zoo")
+    built: dict[str, Path | str] = {}
+
+    def get(name: str) -> Path:
+        if name not in built:
+            if name.endswith("-dynamo"):
+                pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript")
+            built.update(zoo.build([name], cache=cache, log=lambda line: None))
+        assert isinstance(built[name], Path), built[name]  # the builder refuses a model that fails the check
+        return built[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", VISION_CI)
+def test_vision_outputs_follow_inputs(vision_zoo, name):
+    path = vision_zoo(name)
+    figures = zoo.check_outputs_vary(zoo.get(name), path)
+    assert list(figures) == ["logits"]
+    diff, spread = figures["logits"]
+    assert diff > 10 * zoo.MIN_VARIATION * spread, figures  # 0.26-0.53 x the range when measured
+
+
+def test_vision_build_deterministic(vision_zoo, tmp_path):
+    """Same seed, same model bytes; BatchNormalization statistics measured, not left as initialized."""
+    from onnxopt.models import torchvision_models as tv
+
+    path = vision_zoo("mobilenet_v2-legacy")
+    again = tv.export("mobilenet_v2", tmp_path / "again.onnx")
+    assert again.read_bytes() == path.read_bytes()
+    inits = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(path)).graph.initializer}
+    var = [v for k, v in inits.items() if k.endswith("running_var")]
+    assert len(var) == 52 and not any(np.allclose(v, 1) for v in var)
+
+
+def test_vision_float32_rounding_stays_small(vision_zoo):
+    """resnet50 (the deepest) in float32 on onnxruntime stays within 3e-6 of its output scale from the
+    same network in float64, on a photograph and on the noise verify generates: the rounding of a
+    correct rewrite passes verify's tolerance. With residual branches as strong as the shortcuts it
+    was 1e-5 (test_real_models' tolerance)."""
+    import torch
+
+    from onnxopt.models import torchvision_models as tv
+
+    path = vision_zoo("resnet50-legacy")
+    module = tv.build_module("resnet50").double()
+    feeds = [zoo.get("resnet50-legacy").inputs(path, 0),
+             {"input": np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)}]
+    for f in feeds:
+        (got,) = run_ort(str(path), f)
+        with torch.no_grad():
+            ref = module(torch.from_numpy(f["input"]).double()).numpy()
+        assert np.abs(got - ref).max() < 3e-6 * np.abs(ref).max()
+
+
+def test_broken_relu6_rule_caught(vision_zoo, tmp_path):
+    """mobilenet_v2 with its first 15 of 35 ReLU6 (Clip) forwarded, as a wrong rule would do it: the
+    zoo's inputs show the outputs changed, and verify (with its own generated inputs) fails. With the
+    BatchNormalization statistics left as initialized, the input had faded by then: the output moved
+    by 2e-5 of its range and verify passed."""
+    from onnxopt import verify
+
+    src = vision_zoo("mobilenet_v2-legacy")
+    proto = onnx.load(str(src))
+    clips = [n for n in proto.graph.node if n.op_type == "Clip"]
+    assert len(clips) == 35
+    forward = {n.output[0]: n.input[0] for n in clips[:15]}
+    for n in clips[:15]:
+        proto.graph.node.remove(n)
+    for n in proto.graph.node:
+        renamed = [forward.get(x, x) for x in n.input]
+        del n.input[:]
+        n.input.extend(renamed)
+    broken = tmp_path / "broken.onnx"
+    onnx.save(proto, str(broken))
+    spec = zoo.get("mobilenet_v2-legacy")
+    for seed in (0, 1):
+        feeds = spec.inputs(src, seed)
+        (a,), (b,) = run_ort(str(src), feeds), run_ort(str(broken), feeds)
+        assert np.abs(a - b).max() > 10 * zoo.MIN_VARIATION * np.ptp(a)
+    assert not verify.verify(src, broken, latency=False, culprit=False)["ok"]
+
+
 @pytest.mark.skipif(not os.environ.get("ONNXOPT_ZOO_FULL"), reason="set ONNXOPT_ZOO_FULL=1 to check every cached model")
 def test_every_cached_model_runs_on_its_inputs():
     """With ONNXOPT_ZOO_FULL=1: every model in the zoo cache runs in onnxruntime on its inputs."""
