@@ -1,6 +1,7 @@
 """Real architectures: torchvision classifiers exported with BatchNormalization kept.
 
-Random weights (no model hub here) with randomized BatchNormalization statistics; outputs are
+Random weights (no model hub here) with BatchNormalization statistics measured on photographs
+(onnxopt.models.torchvision_models), so outputs follow inputs; outputs are
 compared with onnxruntime on the same input before and after optimization.
 """
 
