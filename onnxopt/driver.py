@@ -13,6 +13,8 @@ Guarantees:
 - Bounded: at most ``max_rewrites`` rewrites; a rule that fires again on the same structure over
   the same inputs (rules undoing each other) is reported as a cycle and not applied again there.
 - Graph outputs keep their names; a rewrite that cannot honour that is refused.
+- Dead code goes only where that changes nothing (``onnxopt.purity``): a node of an unknown domain
+  nobody reads stays (it may have effects); the nodes a rule matched are the rule's to replace.
 - Every node a rule creates carries provenance in its metadata: ``onnxopt.rule`` (the rule),
   ``onnxopt.replaced`` (the names of the nodes it matched) and ``onnxopt.sources`` (the original
   nodes it derives from, through earlier rewrites).
@@ -31,6 +33,7 @@ import onnx_ir as ir
 from . import passes
 from .errors import RuleError
 from .pattern import ANY_OP, Builder, Match, Refuse, Rule, constant_tensor
+from .purity import Purity
 
 RULE_KEY = "onnxopt.rule"
 REPLACED_KEY = "onnxopt.replaced"
@@ -160,6 +163,7 @@ class Driver:
         self._keepalive: list = []
         self._origin: dict[ir.Node, frozenset] = {}
         self._created: set[ir.Value] = set()  # initializers made by rules
+        self._purity = Purity(model)
         self._limit: int | None = None
 
     # -- worklist -------------------------------------------------------------------------
@@ -389,29 +393,25 @@ class Driver:
             self.result.log.append({"rule": rule.name, "replaced": replaced,
                                     "created": [n.name for n in builder.nodes]})
 
-    def _remove_dead(self, candidates: list[ir.Node]) -> None:
-        stack = list(reversed(candidates))
+    def _remove_dead(self, matched: Sequence[ir.Node]) -> None:
+        """Remove the matched nodes that nothing reads any more (the rule replaced them), then the
+        producers that became unused and may go (``onnxopt.purity``)."""
+        stack = [(node, True) for node in reversed(matched)]
         while stack:
-            node = stack.pop()
+            node, replaced = stack.pop()
             graph = node.graph
-            if graph is None:
-                continue
-            if any(v.uses() or v.is_graph_output() for v in node.outputs):
+            if graph is None or not _unused(node) or not (replaced or self._purity.removable(node)):
                 continue
             inputs = [v for v in node.inputs if v is not None]
-            for attr in node.attributes.values():
+            for sub in _subgraphs(node):
                 # Nodes of a removed If/Loop/Scan body must stop counting as users of outer values.
-                if attr.type == ir.AttributeType.GRAPH:
-                    inputs += _detach_graph(attr.as_graph())
-                elif attr.type == ir.AttributeType.GRAPHS:
-                    for sub in attr.as_graphs():
-                        inputs += _detach_graph(sub)
+                inputs += _detach_graph(sub)
             graph.remove(node, safe=True)
             self.result.removed_dead += 1
             for value in inputs:
                 producer = value.producer()
                 if producer is not None and producer.graph is not None:
-                    stack.append(producer)
+                    stack.append((producer, False))
 
 
 def _detach_graph(graph: ir.Graph) -> list[ir.Value]:
@@ -438,22 +438,24 @@ def _subgraphs(node: ir.Node):
             yield from attr.as_graphs()
 
 
-def _remove_unused_in(graph: ir.Graph) -> int:
+def _unused(node: ir.Node) -> bool:
+    return not any(v.uses() or v.is_graph_output() for v in node.outputs)
+
+
+def _remove_unused_in(graph: ir.Graph, purity: Purity) -> int:
     """One reverse pass (users come after producers, so chains go at once), then initializers."""
     removed = 0
-    outputs = frozenset(graph.outputs)
     for node in reversed(graph):
-        if any(v in outputs or v.uses() for v in node.outputs):
+        if not _unused(node) or not purity.removable(node):
             for sub in _subgraphs(node):
-                removed += _remove_unused_in(sub)
+                removed += _remove_unused_in(sub, purity)
             continue
         for sub in _subgraphs(node):
             _detach_graph(sub)
         graph.remove(node, safe=True)
         removed += 1
-    inputs = frozenset(graph.inputs)
     for name, value in list(graph.initializers.items()):
-        if not value.uses() and value not in outputs and value not in inputs:
+        if not value.uses() and not value.is_graph_output() and not value.is_graph_input():
             del graph.initializers[name]
             removed += 1
     return removed
@@ -462,15 +464,17 @@ def _remove_unused_in(graph: ir.Graph) -> int:
 def remove_unused(model: ir.Model) -> int:
     """Dead nodes and unused initializers, in the main graph and every subgraph (and functions).
 
-    Graph inputs and outputs are kept: the model's interface does not change. (onnx_ir's
-    RemoveUnusedNodesPass does the same and also trims optional outputs, but looks up an op
-    schema per node, which costs more than the whole rewrite on large graphs.)
+    Graph inputs and outputs are kept: the model's interface does not change. Nodes that may have
+    effects (``onnxopt.purity``: ops of unknown domains, functions holding them) stay even when
+    nothing reads them. (onnx_ir's RemoveUnusedNodesPass also trims optional outputs, but looks up
+    an op schema per node, which costs more than the whole rewrite on large graphs, and removes
+    any unused node.)
     """
-    removed = _remove_unused_in(model.graph)
+    purity = Purity(model)
+    removed = _remove_unused_in(model.graph, purity)
     for function in model.functions.values():
-        outputs = frozenset(function.outputs)
         for node in reversed(function):
-            if not any(v in outputs or v.uses() for v in node.outputs):
+            if _unused(node) and purity.removable(node, function.opset_imports):
                 function.remove(node, safe=True)
                 removed += 1
     return removed

@@ -2,8 +2,9 @@
 
 - ``common_subexpression_elimination``: nodes with the same op, attributes and input values
   compute the same outputs; later ones are replaced by the first (graph order is topological, so
-  the first is defined before every use of the others). Random ops and nodes with subgraphs are
-  never merged.
+  the first is defined before every use of the others). Only nodes ``onnxopt.purity`` calls pure
+  are merged (never random ops, training-mode Dropout, ops of unknown domains, or calls of
+  functions holding them); nodes with subgraphs are never merged.
 - ``initializer_deduplication``: initializers (not graph inputs) with the same dtype, shape and
   bytes are one (e.g. the tied embedding matrix the legacy GPT-2 export stores twice).
 
@@ -30,7 +31,7 @@ import numpy as np
 import onnx_ir as ir
 
 from . import io
-from .fold import RANDOM_OPS
+from .purity import Purity
 
 CSE = "common_subexpression_elimination"
 DEDUP = "initializer_deduplication"
@@ -76,8 +77,8 @@ class _Unmergeable(Exception):
     pass
 
 
-def _node_key(node: ir.Node):
-    if node.op_type in RANDOM_OPS and node.domain in ("", "ai.onnx"):
+def _node_key(node: ir.Node, purity: Purity):
+    if not purity.mergeable(node):
         return None
     try:
         attrs = tuple(sorted(_attr_key(a) for a in node.attributes.values()))
@@ -103,12 +104,13 @@ def _replace(old: ir.Value, new: ir.Value) -> bool:
 
 def eliminate_common_subexpressions(model: ir.Model, touched: Callable[[ir.Value], None] | None = None) -> int:
     merged = 0
+    purity = Purity(model)
     for graph in model.graphs():
         seen: dict[tuple, ir.Node] = {}
         for node in list(graph):
             if node.graph is not graph:
                 continue
-            key = _node_key(node)
+            key = _node_key(node, purity)
             if key is None:
                 continue
             first = seen.get(key)
