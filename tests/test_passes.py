@@ -1,6 +1,9 @@
-"""Whole-graph passes and dead-code removal: what may be merged or removed (onnxopt.purity)."""
+"""Whole-graph passes and dead-code removal: what may be merged or removed (onnxopt.purity), and
+initializer deduplication's cost."""
 
 from __future__ import annotations
+
+import collections
 
 import numpy as np
 import onnx
@@ -10,7 +13,7 @@ from conftest import assert_same_outputs, run_ort
 from helpers import init, model, op_types, tinfo
 from onnx import TensorProto, helper
 
-from onnxopt import Op, Rule, optimize
+from onnxopt import Op, Rule, optimize, passes
 from onnxopt.driver import remove_unused
 
 FOO = "com.example"
@@ -170,3 +173,34 @@ def test_a_training_mode_dropout_of_constants_is_not_folded():
     assert op_types(out) == ["Dropout", "Add"]
     feeds = {"x": np.zeros(1000, np.float32)}
     assert not np.array_equal(run_ort(out, feeds)[0], run_ort(out, feeds)[0])  # a new mask each run
+
+
+# --- initializer deduplication ------------------------------------------------------------------
+
+
+def test_deduplication_compares_look_alikes_a_bounded_number_of_times(monkeypatch):
+    """Tensors whose strided samples agree (one-hot masks differing between the sampled bytes)
+    were compared with every earlier look-alike: n^2 / 2 full comparisons. Now each is hashed
+    once, and only tensors with equal hashes are compared; equal ones are still merged."""
+    compared = collections.Counter()
+    real = np.array_equal
+
+    def array_equal(a, b, *args, **kw):
+        compared["calls"] += 1
+        return real(a, b, *args, **kw)
+
+    monkeypatch.setattr(np, "array_equal", array_equal)
+    for n in (500, 2000):
+        compared.clear()
+        inits, nodes = [], []
+        for i in range(n):
+            mask = np.zeros(4096, np.float32)
+            mask[(2 * i + 1) % 4096] = 1.0  # odd positions: never among the sampled bytes
+            inits.append(init(f"w{i}", mask))
+            nodes.append(helper.make_node("Mul", [f"t{i}" if i else "x", f"w{i}"], [f"t{i + 1}"], name=f"mul{i}"))
+        inits.append(init("copy", onnx.numpy_helper.to_array(inits[7])))  # one true duplicate
+        nodes.append(helper.make_node("Mul", [f"t{n}", "copy"], ["y"], name="last"))
+        irm = ir.from_proto(model(nodes, [tinfo("x", [4096])], [tinfo("y", [4096])], inits))
+        assert passes.deduplicate_initializers(irm) == 1
+        assert "copy" not in irm.graph.initializers
+        assert compared["calls"] <= 2, (n, compared)
