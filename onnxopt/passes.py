@@ -44,7 +44,7 @@ ANNOTATIONS = (SHAPES,)  # changes no node: what it counts is reported as matche
 SUMMARY = {
     LIFT: "Constant nodes become initializers, in one sweep before matching (onnx_ir's pass).",
     DEDUP: "Initializers with equal dtype, shape and bytes become one.",
-    CSE: "Nodes with the same op, attributes and inputs become one.",
+    CSE: "Pure nodes (onnxopt.purity) with the same op, attributes and inputs become one.",
     SHAPES: "Consistent symbolic shapes (onnx inference, data propagation) for the rules; not written out.",
 }
 MERGED_KEY = "onnxopt.merged"
@@ -78,11 +78,11 @@ class _Unmergeable(Exception):
 
 
 def _node_key(node: ir.Node, purity: Purity):
-    if not purity.mergeable(node):
-        return None
     try:
         attrs = tuple(sorted(_attr_key(a) for a in node.attributes.values()))
-    except _Unmergeable:
+    except _Unmergeable:  # (nodes with subgraphs among them)
+        return None
+    if not purity.mergeable(node):
         return None
     return (node.domain if node.domain != "ai.onnx" else "", node.op_type, node.overload,
             tuple(None if v is None else id(v) for v in node.inputs), len(node.outputs), attrs)

@@ -414,3 +414,24 @@ def test_a_value_left_with_one_reader_puts_that_reader_back():
     assert report.fired == {"sigmoid_of_neg": 1, "relu_of_neg": 1}
     assert "Neg" in op_types(out) and "Relu" not in op_types(out)
     assert_same_outputs(m, out, feeds_for(m))
+
+
+def test_a_cycle_after_a_long_chain_of_rewrites_is_still_detected():
+    """A node made by 200 rewrites in a row derives from 201 original nodes; its origins are kept
+    as one token (not a set that grows with each rewrite), and rules undoing each other on it are
+    still reported as a cycle, not run to the rewrite limit."""
+    def at_output(m):
+        return m.root.outputs[0].is_graph_output()
+
+    rules = [Rule("abs_chain", Op("Abs", Op("Abs", "x")), lambda m, b: b.op("Abs", m["x"]), priority=10),
+             Rule("abs_to_sigmoid", Op("Abs", "x"), lambda m, b: b.op("Sigmoid", m["x"]), condition=at_output),
+             Rule("sigmoid_to_abs", Op("Sigmoid", "x"), lambda m, b: b.op("Abs", m["x"]))]
+    n = 201
+    nodes = [helper.make_node("Abs", [f"t{i}" if i else "x"], [f"t{i + 1}" if i < n - 1 else "y"], name=f"abs{i}")
+             for i in range(n)]
+    m = model(nodes, [tinfo("x", [4])], [tinfo("y", [4])])
+    out, report = optimize(m, rules=rules, return_report=True)
+    assert report.fired["abs_chain"] == n - 1
+    assert len(report.cycles) == 1 and report.cycles[0]["rule"] == "abs_to_sigmoid"
+    assert not report.hit_limit and report.rewrites == n + 1
+    assert op_types(out) == ["Abs"]
