@@ -74,8 +74,9 @@ def _chain(n_nodes: int, op: str, first: str, other: str, inits: list, name: str
 
 def shared_zero_chain(n_nodes: int) -> onnx.ModelProto:
     """A chain of ``Add(t, z)`` on the input, every node reading one zero initializer ``z``: each
-    Add is the identity, and each removal leaves ``z`` with one reader fewer."""
-    return _chain(n_nodes, "Add", "x", "z", [numpy_helper.from_array(np.zeros(4, np.float32), "z")],
+    Add is the identity (z is -0.0: t + -0.0 is t, sign of zero included), and each removal
+    leaves ``z`` with one reader fewer."""
+    return _chain(n_nodes, "Add", "x", "z", [numpy_helper.from_array(np.full(4, -0.0, np.float32), "z")],
                   "shared_zero_chain")
 
 
