@@ -60,6 +60,33 @@ def build(n_nodes: int, *, channels: int = 4, size: int = 8, seed: int = 0, opse
                              producer_name="onnxopt.models.synthetic")
 
 
+def _chain(n_nodes: int, op: str, first: str, other: str, inits: list, name: str) -> onnx.ModelProto:
+    """``t{i+1} = op(t{i}, other)`` for i < n_nodes, from ``first``; one input ``x`` of 4 floats,
+    the output ``y = Add(x, t{n})`` (so that the graph computes something whatever is folded)."""
+    nodes = [helper.make_node(op, [first if i == 0 else f"t{i}", other], [f"t{i + 1}"], name=f"{op.lower()}{i}")
+             for i in range(n_nodes)]
+    nodes.append(helper.make_node("Add", ["x", f"t{n_nodes}"], ["y"], name="out"))
+    graph = helper.make_graph(nodes, f"{name}_{n_nodes}", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10,
+                             producer_name="onnxopt.models.synthetic")
+
+
+def shared_zero_chain(n_nodes: int) -> onnx.ModelProto:
+    """A chain of ``Add(t, z)`` on the input, every node reading one zero initializer ``z``: each
+    Add is the identity (z is -0.0: t + -0.0 is t, sign of zero included), and each removal
+    leaves ``z`` with one reader fewer."""
+    return _chain(n_nodes, "Add", "x", "z", [numpy_helper.from_array(np.full(4, -0.0, np.float32), "z")],
+                  "shared_zero_chain")
+
+
+def fold_chain(n_nodes: int) -> onnx.ModelProto:
+    """A chain of ``Add(c, one)`` from a constant, every node reading one initializer ``one``: the
+    whole chain folds, one node at a time."""
+    return _chain(n_nodes, "Add", "c0", "one", [numpy_helper.from_array(np.zeros(4, np.float32), "c0"),
+                                                numpy_helper.from_array(np.ones(4, np.float32), "one")], "fold_chain")
+
+
 def inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     feeds = {}

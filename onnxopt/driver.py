@@ -3,9 +3,13 @@
 A worklist with set semantics, seeded with every node of every graph (If/Loop/Scan bodies
 included) in graph order. Rules are indexed by their root op type, so a node is only tried against
 the rules that could match it. After a rewrite, only what it touched goes back on the list: the new
-nodes, the users of the values it replaced, and the producers and remaining users of the values
-the removed nodes read. The cost is therefore proportional to what changes, not to graph size
-times passes.
+nodes; the nodes that now read a replacement value (or one whose type or shape the rewrite made
+known), and their users; for each value a removed node
+read, its producer, and its one remaining reader (with that reader's users) when only one is left.
+A value's other readers are not re-queued: patterns see a value's readers only as "this is its
+single use" (and conditions look at their root's own outputs), so nothing changed for them, and a
+weight read by n nodes would otherwise put all n back after each rewrite (quadratic time). The cost
+is therefore proportional to what changes, not to graph size times passes.
 
 Guarantees:
 - Deterministic: the same model and rules give the same rewrites in the same order, and new
@@ -13,6 +17,8 @@ Guarantees:
 - Bounded: at most ``max_rewrites`` rewrites; a rule that fires again on the same structure over
   the same inputs (rules undoing each other) is reported as a cycle and not applied again there.
 - Graph outputs keep their names; a rewrite that cannot honour that is refused.
+- Dead code goes only where that changes nothing (``onnxopt.purity``): a node of an unknown domain
+  nobody reads stays (it may have effects); the nodes a rule matched are the rule's to replace.
 - Every node a rule creates carries provenance in its metadata: ``onnxopt.rule`` (the rule),
   ``onnxopt.replaced`` (the names of the nodes it matched) and ``onnxopt.sources`` (the original
   nodes it derives from, through earlier rewrites).
@@ -30,11 +36,14 @@ import onnx_ir as ir
 
 from . import passes
 from .errors import RuleError
-from .pattern import ANY_OP, Builder, Match, Refuse, Rule, constant_tensor
+from .pattern import ANY_OP, Builder, Match, Refuse, Rule, constant_tensor, use_count
+from .purity import Purity
 
 RULE_KEY = "onnxopt.rule"
 REPLACED_KEY = "onnxopt.replaced"
 SOURCES_KEY = "onnxopt.sources"
+_FEW_USES = 16  # a value with more uses than this has more than one reader for every pattern
+_MAX_ORIGINS = 64  # origin sets larger than this become one token (see Driver._cycle_key)
 
 
 @dataclasses.dataclass
@@ -61,6 +70,7 @@ class RuleStats:
 class DriverResult:
     rewrites: int = 0
     visited: int = 0
+    pushes: int = 0  # nodes put on the worklist (counting those already on it): the driver's work
     removed_dead: int = 0
     rules: dict[str, RuleStats] = dataclasses.field(default_factory=dict)
     cycles: list[dict] = dataclasses.field(default_factory=list)
@@ -159,24 +169,47 @@ class Driver:
         self._blocked: set[tuple] = set()
         self._keepalive: list = []
         self._origin: dict[ir.Node, frozenset] = {}
+        self._tokens: dict[frozenset, frozenset] = {}  # large origin sets, and the token for each
+        # the sources of the nodes rules made, as a tree (a tuple of the matched nodes' trees and
+        # names), written into their metadata when the run ends: a chain of n rewrites would
+        # otherwise copy lists of 1, 2, ... n names
+        self._sources: dict[ir.Node, tuple] = {}
+        self._unwritten: list[ir.Node] = []
         self._created: set[ir.Value] = set()  # initializers made by rules
+        self._purity = Purity(model)
         self._limit: int | None = None
 
     # -- worklist -------------------------------------------------------------------------
     def _push(self, node: ir.Node | None) -> None:
-        if node is not None and node not in self._queued and node.graph is not None:
-            self._queued.add(node)
-            self._queue.append(node)
+        if node is not None and node.graph is not None:
+            self.result.pushes += 1
+            if node not in self._queued:
+                self._queued.add(node)
+                self._queue.append(node)
 
-    def _push_users(self, value: ir.Value) -> None:
-        """Users of ``value`` and their users: a pattern rooted one node further down may now
+    def _push_with_users(self, node: ir.Node) -> None:
+        """``node`` and the users of its outputs: a pattern rooted one node further down may now
         match (BatchNormalization over a Conv whose bias just became constant)."""
-        for use in value.uses():
-            node = use.node
-            self._push(node)
-            for out in node.outputs:
-                for use2 in out.uses():
-                    self._push(use2.node)
+        self._push(node)
+        for out in node.outputs:
+            for use in out.uses():
+                self._push(use.node)
+
+    def touched(self, redirected: Iterable[ir.Node], lost: Iterable[ir.Value]) -> None:
+        """Re-queue what a change can make match: the nodes that now read a different value (and
+        their users), and for each value that lost a use, its producer (rules look at their root's
+        users) and the node left reading it when only one is (a nested pattern needs a single
+        use; a constant only one node reads may be folded into it). Users that stay among others
+        are not re-queued: nothing they can see changed, and a weight shared by n nodes would
+        otherwise put all n back after each rewrite."""
+        for node in redirected:
+            self._push_with_users(node)
+        for value in lost:
+            self._push(value.producer())
+            if 0 < use_count(value) <= _FEW_USES:
+                consumers = value.consumers()
+                if len(consumers) == 1:
+                    self._push_with_users(consumers[0])
 
     # -- main loop ------------------------------------------------------------------------
     def run(self, seed: bool = True) -> DriverResult:
@@ -238,6 +271,7 @@ class Driver:
                     break
                 st.refused += 1
                 st.reasons[_generalize_reason(reason)] += 1
+        self._write_sources()
         return result
 
     # -- one rewrite ----------------------------------------------------------------------
@@ -260,6 +294,11 @@ class Driver:
                 external.append(value)
         shape = tuple((n.domain, n.op_type) for n in m.nodes)
         origins = frozenset().union(*(self._origins(n) for n in m.nodes))
+        if len(origins) > _MAX_ORIGINS:
+            # A long chain of rewrites (a Reshape chain collapsing one pair at a time) would carry
+            # ever larger sets from rewrite to rewrite: a large set becomes one token instead, the
+            # same token for the same set, so a rewrite that recurs still has the same key.
+            origins = self._tokens.setdefault(origins, frozenset((-len(self._tokens) - 1,)))
         return (m.rule.name, shape, tuple(_value_key(v, self._created) for v in external), origins), external
 
     def _apply(self, m: Match) -> str | None:
@@ -333,19 +372,29 @@ class Driver:
             seen_outputs.add(new)
         return None
 
+    def _source_tree(self, node: ir.Node) -> tuple:
+        tree = self._sources.get(node)
+        if tree is None:  # an original node: the sources an earlier optimization recorded, or itself
+            tree = _recorded_sources(node) or (node.name or node.op_type,)
+        return tree
+
+    def _write_sources(self) -> None:
+        """Record ``onnxopt.sources`` on the nodes rules made that are still in the model."""
+        for node in self._unwritten:
+            if node.graph is not None:
+                node.metadata_props[SOURCES_KEY] = json.dumps(_names(self._sources[node]))
+        self._unwritten.clear()
+
     def _commit(self, m: Match, builder: Builder, olds, news) -> None:
         root, graph, rule = m.root, m.graph, m.rule
         replaced = [n.name or n.op_type for n in m.nodes]
-        sources: list[str] = []
-        for n in m.nodes:
-            src = n.metadata_props.get(SOURCES_KEY)
-            sources.extend(json.loads(src) if src else [n.name or n.op_type])
         replaced_text = json.dumps(replaced)
-        sources_text = json.dumps(list(dict.fromkeys(sources)))
+        sources = tuple(self._source_tree(n) for n in m.nodes)
         for node in builder.nodes:
             node.metadata_props[RULE_KEY] = rule.name
             node.metadata_props[REPLACED_KEY] = replaced_text
-            node.metadata_props[SOURCES_KEY] = sources_text
+            self._sources[node] = sources
+        self._unwritten.extend(builder.nodes)
         if builder.nodes:
             graph.insert_before(root, builder.nodes)
         if builder.initializers and self.model.ir_version < 4:
@@ -356,17 +405,22 @@ class Driver:
             graph.register_initializer(value)
             self._created.add(value)
         created = {v for n in builder.nodes for v in n.outputs} | set(builder.initializers)
+        redirected: list[ir.Node] = []
         for old, new in zip(olds, news):
             if new is old:
                 continue
             # Same tensor, so the old type and shape hold; a graph output keeps its declared
             # ones (its dimension names are part of the model's interface).
+            known = (new.type, new.shape)
             if old.type is not None and (new.type is None or old.is_graph_output()):
                 new.type = old.type
             if old.shape is not None and (new.shape is None or old.is_graph_output()):
                 new.shape = old.shape
             if passes.DECLARED in old.meta and new in created:
                 new.meta[passes.DECLARED] = old.meta[passes.DECLARED]  # the same tensor, as recorded
+            if (new.type, new.shape) != known:  # what its readers' conditions see changed
+                redirected.extend(new.consumers())
+            redirected.extend(old.consumers())
             name = old.name
             if (new in created and name) or old.is_graph_output():
                 old.name = None
@@ -374,44 +428,64 @@ class Driver:
                 new.name = name
             else:
                 old.replace_all_uses_with(new)
-            self._push_users(new)
         # Remove what the rewrite made dead: the root, then matched nodes and their producers.
-        touched_inputs: list[ir.Value] = []
-        for node in m.nodes:
-            touched_inputs.extend(v for v in node.inputs if v is not None)
-        self._remove_dead(list(m.nodes))
-        for value in touched_inputs:
-            self._push(value.producer())
-            self._push_users(value)
+        lost = self._remove_dead(list(m.nodes))
+        self.touched(redirected, lost)
         for node in builder.nodes:
             self._push(node)
         if self.keep_log:
             self.result.log.append({"rule": rule.name, "replaced": replaced,
                                     "created": [n.name for n in builder.nodes]})
 
-    def _remove_dead(self, candidates: list[ir.Node]) -> None:
-        stack = list(reversed(candidates))
+    def _remove_dead(self, matched: Sequence[ir.Node]) -> list[ir.Value]:
+        """Remove the matched nodes that nothing reads any more (the rule replaced them), then the
+        producers that became unused and may go (``onnxopt.purity``); returns the values the
+        removed nodes read (each has lost a use)."""
+        lost: list[ir.Value] = []
+        stack = [(node, True) for node in reversed(matched)]
         while stack:
-            node = stack.pop()
+            node, replaced = stack.pop()
             graph = node.graph
-            if graph is None:
-                continue
-            if any(v.uses() or v.is_graph_output() for v in node.outputs):
+            if graph is None or not _unused(node) or not (replaced or self._purity.removable(node)):
                 continue
             inputs = [v for v in node.inputs if v is not None]
-            for attr in node.attributes.values():
+            for sub in _subgraphs(node):
                 # Nodes of a removed If/Loop/Scan body must stop counting as users of outer values.
-                if attr.type == ir.AttributeType.GRAPH:
-                    inputs += _detach_graph(attr.as_graph())
-                elif attr.type == ir.AttributeType.GRAPHS:
-                    for sub in attr.as_graphs():
-                        inputs += _detach_graph(sub)
+                inputs += _detach_graph(sub)
             graph.remove(node, safe=True)
             self.result.removed_dead += 1
+            lost += inputs
             for value in inputs:
                 producer = value.producer()
                 if producer is not None and producer.graph is not None:
-                    stack.append(producer)
+                    stack.append((producer, False))
+        return lost
+
+
+def _recorded_sources(node: ir.Node) -> tuple[str, ...] | None:
+    try:
+        names = json.loads(node.metadata_props.get(SOURCES_KEY, "null"))
+    except ValueError:
+        return None
+    if isinstance(names, list) and names and all(isinstance(n, str) for n in names):
+        return tuple(names)
+    return None
+
+
+def _names(tree: tuple) -> list[str]:
+    """The names in ``tree`` (nested tuples of names) in order, each once; a subtree met again
+    (two matched nodes from one earlier rewrite) is not walked again."""
+    names: dict[str, None] = {}
+    walked: set[int] = set()
+    stack: list = [tree]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            names[item] = None
+        elif id(item) not in walked:
+            walked.add(id(item))
+            stack.extend(reversed(item))
+    return list(names)
 
 
 def _detach_graph(graph: ir.Graph) -> list[ir.Value]:
@@ -438,22 +512,24 @@ def _subgraphs(node: ir.Node):
             yield from attr.as_graphs()
 
 
-def _remove_unused_in(graph: ir.Graph) -> int:
+def _unused(node: ir.Node) -> bool:
+    return not any(use_count(v) or v.is_graph_output() for v in node.outputs)
+
+
+def _remove_unused_in(graph: ir.Graph, purity: Purity) -> int:
     """One reverse pass (users come after producers, so chains go at once), then initializers."""
     removed = 0
-    outputs = frozenset(graph.outputs)
     for node in reversed(graph):
-        if any(v in outputs or v.uses() for v in node.outputs):
+        if not _unused(node) or not purity.removable(node):
             for sub in _subgraphs(node):
-                removed += _remove_unused_in(sub)
+                removed += _remove_unused_in(sub, purity)
             continue
         for sub in _subgraphs(node):
             _detach_graph(sub)
         graph.remove(node, safe=True)
         removed += 1
-    inputs = frozenset(graph.inputs)
     for name, value in list(graph.initializers.items()):
-        if not value.uses() and value not in outputs and value not in inputs:
+        if not use_count(value) and not value.is_graph_output() and not value.is_graph_input():
             del graph.initializers[name]
             removed += 1
     return removed
@@ -462,15 +538,17 @@ def _remove_unused_in(graph: ir.Graph) -> int:
 def remove_unused(model: ir.Model) -> int:
     """Dead nodes and unused initializers, in the main graph and every subgraph (and functions).
 
-    Graph inputs and outputs are kept: the model's interface does not change. (onnx_ir's
-    RemoveUnusedNodesPass does the same and also trims optional outputs, but looks up an op
-    schema per node, which costs more than the whole rewrite on large graphs.)
+    Graph inputs and outputs are kept: the model's interface does not change. Nodes that may have
+    effects (``onnxopt.purity``: ops of unknown domains, functions holding them) stay even when
+    nothing reads them. (onnx_ir's RemoveUnusedNodesPass also trims optional outputs, but looks up
+    an op schema per node, which costs more than the whole rewrite on large graphs, and removes
+    any unused node.)
     """
-    removed = _remove_unused_in(model.graph)
+    purity = Purity(model)
+    removed = _remove_unused_in(model.graph, purity)
     for function in model.functions.values():
-        outputs = frozenset(function.outputs)
         for node in reversed(function):
-            if not any(v in outputs or v.uses() for v in node.outputs):
+            if _unused(node) and purity.removable(node, function.opset_imports):
                 function.remove(node, safe=True)
                 removed += 1
     return removed
@@ -522,7 +600,7 @@ def rewrite(model: ir.Model, rules: Iterable[Rule], *, graph_passes: Iterable[st
         for name in between:
             if driver._limit is not None and result.rewrites >= driver._limit:
                 break  # (stop_after: a pass is one step; the next one waits for the next round)
-            n = _run_pass(stats[name], name, model, driver._push_users)
+            n = _run_pass(stats[name], name, model, driver.touched)
             changed += n
             result.rewrites += n
             if n and keep_log:

@@ -2,8 +2,9 @@
 
 - ``common_subexpression_elimination``: nodes with the same op, attributes and input values
   compute the same outputs; later ones are replaced by the first (graph order is topological, so
-  the first is defined before every use of the others). Random ops and nodes with subgraphs are
-  never merged.
+  the first is defined before every use of the others). Only nodes ``onnxopt.purity`` calls pure
+  are merged (never random ops, training-mode Dropout, ops of unknown domains, or calls of
+  functions holding them); nodes with subgraphs are never merged.
 - ``initializer_deduplication``: initializers (not graph inputs) with the same dtype, shape and
   bytes are one (e.g. the tied embedding matrix the legacy GPT-2 export stores twice).
 
@@ -24,13 +25,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import onnx_ir as ir
 
 from . import io
-from .fold import RANDOM_OPS
+from .purity import Purity
 
 CSE = "common_subexpression_elimination"
 DEDUP = "initializer_deduplication"
@@ -43,7 +44,7 @@ ANNOTATIONS = (SHAPES,)  # changes no node: what it counts is reported as matche
 SUMMARY = {
     LIFT: "Constant nodes become initializers, in one sweep before matching (onnx_ir's pass).",
     DEDUP: "Initializers with equal dtype, shape and bytes become one.",
-    CSE: "Nodes with the same op, attributes and inputs become one.",
+    CSE: "Pure nodes (onnxopt.purity) with the same op, attributes and inputs become one.",
     SHAPES: "Consistent symbolic shapes (onnx inference, data propagation) for the rules; not written out.",
 }
 MERGED_KEY = "onnxopt.merged"
@@ -76,39 +77,46 @@ class _Unmergeable(Exception):
     pass
 
 
-def _node_key(node: ir.Node):
-    if node.op_type in RANDOM_OPS and node.domain in ("", "ai.onnx"):
-        return None
+def _node_key(node: ir.Node, purity: Purity):
     try:
         attrs = tuple(sorted(_attr_key(a) for a in node.attributes.values()))
-    except _Unmergeable:
+    except _Unmergeable:  # (nodes with subgraphs among them)
+        return None
+    if not purity.mergeable(node):
         return None
     return (node.domain if node.domain != "ai.onnx" else "", node.op_type, node.overload,
             tuple(None if v is None else id(v) for v in node.inputs), len(node.outputs), attrs)
 
 
-def _replace(old: ir.Value, new: ir.Value) -> bool:
-    """Point every use of ``old`` (and the graph output it may be) at ``new``; False if impossible."""
+Touched = Callable[[Sequence[ir.Node], Sequence[ir.Value]], None]
+"""How a pass tells the driver what it changed: the nodes that now read a different value, and the
+values that lost a use (``Driver.touched`` re-queues what that can make match)."""
+
+
+def _replace(old: ir.Value, new: ir.Value) -> list[ir.Node]:
+    """Point every use of ``old`` (and the graph output it may be, which ``new`` must be able to
+    take) at ``new``; returns the nodes that read ``old``."""
+    readers = list(old.consumers())
     if old.is_graph_output():
-        if not _can_take_output(new):
-            return False
         name = old.name
         old.name = None
         old.replace_all_uses_with(new, replace_graph_outputs=True)
         new.name = name
-        return True
-    old.replace_all_uses_with(new)
-    return True
+    else:
+        old.replace_all_uses_with(new)
+    return readers
 
 
-def eliminate_common_subexpressions(model: ir.Model, touched: Callable[[ir.Value], None] | None = None) -> int:
+def eliminate_common_subexpressions(model: ir.Model, touched: Touched | None = None) -> int:
     merged = 0
+    purity = Purity(model)
+    merged_names: dict[ir.Node, list[str]] = {}  # recorded once per kept node, when the pass ends
     for graph in model.graphs():
         seen: dict[tuple, ir.Node] = {}
         for node in list(graph):
             if node.graph is not graph:
                 continue
-            key = _node_key(node)
+            key = _node_key(node, purity)
             if key is None:
                 continue
             first = seen.get(key)
@@ -120,15 +128,15 @@ def eliminate_common_subexpressions(model: ir.Model, touched: Callable[[ir.Value
             pairs = list(zip(node.outputs, first.outputs))
             if any(old.is_graph_output() and not _can_take_output(new) for old, new in pairs):
                 continue
-            for old, new in pairs:
-                _replace(old, new)
-                if touched is not None:
-                    touched(new)
-            names = json.loads(first.metadata_props.get(MERGED_KEY, "[]"))
-            names.append(node.name or node.op_type)
-            first.metadata_props[MERGED_KEY] = json.dumps(names)
+            redirected = [reader for old, new in pairs for reader in _replace(old, new)]
+            merged_names.setdefault(first, []).append(node.name or node.op_type)
+            lost = [v for v in node.inputs if v is not None]
             graph.remove(node, safe=True)
+            if touched is not None:
+                touched(redirected, lost)
             merged += 1
+    for first, names in merged_names.items():
+        first.metadata_props[MERGED_KEY] = json.dumps(json.loads(first.metadata_props.get(MERGED_KEY, "[]")) + names)
     return merged
 
 
@@ -136,7 +144,7 @@ def _can_take_output(value: ir.Value) -> bool:
     return not (value.is_graph_output() or value.is_graph_input() or value.is_initializer())
 
 
-def deduplicate_initializers(model: ir.Model, touched: Callable[[ir.Value], None] | None = None) -> int:
+def deduplicate_initializers(model: ir.Model, touched: Touched | None = None) -> int:
     merged = 0
     for graph in model.graphs():
         inputs = set(graph.inputs)
@@ -149,30 +157,45 @@ def deduplicate_initializers(model: ir.Model, touched: Callable[[ir.Value], None
         for (dtype, _), values in groups.items():
             if len(values) < 2 or dtype == ir.DataType.STRING:
                 continue
-            # A cheap fingerprint (a strided sample of the bytes) first; full comparison only
-            # among tensors whose fingerprints agree, so distinct large weights are never hashed.
-            by_print: dict[bytes, list[ir.Value]] = {}
+            # A cheap fingerprint (a strided sample of the bytes) first; tensors whose samples
+            # agree are hashed whole, each once, and compared only when those hashes agree: distinct
+            # large weights are never hashed, and n look-alikes (say one-hot masks that differ
+            # between the sampled bytes) cost n hashes, not n^2 comparisons.
+            firsts: dict[bytes, ir.Value | None] = {}  # by sample: the first tensor (None once hashed)
+            whole: dict[bytes, ir.Value] = {}  # by a digest of all the bytes (look-alikes only)
             for value in values:
-                try:
-                    array = value.const_value.numpy()
-                except Exception:
+                data = _bytes(value)
+                if data is None:
                     continue
-                flat = array.reshape(-1).view(np.uint8) if array.dtype != object else None
-                if flat is None:
+                sample = _digest(data[::max(1, data.size // 256)])
+                first = firsts.setdefault(sample, value)
+                if first is value:
                     continue
-                step = max(1, flat.size // 256)
-                fp = hashlib.blake2b(flat[::step].tobytes(), digest_size=16).digest()
-                candidates = by_print.setdefault(fp, [])
-                keep = next((k for k in candidates if np.array_equal(k.const_value.numpy().reshape(-1).view(np.uint8), flat)), None)
-                if keep is None:
-                    candidates.append(value)
+                if first is not None:
+                    whole.setdefault(_digest(_bytes(first)), first)
+                    firsts[sample] = None
+                keep = whole.setdefault(_digest(data), value)
+                if keep is value or not np.array_equal(_bytes(keep), data):
                     continue
-                value.replace_all_uses_with(keep)
+                redirected = _replace(value, keep)
                 graph.initializers.pop(value.name)
                 if touched is not None:
-                    touched(keep)
+                    touched(redirected, ())
                 merged += 1
     return merged
+
+
+def _bytes(value: ir.Value) -> np.ndarray | None:
+    """The bytes of an initializer's tensor (None for object arrays, or when it cannot be read)."""
+    try:
+        array = value.const_value.numpy()
+    except Exception:
+        return None
+    return None if array.dtype == object else array.reshape(-1).view(np.uint8)
+
+
+def _digest(data: np.ndarray) -> bytes:
+    return hashlib.blake2b(data.tobytes(), digest_size=16).digest()
 
 
 _LOCAL_LIMIT = 32
@@ -214,7 +237,7 @@ def has_dynamic_inputs(model: ir.Model) -> bool:
     return False
 
 
-def complete_shapes(model: ir.Model, touched: Callable[[ir.Value], None] | None = None) -> int:
+def complete_shapes(model: ir.Model, touched: Touched | None = None) -> int:
     """Fill in the missing types and shapes of the main graph's values from onnx's shape inference
     (strict mode off, data propagation on); returns how many values gained a shape. A shape with
     anonymous dimensions takes the inferred one, whose symbols are consistent across the graph
@@ -292,7 +315,7 @@ def forget_inferred_shapes(model: ir.Model) -> int:
     return dropped
 
 
-def lift_constants(model: ir.Model, touched: Callable[[ir.Value], None] | None = None) -> int:
+def lift_constants(model: ir.Model, touched: Touched | None = None) -> int:
     """Every Constant node (any of its value forms) becomes an initializer, in every graph, with
     onnx_ir's pass: one sweep instead of a rewrite per node (PP-OCR keeps ~300 weights this way).
     Constants that are graph outputs stay nodes (rule ``constant_to_initializer`` takes them)."""

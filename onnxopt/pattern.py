@@ -81,6 +81,13 @@ def constant_tensor(value: ir.Value | None) -> ir.TensorProtocol | None:
     return None
 
 
+def use_count(value: ir.Value) -> int:
+    """``len(value.uses())`` without the copy onnx_ir's ``uses()`` makes of every use: a weight
+    read by 50k nodes is asked once per rewrite, and that copy made the driver quadratic."""
+    uses = getattr(value, "_uses", None)
+    return len(uses) if isinstance(uses, dict) else len(value.uses())
+
+
 # --------------------------------------------------------------------------------------------
 # Patterns
 
@@ -221,8 +228,9 @@ class Op(Pattern):
         if self.output >= len(node.outputs) or node.outputs[self.output] is not value:
             return f"{value.name!r} is not output {self.output} of {node.op_type}"
         if not self.shared:
-            if len(value.uses()) != 1:
-                return f"{value.name!r} ({node.op_type}) has {len(value.uses())} uses"
+            uses = use_count(value)
+            if uses != 1:
+                return f"{value.name!r} ({node.op_type}) has {uses} uses"
             if value.is_graph_output():
                 return f"{value.name!r} ({node.op_type}) is a graph output"
         return self.match_node(node, state)

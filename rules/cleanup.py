@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from onnxopt.pattern import Const, Match, Op, Opt, Rule, constant_tensor, forward
+from onnxopt.pattern import Match, Op, Opt, Rule, forward
+from onnxopt.purity import dropout_training
 
 
 _forward_x = forward("x")
@@ -10,16 +11,9 @@ _forward_x = forward("x")
 
 def _dropout_is_inference(m: Match):
     node = m.root
-    opset = m.opset("")
-    if opset < 7:
-        if m.attr("drop", "is_test", 0) != 1:
-            return "Dropout before opset 7 without is_test=1 is in training mode"
-    elif opset >= 12 and m["training_mode"] is not None:
-        tensor = constant_tensor(m["training_mode"])
-        if tensor is None:
-            return "training_mode is not a constant"
-        if bool(tensor.numpy().reshape(-1)[0]):
-            return "training_mode is true"
+    reason = dropout_training(node, m.opset(""))
+    if reason is not None:
+        return reason
     if len(node.outputs) > 1 and (node.outputs[1].uses() or node.outputs[1].is_graph_output()):
         return "the mask output is used"
     return None

@@ -14,6 +14,7 @@ import onnx_ir as ir
 
 from onnxopt import fold
 from onnxopt.pattern import Const, Match, Op, Opt, Refuse, Rule, constant_tensor
+from onnxopt.purity import random_reason
 from onnxopt.shapes import gather_elements, slice_elements
 
 
@@ -66,6 +67,9 @@ def _foldable(m: Match):
     node = m.root
     if node.op_type in fold.NOT_FOLDED:
         return f"{node.op_type} is never folded"
+    random = random_reason(node, m.opset(""))
+    if random is not None:
+        return f"not folded: {random}"  # (a training-mode Dropout draws a new mask each run)
     if not node.inputs or all(v is None for v in node.inputs):
         return "no inputs"  # ConstantOfShape with no input etc. are left alone
     for value in node.inputs:

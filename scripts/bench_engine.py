@@ -1,10 +1,14 @@
 """Engine benchmark: optimize-time scaling on synthetic models, and resnet50 against a bare load+save.
 
-    python scripts/bench_engine.py [--sizes 1000 10000 100000] [--repeat 5] [--resnet PATH] [--json OUT]
+    python scripts/bench_engine.py [--sizes 1000 10000 100000] [--repeat 5] [--shapes ...] [--resnet PATH]
+                                   [--no-resnet] [--json OUT]
 
 1. Synthetic conv/BN/relu/identity/add models of N nodes (onnxopt.models.synthetic): the median
    wall time of ``optimize(path, output=...)`` (load, rewrite, save) at each N, and the ratio of
    each size's time to the previous one. Linear growth means a 10x larger graph takes about 10x.
+   The same for two chains whose nodes all read one initializer (``synthetic.shared_zero_chain``:
+   ``Add(t, z)`` with z zero, every node removed; ``synthetic.fold_chain``: ``Add(c, one)``, every
+   node folded), the shapes that made the driver quadratic (issue 11, item 15).
 2. torchvision resnet50 exported with BatchNormalization kept (built if --resnet is not given and
    torch is installed): ``optimize`` against a bare ``onnx_ir.load`` + ``onnx_ir.save`` of the
    same file, runs interleaved so machine noise hits both alike; the ratio of medians.
@@ -49,20 +53,24 @@ def run_child(kind: str, src: Path, dst: Path) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def bench_scaling(sizes: list[int], repeat: int, work: Path) -> list[dict]:
+SHAPES = ("synthetic", "shared_zero_chain", "fold_chain")
+
+
+def bench_scaling(sizes: list[int], repeat: int, work: Path, shape: str = "synthetic") -> list[dict]:
     import onnx
 
     from onnxopt.models import synthetic
 
+    build = synthetic.build if shape == "synthetic" else getattr(synthetic, shape)
     rows = []
     prev = None
     for n in sizes:
-        src = work / f"synthetic_{n}.onnx"
-        model = synthetic.build(n)
+        src = work / f"{shape}_{n}.onnx"
+        model = build(n)
         onnx.save(model, src)
         nodes = len(model.graph.node)
         del model
-        times = [run_child("onnxopt", src, work / f"synthetic_{n}.opt.onnx") for _ in range(repeat)]
+        times = [run_child("onnxopt", src, work / f"{shape}_{n}.opt.onnx") for _ in range(repeat)]
         med = statistics.median(times)
         row = {"nodes": nodes, "median_s": round(med, 4), "min_s": round(min(times), 4),
                "us_per_node": round(med / nodes * 1e6, 2)}
@@ -71,7 +79,7 @@ def bench_scaling(sizes: list[int], repeat: int, work: Path) -> list[dict]:
             row["size_ratio"] = round(nodes / prev["nodes"], 2)
         rows.append(row)
         prev = row
-        print(f"  synthetic {nodes:>7} nodes: median {med:.3f} s ({row['us_per_node']} us/node)"
+        print(f"  {shape} {nodes:>7} nodes: median {med:.3f} s ({row['us_per_node']} us/node)"
               + (f", {row['ratio_to_previous']}x the previous size" if "ratio_to_previous" in row else ""),
               flush=True)
     return rows
@@ -94,6 +102,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 100000])
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--shapes", nargs="+", choices=SHAPES, default=list(SHAPES),
+                   help="which models to scale (default: all)")
     p.add_argument("--resnet", type=Path, help="a resnet50 ONNX file with BatchNormalization kept")
     p.add_argument("--no-resnet", action="store_true")
     p.add_argument("--json", type=Path, help="write the results here")
@@ -103,7 +113,9 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         print("optimize time vs graph size:")
-        results["scaling"] = bench_scaling(args.sizes, args.repeat, work)
+        for shape in args.shapes:
+            results["scaling" if shape == "synthetic" else f"scaling_{shape}"] = bench_scaling(
+                args.sizes, args.repeat, work, shape)
         if not args.no_resnet:
             path = args.resnet
             if path is None:

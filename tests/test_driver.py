@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 
 import numpy as np
@@ -12,7 +13,7 @@ from conftest import assert_same_outputs, run_ort
 from helpers import bn_node, bn_params, feeds_for, init, model, op_types, tinfo
 from onnx import TensorProto, helper
 
-from onnxopt import Const, Op, Refuse, Rule, optimize
+from onnxopt import Const, Op, Refuse, Rule, optimize, passes
 from onnxopt.driver import Driver
 from onnxopt.errors import RuleError, UsageError
 from onnxopt.models import synthetic
@@ -277,3 +278,160 @@ def test_cycle_through_new_constants_is_detected_and_names_do_not_grow():
     assert report.rewrites <= 4
     assert all(len(n.name) < 40 for n in out.graph.node)
     assert_same_outputs(m, out, feeds_for(m))
+
+
+# --- work grows with the graph, not with its square (issue 11, item 15) ----------------------
+
+
+def _chain_model(nodes, inits, last):
+    nodes = nodes + [helper.make_node("Add", ["x", last], ["y"], name="out")]
+    return model(nodes, [tinfo("x", [4])], [tinfo("y", [4])], inits)
+
+
+def _fan_out(n):
+    """n Adds read one MatMul output (the nested MatMul of matmul_add_to_gemm sees a value with n
+    uses at each of them); nothing is rewritten."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm")]
+    nodes += [helper.make_node("Add", ["m", f"t{i}" if i else "x"], [f"t{i + 1}"], name=f"add{i}") for i in range(n)]
+    return _chain_model(nodes, [init("w", np.eye(4, dtype=np.float32))], f"t{n}")
+
+
+def _reshape_chain(n):
+    """n Reshapes that collapse pair by pair: a chain of n rewrites, each from the last one's node."""
+    nodes = [helper.make_node("Reshape", [f"t{i}" if i else "x", f"s{i % 2}"], [f"t{i + 1}"], name=f"r{i}")
+             for i in range(n)]
+    nodes.append(helper.make_node("Reshape", [f"t{n}", "s2"], ["r"], name="last"))
+    return _chain_model(nodes, [init("s0", np.array([2, 2], np.int64)), init("s1", np.array([1, 4], np.int64)),
+                                init("s2", np.array([4], np.int64))], "r")
+
+
+def _duplicates(n):
+    """n Muls by n equal initializers: deduplication merges them into one read by all."""
+    nodes = [helper.make_node("Mul", [f"t{i}" if i else "x", f"w{i}"], [f"t{i + 1}"], name=f"mul{i}") for i in range(n)]
+    return _chain_model(nodes, [init(f"w{i}", np.full(4, 2.0, np.float32)) for i in range(n)], f"t{n}")
+
+
+def _twins(n):
+    """n equal Relu(x) added up: common-subexpression elimination merges them into one."""
+    nodes = [helper.make_node("Relu", ["x"], [f"r{i}"], name=f"relu{i}") for i in range(n)]
+    nodes += [helper.make_node("Add", [f"t{i}" if i else "x", f"r{i}"], [f"t{i + 1}"], name=f"add{i}") for i in range(n)]
+    return _chain_model(nodes, [], f"t{n}")
+
+
+_SHAPES = {"shared_zero_chain": synthetic.shared_zero_chain, "fold_chain": synthetic.fold_chain,
+           "fan_out": _fan_out, "reshape_chain": _reshape_chain, "duplicates": _duplicates, "twins": _twins}
+
+
+def _work_per_node(build, n, monkeypatch) -> dict[str, float]:
+    """What optimizing ``build(n)`` costs per node, counted: worklist pushes, rule match attempts,
+    use entries copied by ``Value.uses()`` (onnx_ir copies them all on each call), origin-set
+    elements in cycle keys, and characters of provenance JSON written or read."""
+    from onnxopt import driver as driver_module
+    from onnxopt.registry import builtin_rules
+
+    counts = collections.Counter()
+    real_uses, real_key = ir.Value.uses, Driver._cycle_key
+
+    def uses(value):
+        result = real_uses(value)
+        counts["uses copied"] += len(result)
+        return result
+
+    def cycle_key(self, m):
+        key, external = real_key(self, m)
+        counts["origins"] += len(key[3])
+        return key, external
+
+    class CountingJson:
+        @staticmethod
+        def dumps(obj):
+            text = json.dumps(obj)
+            counts["provenance chars"] += len(text)
+            return text
+
+        @staticmethod
+        def loads(text):
+            counts["provenance chars"] += len(text)
+            return json.loads(text)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ir.Value, "uses", uses)
+        patch.setattr(Driver, "_cycle_key", cycle_key)
+        patch.setattr(driver_module, "json", CountingJson)
+        patch.setattr(passes, "json", CountingJson)
+        proto = build(n)
+        result = driver_module.rewrite(ir.from_proto(proto), builtin_rules())
+    counts["pushes"] = result.pushes
+    counts["tries"] = sum(st.tried for name, st in result.rules.items() if name not in passes.PASSES)
+    assert result.rewrites > 0 or build is _fan_out
+    return {k: v / len(proto.graph.node) for k, v in counts.items()}
+
+
+@pytest.mark.parametrize("shape", sorted(_SHAPES))
+def test_work_per_node_does_not_grow_with_the_graph(shape, monkeypatch):
+    """A chain of 50k nodes sharing one initializer took 710 s: after each rewrite the driver put
+    every reader of that initializer back on the worklist. Each shape here once cost work
+    proportional to the graph per rewrite; now the work per node is bounded, at 2k as at 8k."""
+    small = _work_per_node(_SHAPES[shape], 2000, monkeypatch)
+    large = _work_per_node(_SHAPES[shape], 8000, monkeypatch)
+    for measure, bound in (("pushes", 12), ("tries", 8), ("uses copied", 12), ("origins", 70),
+                           ("provenance chars", 200)):
+        assert large.get(measure, 0) <= bound, (measure, small, large)
+        assert large.get(measure, 0) <= 1.2 * small.get(measure, 0) + 0.5, (measure, small, large)
+
+
+def test_the_shapes_still_optimize_fully():
+    """Fewer re-queued nodes, the same result: each shape is optimized as far as before."""
+    done = {"shared_zero_chain": lambda out: op_types(out) == ["Add"],
+            "fold_chain": lambda out: op_types(out) == ["Add"] and len(out.graph.initializer) == 1,
+            "reshape_chain": lambda out: op_types(out) == ["Add"],
+            "duplicates": lambda out: len(out.graph.initializer) == 1,
+            "twins": lambda out: op_types(out).count("Relu") == 1,
+            "fan_out": lambda out: len(out.graph.node) == 52}
+    assert set(done) == set(_SHAPES)
+    for shape, build in _SHAPES.items():
+        m = build(50)
+        out = optimize(m)
+        assert done[shape](out), (shape, op_types(out))
+        assert_same_outputs(m, out, feeds_for(m))
+
+
+def test_a_value_left_with_one_reader_puts_that_reader_back():
+    """Readers of a value that loses a use are re-queued only when one is left. Relu(Neg(x)) is
+    tried while the Neg has two readers and refused; then the other reader is rewritten away from
+    the Neg, and the Relu must be tried again."""
+    relu_of_neg = Rule("relu_of_neg", Op("Relu", Op("Neg", "v")),
+                       lambda m, b: b.op("Neg", b.op("Min", m["v"], b.const(np.float32(0), "zero"))))
+    sigmoid_of_neg = Rule("sigmoid_of_neg", Op("Sigmoid", Op("Neg", "v", shared=True)),
+                          lambda m, b: b.op("Sub", b.const(np.float32(1), "one"), b.op("Sigmoid", m["v"])))
+    nodes = [helper.make_node("Neg", ["x"], ["n"], name="neg"),
+             helper.make_node("Relu", ["n"], ["r"], name="relu"),
+             helper.make_node("Sigmoid", ["n"], ["s"], name="sigmoid"),
+             helper.make_node("Add", ["r", "s"], ["y"], name="add")]
+    m = model(nodes, [tinfo("x", [4])], [tinfo("y", [4])])
+    out, report = optimize(m, rules=[relu_of_neg, sigmoid_of_neg], return_report=True)
+    assert report.rules["relu_of_neg"].reasons == {"'n' (Neg) has 2 uses": 1}
+    assert report.fired == {"sigmoid_of_neg": 1, "relu_of_neg": 1}
+    assert "Neg" in op_types(out) and "Relu" not in op_types(out)
+    assert_same_outputs(m, out, feeds_for(m))
+
+
+def test_a_cycle_after_a_long_chain_of_rewrites_is_still_detected():
+    """A node made by 200 rewrites in a row derives from 201 original nodes; its origins are kept
+    as one token (not a set that grows with each rewrite), and rules undoing each other on it are
+    still reported as a cycle, not run to the rewrite limit."""
+    def at_output(m):
+        return m.root.outputs[0].is_graph_output()
+
+    rules = [Rule("abs_chain", Op("Abs", Op("Abs", "x")), lambda m, b: b.op("Abs", m["x"]), priority=10),
+             Rule("abs_to_sigmoid", Op("Abs", "x"), lambda m, b: b.op("Sigmoid", m["x"]), condition=at_output),
+             Rule("sigmoid_to_abs", Op("Sigmoid", "x"), lambda m, b: b.op("Abs", m["x"]))]
+    n = 201
+    nodes = [helper.make_node("Abs", [f"t{i}" if i else "x"], [f"t{i + 1}" if i < n - 1 else "y"], name=f"abs{i}")
+             for i in range(n)]
+    m = model(nodes, [tinfo("x", [4])], [tinfo("y", [4])])
+    out, report = optimize(m, rules=rules, return_report=True)
+    assert report.fired["abs_chain"] == n - 1
+    assert len(report.cycles) == 1 and report.cycles[0]["rule"] == "abs_to_sigmoid"
+    assert not report.hit_limit and report.rewrites == n + 1
+    assert op_types(out) == ["Abs"]
