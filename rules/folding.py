@@ -167,7 +167,8 @@ RULES = [
          condition=_constant_tensor_ok, priority=100,
          doc="A Constant node becomes an initializer (weights kept in Constant nodes, as PP-OCR does)."),
     Rule("constant_folding", Op("*", name="n"), _fold, condition=_foldable, priority=90,
-         doc="A standard node whose inputs are all constant is evaluated (as onnxruntime computes it) into initializers."),
+         doc="A standard node whose inputs are all constant is evaluated (as onnxruntime computes it) into "
+             "initializers."),
     Rule("shape_folding", Op("Shape", "x", name="shape"), _fold_shape, priority=80,
          doc="Shape of a value whose shape is static is a constant."),
     Rule("size_folding", Op("Size", "x"), _fold_size, priority=80,

@@ -46,7 +46,8 @@ _X300 = (300 + np.arange(24) / 4).astype(np.float16).reshape(2, 3, 4)  # x² pas
 _ISSUE = {  # the issue's cases, where onnx's reference evaluator (fp16 in fp16...) disagreed with onnxruntime
     "ReduceMean fp16 of 1000 x 100": ("ReduceMean", [np.full(1000, 100, np.float16)], {"keepdims": 0}),
     "ReduceL2 fp16 of 1000 x 100": ("ReduceL2", [np.full(1000, 100, np.float16)], {"keepdims": 0}),
-    "LayerNormalization fp16 near 300": ("LayerNormalization", [_X300, np.ones(4, np.float16), np.zeros(4, np.float16)], {}),
+    "LayerNormalization fp16 near 300": ("LayerNormalization", [_X300, np.ones(4, np.float16),
+                                                                np.zeros(4, np.float16)], {}),
     "InstanceNormalization fp16 near 300": ("InstanceNormalization", [_X300, np.ones(3, np.float16),
                                                                       np.zeros(3, np.float16)], {}),
     "ArgMax with NaN": ("ArgMax", [np.array([1, np.nan, 3], np.float32)], {}),
@@ -176,16 +177,19 @@ _BOMBS = textwrap.dedent("""
         "Tile": ([helper.make_node("Tile", ["c", "s"], ["big"])], [f32("c", [1.0]), i64("s", [N])]),
         "Range": ([helper.make_node("Range", ["a", "b", "d"], ["big"])], [f32("a", 0), f32("b", N), f32("d", 1)]),
         "Pad": ([helper.make_node("Pad", ["c", "s"], ["big"])], [f32("c", [1.0]), i64("s", [0, N])]),
-        "Add": ([helper.make_node("Add", ["a", "b"], ["big"])], [f32("a", np.zeros((10**4, 1))), f32("b", np.zeros((1, 10**4)))]),
+        "Add": ([helper.make_node("Add", ["a", "b"], ["big"])],
+                [f32("a", np.zeros((10**4, 1))), f32("b", np.zeros((1, 10**4)))]),
         # onnx's inference counts an int32 Range in int32: (2**31 - 1) - (-2**31) wraps, it says 0 elements
         "Range-int32": ([helper.make_node("Range", ["a", "b", "d"], ["big"])],
-                        [numpy_helper.from_array(np.array(v, np.int32), n) for n, v in (("a", -2**31), ("b", 2**31 - 1), ("d", 43))]),
+                        [numpy_helper.from_array(np.array(v, np.int32), n)
+                         for n, v in (("a", -2**31), ("b", 2**31 - 1), ("d", 43))]),
     }
     kept, start = {}, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     for name, (nodes, inits) in bombs.items():
         dtype = T.INT32 if name == "Range-int32" else T.FLOAT
         nodes = nodes + [helper.make_node("ReduceSum", ["big"], ["r"], keepdims=0),
-                         helper.make_node("Cast", ["r"], ["rf"], to=T.FLOAT), helper.make_node("Add", ["x", "rf"], ["y"])]
+                         helper.make_node("Cast", ["r"], ["rf"], to=T.FLOAT),
+                         helper.make_node("Add", ["x", "rf"], ["y"])]
         g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, [1])],
                               [helper.make_tensor_value_info("y", T.FLOAT, None)], inits)
         g.value_info.append(helper.make_tensor_value_info("big", dtype, [1]))  # a lie: no help to the folder
