@@ -457,13 +457,3 @@ def expected_dtype(value: ir.Value, opsets: Mapping[str, int]) -> ir.DataType | 
     if not isinstance(value.type, ir.TensorType):
         return ir.DataType.UNDEFINED  # sequence/optional/sparse: never a folded tensor
     return value.type.dtype
-
-
-def expected_shape(value: ir.Value, opsets: Mapping[str, int]) -> tuple[int, ...] | None:
-    """The static shape the model (or onnx's shape inference) gives ``value``, if fully known."""
-    from .shapes import infer
-
-    shape = infer(value, opsets)
-    if shape is None or any(not isinstance(d, int) for d in shape):
-        return None
-    return tuple(int(d) for d in shape)
