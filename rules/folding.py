@@ -85,7 +85,7 @@ def _fold(m: Match, b):
     try:
         results = fold.evaluate(node, m._opsets, tensors, fold.allowed_bytes(node, _limit(m)))
     except fold.EvaluationError as exc:
-        raise Refuse(f"not folded: {exc}") from None
+        raise Refuse(str(exc)) from None
     return _consts(b, m, results)
 
 
