@@ -22,7 +22,7 @@ from .pattern import constant_tensor
 PLACEHOLDER_DIMS = frozenset({"?", "None", "none", "-1", "*", "unknown", "dynamic", "N/A"})
 
 _MAX_NODES = 4096  # per request: bounds the work one question can cause
-_SMALL_CONST = 1024  # constant inputs up to this many elements are passed as data (Reshape shapes...)
+SMALL_CONST = 1024  # constant inputs up to this many elements are passed as data (Reshape shapes...)
 
 
 def _known(value: ir.Value) -> bool:
@@ -51,11 +51,6 @@ def _infer_node(node: ir.Node, opsets: Mapping[str, int]) -> None:
     node.meta[_TRIED] = True
     if any(attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for attr in node.attributes.values()):
         return
-    domain = "" if node.domain == "ai.onnx" else node.domain
-    try:
-        schema = onnx.defs.get_schema(node.op_type, opsets.get(domain, 1), domain)
-    except Exception:
-        return
     types, data = {}, {}
     for value in node.inputs:
         if value is None or value.name is None:
@@ -63,16 +58,10 @@ def _infer_node(node: ir.Node, opsets: Mapping[str, int]) -> None:
         if value.type is not None:
             types[value.name] = ir.serde.serialize_value(value).type
         tensor = constant_tensor(value)
-        if tensor is not None and tensor.size <= _SMALL_CONST:
-            data[value.name] = ir.serde.serialize_tensor(tensor)
-            data[value.name].name = value.name
-    proto = ir.serde.serialize_node(node)
-    try:
-        out = onnx.shape_inference.infer_node_outputs(
-            schema, proto, types, data,
-            opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in opsets.items()],
-        )
-    except Exception:
+        if tensor is not None and tensor.size <= SMALL_CONST:
+            data[value.name] = small_tensor_proto(tensor, value.name)
+    out = infer_node_outputs(ir.serde.serialize_node(node), opsets, types, data)
+    if out is None:
         return
     for value in node.outputs:
         tp = out.get(value.name)
@@ -82,6 +71,26 @@ def _infer_node(node: ir.Node, opsets: Mapping[str, int]) -> None:
             value.type = ir.serde.deserialize_type_proto_for_type(tp)
         if value.shape is None:
             value.shape = ir.serde.deserialize_type_proto_for_shape(tp)
+
+
+def small_tensor_proto(tensor: ir.TensorProtocol, name: str) -> onnx.TensorProto:
+    """``tensor`` (at most SMALL_CONST elements) as the data inference reads, named ``name``."""
+    proto = ir.serde.serialize_tensor(tensor)
+    proto.name = name
+    return proto
+
+
+def infer_node_outputs(proto: onnx.NodeProto, opsets: Mapping[str, int], types: Mapping[str, onnx.TypeProto],
+                       data: Mapping[str, onnx.TensorProto]) -> dict[str, onnx.TypeProto] | None:
+    """onnx's inference for one node, from its inputs' types and the data of its small constant
+    inputs (shapes, axes, pads...): output name -> type, or None when onnx refuses or has no schema."""
+    domain = "" if proto.domain == "ai.onnx" else proto.domain
+    try:
+        schema = onnx.defs.get_schema(proto.op_type, opsets.get(domain, 1), domain)
+        return onnx.shape_inference.infer_node_outputs(
+            schema, proto, types, data, opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in opsets.items()])
+    except Exception:
+        return None
 
 
 def _infer_if(node: ir.Node, opsets: Mapping[str, int]) -> None:
