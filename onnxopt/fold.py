@@ -63,9 +63,8 @@ import onnx_ir as ir
 # which a process pays once rather than inside the first optimize() call.
 from onnx.reference import ReferenceEvaluator
 
-RANDOM_OPS = frozenset({
-    "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
-})
+from .purity import RANDOM_OPS  # noqa: E402  (one list: what is never folded, merged or assumed fixed)
+
 # Not folded here: Constant nodes become initializers by their own rule; Identity of a constant
 # would only copy it (identity_elimination forwards the value instead); the rest have subgraphs.
 NOT_FOLDED = RANDOM_OPS | frozenset({"Constant", "Identity", "If", "Loop", "Scan", "SequenceMap"})
@@ -433,13 +432,13 @@ def allowed_bytes(node: ir.Node, limit: int) -> int:
     """How many bytes of results folding ``node`` may create: ``limit``, or as many as the
     constants feeding the node that this node alone uses (they disappear with it), so folding
     never grows the model by more than ``limit`` per node."""
-    from .pattern import constant_tensor
+    from .pattern import constant_tensor, use_count
 
     freed = 0
     for value in node.inputs:
         if value is None or value.is_graph_output():
             continue
-        if any(use.node is not node for use in value.uses()):
+        if use_count(value) != sum(1 for v in node.inputs if v is value):  # another node reads it too
             continue
         tensor = constant_tensor(value)
         if tensor is not None:

@@ -344,14 +344,14 @@ def load(source: ModelLike, *, check: bool = True, copy_ir: bool = True) -> Load
         if check and source.ByteSize() < _PROTO_LIMIT:
             # (a larger proto cannot be serialized for the checker)
             _check(source, "model")
-        return Loaded(ir.from_proto(source), "proto", external=external)
+        return Loaded(to_ir(source), "proto", external=external)
     if isinstance(source, (bytes, bytearray, memoryview)):
         proto, _ = read_checked(source, check=check)
-        return Loaded(ir.from_proto(proto), "bytes")
+        return Loaded(to_ir(proto, copy=False), "bytes")
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         proto, external = read_checked(path, check=check)
-        model = ir.from_proto(proto)
+        model = to_ir(proto, str(path), copy=False)
         for tensor, _, _ in _tensor_slots(model):
             if isinstance(tensor, ir.ExternalTensor):
                 tensor.base_dir = path.parent
@@ -360,6 +360,72 @@ def load(source: ModelLike, *, check: bool = True, copy_ir: bool = True) -> Load
     raise UsageError(
         f"cannot load a model from {type(source).__name__}: pass a path, bytes, onnx.ModelProto or onnx_ir.Model"
     )
+
+
+SPARSE_DENSE_LIMIT = 256 << 20  # bytes: a sparse tensor is made dense up to this size
+
+
+def _dense(sparse: onnx.SparseTensorProto, what: str) -> onnx.TensorProto:
+    """The dense tensor a SparseTensorProto stands for (indices linear, or coordinates per row)."""
+    name = sparse.values.name
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in (sparse.values, sparse.indices)):
+        raise InvalidModelError(f"{what}: sparse tensor '{name}' keeps its data in an external file, which onnxopt "
+                                "cannot read; store it dense")
+    dims = [int(d) for d in sparse.dims]
+    values = onnx.numpy_helper.to_array(sparse.values)
+    nbytes = int(np.prod(dims, dtype=np.int64)) * values.dtype.itemsize
+    if nbytes > SPARSE_DENSE_LIMIT:
+        raise InvalidModelError(f"{what}: sparse tensor '{name}' would take {nbytes} bytes dense; onnxopt keeps "
+                                f"no sparse tensors and makes them dense only up to {SPARSE_DENSE_LIMIT} bytes")
+    indices = onnx.numpy_helper.to_array(sparse.indices).astype(np.int64)
+    dense = np.zeros(int(np.prod(dims, dtype=np.int64)), dtype=values.dtype)
+    flat = indices if indices.ndim == 1 else np.ravel_multi_index(tuple(indices.T), dims)
+    dense[flat] = values.reshape(-1)
+    return onnx.numpy_helper.from_array(dense.reshape(dims), name)
+
+
+def _without_sparse(proto: onnx.ModelProto, what: str, *, copy: bool) -> onnx.ModelProto:
+    """The model with its sparse tensors made dense (sparse initializers become initializers,
+    Constant ``sparse_value`` becomes ``value``): onnx_ir cannot hold them and would drop a sparse
+    initializer without a word. The same values: onnxruntime makes them dense when it loads them."""
+    sparse_kinds = (onnx.AttributeProto.SPARSE_TENSOR, onnx.AttributeProto.SPARSE_TENSORS)
+
+    def parts(model: onnx.ModelProto):
+        graphs = list(_graphs(model.graph))
+        for function in model.functions:
+            graphs += [g for n in function.node for a in n.attribute if a.type == onnx.AttributeProto.GRAPH
+                       for g in _graphs(a.g)]
+        return graphs, [n for g in graphs for n in g.node] + [n for f in model.functions for n in f.node]
+
+    graphs, nodes = parts(proto)
+    if not any(g.sparse_initializer for g in graphs) and not any(
+            a.type in sparse_kinds for n in nodes for a in n.attribute):
+        return proto
+    if copy:
+        proto = onnx.ModelProto.FromString(proto.SerializeToString())
+        graphs, nodes = parts(proto)
+    for graph in graphs:
+        for sparse in graph.sparse_initializer:
+            graph.initializer.append(_dense(sparse, what))
+        graph.ClearField("sparse_initializer")
+    for node in nodes:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.SPARSE_TENSORS:
+                raise InvalidModelError(f"{what}: node '{node.name}' has a list of sparse tensors, which onnxopt "
+                                        "cannot read")
+            if attr.type == onnx.AttributeProto.SPARSE_TENSOR:
+                dense = _dense(attr.sparse_tensor, what)
+                attr.ClearField("sparse_tensor")
+                attr.t.CopyFrom(dense)
+                attr.type = onnx.AttributeProto.TENSOR
+                if node.op_type == "Constant" and attr.name == "sparse_value":
+                    attr.name = "value"
+    return proto
+
+
+def to_ir(proto: onnx.ModelProto, what: str = "model", *, copy: bool = True) -> ir.Model:
+    """onnx_ir's model of ``proto`` (not changed, unless ``copy`` is False), sparse tensors dense."""
+    return ir.from_proto(_without_sparse(proto, what, copy=copy))
 
 
 def read_checked(source: str | os.PathLike | bytes | bytearray | memoryview, *, check: bool = True,

@@ -97,7 +97,7 @@ class _Model:
             source, _ = io.read_checked(source, what=f"{label} model")
         if isinstance(source, onnx.ModelProto):
             if io._check_external_data(source, Path("."), f"{label} model"):  # (as io.load resolves them)
-                source = ir.from_proto(source)
+                source = io.to_ir(source)
             else:
                 self.proto = source
         if isinstance(source, ir.Model):
@@ -318,6 +318,9 @@ def _check_shape(vi: onnx.ValueInfoProto, shape: list[int], what: str) -> None:
             raise UsageError(f"{what}: dimension {v} where the model fixes {d.dim_value}")
 
 
+GENERATED_INPUT_LIMIT = 4 << 30  # bytes: a declared shape that needs more is refused, not allocated
+
+
 def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
                 int_ranges: Mapping[str, tuple[int, int]] | None = None, npz: str | os.PathLike | None = None,
                 seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
@@ -407,6 +410,10 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
             if lo < limits.min or hi > limits.max or lo > hi:
                 raise UsageError(f"integer range {lo}..{hi} of input {vi.name!r} does not fit its type {np.dtype(dtype)}")
             info["range"] = [lo, hi]
+        count = int(np.prod(shape, dtype=object))  # (exact: no int64 wrap-around)
+        if count * 8 > GENERATED_INPUT_LIMIT:  # (drawn as float64/int64 first)
+            raise UsageError(f"input {vi.name!r}: a generated array of shape {_dims(shape)} would take "
+                             f"{count * 8} bytes, over {GENERATED_INPUT_LIMIT}; give --input-shape or --inputs")
         try:
             if np.issubdtype(dtype, np.floating):
                 arr = rng.standard_normal(shape).astype(dtype)
@@ -1273,11 +1280,9 @@ def bisect(model, *, rules=None, extra_rules=(), disable: Iterable[str] = (), ta
 
 def _bisect(original: _Model, rules, extra_rules, disable, target, provider, inputs, feeds, input_shapes,
             int_ranges, seed, rtol, atol, optimize_options, progress) -> dict:
-    import onnx_ir as ir
-
     from .api import optimize
 
-    source = ir.load(original.path) if original.path is not None else ir.from_proto(original.proto)
+    source = io.load(original.path, check=False).model if original.path is not None else io.to_ir(original.proto)
     feeds, how = _inputs(original, feeds, inputs, input_shapes, int_ranges, seed)
     low = is_low_precision(original.proto)
     try:

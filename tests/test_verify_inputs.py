@@ -170,3 +170,10 @@ def test_verify_settings_refused_before_optimizing(setting, monkeypatch):
     monkeypatch.setattr(driver, "rewrite", lambda *a, **k: pytest.fail("optimized before checking the settings"))
     with pytest.raises(UsageError):
         optimize(_text_model(), verify="cpu", verify_options=setting)
+
+
+def test_a_declared_shape_too_large_to_generate_is_refused_before_allocating():
+    """A declared 30000x30000 float input would be drawn as 7.2 GB of float64: refused by size."""
+    m = model([helper.make_node("Relu", ["x"], ["y"])], [tinfo("x", [30000, 30000])], [tinfo("y", [30000, 30000])])
+    with pytest.raises(UsageError, match="would take 7200000000 bytes"):
+        verify.make_inputs(m)
