@@ -1,0 +1,73 @@
+"""Optimize every zoo model and print the sha256 of each output, or compare with a recorded set.
+
+    python scripts/zoo_hashes.py [--cache DIR] [--models NAME ...] [--record HASHES.json] [--check HASHES.json]
+
+A refactoring that must not change what onnxopt writes is checked by recording the hashes before
+it (``--record``) and checking them after (``--check``: exit 1 and the models that changed when
+any output differs). Each model is optimized with the default rules into a temporary folder; the
+hash covers the model file and, when there is one, its data file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from onnxopt import optimize  # noqa: E402
+from onnxopt.models import zoo  # noqa: E402
+
+
+def output_hash(src: Path, work: Path) -> str:
+    out = work / f"{src.stem}.opt.onnx"
+    optimize(str(src), output=str(out))
+    digest = hashlib.sha256()
+    for path in sorted(work.glob(f"{out.name}*")):  # the model and its data file, in name order
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cache", type=Path, help="zoo cache directory (default $ONNXOPT_CACHE)")
+    p.add_argument("--models", nargs="+", help="zoo models (default: every one that is built)")
+    p.add_argument("--record", type=Path, help="write the hashes here (JSON)")
+    p.add_argument("--check", type=Path, help="compare with hashes recorded earlier; exit 1 on a difference")
+    args = p.parse_args(argv)
+    names = args.models or [spec.name for spec in zoo.SPECS]
+    recorded = json.loads(args.check.read_text()) if args.check else {}
+    hashes, changed = {}, []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            src = zoo.get(name).path(args.cache)
+            if not src.exists():
+                print(f"{name:<28} not built (python -m onnxopt.models build --only {name})")
+                continue
+            work = Path(tmp) / name
+            work.mkdir()
+            hashes[name] = output_hash(src, work)
+            verdict = ""
+            if args.check:
+                verdict = "same" if recorded.get(name) == hashes[name] else "CHANGED" if name in recorded else "new"
+                if verdict == "CHANGED":
+                    changed.append(name)
+            print(f"{name:<28} {hashes[name]}  {verdict}".rstrip())
+    if args.record:
+        args.record.write_text(json.dumps(hashes, indent=2) + "\n")
+    if changed:
+        print(f"{len(changed)} of {len(hashes)} outputs changed: {', '.join(changed)}")
+        return 1
+    if args.check:
+        print(f"all {len(hashes)} outputs byte-identical to {args.check}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
