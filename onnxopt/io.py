@@ -176,6 +176,9 @@ def _tensor_nbytes(tensor: onnx.TensorProto) -> int | None:
 def _external_location(location: str, base_dir: Path, tensor: str, what: str) -> Path:
     """The data file a tensor names, refused on the name alone when it would leave the model's
     folder (absolute, '..', a symbolic link inside the folder): nothing outside is ever looked at."""
+    if "\0" in location:
+        raise InvalidModelError(
+            f"{what}: external data location {location!r} of tensor '{tensor}' holds a NUL character; refused")
     parts = Path(location).parts
     if not location or Path(location).is_absolute() or "\\" in location or ".." in parts:
         raise InvalidModelError(
@@ -195,10 +198,14 @@ def _external_int(info: dict, key: str, tensor: str, what: str) -> int | None:
     if key not in info:
         return None
     text = info[key].strip()
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):  # (str.isdigit alone takes '²' and other scripts' digits)
         raise InvalidModelError(
             f"{what}: external data {key} {info[key]!r} of tensor '{tensor}' is not a non-negative integer")
-    return int(text)
+    digits = text.lstrip("0")
+    if len(digits) > 19 or int(digits or "0") >= 2**63:
+        raise InvalidModelError(
+            f"{what}: external data {key} of tensor '{tensor}' ({len(digits)} digits) does not fit 64 bits")
+    return int(digits or "0")
 
 
 def _check_external_data(proto: onnx.ModelProto, base_dir: Path, what: str) -> bool:
@@ -215,6 +222,8 @@ def _check_external_data(proto: onnx.ModelProto, base_dir: Path, what: str) -> b
         path = _external_location(location, base_dir, tensor.name, what)
         offset = _external_int(info, "offset", tensor.name, what) or 0
         length = _external_int(info, "length", tensor.name, what)
+        if any(d < 0 for d in tensor.dims):
+            raise InvalidModelError(f"{what}: tensor '{tensor.name}' has a negative dimension {list(tensor.dims)}")
         need = _tensor_nbytes(tensor)
         if need is None:
             raise InvalidModelError(f"{what}: tensor '{tensor.name}' of type {tensor.data_type} cannot be stored "

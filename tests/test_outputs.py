@@ -342,7 +342,7 @@ def test_external_location_outside_the_folder_is_refused_without_looking(locatio
     assert not [p for p in looked if not p.startswith(str(folder))]
 
 
-@pytest.mark.parametrize("offset", ["-8", "abc", "1e3"])
+@pytest.mark.parametrize("offset", ["-8", "abc", "1e3", "\u00b2", "\u0661", "0" * 5000 + "1", "9" * 19])
 def test_bad_external_offset_is_exit_2(offset, external):
     proto = onnx.load(external, load_external_data=False)
     for entry in proto.graph.initializer[0].external_data:
@@ -352,6 +352,28 @@ def test_bad_external_offset_is_exit_2(offset, external):
     r = run_cli(external, "-o", external.parent / "o.onnx")
     assert r.returncode == 2, r.stderr
     assert "offset" in assert_one_line_error(r.stderr)
+
+
+def test_external_location_with_a_nul_is_exit_2(external, tmp_path):
+    proto = onnx.load(external, load_external_data=False)
+    for entry in proto.graph.initializer[0].external_data:
+        if entry.key == "location":
+            entry.value = "ext.onnx.weights\0x"
+    onnx.save(proto, external)
+    r = run_cli(external, "-o", tmp_path / "o.onnx")
+    assert r.returncode == 2, r.stderr
+    assert "NUL" in assert_one_line_error(r.stderr)
+
+
+def test_external_tensor_with_a_negative_dimension_is_refused(external, tmp_path):
+    """(its byte count would be negative, and the whole data file was read as the tensor)"""
+    proto = onnx.load(external, load_external_data=False)
+    proto.graph.initializer[0].dims[0] = -64
+    onnx.save(proto, external)
+    r = run_cli(external, "-o", tmp_path / "o.onnx")
+    assert r.returncode == 2, r.stderr
+    assert "negative dimension" in assert_one_line_error(r.stderr)
+    assert not (tmp_path / "o.onnx").exists()
 
 
 # --------------------------------------------------------------------------------------------
