@@ -922,16 +922,17 @@ def to_proto(model: ir.Model) -> onnx.ModelProto:
 
 
 def plan_give_back(loaded: Loaded, output: str | os.PathLike | None, *, external_data: str | bool | None = None,
-                   outputs: Outputs | None = None) -> SavePlan | None:
+                   outputs: Outputs | None = None, also_read: Iterable[str | os.PathLike] = ()) -> SavePlan | None:
     """Check and claim where :func:`give_back` will write (None: nothing to write), before any
-    work is done. The input file and its data files are never written (see :class:`Outputs`)."""
+    work is done. The input file, its data files and the files in ``also_read`` are never
+    written (see :class:`Outputs`)."""
     if output is None:
         if loaded.kind == "path":
             raise UsageError("a model given as a path needs output= (the input file is never overwritten)")
         return None
     if external_data is None and loaded.external and loaded.kind == "path":
         external_data = True
-    protect = [p for p in (loaded.path, *loaded.data_files) if p is not None]
+    protect = [p for p in (loaded.path, *loaded.data_files, *also_read) if p is not None]
     return plan_save(loaded.model, output, external_data=external_data, protect=protect, outputs=outputs)
 
 

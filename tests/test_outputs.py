@@ -155,6 +155,39 @@ def test_bisect_json_never_overwrites_the_model(plain):
     assert_one_line_error(r.stderr)
 
 
+_RULES_TEXT = ('from onnxopt.pattern import Op, Rule\n'
+               'RULES = [Rule("abs_abs", Op("Abs", Op("Abs", "x")), lambda m, b: b.op("Abs", m["x"]))]\n')
+
+
+@pytest.mark.parametrize("face", ["optimize -o", "optimize --json", "verify --json", "bisect --json",
+                                  "optimize --verify -o"])
+def test_no_output_overwrites_the_rules_or_inputs_file(face, plain, tmp_path):
+    """Rules files and the verifier's inputs file are read by the command too."""
+    rules, npz = tmp_path / "r.py", tmp_path / "in.npz"
+    rules.write_text(_RULES_TEXT)
+    np.savez(npz, **FEEDS)
+    out = tmp_path / "o.onnx"
+    args = {"optimize -o": [plain, "-o", rules, "--rules", rules],
+            "optimize --json": [plain, "-o", out, "--rules", rules, "--json", rules],
+            "verify --json": ["verify", plain, plain, "--runs", "0", "--inputs", npz, "--json", npz],
+            "bisect --json": ["bisect", plain, "--inputs", npz, "--json", npz],
+            "optimize --verify -o": [plain, "-o", npz, "--verify", "cpu", "--runs", "0", "--inputs", npz]}[face]
+    before = snapshot(tmp_path)
+    r = run_cli(*args)
+    assert r.returncode == 2, r.stderr
+    assert "never overwrites what it reads" in assert_one_line_error(r.stderr)
+    assert snapshot(tmp_path) == before
+
+
+def test_optimize_never_writes_the_verifiers_inputs_file(plain, tmp_path):
+    npz = tmp_path / "in.npz"
+    np.savez(npz, **FEEDS)
+    before = sha256(npz)
+    with pytest.raises(UsageError, match="never overwrites"):
+        onnxopt.optimize(plain, output=npz, verify="cpu", verify_options={"inputs": npz, "runs": 0})
+    assert sha256(npz) == before
+
+
 def test_outputs_compared_through_symlinks_and_hard_links(plain, tmp_path):
     hard = tmp_path / "hard.json"
     os.link(plain, hard)
