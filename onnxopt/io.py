@@ -679,19 +679,23 @@ class Outputs:
             staged.unlink()
 
     def commit(self) -> None:
-        done: list[Path] = []
+        done: list[tuple[Path, tuple[int, int]]] = []  # (target, the identity of the file put there)
         try:
             for target, _, _ in self._claims:
                 staged = self._staged.get(target)
                 if staged is None:
                     continue
                 os.chmod(staged, FILE_MODE)
+                st = os.stat(staged)
+                # noted before the rename: an interrupt may arrive right after it
+                done.append((target, (st.st_dev, st.st_ino)))
                 os.replace(staged, target)
-                done.append(target)
         except BaseException:
-            for target in done:
+            for target, identity in done:
                 with contextlib.suppress(OSError):
-                    target.unlink()
+                    st = os.lstat(target)
+                    if (st.st_dev, st.st_ino) == identity:  # (what was there before is not ours to remove)
+                        target.unlink()
             raise
         finally:
             self.abort()

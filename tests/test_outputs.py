@@ -256,6 +256,28 @@ def test_failure_while_writing_leaves_no_output_at_all(external, tmp_path, monke
     assert listing(tmp_path) == ["in"]
 
 
+@pytest.mark.parametrize("when", ["after the data file", "after the model"])
+def test_interrupt_right_after_a_rename_leaves_no_output(when, external, tmp_path, monkeypatch):
+    """Ctrl-C lands just after a rename into place (before the commit notes it): what was put in
+    place is removed all the same, and a file that was there before and never replaced stays."""
+    (tmp_path / "out.onnx").write_text("the user's old file")
+    real_replace = os.replace
+    last = {"after the data file": "out.onnx.data", "after the model": "out.onnx"}[when]
+
+    def interrupted_replace(src, dst):
+        real_replace(src, dst)
+        if Path(dst) == tmp_path / last:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(oio.os, "replace", interrupted_replace)
+    with pytest.raises(KeyboardInterrupt):
+        onnxopt.optimize(str(external), output=str(tmp_path / "out.onnx"))
+    expected = ["in", "out.onnx"] if when == "after the data file" else ["in"]
+    assert listing(tmp_path) == expected
+    if when == "after the data file":
+        assert (tmp_path / "out.onnx").read_text() == "the user's old file"
+
+
 def test_interrupt_leaves_nothing_and_exits_130(tmp_path):
     """Ctrl-C while optimizing: one line, exit 130, no output and no staging left."""
     from onnxopt.models import synthetic
