@@ -653,6 +653,9 @@ class Outputs:
             raise UsageError(f"{what} {path} is {clash}; give each output its own file")
         if path.is_dir():
             raise UsageError(f"{what} {path} is a directory; name a file")
+        if path.exists() and not path.is_file():  # (/dev/stdout, a pipe: the rename would replace it)
+            raise UsageError(f"{what} {path} is not a regular file (a device, pipe or socket); onnxopt writes "
+                             "files, renaming them into place")
         parent = path.parent
         if not parent.is_dir():
             raise UsageError(f"{what} {path}: folder {parent} does not exist")

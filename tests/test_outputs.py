@@ -212,6 +212,18 @@ def test_external_data_name_may_not_be_the_json_report(plain, tmp_path):
 # 2. every path checked before anything is written; a failure leaves nothing
 
 
+@pytest.mark.parametrize("flag", ["-o", "--json"])
+def test_output_naming_a_pipe_is_refused_not_replaced(flag, plain, tmp_path):
+    """(as /dev/stdout would be: the rename into place replaced it with a regular file)"""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    args = ["-o", fifo] if flag == "-o" else ["-o", tmp_path / "o.onnx", "--json", fifo]
+    r = run_cli(plain, *args)
+    assert r.returncode == 2, r.stderr
+    assert "not a regular file" in assert_one_line_error(r.stderr)
+    assert fifo.is_fifo() and not (tmp_path / "o.onnx").exists()
+
+
 def test_output_naming_a_directory_leaves_nothing(external, tmp_path):
     target = tmp_path / "adir"
     target.mkdir()
