@@ -253,6 +253,8 @@ def files_read(path: str | os.PathLike) -> list[Path]:
     readable model (loading it will say why)."""
     path = Path(path)
     files = [path]
+    if not path.is_file():  # (a pipe, as from the shell's <(...), can be read only once: by load)
+        return files
     try:
         proto = onnx.ModelProto()
         proto.ParseFromString(path.read_bytes())

@@ -188,6 +188,22 @@ def test_optimize_never_writes_the_verifiers_inputs_file(plain, tmp_path):
     assert sha256(npz) == before
 
 
+@pytest.mark.skipif(not Path("/dev/fd").is_dir(), reason="needs /dev/fd")
+def test_a_model_read_from_a_pipe_is_read_once(plain, tmp_path):
+    """``onnxopt <(curl ...) -o out.onnx``: the model comes through a pipe, which the check for
+    outputs that are inputs must not consume before it is loaded."""
+    read, write = os.pipe()
+    os.write(write, plain.read_bytes())  # (a small model fits the pipe's buffer)
+    os.close(write)
+    try:
+        r = subprocess.run([sys.executable, "-m", "onnxopt", f"/dev/fd/{read}", "-o", str(tmp_path / "o.onnx"), "-q"],
+                           capture_output=True, text=True, timeout=120, pass_fds=(read,))
+    finally:
+        os.close(read)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "o.onnx").is_file()
+
+
 def test_outputs_compared_through_symlinks_and_hard_links(plain, tmp_path):
     hard = tmp_path / "hard.json"
     os.link(plain, hard)
