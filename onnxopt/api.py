@@ -161,7 +161,9 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
     original = None
     if verify:
         original = loaded.model.clone() if loaded.kind == "ir" and inplace else model
-    plan = io.plan_give_back(loaded, output, external_data=external_data, outputs=outputs)  # before the work
+    read = [(verify_options or {}).get("inputs")] if verify else []  # (the verifier's inputs file)
+    plan = io.plan_give_back(loaded, output, external_data=external_data, outputs=outputs,
+                             also_read=read)  # before the work
     try:
         t1 = time.perf_counter()
         before = driver.node_counts(loaded.model)

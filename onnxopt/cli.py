@@ -214,12 +214,16 @@ def format_report(report, src: str, dst: str) -> str:
 
 
 def _outputs(args, *inputs: str) -> io.Outputs:
-    """The command's outputs: ``--json`` claimed at once, before any work; the models it reads and
-    their data files protected (see ``onnxopt.io.Outputs``)."""
+    """The command's outputs: ``--json`` claimed at once, before any work; what it reads (the
+    models and their data files, rules files, the inputs file) protected (see ``onnxopt.io.Outputs``)."""
     outputs = io.Outputs()
     for path in inputs:
         for read in io.files_read(path):
             outputs.protect(read, f"the input {path}" if read == Path(path) else f"a data file of the input {path}")
+    for path in getattr(args, "rules", []):
+        outputs.protect(path, f"the rules file {path}")
+    if getattr(args, "inputs", None):
+        outputs.protect(args.inputs, f"the inputs file {args.inputs}")
     if getattr(args, "json", None):
         outputs.claim(args.json, "--json")
     return outputs

@@ -5,11 +5,12 @@ included) in graph order. Rules are indexed by their root op type, so a node is 
 the rules that could match it. After a rewrite, only what it touched goes back on the list: the new
 nodes; the nodes that now read a replacement value (or one whose type or shape the rewrite made
 known), and their users; for each value a removed node
-read, its producer, and its one remaining reader (with that reader's users) when only one is left.
-A value's other readers are not re-queued: patterns see a value's readers only as "this is its
-single use" (and conditions look at their root's own outputs), so nothing changed for them, and a
-weight read by n nodes would otherwise put all n back after each rewrite (quadratic time). The cost
-is therefore proportional to what changes, not to graph size times passes.
+read, its producer, and its one remaining reader (with that reader's users) when only one is left;
+for each value a redirected node reads that has a few readers (2 to 16), those readers (a condition
+may wait while its input has a single reader, as bn_to_mul_add does after a Conv). A value's other
+readers are not re-queued: patterns see a value's readers only through its use count, so nothing
+changed for them, and a weight read by n nodes would otherwise put all n back after each rewrite
+(quadratic time). The cost is therefore proportional to what changes, not to graph size times passes.
 
 Guarantees:
 - Deterministic: the same model and rules give the same rewrites in the same order, and new
@@ -199,11 +200,17 @@ class Driver:
         """Re-queue what a change can make match: the nodes that now read a different value (and
         their users), and for each value that lost a use, its producer (rules look at their root's
         users) and the node left reading it when only one is (a nested pattern needs a single
-        use; a constant only one node reads may be folded into it). Users that stay among others
-        are not re-queued: nothing they can see changed, and a weight shared by n nodes would
-        otherwise put all n back after each rewrite."""
+        use; a constant only one node reads may be folded into it). A redirected node's inputs
+        with a few readers put those readers back too: a value that gained a reader may lift a
+        condition on its use count (bn_to_mul_add waits while a Conv's output has one reader).
+        Other users are not re-queued: nothing they can see changed, and a weight shared by n
+        nodes would otherwise put all n back after each rewrite."""
         for node in redirected:
             self._push_with_users(node)
+            for value in node.inputs:
+                if value is not None and 1 < use_count(value) <= _FEW_USES:
+                    for reader in value.consumers():
+                        self._push(reader)
         for value in lost:
             self._push(value.producer())
             if 0 < use_count(value) <= _FEW_USES:

@@ -176,6 +176,9 @@ def _tensor_nbytes(tensor: onnx.TensorProto) -> int | None:
 def _external_location(location: str, base_dir: Path, tensor: str, what: str) -> Path:
     """The data file a tensor names, refused on the name alone when it would leave the model's
     folder (absolute, '..', a symbolic link inside the folder): nothing outside is ever looked at."""
+    if "\0" in location:
+        raise InvalidModelError(
+            f"{what}: external data location {location!r} of tensor '{tensor}' holds a NUL character; refused")
     parts = Path(location).parts
     if not location or Path(location).is_absolute() or "\\" in location or ".." in parts:
         raise InvalidModelError(
@@ -195,10 +198,14 @@ def _external_int(info: dict, key: str, tensor: str, what: str) -> int | None:
     if key not in info:
         return None
     text = info[key].strip()
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):  # (str.isdigit alone takes '²' and other scripts' digits)
         raise InvalidModelError(
             f"{what}: external data {key} {info[key]!r} of tensor '{tensor}' is not a non-negative integer")
-    return int(text)
+    digits = text.lstrip("0")
+    if len(digits) > 19 or int(digits or "0") >= 2**63:
+        raise InvalidModelError(
+            f"{what}: external data {key} of tensor '{tensor}' ({len(digits)} digits) does not fit 64 bits")
+    return int(digits or "0")
 
 
 def _check_external_data(proto: onnx.ModelProto, base_dir: Path, what: str) -> bool:
@@ -215,6 +222,8 @@ def _check_external_data(proto: onnx.ModelProto, base_dir: Path, what: str) -> b
         path = _external_location(location, base_dir, tensor.name, what)
         offset = _external_int(info, "offset", tensor.name, what) or 0
         length = _external_int(info, "length", tensor.name, what)
+        if any(d < 0 for d in tensor.dims):
+            raise InvalidModelError(f"{what}: tensor '{tensor.name}' has a negative dimension {list(tensor.dims)}")
         need = _tensor_nbytes(tensor)
         if need is None:
             raise InvalidModelError(f"{what}: tensor '{tensor.name}' of type {tensor.data_type} cannot be stored "
@@ -244,6 +253,8 @@ def files_read(path: str | os.PathLike) -> list[Path]:
     readable model (loading it will say why)."""
     path = Path(path)
     files = [path]
+    if not path.is_file():  # (a pipe, as from the shell's <(...), can be read only once: by load)
+        return files
     try:
         proto = onnx.ModelProto()
         proto.ParseFromString(path.read_bytes())
@@ -644,6 +655,9 @@ class Outputs:
             raise UsageError(f"{what} {path} is {clash}; give each output its own file")
         if path.is_dir():
             raise UsageError(f"{what} {path} is a directory; name a file")
+        if path.exists() and not path.is_file():  # (/dev/stdout, a pipe: the rename would replace it)
+            raise UsageError(f"{what} {path} is not a regular file (a device, pipe or socket); onnxopt writes "
+                             "files, renaming them into place")
         parent = path.parent
         if not parent.is_dir():
             raise UsageError(f"{what} {path}: folder {parent} does not exist")
@@ -670,19 +684,23 @@ class Outputs:
             staged.unlink()
 
     def commit(self) -> None:
-        done: list[Path] = []
+        done: list[tuple[Path, tuple[int, int]]] = []  # (target, the identity of the file put there)
         try:
             for target, _, _ in self._claims:
                 staged = self._staged.get(target)
                 if staged is None:
                     continue
                 os.chmod(staged, FILE_MODE)
+                st = os.stat(staged)
+                # noted before the rename: an interrupt may arrive right after it
+                done.append((target, (st.st_dev, st.st_ino)))
                 os.replace(staged, target)
-                done.append(target)
         except BaseException:
-            for target in done:
+            for target, identity in done:
                 with contextlib.suppress(OSError):
-                    target.unlink()
+                    st = os.lstat(target)
+                    if (st.st_dev, st.st_ino) == identity:  # (what was there before is not ours to remove)
+                        target.unlink()
             raise
         finally:
             self.abort()
@@ -913,16 +931,17 @@ def to_proto(model: ir.Model) -> onnx.ModelProto:
 
 
 def plan_give_back(loaded: Loaded, output: str | os.PathLike | None, *, external_data: str | bool | None = None,
-                   outputs: Outputs | None = None) -> SavePlan | None:
+                   outputs: Outputs | None = None, also_read: Iterable[str | os.PathLike] = ()) -> SavePlan | None:
     """Check and claim where :func:`give_back` will write (None: nothing to write), before any
-    work is done. The input file and its data files are never written (see :class:`Outputs`)."""
+    work is done. The input file, its data files and the files in ``also_read`` are never
+    written (see :class:`Outputs`)."""
     if output is None:
         if loaded.kind == "path":
             raise UsageError("a model given as a path needs output= (the input file is never overwritten)")
         return None
     if external_data is None and loaded.external and loaded.kind == "path":
         external_data = True
-    protect = [p for p in (loaded.path, *loaded.data_files) if p is not None]
+    protect = [p for p in (loaded.path, *loaded.data_files, *also_read) if p is not None]
     return plan_save(loaded.model, output, external_data=external_data, protect=protect, outputs=outputs)
 
 

@@ -298,7 +298,12 @@ def _load_npz(path) -> dict[str, np.ndarray]:
             is_zip = f.read(2) == b"PK"
         if is_zip:
             with np.load(path, allow_pickle=False) as z:
-                return {k: z[k] for k in z.files}
+                arrays = {k: z[k] for k in z.files}
+            # (numpy gives a member that is not an .npy array as its raw bytes)
+            raw = next((k for k, v in arrays.items() if not isinstance(v, np.ndarray)), None)
+            if raw is None:
+                return arrays
+            raise UsageError(f"inputs file {path}: member {raw!r} is not a numpy array (.npy)")
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
         raise UsageError(f"inputs file {path}: {io._first_line(exc, 200)}") from None
     raise UsageError(f"inputs file {path}: not an .npz archive (write one with numpy.savez(path, input_name=array, "

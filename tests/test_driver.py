@@ -435,3 +435,23 @@ def test_a_cycle_after_a_long_chain_of_rewrites_is_still_detected():
     assert len(report.cycles) == 1 and report.cycles[0]["rule"] == "abs_to_sigmoid"
     assert not report.hit_limit and report.rewrites == n + 1
     assert op_types(out) == ["Abs"]
+
+
+def test_a_value_that_gains_a_reader_puts_its_other_readers_back():
+    """bn_to_mul_add leaves a BatchNormalization whose input is a Conv's only output (the Conv may
+    absorb it). When CSE merges a twin Conv into that one, the first BatchNormalization's input
+    gains a reader without changing: it must be tried again (the driver re-queued every reader of
+    a merged value before it became linear, and converted both)."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c1"], name="conv1"), bn_node("c1", "y1", "a"),
+             # x and w keep other readers when conv2 goes (else conv1 goes back on the list)
+             helper.make_node("Relu", ["x"], ["r"], name="relu"), helper.make_node("Relu", ["w"], ["rw"], name="relu_w"),
+             helper.make_node("Conv", ["x", "w"], ["c2"], name="conv2"), bn_node("c2", "y2", "b")]
+    m = model(nodes, [tinfo("x", [1, 2, 4, 4]), tinfo("w", [2, 2, 1, 1])],
+              [tinfo("y1", [1, 2, 4, 4]), tinfo("y2", [1, 2, 4, 4]), tinfo("r", [1, 2, 4, 4]),
+               tinfo("rw", [2, 2, 1, 1])],
+              bn_params("a", 2, rng) + bn_params("b", 2, rng))
+    out, report = optimize(m, return_report=True)
+    assert report.fired.get("common_subexpression_elimination") == 1
+    assert "BatchNormalization" not in op_types(out), op_types(out)
+    assert_same_outputs(m, out, feeds_for(m))

@@ -155,6 +155,55 @@ def test_bisect_json_never_overwrites_the_model(plain):
     assert_one_line_error(r.stderr)
 
 
+_RULES_TEXT = ('from onnxopt.pattern import Op, Rule\n'
+               'RULES = [Rule("abs_abs", Op("Abs", Op("Abs", "x")), lambda m, b: b.op("Abs", m["x"]))]\n')
+
+
+@pytest.mark.parametrize("face", ["optimize -o", "optimize --json", "verify --json", "bisect --json",
+                                  "optimize --verify -o"])
+def test_no_output_overwrites_the_rules_or_inputs_file(face, plain, tmp_path):
+    """Rules files and the verifier's inputs file are read by the command too."""
+    rules, npz = tmp_path / "r.py", tmp_path / "in.npz"
+    rules.write_text(_RULES_TEXT)
+    np.savez(npz, **FEEDS)
+    out = tmp_path / "o.onnx"
+    args = {"optimize -o": [plain, "-o", rules, "--rules", rules],
+            "optimize --json": [plain, "-o", out, "--rules", rules, "--json", rules],
+            "verify --json": ["verify", plain, plain, "--runs", "0", "--inputs", npz, "--json", npz],
+            "bisect --json": ["bisect", plain, "--inputs", npz, "--json", npz],
+            "optimize --verify -o": [plain, "-o", npz, "--verify", "cpu", "--runs", "0", "--inputs", npz]}[face]
+    before = snapshot(tmp_path)
+    r = run_cli(*args)
+    assert r.returncode == 2, r.stderr
+    assert "never overwrites what it reads" in assert_one_line_error(r.stderr)
+    assert snapshot(tmp_path) == before
+
+
+def test_optimize_never_writes_the_verifiers_inputs_file(plain, tmp_path):
+    npz = tmp_path / "in.npz"
+    np.savez(npz, **FEEDS)
+    before = sha256(npz)
+    with pytest.raises(UsageError, match="never overwrites"):
+        onnxopt.optimize(plain, output=npz, verify="cpu", verify_options={"inputs": npz, "runs": 0})
+    assert sha256(npz) == before
+
+
+@pytest.mark.skipif(not Path("/dev/fd").is_dir(), reason="needs /dev/fd")
+def test_a_model_read_from_a_pipe_is_read_once(plain, tmp_path):
+    """``onnxopt <(curl ...) -o out.onnx``: the model comes through a pipe, which the check for
+    outputs that are inputs must not consume before it is loaded."""
+    read, write = os.pipe()
+    os.write(write, plain.read_bytes())  # (a small model fits the pipe's buffer)
+    os.close(write)
+    try:
+        r = subprocess.run([sys.executable, "-m", "onnxopt", f"/dev/fd/{read}", "-o", str(tmp_path / "o.onnx"), "-q"],
+                           capture_output=True, text=True, timeout=120, pass_fds=(read,))
+    finally:
+        os.close(read)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "o.onnx").is_file()
+
+
 def test_outputs_compared_through_symlinks_and_hard_links(plain, tmp_path):
     hard = tmp_path / "hard.json"
     os.link(plain, hard)
@@ -177,6 +226,18 @@ def test_external_data_name_may_not_be_the_json_report(plain, tmp_path):
 
 # --------------------------------------------------------------------------------------------
 # 2. every path checked before anything is written; a failure leaves nothing
+
+
+@pytest.mark.parametrize("flag", ["-o", "--json"])
+def test_output_naming_a_pipe_is_refused_not_replaced(flag, plain, tmp_path):
+    """(as /dev/stdout would be: the rename into place replaced it with a regular file)"""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    args = ["-o", fifo] if flag == "-o" else ["-o", tmp_path / "o.onnx", "--json", fifo]
+    r = run_cli(plain, *args)
+    assert r.returncode == 2, r.stderr
+    assert "not a regular file" in assert_one_line_error(r.stderr)
+    assert fifo.is_fifo() and not (tmp_path / "o.onnx").exists()
 
 
 def test_output_naming_a_directory_leaves_nothing(external, tmp_path):
@@ -221,6 +282,28 @@ def test_failure_while_writing_leaves_no_output_at_all(external, tmp_path, monke
         onnxopt.optimize(str(external), output=str(tmp_path / "out.onnx"))
     assert calls[0] == "out.onnx.data", "the data file goes into place before the model"
     assert listing(tmp_path) == ["in"]
+
+
+@pytest.mark.parametrize("when", ["after the data file", "after the model"])
+def test_interrupt_right_after_a_rename_leaves_no_output(when, external, tmp_path, monkeypatch):
+    """Ctrl-C lands just after a rename into place (before the commit notes it): what was put in
+    place is removed all the same, and a file that was there before and never replaced stays."""
+    (tmp_path / "out.onnx").write_text("the user's old file")
+    real_replace = os.replace
+    last = {"after the data file": "out.onnx.data", "after the model": "out.onnx"}[when]
+
+    def interrupted_replace(src, dst):
+        real_replace(src, dst)
+        if Path(dst) == tmp_path / last:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(oio.os, "replace", interrupted_replace)
+    with pytest.raises(KeyboardInterrupt):
+        onnxopt.optimize(str(external), output=str(tmp_path / "out.onnx"))
+    expected = ["in", "out.onnx"] if when == "after the data file" else ["in"]
+    assert listing(tmp_path) == expected
+    if when == "after the data file":
+        assert (tmp_path / "out.onnx").read_text() == "the user's old file"
 
 
 def test_interrupt_leaves_nothing_and_exits_130(tmp_path):
@@ -342,7 +425,7 @@ def test_external_location_outside_the_folder_is_refused_without_looking(locatio
     assert not [p for p in looked if not p.startswith(str(folder))]
 
 
-@pytest.mark.parametrize("offset", ["-8", "abc", "1e3"])
+@pytest.mark.parametrize("offset", ["-8", "abc", "1e3", "\u00b2", "\u0661", "0" * 5000 + "1", "9" * 19])
 def test_bad_external_offset_is_exit_2(offset, external):
     proto = onnx.load(external, load_external_data=False)
     for entry in proto.graph.initializer[0].external_data:
@@ -352,6 +435,28 @@ def test_bad_external_offset_is_exit_2(offset, external):
     r = run_cli(external, "-o", external.parent / "o.onnx")
     assert r.returncode == 2, r.stderr
     assert "offset" in assert_one_line_error(r.stderr)
+
+
+def test_external_location_with_a_nul_is_exit_2(external, tmp_path):
+    proto = onnx.load(external, load_external_data=False)
+    for entry in proto.graph.initializer[0].external_data:
+        if entry.key == "location":
+            entry.value = "ext.onnx.weights\0x"
+    onnx.save(proto, external)
+    r = run_cli(external, "-o", tmp_path / "o.onnx")
+    assert r.returncode == 2, r.stderr
+    assert "NUL" in assert_one_line_error(r.stderr)
+
+
+def test_external_tensor_with_a_negative_dimension_is_refused(external, tmp_path):
+    """(its byte count would be negative, and the whole data file was read as the tensor)"""
+    proto = onnx.load(external, load_external_data=False)
+    proto.graph.initializer[0].dims[0] = -64
+    onnx.save(proto, external)
+    r = run_cli(external, "-o", tmp_path / "o.onnx")
+    assert r.returncode == 2, r.stderr
+    assert "negative dimension" in assert_one_line_error(r.stderr)
+    assert not (tmp_path / "o.onnx").exists()
 
 
 # --------------------------------------------------------------------------------------------

@@ -36,12 +36,23 @@ def _npy_bytes(array) -> bytes:
     return buf.getvalue()
 
 
+def _zip_bytes(**members: bytes) -> bytes:
+    import zipfile
+
+    buf = _io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    return buf.getvalue()
+
+
 INPUTS_FILES = {
     "empty": b"",
     "truncated": _npz_bytes(input_ids=np.ones((1, 3), np.int64))[:100],
     "npy": _npy_bytes(np.ones((1, 3), np.int64)),
     "pickled": _npz_bytes(input_ids=np.array([{"a": 1}], dtype=object)),
     "wrong-rank": _npz_bytes(input_ids=np.ones(3, np.int64)),
+    "member-not-npy": _zip_bytes(**{"input_ids.npy": b"not an array"}),
 }
 
 BAD_SETTINGS = {
