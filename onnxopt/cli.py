@@ -213,12 +213,14 @@ def format_report(report, src: str, dst: str) -> str:
     return "\n".join(out)
 
 
-def _outputs(args, *inputs: str) -> io.Outputs:
+def _outputs(args, *inputs: str, data_files: bool = True) -> io.Outputs:
     """The command's outputs: ``--json`` claimed at once, before any work; what it reads (the
-    models and their data files, rules files, the inputs file) protected (see ``onnxopt.io.Outputs``)."""
+    models and their data files, rules files, the inputs file) protected (see ``onnxopt.io.Outputs``).
+    ``data_files=False``: the models' data files are protected later, when they are loaded
+    (``optimize`` does so before writing anything), so they are not parsed twice."""
     outputs = io.Outputs()
     for path in inputs:
-        for read in io.files_read(path):
+        for read in io.files_read(path) if data_files else [Path(path)]:
             outputs.protect(read, f"the input {path}" if read == Path(path) else f"a data file of the input {path}")
     for path in getattr(args, "rules", []):
         outputs.protect(path, f"the rules file {path}")
@@ -269,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
                 warnings.simplefilter("ignore")
             return _main(argv)
     except KeyboardInterrupt:  # staged outputs are already removed (onnxopt.io.Outputs)
-        print("onnxopt: interrupted; nothing was written", file=sys.stderr)
+        print("onnxopt: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
 
 
@@ -322,7 +324,7 @@ def _optimize_main(args) -> int:
                        "verify_options": {**_verify_options(args), "bisect_options": _rule_words(args)}}
     from .verify import VerificationError, format_report as format_verification
 
-    with _outputs(args, args.input) as outputs:
+    with _outputs(args, args.input, data_files=False) as outputs:
         try:
             _, report = optimize(
                 args.input, rules=base, extra_rules=extra, disable=args.disable, target=args.target,

@@ -202,11 +202,9 @@ _SESSION_CACHE_SIZE = 256
 @functools.cache
 def _onnxruntime():
     """The onnxruntime module, or None (imported on the first fold, not with the library)."""
-    try:
-        import onnxruntime
-    except ImportError:
-        return None
-    return onnxruntime
+    from .io import onnxruntime_module
+
+    return onnxruntime_module()
 
 
 def _run_onnxruntime(runtime, proto: onnx.NodeProto, opset: int, arrays: list) -> list[np.ndarray]:

@@ -459,9 +459,13 @@ def read_checked(source: str | os.PathLike | bytes | bytearray | memoryview, *, 
     if path.is_dir():
         raise InvalidModelError(f"{what}: is a directory, not an ONNX file")
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as f:  # (a pipe or a device has no size: read at most what one model can be)
+            data = f.read(_PROTO_LIMIT + 1)
     except OSError as exc:
         raise InvalidModelError(f"{what}: cannot read ({exc.strerror})") from None
+    if len(data) > _PROTO_LIMIT:
+        raise InvalidModelError(f"{what}: more than {_PROTO_LIMIT} bytes, past what protobuf reads as one model "
+                                "(a model this large keeps its weights in external data files)")
     proto = _parse(data, what)
     # A missing data file is reported as such, before the checker reports it less clearly.
     external = _check_external_data(proto, path.parent, what)
@@ -542,17 +546,36 @@ def onnxruntime_max_ir_version() -> int | None:
             with os.fdopen(fd, "w") as f:
                 json.dump({"onnxruntime": build, "max_ir_version": version}, f)
             os.replace(tmp, cache)
-        except OSError:  # a read-only or full home: probe again next time
+        except BaseException as exc:  # a read-only or full home: probe again next time (Ctrl-C: no tmp left)
             if tmp is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
+            if not isinstance(exc, OSError):
+                raise
     return version
 
 
-def _probe_onnxruntime_ir_version() -> int | None:
+def onnxruntime_module():
+    """The onnxruntime module, or None when it is not installed. An installed onnxruntime that fails
+    to import (a broken or mixed install) is an error, not "not installed": folding and the IR
+    version would silently differ from what the user's onnxruntime does."""
     try:
-        import onnxruntime as ort
-    except ImportError:
+        import onnxruntime
+    except ImportError as exc:
+        if getattr(exc, "name", None) == "onnxruntime":
+            return None
+        raise UsageError(f"onnxruntime is installed but fails to import ({_first_line(exc, 200)}); repair it "
+                         "(pip install --force-reinstall onnxruntime, or onnxruntime-gpu) or uninstall it") from None
+    except Exception as exc:  # noqa: BLE001 - a broken native library raises anything
+        raise UsageError(f"onnxruntime is installed but fails to import ({type(exc).__name__}: "
+                         f"{_first_line(exc, 200)}); repair it (pip install --force-reinstall onnxruntime, or "
+                         "onnxruntime-gpu) or uninstall it") from None
+    return onnxruntime
+
+
+def _probe_onnxruntime_ir_version() -> int | None:
+    ort = onnxruntime_module()
+    if ort is None:
         return None
     from onnx import TensorProto, helper
 
@@ -645,8 +668,8 @@ class Outputs:
     def claim(self, path: str | os.PathLike, what: str) -> Path:
         """Reserve ``path`` as an output (``what`` names it in messages: "-o", "--json", ...)."""
         path = Path(path)
-        if not path.name or path.name in (".", ".."):
-            raise UsageError(f"{what} {path}: not a file name")
+        if not path.name or path.name in (".", "..") or "\0" in str(path):
+            raise UsageError(f"{what} {str(path)!r}: not a file name")
         clash = self._clash(path, self._protected)
         if clash:
             raise UsageError(f"{what} {path} is {clash}; onnxopt never overwrites what it reads")
@@ -750,6 +773,9 @@ def plan_save(model: ir.Model, path: str | os.PathLike, *, external_data: str | 
     try:
         for protected in (*protect, *external_data_files(model)):
             outputs.protect(protected, f"a file the model is read from ({protected})")
+        if external_data == "":
+            raise UsageError("the external data file name is empty (to keep the weights in the model file: "
+                             "--single-file, external_data=False)")
         if external_data is None:
             external_data = _initializer_bytes(model) >= _PROTO_LIMIT
         data_name = data_file_name(path, external_data) if external_data else None

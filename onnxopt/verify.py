@@ -154,11 +154,9 @@ class _Model:
 
 
 def _ort():
-    try:
-        import onnxruntime as ort
-    except ImportError:
-        raise VerifyUnavailable("onnxruntime is not installed (pip install 'onnxopt[ort]', or onnxruntime-gpu)") \
-            from None
+    ort = io.onnxruntime_module()
+    if ort is None:
+        raise VerifyUnavailable("onnxruntime is not installed (pip install 'onnxopt[ort]', or onnxruntime-gpu)")
     return ort
 
 

@@ -615,3 +615,51 @@ def test_sparse_tensors_are_made_dense_not_dropped(where, tmp_path):
     np.testing.assert_array_equal(run_ort(str(tmp_path / "o.onnx"), feeds)[0], [2.5, 2.0, 3.0, 2.0])
     assert onnxopt.optimize(proto).graph.sparse_initializer == proto.graph.sparse_initializer[:0]
     assert len(proto.graph.sparse_initializer) == (where == "sparse_initializer")  # the caller's proto untouched
+
+
+# --------------------------------------------------------------------------------------------
+# smaller edges from review: a broken onnxruntime, empty names, NUL, endless inputs
+
+
+def test_a_broken_onnxruntime_is_one_line_not_an_internal_error(plain, tmp_path):
+    """An onnxruntime that fails to import (a broken native library) is named, exit 2: neither an
+    internal error nor a silent fall-back to folding without it."""
+    fake = tmp_path / "fake"
+    (fake / "onnxruntime").mkdir(parents=True)
+    (fake / "onnxruntime" / "__init__.py").write_text("raise OSError('libonnxruntime.so: cannot open shared object')\n")
+    r = run_cli(plain, "-o", tmp_path / "o.onnx", env={"PYTHONPATH": f"{fake}{os.pathsep}{ROOT}",
+                                                       "XDG_CACHE_HOME": str(tmp_path / "xdg")})
+    assert r.returncode == 2, r.stderr
+    assert "onnxruntime is installed but fails to import" in assert_one_line_error(r.stderr)
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_empty_external_data_name_is_refused(plain, tmp_path):
+    with pytest.raises(UsageError, match="empty"):
+        onnxopt.optimize(str(plain), output=str(tmp_path / "o.onnx"), external_data="")
+    r = run_cli(plain, "-o", tmp_path / "o.onnx", "--external-data", "")
+    assert r.returncode == 2 and "empty" in assert_one_line_error(r.stderr)
+    assert listing(tmp_path) == ["m.onnx"]
+
+
+def test_output_name_with_a_nul_is_a_usage_error(plain):
+    with pytest.raises(UsageError, match="not a file name"):
+        onnxopt.optimize(str(plain), output="a\0b.onnx")
+
+
+def test_an_endless_input_is_read_no_further_than_one_model_can_be(tmp_path, monkeypatch):
+    monkeypatch.setattr(oio, "_PROTO_LIMIT", 1 << 20)
+    with pytest.raises(InvalidModelError, match="past what protobuf reads"):
+        oio.load("/dev/zero")
+
+
+def test_interrupt_while_caching_the_ir_version_leaves_no_temporary_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(oio.json, "dump", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
+    oio.onnxruntime_max_ir_version.cache_clear()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            oio.onnxruntime_max_ir_version()
+    finally:
+        oio.onnxruntime_max_ir_version.cache_clear()
+    assert [p.name for p in (tmp_path / "onnxopt").iterdir()] == []
