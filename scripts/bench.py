@@ -852,6 +852,11 @@ def render_with_cuda(main: dict, cuda_reports: list[dict] | None) -> str:
         built = cuda["meta"].get("onnxopt_commit") or "an earlier commit"
         stale = (f" It was measured on {when} with onnxopt at {built}, so its onnxopt rows show that version, "
                  f"not the one measured above ({main['meta'].get('date', '?')}).")
+    rebuilt = sorted(name for name, m in cuda["models"].items()
+                     if name in main["models"] and m.get("description") != main["models"][name].get("description"))
+    if rebuilt:
+        stale += (f" The zoo has changed since: {', '.join(rebuilt)} were built differently then (see their "
+                  "descriptions below), so their rows there are of other models.")
     return (text.rstrip("\n") + "\n\n" + f"## CUDA ({gpu.split(',')[0]})\n\n"
             + "A separate run on a GPU machine, CPU and CUDA providers side by side; its CPU figures come from that "
               "machine, not from the one above." + stale + "\n" + body)
