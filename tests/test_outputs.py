@@ -75,6 +75,19 @@ def _externalize(tensor: onnx.TensorProto, folder: Path, location: str, **extra)
         entry.key, entry.value = key, value
 
 
+def _set_field(proto: onnx.ModelProto, key: str, value: str) -> None:
+    """Set one external-data field of the model's (first) initializer."""
+    for entry in proto.graph.initializer[0].external_data:
+        if entry.key == key:
+            entry.value = value
+
+
+def set_external_field(model: Path, key: str, value: str) -> None:
+    proto = onnx.load(model, load_external_data=False)
+    _set_field(proto, key, value)
+    onnx.save(proto, model)
+
+
 @pytest.fixture
 def constant_external(tmp_path) -> Path:
     """The weight in a Constant node's ``value`` attribute, its data in ``c.bin`` beside the model."""
@@ -375,11 +388,7 @@ def test_constant_with_external_data_in_a_subgraph_is_written_with_the_output(co
 
 
 def test_external_length_must_match_the_tensor(external, tmp_path):
-    proto = onnx.load(external, load_external_data=False)
-    for entry in proto.graph.initializer[0].external_data:
-        if entry.key == "length":
-            entry.value = "8"
-    onnx.save(proto, external)
+    set_external_field(external, "length", "8")
     with pytest.raises(InvalidModelError, match="length 8.*16384 bytes"):
         onnxopt.optimize(str(external), output=str(tmp_path / "o.onnx"))
     assert not (tmp_path / "o.onnx").exists()
@@ -407,9 +416,7 @@ def test_external_location_outside_the_folder_is_refused_without_looking(locatio
     (folder / "link.bin").symlink_to(tmp_path / "secret.bin")
     proto = _matmul_model()
     _externalize(proto.graph.initializer[0], folder, "data.bin")
-    for entry in proto.graph.initializer[0].external_data:
-        if entry.key == "location":
-            entry.value = location
+    _set_field(proto, "location", location)
     onnx.save(proto, folder / "m.onnx")
     looked = []
     real_stat = Path.stat
@@ -427,22 +434,14 @@ def test_external_location_outside_the_folder_is_refused_without_looking(locatio
 
 @pytest.mark.parametrize("offset", ["-8", "abc", "1e3", "\u00b2", "\u0661", "0" * 5000 + "1", "9" * 19])
 def test_bad_external_offset_is_exit_2(offset, external):
-    proto = onnx.load(external, load_external_data=False)
-    for entry in proto.graph.initializer[0].external_data:
-        if entry.key == "offset":
-            entry.value = offset
-    onnx.save(proto, external)
+    set_external_field(external, "offset", offset)
     r = run_cli(external, "-o", external.parent / "o.onnx")
     assert r.returncode == 2, r.stderr
     assert "offset" in assert_one_line_error(r.stderr)
 
 
 def test_external_location_with_a_nul_is_exit_2(external, tmp_path):
-    proto = onnx.load(external, load_external_data=False)
-    for entry in proto.graph.initializer[0].external_data:
-        if entry.key == "location":
-            entry.value = "ext.onnx.weights\0x"
-    onnx.save(proto, external)
+    set_external_field(external, "location", "ext.onnx.weights\0x")
     r = run_cli(external, "-o", tmp_path / "o.onnx")
     assert r.returncode == 2, r.stderr
     assert "NUL" in assert_one_line_error(r.stderr)
