@@ -10,7 +10,9 @@ from collections.abc import Iterable, Sequence
 
 import onnx_ir as ir
 
-from . import driver, fold, io, passes, registry
+from . import evaluate, io, pipeline, registry
+from .driver import RuleStats
+from .irutil import node_counts
 from .pattern import Rule
 
 
@@ -20,7 +22,7 @@ class Report:
 
     before: dict[str, int]
     after: dict[str, int]
-    rules: dict[str, driver.RuleStats]
+    rules: dict[str, RuleStats]
     rewrites: int
     seconds: dict[str, float]
     cycles: list[dict]
@@ -50,13 +52,6 @@ class Report:
         }
 
 
-def resolve_rules(rules: Sequence[Rule] | None = None, extra_rules: Sequence[Rule] = (),
-                  disable: Iterable[str] = (), target: str | None = None) -> list[Rule]:
-    base = registry.builtin_rules() if rules is None else list(rules)
-    disable = [d for d in disable if d not in passes.PASSES]
-    return registry.select([*base, *extra_rules], disable=disable, target=target)
-
-
 def optimize(
     model: io.ModelLike,
     *,
@@ -67,8 +62,8 @@ def optimize(
     output: str | os.PathLike | None = None,
     external_data: str | bool | None = None,
     max_rewrites: int | None = None,
-    fold_size_limit: int = fold.DEFAULT_SIZE_LIMIT,
-    fold_input_limit: int = fold.DEFAULT_INPUT_LIMIT,
+    fold_size_limit: int = evaluate.DEFAULT_SIZE_LIMIT,
+    fold_input_limit: int = evaluate.DEFAULT_INPUT_LIMIT,
     graph_passes: Iterable[str] | None = None,
     check: bool = True,
     inplace: bool = False,
@@ -95,7 +90,7 @@ def optimize(
             as many bytes of constants that become unused (default 1 MiB).
         fold_input_limit: bytes; a node whose constant inputs together pass this is not
             evaluated (default 256 MiB), so huge weights are not read to fold them.
-        graph_passes: whole-graph passes (``onnxopt.passes.PASSES``: constant lifting, initializer
+        graph_passes: whole-graph passes (``onnxopt.passes.NAMES``: constant lifting, initializer
             deduplication, common-subexpression elimination, shape completion); default all of them
             with the built-in rules, none with an explicit ``rules`` list. ``disable`` takes their
             names too.
@@ -140,15 +135,12 @@ def optimize(
 
 
 def _optimize(model, rules, extra_rules, disable, target, output, external_data, max_rewrites, check,
-              inplace, return_report, fold_size_limit=fold.DEFAULT_SIZE_LIMIT, graph_passes=None,
-              fold_input_limit=fold.DEFAULT_INPUT_LIMIT, stop_after=None, verify=False, verify_options=None,
+              inplace, return_report, fold_size_limit=evaluate.DEFAULT_SIZE_LIMIT, graph_passes=None,
+              fold_input_limit=evaluate.DEFAULT_INPUT_LIMIT, stop_after=None, verify=False, verify_options=None,
               outputs=None):
     t0 = time.perf_counter()
     disable = list(disable)
-    chosen = resolve_rules(rules, extra_rules, disable, target)
-    if graph_passes is None:  # with the built-in library by default; an explicit rule list runs alone
-        graph_passes = passes.PASSES if rules is None else ()
-    graph_passes = [p for p in graph_passes if p not in disable]
+    chosen, graph_passes = registry.resolve(rules, extra_rules, disable, target, graph_passes)
     if verify:
         from . import verify as verifier
 
@@ -166,12 +158,12 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
                              also_read=read)  # before the work
     try:
         t1 = time.perf_counter()
-        before = driver.node_counts(loaded.model)
-        result = driver.rewrite(loaded.model, chosen, max_rewrites=max_rewrites, graph_passes=graph_passes,
-                                stop_after=stop_after, keep_log=stop_after is not None,
-                                options={"fold_size_limit": int(fold_size_limit),
-                                         "fold_input_limit": int(fold_input_limit)})
-        after = driver.node_counts(loaded.model)
+        before = node_counts(loaded.model)
+        result = pipeline.run(loaded.model, chosen, max_rewrites=max_rewrites, graph_passes=graph_passes,
+                              stop_after=stop_after, keep_log=stop_after is not None,
+                              options={"fold_size_limit": int(fold_size_limit),
+                                       "fold_input_limit": int(fold_input_limit)})
+        after = node_counts(loaded.model)
         t2 = time.perf_counter()
         verification = None
         if verify:

@@ -16,8 +16,8 @@ import sys
 import warnings
 from pathlib import Path
 
-from . import __version__, fold, io, passes, registry
-from .api import optimize, resolve_rules
+from . import __version__, evaluate, io, passes, registry
+from .api import optimize
 from .errors import OnnxoptError
 from .verify import table
 
@@ -64,7 +64,7 @@ def _add_rule_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-builtin-rules", action="store_true", help="use only the rules given with --rules")
     p.add_argument("--target", choices=["cpu", "cuda"], help="only rules valid for this execution provider")
     p.add_argument("--max-rewrites", type=int, metavar="N", help="cap on the number of rewrites")
-    p.add_argument("--fold-size-limit", type=int, metavar="BYTES", default=fold.DEFAULT_SIZE_LIMIT,
+    p.add_argument("--fold-size-limit", type=int, metavar="BYTES", default=evaluate.DEFAULT_SIZE_LIMIT,
                    help="constant folding creates a larger tensor only in place of at least as many bytes of "
                         "constants that become unused (default 1 MiB)")
 
@@ -296,7 +296,7 @@ def _rule_sets(args) -> tuple[list | None, list]:
 def _rule_words(args) -> list[str]:
     """The options that decide the rewrites, as words for the bisect command a failed --verify shows."""
     pairs = [("--rules", f) for f in args.rules] + [("--disable", d) for d in args.disable]
-    size = args.fold_size_limit if args.fold_size_limit != fold.DEFAULT_SIZE_LIMIT else None
+    size = args.fold_size_limit if args.fold_size_limit != evaluate.DEFAULT_SIZE_LIMIT else None
     pairs += [(flag, str(v)) for flag, v in (("--target", args.target), ("--max-rewrites", args.max_rewrites),
                                              ("--fold-size-limit", size)) if v is not None]
     return [w for pair in pairs for w in pair] + ["--no-builtin-rules"] * args.no_builtin_rules
@@ -305,13 +305,12 @@ def _rule_words(args) -> list[str]:
 def _optimize_main(args) -> int:
     base, extra = _rule_sets(args)
     if args.list_rules:
-        for rule in resolve_rules(base, extra, args.disable, args.target):
+        chosen, graph_passes = registry.resolve(base, extra, args.disable, args.target)
+        for rule in chosen:
             targets = ",".join(sorted(rule.targets))
             print(f"{rule.name:<28} {rule.pattern.op_type:<20} p={rule.priority:<3} [{targets}]  {rule.summary}")
-        if base is None:
-            for name in passes.PASSES:
-                if name not in args.disable:
-                    print(f"{name:<28} {'(graph pass)':<20} {'':<5} [cpu,cuda]  {passes.SUMMARY[name]}")
+        for name in graph_passes:
+            print(f"{name:<28} {'(graph pass)':<20} {'':<5} [cpu,cuda]  {passes.BY_NAME[name].doc}")
         return EXIT_OK
     if not args.input:
         return _fail("the input model is missing (usage: onnxopt IN -o OUT)")

@@ -35,14 +35,13 @@ from collections.abc import Iterable, Sequence
 
 import onnx_ir as ir
 
-from . import passes
 from .errors import RuleError
-from .pattern import ANY_OP, Builder, Match, Refuse, Rule, constant_tensor, use_count
+from .irutil import REPLACED_KEY, RULE_KEY, SOURCES_KEY, constant_tensor, detach_graph, domain, is_unused, redirect, \
+    subgraphs, use_count
+from .pattern import ANY_OP, Builder, Match, Refuse, Rule
 from .purity import Purity
+from .shapes import DECLARED, opsets_of
 
-RULE_KEY = "onnxopt.rule"
-REPLACED_KEY = "onnxopt.replaced"
-SOURCES_KEY = "onnxopt.sources"
 _FEW_USES = 16  # a value with more uses than this has more than one reader for every pattern
 _MAX_ORIGINS = 64  # origin sets larger than this become one token (see Driver._cycle_key)
 
@@ -157,9 +156,7 @@ class Driver:
         self._wild = {key[0]: bucket for key, bucket in self.index.items() if key[1] == ANY_OP}
         self._merged: dict[tuple[str, str], list[Rule]] = {}
         self.result = DriverResult(rules={r.name: RuleStats() for r in rules})
-        self.opsets = dict(model.opset_imports)
-        if "ai.onnx" in self.opsets and "" not in self.opsets:
-            self.opsets[""] = self.opsets["ai.onnx"]
+        self.opsets = opsets_of(model)
         self.max_rewrites = max_rewrites
         self.stop_after = stop_after  # for bisecting: apply only the first N rewrites
         self.keep_log = keep_log
@@ -179,6 +176,11 @@ class Driver:
         self._created: set[ir.Value] = set()  # initializers made by rules
         self._purity = Purity(model)
         self._limit: int | None = None
+
+    @property
+    def at_limit(self) -> bool:
+        """The rewrite limit (``max_rewrites``, or ``stop_after``) is reached."""
+        return self._limit is not None and self.result.rewrites >= self._limit
 
     # -- worklist -------------------------------------------------------------------------
     def _push(self, node: ir.Node | None) -> None:
@@ -243,7 +245,7 @@ class Driver:
             self._queued.discard(node)
             if node.graph is None:
                 continue
-            key = (node.domain if node.domain != "ai.onnx" else "", node.op_type)
+            key = (domain(node), node.op_type)
             candidates = self._merged.get(key)
             if candidates is None:
                 candidates = self._merged[key] = sorted(
@@ -423,18 +425,11 @@ class Driver:
                 new.type = old.type
             if old.shape is not None and (new.shape is None or old.is_graph_output()):
                 new.shape = old.shape
-            if passes.DECLARED in old.meta and new in created:
-                new.meta[passes.DECLARED] = old.meta[passes.DECLARED]  # the same tensor, as recorded
+            if DECLARED in old.meta and new in created:
+                new.meta[DECLARED] = old.meta[DECLARED]  # the same tensor, as recorded
             if (new.type, new.shape) != known:  # what its readers' conditions see changed
                 redirected.extend(new.consumers())
-            redirected.extend(old.consumers())
-            name = old.name
-            if (new in created and name) or old.is_graph_output():
-                old.name = None
-                old.replace_all_uses_with(new, replace_graph_outputs=True)
-                new.name = name
-            else:
-                old.replace_all_uses_with(new)
+            redirected.extend(redirect(old, new, take_name=new in created))
         # Remove what the rewrite made dead: the root, then matched nodes and their producers.
         lost = self._remove_dead(list(m.nodes))
         self.touched(redirected, lost)
@@ -453,12 +448,12 @@ class Driver:
         while stack:
             node, replaced = stack.pop()
             graph = node.graph
-            if graph is None or not _unused(node) or not (replaced or self._purity.removable(node)):
+            if graph is None or not is_unused(node) or not (replaced or self._purity.removable(node)):
                 continue
             inputs = [v for v in node.inputs if v is not None]
-            for sub in _subgraphs(node):
+            for sub in subgraphs(node):
                 # Nodes of a removed If/Loop/Scan body must stop counting as users of outer values.
-                inputs += _detach_graph(sub)
+                inputs += detach_graph(sub)
             graph.remove(node, safe=True)
             self.result.removed_dead += 1
             lost += inputs
@@ -493,144 +488,3 @@ def _names(tree: tuple) -> list[str]:
             walked.add(id(item))
             stack.extend(reversed(item))
     return list(names)
-
-
-def _detach_graph(graph: ir.Graph) -> list[ir.Value]:
-    """Disconnect every node of ``graph`` (and its subgraphs) from its inputs; return the
-    outer-scope values they read."""
-    outer = []
-    for node in graph.all_nodes():
-        for i, value in enumerate(node.inputs):
-            if value is None:
-                continue
-            producer = value.producer()
-            owner = producer.graph if producer is not None else value.graph
-            if owner is not None and owner is not graph and owner is not node.graph:
-                outer.append(value)
-            node.replace_input_with(i, None)
-    return outer
-
-
-def _subgraphs(node: ir.Node):
-    for attr in node.attributes.values():
-        if attr.type == ir.AttributeType.GRAPH:
-            yield attr.as_graph()
-        elif attr.type == ir.AttributeType.GRAPHS:
-            yield from attr.as_graphs()
-
-
-def _unused(node: ir.Node) -> bool:
-    return not any(use_count(v) or v.is_graph_output() for v in node.outputs)
-
-
-def _remove_unused_in(graph: ir.Graph, purity: Purity) -> int:
-    """One reverse pass (users come after producers, so chains go at once), then initializers."""
-    removed = 0
-    for node in reversed(graph):
-        if not _unused(node) or not purity.removable(node):
-            for sub in _subgraphs(node):
-                removed += _remove_unused_in(sub, purity)
-            continue
-        for sub in _subgraphs(node):
-            _detach_graph(sub)
-        graph.remove(node, safe=True)
-        removed += 1
-    for name, value in list(graph.initializers.items()):
-        if not use_count(value) and not value.is_graph_output() and not value.is_graph_input():
-            del graph.initializers[name]
-            removed += 1
-    return removed
-
-
-def remove_unused(model: ir.Model) -> int:
-    """Dead nodes and unused initializers, in the main graph and every subgraph (and functions).
-
-    Graph inputs and outputs are kept: the model's interface does not change. Nodes that may have
-    effects (``onnxopt.purity``: ops of unknown domains, functions holding them) stay even when
-    nothing reads them. (onnx_ir's RemoveUnusedNodesPass also trims optional outputs, but looks up
-    an op schema per node, which costs more than the whole rewrite on large graphs, and removes
-    any unused node.)
-    """
-    purity = Purity(model)
-    removed = _remove_unused_in(model.graph, purity)
-    for function in model.functions.values():
-        for node in reversed(function):
-            if _unused(node) and purity.removable(node, function.opset_imports):
-                function.remove(node, safe=True)
-                removed += 1
-    return removed
-
-
-def node_counts(model: ir.Model) -> dict[str, int]:
-    counts: collections.Counter = collections.Counter()
-    for graph in model.graphs():
-        for node in graph:
-            op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
-            counts[op] += 1
-    return dict(sorted(counts.items()))
-
-
-_PASS_FUNCTIONS = {passes.DEDUP: passes.deduplicate_initializers, passes.CSE: passes.eliminate_common_subexpressions,
-                   passes.SHAPES: passes.complete_shapes, passes.LIFT: passes.lift_constants}
-_MAX_PASS_ROUNDS = 32
-
-
-def rewrite(model: ir.Model, rules: Iterable[Rule], *, graph_passes: Iterable[str] = passes.PASSES,
-            **options) -> DriverResult:
-    """Run the fixpoint driver over ``model`` in place, then remove what became unused.
-
-    Dead code is removed first too: a dead user of a value would otherwise block patterns
-    that need that value to have a single use. The whole-graph passes (``onnxopt.passes``) run
-    once before matching (constant lifting, shape completion) or between rule rounds
-    (initializer deduplication, common-subexpression elimination: what they merge goes back on
-    the worklist, until neither rules nor passes change anything). Shapes the input did not
-    declare are not kept in the result."""
-    remove_unused(model)
-    wanted = set(graph_passes)
-    stats = {name: RuleStats() for name in passes.PASSES if name in wanted}
-    passes.mark_declared(model)
-    keep_log = options.get("keep_log", False)
-    early, early_log = 0, []
-    for name in passes.FIRST:
-        if name in stats:
-            n = _run_pass(stats[name], name, model, None)
-            early += n
-            if n and keep_log:
-                early_log.append({"pass": name, "rewrites": n})
-    driver = Driver(model, list(rules), **options)
-    driver.result.rewrites = early  # passes' merges count as rewrites (max_rewrites, stop_after)
-    driver.result.log.extend(early_log)
-    result = driver.run()
-    between = [name for name in passes.BETWEEN if name in stats]
-    for _ in range(_MAX_PASS_ROUNDS):
-        changed = 0
-        for name in between:
-            if driver._limit is not None and result.rewrites >= driver._limit:
-                break  # (stop_after: a pass is one step; the next one waits for the next round)
-            n = _run_pass(stats[name], name, model, driver.touched)
-            changed += n
-            result.rewrites += n
-            if n and keep_log:
-                result.log.append({"pass": name, "rewrites": n})
-        if not changed:
-            break
-        remove_unused(model)
-        driver.run(seed=False)
-    remove_unused(model)
-    passes.forget_inferred_shapes(model)
-    result.rules.update(stats)
-    return result
-
-
-def _run_pass(st: RuleStats, name: str, model: ir.Model, touched) -> int:
-    """Run one graph pass; returns the rewrites it made (none for an annotation pass, whose count
-    is reported as matched only)."""
-    t0 = time.perf_counter()
-    n = _PASS_FUNCTIONS[name](model, touched=touched)
-    st.seconds += time.perf_counter() - t0
-    st.tried += 1
-    st.matched += n
-    if name in passes.ANNOTATIONS:
-        return 0
-    st.fired += n
-    return n

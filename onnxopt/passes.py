@@ -1,4 +1,6 @@
-"""Whole-graph passes the rule language cannot express: they compare nodes with each other.
+"""Whole-graph passes the rule language cannot express: they compare nodes with each other, or
+look at the whole graph at once. ``PASSES`` at the end is their one table (name, function, phase,
+one-line doc); ``onnxopt.pipeline`` runs them, and adding a pass is adding a row there.
 
 - ``common_subexpression_elimination``: nodes with the same op, attributes and input values
   compute the same outputs; later ones are replaced by the first (graph order is topological, so
@@ -23,6 +25,7 @@ they merged in the kept node's metadata (``onnxopt.merged``).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable, Sequence
@@ -31,23 +34,9 @@ import numpy as np
 import onnx_ir as ir
 
 from . import io
+from .irutil import MERGED_KEY, can_take_output, redirect
 from .purity import Purity
-
-CSE = "common_subexpression_elimination"
-DEDUP = "initializer_deduplication"
-SHAPES = "shape_completion"
-LIFT = "constant_lifting"
-PASSES = (LIFT, DEDUP, CSE, SHAPES)  # in the order reports and --list-rules show them
-FIRST = (LIFT, SHAPES)  # once, before matching, in this order
-BETWEEN = (DEDUP, CSE)  # between rule rounds, until nothing changes
-ANNOTATIONS = (SHAPES,)  # changes no node: what it counts is reported as matched, not fired
-SUMMARY = {
-    LIFT: "Constant nodes become initializers, in one sweep before matching (onnx_ir's pass).",
-    DEDUP: "Initializers with equal dtype, shape and bytes become one.",
-    CSE: "Pure nodes (onnxopt.purity) with the same op, attributes and inputs become one.",
-    SHAPES: "Consistent symbolic shapes (onnx inference, data propagation) for the rules; not written out.",
-}
-MERGED_KEY = "onnxopt.merged"
+from .shapes import DECLARED, infer, opsets_of
 
 
 def _attr_key(attr: ir.Attr):
@@ -93,21 +82,8 @@ Touched = Callable[[Sequence[ir.Node], Sequence[ir.Value]], None]
 values that lost a use (``Driver.touched`` re-queues what that can make match)."""
 
 
-def _replace(old: ir.Value, new: ir.Value) -> list[ir.Node]:
-    """Point every use of ``old`` (and the graph output it may be, which ``new`` must be able to
-    take) at ``new``; returns the nodes that read ``old``."""
-    readers = list(old.consumers())
-    if old.is_graph_output():
-        name = old.name
-        old.name = None
-        old.replace_all_uses_with(new, replace_graph_outputs=True)
-        new.name = name
-    else:
-        old.replace_all_uses_with(new)
-    return readers
-
-
 def eliminate_common_subexpressions(model: ir.Model, touched: Touched | None = None) -> int:
+    """Later twins of a pure node (same op, attributes and inputs) are replaced by the first."""
     merged = 0
     purity = Purity(model)
     merged_names: dict[ir.Node, list[str]] = {}  # recorded once per kept node, when the pass ends
@@ -126,9 +102,9 @@ def eliminate_common_subexpressions(model: ir.Model, touched: Touched | None = N
             if any(o.is_graph_output() for o in node.outputs) and any(o.is_graph_output() for o in first.outputs):
                 continue
             pairs = list(zip(node.outputs, first.outputs))
-            if any(old.is_graph_output() and not _can_take_output(new) for old, new in pairs):
+            if any(old.is_graph_output() and not can_take_output(new) for old, new in pairs):
                 continue
-            redirected = [reader for old, new in pairs for reader in _replace(old, new)]
+            redirected = [reader for old, new in pairs for reader in redirect(old, new)]
             merged_names.setdefault(first, []).append(node.name or node.op_type)
             lost = [v for v in node.inputs if v is not None]
             graph.remove(node, safe=True)
@@ -140,11 +116,8 @@ def eliminate_common_subexpressions(model: ir.Model, touched: Touched | None = N
     return merged
 
 
-def _can_take_output(value: ir.Value) -> bool:
-    return not (value.is_graph_output() or value.is_graph_input() or value.is_initializer())
-
-
 def deduplicate_initializers(model: ir.Model, touched: Touched | None = None) -> int:
+    """Initializers (not graph inputs) with equal dtype, shape and bytes become one."""
     merged = 0
     for graph in model.graphs():
         inputs = set(graph.inputs)
@@ -177,7 +150,7 @@ def deduplicate_initializers(model: ir.Model, touched: Touched | None = None) ->
                 keep = whole.setdefault(_digest(data), value)
                 if keep is value or not np.array_equal(_bytes(keep), data):
                     continue
-                redirected = _replace(value, keep)
+                redirected = redirect(value, keep)
                 graph.initializers.pop(value.name)
                 if touched is not None:
                     touched(redirected, ())
@@ -258,10 +231,7 @@ def complete_shapes(model: ir.Model, touched: Touched | None = None) -> int:
         return 0
     if len(missing) <= _LOCAL_LIMIT and all(v.shape is None for v in missing.values()):
         # a few new values: per-node inference from their inputs' (already consistent) shapes
-        from .shapes import infer
-
-        opsets = dict(model.opset_imports)
-        opsets.setdefault("", opsets.get("ai.onnx", 1))
+        opsets = opsets_of(model)
         return sum(1 for v in missing.values() if infer(v, opsets) is not None)
 
     try:
@@ -280,9 +250,6 @@ def complete_shapes(model: ir.Model, touched: Touched | None = None) -> int:
             value.shape = ir.serde.deserialize_type_proto_for_shape(info.type)
             filled += 1
     return filled
-
-
-DECLARED = "onnxopt.declared"  # value meta: what the input model recorded for it ("type" or "shape")
 
 
 def mark_declared(model: ir.Model) -> None:
@@ -324,3 +291,34 @@ def lift_constants(model: ir.Model, touched: Touched | None = None) -> int:
     before = sum(1 for g in model.graphs() for n in g if n.op_type == "Constant")
     LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
     return before - sum(1 for g in model.graphs() for n in g if n.op_type == "Constant")
+
+
+# --------------------------------------------------------------------------------------------
+# The table
+
+
+@dataclasses.dataclass(frozen=True)
+class Pass:
+    """A whole-graph pass: ``run(model, touched)`` returns how many changes it made."""
+
+    name: str
+    run: Callable[[ir.Model, Touched | None], int]
+    phase: str  # "first": once, before matching (in table order); "between": between rule rounds
+    doc: str
+    annotates: bool = False  # changes no node: its count is reported as matched, not fired
+
+
+LIFT, DEDUP, CSE, SHAPES = "constant_lifting", "initializer_deduplication", "common_subexpression_elimination", \
+    "shape_completion"
+PASSES = (
+    Pass(LIFT, lift_constants, "first",
+         "Constant nodes become initializers, in one sweep before matching (onnx_ir's pass)."),
+    Pass(DEDUP, deduplicate_initializers, "between", "Initializers with equal dtype, shape and bytes become one."),
+    Pass(CSE, eliminate_common_subexpressions, "between",
+         "Pure nodes (onnxopt.purity) with the same op, attributes and inputs become one."),
+    Pass(SHAPES, complete_shapes, "first",
+         "Consistent symbolic shapes (onnx inference, data propagation) for the rules; not written out.",
+         annotates=True),
+)
+BY_NAME = {p.name: p for p in PASSES}
+NAMES = tuple(BY_NAME)  # in the order reports and --list-rules show them

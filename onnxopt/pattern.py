@@ -43,49 +43,14 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from .irutil import constant_tensor, use_count
+from .shapes import infer
+
 TARGETS = frozenset({"cpu", "cuda"})
 
 
 class Refuse(Exception):
     """Raised by a replacement that finds it cannot apply; the message is the reason."""
-
-
-# --------------------------------------------------------------------------------------------
-# Constants
-
-
-def constant_tensor(value: ir.Value | None) -> ir.TensorProtocol | None:
-    """The tensor behind ``value`` if it is known at optimization time, else None.
-
-    Initializers that are also graph inputs are *not* constant: the caller may override them.
-    """
-    if value is None:
-        return None
-    producer = value.producer()
-    if producer is None:
-        if value.const_value is not None and not value.is_graph_input():
-            return value.const_value
-        return None
-    if producer.op_type == "Constant" and producer.domain in ("", "ai.onnx"):
-        attr = producer.attributes.get("value")
-        if attr is not None and not attr.is_ref() and attr.type == ir.AttributeType.TENSOR:
-            return attr.value  # (as_tensor() re-checks the type against a Protocol: slow)
-        for key, dtype in (("value_float", np.float32), ("value_int", np.int64)):
-            attr = producer.attributes.get(key)
-            if attr is not None and not attr.is_ref():
-                return ir.tensor(np.array(attr.value, dtype=dtype))
-        for key, dtype in (("value_floats", np.float32), ("value_ints", np.int64)):
-            attr = producer.attributes.get(key)
-            if attr is not None and not attr.is_ref():
-                return ir.tensor(np.array(list(attr.value), dtype=dtype))
-    return None
-
-
-def use_count(value: ir.Value) -> int:
-    """``len(value.uses())`` without the copy onnx_ir's ``uses()`` makes of every use: a weight
-    read by 50k nodes is asked once per rewrite, and that copy made the driver quadratic."""
-    uses = getattr(value, "_uses", None)
-    return len(uses) if isinstance(uses, dict) else len(value.uses())
 
 
 # --------------------------------------------------------------------------------------------
@@ -389,8 +354,6 @@ class Match:
 
     def shape(self, name: str) -> ir.Shape | None:
         """The shape of the value bound to ``name``, inferred locally when the model lacks it."""
-        from .shapes import infer
-
         return infer(self.values.get(name), self._opsets)
 
 

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 
 import onnx_ir as ir
 
-from .pattern import constant_tensor
+from .irutil import constant_tensor
 
 PURE, RANDOM, OPAQUE = 0, 1, 2
 

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from . import passes
 from .errors import RuleError, UsageError
 from .pattern import TARGETS, Rule
 
@@ -46,6 +47,20 @@ def load_rules_file(path: str | os.PathLike) -> list[Rule]:
     if not rules:
         raise RuleError(f"rules file {path}: defines no rules")
     return rules
+
+
+def resolve(rules: Sequence[Rule] | None = None, extra_rules: Sequence[Rule] = (), disable: Iterable[str] = (),
+            target: str | None = None, graph_passes: Iterable[str] | None = None) -> tuple[list[Rule], list[str]]:
+    """The rules and whole-graph passes one optimization runs: ``rules`` (default: the built-in
+    library) plus ``extra_rules``, less those ``disable`` names (rules or passes) and those not
+    valid for ``target``; the passes named (default: all of them with the built-in library, none
+    with an explicit rule list) less the disabled ones."""
+    disable = list(disable)
+    chosen = select([*(builtin_rules() if rules is None else rules), *extra_rules],
+                    disable=[d for d in disable if d not in passes.BY_NAME], target=target)
+    if graph_passes is None:
+        graph_passes = passes.NAMES if rules is None else ()
+    return chosen, [name for name in graph_passes if name not in disable]
 
 
 def select(rules: Sequence[Rule], *, disable: Iterable[str] = (), target: str | None = None) -> list[Rule]:

@@ -15,14 +15,22 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from .fold import slice_positions
-from .pattern import constant_tensor
+from .irutil import constant_tensor, opset_of
 
 # Dimension names some exporters write for every unknown dimension: they name no one value.
 PLACEHOLDER_DIMS = frozenset({"?", "None", "none", "-1", "*", "unknown", "dynamic", "N/A"})
 
+DECLARED = "onnxopt.declared"  # value meta: what the input model recorded for it ("type" or "shape")
+
 _MAX_NODES = 4096  # per request: bounds the work one question can cause
 SMALL_CONST = 1024  # constant inputs up to this many elements are passed as data (Reshape shapes...)
+
+
+def opsets_of(model: ir.Model) -> dict[str, int]:
+    """The model's opset imports, the standard domain under "" (however the model spells it)."""
+    opsets = dict(model.opset_imports)
+    opsets[""] = opset_of(opsets, "")
+    return opsets
 
 
 def _known(value: ir.Value) -> bool:
@@ -179,3 +187,19 @@ def slice_elements(elements: list, starts: np.ndarray, ends: np.ndarray, axes: n
     if axis not in (0, -1) or step == 0:
         return None
     return [elements[i] for i in slice_positions(len(elements), start, end, step)]
+
+
+def slice_positions(n: int, start: int, end: int, step: int) -> list[int]:
+    """The indices ONNX Slice picks on an axis of length ``n`` (the spec's clamping, which for a
+    negative step differs from Python's: a start below 0 becomes 0, not an empty slice)."""
+    if step == 0:
+        raise ValueError("zero step")
+    if start < 0:
+        start += n
+    if end < 0:
+        end += n
+    if step > 0:
+        start, end = min(max(start, 0), n), min(max(end, 0), n)
+    else:
+        start, end = min(max(start, 0), n - 1), min(max(end, -1), n - 1)
+    return list(range(start, end, step))

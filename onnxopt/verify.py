@@ -36,7 +36,7 @@ import numpy as np
 import onnx
 
 from . import io
-from .driver import REPLACED_KEY as _REPLACED, RULE_KEY as _RULE, SOURCES_KEY as _SOURCES
+from .irutil import REPLACED_KEY as _REPLACED, RULE_KEY as _RULE, SOURCES_KEY as _SOURCES
 from .errors import InvalidModelError, OnnxoptError, UsageError
 from .shapes import PLACEHOLDER_DIMS
 

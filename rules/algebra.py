@@ -746,7 +746,7 @@ def _sequence_at_to_split(m: Match, b):
 def _shape_elements(value: ir.Value | None, depth: int = 0) -> list | None:
     """A 1-D int64 shape tensor as a list of ints and ("dim", source, k) entries (the k-th
     dimension of ``source`` read through Shape), or None when it is anything else."""
-    from onnxopt.pattern import constant_tensor
+    from onnxopt.irutil import constant_tensor
 
     if value is None or depth > 8:
         return None
@@ -818,7 +818,7 @@ def _shape_elements(value: ir.Value | None, depth: int = 0) -> list | None:
 
 
 def _scalar_element(value: ir.Value | None, depth: int):
-    from onnxopt.pattern import constant_tensor
+    from onnxopt.irutil import constant_tensor
 
     if value is None:
         return None

@@ -3,7 +3,7 @@
 Also the shape arithmetic exporters emit (``Shape -> Gather -> Unsqueeze -> Concat -> Reshape``):
 ``Shape``/``Size`` of a value whose shape is static fold, and so do ``Gather``/``Slice`` of a
 ``Shape`` that pick only static dimensions, so dynamic axes stay dynamic while everything known is
-computed once. Evaluation, exclusions and the size limit are described in ``onnxopt.fold``; the
+computed once. Evaluation, exclusions and the size limit are described in ``onnxopt.evaluate``; the
 limit is ``optimize(fold_size_limit=...)`` / ``--fold-size-limit`` (default 1 MiB).
 """
 
@@ -12,14 +12,15 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt import fold
-from onnxopt.pattern import Const, Match, Op, Opt, Refuse, Rule, constant_tensor
+from onnxopt import evaluate
+from onnxopt.irutil import constant_tensor
+from onnxopt.pattern import Const, Match, Op, Opt, Refuse, Rule
 from onnxopt.purity import random_reason
 from onnxopt.shapes import gather_elements, slice_elements
 
 
 def _limit(m: Match) -> int:
-    return int(m.options.get("fold_size_limit", fold.DEFAULT_SIZE_LIMIT))
+    return int(m.options.get("fold_size_limit", evaluate.DEFAULT_SIZE_LIMIT))
 
 
 def _consts(b, m: Match, arrays) -> list[ir.Value]:
@@ -59,7 +60,7 @@ def _constant_to_initializer(m: Match, b):
 
 def _foldable(m: Match):
     node = m.root
-    if node.op_type in fold.NOT_FOLDED:
+    if node.op_type in evaluate.NOT_FOLDED:
         return f"{node.op_type} is never folded"
     random = random_reason(node, m.opset(""))
     if random is not None:
@@ -80,15 +81,15 @@ def _foldable(m: Match):
 def _fold(m: Match, b):
     node = m.root
     tensors = [constant_tensor(value) if value is not None else None for value in node.inputs]
-    in_bytes = sum(fold.nbytes(t) for t in tensors if t is not None)
-    in_limit = int(m.options.get("fold_input_limit", fold.DEFAULT_INPUT_LIMIT))
+    in_bytes = sum(evaluate.nbytes(t) for t in tensors if t is not None)
+    in_limit = int(m.options.get("fold_input_limit", evaluate.DEFAULT_INPUT_LIMIT))
     if in_bytes > in_limit:
         raise Refuse(f"constant inputs of {in_bytes} bytes pass the input limit")
     if any(t is not None and t.dtype == ir.DataType.STRING for t in tensors):
         raise Refuse("string inputs are not folded")
     try:
-        results = fold.evaluate(node, m._opsets, tensors, fold.allowed_bytes(node, _limit(m)))
-    except fold.EvaluationError as exc:
+        results = evaluate.evaluate(node, m._opsets, tensors, evaluate.allowed_bytes(node, _limit(m)))
+    except evaluate.EvaluationError as exc:
         raise Refuse(str(exc)) from None
     return _consts(b, m, results)
 
@@ -110,8 +111,8 @@ def _shape_range(m: Match, dims: list) -> list:
 
 
 def _runs_in_onnxruntime(m: Match) -> None:
-    dtype = fold.expected_dtype(m["x"], m._opsets)
-    if dtype is not None and fold.lacks_kernel(m.root, m._opsets, [dtype]):
+    dtype = evaluate.expected_dtype(m["x"], m._opsets)
+    if dtype is not None and evaluate.lacks_kernel(m.root, m._opsets, [dtype]):
         raise Refuse(f"onnxruntime has no {m.root.op_type} kernel for {dtype.name}: folded, the model would run")
 
 

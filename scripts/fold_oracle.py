@@ -66,7 +66,7 @@ for _p in (str(ROOT), str(ROOT / "scripts")):
 
 import _backend_cases as backend  # noqa: E402
 
-from onnxopt import fold, optimize  # noqa: E402
+from onnxopt import evaluate, optimize  # noqa: E402
 from onnxopt.errors import OnnxoptError  # noqa: E402
 
 SUBSET_STEP = 53  # the CI subset: every 53rd generated case (and every hand-written one)
@@ -177,7 +177,7 @@ def seeds() -> list[Case]:
         nodes = case.model.graph.node
         if len(nodes) != 1 or nodes[0].domain not in ("", "ai.onnx") or not backend.tensor_inputs(case):
             continue
-        if nodes[0].op_type in fold.NOT_FOLDED or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+        if nodes[0].op_type in evaluate.NOT_FOLDED or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
                                                       for a in nodes[0].attribute):
             continue
         opset = next(o.version for o in case.model.opset_import if o.domain in ("", "ai.onnx"))
@@ -320,13 +320,13 @@ def subset(cases: list[Case]) -> list[Case]:
 @contextlib.contextmanager
 def mode(name: str):
     """Folding with onnxruntime ("ort") or as if it were not installed ("exact")."""
-    saved = fold._onnxruntime
+    saved = evaluate._onnxruntime
     if name == "exact":
-        fold._onnxruntime = lambda: None
+        evaluate._onnxruntime = lambda: None
     try:
         yield
     finally:
-        fold._onnxruntime = saved
+        evaluate._onnxruntime = saved
 
 
 def ulps(a: np.ndarray, b: np.ndarray) -> int:
@@ -377,7 +377,7 @@ def _result_bytes(case: Case) -> int | None:
     tensors = [None if x is None else ir.tensor(np.asarray(x)) for x in case.inputs]
     node = ir.Node("", case.node.op_type, [ir.Value(name=f"in{k}") for k in range(len(case.inputs))],
                    [ir.serde.deserialize_attribute(a) for a in case.node.attribute], num_outputs=len(case.node.output))
-    types = fold.output_types(node, case.opset, tensors)
+    types = evaluate.output_types(node, case.opset, tensors)
     return None if types is None else sum(math.ceil(math.prod(s) * d.itemsize) for d, s in types)
 
 
@@ -410,7 +410,7 @@ def check(case: Case, modes: list[str], all_rules: bool = False) -> list[Verdict
         return [Verdict(case.name, m, "invalid", str(exc).splitlines()[0][:160]) for m in modes]
     op = case.node.op_type
     size = _result_bytes(case)
-    if size is None or size > MAX_RESULT_BYTES or fold._crashes_onnxruntime(op, case.inputs) is not None:
+    if size is None or size > MAX_RESULT_BYTES or evaluate._crashes_onnxruntime(op, case.inputs) is not None:
         # not run: it could take any memory, or stop this process (onnxruntime's SIGFPE). onnxopt
         # must not fold it either (it decides sizes before evaluating, and guards that kernel).
         reference, why = None, "not run"

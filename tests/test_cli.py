@@ -200,7 +200,7 @@ def test_list_rules(capsys):
     code, stdout, stderr = run_main(capsys, "--list-rules")
     assert code == 0 and stderr == ""
     listed = [line.split()[0] for line in stdout.splitlines() if line.strip()]
-    from onnxopt.passes import PASSES
+    from onnxopt.passes import NAMES as PASSES
 
     expected = [r.name for r in onnxopt.default_rules()] + list(PASSES)
     assert listed == expected
@@ -211,7 +211,7 @@ def test_list_rules_with_disable(capsys):
     code, stdout, _ = run_main(capsys, "--list-rules", "--disable", "conv_bn_fold")
     assert code == 0
     listed = {line.split()[0] for line in stdout.splitlines() if line.strip()}
-    from onnxopt.passes import PASSES
+    from onnxopt.passes import NAMES as PASSES
 
     assert listed == ({r.name for r in onnxopt.default_rules()} | set(PASSES)) - {"conv_bn_fold"}
     # graph passes are disabled by the same flag
@@ -269,7 +269,7 @@ def test_user_rules_listed(user_rules, capsys):
     code, stdout, _ = run_main(capsys, "--list-rules", "--rules", user_rules)
     assert code == 0
     listed = [line.split()[0] for line in stdout.splitlines() if line.strip()]
-    from onnxopt.passes import PASSES
+    from onnxopt.passes import NAMES as PASSES
 
     assert listed == [r.name for r in onnxopt.default_rules()] + ["relu_to_max"] + list(PASSES)
 

@@ -13,7 +13,7 @@ from conftest import assert_same_outputs, run_ort
 from helpers import bn_node, bn_params, feeds_for, init, model, op_types, tinfo
 from onnx import TensorProto, helper
 
-from onnxopt import Const, Op, Refuse, Rule, optimize, passes
+from onnxopt import Const, Op, Refuse, Rule, optimize, passes, pipeline
 from onnxopt.driver import Driver
 from onnxopt.errors import RuleError, UsageError
 from onnxopt.models import synthetic
@@ -360,9 +360,9 @@ def _work_per_node(build, n, monkeypatch) -> dict[str, float]:
         patch.setattr(driver_module, "json", CountingJson)
         patch.setattr(passes, "json", CountingJson)
         proto = build(n)
-        result = driver_module.rewrite(ir.from_proto(proto), builtin_rules())
+        result = pipeline.run(ir.from_proto(proto), builtin_rules())
     counts["pushes"] = result.pushes
-    counts["tries"] = sum(st.tried for name, st in result.rules.items() if name not in passes.PASSES)
+    counts["tries"] = sum(st.tried for name, st in result.rules.items() if name not in passes.BY_NAME)
     assert result.rewrites > 0 or build is _fan_out
     return {k: v / len(proto.graph.node) for k, v in counts.items()}
 

@@ -30,12 +30,12 @@ def test_fold_oracle_subset():
 def test_oracle_finds_a_wrong_fold(monkeypatch):
     """The oracle is not blind: a folder that computes fp16 in fp16 (onnx's reference evaluator,
     as before issue 11) is caught on the large fp16 sum."""
-    from onnxopt import fold
+    from onnxopt import evaluate
 
     def reference_evaluate(runtime, proto, opset, arrays):
-        return fold._reference(proto, opset, arrays)
+        return evaluate._reference(proto, opset, arrays)
 
-    monkeypatch.setattr(fold, "_run_onnxruntime", reference_evaluate)
+    monkeypatch.setattr(evaluate, "_run_onnxruntime", reference_evaluate)
     case = next(c for c in fold_oracle.handmade() if c.name == "handmade:ReduceMean-fp16-1000x100")
     [verdict] = fold_oracle.check(case, ["ort"])
     assert verdict.kind == "disagreed" and "ulps apart" in verdict.detail

@@ -18,7 +18,7 @@ from conftest import run_ort
 from helpers import init, model, op_types, tinfo
 from onnx import TensorProto, helper
 
-from onnxopt import fold, optimize
+from onnxopt import evaluate, optimize
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,7 +39,7 @@ def _folded_value(out: onnx.ModelProto) -> np.ndarray:
 @pytest.fixture
 def without_onnxruntime(monkeypatch):
     """Folding as in an install without onnxruntime."""
-    monkeypatch.setattr(fold, "_onnxruntime", lambda: None)
+    monkeypatch.setattr(evaluate, "_onnxruntime", lambda: None)
 
 
 _X300 = (300 + np.arange(24) / 4).astype(np.float16).reshape(2, 3, 4)  # x² passes fp16 range
@@ -85,7 +85,7 @@ _INT_MIN32 = np.iinfo(np.int32).min
 @pytest.mark.parametrize("runtime", ["onnxruntime", "none"])
 def test_integer_division_onnxruntime_refuses_is_not_folded(op, a, b, runtime, monkeypatch, capfd):
     if runtime == "none":
-        monkeypatch.setattr(fold, "_onnxruntime", lambda: None)
+        monkeypatch.setattr(evaluate, "_onnxruntime", lambda: None)
     out, report = optimize(_one_node(op, [a, b]), return_report=True)
     assert op_types(out) == [op]
     assert report.rules["constant_folding"].refused == 1
@@ -141,9 +141,9 @@ def test_float16_chain_keeps_the_float32_onnxruntime_keeps():
 def test_repeated_nodes_cost_one_session(monkeypatch):
     """Exporters repeat the same node once per layer: one onnxruntime session serves them all."""
     sessions = []
-    real = fold._session
-    monkeypatch.setattr(fold, "_session", lambda *a: sessions.append(a[1].op_type) or real(*a))
-    monkeypatch.setattr(fold, "_SESSIONS", {})
+    real = evaluate._session
+    monkeypatch.setattr(evaluate, "_session", lambda *a: sessions.append(a[1].op_type) or real(*a))
+    monkeypatch.setattr(evaluate, "_SESSIONS", {})
     nodes, inits = [], []
     for k in range(30):
         nodes.append(helper.make_node("Sqrt", [f"w{k}"], [f"s{k}"]))
@@ -206,7 +206,7 @@ def test_fold_size_is_decided_before_evaluating(runtime):
     process's peak memory barely moves (it grew by 0.4-1.5 GB per model when the limit was
     checked after evaluating)."""
     code = _BOMBS if runtime == "onnxruntime" else \
-        "import onnxopt.fold as f; f._onnxruntime = lambda: None\n" + _BOMBS
+        "import onnxopt.evaluate as f; f._onnxruntime = lambda: None\n" + _BOMBS
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -14,7 +14,8 @@ from helpers import init, model, op_types, tinfo
 from onnx import TensorProto, helper
 
 from onnxopt import Op, Rule, optimize, passes
-from onnxopt.driver import remove_unused
+from onnxopt.irutil import remove_unused
+from onnxopt.purity import Purity
 
 FOO = "com.example"
 
@@ -151,7 +152,7 @@ def test_unused_nodes_in_function_bodies_and_subgraphs_follow_the_same_rule():
     m.opset_import.extend([helper.make_opsetid("local", 1), helper.make_opsetid(FOO, 1)])
     m.functions.append(function)
     irm = ir.from_proto(m)
-    assert remove_unused(irm) == 3  # Neg in the function body and in both branches
+    assert remove_unused(irm, Purity(irm).removable) == 3  # Neg in the function body and in both branches
     assert [n.op_type for n in irm.functions[("local", "F", "")]] == ["Log", "Relu"]
     if_node = next(n for n in irm.graph if n.op_type == "If")
     for attr in if_node.attributes.values():

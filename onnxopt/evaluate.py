@@ -63,7 +63,10 @@ import onnx_ir as ir
 # which a process pays once rather than inside the first optimize() call.
 from onnx.reference import ReferenceEvaluator
 
+from .io import onnxruntime_module  # noqa: E402
+from .irutil import constant_tensor, nbytes, use_count  # noqa: E402
 from .purity import RANDOM_OPS  # noqa: E402  (one list: what is never folded, merged or assumed fixed)
+from .shapes import SMALL_CONST, infer, infer_node_outputs, slice_positions, small_tensor_proto  # noqa: E402
 
 # Not folded here: Constant nodes become initializers by their own rule; Identity of a constant
 # would only copy it (identity_elimination forwards the value instead); the rest have subgraphs.
@@ -143,7 +146,6 @@ def output_types(node: ir.Node, opset: int, inputs: Sequence[ir.TensorProtocol |
     """Each output's dtype and static shape from onnx's inference on the constant ``inputs``
     (their types, and the data of the small ones), or None when one is not known. What the model
     declares is not read: a wrong declaration must not let a huge result through."""
-    from .shapes import SMALL_CONST, infer_node_outputs, small_tensor_proto
 
     proto = _node_proto(node, inputs)
     types, data = {}, {}
@@ -202,8 +204,6 @@ _SESSION_CACHE_SIZE = 256
 @functools.cache
 def _onnxruntime():
     """The onnxruntime module, or None (imported on the first fold, not with the library)."""
-    from .io import onnxruntime_module
-
     return onnxruntime_module()
 
 
@@ -400,38 +400,13 @@ def _slice(inputs: Sequence[np.ndarray | None]) -> np.ndarray:
     return np.ascontiguousarray(out)
 
 
-def slice_positions(n: int, start: int, end: int, step: int) -> list[int]:
-    """The indices ONNX Slice picks on an axis of length ``n`` (the spec's clamping, which for a
-    negative step differs from Python's: a start below 0 becomes 0, not an empty slice)."""
-    if step == 0:
-        raise ValueError("zero step")
-    if start < 0:
-        start += n
-    if end < 0:
-        end += n
-    if step > 0:
-        start, end = min(max(start, 0), n), min(max(end, 0), n)
-    else:
-        start, end = min(max(start, 0), n - 1), min(max(end, -1), n - 1)
-    return list(range(start, end, step))
-
-
 # --- sizes and declared types -------------------------------------------------------------------
-
-
-def nbytes(tensor: ir.TensorProtocol) -> int:
-    try:
-        return int(tensor.nbytes)
-    except Exception:
-        return int(np.prod(tensor.shape.numpy(), dtype=np.int64)) * max(1, tensor.dtype.itemsize)
 
 
 def allowed_bytes(node: ir.Node, limit: int) -> int:
     """How many bytes of results folding ``node`` may create: ``limit``, or as many as the
     constants feeding the node that this node alone uses (they disappear with it), so folding
     never grows the model by more than ``limit`` per node."""
-    from .pattern import constant_tensor, use_count
-
     freed = 0
     for value in node.inputs:
         if value is None or value.is_graph_output():
@@ -445,8 +420,6 @@ def allowed_bytes(node: ir.Node, limit: int) -> int:
 
 
 def expected_dtype(value: ir.Value, opsets: Mapping[str, int]) -> ir.DataType | None:
-    from .shapes import infer
-
     if value.type is None:
         infer(value, opsets)
     if value.type is None:

@@ -1,0 +1,91 @@
+"""The sequence one optimization runs: what the model reads first, the driver to a fixpoint with
+the whole-graph passes between its rounds, and the final cleanup.
+
+1. Dead code out (a dead reader of a value would block patterns that need it to have one use),
+   and a note on each value of what the input recorded of its type and shape.
+2. The passes of phase "first" (``onnxopt.passes.PASSES``), in table order: constant lifting,
+   shape completion.
+3. The driver until its worklist is empty; then the passes of phase "between" (initializer
+   deduplication, common-subexpression elimination), whose changes go back on the worklist, and
+   the driver again, until neither changes anything.
+4. Dead code out, and the shapes the input did not record forgotten (inferred shapes are for the
+   rules; written into the output they change what onnxruntime fuses).
+
+A pass's changes count as rewrites (``max_rewrites``, ``stop_after``); a pass runs whole, so with
+``stop_after`` it is one step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+
+import onnx_ir as ir
+
+from . import passes
+from .driver import Driver, DriverResult, RuleStats
+from .irutil import remove_unused
+from .pattern import Rule
+from .purity import Purity
+
+_MAX_PASS_ROUNDS = 32
+
+
+def run(model: ir.Model, rules: Sequence[Rule], *, graph_passes: Iterable[str] = passes.NAMES,
+        max_rewrites: int | None = None, stop_after: int | None = None, keep_log: bool = False,
+        options: dict | None = None) -> DriverResult:
+    """Optimize ``model`` in place with ``rules`` and the named whole-graph passes; the driver's
+    result, with each pass's statistics among the rules'."""
+    _remove_dead(model)
+    chosen = [p for p in passes.PASSES if p.name in set(graph_passes)]
+    stats = {p.name: RuleStats() for p in chosen}
+    passes.mark_declared(model)
+    early, early_log = 0, []
+    for p in chosen:
+        if p.phase == "first":
+            n = _run_pass(p, stats[p.name], model, None)
+            early += n
+            if n and keep_log:
+                early_log.append({"pass": p.name, "rewrites": n})
+    driver = Driver(model, list(rules), max_rewrites=max_rewrites, stop_after=stop_after, keep_log=keep_log,
+                    options=options)
+    driver.result.rewrites = early
+    driver.result.log.extend(early_log)
+    result = driver.run()
+    between = [p for p in chosen if p.phase == "between"]
+    for _ in range(_MAX_PASS_ROUNDS):
+        changed = 0
+        for p in between:
+            if driver.at_limit:
+                break  # (stop_after: a pass is one step; the next one waits for the next round)
+            n = _run_pass(p, stats[p.name], model, driver.touched)
+            changed += n
+            result.rewrites += n
+            if n and keep_log:
+                result.log.append({"pass": p.name, "rewrites": n})
+        if not changed:
+            break
+        _remove_dead(model)
+        driver.run(seed=False)
+    _remove_dead(model)
+    passes.forget_inferred_shapes(model)
+    result.rules.update(stats)
+    return result
+
+
+def _remove_dead(model: ir.Model) -> int:
+    return remove_unused(model, Purity(model).removable)
+
+
+def _run_pass(p: passes.Pass, st: RuleStats, model: ir.Model, touched) -> int:
+    """Run one graph pass; returns the rewrites it made (none for an annotation pass, whose count
+    is reported as matched only)."""
+    t0 = time.perf_counter()
+    n = p.run(model, touched)
+    st.seconds += time.perf_counter() - t0
+    st.tried += 1
+    st.matched += n
+    if p.annotates:
+        return 0
+    st.fired += n
+    return n
