@@ -1,4 +1,10 @@
-"""onnxopt: declarative ONNX graph rewriting with proof on onnxruntime."""
+"""onnxopt: declarative ONNX graph rewriting with proof on onnxruntime.
+
+The rule language (``Rule``, ``Op``, ``Const``, ...) and the errors load with the package; the
+optimizer (``optimize``, ``Report``, ``default_rules``) loads on first use, so that a rules file or
+``import onnxopt.pattern`` pays for neither the evaluator, the verifier, onnxruntime nor the
+built-in rule library.
+"""
 
 __version__ = "0.1.0"
 
@@ -20,10 +26,23 @@ def _source_checkout() -> None:
 
 _source_checkout()
 
-from .api import Report, default_rules, optimize  # noqa: E402
 from .errors import InvalidModelError, OnnxoptError, RuleError, UsageError  # noqa: E402
 from .pattern import ANY, Builder, Const, Match, Op, Opt, Refuse, Rule, Var, forward  # noqa: E402
-from . import rules as _rules  # noqa: E402,F401  (the built-in library, loaded with the package)
+
+_LAZY = {"optimize": "api", "Report": "api", "default_rules": "api"}
+
+
+def __getattr__(name: str):
+    """``optimize``, ``Report`` and ``default_rules`` from onnxopt.api, imported when first asked for."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'onnxopt' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ANY", "Builder", "Const", "InvalidModelError", "Match", "Op", "OnnxoptError", "Opt", "Refuse",

@@ -28,6 +28,7 @@ class Report:
     cycles: list[dict]
     hit_limit: bool
     warnings: list[str]
+    errors: list[dict] = dataclasses.field(default_factory=list)  # rules that raised (bugs), see strict
     log: list[dict] = dataclasses.field(default_factory=list)  # the rewrites in order (with stop_after)
     verification: dict | None = None  # verify.verify()'s report, with verify=
 
@@ -47,6 +48,7 @@ class Report:
             "cycles": self.cycles,
             "hit_limit": self.hit_limit,
             "warnings": self.warnings,
+            "errors": self.errors,
             **({"log": self.log} if self.log else {}),
             **({"verification": self.verification} if self.verification is not None else {}),
         }
@@ -72,6 +74,7 @@ def optimize(
     verify: bool | str | Sequence[str] = False,
     verify_options: dict | None = None,
     outputs: io.Outputs | None = None,
+    strict: bool | None = None,
 ):
     """Rewrite ``model`` with the rules until nothing more applies.
 
@@ -110,6 +113,10 @@ def optimize(
             ``inplace`` stays rewritten). The report is ``Report.verification``.
         verify_options: keyword arguments for ``onnxopt.verify.verify`` (inputs, input_shapes,
             int_ranges, seed, rtol, atol, runs, warmup, latency, threads, progress).
+        strict: a rule whose condition or replacement raises (anything but ``Refuse``) has a bug:
+            with ``strict`` it raises ``onnxopt.driver.RuleBug`` (a RuleError) at once; without,
+            the rule is skipped at that node and the bug is reported (``Report.errors``, a warning
+            line). Default: the environment variable ``ONNXOPT_STRICT=1`` (on in onnxopt's tests).
         outputs: an ``onnxopt.io.Outputs`` to stage the written files in instead of putting them in
             place at once: the caller commits them together with its own (the command line
             writes its JSON report so). Without it, ``output`` is written atomically here. Either
@@ -123,7 +130,8 @@ def optimize(
     try:
         return _optimize(model, rules, extra_rules, disable, target, output, external_data, max_rewrites,
                          check, inplace, return_report, fold_size_limit, graph_passes, fold_input_limit,
-                         stop_after, verify, verify_options, outputs)
+                         stop_after, verify, verify_options, outputs,
+                         os.environ.get("ONNXOPT_STRICT") == "1" if strict is None else bool(strict))
     finally:
         if gc_was_enabled:
             # Hand what was allocated meanwhile to the oldest generation (two list splices) so
@@ -137,7 +145,7 @@ def optimize(
 def _optimize(model, rules, extra_rules, disable, target, output, external_data, max_rewrites, check,
               inplace, return_report, fold_size_limit=evaluate.DEFAULT_SIZE_LIMIT, graph_passes=None,
               fold_input_limit=evaluate.DEFAULT_INPUT_LIMIT, stop_after=None, verify=False, verify_options=None,
-              outputs=None):
+              outputs=None, strict=False):
     t0 = time.perf_counter()
     disable = list(disable)
     chosen, graph_passes = registry.resolve(rules, extra_rules, disable, target, graph_passes)
@@ -160,7 +168,7 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
         t1 = time.perf_counter()
         before = node_counts(loaded.model)
         result = pipeline.run(loaded.model, chosen, max_rewrites=max_rewrites, graph_passes=graph_passes,
-                              stop_after=stop_after, keep_log=stop_after is not None,
+                              stop_after=stop_after, keep_log=stop_after is not None, strict=strict,
                               options={"fold_size_limit": int(fold_size_limit),
                                        "fold_input_limit": int(fold_input_limit)})
         after = node_counts(loaded.model)
@@ -187,6 +195,7 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
     if not return_report:
         return out
     warnings = [c["message"] for c in result.cycles]
+    warnings += [f"{bug} (a bug in the rule: it was skipped there)" for bug in result.errors]
     if result.hit_limit:
         warnings.append(f"stopped at the rewrite limit ({result.rewrites} rewrites); the result is valid but "
                         "may not be fully optimized")
@@ -194,7 +203,7 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
     if verification is not None:
         seconds["verify"] = t3 - t2
     report = Report(before, after, result.rules, result.rewrites, seconds, result.cycles, result.hit_limit,
-                    warnings, log=result.log, verification=verification)
+                    warnings, [bug.as_dict() for bug in result.errors], log=result.log, verification=verification)
     return out, report
 
 

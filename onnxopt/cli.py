@@ -64,6 +64,9 @@ def _add_rule_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-builtin-rules", action="store_true", help="use only the rules given with --rules")
     p.add_argument("--target", choices=["cpu", "cuda"], help="only rules valid for this execution provider")
     p.add_argument("--max-rewrites", type=int, metavar="N", help="cap on the number of rewrites")
+    p.add_argument("--strict", action="store_true", default=None,
+                   help="a rule that raises (a bug in it) stops the run with an error instead of being skipped "
+                        "and reported (default: on when ONNXOPT_STRICT=1)")
     p.add_argument("--fold-size-limit", type=int, metavar="BYTES", default=evaluate.DEFAULT_SIZE_LIMIT,
                    help="constant folding creates a larger tensor only in place of at least as many bytes of "
                         "constants that become unused (default 1 MiB)")
@@ -328,6 +331,7 @@ def _optimize_main(args) -> int:
             _, report = optimize(
                 args.input, rules=base, extra_rules=extra, disable=args.disable, target=args.target,
                 output=args.output, external_data=external, max_rewrites=args.max_rewrites, return_report=True,
+                strict=args.strict,
                 fold_size_limit=args.fold_size_limit, outputs=outputs, **verify_args,
             )
         except VerificationError as exc:  # the evidence (and its JSON), then the one-line verdict (exit 1)

@@ -42,16 +42,22 @@ from .pattern import ANY_OP, Builder, Match, Refuse, Rule
 from .purity import Purity
 from .shapes import DECLARED, opsets_of
 
+_FIRED, _STOP = "fired", "stop"  # what trying one rule at one node came to (else None)
 _FEW_USES = 16  # a value with more uses than this has more than one reader for every pattern
 _MAX_ORIGINS = 64  # origin sets larger than this become one token (see Driver._cycle_key)
 
 
 @dataclasses.dataclass
 class RuleStats:
+    """One rule's (or graph pass's) record: nodes it was tried at, where its pattern matched, where
+    its condition or replacement refused (with the reasons, pattern mismatches' among them), where
+    it fired, where it raised (a bug: ``errors``), and the time it took."""
+
     tried: int = 0
     matched: int = 0
     refused: int = 0
     fired: int = 0
+    errors: int = 0
     seconds: float = 0.0
     reasons: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
@@ -61,9 +67,28 @@ class RuleStats:
             "matched": self.matched,
             "refused": self.refused,
             "fired": self.fired,
+            "errors": self.errors,
             "seconds": round(self.seconds, 6),
             "top_refusals": dict(self.reasons.most_common(top)),
         }
+
+
+class _InRule(Exception):
+    """Carries (as its cause) what a rule's replacement raised, past the driver's own code."""
+
+
+class RuleBug(RuleError):
+    """A rule's condition or replacement raised something other than ``Refuse``: a bug in the
+    rule. Raised with ``strict``; otherwise recorded (``DriverResult.errors``) and the rule skipped
+    at that node."""
+
+    def __init__(self, rule: str, node: str, phase: str, exc: BaseException):
+        self.rule, self.node, self.phase = rule, node, phase
+        self.exception = f"{type(exc).__name__}: {exc}"
+        super().__init__(f"rule {rule} raised {self.exception} in its {phase} at node {node!r}")
+
+    def as_dict(self) -> dict:
+        return {"rule": self.rule, "node": self.node, "phase": self.phase, "exception": self.exception}
 
 
 @dataclasses.dataclass
@@ -74,6 +99,7 @@ class DriverResult:
     removed_dead: int = 0
     rules: dict[str, RuleStats] = dataclasses.field(default_factory=dict)
     cycles: list[dict] = dataclasses.field(default_factory=list)
+    errors: list[RuleBug] = dataclasses.field(default_factory=list)  # rule bugs met (without strict)
     hit_limit: bool = False
     log: list[dict] = dataclasses.field(default_factory=list)
 
@@ -149,8 +175,10 @@ def index_rules(rules: Sequence[Rule]) -> dict[tuple[str, str], list[Rule]]:
 
 class Driver:
     def __init__(self, model: ir.Model, rules: Sequence[Rule], *, max_rewrites: int | None = None,
-                 stop_after: int | None = None, keep_log: bool = False, options: dict | None = None):
+                 stop_after: int | None = None, keep_log: bool = False, options: dict | None = None,
+                 strict: bool = False):
         self.model = model
+        self.strict = strict  # a rule's bug raises (RuleBug) instead of being recorded
         self.options = dict(options or {})
         self.index = index_rules(rules)
         self._wild = {key[0]: bucket for key, bucket in self.index.items() if key[1] == ANY_OP}
@@ -258,30 +286,52 @@ class Driver:
                 st.tried += 1
                 t0 = clock()
                 try:
-                    outcome = rule.match(node, self.opsets, self.options)
-                except Exception as exc:  # a failing condition refuses; it does not abort the run
-                    outcome = f"condition raised {type(exc).__name__}: {exc}"
-                if isinstance(outcome, str):
-                    st.reasons[_generalize_reason(outcome)] += 1
+                    outcome = self._try(rule, node, st, limit)
+                finally:
                     st.seconds += clock() - t0
-                    continue
-                st.matched += 1
-                if result.rewrites >= limit:
-                    result.hit_limit = self.stop_after is None or limit < self.stop_after
-                    st.seconds += clock() - t0
+                if outcome == _STOP:
                     self._queue.clear()
                     self._queued.clear()
                     break
-                reason = self._apply(outcome)
-                st.seconds += clock() - t0
-                if reason is None:
-                    st.fired += 1
-                    result.rewrites += 1
+                if outcome == _FIRED:
                     break
-                st.refused += 1
-                st.reasons[_generalize_reason(reason)] += 1
         self._write_sources()
         return result
+
+    def _try(self, rule: Rule, node: ir.Node, st: RuleStats, limit: int) -> str | None:
+        """Try one rule at one node: _FIRED, _STOP (the rewrite limit is reached), or None."""
+        phase = "pattern"
+        try:
+            m = rule.bind(node, self.opsets, self.options)  # (attribute predicates are the rule's code)
+            if isinstance(m, str):
+                st.reasons[_generalize_reason(m)] += 1
+                return None
+            st.matched += 1
+            phase = "condition"
+            reason = rule.judge(m)
+            if reason is None:
+                if self.result.rewrites >= limit:
+                    self.result.hit_limit = self.stop_after is None or limit < self.stop_after
+                    return _STOP
+                phase = "replacement"
+                reason = self._apply(m)
+        except Exception as exc:  # noqa: BLE001 - the rule's own code failed: a bug, loud
+            cause = exc.__cause__ if isinstance(exc, _InRule) else exc
+            if phase == "replacement" and not isinstance(exc, _InRule):
+                raise  # the driver's own commit failed: not the rule's doing
+            bug = RuleBug(rule.name, node.name or node.op_type, phase, cause)
+            if self.strict:
+                raise bug from cause
+            st.errors += 1
+            self.result.errors.append(bug)
+            return None
+        if reason is not None:
+            st.refused += 1
+            st.reasons[_generalize_reason(reason)] += 1
+            return None
+        st.fired += 1
+        self.result.rewrites += 1
+        return _FIRED
 
     # -- one rewrite ----------------------------------------------------------------------
     def _origins(self, node: ir.Node) -> frozenset:
@@ -334,13 +384,17 @@ class Driver:
         except Refuse as exc:
             builder.abort()
             return str(exc) or "replacement refused"
-        except Exception as exc:  # a bug in a rule must not take the user's model down with it
+        except Exception as exc:  # a bug in the rule: the model is left as it was, the caller reports it
             builder.abort()
-            return f"rule raised {type(exc).__name__}: {exc}"
+            raise _InRule() from exc
         if replacement is None:
             builder.abort()
             return "replacement returned nothing"
-        news = [replacement] if isinstance(replacement, ir.Value) else list(replacement)
+        news = [replacement] if isinstance(replacement, ir.Value) else list(replacement) \
+            if isinstance(replacement, (list, tuple)) else None
+        if news is None or not all(isinstance(v, ir.Value) for v in news):
+            builder.abort()
+            raise _InRule() from TypeError(f"the replacement returned {replacement!r}, not values")
         olds = list(root.outputs)
         reason = self._check_outputs(graph, root, olds, news, builder)
         if reason is not None:

@@ -26,9 +26,13 @@ Patterns:
     ``Opt(pattern)`` an optional input: absent (bound to None) or matching ``pattern``
     ``ANY``          any value, unbound
 
-A condition returns ``None``/``True`` to accept, or a string (the reason) / ``False`` to refuse.
-A replacement takes ``(match, builder)`` and returns the value(s) that replace the root node's
-outputs, built with ``builder.op(...)`` and ``builder.const(...)``; it may raise ``Refuse(reason)``.
+A condition returns ``None``/``True`` to accept, a string (the reason) / ``False`` to refuse, or
+any other object to accept with a *plan*: the replacement finds it as ``match.plan``, so what the
+condition computed (a target shape, per-channel factors) is not computed again. A replacement
+takes ``(match, builder)`` and returns the value(s) that replace the root node's outputs, built
+with ``builder.op(...)`` and ``builder.const(...)``; it may raise ``Refuse(reason)``. Any other
+exception in a condition or a replacement is a bug in the rule: the driver reports it as an error
+(``optimize(strict=True)`` raises it), never as a refusal.
 """
 
 from __future__ import annotations
@@ -43,7 +47,8 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from .irutil import constant_tensor, use_count
+from .errors import RuleError
+from .irutil import constant_tensor, opset_of, use_count
 from .shapes import infer
 
 TARGETS = frozenset({"cpu", "cuda"})
@@ -307,7 +312,14 @@ class _State:
 
 class Match:
     """What a pattern bound. ``m["x"]`` is a value, ``m.const("w")`` a numpy array,
-    ``m.node("bn")`` a node, ``m.attr("bn", "epsilon", 1e-5)`` an attribute value."""
+    ``m.node("bn")`` a node, ``m.attr("bn", "epsilon", 1e-5)`` an attribute value; ``m.dtype("x")``,
+    ``m.shape("x")``, ``m.dims("x")`` and ``m.static_shape("x")`` are the one way to ask about a
+    value's type and shape (inferred locally when the model lacks them); ``m.opset("")`` the
+    imported version of a domain; ``m.plan`` what the condition computed for the replacement.
+
+    Asking for a name the rule's pattern does not bind is a bug in the rule: it raises RuleError
+    (an optional input that is absent is bound to None: ``m["b"]`` is None, ``"b" in m`` False).
+    """
 
     def __init__(self, rule: Rule, root: ir.Node, state: _State):
         self.rule = rule
@@ -317,18 +329,32 @@ class Match:
         self.tensors = state.consts
         self.nodes: tuple[ir.Node, ...] = tuple(state.nodes)
         self.named = state.named
-        self._opsets = state.opsets
+        self.opsets: Mapping[str, int] = state.opsets  # the model's imports (see opset())
         self.options = state.options  # the optimize() call's settings (e.g. fold_size_limit)
+        self.plan: Any = None  # what the condition returned beyond "yes" (see Rule)
         self._arrays: dict[str, np.ndarray] = {}
 
+    def _unbound(self, name: str, kind: str, names) -> RuleError:
+        return RuleError(f"rule {self.rule.name} asks for {kind} {name!r}, which its pattern does not bind "
+                         f"(it binds {', '.join(sorted(names)) or 'none'})")
+
+    def _value_name(self, name: str) -> str:
+        if name not in self.rule.value_names:
+            raise self._unbound(name, "the value", self.rule.value_names)
+        return name
+
     def __getitem__(self, name: str) -> ir.Value | None:
-        return self.values[name]
+        return self.values.get(self._value_name(name))
 
     def __contains__(self, name: str) -> bool:
-        return self.values.get(name) is not None
+        """``name`` is bound to a value (an optional input that is absent is not)."""
+        return self.values.get(self._value_name(name)) is not None
 
     def const(self, name: str) -> np.ndarray | None:
-        """The constant bound to ``name`` as a numpy array (converted once per match)."""
+        """The constant bound to ``name`` as a numpy array (converted once per match); None for an
+        optional constant that is absent."""
+        if name not in self.rule.const_names:
+            raise self._unbound(name, "the constant", self.rule.const_names)
         array = self._arrays.get(name)
         if array is None:
             tensor = self.tensors.get(name)
@@ -338,10 +364,12 @@ class Match:
         return array
 
     def node(self, name: str) -> ir.Node:
+        if name not in self.rule.node_names:
+            raise self._unbound(name, "the node", self.rule.node_names)
         return self.named[name]
 
     def attr(self, node_name: str, attr_name: str, default: Any = None) -> Any:
-        attr = self.named[node_name].attributes.get(attr_name)
+        attr = self.node(node_name).attributes.get(attr_name)
         if attr is None:
             return default
         value = attr.value
@@ -350,11 +378,32 @@ class Match:
         return value
 
     def opset(self, domain: str = "") -> int:
-        return self._opsets.get(domain, 1)
+        """The version the model imports for ``domain`` ("" and "ai.onnx" are one domain)."""
+        return opset_of(self.opsets, domain)
 
     def shape(self, name: str) -> ir.Shape | None:
         """The shape of the value bound to ``name``, inferred locally when the model lacks it."""
-        return infer(self.values.get(name), self._opsets)
+        return infer(self[name], self.opsets)
+
+    def dims(self, name: str) -> list[int | None] | None:
+        """The dimensions of ``name``'s value: numbers, None for a dimension that is not one; None
+        when even the rank is unknown."""
+        shape = self.shape(name)
+        return None if shape is None else [d if isinstance(d, int) else None for d in shape]
+
+    def static_shape(self, name: str) -> tuple[int, ...] | None:
+        """``name``'s shape when every dimension is a number, else None."""
+        dims = self.dims(name)
+        return None if dims is None or any(d is None for d in dims) else tuple(dims)
+
+    def dtype(self, name: str) -> ir.DataType | None:
+        """The element type of ``name``'s value, inferred locally when the model lacks it."""
+        value = self[name]
+        if value is None:
+            return None
+        if value.type is None:
+            infer(value, self.opsets)
+        return value.dtype
 
 
 Condition = Callable[[Match], Union[None, bool, str]]
@@ -385,6 +434,10 @@ class Rule:
     def __post_init__(self):
         if not isinstance(self.pattern, Op):
             raise TypeError(f"rule {self.name}: the pattern's root must be an Op")
+        values, consts, nodes = _names(self.pattern)
+        object.__setattr__(self, "value_names", frozenset(values))
+        object.__setattr__(self, "const_names", frozenset(consts))
+        object.__setattr__(self, "node_names", frozenset(nodes))
         if self.pattern.op_type == ANY_OP and self.pattern.inputs:
             raise TypeError(f"rule {self.name}: Op('*') takes no input patterns")
         targets = frozenset(self.targets)
@@ -397,21 +450,54 @@ class Rule:
     def summary(self) -> str:
         return (self.doc or "").strip().splitlines()[0] if self.doc else ""
 
-    def match(self, node: ir.Node, opsets: Mapping[str, int], options: Mapping[str, Any] | None = None
-              ) -> Match | str:
-        """A Match, or the reason this rule does not apply at ``node``."""
+    def bind(self, node: ir.Node, opsets: Mapping[str, int], options: Mapping[str, Any] | None = None
+             ) -> Match | str:
+        """A Match of the pattern rooted at ``node``, or why the pattern does not match there."""
         state = _State(node.graph, opsets, options)
         reason = self.pattern.match_node(node, state)
-        if reason is not None:
-            return reason
-        m = Match(self, node, state)
-        if self.condition is not None:
-            verdict = self.condition(m)
-            if verdict is False:
-                return "condition refused"
-            if isinstance(verdict, str):
-                return verdict
-        return m
+        return reason if reason is not None else Match(self, node, state)
+
+    def judge(self, m: Match) -> str | None:
+        """The condition's verdict on ``m``: None to go ahead (what it returned beyond "yes" is
+        ``m.plan``, for the replacement), or the reason it refuses."""
+        if self.condition is None:
+            return None
+        verdict = self.condition(m)
+        if verdict is None or verdict is True:
+            return None
+        if verdict is False:
+            return "condition refused"
+        if isinstance(verdict, str):
+            return verdict
+        m.plan = verdict
+        return None
+
+    def match(self, node: ir.Node, opsets: Mapping[str, int], options: Mapping[str, Any] | None = None
+              ) -> Match | str:
+        """A Match, or the reason this rule does not apply at ``node`` (its pattern, or its condition)."""
+        m = self.bind(node, opsets, options)
+        if isinstance(m, str):
+            return m
+        reason = self.judge(m)
+        return reason if reason is not None else m
+
+
+def _names(pattern: Pattern, values=None, consts=None, nodes=None) -> tuple[set, set, set]:
+    """The names a pattern binds: values (Var and Const), constants (Const), nodes (Op)."""
+    values, consts, nodes = (set() if values is None else values, set() if consts is None else consts,
+                             set() if nodes is None else nodes)
+    if isinstance(pattern, Opt):
+        return _names(pattern.pattern, values, consts, nodes)
+    if isinstance(pattern, (Var, Const)) and pattern.name is not None:
+        values.add(pattern.name)
+        if isinstance(pattern, Const):
+            consts.add(pattern.name)
+    if isinstance(pattern, Op):
+        if pattern.name is not None:
+            nodes.add(pattern.name)
+        for inner in pattern.inputs:
+            _names(inner, values, consts, nodes)
+    return values, consts, nodes
 
 
 # --------------------------------------------------------------------------------------------

@@ -33,9 +33,10 @@ _MAX_PASS_ROUNDS = 32
 
 def run(model: ir.Model, rules: Sequence[Rule], *, graph_passes: Iterable[str] = passes.NAMES,
         max_rewrites: int | None = None, stop_after: int | None = None, keep_log: bool = False,
-        options: dict | None = None) -> DriverResult:
+        options: dict | None = None, strict: bool = False) -> DriverResult:
     """Optimize ``model`` in place with ``rules`` and the named whole-graph passes; the driver's
-    result, with each pass's statistics among the rules'."""
+    result, with each pass's statistics among the rules'. ``strict``: a bug in a rule raises
+    (``onnxopt.driver.RuleBug``) instead of being recorded in the result's ``errors``."""
     _remove_dead(model)
     chosen = [p for p in passes.PASSES if p.name in set(graph_passes)]
     stats = {p.name: RuleStats() for p in chosen}
@@ -48,7 +49,7 @@ def run(model: ir.Model, rules: Sequence[Rule], *, graph_passes: Iterable[str] =
             if n and keep_log:
                 early_log.append({"pass": p.name, "rewrites": n})
     driver = Driver(model, list(rules), max_rewrites=max_rewrites, stop_after=stop_after, keep_log=keep_log,
-                    options=options)
+                    options=options, strict=strict)
     driver.result.rewrites = early
     driver.result.log.extend(early_log)
     result = driver.run()

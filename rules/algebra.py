@@ -24,7 +24,7 @@ def _dtype(m: Match, name: str) -> ir.DataType | None:
     if value is None:
         return None
     if value.type is None:
-        infer(value, m._opsets)
+        infer(value, m.opsets)
     if isinstance(value.type, ir.TensorType):
         return value.type.dtype
     return None
@@ -372,7 +372,7 @@ def _unflatten_elements_match(m: Match, x: ir.Value, n: int) -> bool:
 def _gemm_unflatten(m: Match):
     x = m["x"]
     w = m.const("w")
-    if infer(x, m._opsets) is None or len(x.shape) < 3:
+    if infer(x, m.opsets) is None or len(x.shape) < 3:
         return "x's rank is unknown or below 3"
     if w.ndim != 2 or m.attr("gemm", "transA", 0) != 0 or m.attr("gemm", "alpha", 1.0) != 1.0:
         return "Gemm transposes or scales A"

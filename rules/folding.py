@@ -88,7 +88,7 @@ def _fold(m: Match, b):
     if any(t is not None and t.dtype == ir.DataType.STRING for t in tensors):
         raise Refuse("string inputs are not folded")
     try:
-        results = evaluate.evaluate(node, m._opsets, tensors, evaluate.allowed_bytes(node, _limit(m)))
+        results = evaluate.evaluate(node, m.opsets, tensors, evaluate.allowed_bytes(node, _limit(m)))
     except evaluate.EvaluationError as exc:
         raise Refuse(str(exc)) from None
     return _consts(b, m, results)
@@ -111,8 +111,8 @@ def _shape_range(m: Match, dims: list) -> list:
 
 
 def _runs_in_onnxruntime(m: Match) -> None:
-    dtype = evaluate.expected_dtype(m["x"], m._opsets)
-    if dtype is not None and evaluate.lacks_kernel(m.root, m._opsets, [dtype]):
+    dtype = evaluate.expected_dtype(m["x"], m.opsets)
+    if dtype is not None and evaluate.lacks_kernel(m.root, m.opsets, [dtype]):
         raise Refuse(f"onnxruntime has no {m.root.op_type} kernel for {dtype.name}: folded, the model would run")
 
 

@@ -123,8 +123,50 @@ def test_condition_reason_is_recorded():
     _, report = optimize(m, extra_rules=[rule], return_report=True)
     st = report.rules["never_relu"]
     # each Relu is tried when first visited and again when a neighbouring rewrite touches it
-    assert st.tried >= 2 and st.fired == 0 and st.matched == 0
+    # the pattern matched each time; the condition refused, counted as refusals (as Refuse is)
+    assert st.tried >= 2 and st.fired == 0 and st.matched == st.tried == st.refused
     assert st.reasons["relu is precious"] == st.tried
+
+
+def _buggy_rules():
+    """Rules whose condition or replacement has a bug: a name the pattern never bound, an index
+    error, a replacement that returns a string."""
+    return {
+        "typo_in_condition": Rule("typo_in_condition", Op("Relu", "x"), lambda m, b: m["x"],
+                                  condition=lambda m: m["typo"] is None or None),
+        "typo_const": Rule("typo_const", Op("Relu", "x"), lambda m, b: m["x"],
+                           condition=lambda m: m.const("w") is None or None),
+        "typo_node": Rule("typo_node", Op("Relu", "x", name="r"), lambda m, b: m["x"],
+                          condition=lambda m: m.attr("relu", "alpha") or None),
+        "index_error": Rule("index_error", Op("Relu", "x"), lambda m, b: [m["x"]][3]),
+        "returns_text": Rule("returns_text", Op("Relu", "x"), lambda m, b: "x"),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_buggy_rules()))
+def test_a_rule_bug_is_an_error_not_a_refusal(name):
+    """A rule bug is loud: strict raises it with the rule, node and exception; otherwise it is
+    reported apart from refusals and the model is left as it was there."""
+    rule = _buggy_rules()[name]
+    m = synthetic.build(10)
+    phase = "replacement" if name in ("index_error", "returns_text") else "condition"
+    with pytest.raises(RuleError, match=rf"rule {name} raised \w+.* in its {phase} at node"):
+        optimize(m, rules=[rule], strict=True)
+    out, report = optimize(m, rules=[rule], strict=False, return_report=True)
+    st = report.rules[name]
+    assert st.errors == st.matched >= 1 and st.fired == 0 and st.refused == 0
+    assert report.errors[0]["rule"] == name and report.errors[0]["phase"] == phase
+    assert any(name in w and "bug" in w for w in report.warnings)
+    assert [n.op_type for n in out.graph.node].count("Relu") == [n.op_type for n in m.graph.node].count("Relu")
+
+
+def test_strict_is_on_in_the_test_suite_and_off_by_default(monkeypatch):
+    rule = _buggy_rules()["typo_in_condition"]
+    with pytest.raises(RuleError):
+        optimize(synthetic.build(10), rules=[rule])  # (conftest sets ONNXOPT_STRICT=1)
+    monkeypatch.delenv("ONNXOPT_STRICT")
+    _, report = optimize(synthetic.build(10), rules=[rule], return_report=True)
+    assert report.errors
 
 
 def test_duplicate_rule_names_rejected():
