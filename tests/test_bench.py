@@ -106,7 +106,7 @@ def setup_crash(ctx):
 @pytest.fixture(scope="module")
 def synthetic_run(tmp_path_factory):
     """bench_model on a 100-node synthetic model: onnxopt, a tool that raises, a tool that crashes."""
-    from onnxopt.models import synthetic, zoo
+    from onnxopt.models import synthetic
 
     tmp = tmp_path_factory.mktemp("bench")
     path = tmp / "synthetic-100.onnx"
@@ -117,7 +117,7 @@ def synthetic_run(tmp_path_factory):
              bench.Tool("crashes", "fake_tools:setup_crash", "onnx", "aborts", pythonpath=str(tmp)),
              bench.Tool("transformers-only", "fake_tools:setup_broken", "onnx", "never run", families=("transformer",),
                         pythonpath=str(tmp))]
-    feeds = zoo.synthetic_inputs(onnx.load(path), 0)
+    feeds = synthetic.inputs(onnx.load(path), 0)
     opts = bench.Options(repeat=2, runs=3, warmup=1, timeout=120, latency_budget=5, min_rounds=2)
     log = []
     result = bench.bench_model("synthetic-100", path, "synthetic", feeds, tools, opts, tmp / "work", log.append)

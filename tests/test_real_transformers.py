@@ -20,7 +20,7 @@ pytest.importorskip("transformers", reason="transformers (the 'export' extra) is
 ort = pytest.importorskip("onnxruntime")
 
 from onnxopt import optimize  # noqa: E402
-from onnxopt.models import transformers_models, zoo  # noqa: E402
+from onnxopt.models import inputs, transformers_models  # noqa: E402
 
 CASES = [("bert", "legacy"), ("bert", "dynamo"), ("gpt2", "legacy"), ("gpt2", "dynamo")]
 
@@ -61,7 +61,7 @@ def test_transformer_model(tmp_path, kind, exporter):
     proto = onnx.load(str(src), load_external_data=False)
     vocab = 8192
     for batch, seq in ((2, 16), (1, 7)):
-        feeds = zoo.text_inputs(batch, seq, vocab, pad_id=vocab - 1 if kind == "gpt2" else 0)(proto, 0)
+        feeds = inputs.text_inputs(batch, seq, vocab, pad_id=vocab - 1 if kind == "gpt2" else 0)(proto, 0)
         k0, a = _kernels(src, feeds)
         k1, b = _kernels(dst, feeds)
         assert k1 <= k0

