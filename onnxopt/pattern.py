@@ -403,7 +403,7 @@ class Match:
             return None
         if value.type is None:
             infer(value, self.opsets)
-        return value.dtype
+        return value.type.dtype if isinstance(value.type, ir.TensorType) else None  # (not a sequence's)
 
 
 Condition = Callable[[Match], Union[None, bool, str]]

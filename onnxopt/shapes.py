@@ -158,6 +158,17 @@ def rank(value: ir.Value | None, opsets: Mapping[str, int]) -> int | None:
     return None if shape is None else len(shape)
 
 
+def broadcast_keeps(dims: list | None, shape: tuple[int, ...]) -> bool:
+    """A value of dimensions ``dims`` (numbers, None for unknown) broadcast with one of static
+    ``shape`` keeps its own shape: ``shape`` is of no higher rank and each of its dimensions is 1
+    or equals the value's (a known number)."""
+    if len(shape) == 0:
+        return True
+    if dims is None or len(shape) > len(dims):
+        return False
+    return all(c == 1 or c == d for c, d in zip(reversed(shape), reversed(dims)))
+
+
 # --- shape vectors ----------------------------------------------------------------------------
 # A shape vector (what Shape returns) as a list of elements: numbers, or anything standing for a
 # dimension (None for "unknown", a symbolic reference). Gather and Slice pick from it as they
@@ -203,3 +214,144 @@ def slice_positions(n: int, start: int, end: int, step: int) -> list[int]:
     else:
         start, end = min(max(start, 0), n - 1), min(max(end, -1), n - 1)
     return list(range(start, end, step))
+
+
+# --- shape arithmetic, read back --------------------------------------------------------------
+# Exporters build a Reshape's target from the input's own Shape: Shape -> Gather/Slice ->
+# Unsqueeze -> Concat. shape_elements reads such a vector back as numbers and ("dim", value, k)
+# references (dimension k of value), so a rule can tell a target that copies the input's own
+# dimensions from one that does not.
+
+DimRef = tuple  # ("dim", value, k): dimension k of value, read through Shape
+_DEPTH = 8  # how far back shape_elements follows the arithmetic
+
+
+def shape_elements(value: ir.Value | None, depth: int = 0) -> list | None:
+    """A 1-D int64 shape tensor as a list of ints and DimRef entries, or None when it is anything
+    else (a value computed some other way, or from deeper than _DEPTH nodes)."""
+    if value is None or depth > _DEPTH:
+        return None
+    tensor = constant_tensor(value)
+    if tensor is not None:
+        arr = tensor.numpy()
+        if arr.dtype != np.int64 or arr.ndim > 1:
+            return None
+        return [int(a) for a in arr.reshape(-1)]
+    node = value.producer()
+    if node is None or node.domain not in ("", "ai.onnx"):
+        return None
+    op = node.op_type
+    if op == "Concat":
+        axis = node.attributes.get("axis")
+        if axis is None or axis.value not in (0, -1):
+            return None
+        parts = []
+        for v in node.inputs:
+            part = shape_elements(v, depth + 1)
+            if part is None:
+                return None
+            parts.extend(part)
+        return parts
+    if op == "Shape":
+        src = node.inputs[0]
+        if src.shape is None:
+            return None
+        start, end = node.attributes.get("start"), node.attributes.get("end")
+        ks = list(range(len(src.shape)))[slice(start.value if start else None, end.value if end else None)]
+        return [("dim", src, k) for k in ks]
+    if op == "Reshape" and len(node.inputs) == 2:  # a scalar made 1-D: Reshape(s, [-1]) or [1]
+        target = constant_tensor(node.inputs[1])
+        if target is None or target.numpy().reshape(-1).tolist() not in ([-1], [1]):
+            return None
+        inner = scalar_element(node.inputs[0], depth + 1)
+        if inner is not None:
+            return [inner]
+        part = shape_elements(node.inputs[0], depth + 1)
+        return part if part is not None and len(part) == 1 else None
+    if op == "Unsqueeze" and len(node.inputs) >= 1:
+        axes = node.inputs[1] if len(node.inputs) > 1 else None
+        inner = scalar_element(node.inputs[0], depth + 1)
+        if inner is None:
+            return None
+        axes_t = constant_tensor(axes) if axes is not None else None
+        ax = axes_t.numpy().reshape(-1).tolist() if axes_t is not None else node.attributes.get("axes").value \
+            if node.attributes.get("axes") is not None else None
+        return [inner] if ax is not None and list(ax) in ([0], [-1]) else None
+    if op in ("Gather", "Slice"):
+        src = shape_elements(node.inputs[0], depth + 1)
+        if src is None:
+            return None
+        if op == "Gather":
+            idx = constant_tensor(node.inputs[1])
+            axis = node.attributes.get("axis")
+            if idx is None or (axis is not None and axis.value != 0) or idx.numpy().ndim != 1:
+                return None
+            return gather_elements(src, idx.numpy())
+        consts = [constant_tensor(v) if v is not None else None for v in node.inputs[1:5]]
+        if len(consts) < 2 or consts[0] is None or consts[1] is None or any(
+                v is not None and c is None for v, c in zip(node.inputs[3:5], consts[2:])):
+            return None
+        arrays = [c.numpy() if c is not None else None for c in consts] + [None] * (4 - len(consts))
+        return slice_elements(src, *arrays)
+    return None
+
+
+def scalar_element(value: ir.Value | None, depth: int = 0):
+    """A scalar int64 read back like :func:`shape_elements` reads a vector (an int or a DimRef), or None."""
+    if value is None:
+        return None
+    tensor = constant_tensor(value)
+    if tensor is not None:
+        arr = tensor.numpy()
+        return int(arr) if arr.ndim == 0 and arr.dtype == np.int64 else None
+    node = value.producer()
+    if node is not None and node.op_type in ("Squeeze", "Reshape") and node.domain in ("", "ai.onnx"):
+        part = shape_elements(node.inputs[0], depth + 1)  # a 1-element shape tensor made a scalar
+        if node.op_type == "Reshape":
+            target = constant_tensor(node.inputs[1]) if len(node.inputs) > 1 else None
+            if target is None or target.numpy().size != 0:
+                return None
+        return part[0] if part is not None and len(part) == 1 else None
+    if node is None or node.op_type != "Gather" or node.domain not in ("", "ai.onnx"):
+        return None
+    src = shape_elements(node.inputs[0], depth + 1)
+    idx = constant_tensor(node.inputs[1])
+    axis = node.attributes.get("axis")
+    if src is None or idx is None or idx.numpy().ndim != 0 or (axis is not None and axis.value != 0):
+        return None
+    i = int(idx.numpy())
+    return src[i] if -len(src) <= i < len(src) else None
+
+
+def same_symbol(a: ir.Value, k: int, x: ir.Value, j: int) -> bool:
+    """Dimension k of a and dimension j of x carry the same named symbol (onnx's shape inference
+    gives equal dimensions equal names, and distinct unknowns distinct ones)."""
+    if a.shape is None or x.shape is None or not -len(a.shape) <= k < len(a.shape):
+        return False
+    da, dx = a.shape[k], x.shape[j]
+    return (not isinstance(da, int) and not isinstance(dx, int) and bool(da.value) and da.value == dx.value
+            and da.value not in placeholder_symbols(x.graph or a.graph))
+
+
+def is_dim_of(element, x: ir.Value, j: int) -> bool:
+    """A shape-vector element stands for dimension j of x: it reads that very dimension, or one
+    with the same named symbol."""
+    return not isinstance(element, int) and (element[1] is x and element[2] == j
+                                             or same_symbol(element[1], element[2], x, j))
+
+
+def placeholder_symbols(graph: ir.Graph | None) -> frozenset:
+    """Dimension names that cannot be trusted to mean one value: the placeholders some exporters
+    write for every unknown dimension, and any name that one graph input repeats on two axes
+    (which, at face value, would claim those axes equal)."""
+    names = set(PLACEHOLDER_DIMS)
+    for value in (graph.inputs if graph is not None else ()):
+        if value.shape is None:
+            continue
+        seen = set()
+        for d in value.shape:
+            if not isinstance(d, int) and d.value:
+                if d.value in seen:
+                    names.add(d.value)
+                seen.add(d.value)
+    return frozenset(names)

@@ -9,7 +9,7 @@ from onnxopt.purity import dropout_training
 _forward_x = forward("x")
 
 
-def _dropout_is_inference(m: Match):
+def dropout_elimination_condition(m: Match):
     node = m.root
     reason = dropout_training(node, m.opset(""))
     if reason is not None:
@@ -24,6 +24,6 @@ RULES = [
          doc="Identity(x) is x."),
     Rule("dropout_elimination",
          Op("Dropout", "x", Opt("ratio"), Opt("training_mode"), name="drop"), _forward_x,
-         condition=_dropout_is_inference,
+         condition=dropout_elimination_condition,
          doc="Dropout at inference (no training_mode, mask unused) is x."),
 ]

@@ -14,6 +14,7 @@ from onnxopt.pattern import Const, Match, Op, Refuse, Rule
 
 
 def _branch(m: Match) -> ir.Graph | None:
+    """The branch that runs, when the condition is one constant and the branch is there."""
     cond = m.const("cond")
     if cond.size != 1:
         return None
@@ -23,7 +24,8 @@ def _branch(m: Match) -> ir.Graph | None:
     return attr.as_graph()
 
 
-def _inlinable(m: Match):
+def if_constant_condition_condition(m: Match):
+    """The plan: the branch that runs."""
     graph = _branch(m)
     if graph is None:
         return "the condition is not a single constant, or the branch is missing"
@@ -37,11 +39,11 @@ def _inlinable(m: Match):
                 return "the branch holds nested control flow"
             if attr.is_ref():
                 return "the branch refers to a function attribute"
-    return None
+    return graph
 
 
-def _inline(m: Match, b):
-    graph = _branch(m)
+def if_constant_condition_replacement(m: Match, b):
+    graph = m.plan
     mapping: dict[ir.Value, ir.Value] = {}
     for name, value in graph.initializers.items():
         if value.const_value is None:
@@ -65,7 +67,8 @@ def _inline(m: Match, b):
 
 
 RULES = [
-    Rule("if_constant_condition", Op("If", Const("cond"), name="if"), _inline, condition=_inlinable,
+    Rule("if_constant_condition", Op("If", Const("cond"), name="if"), if_constant_condition_replacement,
+         condition=if_constant_condition_condition,
          priority=50,
          doc="If on a constant condition is the branch that runs, inlined into the enclosing graph."),
 ]

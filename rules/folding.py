@@ -41,13 +41,13 @@ def _consts(b, m: Match, arrays) -> list[ir.Value]:
 # --- Constant nodes ------------------------------------------------------------------------
 
 
-def _constant_tensor_ok(m: Match):
+def constant_to_initializer_condition(m: Match):
     if constant_tensor(m.root.outputs[0]) is None:
         return "a Constant holding a sparse tensor, strings or an attribute reference is kept"
     return None
 
 
-def _constant_to_initializer(m: Match, b):
+def constant_to_initializer_replacement(m: Match, b):
     tensor = constant_tensor(m.root.outputs[0])
     if tensor.dtype == ir.DataType.STRING:
         raise Refuse("string constants are kept as Constant nodes")
@@ -58,7 +58,7 @@ def _constant_to_initializer(m: Match, b):
 # --- general folding -----------------------------------------------------------------------
 
 
-def _foldable(m: Match):
+def constant_folding_condition(m: Match):
     node = m.root
     if node.op_type in evaluate.NOT_FOLDED:
         return f"{node.op_type} is never folded"
@@ -78,7 +78,7 @@ def _foldable(m: Match):
     return None
 
 
-def _fold(m: Match, b):
+def constant_folding_replacement(m: Match, b):
     node = m.root
     tensors = [constant_tensor(value) if value is not None else None for value in node.inputs]
     in_bytes = sum(evaluate.nbytes(t) for t in tensors if t is not None)
@@ -97,13 +97,6 @@ def _fold(m: Match, b):
 # --- shapes ---------------------------------------------------------------------------------
 
 
-def _static_dims(m: Match, name: str):
-    shape = m.shape(name)
-    if shape is None:
-        return None
-    return [d if isinstance(d, int) else None for d in shape]
-
-
 def _shape_range(m: Match, dims: list) -> list:
     start = m.attr("shape", "start", 0) or 0
     end = m.attr("shape", "end", None)
@@ -116,9 +109,9 @@ def _runs_in_onnxruntime(m: Match) -> None:
         raise Refuse(f"onnxruntime has no {m.root.op_type} kernel for {dtype.name}: folded, the model would run")
 
 
-def _fold_shape(m: Match, b):
+def shape_folding_replacement(m: Match, b):
     _runs_in_onnxruntime(m)
-    dims = _static_dims(m, "x")
+    dims = m.dims("x")
     if dims is None:
         raise Refuse("shape unknown")
     dims = _shape_range(m, dims)
@@ -127,16 +120,16 @@ def _fold_shape(m: Match, b):
     return b.const(np.array(dims, dtype=np.int64), name=m.root.outputs[0].name or "shape")
 
 
-def _fold_size(m: Match, b):
+def size_folding_replacement(m: Match, b):
     _runs_in_onnxruntime(m)
-    dims = _static_dims(m, "x")
+    dims = m.dims("x")
     if dims is None or any(d is None for d in dims):
         raise Refuse("the shape is not static")
     return b.const(np.array(int(np.prod(dims, dtype=np.int64)), dtype=np.int64), name=m.root.outputs[0].name or "size")
 
 
-def _fold_gather_of_shape(m: Match, b):
-    dims = _static_dims(m, "x")
+def shape_gather_folding_replacement(m: Match, b):
+    dims = m.dims("x")
     if dims is None:
         raise Refuse("shape unknown")
     idx = m.const("idx")
@@ -150,12 +143,12 @@ def _fold_gather_of_shape(m: Match, b):
     return b.const(np.array(picked, dtype=np.int64).reshape(idx.shape), name=m.root.outputs[0].name or "dims")
 
 
-def _fold_slice_of_shape(m: Match, b):
-    dims = _static_dims(m, "x")
+def shape_slice_folding_replacement(m: Match, b):
+    dims = m.dims("x")
     if dims is None:
         raise Refuse("shape unknown")
-    picked = slice_elements(_shape_range(m, dims), m.const("starts"), m.const("ends"),
-                            m.const("axes") if "axes" in m else None, m.const("steps") if "steps" in m else None)
+    picked = slice_elements(_shape_range(m, dims), m.const("starts"), m.const("ends"), m.const("axes"),
+                            m.const("steps"))
     if picked is None:
         raise Refuse("not a 1-D slice")
     if any(d is None for d in picked):
@@ -166,20 +159,21 @@ def _fold_slice_of_shape(m: Match, b):
 _SHAPE = Op("Shape", "x", name="shape", shared=True)
 
 RULES = [
-    Rule("constant_to_initializer", Op("Constant", name="c"), _constant_to_initializer,
-         condition=_constant_tensor_ok, priority=100,
+    Rule("constant_to_initializer", Op("Constant", name="constant"), constant_to_initializer_replacement,
+         condition=constant_to_initializer_condition, priority=100,
          doc="A Constant node becomes an initializer (weights kept in Constant nodes, as PP-OCR does)."),
-    Rule("constant_folding", Op("*", name="n"), _fold, condition=_foldable, priority=90,
+    Rule("constant_folding", Op("*", name="node"), constant_folding_replacement,
+         condition=constant_folding_condition, priority=90,
          doc="A standard node whose inputs are all constant is evaluated (as onnxruntime computes it) into "
              "initializers."),
-    Rule("shape_folding", Op("Shape", "x", name="shape"), _fold_shape, priority=80,
+    Rule("shape_folding", Op("Shape", "x", name="shape"), shape_folding_replacement, priority=80,
          doc="Shape of a value whose shape is static is a constant."),
-    Rule("size_folding", Op("Size", "x"), _fold_size, priority=80,
+    Rule("size_folding", Op("Size", "x"), size_folding_replacement, priority=80,
          doc="Size of a value whose shape is static is a constant."),
-    Rule("shape_gather_folding", Op("Gather", _SHAPE, Const("idx"), name="gather"), _fold_gather_of_shape,
+    Rule("shape_gather_folding", Op("Gather", _SHAPE, Const("idx"), name="gather"), shape_gather_folding_replacement,
          priority=80, doc="Gather of static dimensions from a Shape is a constant, even when other axes are dynamic."),
     Rule("shape_slice_folding",
          Op("Slice", _SHAPE, Const("starts"), Const("ends"), Opt(Const("axes")), Opt(Const("steps"))),
-         _fold_slice_of_shape, priority=80,
+         shape_slice_folding_replacement, priority=80,
          doc="Slice of static dimensions from a Shape is a constant, even when other axes are dynamic."),
 ]

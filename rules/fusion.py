@@ -5,23 +5,23 @@ more rounding than storing the folded weights needs (conv_bn_fold instead rounds
 onnxruntime's own fusion does). The result equals the BatchNormalization's up to rounding, NaN and
 infinities of the input included: parameters that hold inf or NaN or have var + epsilon <= 0,
 weights that do, a zero factor (for a conv), and folded values that overflow or flush to 0 are
-refused (see algebra.fold_weights).
+refused (see rules/_weights.py).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from onnxopt.pattern import Const, Match, Op, Opt, Refuse, Rule
-
 import ml_dtypes
 
-from .algebra import fold_weights, non_finite
+from onnxopt.pattern import Const, Match, Op, Opt, Refuse, Rule
+
+from ._weights import fold_weights, non_finite
 
 _FLOAT_DTYPES = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64, ml_dtypes.bfloat16))
 
 
-def _bn_inference(m: Match):
+def _bn_inference(m: Match) -> str | None:
     """The BatchNormalization computes y = (x - mean) / sqrt(var + eps) * scale + beta."""
     bn = m.node("bn")
     opset = m.opset("")
@@ -62,7 +62,7 @@ def _bn_factors(m: Match) -> tuple[np.ndarray, np.ndarray]:
     return s, beta - mean * s
 
 
-def _weight_checks(m: Match, out_channels_of) -> str | None:
+def _conv_condition(m: Match, out_channels_of) -> str | None:
     reason = _bn_inference(m)
     if reason:
         return reason
@@ -75,27 +75,26 @@ def _weight_checks(m: Match, out_channels_of) -> str | None:
     channels = m.const("scale").size
     if out_channels != channels:
         return f"conv has {out_channels} output channels, BatchNormalization {channels}"
-    if "b" in m:
-        b = m.const("b")
-        if b.shape != (out_channels,):
-            return f"bias has shape {b.shape}, expected ({out_channels},)"
+    bias = m.const("b")
+    if bias is not None and bias.shape != (out_channels,):
+        return f"bias has shape {bias.shape}, expected ({out_channels},)"
     return None
 
 
-def _conv_out_channels(m: Match, w: np.ndarray) -> int:
-    return w.shape[0]
+def conv_bn_fold_condition(m: Match):
+    return _conv_condition(m, lambda m, w: w.shape[0])
 
 
-def _convt_out_channels(m: Match, w: np.ndarray) -> int:
-    return w.shape[1] * int(m.attr("conv", "group", 1))
+def convtranspose_bn_fold_condition(m: Match):
+    return _conv_condition(m, lambda m, w: w.shape[1] * int(m.attr("conv", "group", 1)))
 
 
 def _new_bias(m: Match, s: np.ndarray, t: np.ndarray, dtype) -> np.ndarray:
-    b = m.const("b").astype(np.float64) if "b" in m else np.zeros_like(s)
-    return (b * s + t).astype(dtype)
+    bias = m.const("b")
+    return ((np.zeros_like(s) if bias is None else bias.astype(np.float64)) * s + t).astype(dtype)
 
 
-def _fold_conv(m: Match, b):
+def conv_bn_fold_replacement(m: Match, b):
     """The folded weights are computed the way onnxruntime's own ConvBNFusion computes them, step
     by step in the weights' type (float32, float64; float16 through float32 with a rounding per
     step): onnxruntime applies that fusion to the original model when it loads it, so the
@@ -125,7 +124,7 @@ def _fold_conv(m: Match, b):
     return b.op("Conv", m["x"], weight, bias, attrs=list(conv.attributes.values()))
 
 
-def _fold_conv_transpose(m: Match, b):
+def convtranspose_bn_fold_replacement(m: Match, b):
     s, t = _bn_factors(m)
     w = m.const("w")
     group = int(m.attr("conv", "group", 1))
@@ -144,7 +143,7 @@ def _fold_conv_transpose(m: Match, b):
     return b.op("ConvTranspose", m["x"], weight, bias, attrs=list(conv.attributes.values()))
 
 
-def _bn_to_affine_ok(m: Match):
+def bn_to_mul_add_condition(m: Match):
     reason = _bn_inference(m)
     if reason:
         return reason
@@ -170,7 +169,7 @@ def _bn_to_affine_ok(m: Match):
     return None
 
 
-def _bn_to_affine(m: Match, b):
+def bn_to_mul_add_replacement(m: Match, b):
     s, t = _bn_factors(m)
     x = m["x"]
     dtype = x.dtype.numpy()
@@ -192,15 +191,15 @@ def _bn(producer):
 RULES = [
     Rule("conv_bn_fold",
          _bn(Op("Conv", "x", Const("w"), Opt(Const("b")), name="conv")),
-         _fold_conv, condition=lambda m: _weight_checks(m, _conv_out_channels), priority=10,
+         conv_bn_fold_replacement, condition=conv_bn_fold_condition, priority=10,
          doc="Conv followed by inference BatchNormalization becomes one Conv (bias added if absent; "
              "grouped and depthwise too; finite parameters, a nonzero scale, folded weights in range)."),
     Rule("convtranspose_bn_fold",
          _bn(Op("ConvTranspose", "x", Const("w"), Opt(Const("b")), name="conv")),
-         _fold_conv_transpose, condition=lambda m: _weight_checks(m, _convt_out_channels), priority=10,
+         convtranspose_bn_fold_replacement, condition=convtranspose_bn_fold_condition, priority=10,
          doc="ConvTranspose followed by inference BatchNormalization becomes one ConvTranspose (as conv_bn_fold)."),
     Rule("bn_to_mul_add",
-         _bn("x"), _bn_to_affine, condition=_bn_to_affine_ok, priority=0,
+         _bn("x"), bn_to_mul_add_replacement, condition=bn_to_mul_add_condition, priority=0,
          doc="BatchNormalization after anything else becomes Mul and Add by per-channel constants (finite "
              "parameters and factors)."),
 ]

@@ -1,0 +1,166 @@
+"""Arithmetic identities and products: x * 1, x + 0, x / c, Pow(x, 2), MatMul + Add, flattened Gemm.
+
+Exact: the rewritten graph computes, on onnxruntime, bit-identical values on every input (NaN,
+infinities and the sign of zero included) and keeps every output's shape and dtype.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxopt.pattern import Const, Match, Op, Opt, Rule, forward
+from onnxopt.shapes import broadcast_keeps, is_dim_of, shape_elements
+
+_x = forward("x")
+_FLOATS = frozenset({ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
+# onnxruntime's MatMul and Conv kernels add their products to +0.0, so they never return -0.0
+_NO_NEGATIVE_ZERO = frozenset({"MatMul", "Conv"})
+
+
+def neutral_condition(m: Match):
+    """x op c keeps x's shape (c broadcasts no larger)."""
+    return None if broadcast_keeps(m.dims("x"), m.const("c").shape) else "the constant broadcasts x to a larger shape"
+
+
+def zero_neutral_condition(m: Match):
+    """x + 0 is x except at x = -0.0: -0.0 + 0.0 is +0.0 (and 1/x downstream then gives +inf for
+    -inf). So Add(x, c) goes when c is all -0.0 (x + -0.0 is x), Sub(x, c) when c is all +0.0,
+    either when x holds no -0.0: an integer, or a MatMul/Conv result."""
+    reason = neutral_condition(m)
+    if reason:
+        return reason
+    c = m.const("c")
+    if c.dtype.kind not in "fV" or np.all(np.signbit(c) == (m.root.op_type == "Add")):
+        return None
+    producer = m["x"].producer()
+    if producer is not None and producer.op_type in _NO_NEGATIVE_ZERO and producer.domain in ("", "ai.onnx"):
+        return None
+    return f"x may be -0.0, which {m.root.op_type} with 0 turns into +0.0"
+
+
+def div_to_mul_condition(m: Match):
+    """The plan: 1/c, exact in c's type (c a power of two whose reciprocal the type holds)."""
+    c = m.const("c")
+    if c.dtype.kind != "f":
+        return "not a float division"
+    if not np.all(np.isfinite(c)) or np.any(c == 0):
+        return "zero or non-finite divisor"
+    mantissa, _ = np.frexp(c.astype(np.float64))
+    if not np.all(np.abs(mantissa) == 0.5):
+        return "1/c is not exact (c is not a power of two)"
+    inverse = (1.0 / c.astype(np.float64)).astype(c.dtype)
+    if not np.all(np.isfinite(inverse)) or np.any(inverse == 0):
+        return "1/c leaves the type's range"
+    return inverse
+
+
+def div_to_mul_replacement(m: Match, b):
+    return b.op("Mul", m["x"], b.const(m.plan, name="reciprocal"))
+
+
+def pow_two_to_mul_condition(m: Match):
+    p = m.const("p")
+    if p.size != 1 or float(p.reshape(-1)[0]) != 2.0:
+        return "exponent is not 2"
+    if p.ndim > 0 and not broadcast_keeps(m.dims("x"), p.shape):
+        return "the exponent broadcasts"
+    if m.dtype("x") not in _FLOATS:
+        return "not a float"
+    if any(use.node.op_type == "ReduceMean" for use in m.root.outputs[0].uses()):
+        # the variance of a layer norm: onnxruntime fuses Sub-Pow(2)-ReduceMean-... into one
+        # LayerNormalization kernel, and its pattern wants Pow, not Mul
+        return "a layer norm's variance (onnxruntime's LayerNorm fusion expects Pow)"
+    return None
+
+
+def pow_two_to_mul_replacement(m: Match, b):
+    return b.op("Mul", m["x"], m["x"])
+
+
+def matmul_add_to_gemm_condition(m: Match):
+    dims, w, c = m.dims("a"), m.const("w"), m.const("c")
+    if dims is None or len(dims) != 2 or w.ndim != 2:
+        return "not a 2-D MatMul"
+    if c.ndim > 2 or (c.ndim >= 1 and c.shape[-1] not in (1, w.shape[1])) or (
+            c.ndim == 2 and c.shape[0] != 1 and c.shape[0] != dims[0]):
+        return "bias does not broadcast to [M, N]"
+    if c.dtype != w.dtype or w.dtype not in (np.float32, np.float64, np.float16):
+        return "type"
+    return None
+
+
+def matmul_add_to_gemm_replacement(m: Match, b):
+    return b.op("Gemm", m["a"], m["w"], m["c"])
+
+
+def _restores_leading_dims(m: Match, n: int) -> bool:
+    """The shape tensor "s2" is x's leading dimensions (the same value, the same named symbol or
+    the same static size) followed by n."""
+    x = m["x"]
+    elements = shape_elements(m["s2"])
+    if elements is None or len(elements) != len(x.shape) or elements[-1] != n:
+        return False
+    for j, e in enumerate(elements[:-1]):
+        if isinstance(e, int):
+            if not (isinstance(x.shape[j], int) and e == x.shape[j] and e > 0):
+                return False
+        elif not is_dim_of(e, x, j):
+            return False
+    return True
+
+
+def gemm_flatten_to_matmul_condition(m: Match):
+    dims, w = m.dims("x"), m.const("w")
+    if dims is None or len(dims) < 3:
+        return "x's rank is unknown or below 3"
+    if w.ndim != 2 or m.attr("gemm", "transA", 0) != 0 or m.attr("gemm", "alpha", 1.0) != 1.0:
+        return "Gemm transposes or scales A"
+    k_axis, n_axis = (1, 0) if m.attr("gemm", "transB", 0) else (0, 1)
+    k, n = w.shape[k_axis], w.shape[n_axis]
+    if m.const("s1").tolist() != [-1, k] or m["x"].shape[-1] != k:
+        return "the first Reshape is not x flattened to [-1, K] along its last axis"
+    if "c" in m:
+        if m.attr("gemm", "beta", 1.0) != 1.0:
+            return "Gemm scales its bias"
+        c = m.dims("c")
+        if c is None or not (len(c) <= 1 and c in ([], [1], [n]) or c in ([1, 1], [1, n])):
+            return "bias does not broadcast along N only"
+    if m.dtype("x") not in _FLOATS:
+        return "type"
+    if not _restores_leading_dims(m, n):
+        return "the second Reshape does not restore x's leading dimensions"
+    return None
+
+
+def gemm_flatten_to_matmul_replacement(m: Match, b):
+    w = m["w"] if not m.attr("gemm", "transB", 0) else b.const(np.ascontiguousarray(m.const("w").T), name="weight_t")
+    out = b.op("MatMul", m["x"], w)
+    return b.op("Add", out, m["c"]) if "c" in m else out
+
+
+RULES = [
+    Rule("mul_by_one", Op("Mul", "x", Const("c", value=1), commutative=True), _x, condition=neutral_condition,
+         doc="x * 1 is x (when 1 does not broadcast x larger)."),
+    Rule("add_zero", Op("Add", "x", Const("c", value=0), commutative=True), _x, condition=zero_neutral_condition,
+         doc="x + 0 is x when x holds no -0.0 (an integer, a MatMul or Conv result) or the 0s are -0.0 "
+             "(-0.0 + 0.0 is +0.0); when 0 does not broadcast x larger."),
+    Rule("sub_zero", Op("Sub", "x", Const("c", value=0)), _x, condition=zero_neutral_condition,
+         doc="x - 0 is x when the 0s are +0.0 (x - -0.0 turns -0.0 into +0.0) or x holds no -0.0; "
+             "when 0 does not broadcast x larger."),
+    Rule("div_by_one", Op("Div", "x", Const("c", value=1)), _x, condition=neutral_condition,
+         doc="x / 1 is x (when 1 does not broadcast x larger)."),
+    Rule("div_to_mul", Op("Div", "x", Const("c")), div_to_mul_replacement, condition=div_to_mul_condition,
+         priority=-1, doc="x / c is x * (1/c) when c is a power of two (so 1/c is exact)."),
+    Rule("pow_two_to_mul", Op("Pow", "x", Const("p")), pow_two_to_mul_replacement,
+         condition=pow_two_to_mul_condition, doc="Pow(x, 2) is x * x."),
+    Rule("matmul_add_to_gemm", Op("Add", Op("MatMul", "a", Const("w")), Const("c"), commutative=True),
+         matmul_add_to_gemm_replacement, condition=matmul_add_to_gemm_condition,
+         doc="MatMul(A, W) + c on a 2-D A is Gemm(A, W, c)."),
+    Rule("gemm_flatten_to_matmul",
+         Op("Reshape", Op("Gemm", Op("Reshape", "x", Const("s1")), Const("w"), Opt("c"), name="gemm"), "s2"),
+         gemm_flatten_to_matmul_replacement, condition=gemm_flatten_to_matmul_condition,
+         doc="Reshape(Gemm(Reshape(x, [-1, K]), W, c), x.shape[:-1] + [N]) -- a linear layer applied to "
+             "flattened rows, as legacy GPT-2 exports write it -- is MatMul(x, W) + c: the reshapes and "
+             "the shape arithmetic that rebuilt the leading dimensions go."),
+]

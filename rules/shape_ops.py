@@ -1,0 +1,293 @@
+"""Shape and data-movement ops that change nothing, chains of them, and shapes that can be constants.
+
+Exact: each rule keeps every value and every output's shape and dtype. Reshape targets built from
+the input's own Shape (``Shape -> Gather -> Unsqueeze -> Concat -> Reshape``) are read back with
+``onnxopt.shapes.shape_elements``; a dimension the target copies becomes a 0 in a constant target.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from onnxopt.pattern import Const, Match, Op, Opt, Refuse, Rule, forward
+from onnxopt.shapes import is_dim_of, same_symbol, shape_elements
+
+_x = forward("x")
+_NO_END = 1 << 62  # a Slice end this large means "to the end" whatever the axis' size
+
+
+def _axes(m: Match, node: str, input_name: str) -> list[int] | None:
+    """Squeeze/Unsqueeze axes from the input (opset 13+) or the attribute, sorted."""
+    if input_name in m:
+        return sorted(int(a) for a in m.const(input_name).reshape(-1))
+    attr = m.attr(node, "axes")
+    return None if attr is None else sorted(int(a) for a in attr)
+
+
+# --- Reshape ------------------------------------------------------------------------------------
+
+
+def reshape_chain_condition(m: Match):
+    if m.attr("outer", "allowzero", 0) != 1 and np.any(m.const("shape") == 0):
+        return "the outer shape copies dimensions (0) from its input"
+    return None
+
+
+def reshape_chain_replacement(m: Match, b):
+    return b.op("Reshape", m["x"], m["shape"], attrs=m.node("outer").attributes.values())
+
+
+def reshape_elimination_condition(m: Match):
+    dims = m.static_shape("x")
+    if dims is None:
+        return "input shape not static"
+    target = list(m.const("shape").reshape(-1))
+    if len(target) != len(dims):
+        return "rank changes"
+    allowzero = m.attr("reshape", "allowzero", 0) == 1
+    for t, d in zip(target, dims):
+        if t == d or (t == 0 and not allowzero):
+            continue
+        if t == -1 and target.count(-1) == 1:
+            continue
+        return "shape changes"
+    return None
+
+
+def _own_dims_target(m: Match) -> list[int] | None:
+    """The Reshape's target as constants, with 0 where it copies x's own dimension at the same
+    position (the same value, or one with the same named symbol); None when it is built otherwise."""
+    elements = shape_elements(m["shape"])
+    if elements is None:
+        return None
+    x = m["x"]
+    rank = len(x.shape) if x.shape is not None else None
+    out = []
+    for j, e in enumerate(elements):
+        if isinstance(e, int):
+            if e == 0:
+                return None  # a literal 0 already copies; keep the arithmetic simple
+            out.append(e)
+        elif rank is not None and j < rank and is_dim_of(e, x, j):
+            out.append(0)
+        elif e[1].shape is not None and isinstance(e[1].shape[e[2]], int) and int(e[1].shape[e[2]]) > 0:
+            out.append(int(e[1].shape[e[2]]))  # (a static 0 would read as "copy")
+        else:
+            return None
+    return None if out.count(-1) > 1 else _without_minus_one(m, out)
+
+
+def _without_minus_one(m: Match, target: list[int]) -> list[int]:
+    """A -1 where the Reshape's output has a known size, or the symbol of x's dimension at that
+    position, is that size or a copy (0): then no -1 is left to meet a copied 0 of a zero-sized
+    dimension."""
+    if -1 not in target:
+        return target
+    j = target.index(-1)
+    out, x = m.root.outputs[0], m["x"]
+    if out.shape is None or len(out.shape) != len(target):
+        return target
+    if isinstance(out.shape[j], int) and out.shape[j] > 0:
+        return target[:j] + [int(out.shape[j])] + target[j + 1:]
+    if x.shape is not None and j < len(x.shape) and same_symbol(out, j, x, j):
+        return target[:j] + [0] + target[j + 1:]
+    return target
+
+
+def reshape_shape_from_input_condition(m: Match):
+    if m["shape"].producer() is None:
+        return "the shape is already a constant"
+    target = _own_dims_target(m)
+    if target is None:
+        return "the shape is not built from constants and the input's own dimensions"
+    if m.attr("reshape", "allowzero", 0) == 1 and -1 in target and 0 in target:
+        # onnxruntime accepts 0 with -1 under allowzero=1 (the spec does not); allowzero=0 would not
+        return "allowzero=1 with -1: a copied dimension of 0 would change meaning"
+    return target  # the plan: the constant target
+
+
+def reshape_shape_from_input_replacement(m: Match, b):
+    # A 0 copies the dimension it stands for, which is the value the original computed, so the
+    # new Reshape copies (allowzero 0) even where the original had allowzero=1 (it has no literal 0).
+    attrs = [a for a in m.node("reshape").attributes.values() if a.name != "allowzero"]
+    return b.op("Reshape", m["x"], b.const(np.array(m.plan, dtype=np.int64), name="shape"), attrs=attrs)
+
+
+def flatten_elimination_condition(m: Match):
+    dims = m.dims("x")
+    if dims is None or len(dims) != 2 or m.attr("flatten", "axis", 1) not in (1, -1):
+        return "not a 2-D input flattened at axis 1"
+    return None
+
+
+# --- Squeeze / Unsqueeze --------------------------------------------------------------------------
+
+
+def squeeze_unsqueeze_condition(m: Match):
+    inner, outer = _axes(m, "inner", "a1"), _axes(m, "outer", "a2")
+    if inner is None or outer is None:
+        return "axes not given"
+    if any(a < 0 for a in inner + outer):
+        return "negative axes"
+    if inner != outer:
+        return "different axes"
+    return None
+
+
+def unsqueeze_chain_condition(m: Match):
+    """The plan: the axes of one Unsqueeze doing both."""
+    a1, a2, dims = _axes(m, "inner", "a1"), _axes(m, "outer", "a2"), m.dims("x")
+    if a1 is None or a2 is None or dims is None:
+        return "axes or rank unknown"
+    middle, final = len(dims) + len(a1), len(dims) + len(a1) + len(a2)
+    a1 = sorted(a % middle for a in a1)
+    a2 = sorted(a % final for a in a2)
+    if len(set(a1)) != len(a1) or len(set(a2)) != len(a2):
+        return "repeated axes"
+    kept = [p for p in range(final) if p not in a2]  # the intermediate's axes, in the final tensor
+    return sorted(set(a2) | {kept[a] for a in a1})
+
+
+def unsqueeze_chain_replacement(m: Match, b):
+    if m.opset("") >= 13:
+        return b.op("Unsqueeze", m["x"], b.const(np.array(m.plan, dtype=np.int64), name="axes"))
+    return b.op("Unsqueeze", m["x"], axes=m.plan)
+
+
+# --- Transpose ------------------------------------------------------------------------------------
+
+
+def transpose_pair_replacement(m: Match, b):
+    first = m.attr("inner", "perm")
+    if first is None:
+        dims = m.dims("x")
+        if dims is None:
+            raise Refuse("rank unknown")
+        first = list(reversed(range(len(dims))))
+    first = [int(p) for p in first]
+    second = m.attr("outer", "perm")
+    second = list(reversed(range(len(first)))) if second is None else [int(p) for p in second]
+    if len(first) != len(second):
+        raise Refuse("ranks differ")
+    perm = [first[i] for i in second]
+    if perm == list(range(len(perm))):
+        return m["x"]
+    return b.op("Transpose", m["x"], perm=perm)
+
+
+def transpose_elimination_condition(m: Match):
+    perm = m.attr("transpose", "perm")
+    if perm is None or [int(p) for p in perm] != list(range(len(perm))):
+        return "not the identity permutation"
+    return None
+
+
+# --- Expand, Slice, Pad, Concat, Split ----------------------------------------------------------------
+
+
+def expand_elimination_condition(m: Match):
+    dims = m.dims("x")
+    if dims is None:
+        return "input shape unknown"
+    target = [int(s) for s in m.const("shape").reshape(-1)]
+    if len(target) > len(dims):
+        return "raises the rank"
+    for t, d in zip(reversed(target), reversed(dims)):
+        if t == 1 or (d is not None and t == d):
+            continue
+        return "expands"
+    return None
+
+
+def slice_elimination_condition(m: Match):
+    starts, ends, steps = m.const("starts"), m.const("ends"), m.const("steps")
+    if steps is not None and np.any(steps != 1):
+        return "step is not 1"
+    if np.any(starts != 0):
+        return "does not start at 0"
+    dims = m.dims("x")
+    axes = m.const("axes") if "axes" in m else np.arange(len(ends))
+    for axis, end in zip(axes.reshape(-1), ends.reshape(-1)):
+        if end >= _NO_END:
+            continue
+        if dims is None or int(axis) >= len(dims) or int(axis) < -len(dims):
+            return "cannot tell whether it covers the axis"
+        d = dims[int(axis)]
+        if d is None or end < d:
+            return "cuts the axis"
+    return None
+
+
+def pad_elimination_condition(m: Match):
+    return "pads" if np.any(m.const("pads") != 0) else None
+
+
+def concat_elimination_condition(m: Match):
+    return "more than one input" if len(m.root.inputs) != 1 else None
+
+
+def split_elimination_condition(m: Match):
+    return "more than one output" if len(m.root.outputs) != 1 else None
+
+
+# --- Range --------------------------------------------------------------------------------------
+
+
+def range_scalar_inputs_condition(m: Match):
+    """The plan: the inputs (start, limit, delta) that hold one element in a [1]-like shape."""
+    one_element = [name for name in ("start", "limit", "delta")
+                   if (dims := m.dims(name)) is not None and len(dims) > 0 and all(d == 1 for d in dims)]
+    return one_element or "inputs are scalars or of unknown shape"
+
+
+def range_scalar_inputs_replacement(m: Match, b):
+    scalar = b.const(np.zeros((0,), dtype=np.int64), name="scalar_shape")
+    inputs = [b.op("Reshape", m[name], scalar) if name in m.plan else m[name] for name in ("start", "limit", "delta")]
+    return b.op("Range", *inputs)
+
+
+RULES = [
+    Rule("reshape_chain", Op("Reshape", Op("Reshape", "x", "s1"), Const("shape"), name="outer"),
+         reshape_chain_replacement, condition=reshape_chain_condition,
+         doc="Reshape(Reshape(x, s1), s2) is Reshape(x, s2) when s2 copies no dimension (no 0)."),
+    Rule("reshape_flatten_chain", Op("Reshape", Op("Flatten", "x"), Const("shape"), name="outer"),
+         reshape_chain_replacement, condition=reshape_chain_condition,
+         doc="Reshape(Flatten(x), s) is Reshape(x, s) when s copies no dimension (no 0)."),
+    Rule("reshape_elimination", Op("Reshape", "x", Const("shape"), name="reshape"), _x,
+         condition=reshape_elimination_condition,
+         doc="Reshape to the shape x already has (static) is x."),
+    Rule("reshape_shape_from_input", Op("Reshape", "x", "shape", name="reshape"), reshape_shape_from_input_replacement,
+         condition=reshape_shape_from_input_condition,
+         doc="Reshape whose target shape is assembled (Shape/Gather/Slice/Unsqueeze/Concat) from constants "
+             "and x's own dimensions at the same positions (the same value, or the same named symbol) takes a "
+             "constant shape, with 0 for the copied ones."),
+    Rule("flatten_elimination", Op("Flatten", "x", name="flatten"), _x, condition=flatten_elimination_condition,
+         doc="Flatten of a 2-D value at axis 1 is the value."),
+    Rule("squeeze_unsqueeze", Op("Squeeze", Op("Unsqueeze", "x", Opt(Const("a1")), name="inner"), Opt(Const("a2")),
+                                 name="outer"), _x, condition=squeeze_unsqueeze_condition,
+         doc="Squeeze(Unsqueeze(x, axes), axes) is x."),
+    Rule("unsqueeze_squeeze", Op("Unsqueeze", Op("Squeeze", "x", Opt(Const("a1")), name="inner"), Opt(Const("a2")),
+                                 name="outer"), _x, condition=squeeze_unsqueeze_condition,
+         doc="Unsqueeze(Squeeze(x, axes), axes) is x (the squeezed axes had size 1)."),
+    Rule("unsqueeze_chain", Op("Unsqueeze", Op("Unsqueeze", "x", Opt(Const("a1")), name="inner"), Opt(Const("a2")),
+                               name="outer"), unsqueeze_chain_replacement, condition=unsqueeze_chain_condition,
+         doc="Unsqueeze(Unsqueeze(x, a1), a2) is one Unsqueeze with both sets of axes."),
+    Rule("transpose_pair", Op("Transpose", Op("Transpose", "x", name="inner"), name="outer"),
+         transpose_pair_replacement, doc="Two Transposes are one (or none when they cancel)."),
+    Rule("transpose_elimination", Op("Transpose", "x", name="transpose"), _x,
+         condition=transpose_elimination_condition, doc="Transpose by the identity permutation is x."),
+    Rule("expand_elimination", Op("Expand", "x", Const("shape")), _x, condition=expand_elimination_condition,
+         doc="Expand to a shape x already covers is x."),
+    Rule("slice_elimination", Op("Slice", "x", Const("starts"), Const("ends"), Opt(Const("axes")), Opt(Const("steps"))),
+         _x, condition=slice_elimination_condition, doc="Slice from 0 to past the end with step 1 is x."),
+    Rule("pad_elimination", Op("Pad", "x", Const("pads"), Opt("value"), Opt("axes")), _x,
+         condition=pad_elimination_condition, doc="Pad by zeros on every side is x."),
+    Rule("concat_elimination", Op("Concat", "x"), _x, condition=concat_elimination_condition,
+         doc="Concat of one input is it."),
+    Rule("split_elimination", Op("Split", "x", Opt(Const("split"))), _x, condition=split_elimination_condition,
+         doc="Split into one piece is x."),
+    Rule("range_scalar_inputs", Op("Range", "start", "limit", "delta"), range_scalar_inputs_replacement,
+         condition=range_scalar_inputs_condition,
+         doc="Range inputs known to hold one element in a [1]-like shape become scalars, as the spec requires "
+             "(onnxruntime's shape inference rejects them once their shapes are known)."),
+]
