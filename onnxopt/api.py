@@ -84,7 +84,9 @@ def optimize(
         rules: the rule set (default: onnxopt's built-in library).
         extra_rules: rules added to ``rules``.
         disable: names of rules to leave out.
-        target: "cpu" or "cuda": only rules valid for that execution provider.
+        target: where the model will run (``onnxopt.targets``): "portable" (the default: standard
+            ONNX ops only), "ort-cpu" or "ort-cuda" (onnxruntime's providers; "cpu" and "cuda" are
+            aliases); only rules valid there run.
         output: where to write the result (required for a path input; optional otherwise).
         external_data: weights file name for the output, True for ``<output>.data``, False for one
             file; by default a model that came with external data is saved with it too.

@@ -16,7 +16,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from . import __version__, evaluate, io, passes, registry
+from . import __version__, evaluate, io, passes, registry, targets
 from .api import optimize
 from .errors import OnnxoptError
 from .verify import table
@@ -62,7 +62,9 @@ def _add_rule_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rules", metavar="FILE", action="append", default=[],
                    help="a Python file whose RULES are added to the built-in ones (repeatable)")
     p.add_argument("--no-builtin-rules", action="store_true", help="use only the rules given with --rules")
-    p.add_argument("--target", choices=["cpu", "cuda"], help="only rules valid for this execution provider")
+    p.add_argument("--target", choices=[*targets.TARGETS, *targets.ALIASES], metavar="TARGET",
+                   help="where the model will run: portable (default: standard ONNX ops only), ort-cpu, ort-cuda "
+                        "(onnxruntime's CPU or CUDA provider; cpu and cuda are aliases); only rules valid there run")
     p.add_argument("--max-rewrites", type=int, metavar="N", help="cap on the number of rewrites")
     p.add_argument("--strict", action="store_true", default=None,
                    help="a rule that raises (a bug in it) stops the run with an error instead of being skipped "
@@ -310,10 +312,10 @@ def _optimize_main(args) -> int:
     if args.list_rules:
         chosen, graph_passes = registry.resolve(base, extra, args.disable, args.target)
         for rule in chosen:
-            targets = ",".join(sorted(rule.targets))
-            print(f"{rule.name:<28} {rule.pattern.op_type:<20} p={rule.priority:<3} [{targets}]  {rule.summary}")
+            valid = ",".join(t for t in targets.TARGETS if t in rule.targets)
+            print(f"{rule.name:<28} {rule.pattern.op_type:<20} p={rule.priority:<3} [{valid}]  {rule.summary}")
         for name in graph_passes:
-            print(f"{name:<28} {'(graph pass)':<20} {'':<5} [cpu,cuda]  {passes.BY_NAME[name].doc}")
+            print(f"{name:<28} {'(graph pass)':<20} {'':<5} [{','.join(targets.TARGETS)}]  {passes.BY_NAME[name].doc}")
         return EXIT_OK
     if not args.input:
         return _fail("the input model is missing (usage: onnxopt IN -o OUT)")

@@ -47,12 +47,10 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from .errors import RuleError
+from . import targets as _targets
+from .errors import RuleError, UsageError
 from .irutil import constant_tensor, opset_of, use_count
 from .shapes import infer
-
-TARGETS = frozenset({"cpu", "cuda"})
-
 
 class Refuse(Exception):
     """Raised by a replacement that finds it cannot apply; the message is the reason."""
@@ -429,7 +427,7 @@ class Rule:
     condition: Condition | None = None
     doc: str = ""
     priority: int = 0
-    targets: frozenset[str] = TARGETS
+    targets: frozenset[str] = frozenset(_targets.TARGETS)
 
     def __post_init__(self):
         if not isinstance(self.pattern, Op):
@@ -440,10 +438,10 @@ class Rule:
         object.__setattr__(self, "node_names", frozenset(nodes))
         if self.pattern.op_type == ANY_OP and self.pattern.inputs:
             raise TypeError(f"rule {self.name}: Op('*') takes no input patterns")
-        targets = frozenset(self.targets)
-        unknown = targets - TARGETS
-        if unknown:
-            raise ValueError(f"rule {self.name}: unknown targets {sorted(unknown)}; known {sorted(TARGETS)}")
+        try:
+            targets = _targets.normalize_all(self.targets)
+        except UsageError as exc:
+            raise ValueError(f"rule {self.name}: {exc}") from None
         object.__setattr__(self, "targets", targets)
 
     @property

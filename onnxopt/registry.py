@@ -10,7 +10,8 @@ from pathlib import Path
 
 from . import passes
 from .errors import RuleError, UsageError
-from .pattern import TARGETS, Rule
+from . import targets as _targets
+from .pattern import Rule
 
 
 def builtin_rules() -> list[Rule]:
@@ -64,12 +65,12 @@ def resolve(rules: Sequence[Rule] | None = None, extra_rules: Sequence[Rule] = (
 
 
 def select(rules: Sequence[Rule], *, disable: Iterable[str] = (), target: str | None = None) -> list[Rule]:
-    """Drop disabled rules (unknown names are an error) and rules not valid for ``target``."""
+    """Drop disabled rules (unknown names are an error) and rules not valid for ``target``
+    (``onnxopt.targets``: portable by default; cpu and cuda are aliases of ort-cpu and ort-cuda)."""
     names = {r.name for r in rules}
     disable = set(disable)
     unknown = sorted(disable - names)
     if unknown:
         raise UsageError(f"unknown rule(s) to disable: {', '.join(unknown)} (see --list-rules)")
-    if target is not None and target not in TARGETS:
-        raise UsageError(f"unknown target {target!r}; choose from {', '.join(sorted(TARGETS))}")
-    return [r for r in rules if r.name not in disable and (target is None or target in r.targets)]
+    target = _targets.normalize(target)
+    return [r for r in rules if r.name not in disable and target in r.targets]

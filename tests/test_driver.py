@@ -180,14 +180,24 @@ def test_disable_unknown_rule_rejected():
         optimize(synthetic.build(5), disable=["no_such_rule"])
 
 
-def test_target_filters_rules():
+@pytest.mark.parametrize("target, runs", [(None, False), ("portable", False), ("ort-cpu", False), ("cpu", False),
+                                          ("ort-cuda", True), ("cuda", True)])
+def test_target_filters_rules(target, runs):
+    """Targets: portable (the default), ort-cpu, ort-cuda; cpu and cuda are aliases, for rules and
+    callers alike."""
     cuda_only = Rule("relu_to_neg_neg", Op("Relu", "x"), lambda m, b: b.op("Relu", b.op("Identity", m["x"])),
                      targets={"cuda"})
-    m = synthetic.build(5)
-    _, report = optimize(m, extra_rules=[cuda_only], target="cpu", return_report=True)
-    assert "relu_to_neg_neg" not in report.rules
-    with pytest.raises(ValueError):
+    assert cuda_only.targets == {"ort-cuda"}
+    _, report = optimize(synthetic.build(5), extra_rules=[cuda_only], target=target, return_report=True)
+    assert ("relu_to_neg_neg" in report.rules) is runs
+    assert "conv_bn_fold" in report.rules  # the built-in rules are valid everywhere
+
+
+def test_unknown_targets_are_refused():
+    with pytest.raises(ValueError, match="unknown target 'tpu'"):
         Rule("bad", Op("Relu", "x"), lambda m, b: None, targets={"tpu"})
+    with pytest.raises(UsageError, match="portable, ort-cpu, ort-cuda"):
+        optimize(synthetic.build(5), target="gpu")
 
 
 def test_provenance_on_new_nodes():
