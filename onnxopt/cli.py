@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -150,6 +151,8 @@ def _errors(fn):
         return EXIT_DIFFERS
     except OnnxoptError as exc:
         return _fail(str(exc))
+    except BrokenPipeError:
+        raise  # the reader went away (| head): main ends quietly
     except (OSError, MemoryError) as exc:
         return _fail(f"{type(exc).__name__}: {exc}")
     except Exception as exc:  # a bug of ours: say so in one line, and not with 1 ("outputs differ")
@@ -263,6 +266,7 @@ def _fail(message: str) -> int:
 
 
 EXIT_INTERRUPTED = 130  # as a shell reports a command ended by Ctrl-C (128 + SIGINT)
+EXIT_BROKEN_PIPE = 141  # as a shell reports a command whose reader went away (128 + SIGPIPE)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -278,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # staged outputs are already removed (onnxopt.io.Outputs)
         print("onnxopt: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # stdout's reader stopped reading (| head): end quietly, as a shell tool does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (so the final flush cannot fail)
+        return EXIT_BROKEN_PIPE
 
 
 def _main(argv: list[str]) -> int:

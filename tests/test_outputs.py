@@ -662,3 +662,11 @@ def test_interrupt_while_caching_the_ir_version_leaves_no_temporary_file(tmp_pat
     finally:
         oio.onnxruntime_max_ir_version.cache_clear()
     assert [p.name for p in (tmp_path / "onnxopt").iterdir()] == []
+
+
+def test_output_cut_short_by_the_reader_ends_quietly():
+    """`onnxopt --list-rules | true`: the reader is gone before onnxopt writes; no error line, no
+    traceback."""
+    r = subprocess.run(f"{sys.executable} -m onnxopt --list-rules | true", shell=True, capture_output=True,
+                       text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
