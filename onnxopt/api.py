@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 import onnx_ir as ir
 
 from . import evaluate, io, pipeline, registry
-from .driver import RuleStats
+from .stats import RuleStats
 from .irutil import node_counts
 from .pattern import Rule
 
@@ -116,7 +116,7 @@ def optimize(
         verify_options: keyword arguments for ``onnxopt.verify.verify`` (inputs, input_shapes,
             int_ranges, seed, rtol, atol, runs, warmup, latency, threads, progress).
         strict: a rule whose condition or replacement raises (anything but ``Refuse``) has a bug:
-            with ``strict`` it raises ``onnxopt.driver.RuleBug`` (a RuleError) at once; without,
+            with ``strict`` it raises ``onnxopt.errors.RuleBug`` (a RuleError) at once; without,
             the rule is skipped at that node and the bug is reported (``Report.errors``, a warning
             line). Default: the environment variable ``ONNXOPT_STRICT=1`` (on in onnxopt's tests).
         outputs: an ``onnxopt.io.Outputs`` to stage the written files in instead of putting them in

@@ -1,16 +1,11 @@
-"""The fixpoint driver.
+"""The fixpoint driver: the worklist, matching, committing a rewrite, cycle detection, provenance.
 
 A worklist with set semantics, seeded with every node of every graph (If/Loop/Scan bodies
-included) in graph order. Rules are indexed by their root op type, so a node is only tried against
-the rules that could match it. After a rewrite, only what it touched goes back on the list: the new
-nodes; the nodes that now read a replacement value (or one whose type or shape the rewrite made
-known), and their users; for each value a removed node
-read, its producer, and its one remaining reader (with that reader's users) when only one is left;
-for each value a redirected node reads that has a few readers (2 to 16), those readers (a condition
-may wait while its input has a single reader, as bn_to_mul_add does after a Conv). A value's other
-readers are not re-queued: patterns see a value's readers only through its use count, so nothing
-changed for them, and a weight read by n nodes would otherwise put all n back after each rewrite
-(quadratic time). The cost is therefore proportional to what changes, not to graph size times passes.
+included) in graph order. Rules are indexed by their root op type and tried in priority order. A
+rewrite puts back only what it touched (``Driver.touched``): the new nodes, the readers of the
+values it replaced, and for each value a removed node read its producer and, when one is left,
+its last reader. A value's other readers are not re-queued (patterns see them only through its use
+count), so a weight read by n nodes costs nothing per rewrite: cost follows what changes.
 
 Guarantees:
 - Deterministic: the same model and rules give the same rewrites in the same order, and new
@@ -18,27 +13,29 @@ Guarantees:
 - Bounded: at most ``max_rewrites`` rewrites; a rule that fires again on the same structure over
   the same inputs (rules undoing each other) is reported as a cycle and not applied again there.
 - Graph outputs keep their names; a rewrite that cannot honour that is refused.
-- Dead code goes only where that changes nothing (``onnxopt.purity``): a node of an unknown domain
-  nobody reads stays (it may have effects); the nodes a rule matched are the rule's to replace.
+- A rule that raises is a bug (``onnxopt.errors.RuleBug``): raised with ``strict``, else recorded
+  and the rule skipped at that node; the model is left as it was there.
+- Dead code goes only where that changes nothing (``onnxopt.purity``); the nodes a rule matched
+  are the rule's to replace.
 - Every node a rule creates carries provenance in its metadata: ``onnxopt.rule`` (the rule),
-  ``onnxopt.replaced`` (the names of the nodes it matched) and ``onnxopt.sources`` (the original
-  nodes it derives from, through earlier rewrites).
+  ``onnxopt.replaced`` (the nodes it matched) and ``onnxopt.sources`` (the original nodes it
+  derives from, through earlier rewrites).
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import json
 import time
 from collections.abc import Iterable, Sequence
 
 import onnx_ir as ir
 
-from .errors import RuleError
+from .errors import RuleBug, RuleError
 from .irutil import REPLACED_KEY, RULE_KEY, SOURCES_KEY, constant_tensor, detach_graph, domain, is_unused, redirect, \
     subgraphs, use_count
-from .pattern import ANY_OP, Builder, Match, Refuse, Rule
+from .pattern import ANY_OP, Builder, Match, Namer, Refuse, Rule
+from .stats import DriverResult, RuleStats
 from .purity import Purity
 from .shapes import DECLARED, opsets_of
 
@@ -47,99 +44,14 @@ _FEW_USES = 16  # a value with more uses than this has more than one reader for 
 _MAX_ORIGINS = 64  # origin sets larger than this become one token (see Driver._cycle_key)
 
 
-@dataclasses.dataclass
-class RuleStats:
-    """One rule's (or graph pass's) record: nodes it was tried at, where its pattern matched, where
-    its condition or replacement refused (with the reasons, pattern mismatches' among them), where
-    it fired, where it raised (a bug: ``errors``), and the time it took."""
-
-    tried: int = 0
-    matched: int = 0
-    refused: int = 0
-    fired: int = 0
-    errors: int = 0
-    seconds: float = 0.0
-    reasons: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-
-    def as_dict(self, top: int = 5) -> dict:
-        return {
-            "tried": self.tried,
-            "matched": self.matched,
-            "refused": self.refused,
-            "fired": self.fired,
-            "errors": self.errors,
-            "seconds": round(self.seconds, 6),
-            "top_refusals": dict(self.reasons.most_common(top)),
-        }
-
-
 class _InRule(Exception):
     """Carries (as its cause) what a rule's replacement raised, past the driver's own code."""
-
-
-class RuleBug(RuleError):
-    """A rule's condition or replacement raised something other than ``Refuse``: a bug in the
-    rule. Raised with ``strict``; otherwise recorded (``DriverResult.errors``) and the rule skipped
-    at that node."""
-
-    def __init__(self, rule: str, node: str, phase: str, exc: BaseException):
-        self.rule, self.node, self.phase = rule, node, phase
-        self.exception = f"{type(exc).__name__}: {exc}"
-        super().__init__(f"rule {rule} raised {self.exception} in its {phase} at node {node!r}")
-
-    def as_dict(self) -> dict:
-        return {"rule": self.rule, "node": self.node, "phase": self.phase, "exception": self.exception}
-
-
-@dataclasses.dataclass
-class DriverResult:
-    rewrites: int = 0
-    visited: int = 0
-    pushes: int = 0  # nodes put on the worklist (counting those already on it): the driver's work
-    removed_dead: int = 0
-    rules: dict[str, RuleStats] = dataclasses.field(default_factory=dict)
-    cycles: list[dict] = dataclasses.field(default_factory=list)
-    errors: list[RuleBug] = dataclasses.field(default_factory=list)  # rule bugs met (without strict)
-    hit_limit: bool = False
-    log: list[dict] = dataclasses.field(default_factory=list)
 
 
 def _generalize_reason(reason: str) -> str:
     """The innermost part of a refusal reason (without the path of node names leading to it),
     so that reasons aggregate by kind."""
     return reason.rsplit(": ", 1)[-1]
-
-
-class _Namer:
-    """Unique, deterministic names for new nodes and values across the whole model."""
-
-    def __init__(self, model: ir.Model):
-        taken: set[str] = set()
-        for graph in model.graphs():
-            for value in graph.inputs:
-                taken.add(value.name)
-            for name in graph.initializers:
-                taken.add(name)
-            for node in graph:
-                taken.add(node.name)
-                for value in node.outputs:
-                    taken.add(value.name)
-        taken.discard(None)
-        self.taken = taken
-        self.counters: dict[str, int] = {}
-
-    def __call__(self, hint: str) -> str:
-        if hint not in self.taken:
-            self.taken.add(hint)
-            return hint
-        n = self.counters.get(hint, 0)
-        while True:
-            n += 1
-            name = f"{hint}_{n}"
-            if name not in self.taken:
-                self.counters[hint] = n
-                self.taken.add(name)
-                return name
 
 
 def _value_key(value: ir.Value, created: set):
@@ -188,7 +100,7 @@ class Driver:
         self.max_rewrites = max_rewrites
         self.stop_after = stop_after  # for bisecting: apply only the first N rewrites
         self.keep_log = keep_log
-        self._namer: _Namer | None = None
+        self._namer: Namer | None = None
         self._queue: collections.deque[ir.Node] = collections.deque()
         self._queued: set[ir.Node] = set()
         self._seen_keys: set[tuple] = set()
@@ -377,7 +289,7 @@ class Driver:
             })
             return "cycle detected"
         if self._namer is None:
-            self._namer = _Namer(self.model)
+            self._namer = Namer(self.model)
         builder = Builder(m, self._namer)
         try:
             replacement = rule.replacement(m, builder)
@@ -396,7 +308,7 @@ class Driver:
             builder.abort()
             raise _InRule() from TypeError(f"the replacement returned {replacement!r}, not values")
         olds = list(root.outputs)
-        reason = self._check_outputs(graph, root, olds, news, builder)
+        reason = builder.check(olds, news)
         if reason is not None:
             builder.abort()
             return reason
@@ -405,34 +317,6 @@ class Driver:
         for node in builder.nodes:
             self._origin[node] = key[3]
         self._commit(m, builder, olds, news)
-        return None
-
-    @staticmethod
-    def _check_outputs(graph, root, olds, news, builder) -> str | None:
-        if len(news) > len(olds):
-            return f"replacement gives {len(news)} values for {len(olds)} outputs"
-        for old in olds[len(news):]:
-            if old.uses() or old.is_graph_output():
-                return f"output {old.name!r} is used but not replaced"
-        if len({id(v) for v in news}) != len(news):
-            return "the replacement gives one value for two outputs"
-        created = {v for n in builder.nodes for v in n.outputs} | set(builder.initializers)
-        seen_outputs: set[ir.Value] = set()
-        for old, new in zip(olds, news):
-            if new is old:
-                continue
-            if not old.is_graph_output():
-                continue
-            if new in created:
-                continue
-            # An existing value would become this graph output: it must be an ordinary
-            # intermediate of this graph that can take the output's name.
-            producer = new.producer()
-            if producer is None or producer.graph is not graph:
-                return f"{old.name!r} is a graph output and {new.name!r} cannot take its place"
-            if new.is_graph_output() or new in seen_outputs:
-                return f"{old.name!r} and {new.name!r} would be the same graph output"
-            seen_outputs.add(new)
         return None
 
     def _source_tree(self, node: ir.Node) -> tuple:

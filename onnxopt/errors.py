@@ -17,3 +17,17 @@ class RuleError(OnnxoptError, ValueError):
 
 class UsageError(OnnxoptError, ValueError):
     """The caller asked for something inconsistent (unknown rule to disable, same input and output)."""
+
+
+class RuleBug(RuleError):
+    """A rule's condition or replacement raised something other than ``Refuse``: a bug in the
+    rule. Raised with ``strict``; otherwise recorded (``DriverResult.errors``) and the rule skipped
+    at that node."""
+
+    def __init__(self, rule: str, node: str, phase: str, exc: BaseException):
+        self.rule, self.node, self.phase = rule, node, phase
+        self.exception = f"{type(exc).__name__}: {exc}"
+        super().__init__(f"rule {rule} raised {self.exception} in its {phase} at node {node!r}")
+
+    def as_dict(self) -> dict:
+        return {"rule": self.rule, "node": self.node, "phase": self.phase, "exception": self.exception}

@@ -502,6 +502,38 @@ def _names(pattern: Pattern, values=None, consts=None, nodes=None) -> tuple[set,
 # Building replacements
 
 
+class Namer:
+    """Unique, deterministic names for new nodes and values across the whole model."""
+
+    def __init__(self, model: ir.Model):
+        taken: set[str] = set()
+        for graph in model.graphs():
+            for value in graph.inputs:
+                taken.add(value.name)
+            for name in graph.initializers:
+                taken.add(name)
+            for node in graph:
+                taken.add(node.name)
+                for value in node.outputs:
+                    taken.add(value.name)
+        taken.discard(None)
+        self.taken = taken
+        self.counters: dict[str, int] = {}
+
+    def __call__(self, hint: str) -> str:
+        if hint not in self.taken:
+            self.taken.add(hint)
+            return hint
+        n = self.counters.get(hint, 0)
+        while True:
+            n += 1
+            name = f"{hint}_{n}"
+            if name not in self.taken:
+                self.counters[hint] = n
+                self.taken.add(name)
+                return name
+
+
 class Builder:
     """Creates the replacement nodes and initializers of one rewrite.
 
@@ -560,6 +592,38 @@ class Builder:
         tensor.name = value.name
         self.initializers.append(value)
         return value
+
+    def check(self, olds: Sequence[ir.Value], news: Sequence[ir.Value]) -> str | None:
+        """Why the replacement ``news`` cannot take the place of the root's outputs ``olds``, or
+        None: at most one value per output, every used output replaced, and a graph output
+        replaced only by a value made here or by an intermediate of this graph that can take its
+        name."""
+        graph, builder = self.match.graph, self
+        if len(news) > len(olds):
+            return f"replacement gives {len(news)} values for {len(olds)} outputs"
+        for old in olds[len(news):]:
+            if old.uses() or old.is_graph_output():
+                return f"output {old.name!r} is used but not replaced"
+        if len({id(v) for v in news}) != len(news):
+            return "the replacement gives one value for two outputs"
+        created = {v for n in builder.nodes for v in n.outputs} | set(builder.initializers)
+        seen_outputs: set[ir.Value] = set()
+        for old, new in zip(olds, news):
+            if new is old:
+                continue
+            if not old.is_graph_output():
+                continue
+            if new in created:
+                continue
+            # An existing value would become this graph output: it must be an ordinary
+            # intermediate of this graph that can take the output's name.
+            producer = new.producer()
+            if producer is None or producer.graph is not graph:
+                return f"{old.name!r} is a graph output and {new.name!r} cannot take its place"
+            if new.is_graph_output() or new in seen_outputs:
+                return f"{old.name!r} and {new.name!r} would be the same graph output"
+            seen_outputs.add(new)
+        return None
 
     def abort(self) -> None:
         for node in self.nodes:

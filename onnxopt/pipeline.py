@@ -23,7 +23,8 @@ from collections.abc import Iterable, Sequence
 import onnx_ir as ir
 
 from . import passes
-from .driver import Driver, DriverResult, RuleStats
+from .driver import Driver
+from .stats import DriverResult, RuleStats
 from .irutil import remove_unused
 from .pattern import Rule
 from .purity import Purity
@@ -36,7 +37,7 @@ def run(model: ir.Model, rules: Sequence[Rule], *, graph_passes: Iterable[str] =
         options: dict | None = None, strict: bool = False) -> DriverResult:
     """Optimize ``model`` in place with ``rules`` and the named whole-graph passes; the driver's
     result, with each pass's statistics among the rules'. ``strict``: a bug in a rule raises
-    (``onnxopt.driver.RuleBug``) instead of being recorded in the result's ``errors``."""
+    (``onnxopt.errors.RuleBug``) instead of being recorded in the result's ``errors``."""
     _remove_dead(model)
     chosen = [p for p in passes.PASSES if p.name in set(graph_passes)]
     stats = {p.name: RuleStats() for p in chosen}
