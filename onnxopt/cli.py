@@ -148,7 +148,7 @@ def _errors(fn):
     except (OSError, MemoryError) as exc:
         return _fail(f"{type(exc).__name__}: {exc}")
     except Exception as exc:  # a bug of ours: say so in one line, and not with 1 ("outputs differ")
-        print(f"onnxopt: internal error: {type(exc).__name__}: {io._first_line(exc, 300)} (please report it)",
+        print(f"onnxopt: internal error: {io.first_line(exc, 300, typed=True)} (please report it)",
               file=sys.stderr)
         return EXIT_INTERNAL
 

@@ -96,19 +96,19 @@ class _Model:
         if isinstance(source, bytes):
             source, _ = io.read_checked(source, what=f"{label} model")
         if isinstance(source, onnx.ModelProto):
-            if io._check_external_data(source, Path("."), f"{label} model"):  # (as io.load resolves them)
+            if io.check_external_data(source, Path("."), f"{label} model"):  # (as io.load resolves them)
                 source = io.to_ir(source)
             else:
                 self.proto = source
         if isinstance(source, ir.Model):
-            if io.external_data_files(source) or io._initializer_bytes(source) >= io._PROTO_LIMIT:
+            if io.external_data_files(source) or io.initializer_bytes(source) >= io.PROTO_LIMIT:
                 io.clamp_ir_version(source)
                 self._save(lambda path: ir.save(source, path, external_data="model.onnx.data"))
                 return
             self.proto = io.to_proto(source)
         elif not isinstance(source, onnx.ModelProto):
             raise UsageError(f"{label}: expected a path, bytes, onnx.ModelProto or onnx_ir.Model")
-        if self.proto.ByteSize() >= io._PROTO_LIMIT:
+        if self.proto.ByteSize() >= io.PROTO_LIMIT:
             proto = self.proto
             self._save(lambda path: onnx.save(proto, path, save_as_external_data=True, location="model.onnx.data"))
 
@@ -146,7 +146,7 @@ class _Model:
                 vi = proto.graph.output.add()
                 vi.name = name
                 vi.type.CopyFrom(types[name])
-        if proto.ByteSize() < io._PROTO_LIMIT:
+        if proto.ByteSize() < io.PROTO_LIMIT:
             return proto.SerializeToString()
         path = os.path.join(self._dir(), "exposed.onnx")
         onnx.save(proto, path, save_as_external_data=True, location="exposed.onnx.data")
@@ -303,7 +303,7 @@ def _load_npz(path) -> dict[str, np.ndarray]:
                 return arrays
             raise UsageError(f"inputs file {path}: member {raw!r} is not a numpy array (.npy)")
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
-        raise UsageError(f"inputs file {path}: {io._first_line(exc, 200)}") from None
+        raise UsageError(f"inputs file {path}: {io.first_line(exc, 200)}") from None
     raise UsageError(f"inputs file {path}: not an .npz archive (write one with numpy.savez(path, input_name=array, "
                      "...); a single .npy array names no input)")
 
@@ -427,7 +427,7 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
                 arr = rng.integers(lo, hi, shape, endpoint=True, dtype=dtype)
         except (ValueError, MemoryError) as exc:  # a shape too large for numpy or for memory
             raise UsageError(f"input {vi.name!r}: cannot make an array of shape {_dims(shape)}: "
-                             f"{io._first_line(exc, 200)}") from None
+                             f"{io.first_line(exc, 200)}") from None
         feeds[vi.name] = arr
         how[vi.name] = info
     return feeds, how
@@ -731,7 +731,7 @@ def measure_latency(models: dict[str, object], inputs: Mapping[str, np.ndarray],
             feeds[name] = {i.name: inputs[i.name] for i in sess.get_inputs()}
             sessions[name] = sess
         except Exception as exc:  # noqa: BLE001 - one broken model must not stop the others
-            errors[name] = io._first_line(exc, 300)
+            errors[name] = io.first_line(exc, 300)
     per_run = {}
     for name, sess in list(sessions.items()):
         try:
@@ -740,7 +740,7 @@ def measure_latency(models: dict[str, object], inputs: Mapping[str, np.ndarray],
                 sess.run(None, feeds[name])
                 per_run[name] = time.perf_counter() - t0
         except Exception as exc:  # noqa: BLE001
-            errors[name] = io._first_line(exc, 300)
+            errors[name] = io.first_line(exc, 300)
             del sessions[name]
     names = list(sessions)
     est = sum(per_run[n] + gap_s for n in names) or 1e-9
@@ -1058,9 +1058,9 @@ def _verify(before: _Model, after: _Model, providers, feeds, inputs, input_shape
                 got[label], kernels, init_s = run_profiled(model.source(), feeds, p, threads=threads)
             except Exception as exc:  # noqa: BLE001 - onnxruntime refusing a model is a result
                 if label == "before":  # the reference itself does not run: bad input
-                    raise InvalidModelError(f"onnxruntime ({p}) cannot run the original model: {io._first_line(exc, 300)}") \
+                    raise InvalidModelError(f"onnxruntime ({p}) cannot run the original model: {io.first_line(exc, 300)}") \
                         from None
-                entry["error"] = f"onnxruntime ({p}) cannot run the optimized model: {io._first_line(exc, 300)}"
+                entry["error"] = f"onnxruntime ({p}) cannot run the optimized model: {io.first_line(exc, 300)}"
                 break
             entry.setdefault("kernels", {})[label] = {**kernels, "session_init_s": round(init_s, 4)}
             step += 1
@@ -1093,7 +1093,7 @@ def _verify(before: _Model, after: _Model, providers, feeds, inputs, input_shape
                 entry["culprit"] = find_culprit(before, after, feeds, p, low_precision=low, rtol=rtol, atol=atol)
             except Exception as exc:  # noqa: BLE001 - the verdict stands without it
                 entry["culprit"] = {"message": f"could not run the models with their intermediate values exposed: "
-                                               f"{io._first_line(exc, 300)}"}
+                                               f"{io.first_line(exc, 300)}"}
         report["providers"][p] = entry
     if "cpu" in outputs and len(outputs) > 1:
         report["cross_provider"] = {}
@@ -1291,7 +1291,7 @@ def _bisect(original: _Model, rules, extra_rules, disable, target, provider, inp
     try:
         reference = _run(original.source(), feeds, provider)
     except Exception as exc:  # noqa: BLE001
-        raise InvalidModelError(f"onnxruntime ({provider}) cannot run the original model: {io._first_line(exc, 300)}") from None
+        raise InvalidModelError(f"onnxruntime ({provider}) cannot run the original model: {io.first_line(exc, 300)}") from None
     options = dict(optimize_options or {})
     runs: dict = {}
 
@@ -1306,7 +1306,7 @@ def _bisect(original: _Model, rules, extra_rules, disable, target, provider, inp
                                    atol=atol)
                 ok, error = all(r["ok"] for r in rows), None
             except Exception as exc:  # noqa: BLE001 - a model onnxruntime rejects fails verification
-                rows, ok, error = [], False, f"onnxruntime cannot run it: {io._first_line(exc, 300)}"
+                rows, ok, error = [], False, f"onnxruntime cannot run it: {io.first_line(exc, 300)}"
             runs[key] = {"ok": ok, "rows": rows, "error": error, "log": rep.log, "rewrites": rep.rewrites,
                          "model": built}
         return runs[key]
@@ -1350,7 +1350,7 @@ def _bisect(original: _Model, rules, extra_rules, disable, target, provider, inp
             report["culprit"] = find_culprit(original, bad["model"], feeds, provider, low_precision=low, rtol=rtol,
                                              atol=atol)
         except Exception as exc:  # noqa: BLE001
-            report["culprit"] = {"message": f"could not expose intermediate values: {io._first_line(exc, 300)}"}
+            report["culprit"] = {"message": f"could not expose intermediate values: {io.first_line(exc, 300)}"}
         return report
     finally:
         for r in runs.values():
@@ -1434,4 +1434,4 @@ def bisect_failure(model, report: dict, *, seconds: float, rewrites: int, verify
         return bisect(model, provider=provider, **{k: v for k, v in (verify_options or {}).items() if k in keys},
                       **optimize_settings)
     except Exception as exc:  # noqa: BLE001 - the verification's verdict stands; say why there is no bisect
-        return {"skipped": f"failed: {io._first_line(exc, 300)}"}
+        return {"skipped": f"failed: {io.first_line(exc, 300)}"}
