@@ -11,9 +11,12 @@ from collections.abc import Iterable, Sequence
 import onnx_ir as ir
 
 from . import evaluate, io, pipeline, registry
+from . import verify as verifier
+from .bisect import bisect_failure
 from .driver import RuleStats
 from .irutil import node_counts
 from .pattern import Rule
+from .report import summary_line
 
 
 @dataclasses.dataclass
@@ -106,7 +109,7 @@ def optimize(
             ``onnxopt.verify.verify``. When outputs differ beyond tolerance it raises
             ``onnxopt.verify.VerificationError`` (its ``report`` attribute has the details, and
             under ``"bisect"`` the rewrite after which outputs differ, see
-            ``onnxopt.verify.bisect_failure``) and writes no output (an onnx_ir.Model rewritten
+            ``onnxopt.bisect.bisect_failure``) and writes no output (an onnx_ir.Model rewritten
             ``inplace`` stays rewritten). The report is ``Report.verification``.
         verify_options: keyword arguments for ``onnxopt.verify.verify`` (inputs, input_shapes,
             int_ranges, seed, rtol, atol, runs, warmup, latency, threads, progress).
@@ -142,8 +145,6 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
     disable = list(disable)
     chosen, graph_passes = registry.resolve(rules, extra_rules, disable, target, graph_passes)
     if verify:
-        from . import verify as verifier
-
         # before the work: a missing provider or a bad setting is a usage error
         providers = verifier.check_settings(verify, **(verify_options or {}))
     loaded = io.load(model, check=check, copy_ir=not inplace)
@@ -169,14 +170,14 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
         if verify:
             verification = verifier.verify(original, loaded.model, providers=providers, **(verify_options or {}))
             if not verification["ok"]:  # bisect names the rewrite, when that is quick enough
-                verification["bisect"] = verifier.bisect_failure(
+                verification["bisect"] = bisect_failure(
                     original, verification, seconds=time.perf_counter() - t0, rewrites=result.rewrites,
                     verify_options=verify_options, rules=rules, extra_rules=extra_rules, disable=disable,
                     target=target, optimize_options={
                         "max_rewrites": max_rewrites, "fold_size_limit": fold_size_limit,
-                        "fold_input_limit": fold_input_limit, "graph_passes": graph_passes, "check": check})
+                        "fold_input_limit": fold_input_limit, "graph_passes": graph_passes})
                 raise verifier.VerificationError(f"verification failed, no output written: "
-                                                 f"{verifier.summary_line(verification)}", verification)
+                                                 f"{summary_line(verification)}", verification)
         t3 = time.perf_counter()
         out = io.give_back(loaded, output, plan)
     except BaseException:
