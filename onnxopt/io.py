@@ -569,9 +569,9 @@ def onnxruntime_module():
         raise UsageError(f"onnxruntime is installed but fails to import ({first_line(exc, 200)}); repair it "
                          "(pip install --force-reinstall onnxruntime, or onnxruntime-gpu) or uninstall it") from None
     except Exception as exc:  # noqa: BLE001 - a broken native library raises anything
-        raise UsageError(f"onnxruntime is installed but fails to import ({type(exc).__name__}: "
-                         f"{first_line(exc, 200)}); repair it (pip install --force-reinstall onnxruntime, or "
-                         "onnxruntime-gpu) or uninstall it") from None
+        raise UsageError(f"onnxruntime is installed but fails to import ({first_line(exc, 200, typed=True)}); "
+                         "repair it (pip install --force-reinstall onnxruntime, or onnxruntime-gpu) or "
+                         "uninstall it") from None
     return onnxruntime
 
 
