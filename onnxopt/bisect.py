@@ -17,8 +17,8 @@ import numpy as np
 
 from . import evaluate, io, pipeline, registry
 from .errors import InvalidModelError
-from .verify import Progress, check_providers, check_tolerances, compare_all, find_culprit, is_low_precision, \
-    parse_providers
+from .verify import (Progress, check_providers, check_tolerances, compare_all, find_culprit, is_low_precision,
+                     parse_providers)
 from .verify.inputs import inputs_for
 from .verify.runtime import OrtModel, run_outputs
 
