@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import gc
 import os
 import time
 from collections.abc import Iterable, Sequence
@@ -11,9 +10,12 @@ from collections.abc import Iterable, Sequence
 import onnx_ir as ir
 
 from . import evaluate, io, pipeline, registry
+from . import verify as verifier
+from .bisect import bisect_failure
 from .stats import RuleStats
-from .irutil import node_counts
+from .irutil import gc_paused, node_counts
 from .pattern import Rule
+from .report import summary_line
 
 
 @dataclasses.dataclass
@@ -111,7 +113,7 @@ def optimize(
             ``onnxopt.verify.verify``. When outputs differ beyond tolerance it raises
             ``onnxopt.verify.VerificationError`` (its ``report`` attribute has the details, and
             under ``"bisect"`` the rewrite after which outputs differ, see
-            ``onnxopt.verify.bisect_failure``) and writes no output (an onnx_ir.Model rewritten
+            ``onnxopt.bisect.bisect_failure``) and writes no output (an onnx_ir.Model rewritten
             ``inplace`` stays rewritten). The report is ``Report.verification``.
         verify_options: keyword arguments for ``onnxopt.verify.verify`` (inputs, input_shapes,
             int_ranges, seed, rtol, atol, runs, warmup, latency, threads, progress).
@@ -125,23 +127,11 @@ def optimize(
             way the input file and its data files are never written, and a failure leaves no
             output.
     """
-    # The IR is a large web of reference cycles; the cyclic collector's full passes over it make
-    # time grow faster than the graph. Nothing here relies on it, so it is paused for the call.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         return _optimize(model, rules, extra_rules, disable, target, output, external_data, max_rewrites,
                          check, inplace, return_report, fold_size_limit, graph_passes, fold_input_limit,
                          stop_after, verify, verify_options, outputs,
                          os.environ.get("ONNXOPT_STRICT") == "1" if strict is None else bool(strict))
-    finally:
-        if gc_was_enabled:
-            # Hand what was allocated meanwhile to the oldest generation (two list splices) so
-            # that re-enabling does not start with one young-generation pass over all of it;
-            # it is collected by the next full collection, as long-lived data would be.
-            gc.freeze()
-            gc.unfreeze()
-            gc.enable()
 
 
 def _optimize(model, rules, extra_rules, disable, target, output, external_data, max_rewrites, check,
@@ -152,8 +142,6 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
     disable = list(disable)
     chosen, graph_passes = registry.resolve(rules, extra_rules, disable, target, graph_passes)
     if verify:
-        from . import verify as verifier
-
         # before the work: a missing provider or a bad setting is a usage error
         providers = verifier.check_settings(verify, **(verify_options or {}))
     loaded = io.load(model, check=check, copy_ir=not inplace)
@@ -179,14 +167,14 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
         if verify:
             verification = verifier.verify(original, loaded.model, providers=providers, **(verify_options or {}))
             if not verification["ok"]:  # bisect names the rewrite, when that is quick enough
-                verification["bisect"] = verifier.bisect_failure(
+                verification["bisect"] = bisect_failure(
                     original, verification, seconds=time.perf_counter() - t0, rewrites=result.rewrites,
                     verify_options=verify_options, rules=rules, extra_rules=extra_rules, disable=disable,
                     target=target, optimize_options={
                         "max_rewrites": max_rewrites, "fold_size_limit": fold_size_limit,
-                        "fold_input_limit": fold_input_limit, "graph_passes": graph_passes, "check": check})
+                        "fold_input_limit": fold_input_limit, "graph_passes": graph_passes})
                 raise verifier.VerificationError(f"verification failed, no output written: "
-                                                 f"{verifier.summary_line(verification)}", verification)
+                                                 f"{summary_line(verification)}", verification)
         t3 = time.perf_counter()
         out = io.give_back(loaded, output, plan)
     except BaseException:

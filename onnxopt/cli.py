@@ -17,10 +17,12 @@ import sys
 import warnings
 from pathlib import Path
 
-from . import __version__, evaluate, io, passes, registry, targets
+from . import __version__, evaluate, io, registry, targets, verify
 from .api import optimize
+from .bisect import bisect
 from .errors import OnnxoptError
-from .verify import table
+from .report import format_bisect, format_optimize, format_verification, rule_lines, summary_line
+from .verify import VerificationError
 
 EXIT_OK, EXIT_DIFFERS, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -106,8 +108,6 @@ def _add_verify_args(p: argparse.ArgumentParser) -> None:
 
 
 def _verify_options(args) -> dict:
-    from . import verify
-
     return {"inputs": args.inputs, "input_shapes": verify.parse_input_shapes(args.input_shape),
             "int_ranges": verify.parse_int_ranges(args.int_range), "seed": args.seed, "rtol": args.rtol,
             "atol": args.atol, "runs": args.runs, "warmup": args.warmup, "threads": args.threads,
@@ -142,8 +142,6 @@ def _bisect_parser() -> argparse.ArgumentParser:
 
 def _errors(fn):
     """Run a face; one-line errors and exit codes for everything it raises."""
-    from .verify import VerificationError
-
     try:
         return fn()
     except VerificationError as exc:
@@ -156,7 +154,7 @@ def _errors(fn):
     except (OSError, MemoryError) as exc:
         return _fail(f"{type(exc).__name__}: {exc}")
     except Exception as exc:  # a bug of ours: say so in one line, and not with 1 ("outputs differ")
-        print(f"onnxopt: internal error: {type(exc).__name__}: {io._first_line(exc, 300)} (please report it)",
+        print(f"onnxopt: internal error: {io.first_line(exc, 300, typed=True)} (please report it)",
               file=sys.stderr)
         return EXIT_INTERNAL
 
@@ -165,16 +163,14 @@ def verify_main(argv: list[str]) -> int:
     args = _verify_parser().parse_args(argv)
 
     def run():
-        from . import verify
-
         with _outputs(args, args.original, args.optimized) as outputs:
             report = verify.verify(args.original, args.optimized, providers=args.providers,
                                    **_verify_options(args))
             _stage_json(outputs, args.json, report)
         if args.quiet:
-            print("verdict: " + ("outputs agree" if report["ok"] else verify.summary_line(report)))
+            print("verdict: " + ("outputs agree" if report["ok"] else summary_line(report)))
         else:
-            print(verify.format_report(report))
+            print(format_verification(report))
         return EXIT_OK if report["ok"] else EXIT_DIFFERS
 
     return _errors(run)
@@ -184,11 +180,9 @@ def bisect_main(argv: list[str]) -> int:
     args = _bisect_parser().parse_args(argv)
 
     def run():
-        from . import verify
-
         base, extra = _rule_sets(args)
         with _outputs(args, args.model) as outputs:
-            report = verify.bisect(
+            report = bisect(
                 args.model, rules=base, extra_rules=extra, disable=args.disable,
                 target=args.target, provider=args.provider, inputs=args.inputs,
                 input_shapes=verify.parse_input_shapes(args.input_shape),
@@ -196,29 +190,11 @@ def bisect_main(argv: list[str]) -> int:
                 optimize_options={"max_rewrites": args.max_rewrites, "fold_size_limit": args.fold_size_limit},
                 progress=verify.Progress(enabled=None if not args.quiet else False))
             _stage_json(outputs, args.json, report)
-        text = verify.format_bisect(report)
+        text = format_bisect(report)
         print(text.splitlines()[-1] if args.quiet else text)
         return EXIT_OK if report["ok"] else EXIT_DIFFERS
 
     return _errors(run)
-
-
-def format_report(report, src: str, dst: str) -> str:
-    d = report.as_dict()
-    ops = sorted(set(report.before) | set(report.after))
-    rows = [(op, report.before.get(op, 0), report.after.get(op, 0),
-             f"{report.after.get(op, 0) - report.before.get(op, 0):+d}") for op in ops]
-    rows.append(("total", d["nodes_before"], d["nodes_after"], f"{d['nodes_after'] - d['nodes_before']:+d}"))
-    out = [f"onnxopt {src} -> {dst}", "", table(rows, ("op type", "before", "after", "change"))]
-    fired = [(name, st.tried, st.fired, st.refused, f"{st.seconds * 1e3:.1f}")
-             for name, st in report.rules.items() if st.tried]
-    if fired:
-        out += ["", table(fired, ("rule", "tried", "fired", "refused", "ms"))]
-    s = d["seconds"]
-    out += ["", f"{report.rewrites} rewrites; time: load {s['load']:.3f} s, rewrite {s['rewrite']:.3f} s, "
-                f"save {s['save']:.3f} s, total {s['total']:.3f} s"]
-    out += [f"warning: {w}" for w in report.warnings]
-    return "\n".join(out)
 
 
 def _outputs(args, *inputs: str, data_files: bool = True) -> io.Outputs:
@@ -317,12 +293,8 @@ def _rule_words(args) -> list[str]:
 def _optimize_main(args) -> int:
     base, extra = _rule_sets(args)
     if args.list_rules:
-        chosen, graph_passes = registry.resolve(base, extra, args.disable, args.target)
-        for rule in chosen:
-            valid = ",".join(t for t in targets.TARGETS if t in rule.targets)
-            print(f"{rule.name:<28} {rule.pattern.op_type:<20} p={rule.priority:<3} [{valid}]  {rule.summary}")
-        for name in graph_passes:
-            print(f"{name:<28} {'(graph pass)':<20} {'':<5} [{','.join(targets.TARGETS)}]  {passes.BY_NAME[name].doc}")
+        for line in rule_lines(*registry.resolve(base, extra, args.disable, args.target)):
+            print(line)
         return EXIT_OK
     if not args.input:
         return _fail("the input model is missing (usage: onnxopt IN -o OUT)")
@@ -333,8 +305,6 @@ def _optimize_main(args) -> int:
     if args.verify is not None:
         verify_args = {"verify": args.verify,
                        "verify_options": {**_verify_options(args), "bisect_options": _rule_words(args)}}
-    from .verify import VerificationError, format_report as format_verification
-
     with _outputs(args, args.input, data_files=False) as outputs:
         try:
             _, report = optimize(
@@ -351,7 +321,7 @@ def _optimize_main(args) -> int:
             raise
         _stage_json(outputs, args.json, {"input": args.input, "output": args.output, **report.as_dict()})
     if not args.quiet:
-        print(format_report(report, args.input, args.output))
+        print(format_optimize(report, args.input, args.output))
         if report.verification is not None:
             print()
             print(format_verification(report.verification))

@@ -63,7 +63,7 @@ import onnx_ir as ir
 # which a process pays once rather than inside the first optimize() call.
 from onnx.reference import ReferenceEvaluator
 
-from .io import onnxruntime_module  # noqa: E402
+from .io import first_line, onnxruntime_module  # noqa: E402
 from .irutil import constant_tensor, nbytes, use_count  # noqa: E402
 from .purity import RANDOM_OPS  # noqa: E402  (one list: what is never folded, merged or assumed fixed)
 from .shapes import SMALL_CONST, infer, infer_node_outputs, slice_positions, small_tensor_proto  # noqa: E402
@@ -223,7 +223,7 @@ def _run_onnxruntime(runtime, proto: onnx.NodeProto, opset: int, arrays: list) -
     try:
         return session.run(None, {name: a for name, a in zip(proto.input, arrays) if name})
     except Exception as exc:  # onnxruntime refuses these values (e.g. an integer division by zero)
-        raise EvaluationError(_first_line(exc)) from None
+        raise EvaluationError(first_line(exc, typed=True)) from None
 
 
 def _session(runtime, proto: onnx.NodeProto, opset: int, arrays: list):
@@ -243,7 +243,7 @@ def _session(runtime, proto: onnx.NodeProto, opset: int, arrays: list):
     try:
         return runtime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     except Exception as exc:
-        return _first_line(exc)
+        return first_line(exc, typed=True)
 
 
 @functools.cache
@@ -294,11 +294,6 @@ def _crashes_onnxruntime(op_type: str, arrays: list) -> str | None:
         if np.any(a == np.iinfo(a.dtype).min) and np.any(b == -1):  # (not checked pairwise: rare enough)
             return "an integer division of the smallest integer by -1 overflows"
     return None
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 # --- without onnxruntime: the exact set -------------------------------------------------------
@@ -378,7 +373,7 @@ def _reference(proto: onnx.NodeProto, opset: int, arrays: list) -> list:
         with np.errstate(all="ignore"):
             results = evaluator.run(None, {name: a for name, a in zip(proto.input, arrays) if name})
     except Exception as exc:  # the reference implementation refuses: then so do we
-        raise EvaluationError(_first_line(exc)) from None
+        raise EvaluationError(first_line(exc, typed=True)) from None
     return [np.asarray(r) if isinstance(r, (np.generic, int, float, bool)) else r for r in results]
 
 

@@ -29,7 +29,7 @@ from .errors import InvalidModelError, UsageError
 ModelLike = Union[str, os.PathLike, bytes, onnx.ModelProto, ir.Model]
 
 # Protobuf cannot serialize a message of 2 GiB or more; keep well clear of it.
-_PROTO_LIMIT = 2**31 - 2**26
+PROTO_LIMIT = 2**31 - 2**26
 
 
 @dataclasses.dataclass
@@ -43,11 +43,13 @@ class Loaded:
     data_files: frozenset = frozenset()  # those files (resolved): never to be overwritten
 
 
-def _first_line(exc: BaseException, limit: int = 400) -> str:
-    """The message folded onto one line (checker messages span several), capped in length."""
+def first_line(exc: BaseException, limit: int = 400, *, typed: bool = False) -> str:
+    """The message folded onto one line (checker messages span several), capped in length;
+    ``typed``: after the exception's type name."""
     text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip() and not line.strip().startswith("==>"))
     text = text or type(exc).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    return f"{type(exc).__name__}: {text}" if typed else text
 
 
 def _parse(data: bytes, what: str) -> onnx.ModelProto:
@@ -86,7 +88,7 @@ def _why_unparsable(data: bytes, exc: Exception) -> str:
             return f"is a serialized {kind.DESCRIPTOR.name}, not an ONNX model (a ModelProto)"
     if data[:1] == b"\x08" and len(data) > 16:
         # starts like a ModelProto (field 1 = ir_version, varint): most likely cut short
-        return f"is a truncated or corrupted ONNX file ({len(data)} bytes; protobuf: {_first_line(exc)})"
+        return f"is a truncated or corrupted ONNX file ({len(data)} bytes; protobuf: {first_line(exc)})"
     return "is not an ONNX model (it does not parse as one)"
 
 
@@ -116,7 +118,7 @@ def _check(target: onnx.ModelProto | bytes | str, what: str) -> None:
     try:
         onnx.checker.check_model(target)
     except Exception as exc:
-        raise InvalidModelError(f"{what} fails the ONNX checker: {_first_line(exc)}") from None
+        raise InvalidModelError(f"{what} fails the ONNX checker: {first_line(exc)}") from None
 
 
 def _graphs(graph: onnx.GraphProto):
@@ -208,7 +210,7 @@ def _external_int(info: dict, key: str, tensor: str, what: str) -> int | None:
     return int(digits or "0")
 
 
-def _check_external_data(proto: onnx.ModelProto, base_dir: Path, what: str) -> bool:
+def check_external_data(proto: onnx.ModelProto, base_dir: Path, what: str) -> bool:
     """Raise if a tensor's external data is unsafe (its location leaves the model's folder), missing,
     too short, or of a length that does not fit the tensor; return whether any tensor has some."""
     sizes: dict[Path, int] = {}
@@ -249,7 +251,7 @@ def _check_external_data(proto: onnx.ModelProto, base_dir: Path, what: str) -> b
 
 def files_read(path: str | os.PathLike) -> list[Path]:
     """The model file and the external data files it names (those that are safe to name: see
-    :func:`_check_external_data`), without reading any weights; just the path when it is not a
+    :func:`check_external_data`), without reading any weights; just the path when it is not a
     readable model (loading it will say why)."""
     path = Path(path)
     files = [path]
@@ -351,8 +353,8 @@ def load(source: ModelLike, *, check: bool = True, copy_ir: bool = True) -> Load
         return Loaded(source.clone() if copy_ir else source, "ir")
     if isinstance(source, onnx.ModelProto):
         _check_opsets(source, "model")
-        external = _check_external_data(source, Path("."), "model") if check else False
-        if check and source.ByteSize() < _PROTO_LIMIT:
+        external = check_external_data(source, Path("."), "model") if check else False
+        if check and source.ByteSize() < PROTO_LIMIT:
             # (a larger proto cannot be serialized for the checker)
             _check(source, "model")
         return Loaded(to_ir(source), "proto", external=external)
@@ -448,7 +450,7 @@ def read_checked(source: str | os.PathLike | bytes | bytearray | memoryview, *, 
     if isinstance(source, (bytes, bytearray, memoryview)):
         data = bytes(source)
         proto = _parse(data, what or "input bytes")
-        external = _check_external_data(proto, Path("."), what or "input bytes")  # (relative to the current folder)
+        external = check_external_data(proto, Path("."), what or "input bytes")  # (relative to the current folder)
         if check:
             _check(proto if external else data, what or "model")
         return proto, external
@@ -460,15 +462,15 @@ def read_checked(source: str | os.PathLike | bytes | bytearray | memoryview, *, 
         raise InvalidModelError(f"{what}: is a directory, not an ONNX file")
     try:
         with open(path, "rb") as f:  # (a pipe or a device has no size: read at most what one model can be)
-            data = f.read(_PROTO_LIMIT + 1)
+            data = f.read(PROTO_LIMIT + 1)
     except OSError as exc:
         raise InvalidModelError(f"{what}: cannot read ({exc.strerror})") from None
-    if len(data) > _PROTO_LIMIT:
-        raise InvalidModelError(f"{what}: more than {_PROTO_LIMIT} bytes, past what protobuf reads as one model "
+    if len(data) > PROTO_LIMIT:
+        raise InvalidModelError(f"{what}: more than {PROTO_LIMIT} bytes, past what protobuf reads as one model "
                                 "(a model this large keeps its weights in external data files)")
     proto = _parse(data, what)
     # A missing data file is reported as such, before the checker reports it less clearly.
-    external = _check_external_data(proto, path.parent, what)
+    external = check_external_data(proto, path.parent, what)
     if check:
         # The bytes in hand spare the checker a second read of the file; with external data
         # it needs the path to find the data files.
@@ -564,12 +566,12 @@ def onnxruntime_module():
     except ImportError as exc:
         if getattr(exc, "name", None) == "onnxruntime":
             return None
-        raise UsageError(f"onnxruntime is installed but fails to import ({_first_line(exc, 200)}); repair it "
+        raise UsageError(f"onnxruntime is installed but fails to import ({first_line(exc, 200)}); repair it "
                          "(pip install --force-reinstall onnxruntime, or onnxruntime-gpu) or uninstall it") from None
     except Exception as exc:  # noqa: BLE001 - a broken native library raises anything
-        raise UsageError(f"onnxruntime is installed but fails to import ({type(exc).__name__}: "
-                         f"{_first_line(exc, 200)}); repair it (pip install --force-reinstall onnxruntime, or "
-                         "onnxruntime-gpu) or uninstall it") from None
+        raise UsageError(f"onnxruntime is installed but fails to import ({first_line(exc, 200, typed=True)}); "
+                         "repair it (pip install --force-reinstall onnxruntime, or onnxruntime-gpu) or "
+                         "uninstall it") from None
     return onnxruntime
 
 
@@ -601,7 +603,7 @@ def clamp_ir_version(model: ir.Model) -> None:
         model.ir_version = limit
 
 
-def _initializer_bytes(model: ir.Model) -> int:
+def initializer_bytes(model: ir.Model) -> int:
     total = 0
     for graph in model.graphs():
         for value in graph.initializers.values():
@@ -777,7 +779,7 @@ def plan_save(model: ir.Model, path: str | os.PathLike, *, external_data: str | 
             raise UsageError("the external data file name is empty (to keep the weights in the model file: "
                              "--single-file, external_data=False)")
         if external_data is None:
-            external_data = _initializer_bytes(model) >= _PROTO_LIMIT
+            external_data = initializer_bytes(model) >= PROTO_LIMIT
         data_name = data_file_name(path, external_data) if external_data else None
         if data_name:
             outputs.claim(path.parent / data_name, "the external data file")
@@ -809,7 +811,7 @@ def write(model: ir.Model, plan: SavePlan, *, size_threshold: int = 1024) -> Pat
                 outputs.unstage(data_path)  # no weight reached the threshold: no empty data file
         else:
             with _without_external_references(model, attributes_only=False):
-                if _initializer_bytes(model) >= _PROTO_LIMIT:
+                if initializer_bytes(model) >= PROTO_LIMIT:
                     raise UsageError(f"{path}: the weights pass protobuf's 2 GiB limit for one file; save them "
                                      "as external data")
                 if not write_streamed(model, staged):
@@ -915,7 +917,7 @@ def write_streamed(model: ir.Model, path: Path) -> bool:
             continue  # annotations onnx_ir writes beside the initializer: left to its serializer
         big.append(value)
         total += tensor.nbytes
-    if not big or total >= _PROTO_LIMIT:
+    if not big or total >= PROTO_LIMIT:
         return False
     with detached_initializers(graph, big):
         proto = ir.serde.serialize_model(model)

@@ -7,6 +7,8 @@ A leaf: it imports onnx_ir and numpy, nothing of onnxopt.
 from __future__ import annotations
 
 import collections
+import contextlib
+import gc
 from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
@@ -196,3 +198,22 @@ def redirect(old: ir.Value, new: ir.Value, *, take_name: bool = False) -> list[i
     else:
         old.replace_all_uses_with(new)
     return readers
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """The cyclic garbage collector paused for the duration (nesting is fine): the IR is a large
+    web of reference cycles, and the collector's full passes over it make time grow faster than
+    the graph; nothing onnxopt does relies on it."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            # Hand what was allocated meanwhile to the oldest generation (two list splices) so
+            # that re-enabling does not start with one young-generation pass over all of it; it
+            # is collected by the next full collection, as long-lived data would be.
+            gc.freeze()
+            gc.unfreeze()
+            gc.enable()

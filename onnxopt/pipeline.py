@@ -25,7 +25,7 @@ import onnx_ir as ir
 from . import passes
 from .driver import Driver
 from .stats import DriverResult, RuleStats
-from .irutil import remove_unused
+from .irutil import gc_paused, remove_unused
 from .pattern import Rule
 from .purity import Purity
 
@@ -38,6 +38,11 @@ def run(model: ir.Model, rules: Sequence[Rule], *, graph_passes: Iterable[str] =
     """Optimize ``model`` in place with ``rules`` and the named whole-graph passes; the driver's
     result, with each pass's statistics among the rules'. ``strict``: a bug in a rule raises
     (``onnxopt.errors.RuleBug``) instead of being recorded in the result's ``errors``."""
+    with gc_paused():
+        return _run(model, rules, graph_passes, max_rewrites, stop_after, keep_log, options, strict)
+
+
+def _run(model, rules, graph_passes, max_rewrites, stop_after, keep_log, options, strict) -> DriverResult:
     _remove_dead(model)
     chosen = [p for p in passes.PASSES if p.name in set(graph_passes)]
     stats = {p.name: RuleStats() for p in chosen}

@@ -647,7 +647,7 @@ def test_output_name_with_a_nul_is_a_usage_error(plain):
 
 
 def test_an_endless_input_is_read_no_further_than_one_model_can_be(tmp_path, monkeypatch):
-    monkeypatch.setattr(oio, "_PROTO_LIMIT", 1 << 20)
+    monkeypatch.setattr(oio, "PROTO_LIMIT", 1 << 20)
     with pytest.raises(InvalidModelError, match="past what protobuf reads"):
         oio.load("/dev/zero")
 

@@ -49,6 +49,15 @@ def test_rules_directory_installs_as_onnxopt_rules():
     assert sorted(declared) == sorted(r.name for r in onnxopt.default_rules())
 
 
+def test_every_subpackage_of_onnxopt_is_installed():
+    """setup.cfg names its packages one by one: a subpackage it lacks (onnxopt.verify) would be
+    missing from the wheel while every test run from the checkout passes."""
+    listed = _cfg()["options"]["packages"].split()
+    found = sorted(".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "onnxopt").rglob("__init__.py"))
+    assert found and "onnxopt.verify" in found
+    assert [p for p in found if p not in listed] == []
+
+
 def test_python_dash_m_and_version():
     out = subprocess.run([sys.executable, "-m", "onnxopt", "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == f"onnxopt {onnxopt.__version__}"

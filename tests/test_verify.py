@@ -17,7 +17,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from helpers import init, model, tinfo
-from onnxopt import cli, optimize, verify
+from onnxopt import bisect, cli, optimize, verify
 from onnxopt.errors import InvalidModelError, UsageError
 from onnxopt.models import synthetic
 
@@ -290,7 +290,7 @@ def test_optimize_with_verify_reports_and_writes(syn, tmp_path):
 def test_optimize_with_verify_refuses_a_wrong_result_and_writes_nothing(syn, tmp_path, monkeypatch):
     from onnxopt import registry
 
-    monkeypatch.setattr(verify, "BISECT_BUDGET_S", 3600.0)  # the bisect below runs whatever the machine's load
+    monkeypatch.setattr(bisect, "BISECT_BUDGET_S", 3600.0)  # the bisect below runs whatever the machine's load
 
     out = tmp_path / "o.onnx"
     extra = registry.load_rules_file(str(syn["rules"]))
@@ -427,7 +427,7 @@ def test_no_temporary_directories_are_left(syn, tmp_path, monkeypatch):
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     verify.verify(syn["src"], syn["bad"], runs=0)  # culprit search writes exposed models
-    verify.bisect(syn["src"], extra_rules=__import__("onnxopt").registry.load_rules_file(str(syn["rules"])))
+    bisect.bisect(syn["src"], extra_rules=__import__("onnxopt").registry.load_rules_file(str(syn["rules"])))
     assert list(tmp_path.iterdir()) == []
 
 

@@ -14,6 +14,7 @@ from onnx import TensorProto, helper
 
 from helpers import init, model, tinfo
 from onnxopt import cli, verify
+from onnxopt.report import format_verification
 
 pytest.importorskip("onnxruntime")
 
@@ -153,7 +154,7 @@ def test_sequence_outputs(tmp_path, after, ok, problem):
         assert row["problem"].startswith(problem)
     else:
         assert row["kind"] == "sequence" and row["length"] == 2 and row["elements"] == 6
-    assert "seq[" in verify.format_report(rep) or not ok
+    assert "seq[" in format_verification(rep) or not ok
 
 
 def test_ragged_sequences_and_other_value_kinds():

@@ -14,7 +14,7 @@ import textwrap
 import onnx
 import pytest
 
-from onnxopt import cli, verify
+from onnxopt import bisect, cli
 
 pytest.importorskip("onnxruntime")
 
@@ -101,7 +101,7 @@ def test_a_rule_whose_node_computes_a_different_value_from_the_same_inputs_is_na
 
 
 def test_optimize_verify_bisects_and_names_the_forwarding_rule(resnet, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(verify, "BISECT_BUDGET_S", 3600.0)  # whatever the machine's load (the rule: below)
+    monkeypatch.setattr(bisect, "BISECT_BUDGET_S", 3600.0)  # whatever the machine's load (the rule: below)
     out_path, report = tmp_path / "o.onnx", tmp_path / "o.json"
     code, out, err = run_main(capsys, resnet["src"], "-o", out_path, "--rules", resnet["rules"]["drop_relu"],
                               "--verify", "cpu", "--runs", "0", "--json", report)
@@ -115,7 +115,7 @@ def test_optimize_verify_bisects_and_names_the_forwarding_rule(resnet, tmp_path,
 
 
 def test_a_slow_bisect_is_left_to_the_user_with_the_command(resnet, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(verify, "BISECT_BUDGET_S", 0.0)  # every bisect is "too slow"
+    monkeypatch.setattr(bisect, "BISECT_BUDGET_S", 0.0)  # every bisect is "too slow"
     rules = resnet["rules"]["drop_relu"]
     code, out, err = run_main(capsys, resnet["src"], "-o", tmp_path / "o.onnx", "--rules", rules, "--verify", "cpu",
                               "--runs", "0", "--seed", "3", "-q")
@@ -130,9 +130,9 @@ def test_the_automatic_bisect_runs_when_its_estimate_is_under_60_s(monkeypatch, 
     """(log2(rewrites) + 1) x the optimize + verify time (without the latency runs, which bisect
     does not repeat): 63 rewrites make 6.98 x; 8 s -> 56 s runs, 10 s -> 70 s does not."""
     calls = []
-    monkeypatch.setattr(verify, "bisect", lambda model, **kw: calls.append(kw) or {"culprit_rule": "r"})
+    monkeypatch.setattr(bisect, "bisect", lambda model, **kw: calls.append(kw) or {"culprit_rule": "r"})
     report = {"providers": {"cpu": {"ok": True}, "cuda": {"ok": False, "latency": {"seconds": latency_s}}}}
-    got = verify.bisect_failure("m.onnx", report, seconds=seconds, rewrites=63, verify_options={"seed": 4, "runs": 9},
+    got = bisect.bisect_failure("m.onnx", report, seconds=seconds, rewrites=63, verify_options={"seed": 4, "runs": 9},
                                 rules=None, extra_rules=[])
     assert bool(calls) is runs
     if runs:

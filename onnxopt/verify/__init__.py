@@ -1,0 +1,212 @@
+"""The verifier: run onnxruntime on a model before and after optimization and prove they agree.
+
+For every requested execution provider (``cpu``, ``cuda``) it compares every output
+(:mod:`.compare`), counts the kernels onnxruntime's profiler records per run and times both
+models (:mod:`.runtime`), on inputs given or generated (:mod:`.inputs`). With CPU and CUDA both
+requested it also compares each model's CPU outputs with its CUDA outputs. When outputs differ it
+finds the culprit (:mod:`.culprit`); :mod:`onnxopt.bisect` goes further and names the rewrite.
+
+This package knows no command line; ``onnxopt.cli``, ``onnxopt.api`` and ``scripts/bench.py``
+use it, and ``onnxopt.report`` prints its reports.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from .. import io
+from ..errors import InvalidModelError, OnnxoptError, UsageError
+from .compare import (LOW_PRECISION, TOLERANCES, check_tolerances, compare, compare_all, compare_value,
+                      is_low_precision, problem_text, tolerance)
+from .culprit import find_culprit
+from .inputs import inputs_for, make_inputs, parse_input_shapes, parse_int_ranges
+from .runtime import (PROVIDERS, OrtModel, VerifyUnavailable, check_providers, count_kernels, measure_latency,
+                      parse_providers, run_profiled, session)
+
+__all__ = [
+    "LOW_PRECISION", "PROVIDERS", "TOLERANCES", "Progress", "VerificationError", "VerifyUnavailable", "bisect_command",
+    "check_providers", "check_settings", "check_tolerances", "compare", "compare_all", "compare_value",
+    "count_kernels", "find_culprit", "is_low_precision", "make_inputs", "measure_latency", "parse_input_shapes",
+    "parse_int_ranges", "parse_providers", "problem_text", "run_profiled", "session", "tolerance", "verify",
+]
+
+
+class VerificationError(OnnxoptError):
+    """The optimized model's outputs differ from the original's beyond tolerance."""
+
+    def __init__(self, message: str, report: dict | None = None):
+        super().__init__(message)
+        self.report = report
+
+
+class Progress:
+    """A one-line progress bar on stderr when it is a terminal (silent otherwise)."""
+
+    def __init__(self, enabled: bool | None = None, stream=None):
+        self.stream = stream or sys.stderr
+        self.enabled = self.stream.isatty() if enabled is None else enabled
+        self._last = ""
+
+    def __call__(self, step: str, done: int = 0, total: int = 0) -> None:
+        if not self.enabled:
+            return
+        width = 24
+        filled = int(width * done / total) if total else 0
+        bar = f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} " if total else ""
+        line = f"\r{bar}{step}"[:120]
+        self.stream.write(line + " " * max(0, len(self._last) - len(line)))
+        self.stream.flush()
+        self._last = line
+
+    def close(self) -> None:
+        if self.enabled and self._last:
+            self.stream.write("\r" + " " * len(self._last) + "\r")
+            self.stream.flush()
+            self._last = ""
+
+
+def check_settings(providers: str | Sequence[str] = "cpu", *, runs: int = 20, warmup: int = 5, threads: int = 0,
+                   rtol: float | None = None, atol: float | None = None, **_) -> list[str]:
+    """Refuse bad verification settings (UsageError, one line) before any work; the providers parsed."""
+    providers = parse_providers(providers)
+    check_providers(providers)
+    if runs < 0:
+        raise UsageError(f"--runs {runs}: must not be negative (0: no latency)")
+    if warmup < 1:
+        raise UsageError(f"--warmup {warmup}: at least 1 warm-up run")
+    if not 0 <= threads <= 2**31 - 1:
+        raise UsageError(f"--threads {threads}: must be 0 (onnxruntime's choice) or a positive 32-bit number")
+    check_tolerances(rtol, atol)
+    return providers
+
+
+def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", inputs: str | os.PathLike | None = None,
+           feeds: Mapping[str, np.ndarray] | None = None, input_shapes: Mapping[str, Sequence[int]] | None = None,
+           int_ranges: Mapping[str, tuple[int, int]] | None = None, seed: int = 0, rtol: float | None = None,
+           atol: float | None = None, runs: int = 20, warmup: int = 5, latency: bool = True, culprit: bool = True,
+           threads: int = 0, progress: Progress | None = None, bisect_options: Sequence[str] | None = None) -> dict:
+    """Verify ``optimized`` against ``original`` on each provider; returns the report (a dict
+    that ``onnxopt.report.format_verification`` prints); ``report["ok"]`` is False when an
+    output differs.
+
+    ``original``/``optimized``: paths, bytes, onnx.ModelProto or onnx_ir.Model. Inputs come from
+    ``feeds``, else from ``inputs`` (.npz) and generation (see :func:`make_inputs`). ``runs``: timed
+    rounds per provider after ``warmup`` runs (0 skips latency, as does ``latency=False``).
+    When outputs differ, ``report["bisect_command"]`` is the ``python -m onnxopt bisect`` command
+    with these settings; ``bisect_options``: the command-line options that made ``optimized``
+    (--rules, --disable, ...), None when unknown (the command then says to add them)."""
+    providers = check_settings(providers, runs=runs, warmup=warmup, threads=threads, rtol=rtol, atol=atol)
+    progress = progress or Progress(enabled=False)
+    before = after = None
+    try:
+        before = OrtModel(original, "original")
+        after = OrtModel(optimized, "optimized")
+        report = _verify(before, after, providers, feeds, inputs, input_shapes, int_ranges, seed, rtol, atol, runs,
+                         warmup, latency, culprit, threads, progress)
+        if not report["ok"]:
+            report["bisect_command"] = bisect_command(
+                original, next(p for p, e in report["providers"].items() if not e["ok"]), inputs=inputs,
+                input_shapes=input_shapes, int_ranges=int_ranges, seed=seed, rtol=rtol, atol=atol,
+                options=bisect_options)
+        return report
+    finally:
+        progress.close()
+        for m in (before, after):
+            if m is not None:
+                m.close()
+
+
+def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_shapes, int_ranges, seed, rtol, atol,
+            runs, warmup, latency, culprit, threads, progress) -> dict:
+    feeds, how = inputs_for(before, feeds, inputs, input_shapes, int_ranges, seed)
+    low = is_low_precision(before.proto)
+    report: dict = {"original": before.name, "optimized": after.name,
+                    "seed": seed, "inputs": how, "low_precision": low, "providers": {}}
+    outputs: dict[str, dict[str, list]] = {}
+    steps = len(providers) * (2 + (1 if latency and runs else 0))
+    step = 0
+    for p in providers:
+        entry: dict = {}
+        got = {}
+        for label, model in (("before", before), ("after", after)):
+            progress(f"{p}: running the {'original' if label == 'before' else 'optimized'} model", step, steps)
+            try:
+                got[label], kernels, init_s = run_profiled(model.source(), feeds, p, threads=threads)
+            except Exception as exc:  # noqa: BLE001 - onnxruntime refusing a model is a result
+                if label == "before":  # the reference itself does not run: bad input
+                    raise InvalidModelError(f"onnxruntime ({p}) cannot run the original model: {io.first_line(exc, 300)}") \
+                        from None
+                entry["error"] = f"onnxruntime ({p}) cannot run the optimized model: {io.first_line(exc, 300)}"
+                break
+            entry.setdefault("kernels", {})[label] = {**kernels, "session_init_s": round(init_s, 4)}
+            step += 1
+        if "error" in entry:  # the optimized model does not run where the original does: it fails
+            entry.update(ok=False, outputs=[{"name": name, "ok": False, "problem": "the optimized model does not run"}
+                                            for name, _ in got["before"]])
+            report["providers"][p] = entry
+            continue
+        outputs[p] = got
+        entry["outputs"] = compare_all(got["before"], got["after"], low_precision=low, rtol=rtol, atol=atol)
+        entry["ok"] = all(r["ok"] for r in entry["outputs"])
+        if latency and runs:
+            progress(f"{p}: latency", step, steps)
+            t0 = time.perf_counter()
+            lat = measure_latency({"before": before.source(), "after": after.source()}, feeds, provider=p,
+                                  runs=runs, warmup=warmup, threads=threads, min_rounds=min(runs, 5),
+                                  progress=lambda d, t, p=p, s=step: progress(f"{p}: latency {d}/{t}", s, steps))
+            res = lat["results"]
+            entry["latency"] = {"rounds": lat["rounds"], "warmup": warmup,
+                                **{k: {"median_ms": round(v["median_ms"], 4), "p90_ms": round(v["p90_ms"], 4)}
+                                   for k, v in res.items()}}
+            if "before" in res and "after" in res and res["before"]["median_ms"] > 0:
+                entry["latency"]["ratio_median"] = round(res["after"]["median_ms"] / res["before"]["median_ms"], 4)
+                entry["latency"]["ratio_p90"] = round(res["after"]["p90_ms"] / res["before"]["p90_ms"], 4)
+            entry["latency"]["seconds"] = round(time.perf_counter() - t0, 3)
+            step += 1
+        if not entry["ok"] and culprit:
+            progress(f"{p}: looking for the first diverging value", step, steps)
+            try:
+                entry["culprit"] = find_culprit(before, after, feeds, p, low_precision=low, rtol=rtol, atol=atol)
+            except Exception as exc:  # noqa: BLE001 - the verdict stands without it
+                entry["culprit"] = {"message": f"could not run the models with their intermediate values exposed: "
+                                               f"{io.first_line(exc, 300)}"}
+        report["providers"][p] = entry
+    if "cpu" in outputs and len(outputs) > 1:
+        report["cross_provider"] = {}
+        for p in outputs:
+            if p == "cpu":
+                continue
+            report["cross_provider"][f"cpu-vs-{p}"] = {
+                label: compare_all(outputs["cpu"][label], outputs[p][label], low_precision=low, rtol=rtol, atol=atol)
+                for label in ("before", "after")}
+    report["ok"] = all(e["ok"] for e in report["providers"].values())
+    return report
+
+
+def bisect_command(model, provider: str = "cpu", *, inputs: str | os.PathLike | None = None,
+                   input_shapes: Mapping[str, Sequence[int]] | None = None,
+                   int_ranges: Mapping[str, tuple[int, int]] | None = None, seed: int = 0, rtol: float | None = None,
+                   atol: float | None = None, options: Sequence[str] | None = None) -> str:
+    """The ``python -m onnxopt bisect`` command that replays a verification's settings on
+    ``model`` (a path; ORIGINAL for a model in memory). ``options``: the command-line options that
+    made the optimized model (--rules, --disable, ...); None when unknown, and the command says so."""
+    words = ["python", "-m", "onnxopt", "bisect", str(model) if isinstance(model, (str, os.PathLike)) else "ORIGINAL"]
+    if provider != "cpu":
+        words += ["--provider", provider]
+    if inputs is not None:
+        words += ["--inputs", str(inputs)]
+    words += [w for name, dims in (input_shapes or {}).items()
+              for w in ("--input-shape", f"{name}={'x'.join(map(str, dims))}")]
+    words += [w for name, (lo, hi) in (int_ranges or {}).items() for w in ("--int-range", f"{name}={lo}:{hi}")]
+    words += ["--seed", str(seed)] if seed else []
+    words += [w for flag, v in (("--rtol", rtol), ("--atol", atol)) if v is not None for w in (flag, repr(v))]
+    text = shlex.join([*words, *(options or [])])
+    if options is None:
+        text += " (plus the --rules/--disable/--target options that made the optimized model)"
+    return text

@@ -1,0 +1,257 @@
+"""The inputs a verification runs: ``--input-shape`` and ``--int-range`` parsing, arrays from an
+.npz file, and generated arrays (the same for the same seed) for the rest."""
+
+from __future__ import annotations
+
+import os
+import re
+import zipfile
+import zlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from .. import io
+from ..errors import UsageError
+from ..shapes import PLACEHOLDER_DIMS
+from .runtime import OrtModel
+
+
+_INT = re.compile(r"-?[0-9]+")
+_INT64_MAX = 2**63 - 1
+
+
+def _parse_entries(items: Iterable[str], flag: str, parse: Callable[[str], object | None], form: str) -> dict:
+    """``NAME=VALUE`` entries, each name once; ``parse`` gives the value or None when malformed."""
+    out = {}
+    for item in items:
+        name, sep, text = item.rpartition("=")
+        value = parse(text) if sep and name else None
+        if value is None:
+            raise UsageError(f"{flag} {item!r}: expected {form}")
+        if name in out:
+            raise UsageError(f"{flag} {name}: given twice")
+        out[name] = value
+    return out
+
+
+def _dims_or_none(text: str) -> list[int] | None:
+    parts = re.split(r"[x,]", text) if text else []
+    if not all(_INT.fullmatch(p) and 0 <= int(p) <= _INT64_MAX for p in parts):
+        return None
+    return [int(p) for p in parts]
+
+
+def parse_input_shapes(items: Iterable[str]) -> dict[str, list[int]]:
+    """``NAME=1x3x224x224`` (or ``NAME=1,3,224,224``; ``NAME=`` for a scalar) entries: whole
+    numbers that fit ONNX's int64 dimensions, separated by single x or commas."""
+    return _parse_entries(items, "--input-shape", _dims_or_none,
+                          "NAME=D1xD2x... with each D a whole number up to 2**63-1 (e.g. input=1x3x224x224)")
+
+
+def _range_or_none(text: str) -> tuple[int, int] | None:
+    lo, colon, hi = text.partition(":")
+    if not (colon and _INT.fullmatch(lo) and _INT.fullmatch(hi)) or int(lo) > int(hi):
+        return None
+    return int(lo), int(hi)
+
+
+def parse_int_ranges(items: Iterable[str]) -> dict[str, tuple[int, int]]:
+    """``NAME=LOW:HIGH`` entries (inclusive, LOW <= HIGH): the values generated for an integer input."""
+    return _parse_entries(items, "--int-range", _range_or_none,
+                          "NAME=LOW:HIGH with whole numbers, LOW <= HIGH (inclusive), e.g. input_ids=0:30521")
+
+
+def dims_text(shape) -> str:
+    """A shape as the messages write it: 1x3x224x224, or "scalar"."""
+    return "x".join(map(str, shape)) or "scalar"
+
+
+def _gather_bounds(proto: onnx.ModelProto) -> dict[str, int]:
+    """Graph inputs used directly as Gather indices into a constant table: the table's size
+    along that axis (token ids into an embedding matrix)."""
+    shapes = {i.name: list(i.dims) for i in proto.graph.initializer}
+    for node in proto.graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            shapes[node.output[0]] = list(node.attribute[0].t.dims)
+    inputs = {i.name for i in proto.graph.input}
+    bounds: dict[str, int] = {}
+    for node in proto.graph.node:
+        if node.op_type != "Gather" or len(node.input) < 2 or node.input[1] not in inputs:
+            continue
+        table = shapes.get(node.input[0])
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        if table is None or not table:
+            continue
+        n = table[axis % len(table)]
+        bounds[node.input[1]] = min(n, bounds.get(node.input[1], n))
+    return bounds
+
+
+def _generated_dtype(elem_type: int) -> type | None:
+    """The numpy type of an input that can be generated (numpy's own floats, integers, bool), else None."""
+    try:
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+    except (KeyError, ValueError, TypeError):
+        return None
+    return dtype.type if dtype.kind in "fiub" else None
+
+
+def _load_npz(path) -> dict[str, np.ndarray]:
+    """The arrays of an .npz file by name; anything else (an .npy file, an empty, truncated or
+    corrupted file, pickled objects) is refused in one line."""
+    try:
+        with open(path, "rb") as f:
+            is_zip = f.read(2) == b"PK"
+        if is_zip:
+            with np.load(path, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+            # (numpy gives a member that is not an .npy array as its raw bytes)
+            raw = next((k for k, v in arrays.items() if not isinstance(v, np.ndarray)), None)
+            if raw is None:
+                return arrays
+            raise UsageError(f"inputs file {path}: member {raw!r} is not a numpy array (.npy)")
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        raise UsageError(f"inputs file {path}: {io.first_line(exc, 200)}") from None
+    raise UsageError(f"inputs file {path}: not an .npz archive (write one with numpy.savez(path, input_name=array, "
+                     "...); a single .npy array names no input)")
+
+
+def _check_shape(vi: onnx.ValueInfoProto, shape: list[int], what: str) -> None:
+    """``shape`` has the rank of input ``vi`` and the dimensions it fixes."""
+    tt = vi.type.tensor_type
+    if not tt.HasField("shape"):
+        return
+    if len(shape) != len(tt.shape.dim):
+        raise UsageError(f"{what}: shape {dims_text(shape)} has rank {len(shape)}, the model's input has rank "
+                         f"{len(tt.shape.dim)}")
+    for d, v in zip(tt.shape.dim, shape):
+        if d.HasField("dim_value") and d.dim_value >= 0 and d.dim_value != v:
+            raise UsageError(f"{what}: dimension {v} where the model fixes {d.dim_value}")
+
+
+GENERATED_INPUT_LIMIT = 4 << 30  # bytes: a declared shape that needs more is refused, not allocated
+
+
+def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
+                int_ranges: Mapping[str, tuple[int, int]] | None = None, npz: str | os.PathLike | None = None,
+                seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
+    """Inputs for every graph input of ``model`` (path, proto or onnx_ir model), and how each was made.
+
+    From ``npz`` where it has the input; otherwise generated, the same for the same seed:
+    floats from a standard normal distribution, integers uniformly in a valid range (the user's
+    ``int_ranges``; else 0..n-1 for an input that indexes a Gather table of n rows, 0..1 for a
+    name containing "mask", 0..9 otherwise), bools 0/1. Dynamic dimensions: from ``shapes``
+    (per input), then the same named symbol elsewhere, else 1 on the first axis and 16 on others.
+    """
+    proto = model.proto if isinstance(model, OrtModel) else OrtModel(model, "model").proto
+    shapes = dict(shapes or {})
+    int_ranges = dict(int_ranges or {})
+    inits = {i.name for i in proto.graph.initializer}
+    graph_inputs = [i for i in proto.graph.input if i.name not in inits]
+    known = {i.name for i in graph_inputs}
+    for name in [*shapes, *int_ranges]:
+        if name not in known:
+            raise UsageError(f"the model has no input {name!r} (inputs: {', '.join(sorted(known)) or 'none'})")
+    given = _load_npz(npz) if npz is not None else {}
+    if npz is not None:
+        extra = sorted(set(given) - known)
+        if extra:
+            raise UsageError(f"inputs file {npz} has {', '.join(extra)}, which the model does not take")
+    symbols: dict[str, int] = {}
+    for vi in graph_inputs:  # symbols fixed by the shapes the user gave (or the npz arrays)
+        dims = vi.type.tensor_type.shape.dim
+        fixed = shapes.get(vi.name) or (list(given[vi.name].shape) if vi.name in given else None)
+        if fixed is not None and len(fixed) == len(dims):
+            for d, v in zip(dims, fixed):
+                if d.dim_param and d.dim_param not in PLACEHOLDER_DIMS:
+                    symbols.setdefault(d.dim_param, v)
+    bounds = _gather_bounds(proto)
+    if seed < 0:
+        raise UsageError(f"seed {seed}: must not be negative")
+    rng = np.random.default_rng(seed)
+    feeds, how = {}, {}
+    for vi in graph_inputs:
+        tt = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type"):
+            raise UsageError(f"input {vi.name!r} is not a tensor: the verifier makes and reads tensor inputs only "
+                             "(from Python, give it in verify(feeds=...))")
+        dtype = _generated_dtype(tt.elem_type)
+        if vi.name in given:
+            arr = given[vi.name]
+            if dtype is not None and arr.dtype != dtype:
+                raise UsageError(f"input {vi.name!r} in {npz} is {arr.dtype}, the model takes {np.dtype(dtype)}")
+            _check_shape(vi, list(arr.shape), f"input {vi.name!r} in {npz}")
+            feeds[vi.name] = arr
+            how[vi.name] = {"source": "npz", "shape": list(arr.shape), "dtype": str(arr.dtype)}
+            continue
+        if dtype is None:
+            raise UsageError(f"input {vi.name!r} has type {onnx.TensorProto.DataType.Name(tt.elem_type)}, "
+                             "which is not generated; give it in an .npz file")
+        if not tt.HasField("shape") and vi.name not in shapes:
+            raise UsageError(f"input {vi.name!r} has no declared shape: give it with --input-shape "
+                             f"{vi.name}=D1xD2... (or in an .npz file)")
+        if vi.name in shapes:
+            shape = list(shapes[vi.name])
+            _check_shape(vi, shape, f"--input-shape {vi.name}")
+        else:
+            shape = []
+            for k, d in enumerate(tt.shape.dim):
+                if d.HasField("dim_value") and d.dim_value >= 0:  # (some exporters write -1 for "unknown")
+                    shape.append(d.dim_value)
+                elif d.dim_param and d.dim_param in symbols:
+                    shape.append(symbols[d.dim_param])
+                else:
+                    v = 1 if k == 0 else 16
+                    if d.dim_param and d.dim_param not in PLACEHOLDER_DIMS:
+                        symbols[d.dim_param] = v
+                    shape.append(v)
+        if vi.name in int_ranges and not np.issubdtype(dtype, np.integer):
+            raise UsageError(f"--int-range {vi.name}: the input is {np.dtype(dtype)}, not an integer type")
+        info = {"source": "generated", "shape": shape, "dtype": str(np.dtype(dtype))}
+        if np.issubdtype(dtype, np.integer):
+            if vi.name in int_ranges:
+                lo, hi = int_ranges[vi.name]
+            elif vi.name in bounds:
+                lo, hi = 0, bounds[vi.name] - 1
+            elif "mask" in vi.name.lower():
+                lo, hi = 0, 1
+            else:
+                lo, hi = 0, 9
+            limits = np.iinfo(dtype)
+            if lo < limits.min or hi > limits.max or lo > hi:
+                raise UsageError(f"integer range {lo}..{hi} of input {vi.name!r} does not fit its type {np.dtype(dtype)}")
+            info["range"] = [lo, hi]
+        count = int(np.prod(shape, dtype=object))  # (exact: no int64 wrap-around)
+        if count * 8 > GENERATED_INPUT_LIMIT:  # (drawn as float64/int64 first)
+            raise UsageError(f"input {vi.name!r}: a generated array of shape {dims_text(shape)} would take "
+                             f"{count * 8} bytes, over {GENERATED_INPUT_LIMIT}; give --input-shape or --inputs")
+        try:
+            if np.issubdtype(dtype, np.floating):
+                arr = rng.standard_normal(shape).astype(dtype)
+                info["distribution"] = "normal(0, 1)"
+            elif dtype == np.bool_:
+                arr = rng.integers(0, 2, shape).astype(np.bool_)
+            else:
+                arr = rng.integers(lo, hi, shape, endpoint=True, dtype=dtype)
+        except (ValueError, MemoryError) as exc:  # a shape too large for numpy or for memory
+            raise UsageError(f"input {vi.name!r}: cannot make an array of shape {dims_text(shape)}: "
+                             f"{io.first_line(exc, 200)}") from None
+        feeds[vi.name] = arr
+        how[vi.name] = info
+    return feeds, how
+
+
+def inputs_for(model: OrtModel, feeds, inputs, input_shapes, int_ranges, seed) -> tuple[dict, dict]:
+    """The inputs to run and how each was made: ``feeds`` as given, else :func:`make_inputs`."""
+    if feeds is None:
+        return make_inputs(model, shapes=input_shapes, int_ranges=int_ranges, npz=inputs, seed=seed)
+    inits = {i.name for i in model.proto.graph.initializer}
+    takes = {i.name for i in model.proto.graph.input if i.name not in inits}
+    if set(feeds) != takes:
+        raise UsageError(f"feeds: the model takes {', '.join(sorted(takes)) or 'no inputs'}; given "
+                         f"{', '.join(sorted(feeds)) or 'none'}")
+    return dict(feeds), {k: {"source": "given", "shape": list(np.shape(v)) if isinstance(v, np.ndarray) else [],
+                             "dtype": str(v.dtype) if isinstance(v, np.ndarray) else type(v).__name__}
+                         for k, v in feeds.items()}

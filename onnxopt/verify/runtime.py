@@ -1,0 +1,270 @@
+"""onnxruntime for the verifier: the module (imported on first use), execution providers,
+sessions, the models handed to them, profiled runs with their kernel counts, and latency.
+
+For every requested execution provider (``cpu``, ``cuda``) a model runs in a session whose
+profiler records the kernels of one run (by op type, by provider, Memcpy nodes); latency is
+timed as interleaved runs after a warm-up (median, 90th percentile).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from .. import io
+from ..errors import OnnxoptError, UsageError
+
+
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+
+
+class VerifyUnavailable(OnnxoptError):
+    """onnxruntime (or the requested execution provider) is not installed."""
+
+
+class OrtModel:
+    """One model for onnxruntime: its file (external data resolves beside it), or serialized bytes
+    when it is in memory; a model too large to serialize, or in memory with weights in external
+    files, is written to a temporary directory, removed by :meth:`close`."""
+
+    def __init__(self, source, label: str):
+        self.label = label
+        self.name = str(source) if isinstance(source, (str, os.PathLike)) else label  # for reports
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self.path: str | None = None
+        self.external = False  # weights in files beside ``path``
+        if isinstance(source, (str, os.PathLike)):
+            # validated as optimize() validates its input: not ONNX, truncated, invalid, missing data
+            self.proto, self.external = io.read_checked(source, what=f"{label} model {source}")
+            self.path = str(source)
+            return
+        if isinstance(source, bytes):
+            source, _ = io.read_checked(source, what=f"{label} model")
+        if isinstance(source, onnx.ModelProto):
+            if io.check_external_data(source, Path("."), f"{label} model"):  # (as io.load resolves them)
+                source = io.to_ir(source)
+            else:
+                self.proto = source
+        if isinstance(source, ir.Model):
+            if io.external_data_files(source) or io.initializer_bytes(source) >= io.PROTO_LIMIT:
+                io.clamp_ir_version(source)
+                self._save(lambda path: ir.save(source, path, external_data="model.onnx.data"))
+                return
+            self.proto = io.to_proto(source)
+        elif not isinstance(source, onnx.ModelProto):
+            raise UsageError(f"{label}: expected a path, bytes, onnx.ModelProto or onnx_ir.Model")
+        if self.proto.ByteSize() >= io.PROTO_LIMIT:
+            proto = self.proto
+            self._save(lambda path: onnx.save(proto, path, save_as_external_data=True, location="model.onnx.data"))
+
+    def _dir(self) -> str:
+        if self._tmp is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="onnxopt-verify-")
+        return self._tmp.name
+
+    def _save(self, write) -> None:
+        """Write the model into the temporary directory with external data, and use that file."""
+        self.path = os.path.join(self._dir(), "model.onnx")
+        write(self.path)
+        self.proto = onnx.load(self.path, load_external_data=False)
+        self.external = True
+
+    def close(self) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def source(self):
+        return self.path if self.path is not None else self.proto.SerializeToString()
+
+    def with_outputs(self, names: Sequence[str], types: Mapping[str, onnx.TypeProto]) -> bytes | str:
+        """The model with extra graph outputs (values of the main graph), for onnxruntime: bytes
+        (weights loaded from external files when they fit), else a file in the temporary directory."""
+        if self.external:
+            proto = onnx.load(self.path)  # with its weights, read from beside the file
+        else:
+            proto = onnx.ModelProto()
+            proto.CopyFrom(self.proto)
+        have = {o.name for o in proto.graph.output}
+        for name in names:
+            if name not in have:
+                vi = proto.graph.output.add()
+                vi.name = name
+                vi.type.CopyFrom(types[name])
+        if proto.ByteSize() < io.PROTO_LIMIT:
+            return proto.SerializeToString()
+        path = os.path.join(self._dir(), "exposed.onnx")
+        onnx.save(proto, path, save_as_external_data=True, location="exposed.onnx.data")
+        return path
+
+
+def _ort():
+    ort = io.onnxruntime_module()
+    if ort is None:
+        raise VerifyUnavailable("onnxruntime is not installed (pip install 'onnxopt[ort]', or onnxruntime-gpu)")
+    return ort
+
+
+def parse_providers(text: str | Sequence[str] | bool | None) -> list[str]:
+    if text is None or text is True:
+        return ["cpu"]
+    items = text.split(",") if isinstance(text, str) else list(text)
+    out = []
+    for item in (i.strip().lower() for i in items):
+        item = {"cpuexecutionprovider": "cpu", "cudaexecutionprovider": "cuda"}.get(item, item)
+        if item not in PROVIDERS:
+            raise UsageError(f"unknown provider {item!r} (choose from {', '.join(PROVIDERS)})")
+        if item not in out:
+            out.append(item)
+    if not out:
+        raise UsageError("no provider given")
+    return out
+
+
+def check_providers(providers: Sequence[str]) -> None:
+    available = _ort().get_available_providers()
+    for p in providers:
+        if PROVIDERS[p] not in available:
+            raise VerifyUnavailable(f"{PROVIDERS[p]} is not available in this onnxruntime "
+                                    f"({', '.join(available)}); for cuda install onnxruntime-gpu")
+
+
+# CUDA sessions whose outputs are compared run without TF32 (onnxruntime's CUDA EP uses it by
+# default for float32 MatMul/Conv): its 10-bit mantissa makes two runs of the same computation
+# with regrouped weights differ by ~1e-3, which would hide what the optimizer did.
+EXACT_CUDA_OPTIONS = {"use_tf32": "0"}
+
+
+def session(model, provider: str = "cpu", *, profile_prefix: str | None = None, threads: int = 0,
+            optimization: str | None = None, exact: bool = False):
+    """An onnxruntime session on one provider (CUDA sessions fall back to CPU for what CUDA lacks);
+    ``exact``: CUDA without TF32 (for comparing outputs; latency runs with the defaults)."""
+    ort = _ort()
+    so = ort.SessionOptions()
+    so.log_severity_level = 4  # fatal only: failures come back as exceptions, reported in one line
+    if threads:
+        so.intra_op_num_threads = threads
+    if profile_prefix:
+        so.enable_profiling = True
+        so.profile_file_prefix = profile_prefix
+    if optimization == "disable":
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    names = [PROVIDERS[provider]] + (["CPUExecutionProvider"] if provider != "cpu" else [])
+    if provider == "cuda" and exact:
+        names = [(names[0], dict(EXACT_CUDA_OPTIONS)), *names[1:]]
+    return ort.InferenceSession(model, so, providers=names)
+
+
+def host_value(v):
+    """An onnxruntime output as compared: an array, a list (a sequence), a dict (a map) or None."""
+    if isinstance(v, (list, tuple)):
+        return [host_value(x) for x in v]
+    if isinstance(v, dict):
+        return v
+    return None if v is None else np.asarray(v)
+
+
+def run_outputs(model, feeds: Mapping[str, np.ndarray], provider: str) -> list[tuple[str, np.ndarray]]:
+    """The outputs of one run by name, compared as :func:`run_profiled`'s are (CUDA without TF32)."""
+    sess = session(model, provider, exact=True)
+    outs = sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()})
+    return [(o.name, host_value(v)) for o, v in zip(sess.get_outputs(), outs)]
+
+
+def count_kernels(events: list[dict]) -> dict:
+    """Kernels of the last run in an onnxruntime profile: Node events ending in "_kernel_time"
+    that start inside the last "model_run" event (if none, all kernel events)."""
+    runs = [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
+    kernels = [e for e in events if e.get("cat") == "Node" and str(e.get("name", "")).endswith("_kernel_time")]
+    if runs:
+        last = max(runs, key=lambda e: e["ts"])
+        lo, hi = last["ts"], last["ts"] + last.get("dur", 0)
+        kernels = [e for e in kernels if lo <= e["ts"] <= hi]
+    by_op: Counter = Counter()
+    by_provider: Counter = Counter()
+    for e in kernels:
+        args = e.get("args", {})
+        by_op[args.get("op_name", "?")] += 1
+        by_provider[args.get("provider", "?")] += 1
+    return {
+        "kernels": len(kernels),
+        "by_op": dict(sorted(by_op.items())),
+        "by_provider": dict(sorted(by_provider.items())),
+        "memcpy": sum(n for op, n in by_op.items() if op.startswith("Memcpy")),
+        "runs_in_profile": len(runs),
+    }
+
+
+def run_profiled(model, feeds: Mapping[str, np.ndarray], provider: str = "cpu", warmup: int = 1,
+                 threads: int = 0) -> tuple[list[tuple[str, np.ndarray]], dict, float]:
+    """Outputs, kernel counts of one profiled run (after ``warmup`` runs) and session-creation seconds."""
+    with tempfile.TemporaryDirectory(prefix="onnxopt-prof-") as tmp:
+        t0 = time.perf_counter()
+        sess = session(model, provider, profile_prefix=os.path.join(tmp, "p"), threads=threads, exact=True)
+        init_s = time.perf_counter() - t0
+        feeds = {i.name: feeds[i.name] for i in sess.get_inputs()}
+        for _ in range(max(0, warmup)):
+            sess.run(None, feeds)
+        outs = sess.run(None, feeds)
+        with open(sess.end_profiling()) as f:
+            events = json.load(f)
+    names = [o.name for o in sess.get_outputs()]
+    return [(n, host_value(v)) for n, v in zip(names, outs)], count_kernels(events), init_s
+
+
+def measure_latency(models: dict[str, object], inputs: Mapping[str, np.ndarray], *, provider: str = "cpu",
+                    runs: int = 50, warmup: int = 5, budget_s: float = 120.0, min_rounds: int = 5,
+                    gap_s: float = 0.002, threads: int = 0,
+                    progress: Callable[[int, int], None] | None = None) -> dict:
+    """One session per entry, warmed up, then ``runs`` interleaved rounds (fewer when the rounds
+    would pass ``budget_s``, but at least ``min_rounds``); each round times one run of every
+    session, the order rotated by one per round."""
+    sessions, feeds, errors = {}, {}, {}
+    for name, model in models.items():
+        try:
+            sess = session(model, provider, threads=threads)
+            feeds[name] = {i.name: inputs[i.name] for i in sess.get_inputs()}
+            sessions[name] = sess
+        except Exception as exc:  # noqa: BLE001 - one broken model must not stop the others
+            errors[name] = io.first_line(exc, 300)
+    per_run = {}
+    for name, sess in list(sessions.items()):
+        try:
+            for _ in range(max(1, warmup)):
+                t0 = time.perf_counter()
+                sess.run(None, feeds[name])
+                per_run[name] = time.perf_counter() - t0
+        except Exception as exc:  # noqa: BLE001
+            errors[name] = io.first_line(exc, 300)
+            del sessions[name]
+    names = list(sessions)
+    est = sum(per_run[n] + gap_s for n in names) or 1e-9
+    rounds = max(min(runs, min_rounds), min(runs, int(budget_s / est)))
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        k = r % len(names) if names else 0
+        for name in names[k:] + names[:k]:
+            if gap_s:
+                time.sleep(gap_s)
+            t0 = time.perf_counter()
+            sessions[name].run(None, feeds[name])
+            times[name].append(time.perf_counter() - t0)
+        if progress is not None:
+            progress(r + 1, rounds)
+    out: dict = {"rounds": rounds, "warmup": warmup, "errors": errors, "results": {}}
+    for name, ts in times.items():
+        ms = [t * 1e3 for t in ts]
+        out["results"][name] = {"median_ms": statistics.median(ms), "p90_ms": float(np.percentile(ms, 90)),
+                                "min_ms": min(ms), "mean_ms": statistics.fmean(ms),
+                                "times_ms": [round(x, 4) for x in ms]}
+    return out
