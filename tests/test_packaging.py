@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import onnxopt
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,3 +90,102 @@ def test_source_checkout_finds_rules_and_models_without_an_install(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout.strip()) == len(onnxopt.default_rules())
+
+
+def _readme_table(header: str) -> dict[str, str]:
+    """The README table under ``header``: each name in backticks in its second column -> the
+    first column's (backticked) entry."""
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    rows = text[text.index(header):].split("\n\n", 1)[0].splitlines()[2:]
+    table = {}
+    for row in rows:
+        first, second = row.strip("|").split("|", 1)
+        key = re.findall(r"`([^`]+)`", first)
+        for name in re.findall(r"`([a-z0-9_]+)`", second):
+            table.setdefault(name, key[0] if key else "")
+    return table
+
+
+def test_readme_rules_table_lists_every_rule_in_its_family_file():
+    """Every rule --list-rules prints stands in the README's rules table, in the row of the file
+    that defines it; every graph pass stands in the passes table."""
+    import importlib
+    import pkgutil
+
+    from onnxopt import passes, registry, rules
+
+    family_of = {}
+    for info in pkgutil.iter_modules(rules.__path__):
+        for rule in getattr(importlib.import_module(f"onnxopt.rules.{info.name}"), "RULES", ()):
+            family_of[rule.name] = f"{info.name}.py"
+    listed, graph_passes = registry.resolve()
+    table = _readme_table("| family (`rules/`) | rules |")
+    assert {r.name: table.get(r.name) for r in listed} == {r.name: family_of[r.name] for r in listed}
+    assert set(table) <= set(family_of), "the README names rules that do not exist"
+    pass_table = {row.split("|")[1].strip(" `") for row in
+                  (ROOT / "README.md").read_text().split("| pass | does |")[1].split("\n\n")[0].splitlines()[2:]}
+    assert pass_table == set(graph_passes) == set(passes.NAMES)
+
+
+def test_the_rule_language_loads_light():
+    """``import onnxopt.pattern`` (what a rules file needs) loads neither onnxruntime, nor onnx's
+    reference evaluator, nor the verifier, nor the rule library; ``from onnxopt import optimize,
+    Rule`` still works."""
+    code = ("import sys, onnxopt.pattern\n"
+            "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('onnxopt', 'onnxruntime')"
+            " or m.startswith('onnx.reference'))))\n"
+            "from onnxopt import optimize, Rule\n"
+            "print(optimize.__module__, Rule.__module__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=ROOT).stdout.splitlines()
+    loaded = set(out[0].split())
+    assert loaded == {"onnxopt", "onnxopt.errors", "onnxopt.irutil", "onnxopt.pattern", "onnxopt.shapes",
+                      "onnxopt.targets"}, loaded
+    assert out[1] == "onnxopt.api onnxopt.pattern"
+
+
+def _imports(package: str) -> dict[str, set[str]]:
+    """module -> the modules of ``package`` it imports (at module level or inside functions)."""
+    import ast
+
+    folder = ROOT / {"onnxopt": "onnxopt", "onnxopt.models": "models", "onnxopt.rules": "rules"}[package]
+    graph = {}
+    for path in folder.rglob("*.py"):
+        parts = path.relative_to(folder).with_suffix("").parts
+        name = ".".join((package, *parts)).removesuffix(".__init__")
+        pkg = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(pkg.split(".")[: len(pkg.split(".")) - node.level + 1] + ([base] if base else []))
+                found.add(base)
+                found.update(f"{base}.{alias.name}" for alias in node.names)  # (a submodule, or a name in base)
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+        graph[name] = {m for m in found if m.startswith(package + ".") or m == package}
+    return graph
+
+
+@pytest.mark.parametrize("package", ["onnxopt", "onnxopt.models"])
+def test_no_import_circles(package):
+    """Arrows point one way: no module of the package reaches itself through its imports (those
+    inside functions too), the package's own __init__ aside (it hands names on)."""
+    graph = _imports(package)
+    modules = set(graph)
+
+    def reach(start: str) -> set[str]:
+        seen, stack = set(), [start]
+        while stack:
+            for nxt in graph.get(stack.pop(), ()):
+                nxt = nxt if nxt in modules else nxt.rsplit(".", 1)[0]
+                if nxt in modules and nxt != package and nxt not in seen:
+                    seen.add(nxt)
+                    stack.append(nxt)
+        return seen
+
+    circles = sorted(m for m in modules if m != package and m in reach(m))
+    assert not circles, f"modules in an import circle: {circles}"
