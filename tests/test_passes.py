@@ -1,5 +1,5 @@
-"""Whole-graph passes and dead-code removal: what may be merged or removed (onnxopt.purity), and
-initializer deduplication's cost."""
+"""Whole-graph passes and dead-code removal: what may be merged or removed (onnxopt.purity),
+initializer deduplication's cost, and shape completion (shapes for the rules, not for the output)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import onnx
 import onnx_ir as ir
 import pytest
 from conftest import assert_same_outputs, run_ort
-from helpers import init, model, op_types, tinfo
+from helpers import feeds_for, init, model, op_types, tinfo
 from onnx import TensorProto, helper
 
 from onnxopt import Op, Rule, optimize, passes
@@ -32,6 +32,29 @@ def _count(m: onnx.ModelProto, op_type: str) -> int:
 
 
 # --- common-subexpression elimination ------------------------------------------------------
+
+
+def test_cse_and_duplicate_initializers():
+    w = np.random.default_rng(0).standard_normal((3, 3)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"]),
+             helper.make_node("MatMul", ["x", "w2"], ["b"]),  # same weights, stored twice
+             helper.make_node("Relu", ["a"], ["ra"]),
+             helper.make_node("Relu", ["b"], ["rb"]),
+             helper.make_node("Add", ["ra", "rb"], ["y"])]
+    m = model(nodes, [tinfo("x", [2, 3])], [tinfo("y", [2, 3])], [init("w1", w), init("w2", w.copy())])
+    out, report = optimize(m, return_report=True)
+    assert op_types(out) == ["MatMul", "Relu", "Add"]
+    assert len(out.graph.initializer) == 1
+    assert report.fired["initializer_deduplication"] == 1
+    assert report.fired["common_subexpression_elimination"] == 2
+    assert_same_outputs(m, out, feeds_for(m))
+
+
+def test_cse_never_merges_random_ops():
+    nodes = [helper.make_node("RandomUniformLike", ["x"], ["a"]), helper.make_node("RandomUniformLike", ["x"], ["b"]),
+             helper.make_node("Sub", ["a", "b"], ["y"])]
+    m = model(nodes, [tinfo("x", [3])], [tinfo("y", [3])])
+    assert op_types(optimize(m)).count("RandomUniformLike") == 2
 
 
 def test_dropouts_whose_training_mode_is_an_input_are_not_merged():
@@ -205,3 +228,79 @@ def test_deduplication_compares_look_alikes_a_bounded_number_of_times(monkeypatc
         assert passes.deduplicate_initializers(irm) == 1
         assert "copy" not in irm.graph.initializers
         assert compared["calls"] <= 2, (n, compared)
+
+
+# --- shape completion --------------------------------------------------------------------------
+
+
+def test_shape_completion_informs_rules_but_output_records_only_declared_shapes():
+    """Inferred shapes guide the rules; the output records only what the input declared (inferred
+    value_info lets onnxruntime fuse SkipLayerNormalization, slower on CPU than what it replaces)."""
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Add", ["a", "x"], ["b"]),
+             helper.make_node("Neg", ["b"], ["y"])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 8])
+    m = model(nodes, [x], [y])
+    out, report = optimize(m, return_report=True)
+    assert report.rules["shape_completion"].matched >= 2  # a and b got shapes for the rules
+    assert list(out.graph.value_info) == []
+    declared = model(nodes, [x], [y])
+    declared.graph.value_info.append(helper.make_tensor_value_info("a", TensorProto.FLOAT, ["batch", "seq", 8]))
+    kept = optimize(declared)
+    assert [(v.name, [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]) for v in kept.graph.value_info] \
+        == [("a", ["batch", "seq", 8])]
+    assert_same_outputs(m, out, feeds_for(m))
+
+
+
+def test_declared_value_info_survives_as_declared():
+    """A value declared with a type only keeps its type (and gets no inferred shape); a declared
+    value that a rule replaces with a new node's output keeps its value_info there (the same
+    tensor, under the same name)."""
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Pow", ["a", "two"], ["p"]),
+             helper.make_node("Neg", ["p"], ["c"]), helper.make_node("Cast", ["c"], ["d"], to=TensorProto.FLOAT),
+             helper.make_node("Abs", ["d"], ["y"])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])
+    m = model(nodes, [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])],
+              [init("two", np.float32(2.0))])
+    m.graph.value_info.extend([helper.make_tensor_value_info("a", TensorProto.FLOAT, None),  # type only
+                               helper.make_tensor_value_info("p", TensorProto.FLOAT, ["batch", 8])])
+    out = optimize(m)
+    assert op_types(out) == ["Relu", "Mul", "Neg", "Abs"]  # Pow(a, 2) is a*a; the no-op Cast is gone
+    assert out.graph.node[1].output[0] == "p"
+    infos = {v.name: v.type.tensor_type for v in out.graph.value_info}
+    assert set(infos) == {"a", "p"}
+    assert infos["a"].elem_type == TensorProto.FLOAT and not infos["a"].HasField("shape")
+    assert [d.dim_param or d.dim_value for d in infos["p"].shape.dim] == ["batch", 8]
+    assert_same_outputs(m, out, feeds_for(m))
+
+
+
+def test_optimized_model_runs_with_ort_optimizations():
+    """Complete shapes must never make onnxruntime's own optimizer reject the model."""
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Add", ["a", "x"], ["y"])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])
+    m = model(nodes, [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])])
+    out = optimize(m)
+    feeds = {"x": np.ones((3, 8), np.float32)}
+    np.testing.assert_array_equal(run_ort(out, feeds, optimize=True)[0], run_ort(m, feeds)[0])
+
+
+
+def test_overridable_input_default_is_never_taken_for_a_constant():
+    """An initializer that is also a graph input is a default the caller may override: shape
+    inference's data propagation must not see its value, so nothing derived from it folds."""
+    n = 40
+    nodes = [helper.make_node("Reshape", ["x", "shp"], ["r0"])]
+    for i in range(n):  # enough nodes that shape completion runs over the whole graph
+        nodes.append(helper.make_node("Sin" if i % 2 else "Cos", [f"r{i}"], [f"r{i + 1}"]))
+    nodes.append(helper.make_node("Shape", [f"r{n}"], ["y"]))
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])
+    shp = helper.make_tensor_value_info("shp", TensorProto.INT64, [2])
+    m = model(nodes, [x, shp], [helper.make_tensor_value_info("y", TensorProto.INT64, [2])],
+              [init("shp", np.array([4, 300], np.int64))])
+    out = optimize(m)
+    assert "Shape" in op_types(out)
+    feeds = {"x": np.zeros(1200, np.float32), "shp": np.array([6, 200], np.int64)}
+    assert run_ort(out, feeds)[0].tolist() == [6, 200] == run_ort(m, feeds)[0].tolist()
+    assert [d.dim_value for d in out.graph.input[1].type.tensor_type.shape.dim] == [2]

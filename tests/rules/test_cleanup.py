@@ -1,4 +1,4 @@
-"""Identity and inference Dropout removal, checked with onnxruntime."""
+"""rules/cleanup.py: Identity and inference Dropout removal, checked with onnxruntime."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from helpers import feeds_for, init, model, op_types, tinfo
 from onnx import TensorProto, helper
 
 from onnxopt import optimize
+
+from .check import fires, refuses
 
 
 def test_identity_chain_removed():
@@ -21,6 +23,8 @@ def test_identity_chain_removed():
     assert op_types(out) == ["Relu", "Neg"]
     assert report.fired == {"identity_elimination": 2}
     assert_same_outputs(m, out, feeds_for(m))
+    out, _ = fires("identity_elimination", m, times=2)
+    assert op_types(out) == ["Relu", "Neg"]
 
 
 def test_identity_feeding_graph_output_keeps_output_name():
@@ -75,6 +79,7 @@ def test_inference_dropout_removed(opset):
     assert report.fired == {"dropout_elimination": 1}
     assert "ratio" not in {i.name for i in out.graph.initializer}  # unused initializer removed
     assert_same_outputs(m, out, feeds_for(m))
+    fires("dropout_elimination", m)
 
 
 def test_dropout_with_constant_false_training_mode_removed():
@@ -94,6 +99,7 @@ def test_dropout_in_training_mode_kept():
     out, report = optimize(m, return_report=True)
     assert op_types(out) == ["Dropout"]
     assert "training_mode is not a constant" in report.rules["dropout_elimination"].reasons
+    refuses("dropout_elimination", m, "training_mode is not a constant", feeds={**feeds_for(m), "train": np.array(False)})
 
 
 def test_dropout_with_used_mask_kept():
@@ -102,3 +108,4 @@ def test_dropout_with_used_mask_kept():
     out, report = optimize(m, return_report=True)
     assert op_types(out) == ["Dropout"]
     assert "the mask output is used" in report.rules["dropout_elimination"].reasons
+    refuses("dropout_elimination", m, "the mask output is used")

@@ -1,4 +1,7 @@
-"""BatchNormalization folding, checked numerically with onnxruntime before and after."""
+"""rules/fusion.py: BatchNormalization folded into a Conv or ConvTranspose before it, or into Mul and
+Add, checked numerically with onnxruntime before and after; at the edges of floating point
+(infinities and NaN in the parameters or weights, var + epsilon <= 0, zero scales, folded weights
+that overflow) each fold refuses, naming why, and the outputs keep their bits."""
 
 from __future__ import annotations
 
@@ -7,9 +10,14 @@ import onnx
 import pytest
 from conftest import assert_same_outputs, run_ort
 from helpers import bn_node, bn_params, feeds_for, init, model, op_types, tinfo
-from onnx import TensorProto, helper
+from onnx import helper
 
 from onnxopt import optimize
+
+from .check import fires, refuses, x_model
+
+f32 = np.float32
+INF, NAN = np.inf, np.nan
 
 
 def conv_bn_model(*, cin=4, cout=6, group=1, bias=True, dims=2, opset=17, dtype=np.float32,
@@ -95,6 +103,12 @@ def test_convtranspose_bn_fold(kw):
     assert "BatchNormalization" not in op_types(out)
     assert report.fired == {"convtranspose_bn_fold": 1}
     assert_same_outputs(m, out, feeds_for(m), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rule,transpose", [("conv_bn_fold", False), ("convtranspose_bn_fold", True)])
+def test_bn_folds_into_the_conv_before_it(rule, transpose):
+    out, _ = fires(rule, conv_bn_model(transpose=transpose, relu=False), tol=1e-5)
+    assert op_types(out) == ["ConvTranspose" if transpose else "Conv"]
 
 
 def test_bn_without_conv_becomes_mul_add():
@@ -218,3 +232,64 @@ def test_dead_user_does_not_block_folding():
     assert report.fired == {"conv_bn_fold": 1}
     assert op_types(out) == ["Conv"]
     assert_same_outputs(m, out, feeds_for(m))
+
+
+# --- at the edges of floating point -------------------------------------------------------------
+
+
+def _bn_inits(scale, beta, mean, var):
+    return {k: np.array(v, f32) for k, v in zip(("scale", "beta", "mean", "var"), (scale, beta, mean, var))}
+
+
+X = np.array([[[1.0, -2.0, 0.5, 3.0, -0.25]]], f32)
+W2 = np.array([[[1.0, 1.0]], [[0.5, -2.0]]], f32)  # two output channels, kernel 2
+
+# (conv weights, BatchNormalization scale/beta/mean/var, epsilon, x, reason); none folds
+CONV_BN = {
+    # scale / sqrt(var + eps) ~ 3e35 times weights 1e20 overflows; the conv of x = 1e-30 then BN does not
+    "weights-overflow": (np.full((2, 1, 1), 1e20, f32), ([1e30, 1], [0, 0], [0, 0], [1e-30, 1]), 1e-5,
+                         np.full((1, 1, 3), 1e-30, f32), "overflow"),
+    # scale 0, beta -0.0: (conv) * 0 + -0.0 is -0.0 where the conv is negative; zero weights give +0.0
+    "zero-scale": (W2, ([0, 1], [-0.0, 0], [0, 0], [1, 1]), 1e-5, X, "zero factor"),
+    "inf-scale": (W2, ([INF, 1], [0, 0], [1, 0], [1, 1]), 1e-5, X, "inf or NaN"),
+    "nan-mean": (W2, ([1, 1], [0, 0], [NAN, 0], [1, 1]), 1e-5, X, "inf or NaN"),
+    "var-plus-eps-zero": (W2, ([1, 1], [0, 0], [0, 0], [0, 1]), 0.0, X, "var + epsilon"),
+    "negative-var": (W2, ([1, 1], [0, 0], [0, 0], [-1, 1]), 1e-5, X, "var + epsilon"),
+    "inf-weights": (np.array([[[INF, 1.0]], [[1.0, 1.0]]], f32), ([1, 1], [0, 0], [0, 0], [1, 1]), 1e-5, X,
+                    "inf or NaN"),
+}
+
+
+@pytest.mark.parametrize("transpose", [False, True], ids=["conv", "convtranspose"])
+@pytest.mark.parametrize("case", list(CONV_BN), ids=list(CONV_BN))
+def test_conv_bn_fold_at_the_edges(case, transpose):
+    w, params, eps, x, reason = CONV_BN[case]
+    op = "ConvTranspose" if transpose else "Conv"
+    if transpose:
+        w = np.ascontiguousarray(w.transpose(1, 0, 2))  # (C_in, C_out, k)
+    nodes = [helper.make_node(op, ["x", "w"], ["conv"]),
+             helper.make_node("BatchNormalization", ["conv", "scale", "beta", "mean", "var"], ["y"], epsilon=eps)]
+    refuses(f"{op.lower()}_bn_fold", x_model(nodes, list(x.shape), x.ndim, {"w": w, **_bn_inits(*params)}), reason,
+            feeds={"x": x})
+
+
+@pytest.mark.parametrize("params,reason", [
+    (([3e38, 1], [0, 0], [0, 0], [1e-6, 1]), "inf or NaN"),  # scale / sqrt(var + eps) overflows
+    (([1, 1], [0, 0], [0, 0], [-1, 1]), "var + epsilon"),
+    (([1, 1], [INF, 0], [0, 0], [1, 1]), "inf or NaN"),
+], ids=["scale-overflow", "negative-var", "inf-beta"])
+def test_bn_to_mul_add_refuses_non_finite_factors(params, reason):
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("BatchNormalization", ["r", "scale", "beta", "mean", "var"], ["y"])]
+    x = np.array([[[1.0, 1e-30], [2.0, 0.0]]], f32)
+    refuses("bn_to_mul_add", x_model(nodes, list(x.shape), x.ndim, _bn_inits(*params)), reason, feeds={"x": x})
+
+
+def test_bn_to_mul_add_with_a_zero_scale_keeps_nan_and_sign():
+    """x * 0 + shift is what onnxruntime's BatchNormalization computes itself: NaN for an infinite
+    x, and the Add of +0.0 that follows the Mul stays (x * 0 may be -0.0)."""
+    nodes = [helper.make_node("Neg", ["x"], ["r"]),
+             helper.make_node("BatchNormalization", ["r", "scale", "beta", "mean", "var"], ["y"])]
+    x = np.array([[[INF, 1.0, -1.0], [2.0, -0.0, NAN]]], f32)
+    fires("bn_to_mul_add", x_model(nodes, list(x.shape), x.ndim, _bn_inits([0, 1], [0, 0], [0, 0], [1, 1])),
+          feeds={"x": x})
