@@ -49,7 +49,8 @@ def div_to_mul_condition(m: Match):
     mantissa, _ = np.frexp(c.astype(np.float64))
     if not np.all(np.abs(mantissa) == 0.5):
         return "1/c is not exact (c is not a power of two)"
-    inverse = (1.0 / c.astype(np.float64)).astype(c.dtype)
+    with np.errstate(over="ignore"):  # (a reciprocal out of the type's range is refused just below)
+        inverse = (1.0 / c.astype(np.float64)).astype(c.dtype)
     if not np.all(np.isfinite(inverse)) or np.any(inverse == 0):
         return "1/c leaves the type's range"
     return inverse

@@ -222,10 +222,6 @@ def pad_elimination_condition(m: Match):
     return "pads" if np.any(m.const("pads") != 0) else None
 
 
-def concat_elimination_condition(m: Match):
-    return "more than one input" if len(m.root.inputs) != 1 else None
-
-
 def split_elimination_condition(m: Match):
     return "more than one output" if len(m.root.outputs) != 1 else None
 
@@ -282,8 +278,7 @@ RULES = [
          _x, condition=slice_elimination_condition, doc="Slice from 0 to past the end with step 1 is x."),
     Rule("pad_elimination", Op("Pad", "x", Const("pads"), Opt("value"), Opt("axes")), _x,
          condition=pad_elimination_condition, doc="Pad by zeros on every side is x."),
-    Rule("concat_elimination", Op("Concat", "x"), _x, condition=concat_elimination_condition,
-         doc="Concat of one input is it."),
+    Rule("concat_elimination", Op("Concat", "x"), _x, doc="Concat of one input is it (the pattern takes one input)."),
     Rule("split_elimination", Op("Split", "x", Opt(Const("split"))), _x, condition=split_elimination_condition,
          doc="Split into one piece is x."),
     Rule("range_scalar_inputs", Op("Range", "start", "limit", "delta"), range_scalar_inputs_replacement,

@@ -394,10 +394,8 @@ def test_concat_elimination_is_refused_where_its_input_cannot_take_the_output_s_
     refuses("concat_elimination", m, "cannot take its place")
 
 
-@pytest.mark.xfail(strict=True, reason="dead code in rules/shape_ops.py: concat_elimination's condition ('more than "
-                   "one input') is never reached, its pattern Op('Concat', 'x') takes one input, so a Concat of two "
-                   "is a pattern mismatch; the condition should go (then this passes: remove the mark)")
-def test_concat_elimination_has_no_condition_it_never_reaches():
+def test_concat_elimination_of_two_inputs_is_a_pattern_mismatch():
+    """Its pattern takes one input: a Concat of two never reaches a condition (it has none)."""
     m = x_model([helper.make_node("Neg", ["x"], ["n"]), helper.make_node("Concat", ["n", "n"], ["y"], axis=0)],
                 [2, 3], [4, 3])
     _, report = run_rule("concat_elimination", m)
