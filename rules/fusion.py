@@ -11,6 +11,7 @@ refused (see rules/_weights.py).
 from __future__ import annotations
 
 import numpy as np
+import onnx_ir as ir
 
 import ml_dtypes
 
@@ -156,30 +157,28 @@ def bn_to_mul_add_condition(m: Match):
         # Two kernels instead of one would be a loss; the BN stays for conv folding once the
         # conv's weights or bias become constant.
         return "follows a Conv that could absorb it"
-    shape = m.shape("x")
-    if shape is None or x.dtype is None:
+    dims, dtype = m.dims("x"), m.dtype("x")
+    if dims is None or dtype is None:
         return "input shape is unknown"
-    if len(shape) < 2:
-        return f"input rank {len(shape)} < 2"
-    if x.dtype is None or x.dtype.name.lower() not in ("float16", "float", "double", "bfloat16"):
-        return f"input type {x.dtype} is not a float type"
-    channels = shape[1]
-    if isinstance(channels, int) and channels != m.const("scale").size:
-        return f"input has {channels} channels, parameters {m.const('scale').size}"
-    return None
+    if len(dims) < 2:
+        return f"input rank {len(dims)} < 2"
+    if dtype not in (ir.DataType.FLOAT16, ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.BFLOAT16):
+        return f"input type {dtype} is not a float type"
+    if dims[1] is not None and dims[1] != m.const("scale").size:
+        return f"input has {dims[1]} channels, parameters {m.const('scale').size}"
+    return dtype, len(dims)  # the plan: x's type and rank
 
 
 def bn_to_mul_add_replacement(m: Match, b):
     s, t = _bn_factors(m)
-    x = m["x"]
-    dtype = x.dtype.numpy()
+    dtype, rank = m.plan
     with np.errstate(over="ignore"):
-        s, t = s.astype(dtype), t.astype(dtype)
+        s, t = s.astype(dtype.numpy()), t.astype(dtype.numpy())
     if reason := non_finite({"the folded scale": s, "the folded shift": t}):
         raise Refuse(reason)
-    shape = (-1,) + (1,) * (len(x.shape) - 2)
+    shape = (-1,) + (1,) * (rank - 2)
     name = m.node("bn").name or "bn"
-    scaled = b.op("Mul", x, b.const(s.reshape(shape), name=f"{name}_scale"))
+    scaled = b.op("Mul", m["x"], b.const(s.reshape(shape), name=f"{name}_scale"))
     return b.op("Add", scaled, b.const(t.reshape(shape), name=f"{name}_shift"))
 
 
