@@ -26,8 +26,8 @@ Patterns:
     ``Opt(pattern)`` an optional input: absent (bound to None) or matching ``pattern``
     ``ANY``          any value, unbound
 
-A condition returns ``None``/``True`` to accept, a string (the reason) / ``False`` to refuse, or
-any other object to accept with a *plan*: the replacement finds it as ``match.plan``, so what the
+A condition returns ``None``/``True`` to accept, a string (the reason) / ``False`` to refuse (a
+numpy bool counts as the bool it is), or any other object to accept with a *plan*: the replacement finds it as ``match.plan``, so what the
 condition computed (a target shape, per-channel factors) is not computed again. A replacement
 takes ``(match, builder)`` and returns the value(s) that replace the root node's outputs, built
 with ``builder.op(...)`` and ``builder.const(...)``; it may raise ``Refuse(reason)``. Any other
@@ -461,10 +461,10 @@ class Rule:
         if self.condition is None:
             return None
         verdict = self.condition(m)
-        if verdict is None or verdict is True:
+        if verdict is None:
             return None
-        if verdict is False:
-            return "condition refused"
+        if isinstance(verdict, (bool, np.bool_)):  # (numpy's False, from np.all(...), refuses too)
+            return None if verdict else "condition refused"
         if isinstance(verdict, str):
             return verdict
         m.plan = verdict

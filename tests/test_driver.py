@@ -128,6 +128,17 @@ def test_condition_reason_is_recorded():
     assert st.reasons["relu is precious"] == st.tried
 
 
+@pytest.mark.parametrize("verdict", [False, np.False_, np.all(np.array([1.0]) > 5)])
+def test_a_condition_returning_false_refuses_whatever_its_bool_type(verdict):
+    """numpy's False (what np.all/np.any return) refuses like False: it is not a plan."""
+    rule = Rule("drop_relu", Op("Relu", "x"), lambda m, b: m["x"], condition=lambda m: verdict)
+    m = synthetic.build(10)
+    out, report = optimize(m, rules=[rule], return_report=True)
+    assert report.rules["drop_relu"].fired == 0
+    assert report.rules["drop_relu"].reasons["condition refused"] == report.rules["drop_relu"].refused > 0
+    assert op_types(out).count("Relu") == op_types(m).count("Relu")
+
+
 def _buggy_rules():
     """Rules whose condition or replacement has a bug: a name the pattern never bound, an index
     error, a replacement that returns a string."""
