@@ -12,6 +12,7 @@ import onnx_ir as ir
 from . import evaluate, io, pipeline, registry
 from . import verify as verifier
 from .bisect import bisect_failure
+from .errors import strict_default
 from .stats import RuleStats
 from .irutil import gc_paused, node_counts
 from .pattern import Rule
@@ -131,7 +132,7 @@ def optimize(
         return _optimize(model, rules, extra_rules, disable, target, output, external_data, max_rewrites,
                          check, inplace, return_report, fold_size_limit, graph_passes, fold_input_limit,
                          stop_after, verify, verify_options, outputs,
-                         os.environ.get("ONNXOPT_STRICT") == "1" if strict is None else bool(strict))
+                         strict_default(strict))
 
 
 def _optimize(model, rules, extra_rules, disable, target, output, external_data, max_rewrites, check,
@@ -172,7 +173,7 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
                     verify_options=verify_options, rules=rules, extra_rules=extra_rules, disable=disable,
                     target=target, optimize_options={
                         "max_rewrites": max_rewrites, "fold_size_limit": fold_size_limit,
-                        "fold_input_limit": fold_input_limit, "graph_passes": graph_passes})
+                        "fold_input_limit": fold_input_limit, "graph_passes": graph_passes, "strict": strict})
                 raise verifier.VerificationError(f"verification failed, no output written: "
                                                  f"{summary_line(verification)}", verification)
         t3 = time.perf_counter()
@@ -185,7 +186,7 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
     if not return_report:
         return out
     warnings = [c["message"] for c in result.cycles]
-    warnings += [f"{bug} (a bug in the rule: it was skipped there)" for bug in result.errors]
+    warnings += [bug.warning for bug in result.errors]
     if result.hit_limit:
         warnings.append(f"stopped at the rewrite limit ({result.rewrites} rewrites); the result is valid but "
                         "may not be fully optimized")

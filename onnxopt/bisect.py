@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from . import evaluate, io, pipeline, registry
-from .errors import InvalidModelError
+from .errors import InvalidModelError, strict_default
 from .verify import (Progress, check_providers, check_tolerances, compare_all, find_culprit, is_low_precision,
                      parse_providers)
 from .verify.inputs import inputs_for
@@ -60,7 +60,7 @@ def _bisect(original: OrtModel, rules, extra_rules, disable, target, provider, i
     except Exception as exc:  # noqa: BLE001
         raise InvalidModelError(f"onnxruntime ({provider}) cannot run the original model: "
                                 f"{io.first_line(exc, 300)}") from None
-    max_rewrites, graph_passes, options = _settings(**(optimize_options or {}))
+    max_rewrites, graph_passes, options, strict = _settings(**(optimize_options or {}))
     chosen, graph_passes = registry.resolve(rules, extra_rules, disable, target, graph_passes)
     runs: dict = {}
 
@@ -69,7 +69,7 @@ def _bisect(original: OrtModel, rules, extra_rules, disable, target, provider, i
         if key not in runs:
             model = source.clone()  # (tensors shared: rules make new initializers rather than change them)
             rep = pipeline.run(model, chosen, graph_passes=graph_passes, max_rewrites=max_rewrites, stop_after=n,
-                               keep_log=True, options=options)
+                               keep_log=True, options=options, strict=strict)
             built = OrtModel(model, "optimized")
             try:
                 rows = compare_all(reference, run_outputs(built.source(), feeds, provider), low_precision=low,
@@ -78,7 +78,7 @@ def _bisect(original: OrtModel, rules, extra_rules, disable, target, provider, i
             except Exception as exc:  # noqa: BLE001 - a model onnxruntime rejects fails verification
                 rows, ok, error = [], False, f"onnxruntime cannot run it: {io.first_line(exc, 300)}"
             runs[key] = {"ok": ok, "rows": rows, "error": error, "log": rep.log, "rewrites": rep.rewrites,
-                         "model": built}
+                         "bugs": rep.errors, "model": built}
         return runs[key]
 
     try:
@@ -86,7 +86,8 @@ def _bisect(original: OrtModel, rules, extra_rules, disable, target, provider, i
         full = attempt(None)
         total = full["rewrites"]
         report: dict = {"model": original.name, "provider": provider, "inputs": how, "seed": seed,
-                        "rewrites": total}
+                        "rewrites": total, "errors": [bug.as_dict() for bug in full["bugs"]],
+                        "warnings": [bug.warning for bug in full["bugs"]]}  # rule bugs met (without strict)
         if full["ok"]:
             report.update(ok=True, message=f"the fully optimized model ({total} rewrites) verifies on {provider}: "
                                            "nothing to bisect")
@@ -130,10 +131,11 @@ def _bisect(original: OrtModel, rules, extra_rules, disable, target, provider, i
 
 
 def _settings(max_rewrites: int | None = None, fold_size_limit: int = evaluate.DEFAULT_SIZE_LIMIT,
-              fold_input_limit: int = evaluate.DEFAULT_INPUT_LIMIT, graph_passes: Iterable[str] | None = None):
+              fold_input_limit: int = evaluate.DEFAULT_INPUT_LIMIT, graph_passes: Iterable[str] | None = None,
+              strict: bool | None = None):
     """``optimize_options`` (``optimize()``'s keywords of these names) as ``pipeline.run`` takes them."""
     return max_rewrites, graph_passes, {"fold_size_limit": int(fold_size_limit),
-                                        "fold_input_limit": int(fold_input_limit)}
+                                        "fold_input_limit": int(fold_input_limit)}, strict_default(strict)
 
 
 BISECT_BUDGET_S = 60.0

@@ -187,7 +187,8 @@ def bisect_main(argv: list[str]) -> int:
                 target=args.target, provider=args.provider, inputs=args.inputs,
                 input_shapes=verify.parse_input_shapes(args.input_shape),
                 int_ranges=verify.parse_int_ranges(args.int_range), seed=args.seed, rtol=args.rtol, atol=args.atol,
-                optimize_options={"max_rewrites": args.max_rewrites, "fold_size_limit": args.fold_size_limit},
+                optimize_options={"max_rewrites": args.max_rewrites, "fold_size_limit": args.fold_size_limit,
+                                  "strict": args.strict},
                 progress=verify.Progress(enabled=None if not args.quiet else False))
             _stage_json(outputs, args.json, report)
         text = format_bisect(report)

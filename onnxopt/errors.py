@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 
 class OnnxoptError(Exception):
     """Base class: the message is a complete one-line explanation for the user."""
@@ -19,6 +21,12 @@ class UsageError(OnnxoptError, ValueError):
     """The caller asked for something inconsistent (unknown rule to disable, same input and output)."""
 
 
+def strict_default(strict: bool | None) -> bool:
+    """Whether a rule bug raises: ``strict`` when given, else the environment variable
+    ``ONNXOPT_STRICT=1`` (on in onnxopt's test suite)."""
+    return os.environ.get("ONNXOPT_STRICT") == "1" if strict is None else bool(strict)
+
+
 class RuleBug(RuleError):
     """A rule's condition or replacement raised something other than ``Refuse``: a bug in the
     rule. Raised with ``strict``; otherwise recorded (``DriverResult.errors``) and the rule skipped
@@ -28,6 +36,11 @@ class RuleBug(RuleError):
         self.rule, self.node, self.phase = rule, node, phase
         self.exception = f"{type(exc).__name__}: {exc}"
         super().__init__(f"rule {rule} raised {self.exception} in its {phase} at node {node!r}")
+
+    @property
+    def warning(self) -> str:
+        """The line a run that went on without it reports (not strict)."""
+        return f"{self} (a bug in the rule: it was skipped there)"
 
     def as_dict(self) -> dict:
         return {"rule": self.rule, "node": self.node, "phase": self.phase, "exception": self.exception}

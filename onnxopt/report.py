@@ -182,6 +182,7 @@ def format_bisect(report: dict) -> str:
     """``onnxopt.bisect.bisect``'s report: the rewrite after which outputs differ, its steps, the
     outputs and the first diverging value right after it; the culprit on the last line."""
     lines = [f"bisect {report['model']} on {report['provider']} ({report['rewrites']} rewrites in the full run)"]
+    lines += [f"warning: {w}" for w in report.get("warnings", ())]
     if report["ok"]:
         return "\n".join(lines + [report["message"]])
     n = report["first_failing_rewrite"]

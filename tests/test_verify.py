@@ -239,6 +239,25 @@ def test_bisect_finds_the_rule_and_node(syn, tmp_path, capsys):
         assert r["ok"] is ok
 
 
+def test_bisect_rule_bugs_are_loud(syn, tmp_path, capsys, monkeypatch):
+    """A rule that raises is reported by bisect as by optimize (a warning, the JSON's errors) and
+    raises with --strict or ONNXOPT_STRICT=1."""
+    rules = tmp_path / "buggy_rules.py"
+    rules.write_text("from onnxopt import Op, Rule\n"
+                     "RULES = [Rule('typo', Op('Relu', 'x'), lambda m, b: m['x'], condition=lambda m: m['y'])]\n")
+    args = ("bisect", syn["src"], "--rules", rules, "--no-builtin-rules")
+    code, _, err = run_main(capsys, *args)  # (the test suite sets ONNXOPT_STRICT=1)
+    assert code == 2 and "rule typo raised RuleError" in one_line_error(err)
+    monkeypatch.delenv("ONNXOPT_STRICT")
+    code, _, err = run_main(capsys, *args, "--strict")
+    assert code == 2 and "rule typo raised RuleError" in one_line_error(err)
+    code, out, _ = run_main(capsys, *args, "--json", tmp_path / "b.json")
+    assert code == 0 and "warning: rule typo raised RuleError" in out and "a bug in the rule" in out
+    rep = json.loads((tmp_path / "b.json").read_text())
+    assert rep["errors"] and {e["rule"] for e in rep["errors"]} == {"typo"}
+    assert {e["phase"] for e in rep["errors"]} == {"condition"}
+
+
 def test_bisect_of_a_good_optimization_exits_0(syn, capsys):
     code, out, _ = run_main(capsys, "bisect", syn["src"], "-q")
     assert code == 0 and "nothing to bisect" in out
