@@ -53,7 +53,7 @@ from .irutil import constant_tensor, opset_of, use_count
 from .shapes import infer
 
 class Refuse(Exception):
-    """Raised by a replacement that finds it cannot apply; the message is the reason."""
+    """Raised by a replacement (or a condition) that finds it cannot apply; the message is the reason."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -460,7 +460,10 @@ class Rule:
         ``m.plan``, for the replacement), or the reason it refuses."""
         if self.condition is None:
             return None
-        verdict = self.condition(m)
+        try:
+            verdict = self.condition(m)
+        except Refuse as exc:  # (a helper the condition shares with the replacement may raise it)
+            return str(exc) or "condition refused"
         if verdict is None:
             return None
         if isinstance(verdict, (bool, np.bool_)):  # (numpy's False, from np.all(...), refuses too)

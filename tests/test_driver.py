@@ -139,6 +139,18 @@ def test_a_condition_returning_false_refuses_whatever_its_bool_type(verdict):
     assert op_types(out).count("Relu") == op_types(m).count("Relu")
 
 
+def test_refuse_raised_in_a_condition_is_a_refusal_not_a_bug():
+    """Refuse is the refusal a condition's helper may share with the replacement: counted as one."""
+
+    def condition(m):
+        raise Refuse("not this one")
+
+    rule = Rule("refusing", Op("Relu", "x"), lambda m, b: m["x"], condition=condition)
+    _, report = optimize(synthetic.build(10), rules=[rule], strict=True, return_report=True)
+    st = report.rules["refusing"]
+    assert st.errors == 0 and st.fired == 0 and st.refused == st.reasons["not this one"] > 0
+
+
 def _buggy_rules():
     """Rules whose condition or replacement has a bug: a name the pattern never bound, an index
     error, a replacement that returns a string."""
