@@ -153,11 +153,6 @@ def infer(value: ir.Value | None, opsets: Mapping[str, int]) -> ir.Shape | None:
     return value.shape
 
 
-def rank(value: ir.Value | None, opsets: Mapping[str, int]) -> int | None:
-    shape = infer(value, opsets)
-    return None if shape is None else len(shape)
-
-
 def broadcast_keeps(dims: list | None, shape: tuple[int, ...]) -> bool:
     """A value of dimensions ``dims`` (numbers, None for unknown) broadcast with one of static
     ``shape`` keeps its own shape: ``shape`` is of no higher rank and each of its dimensions is 1
