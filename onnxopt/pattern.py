@@ -438,8 +438,8 @@ class Rule:
         object.__setattr__(self, "node_names", frozenset(nodes))
         if self.pattern.op_type == ANY_OP and self.pattern.inputs:
             raise TypeError(f"rule {self.name}: Op('*') takes no input patterns")
-        try:
-            targets = _targets.normalize_all(self.targets)
+        try:  # (one name alone is one target, not its letters)
+            targets = _targets.normalize_all([self.targets] if isinstance(self.targets, str) else self.targets)
         except UsageError as exc:
             raise ValueError(f"rule {self.name}: {exc}") from None
         object.__setattr__(self, "targets", targets)

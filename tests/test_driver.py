@@ -211,6 +211,7 @@ def test_target_filters_rules(target, runs):
     cuda_only = Rule("relu_to_neg_neg", Op("Relu", "x"), lambda m, b: b.op("Relu", b.op("Identity", m["x"])),
                      targets={"cuda"})
     assert cuda_only.targets == {"ort-cuda"}
+    assert Rule("r", Op("Relu", "x"), lambda m, b: m["x"], targets="cuda").targets == {"ort-cuda"}
     _, report = optimize(synthetic.build(5), extra_rules=[cuda_only], target=target, return_report=True)
     assert ("relu_to_neg_neg" in report.rules) is runs
     assert "conv_bn_fold" in report.rules  # the built-in rules are valid everywhere
