@@ -320,13 +320,13 @@ def subset(cases: list[Case]) -> list[Case]:
 @contextlib.contextmanager
 def mode(name: str):
     """Folding with onnxruntime ("ort") or as if it were not installed ("exact")."""
-    saved = evaluate._onnxruntime
+    saved = evaluate.folding_runtime
     if name == "exact":
-        evaluate._onnxruntime = lambda: None
+        evaluate.folding_runtime = lambda: None
     try:
         yield
     finally:
-        evaluate._onnxruntime = saved
+        evaluate.folding_runtime = saved
 
 
 def ulps(a: np.ndarray, b: np.ndarray) -> int:
@@ -410,7 +410,7 @@ def check(case: Case, modes: list[str], all_rules: bool = False) -> list[Verdict
         return [Verdict(case.name, m, "invalid", str(exc).splitlines()[0][:160]) for m in modes]
     op = case.node.op_type
     size = _result_bytes(case)
-    if size is None or size > MAX_RESULT_BYTES or evaluate._crashes_onnxruntime(op, case.inputs) is not None:
+    if size is None or size > MAX_RESULT_BYTES or evaluate.crashes_onnxruntime(op, case.inputs) is not None:
         # not run: it could take any memory, or stop this process (onnxruntime's SIGFPE). onnxopt
         # must not fold it either (it decides sizes before evaluating, and guards that kernel).
         reference, why = None, "not run"

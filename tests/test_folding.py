@@ -39,7 +39,7 @@ def _folded_value(out: onnx.ModelProto) -> np.ndarray:
 @pytest.fixture
 def without_onnxruntime(monkeypatch):
     """Folding as in an install without onnxruntime."""
-    monkeypatch.setattr(evaluate, "_onnxruntime", lambda: None)
+    monkeypatch.setattr(evaluate, "folding_runtime", lambda: None)
 
 
 _X300 = (300 + np.arange(24) / 4).astype(np.float16).reshape(2, 3, 4)  # x² passes fp16 range
@@ -85,7 +85,7 @@ _INT_MIN32 = np.iinfo(np.int32).min
 @pytest.mark.parametrize("runtime", ["onnxruntime", "none"])
 def test_integer_division_onnxruntime_refuses_is_not_folded(op, a, b, runtime, monkeypatch, capfd):
     if runtime == "none":
-        monkeypatch.setattr(evaluate, "_onnxruntime", lambda: None)
+        monkeypatch.setattr(evaluate, "folding_runtime", lambda: None)
     out, report = optimize(_one_node(op, [a, b]), return_report=True)
     assert op_types(out) == [op]
     assert report.rules["constant_folding"].refused == 1
@@ -206,7 +206,7 @@ def test_fold_size_is_decided_before_evaluating(runtime):
     process's peak memory barely moves (it grew by 0.4-1.5 GB per model when the limit was
     checked after evaluating)."""
     code = _BOMBS if runtime == "onnxruntime" else \
-        "import onnxopt.evaluate as f; f._onnxruntime = lambda: None\n" + _BOMBS
+        "import onnxopt.evaluate as f; f.folding_runtime = lambda: None\n" + _BOMBS
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -189,3 +189,33 @@ def test_no_import_circles(package):
 
     circles = sorted(m for m in modules if m != package and m in reach(m))
     assert not circles, f"modules in an import circle: {circles}"
+
+
+def test_no_module_uses_another_modules_private_names():
+    """onnxopt/, rules/ and scripts/ use only each other's public names: a private name (``io._x``,
+    ``from onnxopt.evaluate import _y``) is its module's own business."""
+    import ast
+
+    used = []
+    for folder in ("onnxopt", "rules", "scripts"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            modules = set()  # local names bound to onnxopt's (or rules') modules
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom):
+                    ours = node.level > 0 or (node.module or "").split(".")[0] in ("onnxopt", "rules")
+                    for alias in node.names if ours else ():
+                        if alias.name.startswith("_") and not alias.name.startswith("__"):
+                            used.append(f"{path.relative_to(ROOT)}: from {node.module or '.'} import {alias.name}")
+                        modules.add(alias.asname or alias.name)
+                elif isinstance(node, ast.Import):
+                    modules.update(a.asname or a.name.split(".")[0] for a in node.names
+                                   if a.name.split(".")[0] in ("onnxopt", "rules"))
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                    base = node.value
+                    while isinstance(base, ast.Attribute):  # onnxopt.evaluate._x
+                        base = base.value
+                    if isinstance(base, ast.Name) and base.id in modules:
+                        used.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    assert used == []
