@@ -12,7 +12,7 @@ import onnx_ir as ir
 from . import evaluate, io, pipeline, registry
 from . import verify as verifier
 from .bisect import bisect_failure
-from .errors import strict_default
+from .errors import bug_warnings, strict_default
 from .stats import RuleStats
 from .irutil import gc_paused, node_counts
 from .pattern import Rule
@@ -186,7 +186,7 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
     if not return_report:
         return out
     warnings = [c["message"] for c in result.cycles]
-    warnings += [bug.warning for bug in result.errors]
+    warnings += bug_warnings(result.errors)
     if result.hit_limit:
         warnings.append(f"stopped at the rewrite limit ({result.rewrites} rewrites); the result is valid but "
                         "may not be fully optimized")

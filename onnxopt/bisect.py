@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from . import evaluate, io, pipeline, registry
-from .errors import InvalidModelError, strict_default
+from .errors import InvalidModelError, bug_warnings, strict_default
 from .verify import (Progress, check_providers, check_tolerances, compare_all, find_culprit, is_low_precision,
                      parse_providers)
 from .verify.inputs import inputs_for
@@ -87,7 +87,7 @@ def _bisect(original: OrtModel, rules, extra_rules, disable, target, provider, i
         total = full["rewrites"]
         report: dict = {"model": original.name, "provider": provider, "inputs": how, "seed": seed,
                         "rewrites": total, "errors": [bug.as_dict() for bug in full["bugs"]],
-                        "warnings": [bug.warning for bug in full["bugs"]]}  # rule bugs met (without strict)
+                        "warnings": bug_warnings(full["bugs"])}  # rule bugs met (without strict)
         if full["ok"]:
             report.update(ok=True, message=f"the fully optimized model ({total} rewrites) verifies on {provider}: "
                                            "nothing to bisect")

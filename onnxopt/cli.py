@@ -5,7 +5,8 @@
     onnxopt bisect MODEL ...                  find the rewrite that breaks a model
 
 Exit codes: 0 success, 1 outputs differ beyond tolerance (verification), 2 bad input or usage
-(one line on stderr, no traceback), 3 an internal error (a bug in onnxopt; one line too).
+(one line on stderr, no traceback), 3 an internal error (a bug in onnxopt, a built-in rule's
+included; one line too), 130 interrupted, 141 the output's reader went away (quietly).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 from . import __version__, evaluate, io, registry, targets, verify
 from .api import optimize
 from .bisect import bisect
-from .errors import OnnxoptError
+from .errors import OnnxoptError, RuleBug
 from .report import format_bisect, format_optimize, format_verification, rule_lines, summary_line
 from .verify import VerificationError
 
@@ -41,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Also: 'onnxopt verify ORIGINAL OPTIMIZED' compares two models on onnxruntime (outputs, kernels, "
                "latency; see 'onnxopt verify --help'), and 'onnxopt bisect MODEL' finds the rewrite after which "
                "a model's outputs differ. Exit codes: 0 ok, 1 outputs differ (verification), 2 bad input, "
-               "3 internal error.",
+               "3 internal error, 130 interrupted, 141 the output's reader went away.",
     )
     p.add_argument("input", nargs="?", help="the ONNX model to optimize (never modified)")
     p.add_argument("-o", "--output", help="where to write the optimized model (written atomically)")
@@ -147,6 +148,11 @@ def _errors(fn):
     except VerificationError as exc:
         print(f"onnxopt: {exc}", file=sys.stderr)
         return EXIT_DIFFERS
+    except RuleBug as exc:
+        if exc.rule in {rule.name for rule in registry.builtin_rules()}:  # our bug, not the user's rules file
+            print(f"onnxopt: internal error: {exc} (please report it)", file=sys.stderr)
+            return EXIT_INTERNAL
+        return _fail(str(exc))
     except OnnxoptError as exc:
         return _fail(str(exc))
     except BrokenPipeError:

@@ -32,8 +32,7 @@ from collections.abc import Iterable, Sequence
 import onnx_ir as ir
 
 from .errors import RuleBug, RuleError
-from .irutil import REPLACED_KEY, RULE_KEY, SOURCES_KEY, constant_tensor, detach_graph, domain, is_unused, redirect, \
-    subgraphs, use_count
+from .irutil import REPLACED_KEY, RULE_KEY, SOURCES_KEY, constant_tensor, domain, redirect, remove_dead, use_count
 from .pattern import ANY_OP, Builder, Match, Namer, Refuse, Rule
 from .stats import DriverResult, RuleStats
 from .purity import Purity
@@ -369,37 +368,14 @@ class Driver:
                 redirected.extend(new.consumers())
             redirected.extend(redirect(old, new, take_name=new in created))
         # Remove what the rewrite made dead: the root, then matched nodes and their producers.
-        lost = self._remove_dead(list(m.nodes))
+        lost, removed = remove_dead(m.nodes, self._purity.removable)
+        self.result.removed_dead += removed
         self.touched(redirected, lost)
         for node in builder.nodes:
             self._push(node)
         if self.keep_log:
             self.result.log.append({"rule": rule.name, "replaced": replaced,
                                     "created": [n.name for n in builder.nodes]})
-
-    def _remove_dead(self, matched: Sequence[ir.Node]) -> list[ir.Value]:
-        """Remove the matched nodes that nothing reads any more (the rule replaced them), then the
-        producers that became unused and may go (``onnxopt.purity``); returns the values the
-        removed nodes read (each has lost a use)."""
-        lost: list[ir.Value] = []
-        stack = [(node, True) for node in reversed(matched)]
-        while stack:
-            node, replaced = stack.pop()
-            graph = node.graph
-            if graph is None or not is_unused(node) or not (replaced or self._purity.removable(node)):
-                continue
-            inputs = [v for v in node.inputs if v is not None]
-            for sub in subgraphs(node):
-                # Nodes of a removed If/Loop/Scan body must stop counting as users of outer values.
-                inputs += detach_graph(sub)
-            graph.remove(node, safe=True)
-            self.result.removed_dead += 1
-            lost += inputs
-            for value in inputs:
-                producer = value.producer()
-                if producer is not None and producer.graph is not None:
-                    stack.append((producer, False))
-        return lost
 
 
 def _recorded_sources(node: ir.Node) -> tuple[str, ...] | None:

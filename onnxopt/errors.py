@@ -37,10 +37,19 @@ class RuleBug(RuleError):
         self.exception = f"{type(exc).__name__}: {exc}"
         super().__init__(f"rule {rule} raised {self.exception} in its {phase} at node {node!r}")
 
-    @property
-    def warning(self) -> str:
-        """The line a run that went on without it reports (not strict)."""
-        return f"{self} (a bug in the rule: it was skipped there)"
 
     def as_dict(self) -> dict:
         return {"rule": self.rule, "node": self.node, "phase": self.phase, "exception": self.exception}
+
+
+def bug_warnings(bugs: "list[RuleBug]") -> list[str]:
+    """The warning lines of a run that went on past rule bugs (not strict): one per rule, phase and
+    exception, with how many nodes it happened at (a typo in a condition meets every node)."""
+    groups: dict[tuple, list[RuleBug]] = {}
+    for bug in bugs:
+        groups.setdefault((bug.rule, bug.phase, bug.exception), []).append(bug)
+    lines = []
+    for (rule, phase, exception), met in groups.items():
+        where = f"at node {met[0].node!r}" if len(met) == 1 else f"at {len(met)} nodes (the first {met[0].node!r})"
+        lines.append(f"rule {rule} raised {exception} in its {phase} {where}: a bug in the rule, skipped there")
+    return lines

@@ -9,7 +9,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import gc
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import onnx_ir as ir
@@ -174,6 +174,31 @@ def remove_unused(model: ir.Model, removable: Removable) -> int:
                 function.remove(node, safe=True)
                 removed += 1
     return removed
+
+
+def remove_dead(replaced: Sequence[ir.Node], removable: Removable) -> tuple[list[ir.Value], int]:
+    """After a rewrite: remove the ``replaced`` nodes that nothing reads any more, then the
+    producers that became unused and may go (``removable``); returns the values the removed nodes
+    read (each has lost a use) and how many nodes went."""
+    lost: list[ir.Value] = []
+    removed = 0
+    stack = [(node, True) for node in reversed(replaced)]
+    while stack:
+        node, was_replaced = stack.pop()
+        graph = node.graph
+        if graph is None or not is_unused(node) or not (was_replaced or removable(node, None)):
+            continue
+        inputs = [v for v in node.inputs if v is not None]
+        for sub in subgraphs(node):
+            inputs += detach_graph(sub)  # a removed body's nodes stop counting as readers of outer values
+        graph.remove(node, safe=True)
+        removed += 1
+        lost += inputs
+        for value in inputs:
+            producer = value.producer()
+            if producer is not None and producer.graph is not None:
+                stack.append((producer, False))
+    return lost, removed
 
 
 # --------------------------------------------------------------------------------------------

@@ -361,13 +361,15 @@ class Match:
             array = self._arrays[name] = tensor.numpy()
         return array
 
-    def node(self, name: str) -> ir.Node:
+    def node(self, name: str) -> ir.Node | None:
+        """The node bound to ``name`` (None for an optional one that is absent)."""
         if name not in self.rule.node_names:
             raise self._unbound(name, "the node", self.rule.node_names)
-        return self.named[name]
+        return self.named.get(name)
 
     def attr(self, node_name: str, attr_name: str, default: Any = None) -> Any:
-        attr = self.node(node_name).attributes.get(attr_name)
+        node = self.node(node_name)
+        attr = None if node is None else node.attributes.get(attr_name)
         if attr is None:
             return default
         value = attr.value
@@ -387,6 +389,12 @@ class Match:
         """The dimensions of ``name``'s value: numbers, None for a dimension that is not one; None
         when even the rank is unknown."""
         shape = self.shape(name)
+        return None if shape is None else [d if isinstance(d, int) else None for d in shape]
+
+    def output_dims(self, k: int = 0) -> list[int | None] | None:
+        """The dimensions the root node's output ``k`` has as the model records it (not inferred:
+        what the output will be is the rule's business), like :meth:`dims`."""
+        shape = self.root.outputs[k].shape
         return None if shape is None else [d if isinstance(d, int) else None for d in shape]
 
     def static_shape(self, name: str) -> tuple[int, ...] | None:

@@ -98,13 +98,13 @@ def matmul_add_to_gemm_replacement(m: Match, b):
 def _restores_leading_dims(m: Match, n: int) -> bool:
     """The shape tensor "s2" is x's leading dimensions (the same value, the same named symbol or
     the same static size) followed by n."""
-    x = m["x"]
+    x, dims = m["x"], m.dims("x")
     elements = shape_elements(m["s2"])
-    if elements is None or len(elements) != len(x.shape) or elements[-1] != n:
+    if elements is None or len(elements) != len(dims) or elements[-1] != n:
         return False
     for j, e in enumerate(elements[:-1]):
         if isinstance(e, int):
-            if not (isinstance(x.shape[j], int) and e == x.shape[j] and e > 0):
+            if not (e == dims[j] and e > 0):
                 return False
         elif not is_dim_of(e, x, j):
             return False
@@ -119,7 +119,7 @@ def gemm_flatten_to_matmul_condition(m: Match):
         return "Gemm transposes or scales A"
     k_axis, n_axis = (1, 0) if m.attr("gemm", "transB", 0) else (0, 1)
     k, n = w.shape[k_axis], w.shape[n_axis]
-    if m.const("s1").tolist() != [-1, k] or m["x"].shape[-1] != k:
+    if m.const("s1").tolist() != [-1, k] or dims[-1] != k:
         return "the first Reshape is not x flattened to [-1, K] along its last axis"
     if "c" in m:
         if m.attr("gemm", "beta", 1.0) != 1.0:

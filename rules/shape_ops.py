@@ -60,8 +60,8 @@ def _own_dims_target(m: Match) -> list[int] | None:
     elements = shape_elements(m["shape"])
     if elements is None:
         return None
-    x = m["x"]
-    rank = len(x.shape) if x.shape is not None else None
+    x, dims = m["x"], m.dims("x")
+    rank = None if dims is None else len(dims)
     out = []
     for j, e in enumerate(elements):
         if isinstance(e, int):
@@ -84,12 +84,13 @@ def _without_minus_one(m: Match, target: list[int]) -> list[int]:
     if -1 not in target:
         return target
     j = target.index(-1)
-    out, x = m.root.outputs[0], m["x"]
-    if out.shape is None or len(out.shape) != len(target):
+    out, dims = m.root.outputs[0], m.output_dims()
+    if dims is None or len(dims) != len(target):
         return target
-    if isinstance(out.shape[j], int) and out.shape[j] > 0:
-        return target[:j] + [int(out.shape[j])] + target[j + 1:]
-    if x.shape is not None and j < len(x.shape) and same_symbol(out, j, x, j):
+    if dims[j] is not None and dims[j] > 0:
+        return target[:j] + [dims[j]] + target[j + 1:]
+    x_dims = m.dims("x")
+    if x_dims is not None and j < len(x_dims) and same_symbol(out, j, m["x"], j):
         return target[:j] + [0] + target[j + 1:]
     return target
 

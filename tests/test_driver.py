@@ -179,7 +179,8 @@ def test_a_rule_bug_is_an_error_not_a_refusal(name):
     st = report.rules[name]
     assert st.errors == st.matched >= 1 and st.fired == 0 and st.refused == 0
     assert report.errors[0]["rule"] == name and report.errors[0]["phase"] == phase
-    assert any(name in w and "bug" in w for w in report.warnings)
+    [warning] = [w for w in report.warnings if name in w]  # one line per rule and exception, not per node
+    assert "bug" in warning and (st.errors == 1 or f"at {st.errors} nodes" in warning)
     assert [n.op_type for n in out.graph.node].count("Relu") == [n.op_type for n in m.graph.node].count("Relu")
 
 
@@ -531,3 +532,21 @@ def test_a_value_that_gains_a_reader_puts_its_other_readers_back():
     assert report.fired.get("common_subexpression_elimination") == 1
     assert "BatchNormalization" not in op_types(out), op_types(out)
     assert_same_outputs(m, out, feeds_for(m))
+
+
+def test_a_built_in_rule_bug_is_an_internal_error_a_users_is_bad_input(monkeypatch, tmp_path, capsys):
+    """Under --strict, a bug in a built-in rule is onnxopt's (exit 3), one in a rules file the user's (exit 2)."""
+    from onnxopt import cli, registry
+
+    src = tmp_path / "m.onnx"
+    onnx.save(synthetic.build(5), src)
+    library = registry.builtin_rules()
+    broken = [Rule(r.name, r.pattern, r.replacement, condition=lambda m: m["typo"], priority=r.priority)
+              if r.name == "identity_elimination" else r for r in library]
+    monkeypatch.setattr(registry, "builtin_rules", lambda: list(broken))
+    assert cli.main([str(src), "-o", str(tmp_path / "o.onnx"), "--strict", "-q"]) == 3
+    assert "internal error" in capsys.readouterr().err
+    rules_file = tmp_path / "r.py"
+    rules_file.write_text("from onnxopt import Op, Rule\nRULES = [Rule('mine', Op('Relu', 'x'), lambda m, b: m['x'], "
+                          "condition=lambda m: m['typo'])]\n")
+    assert cli.main([str(src), "-o", str(tmp_path / "o.onnx"), "--strict", "-q", "--rules", str(rules_file)]) == 2
