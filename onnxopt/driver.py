@@ -19,7 +19,8 @@ Guarantees:
   are the rule's to replace.
 - Every node a rule creates carries provenance in its metadata: ``onnxopt.rule`` (the rule),
   ``onnxopt.replaced`` (the nodes it matched) and ``onnxopt.sources`` (the original nodes it
-  derives from, through earlier rewrites).
+  derives from, through earlier rewrites), and keeps the metadata of the nodes it replaced
+  (``irutil.inherit_metadata``: each key from the first matched node that has it, the root first).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from collections.abc import Iterable, Sequence
 import onnx_ir as ir
 
 from .errors import RuleBug, RuleError
-from .irutil import REPLACED_KEY, RULE_KEY, SOURCES_KEY, constant_tensor, domain, redirect, remove_dead, use_count
+from .irutil import (REPLACED_KEY, RULE_KEY, SOURCES_KEY, constant_tensor, domain, inherit_metadata, redirect,
+                     remove_dead, use_count)
 from .pattern import ANY_OP, Builder, Match, Namer, Refuse, Rule
 from .stats import DriverResult, RuleStats
 from .purity import Purity
@@ -337,6 +339,7 @@ class Driver:
         replaced_text = json.dumps(replaced)
         sources = tuple(self._source_tree(n) for n in m.nodes)
         for node in builder.nodes:
+            inherit_metadata(node, m.nodes)  # (the exporter's stack trace and scopes: root first)
             node.metadata_props[RULE_KEY] = rule.name
             node.metadata_props[REPLACED_KEY] = replaced_text
             self._sources[node] = sources

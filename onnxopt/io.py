@@ -973,9 +973,24 @@ def plan_give_back(loaded: Loaded, output: str | os.PathLike | None, *, external
     return plan_save(loaded.model, output, external_data=external_data, protect=protect, outputs=outputs)
 
 
+VERSION_KEY = "onnxopt.version"  # the model's metadata_props: the onnxopt that processed it
+
+
+def record_version(model: ir.Model) -> None:
+    """Note in the model's ``metadata_props`` that onnxopt processed it: ``onnxopt.version``, the
+    package version alone (no date or commit: the same input still gives the same bytes). A model
+    optimized again keeps one entry, holding the version that ran last; ``producer_name`` (the
+    exporter) is left alone."""
+    from . import __version__
+
+    model.metadata_props[VERSION_KEY] = __version__
+
+
 def give_back(loaded: Loaded, output: str | os.PathLike | None, plan: SavePlan | None):
-    """Return the optimized model in the form it came in, writing it as planned."""
+    """Return the optimized model in the form it came in, writing it as planned; it records the
+    onnxopt version that made it (:func:`record_version`)."""
     model = loaded.model
+    record_version(model)
     if plan is not None:
         write(model, plan)
     if loaded.kind == "path":

@@ -9,7 +9,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import gc
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import onnx_ir as ir
@@ -19,6 +19,7 @@ RULE_KEY = "onnxopt.rule"  # the rule that made the node
 REPLACED_KEY = "onnxopt.replaced"  # the names of the nodes it matched
 SOURCES_KEY = "onnxopt.sources"  # the original nodes it derives from, through earlier rewrites
 MERGED_KEY = "onnxopt.merged"  # the nodes a graph pass merged into this one
+OWN_PREFIX = "onnxopt."  # onnxopt's own keys: provenance, recorded by onnxopt, never inherited
 
 STANDARD_DOMAINS = frozenset({"", "ai.onnx"})
 
@@ -98,6 +99,22 @@ def node_counts(model: ir.Model) -> dict[str, int]:
         for node in graph:
             counts[node.op_type if is_standard(node) else f"{node.domain}.{node.op_type}"] += 1
     return dict(sorted(counts.items()))
+
+
+def inherit_metadata(node: ir.Node, sources: Iterable[ir.Node]) -> None:
+    """Give ``node`` the metadata (``metadata_props``) of the nodes it takes the place of, such as
+    the exporter's ``pkg.torch.onnx.stack_trace``: for each key, the value of the first source that
+    carries it, so the sources' common value where they agree and the first one's where they
+    differ. Keys ``node`` has already stay as they are, and onnxopt's own keys (``onnxopt.*``,
+    provenance) are not inherited. The order of ``sources`` decides: the driver passes the nodes
+    a rule matched, root first; CSE the kept node first."""
+    props = node.metadata_props
+    for source in sources:
+        if source is node:
+            continue
+        for key, value in source.metadata_props.items():
+            if key not in props and not key.startswith(OWN_PREFIX):
+                props[key] = value
 
 
 # --------------------------------------------------------------------------------------------

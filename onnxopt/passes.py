@@ -11,7 +11,9 @@ one-line doc); ``onnxopt.pipeline`` runs them, and adding a pass is adding a row
   bytes are one (e.g. the tied embedding matrix the legacy GPT-2 export stores twice).
 
 Both run in every graph (If/Loop/Scan bodies included), keep graph output names, and record what
-they merged in the kept node's metadata (``onnxopt.merged``).
+they merged in the kept node's metadata (``onnxopt.merged``). CSE's kept node also takes the metadata
+keys only its twins carried (``irutil.inherit_metadata``: its own values first, then its twins' in
+graph order), as a rule's new node keeps its sources'.
 
 - ``shape_completion`` (before matching): onnx's shape inference with data propagation gives
   every value a type and shape with consistent symbolic dimensions, for the rules to reason with
@@ -34,7 +36,7 @@ import numpy as np
 import onnx_ir as ir
 
 from . import io
-from .irutil import MERGED_KEY, can_take_output, redirect
+from .irutil import MERGED_KEY, can_take_output, inherit_metadata, redirect
 from .purity import Purity
 from .shapes import DECLARED, infer, opsets_of
 
@@ -106,6 +108,7 @@ def eliminate_common_subexpressions(model: ir.Model, touched: Touched | None = N
                 continue
             redirected = [reader for old, new in pairs for reader in redirect(old, new)]
             merged_names.setdefault(first, []).append(node.name or node.op_type)
+            inherit_metadata(first, [node])  # (the kept node's own values first)
             lost = [v for v in node.inputs if v is not None]
             graph.remove(node, safe=True)
             if touched is not None:
