@@ -780,6 +780,8 @@ def plan_save(model: ir.Model, path: str | os.PathLike, *, external_data: str | 
                              "--single-file, external_data=False)")
         if external_data is None:
             external_data = initializer_bytes(model) >= PROTO_LIMIT
+        elif external_data is False:
+            _check_fits_one_file(model, path)  # (before the work, not after it)
         data_name = data_file_name(path, external_data) if external_data else None
         if data_name:
             outputs.claim(path.parent / data_name, "the external data file")
@@ -789,6 +791,13 @@ def plan_save(model: ir.Model, path: str | os.PathLike, *, external_data: str | 
             outputs.abort()
         raise
     return SavePlan(path, data_name, outputs, own)
+
+
+def _check_fits_one_file(model: ir.Model, path: Path) -> None:
+    size = initializer_bytes(model)
+    if size >= PROTO_LIMIT:
+        raise UsageError(f"{path}: the weights ({size / 2**30:.1f} GiB) pass protobuf's 2 GiB limit for one file; "
+                         "save them as external data (--external-data, external_data=True)")
 
 
 def write(model: ir.Model, plan: SavePlan, *, size_threshold: int = 1024) -> Path:
@@ -811,9 +820,7 @@ def write(model: ir.Model, plan: SavePlan, *, size_threshold: int = 1024) -> Pat
                 outputs.unstage(data_path)  # no weight reached the threshold: no empty data file
         else:
             with _without_external_references(model, attributes_only=False):
-                if initializer_bytes(model) >= PROTO_LIMIT:
-                    raise UsageError(f"{path}: the weights pass protobuf's 2 GiB limit for one file; save them "
-                                     "as external data")
+                _check_fits_one_file(model, path)
                 if not write_streamed(model, staged):
                     ir.save(model, staged)
         if plan.own:
