@@ -13,10 +13,12 @@ from . import evaluate, io, pipeline, registry
 from . import verify as verifier
 from .bisect import bisect_failure
 from .errors import bug_warnings, strict_default
+from .input_shapes import fix as fix_input_shapes, normalize as normalize_input_shapes
 from .stats import RuleStats
 from .irutil import gc_paused, node_counts
 from .pattern import Rule
 from .report import summary_line
+from .verify.inputs import run_shapes
 
 
 @dataclasses.dataclass
@@ -78,6 +80,7 @@ def optimize(
     verify_options: dict | None = None,
     outputs: io.Outputs | None = None,
     strict: bool | None = None,
+    input_shapes=None,
 ):
     """Rewrite ``model`` with the rules until nothing more applies.
 
@@ -118,6 +121,12 @@ def optimize(
             ``inplace`` stays rewritten). The report is ``Report.verification``.
         verify_options: keyword arguments for ``onnxopt.verify.verify`` (inputs, input_shapes,
             int_ranges, seed, rtol, atol, runs, warmup, latency, threads, progress).
+        input_shapes: fix the model's inputs before rewriting, e.g. ``{"x": [1, 3, 224, 224]}``:
+            per input, whole numbers and symbol names (``["batch", 3, 224, 224]`` keeps or renames
+            that dimension's symbol), or text as ``--input-shape`` takes it (``"1x3x224x224"``,
+            ``["x=batch,3,224,224"]``); see ``onnxopt.input_shapes``. A symbol given a number or a
+            new name takes it everywhere in the model; the rules fold what becomes static. With
+            ``verify``, the original (still dynamic) is run at the same shapes.
         strict: a rule whose condition or replacement raises (anything but ``Refuse``) has a bug:
             with ``strict`` it raises ``onnxopt.errors.RuleBug`` (a RuleError) at once; without,
             the rule is skipped at that node and the bug is reported (``Report.errors``, a warning
@@ -132,13 +141,13 @@ def optimize(
         return _optimize(model, rules, extra_rules, disable, target, output, external_data, max_rewrites,
                          check, inplace, return_report, fold_size_limit, graph_passes, fold_input_limit,
                          stop_after, verify, verify_options, outputs,
-                         strict_default(strict))
+                         strict_default(strict), normalize_input_shapes(input_shapes))
 
 
 def _optimize(model, rules, extra_rules, disable, target, output, external_data, max_rewrites, check,
               inplace, return_report, fold_size_limit=evaluate.DEFAULT_SIZE_LIMIT, graph_passes=None,
               fold_input_limit=evaluate.DEFAULT_INPUT_LIMIT, stop_after=None, verify=False, verify_options=None,
-              outputs=None, strict=False):
+              outputs=None, strict=False, input_shapes=None):
     t0 = time.perf_counter()
     disable = list(disable)
     chosen, graph_passes = registry.resolve(rules, extra_rules, disable, target, graph_passes)
@@ -152,6 +161,11 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
     original = None
     if verify:
         original = loaded.model.clone() if loaded.kind == "ir" and inplace else model
+    if input_shapes:
+        fix_input_shapes(loaded.model, input_shapes)
+        if verify and "feeds" not in (verify_options or {}):  # the original runs at the shapes fixed
+            verify_options = {**(verify_options or {}), "input_shapes": run_shapes(
+                loaded.model, (verify_options or {}).get("input_shapes"), (verify_options or {}).get("inputs"))}
     read = [(verify_options or {}).get("inputs")] if verify else []  # (the verifier's inputs file)
     plan = io.plan_give_back(loaded, output, external_data=external_data, outputs=outputs,
                              also_read=read)  # before the work
@@ -173,7 +187,8 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
                     verify_options=verify_options, rules=rules, extra_rules=extra_rules, disable=disable,
                     target=target, optimize_options={
                         "max_rewrites": max_rewrites, "fold_size_limit": fold_size_limit,
-                        "fold_input_limit": fold_input_limit, "graph_passes": graph_passes, "strict": strict})
+                        "fold_input_limit": fold_input_limit, "graph_passes": graph_passes, "strict": strict,
+                        "input_shapes": input_shapes})
                 raise verifier.VerificationError(f"verification failed, no output written: "
                                                  f"{summary_line(verification)}", verification)
         t3 = time.perf_counter()

@@ -17,9 +17,10 @@ import numpy as np
 
 from . import evaluate, io, pipeline, registry
 from .errors import InvalidModelError, bug_warnings, strict_default
+from .input_shapes import fix as fix_input_shapes, normalize as normalize_input_shapes
 from .verify import (Progress, check_providers, check_tolerances, compare_all, find_culprit, is_low_precision,
                      parse_providers)
-from .verify.inputs import inputs_for
+from .verify.inputs import inputs_for, run_shapes
 from .verify.runtime import OrtModel, run_outputs
 
 
@@ -36,7 +37,10 @@ def bisect(model, *, rules=None, extra_rules=(), disable: Iterable[str] = (), ta
     as the full run and stops after ``n`` (constant lifting runs first, and a graph pass runs
     whole, counting its merges as rewrites: each is one step).
     The result names the step: the rule and the nodes it replaced and created (or the pass),
-    and the first diverging value in the model right after it. Inputs as for ``onnxopt.verify.verify``."""
+    and the first diverging value in the model right after it. Inputs as for ``onnxopt.verify.verify``.
+    ``optimize_options``: ``optimize()``'s max_rewrites, fold_size_limit, fold_input_limit,
+    graph_passes, strict and input_shapes (the inputs are fixed to these before the rewrites are
+    replayed; the original, as given, runs at the same shapes)."""
     provider = parse_providers(provider)[0]
     check_providers([provider])
     check_tolerances(rtol, atol)
@@ -53,6 +57,11 @@ def bisect(model, *, rules=None, extra_rules=(), disable: Iterable[str] = (), ta
 def _bisect(original: OrtModel, rules, extra_rules, disable, target, provider, inputs, feeds, input_shapes,
             int_ranges, seed, rtol, atol, optimize_options, progress) -> dict:
     source = io.load(original.path, check=False).model if original.path is not None else io.to_ir(original.proto)
+    max_rewrites, graph_passes, options, strict, fixed = _settings(**(optimize_options or {}))
+    if fixed:  # the optimization fixed the inputs first; the original runs at those shapes
+        fix_input_shapes(source, fixed)
+        if feeds is None:
+            input_shapes = run_shapes(source, input_shapes, inputs)
     feeds, how = inputs_for(original, feeds, inputs, input_shapes, int_ranges, seed)
     low = is_low_precision(original.proto)
     try:
@@ -60,7 +69,6 @@ def _bisect(original: OrtModel, rules, extra_rules, disable, target, provider, i
     except Exception as exc:  # noqa: BLE001
         raise InvalidModelError(f"onnxruntime ({provider}) cannot run the original model: "
                                 f"{io.first_line(exc, 300)}") from None
-    max_rewrites, graph_passes, options, strict = _settings(**(optimize_options or {}))
     chosen, graph_passes = registry.resolve(rules, extra_rules, disable, target, graph_passes)
     runs: dict = {}
 
@@ -132,10 +140,12 @@ def _bisect(original: OrtModel, rules, extra_rules, disable, target, provider, i
 
 def _settings(max_rewrites: int | None = None, fold_size_limit: int = evaluate.DEFAULT_SIZE_LIMIT,
               fold_input_limit: int = evaluate.DEFAULT_INPUT_LIMIT, graph_passes: Iterable[str] | None = None,
-              strict: bool | None = None):
-    """``optimize_options`` (``optimize()``'s keywords of these names) as ``pipeline.run`` takes them."""
+              strict: bool | None = None, input_shapes=None):
+    """``optimize_options`` (``optimize()``'s keywords of these names) as ``pipeline.run`` takes
+    them, and the input shapes the optimization fixed (``onnxopt.input_shapes``)."""
     return max_rewrites, graph_passes, {"fold_size_limit": int(fold_size_limit),
-                                        "fold_input_limit": int(fold_input_limit)}, strict_default(strict)
+                                        "fold_input_limit": int(fold_input_limit)}, strict_default(strict), \
+        normalize_input_shapes(input_shapes)
 
 
 BISECT_BUDGET_S = 60.0

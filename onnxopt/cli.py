@@ -18,7 +18,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from . import __version__, evaluate, io, registry, targets, verify
+from . import __version__, evaluate, input_shapes, io, registry, targets, verify
 from .api import optimize
 from .bisect import bisect
 from .errors import OnnxoptError, RuleBug
@@ -87,7 +87,9 @@ def _add_input_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("inputs and tolerances")
     g.add_argument("--inputs", metavar="FILE.npz", help="input arrays by name (others are generated)")
     g.add_argument("--input-shape", metavar="NAME=DIMS", action="append", default=[],
-                   help="shape of a generated input, e.g. input=1x3x224x224; sets its dynamic axes (repeatable)")
+                   help="an input's shape, NAME=D1,D2,... or NAME=1x3x224x224 (repeatable): optimize fixes the "
+                        "model's input to it (a D may be a symbol name, which keeps or renames that dimension's "
+                        "symbol) and --verify runs at it; verify and bisect generate the input at it (numbers only)")
     g.add_argument("--int-range", metavar="NAME=LOW:HIGH", action="append", default=[],
                    help="inclusive range of a generated integer input, e.g. input_ids=0:30521 (repeatable; "
                         "default: the rows of the Gather table it indexes, 0:1 for names with 'mask', else 0:9)")
@@ -109,8 +111,7 @@ def _add_verify_args(p: argparse.ArgumentParser) -> None:
 
 
 def _verify_options(args) -> dict:
-    return {"inputs": args.inputs, "input_shapes": verify.parse_input_shapes(args.input_shape),
-            "int_ranges": verify.parse_int_ranges(args.int_range), "seed": args.seed, "rtol": args.rtol,
+    return {"inputs": args.inputs, "int_ranges": verify.parse_int_ranges(args.int_range), "seed": args.seed, "rtol": args.rtol,
             "atol": args.atol, "runs": args.runs, "warmup": args.warmup, "threads": args.threads,
             "progress": verify.Progress(enabled=None if not args.quiet else False)}
 
@@ -136,6 +137,9 @@ def _bisect_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="the original model")
     p.add_argument("--provider", default="cpu", choices=["cpu", "cuda"], help="where to run (default cpu)")
     _add_rule_args(p)
+    p.add_argument("--fix-input-shape", metavar="NAME=DIMS", action="append", default=[],
+                   help="an input shape the optimization fixed (optimize's --input-shape, the same grammar): MODEL's "
+                        "input is fixed to it before the rewrites are replayed (repeatable)")
     _add_input_args(p)
     _add_report_args(p, quiet="print only the culprit line")
     return p
@@ -171,7 +175,7 @@ def verify_main(argv: list[str]) -> int:
     def run():
         with _outputs(args, args.original, args.optimized) as outputs:
             report = verify.verify(args.original, args.optimized, providers=args.providers,
-                                   **_verify_options(args))
+                                   input_shapes=verify.parse_input_shapes(args.input_shape), **_verify_options(args))
             _stage_json(outputs, args.json, report)
         if args.quiet:
             print("verdict: " + ("outputs agree" if report["ok"] else summary_line(report)))
@@ -194,7 +198,8 @@ def bisect_main(argv: list[str]) -> int:
                 input_shapes=verify.parse_input_shapes(args.input_shape),
                 int_ranges=verify.parse_int_ranges(args.int_range), seed=args.seed, rtol=args.rtol, atol=args.atol,
                 optimize_options={"max_rewrites": args.max_rewrites, "fold_size_limit": args.fold_size_limit,
-                                  "strict": args.strict},
+                                  "strict": args.strict,
+                                  "input_shapes": input_shapes.parse(args.fix_input_shape, flag="--fix-input-shape")},
                 progress=verify.Progress(enabled=None if not args.quiet else False))
             _stage_json(outputs, args.json, report)
         text = format_bisect(report)
@@ -291,6 +296,7 @@ def _rule_sets(args) -> tuple[list | None, list]:
 def _rule_words(args) -> list[str]:
     """The options that decide the rewrites, as words for the bisect command a failed --verify shows."""
     pairs = [("--rules", f) for f in args.rules] + [("--disable", d) for d in args.disable]
+    pairs += [("--fix-input-shape", shape) for shape in args.input_shape]
     size = args.fold_size_limit if args.fold_size_limit != evaluate.DEFAULT_SIZE_LIMIT else None
     pairs += [(flag, str(v)) for flag, v in (("--target", args.target), ("--max-rewrites", args.max_rewrites),
                                              ("--fold-size-limit", size)) if v is not None]
@@ -317,7 +323,7 @@ def _optimize_main(args) -> int:
             _, report = optimize(
                 args.input, rules=base, extra_rules=extra, disable=args.disable, target=args.target,
                 output=args.output, external_data=external, max_rewrites=args.max_rewrites, return_report=True,
-                strict=args.strict,
+                strict=args.strict, input_shapes=input_shapes.parse(args.input_shape),
                 fold_size_limit=args.fold_size_limit, outputs=outputs, **verify_args,
             )
         except VerificationError as exc:  # the evidence (and its JSON), then the one-line verdict (exit 1)

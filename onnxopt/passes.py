@@ -180,7 +180,7 @@ _LOCAL_LIMIT = 32
 _INFER_DATA_LIMIT = 1000  # bytes: initializers up to this size keep their data for data propagation
 
 
-def _infer(model: ir.Model):
+def infer_model(model: ir.Model):
     """onnx's shape inference (data propagation on, strict mode off) over a copy of ``model``
     serialized without large weights: those are declared as graph inputs of their type and shape
     instead. An initializer that is also a graph input (a default the caller may override) keeps
@@ -218,7 +218,7 @@ def complete_shapes(model: ir.Model, touched: Touched | None = None) -> int:
     (strict mode off, data propagation on); returns how many values gained a shape. A shape with
     anonymous dimensions takes the inferred one, whose symbols are consistent across the graph
     (rules compare them). A few missing values are inferred node by node instead. Weights are
-    not serialized for it (see :func:`_infer`)."""
+    not serialized for it (see :func:`infer_model`)."""
     graph = model.graph
     if not has_dynamic_inputs(model):
         # Static inputs: every shape is static, per-node inference finds it when a rule asks,
@@ -238,7 +238,7 @@ def complete_shapes(model: ir.Model, touched: Touched | None = None) -> int:
         return sum(1 for v in missing.values() if infer(v, opsets) is not None)
 
     try:
-        inferred = _infer(model)
+        inferred = infer_model(model)
     except Exception:  # inference refusing a model we would save anyway: leave shapes as they are
         return 0
     filled = 0

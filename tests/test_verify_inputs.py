@@ -63,6 +63,9 @@ BAD_SETTINGS = {
     "shape-twice": ["--input-shape", "input_ids=2x3", "--input-shape", "input_ids=2x4"],
     "shape-too-large": ["--input-shape", "input_ids=99999999999999x3"],  # 2.4 PB of int64
     "shape-beyond-numpy": ["--input-shape", "input_ids=4611686018427387904x3"],
+    "shape-symbol": ["--input-shape", "input_ids=batch,3"],  # (a run needs numbers; optimize takes symbols)
+    "shape-placeholder": ["--input-shape", "input_ids=2,None"],
+    "shape-mixed-forms": ["--input-shape", "input_ids=2x3,4"],
     "range-twice": ["--int-range", "input_ids=0:3", "--int-range", "input_ids=0:4"],
     "range-reversed": ["--int-range", "input_ids=3:0"],
     "warmup-0": ["--warmup", "0"],

@@ -11,15 +11,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 
-from .. import io
+from .. import input_shapes, io
 from ..errors import UsageError
 from ..shapes import PLACEHOLDER_DIMS
 from .runtime import OrtModel
 
 
 _INT = re.compile(r"-?[0-9]+")
-_INT64_MAX = 2**63 - 1
 
 
 def _parse_entries(items: Iterable[str], flag: str, parse: Callable[[str], object | None], form: str) -> dict:
@@ -36,18 +36,11 @@ def _parse_entries(items: Iterable[str], flag: str, parse: Callable[[str], objec
     return out
 
 
-def _dims_or_none(text: str) -> list[int] | None:
-    parts = re.split(r"[x,]", text) if text else []
-    if not all(_INT.fullmatch(p) and 0 <= int(p) <= _INT64_MAX for p in parts):
-        return None
-    return [int(p) for p in parts]
-
-
 def parse_input_shapes(items: Iterable[str]) -> dict[str, list[int]]:
-    """``NAME=1x3x224x224`` (or ``NAME=1,3,224,224``; ``NAME=`` for a scalar) entries: whole
-    numbers that fit ONNX's int64 dimensions, separated by single x or commas."""
-    return _parse_entries(items, "--input-shape", _dims_or_none,
-                          "NAME=D1xD2x... with each D a whole number up to 2**63-1 (e.g. input=1x3x224x224)")
+    """``--input-shape`` entries for running a model (verify, bisect): the one grammar of
+    ``onnxopt.input_shapes`` (``NAME=1x3x224x224``, ``NAME=1,3,224,224``, ``NAME=`` for a
+    scalar), every dimension a number that fits ONNX's int64 dimensions (a symbol is refused)."""
+    return {name: list(dims) for name, dims in input_shapes.parse(items, numbers=True).items()}
 
 
 def _range_or_none(text: str) -> tuple[int, int] | None:
@@ -134,6 +127,66 @@ def _check_shape(vi: onnx.ValueInfoProto, shape: list[int], what: str) -> None:
 GENERATED_INPUT_LIMIT = 4 << 30  # bytes: a declared shape that needs more is refused, not allocated
 
 
+def _run_dims(graph_inputs: Sequence[onnx.ValueInfoProto], shapes: Mapping[str, Sequence[int]],
+              given: Mapping[str, Sequence[int]]) -> dict[str, list[int]]:
+    """The shape each tensor input is run at, for those ``given`` (arrays' shapes, by name) lacks:
+    from ``shapes`` (checked against the input), else its declared dimensions, a named symbol
+    taking the value it has elsewhere (from ``shapes`` or ``given`` first), else 1 on the first
+    axis and 16 on others. An input with no declared shape and none in ``shapes`` is left out."""
+    for name in shapes.keys() & given.keys():
+        if list(shapes[name]) != list(given[name]):
+            raise UsageError(f"input {name!r}: the inputs file gives shape {dims_text(given[name])}, --input-shape "
+                             f"{dims_text(shapes[name])}")
+    tensors = [vi for vi in graph_inputs if vi.type.HasField("tensor_type")]
+    symbols: dict[str, int] = {}
+    for vi in tensors:  # symbols fixed by the shapes the user gave (or the npz arrays)
+        dims = vi.type.tensor_type.shape.dim
+        fixed = shapes.get(vi.name, given.get(vi.name))
+        if fixed is not None and len(fixed) == len(dims):
+            for d, v in zip(dims, fixed):
+                if d.dim_param and d.dim_param not in PLACEHOLDER_DIMS:
+                    symbols.setdefault(d.dim_param, v)
+    out = {}
+    for vi in tensors:
+        if vi.name in given:
+            continue
+        if vi.name in shapes:
+            out[vi.name] = list(shapes[vi.name])
+            _check_shape(vi, out[vi.name], f"--input-shape {vi.name}")
+            continue
+        if not vi.type.tensor_type.HasField("shape"):
+            continue
+        shape = []
+        for k, d in enumerate(vi.type.tensor_type.shape.dim):
+            if d.HasField("dim_value") and d.dim_value >= 0:  # (some exporters write -1 for "unknown")
+                shape.append(d.dim_value)
+            elif d.dim_param and d.dim_param in symbols:
+                shape.append(symbols[d.dim_param])
+            else:
+                v = 1 if k == 0 else 16
+                if d.dim_param and d.dim_param not in PLACEHOLDER_DIMS:
+                    symbols[d.dim_param] = v
+                shape.append(v)
+        out[vi.name] = shape
+    return out
+
+
+def run_shapes(model: ir.Model, shapes: Mapping[str, Sequence[int]] | None = None,
+               npz: str | os.PathLike | None = None) -> dict[str, list[int]]:
+    """The shape every input of ``model`` (an onnx_ir model, e.g. one whose inputs
+    ``onnxopt.input_shapes.fix`` fixed) is run at when generated as :func:`make_inputs` does,
+    for those ``npz`` lacks; ``shapes`` and the arrays of ``npz`` are checked against its inputs.
+    Given to :func:`make_inputs` for another model (the original, still dynamic), its generated
+    inputs fit both."""
+    shapes = input_shapes.normalize(shapes, numbers=True)
+    inputs = [ir.serde.serialize_value(v) for v in model.graph.inputs if not v.is_initializer()]
+    given = {k: list(v.shape) for k, v in (_load_npz(npz) if npz is not None else {}).items()}
+    for vi in inputs:
+        if vi.name in given:
+            _check_shape(vi, given[vi.name], f"input {vi.name!r} in {npz}")
+    return _run_dims(inputs, shapes, given)
+
+
 def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
                 int_ranges: Mapping[str, tuple[int, int]] | None = None, npz: str | os.PathLike | None = None,
                 seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
@@ -143,10 +196,11 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
     floats from a standard normal distribution, integers uniformly in a valid range (the user's
     ``int_ranges``; else 0..n-1 for an input that indexes a Gather table of n rows, 0..1 for a
     name containing "mask", 0..9 otherwise), bools 0/1. Dynamic dimensions: from ``shapes``
-    (per input), then the same named symbol elsewhere, else 1 on the first axis and 16 on others.
+    (per input, numbers: see ``onnxopt.input_shapes``), then the same named symbol elsewhere, else
+    1 on the first axis and 16 on others.
     """
     proto = model.proto if isinstance(model, OrtModel) else OrtModel(model, "model").proto
-    shapes = dict(shapes or {})
+    shapes = input_shapes.normalize(shapes, numbers=True)
     int_ranges = dict(int_ranges or {})
     inits = {i.name for i in proto.graph.initializer}
     graph_inputs = [i for i in proto.graph.input if i.name not in inits]
@@ -159,14 +213,7 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
         extra = sorted(set(given) - known)
         if extra:
             raise UsageError(f"inputs file {npz} has {', '.join(extra)}, which the model does not take")
-    symbols: dict[str, int] = {}
-    for vi in graph_inputs:  # symbols fixed by the shapes the user gave (or the npz arrays)
-        dims = vi.type.tensor_type.shape.dim
-        fixed = shapes.get(vi.name) or (list(given[vi.name].shape) if vi.name in given else None)
-        if fixed is not None and len(fixed) == len(dims):
-            for d, v in zip(dims, fixed):
-                if d.dim_param and d.dim_param not in PLACEHOLDER_DIMS:
-                    symbols.setdefault(d.dim_param, v)
+    planned = _run_dims(graph_inputs, shapes, {k: list(v.shape) for k, v in given.items()})
     bounds = _gather_bounds(proto)
     if seed < 0:
         raise UsageError(f"seed {seed}: must not be negative")
@@ -189,24 +236,10 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
         if dtype is None:
             raise UsageError(f"input {vi.name!r} has type {onnx.TensorProto.DataType.Name(tt.elem_type)}, "
                              "which is not generated; give it in an .npz file")
-        if not tt.HasField("shape") and vi.name not in shapes:
+        if vi.name not in planned:
             raise UsageError(f"input {vi.name!r} has no declared shape: give it with --input-shape "
                              f"{vi.name}=D1xD2... (or in an .npz file)")
-        if vi.name in shapes:
-            shape = list(shapes[vi.name])
-            _check_shape(vi, shape, f"--input-shape {vi.name}")
-        else:
-            shape = []
-            for k, d in enumerate(tt.shape.dim):
-                if d.HasField("dim_value") and d.dim_value >= 0:  # (some exporters write -1 for "unknown")
-                    shape.append(d.dim_value)
-                elif d.dim_param and d.dim_param in symbols:
-                    shape.append(symbols[d.dim_param])
-                else:
-                    v = 1 if k == 0 else 16
-                    if d.dim_param and d.dim_param not in PLACEHOLDER_DIMS:
-                        symbols[d.dim_param] = v
-                    shape.append(v)
+        shape = planned[vi.name]
         if vi.name in int_ranges and not np.issubdtype(dtype, np.integer):
             raise UsageError(f"--int-range {vi.name}: the input is {np.dtype(dtype)}, not an integer type")
         info = {"source": "generated", "shape": shape, "dtype": str(np.dtype(dtype))}

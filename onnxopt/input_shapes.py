@@ -1,0 +1,251 @@
+"""Input-shape overrides: one grammar for every command and for ``optimize(input_shapes=...)``,
+and a model's inputs fixed to them.
+
+``NAME=D1,D2,...``: each D a whole number or a symbol name (``x=batch,3,224,224`` keeps the first
+dimension's symbol, ``x=n,3,224,224`` renames it); ``NAME=1x3x224x224`` when every D is a number;
+``NAME=`` for a scalar. From Python: ``{"x": [1, 3, 224, 224]}`` (numbers, symbol names, or the
+same text as on the command line).
+
+:func:`fix` sets the inputs' shapes and gives every other place of a fixed or renamed symbol the
+same value (the other inputs, graph outputs, values the model declares, subgraphs), so the model
+has one consistent set of values; dimensions of declared shapes that onnx's shape inference then
+proves static become numbers. The rules fold what became static.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from numbers import Integral
+from typing import Union
+
+import onnx_ir as ir
+
+from . import passes
+from .errors import UsageError
+from .shapes import PLACEHOLDER_DIMS
+
+Dim = Union[int, str]
+Shapes = dict[str, tuple[Dim, ...]]
+
+FLAG = "--input-shape"
+FORM = ("NAME=D1,D2,... with each D a whole number or a symbol name (x=1,3,224,224, x=batch,3,224,224), "
+        "or NAME=1x3x224x224")
+INT64_MAX = 2**63 - 1
+_NUMBER = re.compile(r"[0-9]+")
+_X_FORM = re.compile(r"[0-9]+(?:x[0-9]+)+")
+_SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
+
+
+def _dim(text: str) -> Dim:
+    """One dimension: a whole number up to 2**63-1, or a symbol name; ValueError with the reason."""
+    text = text.strip()
+    if _NUMBER.fullmatch(text):
+        if int(text) > INT64_MAX:
+            raise ValueError(f"{text} is over 2**63-1")
+        return int(text)
+    if re.fullmatch(r"-[0-9]+", text):
+        raise ValueError(f"{text} is negative")
+    if not _SYMBOL.fullmatch(text):
+        raise ValueError(f"{text!r} is neither a whole number nor a symbol name" if text else "a dimension is empty")
+    if text in PLACEHOLDER_DIMS:
+        raise ValueError(f"{text!r} names no dimension (exporters write it for any unknown one); give a symbol name")
+    return text
+
+
+def parse_dims(text: str) -> tuple[Dim, ...]:
+    """``1x3x224x224``, ``batch,3,224,224`` or ``""`` (a scalar) as dimensions; ValueError with the reason."""
+    if not text:
+        return ()
+    return tuple(_dim(p) for p in text.split("x" if _X_FORM.fullmatch(text) else ","))
+
+
+def format_dims(dims: Sequence[Dim]) -> str:
+    """Dimensions as the grammar writes them: 1x3x224x224 when all are numbers, else batch,3,224,224."""
+    return ("x" if all(isinstance(d, int) for d in dims) else ",").join(map(str, dims))
+
+
+def _add(out: Shapes, name: str, dims: tuple[Dim, ...], flag: str) -> None:
+    if name in out and out[name] != dims:
+        raise UsageError(f"{flag} {name}: given twice, as {format_dims(out[name]) or 'a scalar'} and "
+                         f"{format_dims(dims) or 'a scalar'}")
+    out[name] = dims
+
+
+def parse(items: Iterable[str], *, flag: str = FLAG, numbers: bool = False) -> Shapes:
+    """``NAME=DIMS`` entries by name; an input given twice must be given the same shape.
+    ``numbers``: every dimension must be a number (running a model needs one)."""
+    out: Shapes = {}
+    for item in items:
+        name, sep, text = item.rpartition("=")
+        if not (sep and name):
+            raise UsageError(f"{flag} {item!r}: expected {FORM}")
+        try:
+            dims = parse_dims(text)
+        except ValueError as exc:
+            raise UsageError(f"{flag} {item!r}: {exc}; expected {FORM}") from None
+        _add(out, name, dims, flag)
+    if numbers:
+        check_numbers(out, flag)
+    return out
+
+
+def normalize(shapes, *, numbers: bool = False) -> Shapes:
+    """The API's forms as :func:`parse` gives them: None, ``{"x": [1, "seq"]}`` (numbers, symbol
+    names, or text as on the command line: ``{"x": "1x3x224x224"}``), or ``["x=1x3x224x224", ...]``."""
+    if not shapes:
+        return {}
+    if isinstance(shapes, str):
+        shapes = [shapes]
+    if not isinstance(shapes, Mapping):
+        if not all(isinstance(s, str) for s in shapes):
+            raise UsageError(f"input_shapes: expected a mapping of input names to shapes or a list of {FORM}")
+        return parse(shapes, numbers=numbers)
+    out: Shapes = {}
+    for name, given in shapes.items():
+        try:
+            if isinstance(given, str):
+                dims = parse_dims(given)
+            elif isinstance(given, Iterable):
+                dims = tuple(_api_dim(d) for d in given)
+            else:
+                raise ValueError(f"{given!r} is not a list of dimensions")
+        except ValueError as exc:
+            raise UsageError(f"input_shapes[{name!r}]: {exc}; expected a list of whole numbers and symbol names "
+                             "(e.g. [1, 3, 224, 224] or ['batch', 3, 224, 224])") from None
+        _add(out, str(name), dims, "input_shapes")
+    if numbers:
+        check_numbers(out, "input_shapes")
+    return out
+
+
+def _api_dim(d) -> Dim:
+    if isinstance(d, Integral) and not isinstance(d, bool):
+        if not 0 <= int(d) <= INT64_MAX:
+            raise ValueError(f"{int(d)} is negative" if d < 0 else f"{int(d)} is over 2**63-1")
+        return int(d)
+    if isinstance(d, str):
+        return _dim(d)
+    raise ValueError(f"{d!r} is neither a whole number nor a symbol name")
+
+
+def check_numbers(shapes: Shapes, flag: str = FLAG) -> None:
+    """Every dimension is a number: a model is run at these shapes, and a symbol has no value."""
+    for name, dims in shapes.items():
+        symbol = next((d for d in dims if isinstance(d, str)), None)
+        if symbol is not None:
+            raise UsageError(f"{flag} {name}={format_dims(dims)}: dimension {dims.index(symbol)} is the symbol "
+                             f"{symbol!r}, and running the model needs a number (a symbol keeps or renames a "
+                             "dimension when optimizing: onnxopt IN -o OUT --input-shape ...)")
+
+
+def _symbol(dim) -> str | None:
+    """The name of a symbolic dimension that names one value (not a placeholder), else None."""
+    if isinstance(dim, ir.SymbolicDim) and dim.value and dim.value not in PLACEHOLDER_DIMS:
+        return dim.value
+    return None
+
+
+def _model_dims(shape: ir.Shape | None) -> str:
+    return "unknown" if shape is None else format_dims(
+        [d if isinstance(d, int) else (d.value or "?") for d in shape]) or "a scalar"
+
+
+def fix(model: ir.Model, shapes: Mapping[str, Sequence[Dim]]) -> None:
+    """Fix ``model``'s inputs (in place) to ``shapes`` (as :func:`normalize` gives them): each
+    given input takes its shape; a symbol given a number or a new name takes it everywhere it
+    appears (other inputs, graph outputs, declared values, subgraphs); then dimensions of
+    declared shapes that onnx's shape inference proves static become numbers. Refused
+    (UsageError, one line): an unknown input, a wrong rank, a static dimension changed or made a
+    symbol, one symbol given two values (a number or a name)."""
+    inputs = {v.name: v for v in model.graph.inputs if not v.is_initializer()}
+    for name, dims in shapes.items():
+        if name not in inputs:
+            raise UsageError(f"{FLAG} {name}={format_dims(dims)}: the model has no input {name!r} (its inputs: "
+                             f"{', '.join(inputs) or 'none'})")
+    claims: dict[str, dict[Dim, str]] = {}  # model symbol -> what it is given -> where
+    for value in model.graph.inputs:
+        if value.name in shapes and not value.is_initializer():
+            _claim(value, shapes[value.name], claims)
+    for name, dims in shapes.items():  # a name the user gives is a symbol too: it must keep its own value
+        for k, d in enumerate(dims):
+            if isinstance(d, str) and d in claims:
+                claims[d].setdefault(d, f"{name} dimension {k}")
+    given = {}
+    for symbol, values in claims.items():
+        if len(values) > 1:
+            (a, at), (b, bt) = list(values.items())[:2]
+            raise UsageError(f"{FLAG}: the symbol {symbol!r} is given two values, {a} ({at}) and {b} ({bt})")
+        given[symbol] = next(iter(values))
+    changed = {s: v for s, v in given.items() if v != s}
+    for graph in model.graphs():
+        values = [*graph.inputs, *graph.outputs, *(o for node in graph for o in node.outputs)]
+        for value in values:
+            if value.name in shapes and inputs.get(value.name) is value:
+                value.shape = ir.Shape(shapes[value.name], denotations=_denotations(value, len(shapes[value.name])))
+            elif value.shape is not None and changed:
+                _substitute(value, changed)
+    if any(isinstance(v, int) for dims in shapes.values() for v in dims):
+        _refine(model)
+
+
+def _claim(value: ir.Value, dims: tuple[Dim, ...], claims: dict[str, dict[Dim, str]]) -> None:
+    """Check ``dims`` against input ``value``'s type and shape; record what each symbol is given."""
+    what = f"{FLAG} {value.name}={format_dims(dims)}"
+    if value.type is not None and not isinstance(value.type, ir.TensorType):
+        raise UsageError(f"{what}: input {value.name!r} is not a tensor ({value.type})")
+    shape = value.shape
+    if shape is None:
+        return
+    if len(shape) != len(dims):
+        raise UsageError(f"{what}: {len(dims)} dimensions, the model's input has {len(shape)} "
+                         f"({_model_dims(shape)})")
+    for k, (d, u) in enumerate(zip(shape, dims)):
+        if isinstance(d, int) and d >= 0:  # (some exporters write -1 for "unknown")
+            if u != d:
+                raise UsageError(f"{what}: dimension {k} is {d} in the model, not {u}" if isinstance(u, int) else
+                                 f"{what}: dimension {k} is {d} in the model; it cannot become the symbol {u!r}")
+            continue
+        symbol = _symbol(d)
+        if symbol is not None:
+            claims.setdefault(symbol, {}).setdefault(u, f"{value.name} dimension {k}")
+
+
+def _denotations(value: ir.Value, rank: int) -> list[str | None] | None:
+    shape = value.shape
+    if shape is None or len(shape) != rank:
+        return None
+    return [shape.get_denotation(k) for k in range(rank)]
+
+
+def _substitute(value: ir.Value, changed: Mapping[str, Dim]) -> None:
+    dims = [changed.get(_symbol(d), d) if _symbol(d) is not None else d for d in value.shape]
+    if dims != list(value.shape):
+        value.shape = ir.Shape(dims, denotations=_denotations(value, len(dims)))
+
+
+def _refine(model: ir.Model) -> None:
+    """Dimensions of the main graph's declared shapes (graph outputs, values the model records)
+    that are not numbers take the numbers onnx's shape inference now proves; nothing is added
+    where the model declares no shape. Left as they are when inference fails."""
+    graph = model.graph
+    values = list(dict.fromkeys([*graph.outputs, *(o for node in graph for o in node.outputs)]))
+    values = [v for v in values if v.shape is not None and not v.shape.is_static()]
+    if not values:
+        return
+    try:
+        proto = passes.infer_model(model)
+    except Exception:  # noqa: BLE001 - inference refusing the model: the declared shapes stay as they are
+        return
+    inferred = {vi.name: vi.type for vi in (*proto.graph.value_info, *proto.graph.output)}
+    for value in values:
+        tp = inferred.get(value.name)
+        if tp is None or not tp.HasField("tensor_type") or not tp.tensor_type.HasField("shape"):
+            continue
+        found = tp.tensor_type.shape.dim
+        if len(found) != len(value.shape):
+            continue
+        dims = [d if isinstance(d, int) or not f.HasField("dim_value") or f.dim_value < 0 else f.dim_value
+                for d, f in zip(value.shape, found)]
+        if dims != list(value.shape):
+            value.shape = ir.Shape(dims, denotations=_denotations(value, len(dims)))
