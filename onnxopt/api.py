@@ -78,6 +78,7 @@ def optimize(
     verify_options: dict | None = None,
     outputs: io.Outputs | None = None,
     strict: bool | None = None,
+    exact: bool = False,
 ):
     """Rewrite ``model`` with the rules until nothing more applies.
 
@@ -122,6 +123,9 @@ def optimize(
             with ``strict`` it raises ``onnxopt.errors.RuleBug`` (a RuleError) at once; without,
             the rule is skipped at that node and the bug is reported (``Report.errors``, a warning
             line). Default: the environment variable ``ONNXOPT_STRICT=1`` (on in onnxopt's tests).
+        exact: apply only rewrites whose result gives the same bits as the input on the installed
+            onnxruntime's CPU provider with default session options (``Rule.exact``; the passes
+            likewise); rules that do not declare it are left out (a warning names them).
         outputs: an ``onnxopt.io.Outputs`` to stage the written files in instead of putting them in
             place at once: the caller commits them together with its own (the command line
             writes its JSON report so). Without it, ``output`` is written atomically here. Either
@@ -132,16 +136,16 @@ def optimize(
         return _optimize(model, rules, extra_rules, disable, target, output, external_data, max_rewrites,
                          check, inplace, return_report, fold_size_limit, graph_passes, fold_input_limit,
                          stop_after, verify, verify_options, outputs,
-                         strict_default(strict))
+                         strict_default(strict), exact)
 
 
 def _optimize(model, rules, extra_rules, disable, target, output, external_data, max_rewrites, check,
               inplace, return_report, fold_size_limit=evaluate.DEFAULT_SIZE_LIMIT, graph_passes=None,
               fold_input_limit=evaluate.DEFAULT_INPUT_LIMIT, stop_after=None, verify=False, verify_options=None,
-              outputs=None, strict=False):
+              outputs=None, strict=False, exact=False):
     t0 = time.perf_counter()
     disable = list(disable)
-    chosen, graph_passes = registry.resolve(rules, extra_rules, disable, target, graph_passes)
+    chosen, graph_passes = registry.resolve(rules, extra_rules, disable, target, graph_passes, exact=exact)
     if verify:
         # before the work: a missing provider or a bad setting is a usage error
         providers = verifier.check_settings(verify, **(verify_options or {}))
@@ -161,7 +165,7 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
         result = pipeline.run(loaded.model, chosen, max_rewrites=max_rewrites, graph_passes=graph_passes,
                               stop_after=stop_after, keep_log=stop_after is not None, strict=strict,
                               options={"fold_size_limit": int(fold_size_limit),
-                                       "fold_input_limit": int(fold_input_limit)})
+                                       "fold_input_limit": int(fold_input_limit), "exact": bool(exact)})
         after = node_counts(loaded.model)
         t2 = time.perf_counter()
         verification = None
@@ -173,7 +177,8 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
                     verify_options=verify_options, rules=rules, extra_rules=extra_rules, disable=disable,
                     target=target, optimize_options={
                         "max_rewrites": max_rewrites, "fold_size_limit": fold_size_limit,
-                        "fold_input_limit": fold_input_limit, "graph_passes": graph_passes, "strict": strict})
+                        "fold_input_limit": fold_input_limit, "graph_passes": graph_passes, "strict": strict,
+                        "exact": exact})
                 raise verifier.VerificationError(f"verification failed, no output written: "
                                                  f"{summary_line(verification)}", verification)
         t3 = time.perf_counter()
@@ -186,6 +191,10 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
     if not return_report:
         return out
     warnings = [c["message"] for c in result.cycles]
+    left_out = registry.undeclared([*(rules or ()), *extra_rules]) if exact else []
+    if left_out:
+        warnings.append(f"exact: left out {len(left_out)} rule(s) that do not declare exact=True or False: "
+                        f"{', '.join(left_out)}")
     warnings += bug_warnings(result.errors)
     if result.hit_limit:
         warnings.append(f"stopped at the rewrite limit ({result.rewrites} rewrites); the result is valid but "

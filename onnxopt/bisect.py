@@ -61,7 +61,7 @@ def _bisect(original: OrtModel, rules, extra_rules, disable, target, provider, i
         raise InvalidModelError(f"onnxruntime ({provider}) cannot run the original model: "
                                 f"{io.first_line(exc, 300)}") from None
     max_rewrites, graph_passes, options, strict = _settings(**(optimize_options or {}))
-    chosen, graph_passes = registry.resolve(rules, extra_rules, disable, target, graph_passes)
+    chosen, graph_passes = registry.resolve(rules, extra_rules, disable, target, graph_passes, exact=options["exact"])
     runs: dict = {}
 
     def attempt(n: int | None):
@@ -132,10 +132,11 @@ def _bisect(original: OrtModel, rules, extra_rules, disable, target, provider, i
 
 def _settings(max_rewrites: int | None = None, fold_size_limit: int = evaluate.DEFAULT_SIZE_LIMIT,
               fold_input_limit: int = evaluate.DEFAULT_INPUT_LIMIT, graph_passes: Iterable[str] | None = None,
-              strict: bool | None = None):
+              strict: bool | None = None, exact: bool = False):
     """``optimize_options`` (``optimize()``'s keywords of these names) as ``pipeline.run`` takes them."""
     return max_rewrites, graph_passes, {"fold_size_limit": int(fold_size_limit),
-                                        "fold_input_limit": int(fold_input_limit)}, strict_default(strict)
+                                        "fold_input_limit": int(fold_input_limit), "exact": bool(exact)}, \
+        strict_default(strict)
 
 
 BISECT_BUDGET_S = 60.0
