@@ -125,7 +125,8 @@ def optimize(
             line). Default: the environment variable ``ONNXOPT_STRICT=1`` (on in onnxopt's tests).
         exact: apply only rewrites whose result gives the same bits as the input on the installed
             onnxruntime's CPU provider with default session options (``Rule.exact``; the passes
-            likewise); rules that do not declare it are left out (a warning names them).
+            likewise); rules that do not declare it are left out (a warning names them). With
+            ``verify``, tolerances default to 0 (rtol and atol): outputs must be equal.
         outputs: an ``onnxopt.io.Outputs`` to stage the written files in instead of putting them in
             place at once: the caller commits them together with its own (the command line
             writes its JSON report so). Without it, ``output`` is written atomically here. Either
@@ -146,6 +147,9 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
     t0 = time.perf_counter()
     disable = list(disable)
     chosen, graph_passes = registry.resolve(rules, extra_rules, disable, target, graph_passes, exact=exact)
+    if verify and exact:  # exact mode's promise, checked as made: no tolerance unless one is given
+        verify_options = {**(verify_options or {})}
+        verify_options.update({k: 0.0 for k in ("rtol", "atol") if verify_options.get(k) is None})
     if verify:
         # before the work: a missing provider or a bad setting is a usage error
         providers = verifier.check_settings(verify, **(verify_options or {}))

@@ -1,7 +1,10 @@
 """Arithmetic identities and products: x * 1, x + 0, x / c, Pow(x, 2), MatMul + Add, flattened Gemm.
 
 Exact: the rewritten graph computes, on onnxruntime, bit-identical values on every input (NaN,
-infinities and the sign of zero included) and keeps every output's shape and dtype.
+infinities and the sign of zero included) and keeps every output's shape and dtype. (With
+onnxruntime's graph optimizations off, a Gemm and MatMul + Add differ for long products; with them
+on, onnxruntime makes the original's MatMul + Add the same Gemm.) div_to_mul is not exact in exact
+mode's sense (``Rule.exact``): the Mul it makes is one onnxruntime folds into a Conv's weights.
 """
 
 from __future__ import annotations

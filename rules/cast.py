@@ -2,6 +2,8 @@
 
 Exact: a Cast goes only where the value it gives is the value it was given (bit for bit), and a
 chain goes through an intermediate type only when that type holds every value of the source type.
+castlike_to_cast is not exact in exact mode's sense (``Rule.exact``): CastLike(constant, y) becomes
+a Cast onnxruntime folds, and its weight fusions then apply where they did not (README, Exact mode).
 """
 
 from __future__ import annotations

@@ -3,7 +3,10 @@
 conv_mul_fold and conv_add_fold are exact up to rounding: they move a constant into the Conv's
 weights or bias, as onnxruntime's own Conv fusions do, so results round differently (and one
 within rounding of the type's largest value may overflow in one model only); they refuse where
-folding could change more than rounding (see rules/_weights.py). The Pad merges are exact.
+folding could change more than rounding (see rules/_weights.py). The Pad merges are exact. In exact
+mode's sense (``Rule.exact``) only pad_into_averagepool is: with its graph optimizations on,
+onnxruntime's padded Conv skips the padding a Pad + Conv multiplies (an infinite weight then gives
+NaN in one model only).
 """
 
 from __future__ import annotations

@@ -5,6 +5,11 @@ Also the shape arithmetic exporters emit (``Shape -> Gather -> Unsqueeze -> Conc
 ``Shape`` that pick only static dimensions, so dynamic axes stay dynamic while everything known is
 computed once. Evaluation, exclusions and the size limit are described in ``onnxopt.evaluate``; the
 limit is ``optimize(fold_size_limit=...)`` / ``--fold-size-limit`` (default 1 MiB).
+
+Exact mode (``Rule.exact``): constant folding gives the bits onnxruntime's own folding gives (the same
+kernel), except where onnxruntime does something else with the node, which exact mode leaves alone
+(:func:`onnxruntime_rewrites_instead`); the Gather/Slice foldings are not exact: onnxruntime does not
+fold a static dimension of a dynamic shape, and the constant can end in a Conv's weights.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 Exact: each rule keeps every value and every output's shape and dtype. Reshape targets built from
 the input's own Shape (``Shape -> Gather -> Unsqueeze -> Concat -> Reshape``) are read back with
 ``onnxopt.shapes.shape_elements``; a dimension the target copies becomes a 0 in a constant target.
+That one, reshape_shape_from_input, is not exact in exact mode's sense (``Rule.exact``): a constant
+target lets onnxruntime's own optimizer rewrite the graph around it differently (README, Exact mode).
 """
 
 from __future__ import annotations

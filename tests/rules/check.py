@@ -18,9 +18,11 @@ depend on its inputs shows nothing), and return ``(optimized model, report)``.
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 import onnx
-import onnxruntime as ort
 from conftest import run_ort
 from helpers import feeds_for, init, model, op_types, tinfo
 from onnx import TensorProto, helper
@@ -30,6 +32,21 @@ from onnxopt import default_rules, optimize
 from .coverage import prove_exact
 
 RULES = {rule.name: rule for rule in default_rules()}
+
+
+def _zoo_exact():
+    """scripts/zoo_exact.py, whose bit-for-bit comparison under onnxruntime's defaults is the one
+    exact mode is held to."""
+    path = Path(__file__).resolve().parents[2] / "scripts" / "zoo_exact.py"
+    spec = importlib.util.spec_from_file_location("onnxopt_script_zoo_exact", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+zoo_exact = _zoo_exact()
+THREADS = zoo_exact.THREADS
+_identical = zoo_exact.identical
 
 
 def run_rule(name: str, model: onnx.ModelProto, *, passes=(), **options):
@@ -55,8 +72,6 @@ def fires(name: str, model: onnx.ModelProto, *, times: int = 1, feeds: dict | No
     return out, report
 
 
-THREADS = (1, 2)
-
 
 def exact_outputs(name: str, model: onnx.ModelProto, feeds: dict | None = None, *, passes=(), **options):
     """Rule ``name`` as ``optimize(exact=True)`` runs it: where it fires, the result gives the
@@ -75,10 +90,7 @@ def exact_outputs(name: str, model: onnx.ModelProto, feeds: dict | None = None, 
 def run_default(model: onnx.ModelProto, feeds: dict, threads: int) -> list:
     """onnxruntime CPU's outputs with its default session options (graph optimizations on), at
     ``threads`` intra-op threads."""
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.intra_op_num_threads = threads
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    return zoo_exact.outputs(model.SerializeToString(), feeds, threads)
 
 
 def refuses(name: str, model: onnx.ModelProto, reason: str, *, feeds: dict | None = None, passes=(),
@@ -114,14 +126,6 @@ def same_outputs(before: onnx.ModelProto, after: onnx.ModelProto, feeds: dict | 
         else:
             np.testing.assert_allclose(y, x, rtol=tol, atol=tol)
     return a, b
-
-
-def _identical(x: np.ndarray, y: np.ndarray) -> bool:
-    if x.shape != y.shape or x.dtype != y.dtype:
-        return False
-    if x.dtype.kind != "f":
-        return bool(np.array_equal(x, y))
-    return bool(np.array_equal(x, y, equal_nan=True) and np.array_equal(np.signbit(x), np.signbit(y)))
 
 
 def _perturbed(x: np.ndarray) -> np.ndarray:
