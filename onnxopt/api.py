@@ -81,6 +81,7 @@ def optimize(
     outputs: io.Outputs | None = None,
     strict: bool | None = None,
     input_shapes=None,
+    exact: bool = False,
 ):
     """Rewrite ``model`` with the rules until nothing more applies.
 
@@ -131,6 +132,10 @@ def optimize(
             with ``strict`` it raises ``onnxopt.errors.RuleBug`` (a RuleError) at once; without,
             the rule is skipped at that node and the bug is reported (``Report.errors``, a warning
             line). Default: the environment variable ``ONNXOPT_STRICT=1`` (on in onnxopt's tests).
+        exact: apply only rewrites whose result gives the same bits as the input on the installed
+            onnxruntime's CPU provider with default session options (``Rule.exact``; the passes
+            likewise); rules that do not declare it are left out (a warning names them). With
+            ``verify``, tolerances default to 0 (rtol and atol): outputs must be equal.
         outputs: an ``onnxopt.io.Outputs`` to stage the written files in instead of putting them in
             place at once: the caller commits them together with its own (the command line
             writes its JSON report so). Without it, ``output`` is written atomically here. Either
@@ -141,16 +146,19 @@ def optimize(
         return _optimize(model, rules, extra_rules, disable, target, output, external_data, max_rewrites,
                          check, inplace, return_report, fold_size_limit, graph_passes, fold_input_limit,
                          stop_after, verify, verify_options, outputs,
-                         strict_default(strict), normalize_input_shapes(input_shapes))
+                         strict_default(strict), normalize_input_shapes(input_shapes), exact)
 
 
 def _optimize(model, rules, extra_rules, disable, target, output, external_data, max_rewrites, check,
               inplace, return_report, fold_size_limit=evaluate.DEFAULT_SIZE_LIMIT, graph_passes=None,
               fold_input_limit=evaluate.DEFAULT_INPUT_LIMIT, stop_after=None, verify=False, verify_options=None,
-              outputs=None, strict=False, input_shapes=None):
+              outputs=None, strict=False, input_shapes=None, exact=False):
     t0 = time.perf_counter()
     disable = list(disable)
-    chosen, graph_passes = registry.resolve(rules, extra_rules, disable, target, graph_passes)
+    chosen, graph_passes = registry.resolve(rules, extra_rules, disable, target, graph_passes, exact=exact)
+    if verify and exact:  # exact mode's promise, checked as made: no tolerance unless one is given
+        verify_options = {**(verify_options or {})}
+        verify_options.update({k: 0.0 for k in ("rtol", "atol") if verify_options.get(k) is None})
     if verify:
         # before the work: a missing provider or a bad setting is a usage error
         providers = verifier.check_settings(verify, **(verify_options or {}))
@@ -175,7 +183,7 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
         result = pipeline.run(loaded.model, chosen, max_rewrites=max_rewrites, graph_passes=graph_passes,
                               stop_after=stop_after, keep_log=stop_after is not None, strict=strict,
                               options={"fold_size_limit": int(fold_size_limit),
-                                       "fold_input_limit": int(fold_input_limit)})
+                                       "fold_input_limit": int(fold_input_limit), "exact": bool(exact)})
         after = node_counts(loaded.model)
         t2 = time.perf_counter()
         verification = None
@@ -188,7 +196,7 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
                     target=target, optimize_options={
                         "max_rewrites": max_rewrites, "fold_size_limit": fold_size_limit,
                         "fold_input_limit": fold_input_limit, "graph_passes": graph_passes, "strict": strict,
-                        "input_shapes": input_shapes})
+                        "input_shapes": input_shapes, "exact": exact})
                 raise verifier.VerificationError(f"verification failed, no output written: "
                                                  f"{summary_line(verification)}", verification)
         t3 = time.perf_counter()
@@ -201,6 +209,10 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
     if not return_report:
         return out
     warnings = [c["message"] for c in result.cycles]
+    left_out = registry.undeclared([*(rules or ()), *extra_rules]) if exact else []
+    if left_out:
+        warnings.append(f"exact: left out {len(left_out)} rule(s) that do not declare exact=True or False: "
+                        f"{', '.join(left_out)}")
     warnings += bug_warnings(result.errors)
     if result.hit_limit:
         warnings.append(f"stopped at the rewrite limit ({result.rewrites} rewrites); the result is valid but "

@@ -69,7 +69,7 @@ def _bisect(original: OrtModel, rules, extra_rules, disable, target, provider, i
     except Exception as exc:  # noqa: BLE001
         raise InvalidModelError(f"onnxruntime ({provider}) cannot run the original model: "
                                 f"{io.first_line(exc, 300)}") from None
-    chosen, graph_passes = registry.resolve(rules, extra_rules, disable, target, graph_passes)
+    chosen, graph_passes = registry.resolve(rules, extra_rules, disable, target, graph_passes, exact=options["exact"])
     runs: dict = {}
 
     def attempt(n: int | None):
@@ -140,12 +140,12 @@ def _bisect(original: OrtModel, rules, extra_rules, disable, target, provider, i
 
 def _settings(max_rewrites: int | None = None, fold_size_limit: int = evaluate.DEFAULT_SIZE_LIMIT,
               fold_input_limit: int = evaluate.DEFAULT_INPUT_LIMIT, graph_passes: Iterable[str] | None = None,
-              strict: bool | None = None, input_shapes=None):
+              strict: bool | None = None, input_shapes=None, exact: bool = False):
     """``optimize_options`` (``optimize()``'s keywords of these names) as ``pipeline.run`` takes
     them, and the input shapes the optimization fixed (``onnxopt.input_shapes``)."""
     return max_rewrites, graph_passes, {"fold_size_limit": int(fold_size_limit),
-                                        "fold_input_limit": int(fold_input_limit)}, strict_default(strict), \
-        normalize_input_shapes(input_shapes)
+                                        "fold_input_limit": int(fold_input_limit), "exact": bool(exact)}, \
+        strict_default(strict), normalize_input_shapes(input_shapes)
 
 
 BISECT_BUDGET_S = 60.0

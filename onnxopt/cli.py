@@ -69,6 +69,9 @@ def _add_rule_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", choices=[*targets.TARGETS, *targets.ALIASES], metavar="TARGET",
                    help="where the model will run: portable (default: standard ONNX ops only), ort-cpu, ort-cuda "
                         "(onnxruntime's CPU or CUDA provider; cpu and cuda are aliases); only rules valid there run")
+    p.add_argument("--exact", action="store_true",
+                   help="only rewrites that keep every output bit-identical on onnxruntime's CPU provider with its "
+                        "default settings (rules declared exact; see --list-rules)")
     p.add_argument("--max-rewrites", type=int, metavar="N", help="cap on the number of rewrites")
     p.add_argument("--strict", action="store_true", default=None,
                    help="a rule that raises (a bug in it) stops the run with an error instead of being skipped "
@@ -198,7 +201,7 @@ def bisect_main(argv: list[str]) -> int:
                 input_shapes=verify.parse_input_shapes(args.input_shape),
                 int_ranges=verify.parse_int_ranges(args.int_range), seed=args.seed, rtol=args.rtol, atol=args.atol,
                 optimize_options={"max_rewrites": args.max_rewrites, "fold_size_limit": args.fold_size_limit,
-                                  "strict": args.strict,
+                                  "strict": args.strict, "exact": args.exact,
                                   "input_shapes": input_shapes.parse(args.fix_input_shape, flag="--fix-input-shape")},
                 progress=verify.Progress(enabled=None if not args.quiet else False))
             _stage_json(outputs, args.json, report)
@@ -300,13 +303,14 @@ def _rule_words(args) -> list[str]:
     size = args.fold_size_limit if args.fold_size_limit != evaluate.DEFAULT_SIZE_LIMIT else None
     pairs += [(flag, str(v)) for flag, v in (("--target", args.target), ("--max-rewrites", args.max_rewrites),
                                              ("--fold-size-limit", size)) if v is not None]
-    return [w for pair in pairs for w in pair] + ["--no-builtin-rules"] * args.no_builtin_rules
+    flags = ["--no-builtin-rules"] * args.no_builtin_rules + ["--exact"] * args.exact
+    return [w for pair in pairs for w in pair] + flags
 
 
 def _optimize_main(args) -> int:
     base, extra = _rule_sets(args)
     if args.list_rules:
-        for line in rule_lines(*registry.resolve(base, extra, args.disable, args.target)):
+        for line in rule_lines(*registry.resolve(base, extra, args.disable, args.target, exact=args.exact)):
             print(line)
         return EXIT_OK
     if not args.input:
@@ -323,7 +327,7 @@ def _optimize_main(args) -> int:
             _, report = optimize(
                 args.input, rules=base, extra_rules=extra, disable=args.disable, target=args.target,
                 output=args.output, external_data=external, max_rewrites=args.max_rewrites, return_report=True,
-                strict=args.strict, input_shapes=input_shapes.parse(args.input_shape),
+                strict=args.strict, input_shapes=input_shapes.parse(args.input_shape), exact=args.exact,
                 fold_size_limit=args.fold_size_limit, outputs=outputs, **verify_args,
             )
         except VerificationError as exc:  # the evidence (and its JSON), then the one-line verdict (exit 1)

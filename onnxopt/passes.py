@@ -309,19 +309,21 @@ class Pass:
     phase: str  # "first": once, before matching (in table order); "between": between rule rounds
     doc: str
     annotates: bool = False  # changes no node: its count is reported as matched, not fired
+    exact: bool | None = None  # as Rule.exact: runs under optimize(exact=True) only when True
 
 
 LIFT, DEDUP, CSE, SHAPES = "constant_lifting", "initializer_deduplication", "common_subexpression_elimination", \
     "shape_completion"
 PASSES = (
     Pass(LIFT, lift_constants, "first",
-         "Constant nodes become initializers, in one sweep before matching (onnx_ir's pass)."),
-    Pass(DEDUP, deduplicate_initializers, "between", "Initializers with equal dtype, shape and bytes become one."),
+         "Constant nodes become initializers, in one sweep before matching (onnx_ir's pass).", exact=True),
+    Pass(DEDUP, deduplicate_initializers, "between", "Initializers with equal dtype, shape and bytes become one.",
+         exact=True),
     Pass(CSE, eliminate_common_subexpressions, "between",
-         "Pure nodes (onnxopt.purity) with the same op, attributes and inputs become one."),
+         "Pure nodes (onnxopt.purity) with the same op, attributes and inputs become one.", exact=True),
     Pass(SHAPES, complete_shapes, "first",
          "Consistent symbolic shapes (onnx inference, data propagation) for the rules; not written out.",
-         annotates=True),
+         annotates=True, exact=False),
 )
 BY_NAME = {p.name: p for p in PASSES}
 NAMES = tuple(BY_NAME)  # in the order reports and --list-rules show them

@@ -1,14 +1,21 @@
 """The rule language.
 
 A rule is one row of data: what it matches (a pattern), when it applies (a condition that gives the
-reason when it refuses), what it becomes (a replacement), a name, a priority, and the targets it is
-valid for::
+reason when it refuses), what it becomes (a replacement), a name, a priority, the targets it is
+valid for, and whether it is exact::
 
     Rule("conv_bn_fold",
          Op("BatchNormalization", Op("Conv", "x", Const("w"), Opt(Const("b")), name="conv"),
             Const("scale"), Const("beta"), Const("mean"), Const("var"), name="bn"),
-         replacement=fold, condition=bn_is_inference, priority=10,
+         replacement=fold, condition=bn_is_inference, priority=10, exact=False,
          doc="Conv followed by inference BatchNormalization becomes one Conv")
+
+``exact=True`` declares that the rewritten model gives the same bits as the original on the
+installed onnxruntime's CPU provider with its default session options (graph optimizations on), at
+any thread count, on every input (NaN, infinities and the sign of zero included): only such rules
+run under ``optimize(exact=True)``, where a condition can see ``m.options["exact"]`` and refuse the
+cases it is not exact for. ``exact=False`` says it is not; left out (None) it is undeclared,
+which exact mode treats as not exact.
 
 Patterns:
     ``Op(op_type, *inputs, domain="", attrs={}, commutative=False, name=None, output=0, shared=False)``
@@ -436,8 +443,11 @@ class Rule:
     doc: str = ""
     priority: int = 0
     targets: frozenset[str] = frozenset(_targets.TARGETS)
+    exact: bool | None = None  # see the module docstring; None: undeclared (not run under exact mode)
 
     def __post_init__(self):
+        if self.exact is not None and not isinstance(self.exact, bool):
+            raise TypeError(f"rule {self.name}: exact must be True, False or None (undeclared), not {self.exact!r}")
         if not isinstance(self.pattern, Op):
             raise TypeError(f"rule {self.name}: the pattern's root must be an Op")
         values, consts, nodes = _names(self.pattern)

@@ -51,26 +51,40 @@ def load_rules_file(path: str | os.PathLike) -> list[Rule]:
 
 
 def resolve(rules: Sequence[Rule] | None = None, extra_rules: Sequence[Rule] = (), disable: Iterable[str] = (),
-            target: str | None = None, graph_passes: Iterable[str] | None = None) -> tuple[list[Rule], list[str]]:
+            target: str | None = None, graph_passes: Iterable[str] | None = None, exact: bool = False
+            ) -> tuple[list[Rule], list[str]]:
     """The rules and whole-graph passes one optimization runs: ``rules`` (default: the built-in
-    library) plus ``extra_rules``, less those ``disable`` names (rules or passes) and those not
-    valid for ``target``; the passes named (default: all of them with the built-in library, none
-    with an explicit rule list) less the disabled ones."""
+    library) plus ``extra_rules``, less those ``disable`` names (rules or passes), those not valid
+    for ``target`` and, with ``exact``, those not declared exact; the passes named (default: all of
+    them with the built-in library, none with an explicit rule list) less the disabled ones (and,
+    with ``exact``, those not declared exact)."""
     disable = list(disable)
     chosen = select([*(builtin_rules() if rules is None else rules), *extra_rules],
-                    disable=[d for d in disable if d not in passes.BY_NAME], target=target)
+                    disable=[d for d in disable if d not in passes.BY_NAME], target=target, exact=exact)
     if graph_passes is None:
         graph_passes = passes.NAMES if rules is None else ()
-    return chosen, [name for name in graph_passes if name not in disable]
+    return chosen, [name for name in graph_passes if name not in disable and (not exact or _exact_pass(name))]
 
 
-def select(rules: Sequence[Rule], *, disable: Iterable[str] = (), target: str | None = None) -> list[Rule]:
-    """Drop disabled rules (unknown names are an error) and rules not valid for ``target``
-    (``onnxopt.targets``: portable by default; cpu and cuda are aliases of ort-cpu and ort-cuda)."""
+def _exact_pass(name: str) -> bool:
+    p = passes.BY_NAME.get(name)
+    return p is not None and p.exact is True
+
+
+def select(rules: Sequence[Rule], *, disable: Iterable[str] = (), target: str | None = None,
+           exact: bool = False) -> list[Rule]:
+    """Drop disabled rules (unknown names are an error), rules not valid for ``target``
+    (``onnxopt.targets``: portable by default; cpu and cuda are aliases of ort-cpu and ort-cuda)
+    and, with ``exact``, rules not declared exact (``Rule.exact`` False or undeclared)."""
     names = {r.name for r in rules}
     disable = set(disable)
     unknown = sorted(disable - names)
     if unknown:
         raise UsageError(f"unknown rule(s) to disable: {', '.join(unknown)} (see --list-rules)")
     target = _targets.normalize(target)
-    return [r for r in rules if r.name not in disable and target in r.targets]
+    return [r for r in rules if r.name not in disable and target in r.targets and (not exact or r.exact is True)]
+
+
+def undeclared(rules: Iterable[Rule]) -> list[str]:
+    """The names of ``rules`` that do not say whether they are exact (exact mode leaves them out)."""
+    return [r.name for r in rules if r.exact is None]

@@ -44,15 +44,18 @@ def format_optimize(report, src: str, dst: str) -> str:
 
 
 def rule_lines(rules: Sequence[Rule], graph_passes: Sequence[str]) -> list[str]:
-    """``--list-rules``: one line per rule (name, op type, priority, targets, summary), then one per
-    whole-graph pass."""
+    """``--list-rules``: one line per rule (name, op type, priority, targets, exact or not, summary),
+    then one per whole-graph pass."""
     def valid(names) -> str:
         return ",".join(t for t in targets.TARGETS if t in names)
 
-    lines = [f"{rule.name:<28} {rule.pattern.op_type:<20} p={rule.priority:<3} [{valid(rule.targets)}]  "
-             f"{rule.summary}" for rule in rules]
-    return lines + [f"{name:<28} {'(graph pass)':<20} {'':<5} [{valid(targets.TARGETS)}]  {passes.BY_NAME[name].doc}"
-                    for name in graph_passes]
+    def exact(flag) -> str:
+        return "exact" if flag else "-" if flag is False else "?"
+
+    lines = [f"{rule.name:<28} {rule.pattern.op_type:<20} p={rule.priority:<3} [{valid(rule.targets)}] "
+             f"{exact(rule.exact):<5}  {rule.summary}" for rule in rules]
+    return lines + [f"{name:<28} {'(graph pass)':<20} {'':<5} [{valid(targets.TARGETS)}] "
+                    f"{exact(passes.BY_NAME[name].exact):<5}  {passes.BY_NAME[name].doc}" for name in graph_passes]
 
 
 def _output_rows(rows: list[dict]) -> list[tuple]:

@@ -1,7 +1,10 @@
 """Arithmetic identities and products: x * 1, x + 0, x / c, Pow(x, 2), MatMul + Add, flattened Gemm.
 
 Exact: the rewritten graph computes, on onnxruntime, bit-identical values on every input (NaN,
-infinities and the sign of zero included) and keeps every output's shape and dtype.
+infinities and the sign of zero included) and keeps every output's shape and dtype. (With
+onnxruntime's graph optimizations off, a Gemm and MatMul + Add differ for long products; with them
+on, onnxruntime makes the original's MatMul + Add the same Gemm.) div_to_mul is not exact in exact
+mode's sense (``Rule.exact``): the Mul it makes is one onnxruntime folds into a Conv's weights.
 """
 
 from __future__ import annotations
@@ -142,26 +145,26 @@ def gemm_flatten_to_matmul_replacement(m: Match, b):
 
 RULES = [
     Rule("mul_by_one", Op("Mul", "x", Const("c", value=1), commutative=True), _x, condition=neutral_condition,
-         doc="x * 1 is x (when 1 does not broadcast x larger)."),
+         exact=True, doc="x * 1 is x (when 1 does not broadcast x larger)."),
     Rule("add_zero", Op("Add", "x", Const("c", value=0), commutative=True), _x, condition=zero_neutral_condition,
-         doc="x + 0 is x when x holds no -0.0 (an integer, a MatMul or Conv result) or the 0s are -0.0 "
+         exact=True, doc="x + 0 is x when x holds no -0.0 (an integer, a MatMul or Conv result) or the 0s are -0.0 "
              "(-0.0 + 0.0 is +0.0); when 0 does not broadcast x larger."),
     Rule("sub_zero", Op("Sub", "x", Const("c", value=0)), _x, condition=zero_neutral_condition,
-         doc="x - 0 is x when the 0s are +0.0 (x - -0.0 turns -0.0 into +0.0) or x holds no -0.0; "
+         exact=True, doc="x - 0 is x when the 0s are +0.0 (x - -0.0 turns -0.0 into +0.0) or x holds no -0.0; "
              "when 0 does not broadcast x larger."),
     Rule("div_by_one", Op("Div", "x", Const("c", value=1)), _x, condition=neutral_condition,
-         doc="x / 1 is x (when 1 does not broadcast x larger)."),
+         exact=True, doc="x / 1 is x (when 1 does not broadcast x larger)."),
     Rule("div_to_mul", Op("Div", "x", Const("c")), div_to_mul_replacement, condition=div_to_mul_condition,
-         priority=-1, doc="x / c is x * (1/c) when c is a power of two (so 1/c is exact)."),
+         priority=-1, exact=False, doc="x / c is x * (1/c) when c is a power of two (so 1/c is exact)."),
     Rule("pow_two_to_mul", Op("Pow", "x", Const("p")), pow_two_to_mul_replacement,
-         condition=pow_two_to_mul_condition, doc="Pow(x, 2) is x * x."),
+         condition=pow_two_to_mul_condition, exact=True, doc="Pow(x, 2) is x * x."),
     Rule("matmul_add_to_gemm", Op("Add", Op("MatMul", "a", Const("w")), Const("c"), commutative=True),
          matmul_add_to_gemm_replacement, condition=matmul_add_to_gemm_condition,
-         doc="MatMul(A, W) + c on a 2-D A is Gemm(A, W, c)."),
+         exact=True, doc="MatMul(A, W) + c on a 2-D A is Gemm(A, W, c)."),
     Rule("gemm_flatten_to_matmul",
          Op("Reshape", Op("Gemm", Op("Reshape", "x", Const("s1")), Const("w"), Opt("c"), name="gemm"), "s2"),
          gemm_flatten_to_matmul_replacement, condition=gemm_flatten_to_matmul_condition,
-         doc="Reshape(Gemm(Reshape(x, [-1, K]), W, c), x.shape[:-1] + [N]) -- a linear layer applied to "
+         exact=True, doc="Reshape(Gemm(Reshape(x, [-1, K]), W, c), x.shape[:-1] + [N]) -- a linear layer applied to "
              "flattened rows, as legacy GPT-2 exports write it -- is MatMul(x, W) + c: the reshapes and "
              "the shape arithmetic that rebuilt the leading dimensions go."),
 ]

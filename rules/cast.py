@@ -2,6 +2,8 @@
 
 Exact: a Cast goes only where the value it gives is the value it was given (bit for bit), and a
 chain goes through an intermediate type only when that type holds every value of the source type.
+castlike_to_cast is not exact in exact mode's sense (``Rule.exact``): CastLike(constant, y) becomes
+a Cast onnxruntime folds, and its weight fusions then apply where they did not (README, Exact mode).
 """
 
 from __future__ import annotations
@@ -68,11 +70,11 @@ def castlike_to_cast_replacement(m: Match, b):
 
 RULES = [
     Rule("cast_elimination", Op("Cast", "x", name="cast"), forward("x"), condition=cast_elimination_condition,
-         doc="Cast to the type x already has is x."),
+         exact=True, doc="Cast to the type x already has is x."),
     Rule("cast_chain", Op("Cast", Op("Cast", "x", name="inner"), name="outer"), cast_chain_replacement,
          condition=cast_chain_condition,
-         doc="Cast(Cast(x, A), B) is Cast(x, B) (or x) when A holds every value of x's type exactly."),
+         exact=True, doc="Cast(Cast(x, A), B) is Cast(x, B) (or x) when A holds every value of x's type exactly."),
     Rule("castlike_to_cast", Op("CastLike", "x", "like", name="castlike"), castlike_to_cast_replacement,
          condition=castlike_to_cast_condition,
-         doc="CastLike(x, y) with y's dtype known is Cast(x, to=dtype): then constant inputs fold."),
+         exact=False, doc="CastLike(x, y) with y's dtype known is Cast(x, to=dtype): then constant inputs fold."),
 ]

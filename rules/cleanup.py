@@ -21,9 +21,9 @@ def dropout_elimination_condition(m: Match):
 
 RULES = [
     Rule("identity_elimination", Op("Identity", "x"), _forward_x,
-         doc="Identity(x) is x."),
+         exact=True, doc="Identity(x) is x."),
     Rule("dropout_elimination",
          Op("Dropout", "x", Opt("ratio"), Opt("training_mode"), name="drop"), _forward_x,
          condition=dropout_elimination_condition,
-         doc="Dropout at inference (no training_mode, mask unused) is x."),
+         exact=True, doc="Dropout at inference (no training_mode, mask unused) is x."),
 ]

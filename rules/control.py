@@ -70,5 +70,5 @@ RULES = [
     Rule("if_constant_condition", Op("If", Const("cond"), name="if"), if_constant_condition_replacement,
          condition=if_constant_condition_condition,
          priority=50,
-         doc="If on a constant condition is the branch that runs, inlined into the enclosing graph."),
+         exact=True, doc="If on a constant condition is the branch that runs, inlined into the enclosing graph."),
 ]

@@ -3,7 +3,10 @@
 conv_mul_fold and conv_add_fold are exact up to rounding: they move a constant into the Conv's
 weights or bias, as onnxruntime's own Conv fusions do, so results round differently (and one
 within rounding of the type's largest value may overflow in one model only); they refuse where
-folding could change more than rounding (see rules/_weights.py). The Pad merges are exact.
+folding could change more than rounding (see rules/_weights.py). The Pad merges are exact. In exact
+mode's sense (``Rule.exact``) only pad_into_averagepool is: with its graph optimizations on,
+onnxruntime's padded Conv skips the padding a Pad + Conv multiplies (an infinite weight then gives
+NaN in one model only).
 """
 
 from __future__ import annotations
@@ -161,17 +164,18 @@ _ZERO_PAD = Op("Pad", "x", Const("pads"), Opt(Const("value")), Opt("axes"), name
 RULES = [
     Rule("conv_mul_fold", Op("Mul", Op("Conv", "x", Const("w"), Opt(Const("b")), name="conv"), Const("c"),
                              commutative=True), conv_mul_fold_replacement, condition=conv_constant_condition,
+         exact=False,
          doc="Conv followed by Mul by a per-output-channel constant scales the weights and bias (not for a "
              "zero or non-finite factor, non-finite weights, or folded weights that overflow or flush to 0)."),
     Rule("conv_add_fold", Op("Add", Op("Conv", "x", Const("w"), Opt(Const("b")), name="conv"), Const("c"),
                              commutative=True), conv_add_fold_replacement, condition=conv_constant_condition,
-         doc="Conv followed by Add of a per-output-channel constant adds it to the bias (finite constants "
+         exact=False, doc="Conv followed by Add of a per-output-channel constant adds it to the bias (finite constants "
              "whose sum stays finite)."),
     Rule("pad_into_conv", Op("Conv", _ZERO_PAD, "w", Opt("b"), name="op"), pad_into_replacement,
          condition=pad_into_condition,
-         doc="Zero Pad of spatial axes before a Conv (auto_pad NOTSET or VALID) becomes the Conv's pads."),
+         exact=False, doc="Zero Pad of spatial axes before a Conv (auto_pad NOTSET or VALID) becomes the Conv's pads."),
     Rule("pad_into_averagepool", Op("AveragePool", _ZERO_PAD, name="op"), pad_into_replacement,
          condition=pad_into_condition,
-         doc="Zero Pad before an AveragePool with count_include_pad=1 becomes its pads (each below the "
+         exact=True, doc="Zero Pad before an AveragePool with count_include_pad=1 becomes its pads (each below the "
              "kernel size; under ceil_mode only where the output size stays)."),
 ]

@@ -5,6 +5,11 @@ Also the shape arithmetic exporters emit (``Shape -> Gather -> Unsqueeze -> Conc
 ``Shape`` that pick only static dimensions, so dynamic axes stay dynamic while everything known is
 computed once. Evaluation, exclusions and the size limit are described in ``onnxopt.evaluate``; the
 limit is ``optimize(fold_size_limit=...)`` / ``--fold-size-limit`` (default 1 MiB).
+
+Exact mode (``Rule.exact``): constant folding gives the bits onnxruntime's own folding gives (the same
+kernel), except where onnxruntime does something else with the node, which exact mode leaves alone
+(:func:`onnxruntime_rewrites_instead`); the Gather/Slice foldings are not exact: onnxruntime does not
+fold a static dimension of a dynamic shape, and the constant can end in a Conv's weights.
 """
 
 from __future__ import annotations
@@ -75,6 +80,34 @@ def constant_folding_condition(m: Match):
             return "an attribute is a reference"
         if attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS):
             return "has a subgraph"
+    return onnxruntime_rewrites_instead(node) if m.options.get("exact") else None
+
+
+# Consumers onnxruntime's own rewrite rules merge a node with before its constant folding gets to
+# it (they run first), computing other bits than the folded node would: (node, consumer) op types.
+_FUSED_BEFORE_FOLDING = {
+    ("Conv", "Add"): "Conv+Add", ("Conv", "Mul"): "Conv+Mul", ("Conv", "BatchNormalization"): "Conv+BN",
+    ("Gemm", "Sum"): "Gemm+Sum",
+}
+
+
+def onnxruntime_rewrites_instead(node: ir.Node) -> str | None:
+    """Exact mode: why onnxruntime, given the model as it is, would not fold ``node`` itself but
+    keep it (DequantizeLinear, for its quantized kernels) or merge it into a consumer first (its
+    level-1 rules run before its constant folding): a value folded here would then differ from
+    what the session computes. None when onnxruntime folds it as this rule does (the same kernel)."""
+    if node.op_type == "DequantizeLinear":
+        return "exact: onnxruntime keeps DequantizeLinear unfolded, for its quantized kernels"
+    consumers = {use.node.op_type for value in node.outputs for use in value.uses()
+                 if use.node.domain in ("", "ai.onnx")}
+    one = constant_tensor(node.inputs[0]) if node.inputs and node.inputs[0] is not None else None
+    if node.op_type == "Div" and "Mul" in consumers and one is not None and one.size == 1 \
+            and float(one.numpy().reshape(-1)[0]) == 1.0:
+        return "exact: onnxruntime turns (1 / c) * x into x / c instead of folding 1 / c"
+    for consumer in sorted(consumers):
+        fusion = _FUSED_BEFORE_FOLDING.get((node.op_type, consumer))
+        if fusion is not None:
+            return f"exact: onnxruntime fuses {fusion} into the {node.op_type}'s weights before folding it"
     return None
 
 
@@ -161,19 +194,20 @@ _SHAPE = Op("Shape", "x", name="shape", shared=True)
 RULES = [
     Rule("constant_to_initializer", Op("Constant", name="constant"), constant_to_initializer_replacement,
          condition=constant_to_initializer_condition, priority=100,
-         doc="A Constant node becomes an initializer (weights kept in Constant nodes, as PP-OCR does)."),
+         exact=True, doc="A Constant node becomes an initializer (weights kept in Constant nodes, as PP-OCR does)."),
     Rule("constant_folding", Op("*", name="node"), constant_folding_replacement,
          condition=constant_folding_condition, priority=90,
-         doc="A standard node whose inputs are all constant is evaluated (as onnxruntime computes it) into "
+         exact=True, doc="A standard node whose inputs are all constant is evaluated (as onnxruntime computes it) into "
              "initializers."),
     Rule("shape_folding", Op("Shape", "x", name="shape"), shape_folding_replacement, priority=80,
-         doc="Shape of a value whose shape is static is a constant."),
+         exact=True, doc="Shape of a value whose shape is static is a constant."),
     Rule("size_folding", Op("Size", "x"), size_folding_replacement, priority=80,
-         doc="Size of a value whose shape is static is a constant."),
+         exact=True, doc="Size of a value whose shape is static is a constant."),
     Rule("shape_gather_folding", Op("Gather", _SHAPE, Const("idx"), name="gather"), shape_gather_folding_replacement,
-         priority=80, doc="Gather of static dimensions from a Shape is a constant, even when other axes are dynamic."),
+         priority=80, exact=False,
+         doc="Gather of static dimensions from a Shape is a constant, even when other axes are dynamic."),
     Rule("shape_slice_folding",
          Op("Slice", _SHAPE, Const("starts"), Const("ends"), Opt(Const("axes")), Opt(Const("steps"))),
          shape_slice_folding_replacement, priority=80,
-         doc="Slice of static dimensions from a Shape is a constant, even when other axes are dynamic."),
+         exact=False, doc="Slice of static dimensions from a Shape is a constant, even when other axes are dynamic."),
 ]

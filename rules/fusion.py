@@ -191,14 +191,15 @@ RULES = [
     Rule("conv_bn_fold",
          _bn(Op("Conv", "x", Const("w"), Opt(Const("b")), name="conv")),
          conv_bn_fold_replacement, condition=conv_bn_fold_condition, priority=10,
-         doc="Conv followed by inference BatchNormalization becomes one Conv (bias added if absent; "
+         exact=False, doc="Conv followed by inference BatchNormalization becomes one Conv (bias added if absent; "
              "grouped and depthwise too; finite parameters, a nonzero scale, folded weights in range)."),
     Rule("convtranspose_bn_fold",
          _bn(Op("ConvTranspose", "x", Const("w"), Opt(Const("b")), name="conv")),
          convtranspose_bn_fold_replacement, condition=convtranspose_bn_fold_condition, priority=10,
+         exact=False,
          doc="ConvTranspose followed by inference BatchNormalization becomes one ConvTranspose (as conv_bn_fold)."),
     Rule("bn_to_mul_add",
          _bn("x"), bn_to_mul_add_replacement, condition=bn_to_mul_add_condition, priority=0,
-         doc="BatchNormalization after anything else becomes Mul and Add by per-channel constants (finite "
+         exact=False, doc="BatchNormalization after anything else becomes Mul and Add by per-channel constants (finite "
              "parameters and factors)."),
 ]

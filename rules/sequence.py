@@ -66,6 +66,6 @@ RULES = [
     Rule("sequence_at_split", Op("SequenceAt", Op("SplitToSequence", "x", Opt(Const("split")), name="to_sequence",
                                                   shared=True), Const("i")),
          sequence_at_split_replacement, condition=sequence_at_split_condition,
-         doc="SequenceAt(SplitToSequence(x), i) with known pieces is output i of a Split "
+         exact=True, doc="SequenceAt(SplitToSequence(x), i) with known pieces is output i of a Split "
              "(identical Splits then merge: one Split instead of a sequence)."),
 ]

@@ -3,6 +3,8 @@
 Exact: each rule keeps every value and every output's shape and dtype. Reshape targets built from
 the input's own Shape (``Shape -> Gather -> Unsqueeze -> Concat -> Reshape``) are read back with
 ``onnxopt.shapes.shape_elements``; a dimension the target copies becomes a 0 in a constant target.
+That one, reshape_shape_from_input, is not exact in exact mode's sense (``Rule.exact``): a constant
+target lets onnxruntime's own optimizer rewrite the graph around it differently (README, Exact mode).
 """
 
 from __future__ import annotations
@@ -246,44 +248,47 @@ def range_scalar_inputs_replacement(m: Match, b):
 RULES = [
     Rule("reshape_chain", Op("Reshape", Op("Reshape", "x", "s1"), Const("shape"), name="outer"),
          reshape_chain_replacement, condition=reshape_chain_condition,
-         doc="Reshape(Reshape(x, s1), s2) is Reshape(x, s2) when s2 copies no dimension (no 0)."),
+         exact=True, doc="Reshape(Reshape(x, s1), s2) is Reshape(x, s2) when s2 copies no dimension (no 0)."),
     Rule("reshape_flatten_chain", Op("Reshape", Op("Flatten", "x"), Const("shape"), name="outer"),
          reshape_chain_replacement, condition=reshape_chain_condition,
-         doc="Reshape(Flatten(x), s) is Reshape(x, s) when s copies no dimension (no 0)."),
+         exact=True, doc="Reshape(Flatten(x), s) is Reshape(x, s) when s copies no dimension (no 0)."),
     Rule("reshape_elimination", Op("Reshape", "x", Const("shape"), name="reshape"), _x,
          condition=reshape_elimination_condition,
-         doc="Reshape to the shape x already has (static) is x."),
+         exact=True, doc="Reshape to the shape x already has (static) is x."),
     Rule("reshape_shape_from_input", Op("Reshape", "x", "shape", name="reshape"), reshape_shape_from_input_replacement,
          condition=reshape_shape_from_input_condition,
+         exact=False,
          doc="Reshape whose target shape is assembled (Shape/Gather/Slice/Unsqueeze/Concat) from constants "
              "and x's own dimensions at the same positions (the same value, or the same named symbol) takes a "
              "constant shape, with 0 for the copied ones."),
     Rule("flatten_elimination", Op("Flatten", "x", name="flatten"), _x, condition=flatten_elimination_condition,
-         doc="Flatten of a 2-D value at axis 1 is the value."),
+         exact=True, doc="Flatten of a 2-D value at axis 1 is the value."),
     Rule("squeeze_unsqueeze", Op("Squeeze", Op("Unsqueeze", "x", Opt(Const("a1")), name="inner"), Opt(Const("a2")),
                                  name="outer"), _x, condition=squeeze_unsqueeze_condition,
-         doc="Squeeze(Unsqueeze(x, axes), axes) is x."),
+         exact=True, doc="Squeeze(Unsqueeze(x, axes), axes) is x."),
     Rule("unsqueeze_squeeze", Op("Unsqueeze", Op("Squeeze", "x", Opt(Const("a1")), name="inner"), Opt(Const("a2")),
                                  name="outer"), _x, condition=squeeze_unsqueeze_condition,
-         doc="Unsqueeze(Squeeze(x, axes), axes) is x (the squeezed axes had size 1)."),
+         exact=True, doc="Unsqueeze(Squeeze(x, axes), axes) is x (the squeezed axes had size 1)."),
     Rule("unsqueeze_chain", Op("Unsqueeze", Op("Unsqueeze", "x", Opt(Const("a1")), name="inner"), Opt(Const("a2")),
                                name="outer"), unsqueeze_chain_replacement, condition=unsqueeze_chain_condition,
-         doc="Unsqueeze(Unsqueeze(x, a1), a2) is one Unsqueeze with both sets of axes."),
+         exact=True, doc="Unsqueeze(Unsqueeze(x, a1), a2) is one Unsqueeze with both sets of axes."),
     Rule("transpose_pair", Op("Transpose", Op("Transpose", "x", name="inner"), name="outer"),
-         transpose_pair_replacement, doc="Two Transposes are one (or none when they cancel)."),
+         transpose_pair_replacement, exact=True, doc="Two Transposes are one (or none when they cancel)."),
     Rule("transpose_elimination", Op("Transpose", "x", name="transpose"), _x,
-         condition=transpose_elimination_condition, doc="Transpose by the identity permutation is x."),
+         condition=transpose_elimination_condition, exact=True, doc="Transpose by the identity permutation is x."),
     Rule("expand_elimination", Op("Expand", "x", Const("shape")), _x, condition=expand_elimination_condition,
-         doc="Expand to a shape x already covers is x."),
+         exact=True, doc="Expand to a shape x already covers is x."),
     Rule("slice_elimination", Op("Slice", "x", Const("starts"), Const("ends"), Opt(Const("axes")), Opt(Const("steps"))),
-         _x, condition=slice_elimination_condition, doc="Slice from 0 to past the end with step 1 is x."),
+         _x, condition=slice_elimination_condition, exact=True, doc="Slice from 0 to past the end with step 1 is x."),
     Rule("pad_elimination", Op("Pad", "x", Const("pads"), Opt("value"), Opt("axes")), _x,
-         condition=pad_elimination_condition, doc="Pad by zeros on every side is x."),
-    Rule("concat_elimination", Op("Concat", "x"), _x, doc="Concat of one input is it (the pattern takes one input)."),
+         condition=pad_elimination_condition, exact=True, doc="Pad by zeros on every side is x."),
+    Rule("concat_elimination", Op("Concat", "x"), _x, exact=True,
+         doc="Concat of one input is it (the pattern takes one input)."),
     Rule("split_elimination", Op("Split", "x", Opt(Const("split"))), _x, condition=split_elimination_condition,
-         doc="Split into one piece is x."),
+         exact=True, doc="Split into one piece is x."),
     Rule("range_scalar_inputs", Op("Range", "start", "limit", "delta"), range_scalar_inputs_replacement,
          condition=range_scalar_inputs_condition,
+         exact=True,
          doc="Range inputs known to hold one element in a [1]-like shape become scalars, as the spec requires "
              "(onnxruntime's shape inference rejects them once their shapes are known)."),
 ]

@@ -55,14 +55,18 @@ def model_type(model_name: str) -> str:
 # Adapters
 
 
-def setup_onnxopt(ctx: dict):
+def setup_onnxopt(ctx: dict, **options):
     from onnxopt import optimize
 
     def run(src: str, dst: str) -> dict:
-        _, report = optimize(src, output=dst, return_report=True)
+        _, report = optimize(src, output=dst, return_report=True, **options)
         return {"fired": report.fired, "phases_s": {k: round(v, 6) for k, v in report.seconds.items()}}
 
     return run
+
+
+def setup_onnxopt_exact(ctx: dict):
+    return setup_onnxopt(ctx, exact=True)
 
 
 def setup_onnxsim(ctx: dict):
@@ -147,6 +151,9 @@ _LOAD_SAVE = "`onnx.load(src)` + {call} + `onnx.save(dst)`"
 TOOLS: list[Tool] = [
     Tool("onnxopt", "_peers:setup_onnxopt", "onnxopt",
          "`onnxopt.optimize(src, output=dst, return_report=True)` (load, checker, rewrite, save)"),
+    Tool("onnxopt-exact", "_peers:setup_onnxopt_exact", "onnxopt",
+         "`onnxopt.optimize(src, output=dst, exact=True, return_report=True)`: only rewrites that keep every output "
+         "bit-identical on onnxruntime's CPU provider with its default settings"),
     Tool("onnxsim", "_peers:setup_onnxsim", "onnxsim",
          _LOAD_SAVE.format(call="`onnxsim.simplify(model)` (defaults; the returned check flag must be true)")),
     Tool("onnxslim", "_peers:setup_onnxslim", "onnxslim", _LOAD_SAVE.format(call="`onnxslim.slim(model)`")),

@@ -16,7 +16,7 @@ ort-transformers), plus the original model as the baseline:
   session's default graph optimizations, as a user would run the model;
 - CPU latency: one session per tool (onnxruntime defaults), warmed up, then timed one run at a time
   in interleaved rounds (each round runs every tool once, the order rotated by one each round) so
-  machine noise hits all alike; median and p90;
+  machine noise hits all alike; median, p10 and p90;
 - max abs diff / max rel diff: against the original model's outputs on the zoo's realistic inputs;
   rel = max|a-b| / max|a| per output (scale-relative), the JSON also has the elementwise
   max |a-b| / max(|a|, 1e-3 * max|a|);
@@ -444,6 +444,8 @@ def bench_model(name: str, path: Path, family: str, inputs: dict[str, np.ndarray
         base = res["results"].get(ORIGINAL, {}).get("median_ms")
         for t, lat in res["results"].items():
             lat["rounds"] = res["rounds"]
+            if lat.get("times_ms"):
+                lat["p10_ms"] = float(np.percentile(lat["times_ms"], 10))
             if base:
                 lat["ratio"] = lat["median_ms"] / base
             rows[t][f"{provider}_latency"] = lat
@@ -571,6 +573,7 @@ COLUMNS = [
     ("cpu_kernels", "CPU kernels", lambda r: r.get("cpu", {}).get("kernels"), lambda v: str(v), True),
     ("cpu_ms", "CPU ms (median)", lambda r: r.get("cpu_latency", {}).get("median_ms"), lambda v: _sig(v), True),
     ("cpu_ratio", "× original", lambda r: r.get("cpu_latency", {}).get("ratio"), lambda v: f"{v:.2f}", True),
+    ("cpu_p10", "CPU ms (p10)", lambda r: r.get("cpu_latency", {}).get("p10_ms"), lambda v: _sig(v), True),
     ("cpu_p90", "CPU ms (p90)", lambda r: r.get("cpu_latency", {}).get("p90_ms"), lambda v: _sig(v), True),
     ("max_abs", "max abs diff", lambda r: r.get("max_abs"), lambda v: _sig(v, 2), False),
     ("max_rel", "max rel diff", lambda r: r.get("max_rel"), lambda v: _sig(v, 2), False),
@@ -756,7 +759,7 @@ def render_markdown(report: dict) -> str:
     L.append("- **CPU kernels**: kernels onnxruntime's CPU provider runs per inference, from its profiler: events with "
              "`cat == \"Node\"` and a name ending in `_kernel_time` inside the last `model_run` (one profiled "
              "run after a warm-up run), session with onnxruntime's default graph optimizations as a user runs it.")
-    L.append("- **CPU ms (median / p90)** and **× original**: one onnxruntime session per tool (defaults), warmed up, "
+    L.append("- **CPU ms (median / p10 / p90)** and **× original**: one onnxruntime session per tool (defaults), warmed up, "
              "then timed one `run` at a time in interleaved rounds, each round running every tool once in an order "
              f"rotated by one per round, with a {o['gap'] * 1e3:g} ms pause before each timed run, so machine noise "
              "hits all tools alike.")

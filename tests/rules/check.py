@@ -3,7 +3,11 @@ model, then onnxruntime on the model before and after.
 
 ``fires(rule, model)``: the rule rewrites the model (once, unless ``times`` says otherwise) and the
 outputs are the same bits (NaN where NaN, the same infinities and signs of zero), or within
-``tol`` for a rule exact only up to rounding (folding constants into weights).
+``tol`` for a rule exact only up to rounding (folding constants into weights), onnxruntime's
+graph optimizations off. For a rule declared exact (``Rule.exact``) it also runs the rule as
+``optimize(exact=True)`` does and checks that the result gives the same bits as the model under
+onnxruntime's default settings (graph optimizations on) at 1 and 2 intra-op threads: the proof
+of the declaration (tests/rules/coverage.py fails a rule declared exact that no test proved).
 
 ``refuses(rule, model, reason)``: the rule's condition or replacement refuses, with a reason that
 contains ``reason``; the model keeps its nodes and its outputs their bits.
@@ -14,6 +18,9 @@ depend on its inputs shows nothing), and return ``(optimized model, report)``.
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 import onnx
 from conftest import run_ort
@@ -22,7 +29,24 @@ from onnx import TensorProto, helper
 
 from onnxopt import default_rules, optimize
 
+from .coverage import prove_exact
+
 RULES = {rule.name: rule for rule in default_rules()}
+
+
+def _zoo_exact():
+    """scripts/zoo_exact.py, whose bit-for-bit comparison under onnxruntime's defaults is the one
+    exact mode is held to."""
+    path = Path(__file__).resolve().parents[2] / "scripts" / "zoo_exact.py"
+    spec = importlib.util.spec_from_file_location("onnxopt_script_zoo_exact", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+zoo_exact = _zoo_exact()
+THREADS = zoo_exact.THREADS
+_identical = zoo_exact.identical
 
 
 def run_rule(name: str, model: onnx.ModelProto, *, passes=(), **options):
@@ -42,7 +66,31 @@ def fires(name: str, model: onnx.ModelProto, *, times: int = 1, feeds: dict | No
     out, report = run_rule(name, model, passes=passes, **options)
     assert report.rules[name].fired == times, _stats(report, name)
     same_outputs(model, out, feeds, tol=tol, depends=depends)
+    if RULES[name].exact:
+        assert tol is None, f"{name} is declared exact: a tolerance has no place in its tests"
+        exact_outputs(name, model, feeds, passes=passes, **options)
     return out, report
+
+
+
+def exact_outputs(name: str, model: onnx.ModelProto, feeds: dict | None = None, *, passes=(), **options):
+    """Rule ``name`` as ``optimize(exact=True)`` runs it: where it fires, the result gives the
+    bits of ``model`` under onnxruntime's default session options at each of ``THREADS``
+    intra-op threads; recorded as a proof of the rule's declaration (coverage.prove_exact)."""
+    out, report = run_rule(name, model, passes=passes, exact=True, **options)
+    feeds = feeds_for(model) if feeds is None else feeds
+    for threads in THREADS:
+        for x, y in zip(run_default(model, feeds, threads), run_default(out, feeds, threads), strict=True):
+            assert _identical(x, y), (f"{name} under exact mode, onnxruntime's defaults, {threads} threads", x, y)
+    if report.rules[name].fired:
+        prove_exact(name)
+    return out, report
+
+
+def run_default(model: onnx.ModelProto, feeds: dict, threads: int) -> list:
+    """onnxruntime CPU's outputs with its default session options (graph optimizations on), at
+    ``threads`` intra-op threads."""
+    return zoo_exact.outputs(model.SerializeToString(), feeds, threads)
 
 
 def refuses(name: str, model: onnx.ModelProto, reason: str, *, feeds: dict | None = None, passes=(),
@@ -78,14 +126,6 @@ def same_outputs(before: onnx.ModelProto, after: onnx.ModelProto, feeds: dict | 
         else:
             np.testing.assert_allclose(y, x, rtol=tol, atol=tol)
     return a, b
-
-
-def _identical(x: np.ndarray, y: np.ndarray) -> bool:
-    if x.shape != y.shape or x.dtype != y.dtype:
-        return False
-    if x.dtype.kind != "f":
-        return bool(np.array_equal(x, y))
-    return bool(np.array_equal(x, y, equal_nan=True) and np.array_equal(np.signbit(x), np.signbit(y)))
 
 
 def _perturbed(x: np.ndarray) -> np.ndarray:

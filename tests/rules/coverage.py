@@ -1,5 +1,8 @@
-"""Rule coverage: every rule fires in some test of a directory, and every rule that can refuse (it
-has a condition, or its replacement raises Refuse) is refused in some test there.
+"""Rule coverage: every rule fires in some test of a directory, every rule that can refuse (it
+has a condition, or its replacement raises Refuse) is refused in some test there, and every rule
+declared exact (``Rule.exact``) is shown bit-identical under onnxruntime's default settings in
+some test there (``prove_exact``, which tests/rules/check.py's ``fires`` calls once it has
+checked the bits).
 
 ``RuleCoverage(directory, rules)`` is a pytest plugin (tests/rules/conftest.py registers it for
 tests/rules/ and the built-in rules). While a test of the directory runs it records, from the
@@ -57,8 +60,10 @@ def _global_names(code: types.CodeType) -> set[str]:
     return names
 
 
-def gaps(rules: Sequence[Rule], fired: dict[str, Iterable], refused: dict[str, Iterable]) -> list[str]:
-    """One line per rule that never fired, or can refuse and never was refused."""
+def gaps(rules: Sequence[Rule], fired: dict[str, Iterable], refused: dict[str, Iterable],
+         proven: dict[str, Iterable] | None = None) -> list[str]:
+    """One line per rule that never fired, or can refuse and never was refused, or (with
+    ``proven``) is declared exact and was never shown bit-identical."""
     lines = []
     for rule in rules:
         missing = []
@@ -67,14 +72,17 @@ def gaps(rules: Sequence[Rule], fired: dict[str, Iterable], refused: dict[str, I
         if can_refuse(rule) and not refused.get(rule.name):
             missing.append("never refused (it has a condition)" if rule.condition is not None
                            else "never refused (its replacement can refuse)")
+        if proven is not None and rule.exact and not proven.get(rule.name):
+            missing.append("declared exact, never shown bit-identical under onnxruntime's default settings")
         if missing:
             lines.append(f"{rule.name}: {' and '.join(missing)}")
     return lines
 
 
-def table(rules: Sequence[Rule], fired: dict[str, Iterable], refused: dict[str, Iterable], examples: int = 2
-          ) -> list[str]:
-    """One line per rule: in how many tests it fired and was refused, and the first few of them."""
+def table(rules: Sequence[Rule], fired: dict[str, Iterable], refused: dict[str, Iterable], examples: int = 2,
+          proven: dict[str, Iterable] | None = None) -> list[str]:
+    """One line per rule: in how many tests it fired and was refused (and, for a rule declared
+    exact, shown bit-identical), and the first few of them."""
 
     def tests(ids) -> str:
         names = sorted(i.split("::", 1)[-1] for i in ids)
@@ -84,7 +92,8 @@ def table(rules: Sequence[Rule], fired: dict[str, Iterable], refused: dict[str, 
     for rule in rules:
         f, r = fired.get(rule.name, ()), refused.get(rule.name, ())
         refusals = f"refused in {len(r):>3}" + ("" if can_refuse(rule) else " (cannot refuse: the driver's)")
-        lines.append(f"{rule.name:<26} fired in {len(f):>3}, {refusals}  [{tests(f)}] [{tests(r)}]")
+        exact = f", exact in {len(proven.get(rule.name, ())):>3}" if proven is not None and rule.exact else ""
+        lines.append(f"{rule.name:<26} fired in {len(f):>3}, {refusals}{exact}  [{tests(f)}] [{tests(r)}]")
     return lines
 
 
@@ -118,6 +127,16 @@ class _Gap(Exception):
         self.lines = lines
 
 
+_ACTIVE: list[RuleCoverage] = []  # the plugins of this session (prove_exact reports to them)
+
+
+def prove_exact(rule_name: str) -> None:
+    """Record that the test running now showed the rule ``rule_name`` (declared exact) give the
+    same bits under onnxruntime's default settings."""
+    for plugin in _ACTIVE:
+        plugin.proved(rule_name)
+
+
 class RuleCoverage:
     """The pytest plugin; see the module docstring."""
 
@@ -127,6 +146,7 @@ class RuleCoverage:
         self._names = {rule: rule.name for rule in self.rules}
         self.fired: dict[str, set[str]] = {r.name: set() for r in self.rules}
         self.refused: dict[str, set[str]] = {r.name: set() for r in self.rules}
+        self.proven: dict[str, set[str]] = {r.name: set() for r in self.rules}
         self.runs = 0
         self._test: str | None = None  # the node id of the test of the directory running now
         self._deselected = False
@@ -135,9 +155,15 @@ class RuleCoverage:
     # -- recording ----------------------------------------------------------------------------
     def pytest_configure(self, config) -> None:
         pipeline.run = self._recording_run
+        _ACTIVE.append(self)
 
     def pytest_unconfigure(self, config) -> None:
         pipeline.run = self._run
+        _ACTIVE.remove(self)
+
+    def proved(self, rule_name: str) -> None:
+        if self._test is not None and rule_name in self.proven:
+            self.proven[rule_name].add(self._test)
 
     def _recording_run(self, model, rules, **kw):
         rules = list(rules)
@@ -162,7 +188,7 @@ class RuleCoverage:
             self._test = None
 
     def gaps(self) -> list[str]:
-        return gaps(self.rules, self.fired, self.refused)
+        return gaps(self.rules, self.fired, self.refused, self.proven)
 
     # -- is the whole directory in the session? --------------------------------------------------
     def _inside(self, path) -> bool:
@@ -188,5 +214,5 @@ class RuleCoverage:
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if os.environ.get(ENV_TABLE) == "1":
             terminalreporter.section(f"rule coverage of {self.directory.name}/")
-            for line in table(self.rules, self.fired, self.refused):
+            for line in table(self.rules, self.fired, self.refused, proven=self.proven):
                 terminalreporter.line(line)

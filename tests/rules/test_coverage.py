@@ -43,6 +43,15 @@ def test_gaps_name_each_rule_and_what_it_lacks():
     assert gaps(rules[:1], fired, {}) == []  # a rule that cannot refuse needs only to fire
 
 
+def test_a_rule_declared_exact_needs_a_proof():
+    rules = [RULES["identity_elimination"], RULES["conv_bn_fold"]]  # exact, and not
+    fired = {"identity_elimination": {"t1"}, "conv_bn_fold": {"t2"}}
+    refused = {"conv_bn_fold": {"t3"}}
+    assert gaps(rules, fired, refused, proven={}) == [
+        "identity_elimination: declared exact, never shown bit-identical under onnxruntime's default settings"]
+    assert gaps(rules, fired, refused, proven={"identity_elimination": {"t1"}}) == []
+
+
 _CONFTEST = """
 import importlib.util
 from pathlib import Path
