@@ -82,8 +82,9 @@ def optimize(
     """Rewrite ``model`` with the rules until nothing more applies.
 
     Args:
-        model: a path, bytes, onnx.ModelProto or onnx_ir.Model; the result is of the same kind
-            (for a path, the path written, which ``output`` must name).
+        model: a path, bytes, onnx.ModelProto, onnx_ir.Model or onnx_graphsurgeon.Graph; the
+            result is of the same kind (for a path, the path written, which ``output`` must name;
+            for a graphsurgeon Graph, a new Graph: the one given is never modified).
         rules: the rule set (default: onnxopt's built-in library).
         extra_rules: rules added to ``rules``.
         disable: names of rules to leave out.
@@ -103,7 +104,8 @@ def optimize(
             with the built-in rules, none with an explicit ``rules`` list. ``disable`` takes their
             names too.
         check: run the ONNX checker and external-data check on the input.
-        inplace: for an onnx_ir.Model, rewrite it in place instead of a copy.
+        inplace: for an onnx_ir.Model, rewrite it in place instead of a copy (a graphsurgeon Graph
+            cannot be: refused).
         return_report: return ``(result, Report)`` instead of the result alone.
         stop_after: stop once N rewrites are made, and record them in ``Report.log``; for
             bisecting (``python -m onnxopt bisect``). A graph pass runs whole and counts its merges
@@ -147,11 +149,12 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
         providers = verifier.check_settings(verify, **(verify_options or {}))
     loaded = io.load(model, check=check, copy_ir=not inplace)
     # what the verifier runs as the original: the input as given (a path, bytes, a proto, an IR
-    # model left untouched), or for an IR model rewritten in place, a clone taken now (tensors
-    # are shared: rules make new initializers rather than change existing ones)
+    # model left untouched, a graphsurgeon Graph's export), or for an IR model rewritten in place,
+    # a clone taken now (tensors are shared: rules make new initializers rather than change them)
     original = None
     if verify:
-        original = loaded.model.clone() if loaded.kind == "ir" and inplace else model
+        original = loaded.model.clone() if loaded.kind == "ir" and inplace else \
+            model if loaded.exported is None else loaded.exported
     read = [(verify_options or {}).get("inputs")] if verify else []  # (the verifier's inputs file)
     plan = io.plan_give_back(loaded, output, external_data=external_data, outputs=outputs,
                              also_read=read)  # before the work
