@@ -86,8 +86,9 @@ def optimize(
     """Rewrite ``model`` with the rules until nothing more applies.
 
     Args:
-        model: a path, bytes, onnx.ModelProto or onnx_ir.Model; the result is of the same kind
-            (for a path, the path written, which ``output`` must name).
+        model: a path, bytes, onnx.ModelProto, onnx_ir.Model or onnx_graphsurgeon.Graph; the
+            result is of the same kind (for a path, the path written, which ``output`` must name;
+            for a graphsurgeon Graph, a new Graph: the one given is never modified).
         rules: the rule set (default: onnxopt's built-in library).
         extra_rules: rules added to ``rules``.
         disable: names of rules to leave out.
@@ -107,7 +108,8 @@ def optimize(
             with the built-in rules, none with an explicit ``rules`` list. ``disable`` takes their
             names too.
         check: run the ONNX checker and external-data check on the input.
-        inplace: for an onnx_ir.Model, rewrite it in place instead of a copy.
+        inplace: for an onnx_ir.Model, rewrite it in place instead of a copy (a graphsurgeon Graph
+            cannot be: refused).
         return_report: return ``(result, Report)`` instead of the result alone.
         stop_after: stop once N rewrites are made, and record them in ``Report.log``; for
             bisecting (``python -m onnxopt bisect``). A graph pass runs whole and counts its merges
@@ -164,11 +166,12 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
         providers = verifier.check_settings(verify, **(verify_options or {}))
     loaded = io.load(model, check=check, copy_ir=not inplace)
     # what the verifier runs as the original: the input as given (a path, bytes, a proto, an IR
-    # model left untouched), or for an IR model rewritten in place, a clone taken now (tensors
-    # are shared: rules make new initializers rather than change existing ones)
+    # model left untouched, a graphsurgeon Graph's export), or for an IR model rewritten in place,
+    # a clone taken now (tensors are shared: rules make new initializers rather than change them)
     original = None
     if verify:
-        original = loaded.model.clone() if loaded.kind == "ir" and inplace else model
+        original = loaded.model.clone() if loaded.kind == "ir" and inplace else \
+            model if loaded.exported is None else loaded.exported
     if input_shapes:
         fix_input_shapes(loaded.model, input_shapes)
         if verify and "feeds" not in (verify_options or {}):  # the original runs at the shapes fixed
@@ -209,7 +212,7 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
     if not return_report:
         return out
     warnings = [c["message"] for c in result.cycles]
-    left_out = registry.undeclared([*(rules or ()), *extra_rules]) if exact else []
+    left_out = registry.undeclared([*registry.as_rules(rules or ()), *registry.as_rules(extra_rules, "extra_rules")]) if exact else []
     if left_out:
         warnings.append(f"exact: left out {len(left_out)} rule(s) that do not declare exact=True or False: "
                         f"{', '.join(left_out)}")

@@ -21,6 +21,10 @@ Guarantees:
   ``onnxopt.replaced`` (the nodes it matched) and ``onnxopt.sources`` (the original nodes it
   derives from, through earlier rewrites), and keeps the metadata of the nodes it replaced
   (``irutil.inherit_metadata``: each key from the first matched node that has it, the root first).
+
+A rule that needs the model around a run (an onnxscript rule, ``onnxopt.onnxscript_rules``) has
+``begin(model)`` and ``end()``, called when each run starts and ends; its match may name the values
+it replaces (``outputs``) when they are not the root's outputs.
 """
 
 from __future__ import annotations
@@ -117,6 +121,7 @@ class Driver:
         self._created: set[ir.Value] = set()  # initializers made by rules
         self._purity = Purity(model)
         self._limit: int | None = None
+        self._scoped = [r for r in rules if hasattr(r, "begin")]  # rules told when a run starts and ends
 
     @property
     def at_limit(self) -> bool:
@@ -177,6 +182,18 @@ class Driver:
                 if self.stop_after is not None:
                     limit = min(limit, self.stop_after)
                 self._limit = limit
+        for rule in self._scoped:
+            self._guarded(rule, "setup", rule.begin, self.model)
+        try:
+            self._loop()
+        finally:
+            for rule in self._scoped:
+                self._guarded(rule, "cleanup", rule.end)
+        self._write_sources()
+        return result
+
+    def _loop(self) -> None:
+        result = self.result
         limit = self._limit
         index = self.index
         stats = result.rules
@@ -208,8 +225,20 @@ class Driver:
                     break
                 if outcome == _FIRED:
                     break
-        self._write_sources()
-        return result
+
+    def _guarded(self, rule: Rule, phase: str, fn, *args) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001 - the rule's own code failed: a bug, loud
+            self._bug(rule, self.model.graph.name or "(the model)", phase, exc)
+
+    def _bug(self, rule: Rule, where: str, phase: str, cause: BaseException) -> None:
+        """A bug in ``rule`` (its code raised): raised with ``strict``, else recorded."""
+        bug = RuleBug(rule.name, where, phase, cause)
+        if self.strict:
+            raise bug from cause
+        self.result.rules[rule.name].errors += 1
+        self.result.errors.append(bug)
 
     def _try(self, rule: Rule, node: ir.Node, st: RuleStats, limit: int) -> str | None:
         """Try one rule at one node: _FIRED, _STOP (the rewrite limit is reached), or None."""
@@ -232,11 +261,7 @@ class Driver:
             cause = exc.__cause__ if isinstance(exc, _InRule) else exc
             if phase == "replacement" and not isinstance(exc, _InRule):
                 raise  # the driver's own commit failed: not the rule's doing
-            bug = RuleBug(rule.name, node.name or node.op_type, phase, cause)
-            if self.strict:
-                raise bug from cause
-            st.errors += 1
-            self.result.errors.append(bug)
+            self._bug(rule, node.name or node.op_type, phase, cause)
             return None
         if reason is not None:
             st.refused += 1
@@ -308,7 +333,7 @@ class Driver:
         if news is None or not all(isinstance(v, ir.Value) for v in news):
             builder.abort()
             raise _InRule() from TypeError(f"the replacement returned {replacement!r}, not values")
-        olds = list(root.outputs)
+        olds = list(getattr(m, "outputs", root.outputs))  # (an onnxscript match may name others)
         reason = builder.check(olds, news)
         if reason is not None:
             builder.abort()

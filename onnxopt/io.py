@@ -1,7 +1,7 @@
 """Loading and saving models in every form users hold them.
 
-Inputs may be a path, ``bytes``, an ``onnx.ModelProto`` or an ``onnx_ir.Model``; the caller gets
-back the same kind. Bad input raises :class:`InvalidModelError` with a one-line message. Weights
+Inputs may be a path, ``bytes``, an ``onnx.ModelProto``, an ``onnx_ir.Model`` or an
+``onnx_graphsurgeon.Graph``; the caller gets back the same kind. Bad input raises :class:`InvalidModelError` with a one-line message. Weights
 are never copied on load: a ModelProto's tensors are wrapped, not copied, and external data is
 memory-mapped lazily by onnx_ir. Saving writes to a temporary file next to the target and renames
 it into place, so a failure never leaves a half-written model and the input is never touched.
@@ -15,10 +15,11 @@ import functools
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Union
+from typing import Any, Union
 
 import numpy as np
 import onnx
@@ -26,7 +27,7 @@ import onnx_ir as ir
 
 from .errors import InvalidModelError, UsageError
 
-ModelLike = Union[str, os.PathLike, bytes, onnx.ModelProto, ir.Model]
+ModelLike = Union[str, os.PathLike, bytes, onnx.ModelProto, ir.Model, "onnx_graphsurgeon.Graph"]
 
 # Protobuf cannot serialize a message of 2 GiB or more; keep well clear of it.
 PROTO_LIMIT = 2**31 - 2**26
@@ -37,10 +38,11 @@ class Loaded:
     """An IR model plus what we need to give it back in the form it came in."""
 
     model: ir.Model
-    kind: str  # "path" | "bytes" | "proto" | "ir"
+    kind: str  # "path" | "bytes" | "proto" | "ir" | "gs"
     path: Path | None = None
     external: bool = False  # the input kept (some) weights in external data files
     data_files: frozenset = frozenset()  # those files (resolved): never to be overwritten
+    exported: onnx.ModelProto | None = None  # a graphsurgeon Graph's export: the input as onnx reads it
 
 
 def first_line(exc: BaseException, limit: int = 400, *, typed: bool = False) -> str:
@@ -352,12 +354,18 @@ def load(source: ModelLike, *, check: bool = True, copy_ir: bool = True) -> Load
     if isinstance(source, ir.Model):
         return Loaded(source.clone() if copy_ir else source, "ir")
     if isinstance(source, onnx.ModelProto):
-        _check_opsets(source, "model")
-        external = check_external_data(source, Path("."), "model") if check else False
-        if check and source.ByteSize() < PROTO_LIMIT:
-            # (a larger proto cannot be serialized for the checker)
-            _check(source, "model")
-        return Loaded(to_ir(source), "proto", external=external)
+        return _load_proto(source, check, "model")
+    gs = _graphsurgeon(source)
+    if gs is not None:
+        if not copy_ir:
+            raise UsageError("inplace=True rewrites an onnx_ir.Model; a graphsurgeon Graph is never modified "
+                             "(use the Graph optimize() returns)")
+        what = "graphsurgeon Graph"
+        try:  # graphsurgeon's own export (it leaves the Graph as it is)
+            proto = gs.export_onnx(source)
+        except Exception as exc:  # noqa: BLE001 - what it refuses (a graph output without a dtype...): one line
+            raise InvalidModelError(f"{what}: onnx_graphsurgeon cannot export it: {first_line(exc)}") from None
+        return dataclasses.replace(_load_proto(proto, check, what), kind="gs", exported=proto)
     if isinstance(source, (bytes, bytearray, memoryview)):
         proto, _ = read_checked(source, check=check)
         return Loaded(to_ir(proto, copy=False), "bytes")
@@ -371,8 +379,25 @@ def load(source: ModelLike, *, check: bool = True, copy_ir: bool = True) -> Load
         files = frozenset(external_data_files(model)) if external else frozenset()
         return Loaded(model, "path", path=path, external=external, data_files=files)
     raise UsageError(
-        f"cannot load a model from {type(source).__name__}: pass a path, bytes, onnx.ModelProto or onnx_ir.Model"
+        f"cannot load a model from {type(source).__name__}: pass a path, bytes, onnx.ModelProto, onnx_ir.Model "
+        "or onnx_graphsurgeon.Graph"
     )
+
+
+def _load_proto(proto: onnx.ModelProto, check: bool, what: str) -> Loaded:
+    _check_opsets(proto, what)
+    external = check_external_data(proto, Path("."), what) if check else False
+    if check and proto.ByteSize() < PROTO_LIMIT:
+        # (a larger proto cannot be serialized for the checker)
+        _check(proto, what)
+    return Loaded(to_ir(proto), "proto", external=external)
+
+
+def _graphsurgeon(source: Any):
+    """The onnx_graphsurgeon module when ``source`` is one of its Graphs, else None. It is not
+    imported here: it is optional, and a Graph exists only once its user has imported it."""
+    gs = sys.modules.get("onnx_graphsurgeon")
+    return gs if gs is not None and isinstance(source, gs.Graph) else None
 
 
 SPARSE_DENSE_LIMIT = 256 << 20  # bytes: a sparse tensor is made dense up to this size
@@ -1007,4 +1032,6 @@ def give_back(loaded: Loaded, output: str | os.PathLike | None, plan: SavePlan |
         return model
     if loaded.kind == "proto":
         return to_proto(model)
+    if loaded.kind == "gs":  # a new Graph, by graphsurgeon's own import
+        return sys.modules["onnx_graphsurgeon"].import_onnx(to_proto(model))
     return to_proto(model).SerializeToString()

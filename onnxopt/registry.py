@@ -1,4 +1,5 @@
-"""Finding rules: the built-in library, users' rules files, and selection by name and target."""
+"""Finding rules: the built-in library, users' rules files (onnxopt's rules and onnxscript's), and
+selection by name and target."""
 
 from __future__ import annotations
 
@@ -21,8 +22,39 @@ def builtin_rules() -> list[Rule]:
     return list(RULES)
 
 
+def as_rules(rules, what: str = "rules") -> list[Rule]:
+    """``rules`` as onnxopt Rules: its Rules as they are, onnxscript's RewriteRule and
+    RewriteRuleSet (``rules`` may be one of them) made Rules by ``onnxopt.onnxscript_rules``;
+    anything else is a RuleError naming ``what`` held it."""
+    if _is_onnxscript(rules):
+        rules = [rules]
+    try:
+        rules = list(rules)
+    except TypeError:
+        raise RuleError(f"{what}: {type(rules).__name__} is not a list of rules") from None
+    foreign = [r for r in rules if _is_onnxscript(r)]
+    bad = [r for r in rules if not isinstance(r, Rule) and not _is_onnxscript(r)]
+    if bad:
+        raise RuleError(f"{what} holds {type(bad[0]).__name__}, not Rule")
+    if not foreign:
+        return rules
+    from . import onnxscript_rules
+
+    return [r for r in rules if isinstance(r, Rule)] + onnxscript_rules.from_onnxscript(foreign)
+
+
+def _is_onnxscript(obj) -> bool:
+    """One of onnxscript's objects (it was imported, or the object could not exist)."""
+    if "onnxscript" not in sys.modules:
+        return False
+    from . import onnxscript_rules
+
+    return onnxscript_rules.is_onnxscript(obj)
+
+
 def load_rules_file(path: str | os.PathLike) -> list[Rule]:
-    """Import a Python file and return its ``RULES`` list (or, lacking one, every Rule it defines)."""
+    """Import a Python file and return its ``RULES`` list (or, lacking one, every Rule it defines),
+    onnxscript's RewriteRule and RewriteRuleSet among them (see :func:`as_rules`)."""
     path = Path(path)
     if not path.is_file():
         raise RuleError(f"rules file {path}: no such file")
@@ -40,14 +72,18 @@ def load_rules_file(path: str | os.PathLike) -> list[Rule]:
                         else f"rules file {path}: {type(exc).__name__}: {exc}") from None
     rules = getattr(module, "RULES", None)
     if rules is None:
-        rules = [v for v in vars(module).values() if isinstance(v, Rule)]
-    rules = list(rules)
-    bad = [r for r in rules if not isinstance(r, Rule)]
-    if bad:
-        raise RuleError(f"rules file {path}: RULES holds {type(bad[0]).__name__}, not Rule")
+        rules = [v for v in vars(module).values() if isinstance(v, Rule) or _is_rewrite_rule(v)]
+    try:
+        rules = as_rules(rules, f"rules file {path}: RULES")
+    except RuleError as exc:
+        raise RuleError(str(exc) if str(exc).startswith("rules file") else f"rules file {path}: {exc}") from None
     if not rules:
         raise RuleError(f"rules file {path}: defines no rules")
     return rules
+
+
+def _is_rewrite_rule(obj) -> bool:
+    return _is_onnxscript(obj) and type(obj).__name__ == "RewriteRule"
 
 
 def resolve(rules: Sequence[Rule] | None = None, extra_rules: Sequence[Rule] = (), disable: Iterable[str] = (),
@@ -59,7 +95,8 @@ def resolve(rules: Sequence[Rule] | None = None, extra_rules: Sequence[Rule] = (
     them with the built-in library, none with an explicit rule list) less the disabled ones (and,
     with ``exact``, those not declared exact)."""
     disable = list(disable)
-    chosen = select([*(builtin_rules() if rules is None else rules), *extra_rules],
+    base = builtin_rules() if rules is None else as_rules(rules)
+    chosen = select([*base, *as_rules(extra_rules, "extra_rules")],
                     disable=[d for d in disable if d not in passes.BY_NAME], target=target, exact=exact)
     if graph_passes is None:
         graph_passes = passes.NAMES if rules is None else ()
