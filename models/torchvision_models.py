@@ -170,7 +170,8 @@ def export(name: str, path: str | Path, *, exporter: str = "legacy", batch: int 
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m onnxopt.models.torchvision_models",
+                                description=__doc__.splitlines()[0])
     p.add_argument("name", choices=sorted(IMAGE_SIZE))
     p.add_argument("output")
     p.add_argument("--exporter", choices=["legacy", "dynamo"], default="legacy")

@@ -190,7 +190,8 @@ def export(kind: str, path: str | Path, exporter: str = "legacy", *, seed: int =
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m onnxopt.models.transformers_models",
+                                description=__doc__.splitlines()[0])
     p.add_argument("kind", choices=KINDS)
     p.add_argument("output")
     p.add_argument("--exporter", choices=EXPORTERS, default="legacy")

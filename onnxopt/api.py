@@ -82,6 +82,7 @@ def optimize(
     strict: bool | None = None,
     input_shapes=None,
     exact: bool = False,
+    progress=None,
 ):
     """Rewrite ``model`` with the rules until nothing more applies.
 
@@ -143,18 +144,22 @@ def optimize(
             writes its JSON report so). Without it, ``output`` is written atomically here. Either
             way the input file and its data files are never written, and a failure leaves no
             output.
+        progress: called as ``progress(step, done, total)`` as loading, rewriting and saving go
+            (``onnxopt.console.Status`` draws it on a terminal, as the command line does); pass it
+            in ``verify_options`` too for the verification's steps.
     """
     with gc_paused():
         return _optimize(model, rules, extra_rules, disable, target, output, external_data, max_rewrites,
                          check, inplace, return_report, fold_size_limit, graph_passes, fold_input_limit,
                          stop_after, verify, verify_options, outputs,
-                         strict_default(strict), normalize_input_shapes(input_shapes), exact)
+                         strict_default(strict), normalize_input_shapes(input_shapes), exact,
+                         progress or verifier.Progress())
 
 
 def _optimize(model, rules, extra_rules, disable, target, output, external_data, max_rewrites, check,
               inplace, return_report, fold_size_limit=evaluate.DEFAULT_SIZE_LIMIT, graph_passes=None,
               fold_input_limit=evaluate.DEFAULT_INPUT_LIMIT, stop_after=None, verify=False, verify_options=None,
-              outputs=None, strict=False, input_shapes=None, exact=False):
+              outputs=None, strict=False, input_shapes=None, exact=False, progress=None):
     t0 = time.perf_counter()
     disable = list(disable)
     chosen, graph_passes = registry.resolve(rules, extra_rules, disable, target, graph_passes, exact=exact)
@@ -164,6 +169,7 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
     if verify:
         # before the work: a missing provider or a bad setting is a usage error
         providers = verifier.check_settings(verify, **(verify_options or {}))
+    progress(f"loading {model}" if isinstance(model, (str, os.PathLike)) else "loading the model")
     loaded = io.load(model, check=check, copy_ir=not inplace)
     # what the verifier runs as the original: the input as given (a path, bytes, a proto, an IR
     # model left untouched, a graphsurgeon Graph's export), or for an IR model rewritten in place,
@@ -184,7 +190,7 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
         t1 = time.perf_counter()
         before = node_counts(loaded.model)
         result = pipeline.run(loaded.model, chosen, max_rewrites=max_rewrites, graph_passes=graph_passes,
-                              stop_after=stop_after, keep_log=stop_after is not None, strict=strict,
+                              stop_after=stop_after, keep_log=stop_after is not None, strict=strict, progress=progress,
                               options={"fold_size_limit": int(fold_size_limit),
                                        "fold_input_limit": int(fold_input_limit), "exact": bool(exact)})
         after = node_counts(loaded.model)
@@ -203,6 +209,7 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
                 raise verifier.VerificationError(f"verification failed, no output written: "
                                                  f"{summary_line(verification)}", verification)
         t3 = time.perf_counter()
+        progress(f"saving {output}" if output is not None else "converting the result")
         out = io.give_back(loaded, output, plan)
     except BaseException:
         if plan is not None and plan.own:

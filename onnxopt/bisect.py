@@ -44,7 +44,7 @@ def bisect(model, *, rules=None, extra_rules=(), disable: Iterable[str] = (), ta
     provider = parse_providers(provider)[0]
     check_providers([provider])
     check_tolerances(rtol, atol)
-    progress = progress or Progress(enabled=False)
+    progress = progress or Progress()
     original = OrtModel(model, "original")
     try:
         return _bisect(original, rules, extra_rules, disable, target, provider, inputs, feeds, input_shapes,

@@ -1,8 +1,12 @@
 """``python -m onnxopt`` / ``onnxopt``: thin wiring of the library for the shell.
 
-    onnxopt IN -o OUT [--verify cpu,cuda]     optimize (and verify before writing)
+    onnxopt MODEL -o OUT [--verify cpu,cuda]  optimize (and verify before writing)
     onnxopt verify ORIGINAL OPTIMIZED ...     compare two models on onnxruntime
     onnxopt bisect MODEL ...                  find the rewrite that breaks a model
+    onnxopt --list-rules                      the rules and passes, by family
+
+Reports go to stdout (tables and colour on a terminal, plain text in a pipe: ``onnxopt.console``),
+errors and progress to stderr.
 
 Exit codes: 0 success, 1 outputs differ beyond tolerance (verification), 2 bad input or usage
 (one line on stderr, no traceback), 3 an internal error (a bug in onnxopt, a built-in rule's
@@ -12,8 +16,13 @@ included; one line too), 130 interrupted, 141 the output's reader went away (qui
 from __future__ import annotations
 
 import argparse
+import difflib
+import importlib
 import json
 import os
+import pkgutil
+import shlex
+import textwrap
 import sys
 import warnings
 from pathlib import Path
@@ -21,8 +30,9 @@ from pathlib import Path
 from . import __version__, evaluate, input_shapes, io, registry, targets, verify
 from .api import optimize
 from .bisect import bisect
+from .console import Status, say, show
 from .errors import OnnxoptError, RuleBug
-from .report import format_bisect, format_optimize, format_verification, rule_lines, summary_line
+from .report import Styled, format_bisect, format_optimize, format_rules, format_verification, summary_line
 from .verify import VerificationError
 
 EXIT_OK, EXIT_DIFFERS, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
@@ -32,21 +42,37 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (and exit code 2), like every other error."""
 
     def error(self, message: str):  # type: ignore[override]
-        self.exit(EXIT_BAD_INPUT, f"onnxopt: error: {message} (see --help)\n")
+        say(f"error: {message} (see {self.prog} --help)")
+        self.exit(EXIT_BAD_INPUT)
+
+
+_EXIT_CODES = ("exit codes: 0 ok, 1 outputs differ (verification), 2 bad input or usage, 3 internal error (a bug "
+               "in onnxopt), 130 interrupted, 141 the output's reader went away.")
 
 
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="onnxopt",
-        description="Rewrite an ONNX model with onnxopt's rules until nothing more applies.",
-        epilog="Also: 'onnxopt verify ORIGINAL OPTIMIZED' compares two models on onnxruntime (outputs, kernels, "
-               "latency; see 'onnxopt verify --help'), and 'onnxopt bisect MODEL' finds the rewrite after which "
-               "a model's outputs differ. Exit codes: 0 ok, 1 outputs differ (verification), 2 bad input, "
-               "3 internal error, 130 interrupted, 141 the output's reader went away.",
+        usage="onnxopt MODEL -o OUTPUT [options]\n       onnxopt verify ORIGINAL OPTIMIZED [options]\n"
+              "       onnxopt bisect MODEL [options]\n       onnxopt --list-rules [--target TARGET] [--rules FILE]",
+        description=textwrap.fill(
+            "Rewrite an ONNX model with onnxopt's rules until nothing more applies, and print what changed. "
+            "'onnxopt verify' compares two models on onnxruntime (outputs, kernels, latency; see 'onnxopt verify "
+            "--help'); 'onnxopt bisect' finds the rewrite after which a model's outputs differ (see 'onnxopt "
+            "bisect --help').", 78),
+        epilog="examples:\n"
+               "  onnxopt model.onnx -o model.opt.onnx\n"
+               "  onnxopt model.onnx -o model.opt.onnx --verify cpu --json report.json\n"
+               "  onnxopt verify model.onnx model.opt.onnx --input-shape input=1x3x224x224\n"
+               "  onnxopt bisect model.onnx --rules my_rules.py\n"
+               "  onnxopt --list-rules --target ort-cuda\n\n" + textwrap.fill(_EXIT_CODES, 78),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("input", nargs="?", help="the ONNX model to optimize (never modified)")
+    p.add_argument("input", nargs="?", metavar="MODEL", help="the ONNX model to optimize (never modified)")
     p.add_argument("-o", "--output", help="where to write the optimized model (written atomically)")
-    p.add_argument("--list-rules", action="store_true", help="list the rules with one-line docs and exit")
+    p.add_argument("--list-rules", action="store_true",
+                   help="list the rules by family (targets, exactness, what each does) and the graph passes, "
+                        "and exit")
     _add_rule_args(p)
     ext = p.add_mutually_exclusive_group()
     ext.add_argument("--external-data", metavar="NAME", nargs="?", const=True,
@@ -61,7 +87,8 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _add_rule_args(p: argparse.ArgumentParser) -> None:
+def _add_rule_args(parser: argparse.ArgumentParser) -> None:
+    p = parser.add_argument_group("rules")
     p.add_argument("--disable", metavar="RULE", action="append", default=[], help="leave a rule out (repeatable)")
     p.add_argument("--rules", metavar="FILE", action="append", default=[],
                    help="a Python file whose RULES are added to the built-in ones (repeatable)")
@@ -83,7 +110,7 @@ def _add_rule_args(p: argparse.ArgumentParser) -> None:
 
 def _add_report_args(p: argparse.ArgumentParser, quiet: str) -> None:
     p.add_argument("--json", metavar="REPORT", help="also write the report as JSON to this file")
-    p.add_argument("-q", "--quiet", action="store_true", help=quiet)
+    p.add_argument("-q", "--quiet", action="store_true", help=f"{quiet}; no progress on stderr")
 
 
 def _add_input_args(p: argparse.ArgumentParser) -> None:
@@ -113,17 +140,23 @@ def _add_verify_args(p: argparse.ArgumentParser) -> None:
                    help="onnxruntime intra-op threads (default: onnxruntime's)")
 
 
-def _verify_options(args) -> dict:
-    return {"inputs": args.inputs, "int_ranges": verify.parse_int_ranges(args.int_range), "seed": args.seed, "rtol": args.rtol,
-            "atol": args.atol, "runs": args.runs, "warmup": args.warmup, "threads": args.threads,
-            "progress": verify.Progress(enabled=None if not args.quiet else False)}
+def _status(args) -> Status:
+    """Progress on stderr: on a terminal, never with -q."""
+    return Status(enabled=False if args.quiet else None)
+
+
+def _verify_options(args, progress: Status) -> dict:
+    return {"inputs": args.inputs, "int_ranges": verify.parse_int_ranges(args.int_range), "seed": args.seed,
+            "rtol": args.rtol, "atol": args.atol, "runs": args.runs, "warmup": args.warmup, "threads": args.threads,
+            "progress": progress}
 
 
 def _verify_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="onnxopt verify",
                 description="Run onnxruntime on an original and an optimized model and compare outputs, kernel "
-                            "counts and latency per execution provider. Exit 0 when outputs agree, 1 when they "
-                            "differ beyond tolerance, 2 on bad input.")
+                            "counts and latency per execution provider.",
+                epilog="exit codes: 0 outputs agree, 1 they differ beyond tolerance (or the optimized model does "
+                       "not run), 2 bad input or usage, 3 internal error.")
     p.add_argument("original", help="the model before optimization")
     p.add_argument("optimized", help="the model after optimization")
     p.add_argument("--providers", default="cpu", help="cpu, cuda or cpu,cuda (default cpu)")
@@ -135,8 +168,9 @@ def _verify_parser() -> argparse.ArgumentParser:
 def _bisect_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="onnxopt bisect",
                 description="Binary search over the rewrites onnxopt makes to MODEL for the first one after which "
-                            "its outputs differ on onnxruntime; names the rule and the nodes. Exit 0 when the "
-                            "fully optimized model verifies, 1 when a culprit was found, 2 on bad input.")
+                            "its outputs differ on onnxruntime; names the rule and the nodes.",
+                epilog="exit codes: 0 the fully optimized model verifies (nothing to bisect), 1 a culprit was "
+                       "found, 2 bad input or usage, 3 internal error.")
     p.add_argument("model", help="the original model")
     p.add_argument("--provider", default="cpu", choices=["cpu", "cuda"], help="where to run (default cpu)")
     _add_rule_args(p)
@@ -153,11 +187,11 @@ def _errors(fn):
     try:
         return fn()
     except VerificationError as exc:
-        print(f"onnxopt: {exc}", file=sys.stderr)
+        say(str(exc))
         return EXIT_DIFFERS
     except RuleBug as exc:
         if exc.rule in {rule.name for rule in registry.builtin_rules()}:  # our bug, not the user's rules file
-            print(f"onnxopt: internal error: {exc} (please report it)", file=sys.stderr)
+            say(f"internal error: {exc} (please report it)")
             return EXIT_INTERNAL
         return _fail(str(exc))
     except OnnxoptError as exc:
@@ -167,8 +201,7 @@ def _errors(fn):
     except (OSError, MemoryError) as exc:
         return _fail(f"{type(exc).__name__}: {exc}")
     except Exception as exc:  # a bug of ours: say so in one line, and not with 1 ("outputs differ")
-        print(f"onnxopt: internal error: {io.first_line(exc, 300, typed=True)} (please report it)",
-              file=sys.stderr)
+        say(f"internal error: {io.first_line(exc, 300, typed=True)} (please report it)")
         return EXIT_INTERNAL
 
 
@@ -176,14 +209,16 @@ def verify_main(argv: list[str]) -> int:
     args = _verify_parser().parse_args(argv)
 
     def run():
-        with _outputs(args, args.original, args.optimized) as outputs:
+        with _outputs(args, args.original, args.optimized) as outputs, _status(args) as progress:
             report = verify.verify(args.original, args.optimized, providers=args.providers,
-                                   input_shapes=verify.parse_input_shapes(args.input_shape), **_verify_options(args))
+                                   input_shapes=verify.parse_input_shapes(args.input_shape),
+                                   **_verify_options(args, progress))
             _stage_json(outputs, args.json, report)
         if args.quiet:
-            print("verdict: " + ("outputs agree" if report["ok"] else summary_line(report)))
+            show(Styled("verdict: " + ("outputs agree" if report["ok"] else summary_line(report)),
+                        "bold green" if report["ok"] else "bold red"))
         else:
-            print(format_verification(report))
+            show(format_verification(report))
         return EXIT_OK if report["ok"] else EXIT_DIFFERS
 
     return _errors(run)
@@ -194,7 +229,7 @@ def bisect_main(argv: list[str]) -> int:
 
     def run():
         base, extra = _rule_sets(args)
-        with _outputs(args, args.model) as outputs:
+        with _outputs(args, args.model) as outputs, _status(args) as progress:
             report = bisect(
                 args.model, rules=base, extra_rules=extra, disable=args.disable,
                 target=args.target, provider=args.provider, inputs=args.inputs,
@@ -203,10 +238,10 @@ def bisect_main(argv: list[str]) -> int:
                 optimize_options={"max_rewrites": args.max_rewrites, "fold_size_limit": args.fold_size_limit,
                                   "strict": args.strict, "exact": args.exact,
                                   "input_shapes": input_shapes.parse(args.fix_input_shape, flag="--fix-input-shape")},
-                progress=verify.Progress(enabled=None if not args.quiet else False))
+                progress=progress)
             _stage_json(outputs, args.json, report)
         text = format_bisect(report)
-        print(text.splitlines()[-1] if args.quiet else text)
+        show(text.blocks[-1] if args.quiet else text)
         return EXIT_OK if report["ok"] else EXIT_DIFFERS
 
     return _errors(run)
@@ -252,7 +287,7 @@ def _finite(data):
 
 
 def _fail(message: str) -> int:
-    print(f"onnxopt: error: {message}", file=sys.stderr)
+    say(f"error: {message}")
     return EXIT_BAD_INPUT
 
 
@@ -271,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                 warnings.simplefilter("ignore")
             return _main(argv)
     except KeyboardInterrupt:  # staged outputs are already removed (onnxopt.io.Outputs)
-        print("onnxopt: interrupted", file=sys.stderr)
+        say("interrupted", "")
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # stdout's reader stopped reading (| head): end quietly, as a shell tool does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (so the final flush cannot fail)
@@ -283,17 +318,48 @@ def _main(argv: list[str]) -> int:
         return verify_main(argv[1:])
     if argv and argv[0] == "bisect":
         return bisect_main(argv[1:])
+    if argv and not argv[0].startswith("-") and not os.path.exists(argv[0]):
+        close = difflib.get_close_matches(argv[0], ["verify", "bisect"], n=1, cutoff=0.7)
+        if close:  # (a model path would exist, or have a suffix)
+            return _fail(f"no model or command {argv[0]!r}: did you mean 'onnxopt {close[0]}'?")
     parser = _parser()
     args = parser.parse_args(argv)  # usage errors exit 2 with a one-line message
     return _errors(lambda: _optimize_main(args))
 
 
-def _rule_sets(args) -> tuple[list | None, list]:
-    """(base rules: None for the built-in library, extra rules from --rules files)."""
+def _rule_sets(args, files: dict | None = None) -> tuple[list | None, list]:
+    """(base rules: None for the built-in library, extra rules from --rules files); ``files``
+    gets each file's rules by path."""
     extra = []
     for path in args.rules:
-        extra.extend(registry.load_rules_file(path))
+        rules = registry.load_rules_file(path)
+        extra.extend(rules)
+        if files is not None:
+            files[path] = rules
     return ([] if args.no_builtin_rules else None), extra
+
+
+def _families(files: dict) -> dict[int, str]:
+    """``id(rule)`` -> where the rule comes from: its family file in rules/, or its --rules file."""
+    import onnxopt.rules as library
+
+    found = {}
+    for info in pkgutil.iter_modules(library.__path__):
+        for rule in getattr(importlib.import_module(f"{library.__name__}.{info.name}"), "RULES", ()):
+            found[id(rule)] = f"{info.name} (rules/{info.name}.py)"
+    found.update((id(rule), path) for path, rules in files.items() for rule in rules)
+    return found
+
+
+def _total_bytes(path: str) -> int | None:
+    """The bytes of a model file and the data files it names; a file over 64 MiB holds its
+    weights itself, so its data files are not looked for (that would parse it again)."""
+    try:
+        size = os.path.getsize(path)
+        files = io.files_read(path)[1:] if size < 64 << 20 else []
+        return size + sum(os.path.getsize(f) for f in files)
+    except OSError:
+        return None
 
 
 def _rule_words(args) -> list[str]:
@@ -307,39 +373,47 @@ def _rule_words(args) -> list[str]:
     return [w for pair in pairs for w in pair] + flags
 
 
+_OTHER_COMMANDS = "other commands: onnxopt verify ORIGINAL OPTIMIZED, onnxopt bisect MODEL, onnxopt --list-rules"
+
+
 def _optimize_main(args) -> int:
-    base, extra = _rule_sets(args)
+    files: dict = {}
+    base, extra = _rule_sets(args, files)
     if args.list_rules:
-        for line in rule_lines(*registry.resolve(base, extra, args.disable, args.target, exact=args.exact)):
-            print(line)
+        show(format_rules(*registry.resolve(base, extra, args.disable, args.target, exact=args.exact),
+                          _families(files), targets.normalize(args.target)))
         return EXIT_OK
     if not args.input:
-        return _fail("the input model is missing (usage: onnxopt IN -o OUT)")
+        return _fail(f"no model given: onnxopt MODEL -o OUTPUT optimizes one; {_OTHER_COMMANDS} (see --help)")
     if not args.output:
-        return _fail("-o/--output is required (the input file is never overwritten)")
+        suggested = Path(args.input).with_name(Path(args.input).name.removesuffix(".onnx") + ".opt.onnx")
+        return _fail(f"no output given: add -o OUTPUT to write the optimized model "
+                     f"({shlex.join(['onnxopt', args.input, '-o', str(suggested)])}; the input is never "
+                     f"overwritten); {_OTHER_COMMANDS}")
     external = False if args.single_file else args.external_data
-    verify_args = {}
-    if args.verify is not None:
-        verify_args = {"verify": args.verify,
-                       "verify_options": {**_verify_options(args), "bisect_options": _rule_words(args)}}
-    with _outputs(args, args.input, data_files=False) as outputs:
+    with _outputs(args, args.input, data_files=False) as outputs, _status(args) as progress:
+        verify_args = {}
+        if args.verify is not None:
+            verify_args = {"verify": args.verify,
+                           "verify_options": {**_verify_options(args, progress), "bisect_options": _rule_words(args)}}
         try:
             _, report = optimize(
                 args.input, rules=base, extra_rules=extra, disable=args.disable, target=args.target,
                 output=args.output, external_data=external, max_rewrites=args.max_rewrites, return_report=True,
                 strict=args.strict, input_shapes=input_shapes.parse(args.input_shape), exact=args.exact,
-                fold_size_limit=args.fold_size_limit, outputs=outputs, **verify_args,
+                fold_size_limit=args.fold_size_limit, outputs=outputs, progress=progress, **verify_args,
             )
         except VerificationError as exc:  # the evidence (and its JSON), then the one-line verdict (exit 1)
             _stage_json(outputs, args.json, {"input": args.input, "output": None, "verification": exc.report})
             outputs.commit()  # the report only: no model was staged
+            progress.close()
             if not args.quiet and exc.report is not None:
-                print(format_verification(exc.report))
+                show(format_verification(exc.report))
             raise
         _stage_json(outputs, args.json, {"input": args.input, "output": args.output, **report.as_dict()})
     if not args.quiet:
-        print(format_optimize(report, args.input, args.output))
+        show(format_optimize(report, args.input, args.output, (_total_bytes(args.input), _total_bytes(args.output))))
         if report.verification is not None:
-            print()
-            print(format_verification(report.verification))
+            show("")
+            show(format_verification(report.verification))
     return EXIT_OK

@@ -18,7 +18,7 @@ A pass's changes count as rewrites (``max_rewrites``, ``stop_after``); a pass ru
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import onnx_ir as ir
 
@@ -34,15 +34,18 @@ _MAX_PASS_ROUNDS = 32
 
 def run(model: ir.Model, rules: Sequence[Rule], *, graph_passes: Iterable[str] = passes.NAMES,
         max_rewrites: int | None = None, stop_after: int | None = None, keep_log: bool = False,
-        options: dict | None = None, strict: bool = False) -> DriverResult:
+        options: dict | None = None, strict: bool = False,
+        progress: Callable[[str, int, int], None] | None = None) -> DriverResult:
     """Optimize ``model`` in place with ``rules`` and the named whole-graph passes; the driver's
     result, with each pass's statistics among the rules'. ``strict``: a bug in a rule raises
-    (``onnxopt.errors.RuleBug``) instead of being recorded in the result's ``errors``."""
+    (``onnxopt.errors.RuleBug``) instead of being recorded in the result's ``errors``.
+    ``progress(step, done, total)`` hears of each pass and driver round (``onnxopt.console.Status``)."""
     with gc_paused():
-        return _run(model, rules, graph_passes, max_rewrites, stop_after, keep_log, options, strict)
+        return _run(model, rules, graph_passes, max_rewrites, stop_after, keep_log, options, strict,
+                    progress or (lambda step, done=0, total=0: None))
 
 
-def _run(model, rules, graph_passes, max_rewrites, stop_after, keep_log, options, strict) -> DriverResult:
+def _run(model, rules, graph_passes, max_rewrites, stop_after, keep_log, options, strict, progress) -> DriverResult:
     _remove_dead(model)
     chosen = [p for p in passes.PASSES if p.name in set(graph_passes)]
     stats = {p.name: RuleStats() for p in chosen}
@@ -50,6 +53,7 @@ def _run(model, rules, graph_passes, max_rewrites, stop_after, keep_log, options
     early, early_log = 0, []
     for p in chosen:
         if p.phase == "first":
+            progress(f"rewriting: {p.name.replace('_', ' ')}")
             n = _run_pass(p, stats[p.name], model, None)
             early += n
             if n and keep_log:
@@ -58,9 +62,11 @@ def _run(model, rules, graph_passes, max_rewrites, stop_after, keep_log, options
                     options=options, strict=strict)
     driver.result.rewrites = early
     driver.result.log.extend(early_log)
+    progress(f"rewriting: {len(rules)} rules, round 1")
     result = driver.run()
     between = [p for p in chosen if p.phase == "between"]
-    for _ in range(_MAX_PASS_ROUNDS):
+    for k in range(_MAX_PASS_ROUNDS):
+        progress(f"rewriting: {len(rules)} rules, round {k + 2} ({result.rewrites} rewrites so far)")
         changed = 0
         for p in between:
             if driver.at_limit:

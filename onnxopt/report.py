@@ -1,10 +1,15 @@
-"""Every terminal table of the command line: optimize's before/after table, ``--list-rules``,
-the verification report and its one-line summary, and bisect's report. (The JSON reports are
-written by ``onnxopt.cli``.)"""
+"""Every terminal table of the command line: optimize's summary, ``--list-rules``, the
+verification report and its one-line summary, and bisect's report. (The JSON reports are written
+by ``onnxopt.cli``; ``onnxopt.console`` draws these on a terminal.)
+
+A report is a :class:`Doc`: a string, its plain text (what a pipe, a file or a script gets: no
+escape codes, tables as aligned columns under a dashed rule), that keeps its blocks (lines,
+:class:`Styled` lines, :class:`Table` s) for ``onnxopt.console`` to draw with rich and colour."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 
 from . import passes, targets
 from .pattern import Rule
@@ -13,55 +18,154 @@ from .verify.compare import short_number
 from .verify.inputs import dims_text
 
 
-def table(rows: list[tuple], header: tuple) -> str:
-    """Rows under a header, columns aligned (the first left, the others right)."""
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+class Styled(str):
+    """Text with a style for the terminal (rich's style names: "bold", "red", "dim green"); plain
+    text is the string itself."""
 
-    def fmt(r):
-        return "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+    style: str
 
-    return "\n".join([fmt(header), "  ".join("-" * w for w in widths), *map(fmt, rows)])
+    def __new__(cls, text: str, style: str = "") -> Styled:
+        obj = super().__new__(cls, text)
+        obj.style = style
+        return obj
 
 
-def format_optimize(report, src: str, dst: str) -> str:
-    """``optimize()``'s report (``onnxopt.api.Report``): nodes per op type before and after, the
-    rules tried, the rewrites and the time."""
+@dataclasses.dataclass
+class Table:
+    """Rows under a header, in sections (each under its title, or None) that share the columns.
+    ``align``: "l" or "r" per column (default: the first left, the others right)."""
+
+    header: tuple
+    sections: list[tuple[str | None, list[tuple]]]
+    align: str = ""
+
+    @property
+    def aligns(self) -> str:
+        return self.align or "l" + "r" * (len(self.header) - 1)
+
+    def __str__(self) -> str:
+        rows = [r for _, section in self.sections for r in section]
+        widths = [max(len(str(r[i])) for r in [self.header, *rows]) for i in range(len(self.header))]
+
+        def fmt(r):
+            cells = (str(c).ljust(w) if a == "l" else str(c).rjust(w) for c, w, a in zip(r, widths, self.aligns))
+            return "  ".join(cells).rstrip()
+
+        if self.aligns[-1] == "l":  # (a text column's rule stops at its header: its lines may be long)
+            widths[-1] = len(str(self.header[-1]))
+        blocks = [[*([title] if title else []), fmt(self.header), "  ".join("-" * w for w in widths),
+                   *map(fmt, section)] for title, section in self.sections]
+        return "\n\n".join("\n".join(b) for b in blocks)
+
+
+def table(rows: list[tuple], header: tuple, align: str = "") -> Table:
+    return Table(header, [(None, rows)], align)
+
+
+class Doc(str):
+    """A report: its plain text, and its ``blocks`` (strings, Styled strings, Tables; a Doc among
+    them is flattened) for ``onnxopt.console``."""
+
+    blocks: tuple
+
+    def __new__(cls, blocks: Sequence) -> Doc:
+        flat = [part for b in blocks for part in (b.blocks if isinstance(b, Doc) else (b,))]
+        obj = super().__new__(cls, "\n".join(map(str, flat)))
+        obj.blocks = tuple(flat)
+        return obj
+
+
+def _change(n: int) -> Styled:
+    return Styled(f"{n:+d}", "green" if n < 0 else "yellow" if n > 0 else "dim")
+
+
+def _size(n: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+def format_optimize(report, src: str, dst: str, sizes: tuple[int | None, int | None] = (None, None)) -> Doc:
+    """``optimize()``'s report (``onnxopt.api.Report``): the op types whose node count changed
+    (the others on one row), the rules that fired, the warnings, then what changed in one line and
+    where it went, with the time. ``sizes``: the input's and the output's bytes (model and data
+    files), where known."""
     d = report.as_dict()
-    ops = sorted(set(report.before) | set(report.after))
-    rows = [(op, report.before.get(op, 0), report.after.get(op, 0),
-             f"{report.after.get(op, 0) - report.before.get(op, 0):+d}") for op in ops]
-    rows.append(("total", d["nodes_before"], d["nodes_after"], f"{d['nodes_after'] - d['nodes_before']:+d}"))
-    out = [f"onnxopt {src} -> {dst}", "", table(rows, ("op type", "before", "after", "change"))]
-    fired = [(name, st.tried, st.fired, st.refused, f"{st.seconds * 1e3:.1f}")
-             for name, st in report.rules.items() if st.tried]
+    before, after = report.before, report.after
+    ops = sorted(set(before) | set(after), key=lambda op: (after.get(op, 0) - before.get(op, 0), op))
+    rows = [(op, before.get(op, 0), after.get(op, 0), _change(after.get(op, 0) - before.get(op, 0)))
+            for op in ops if before.get(op, 0) != after.get(op, 0)]
+    same = [op for op in ops if before.get(op, 0) == after.get(op, 0)]
+    if same:
+        kept = sum(before[op] for op in same)
+        rows.append((Styled("unchanged", "dim"), kept, kept, _change(0)))
+    n0, n1 = d["nodes_before"], d["nodes_after"]
+    rows.append((Styled("total", "bold"), n0, n1, _change(n1 - n0)))
+    out = [Styled(f"onnxopt {src} -> {dst}", "bold"), "", table(rows, ("op type", "before", "after", "change"))]
+    fired = sorted(((name, st) for name, st in report.rules.items() if st.fired or st.errors),
+                   key=lambda item: (-item[1].fired, item[0]))
     if fired:
-        out += ["", table(fired, ("rule", "tried", "fired", "refused", "ms"))]
+        errors = any(st.errors for _, st in fired)
+        out += ["", table([(name, st.tried, st.fired, st.refused, *([st.errors] if errors else []),
+                            f"{st.seconds * 1e3:.1f}") for name, st in fired],
+                          ("rule", "tried", "fired", "refused", *(["errors"] if errors else []), "ms"))]
+    idle = [st for st in report.rules.values() if st.tried and not (st.fired or st.errors)]
+    out += [""] + [Styled(f"warning: {w}", "yellow") for w in report.warnings]
+    pct = f", {100 * (n1 - n0) / n0:+.1f}%" if n0 else ""
+    ran = (f"{report.rewrites} rewrites by {len(fired)} rule{'s' * (len(fired) != 1)}" if fired
+           else "no rule applied")
+    ran += f"; {len(idle)} more tried without firing ({sum(st.seconds for st in idle) * 1e3:.0f} ms)" if idle else ""
+    out.append(Styled(f"nodes {n0} -> {n1} ({n1 - n0:+d}{pct}); {ran}", "bold"))
     s = d["seconds"]
-    out += ["", f"{report.rewrites} rewrites; time: load {s['load']:.3f} s, rewrite {s['rewrite']:.3f} s, "
-                f"save {s['save']:.3f} s, total {s['total']:.3f} s"]
-    out += [f"warning: {w}" for w in report.warnings]
-    return "\n".join(out)
+    size = f" ({_size(sizes[0])} -> {_size(sizes[1])})" if None not in sizes else ""
+    out.append(f"wrote {dst}{size} in {s['total']:.2f} s: load {s['load']:.2f} s, rewrite {s['rewrite']:.2f} s"
+               + (f", verify {s['verify']:.2f} s" if "verify" in s else "") + f", save {s['save']:.2f} s")
+    return Doc(out)
 
 
-def rule_lines(rules: Sequence[Rule], graph_passes: Sequence[str]) -> list[str]:
-    """``--list-rules``: one line per rule (name, op type, priority, targets, exact or not, summary),
-    then one per whole-graph pass."""
-    def valid(names) -> str:
-        return ",".join(t for t in targets.TARGETS if t in names)
+def _targets_text(names) -> str:
+    return "all" if set(names) >= set(targets.TARGETS) else ",".join(t for t in targets.TARGETS if t in names)
 
-    def exact(flag) -> str:
-        return "exact" if flag else "-" if flag is False else "?"
 
-    lines = [f"{rule.name:<28} {rule.pattern.op_type:<20} p={rule.priority:<3} [{valid(rule.targets)}] "
-             f"{exact(rule.exact):<5}  {rule.summary}" for rule in rules]
-    return lines + [f"{name:<28} {'(graph pass)':<20} {'':<5} [{valid(targets.TARGETS)}] "
-                    f"{exact(passes.BY_NAME[name].exact):<5}  {passes.BY_NAME[name].doc}" for name in graph_passes]
+def _exactness(thing) -> str:
+    exact = getattr(thing, "exact", None)
+    return "?" if exact is None else "exact" if exact else "tolerance"
+
+
+def format_rules(rules: Sequence[Rule], graph_passes: Sequence[str], families: Mapping[int, str],
+                 target: str) -> Doc:
+    """``--list-rules``: a header, the rules grouped by family (``families``: ``id(rule)`` -> the
+    file it comes from, in the order to show them), each with its root op type, priority, targets
+    and exactness, then the whole-graph passes."""
+    groups: dict[str, list[Rule]] = {}
+    for rule in rules:
+        groups.setdefault(families.get(id(rule), "other rules"), []).append(rule)
+    head = Styled(f"{len(rules)} rules in {len(groups)} famil{'ies' if len(groups) != 1 else 'y'} and "
+                  f"{len(graph_passes)} graph passes, for target {target} (--target {'|'.join(targets.TARGETS)})",
+                  "bold")
+    legend = ("targets: where a rule may run (all: " + ", ".join(targets.TARGETS) + "); exactness: exact (the "
+              "same bits on onnxruntime's CPU provider), tolerance (within float rounding), ? (not declared)")
+    sections = [(Styled(f"{family}: {len(members)} rule{'s' * (len(members) != 1)}", "bold cyan"),
+                 [(r.name, r.pattern.op_type, r.priority, _targets_text(r.targets), _exactness(r), r.summary)
+                  for r in members]) for family, members in groups.items()]
+    out = [head, Styled(legend, "dim")]
+    if sections:
+        out += ["", Table(("rule", "matches", "priority", "targets", "exactness", "does"), sections, "llrlll")]
+    if graph_passes:
+        rows = [(name, "first" if passes.BY_NAME[name].phase == "first" else "between rounds",
+                 _exactness(passes.BY_NAME[name]), passes.BY_NAME[name].doc) for name in graph_passes]
+        out += ["", Table(("pass", "runs", "exactness", "does"),
+                          [(Styled("graph passes (onnxopt/passes.py)", "bold cyan"), rows)], "llll")]
+    return Doc(out)
 
 
 def _output_rows(rows: list[dict]) -> list[tuple]:
     out = []
     for r in rows:
-        status = "ok" if r["ok"] else f"DIFFERS ({r['problem']})" if r.get("problem") else "DIFFERS"
+        status = (Styled("ok", "green") if r["ok"] else
+                  Styled(f"DIFFERS ({r['problem']})" if r.get("problem") else "DIFFERS", "bold red"))
         shape = (dims_text(r["shape_after"]) if "shape_after" in r else
                  f"seq[{r['length']}]" if "length" in r else r.get("kind", "-"))
         out.append((r["name"], shape, r.get("dtype_after", "-"),
@@ -91,8 +195,8 @@ def _culprit_lines(c: dict, label: str = "culprit") -> list[str]:
         how = f", a node a rewrite made in place of {', '.join(n['provenance']['sources'])}"
     else:
         how = ", an original node"
-    lines = [f"{label}: first diverging value {c['value']!r} (of {c['compared_values']} shared), produced by "
-             f"{n['op_type']} {n['name']!r}{how}", f"  {problem_text(c['stats'])}"]
+    lines = [Styled(f"{label}: first diverging value {c['value']!r} (of {c['compared_values']} shared), produced "
+                    f"by {n['op_type']} {n['name']!r}{how}", "red"), f"  {problem_text(c['stats'])}"]
     read_before = ", ".join(_named(r["name"], r["producer"]) for r in c.get("read_before", [])) or "only weights"
     lines += [f"  it reads {_named(i['now'], i['producer_now'])}, which agrees with no value the original read "
               f"there ({read_before})" for i in c.get("inputs", []) if not i["agrees"]]
@@ -110,10 +214,10 @@ def _bisect_lines(report: dict) -> list[str]:
     return ["", format_bisect(b)]
 
 
-def format_verification(report: dict) -> str:
+def format_verification(report: dict) -> Doc:
     """``onnxopt.verify.verify``'s report: the inputs, then per provider the outputs compared, the
     kernels, the latency and the culprit; the cross-provider comparisons, bisect's result and the verdict."""
-    lines = [f"verify {report['original']} -> {report['optimized']}"]
+    lines = [Styled(f"verify {report['original']} -> {report['optimized']}", "bold")]
     ins = ", ".join(f"{k} {dims_text(v['shape'])} {v['dtype']} ({v['source']}"
                     + (f", {v['range'][0]}..{v['range'][1]}" if "range" in v else "") + ")"
                     for k, v in report["inputs"].items())
@@ -122,10 +226,11 @@ def format_verification(report: dict) -> str:
         lines.append(f"fp16/bf16/int8 model: float32 outputs compared at rtol {LOW_PRECISION[0]}, atol "
                      f"{LOW_PRECISION[1]}")
     for p, e in report["providers"].items():
-        lines += ["", f"== {p.upper()} ({PROVIDERS[p]}): {'outputs agree' if e['ok'] else 'OUTPUTS DIFFER'}",
+        lines += ["", Styled(f"== {p.upper()} ({PROVIDERS[p]}): {'outputs agree' if e['ok'] else 'OUTPUTS DIFFER'}",
+                             "bold green" if e["ok"] else "bold red"),
                   table(_output_rows(e["outputs"]), _OUT_HEADER)]
         if e.get("error"):
-            lines.append(e["error"])
+            lines.append(Styled(e["error"], "red"))
             continue
         if p == "cuda":
             lines.append("(CUDA outputs are compared with TF32 off, use_tf32=0; latency runs with the defaults)")
@@ -138,7 +243,7 @@ def format_verification(report: dict) -> str:
         changed = [(op, kb["by_op"].get(op, 0), ka["by_op"].get(op, 0)) for op in ops
                    if kb["by_op"].get(op, 0) != ka["by_op"].get(op, 0)]
         if changed:
-            lines.append(table([(op, b, a, f"{a - b:+d}") for op, b, a in changed],
+            lines.append(table([(op, b, a, _change(a - b)) for op, b, a in changed],
                                 ("kernels by op type", "before", "after", "change")))
         lat = e.get("latency")
         if lat and "before" in lat and "after" in lat:
@@ -150,12 +255,12 @@ def format_verification(report: dict) -> str:
     for key, by_label in report.get("cross_provider", {}).items():
         for label, rows in by_label.items():
             model = "original" if label == "before" else "optimized"
-            lines += ["", f"== {key}, {model} model (informational)",
+            lines += ["", Styled(f"== {key}, {model} model (informational)", "bold"),
                       table(_output_rows(rows), _OUT_HEADER)]
     lines += _bisect_lines(report)
-    lines += ["", "verdict: " + ("outputs agree on " + ", ".join(report["providers"]) if report["ok"]
-                                 else summary_line(report))]
-    return "\n".join(lines)
+    lines += ["", Styled("verdict: " + ("outputs agree on " + ", ".join(report["providers"]) if report["ok"]
+                                        else summary_line(report)), "bold green" if report["ok"] else "bold red")]
+    return Doc(lines)
 
 
 def summary_line(report: dict) -> str:
@@ -181,15 +286,17 @@ def summary_line(report: dict) -> str:
     return text
 
 
-def format_bisect(report: dict) -> str:
+def format_bisect(report: dict) -> Doc:
     """``onnxopt.bisect.bisect``'s report: the rewrite after which outputs differ, its steps, the
     outputs and the first diverging value right after it; the culprit on the last line."""
-    lines = [f"bisect {report['model']} on {report['provider']} ({report['rewrites']} rewrites in the full run)"]
-    lines += [f"warning: {w}" for w in report.get("warnings", ())]
+    lines = [Styled(f"bisect {report['model']} on {report['provider']} ({report['rewrites']} rewrites in the full "
+                    "run)", "bold")]
+    lines += [Styled(f"warning: {w}", "yellow") for w in report.get("warnings", ())]
     if report["ok"]:
-        return "\n".join(lines + [report["message"]])
+        return Doc(lines + [Styled(report["message"], "green")])
     n = report["first_failing_rewrite"]
-    lines.append(f"outputs differ after rewrite {n}" + (f" (the model is fine after {n - 1})" if n > 0 else ""))
+    lines.append(Styled(f"outputs differ after rewrite {n}" + (f" (the model is fine after {n - 1})" if n > 0 else ""),
+                        "red"))
     if report.get("message"):
         lines.append(report["message"])
     for s in report["steps"]:
@@ -203,5 +310,5 @@ def format_bisect(report: dict) -> str:
     if report.get("outputs"):
         lines.append(table(_output_rows(report["outputs"]), _OUT_HEADER))
     lines += _culprit_lines(report.get("culprit") or {}, "right after it")
-    lines.append(f"culprit: {report.get('culprit_rule') or 'unknown'}")
-    return "\n".join(lines)
+    lines.append(Styled(f"culprit: {report.get('culprit_rule') or 'unknown'}", "bold red"))
+    return Doc(lines)

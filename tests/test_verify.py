@@ -7,7 +7,6 @@ the tests prove that a real difference is caught, located and named.
 
 from __future__ import annotations
 
-import io as _io
 import json
 import textwrap
 
@@ -387,18 +386,6 @@ def test_cpu_and_cuda(syn, tmp_path):
 
 
 # --- the report -----------------------------------------------------------------------------------
-
-
-def test_progress_bar_draws_and_clears():
-    stream = _io.StringIO()
-    p = verify.Progress(enabled=True, stream=stream)
-    p("latency", 3, 10)
-    assert "[#######" in stream.getvalue() and "3/10 latency" in stream.getvalue()
-    p.close()
-    assert stream.getvalue().endswith("\r")
-    quiet = _io.StringIO()
-    verify.Progress(stream=quiet)("x", 1, 2)  # not a terminal: silent
-    assert quiet.getvalue() == ""
 
 
 def test_report_in_memory_models_and_bytes(syn):

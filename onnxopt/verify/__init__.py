@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import sys
 import time
 from collections.abc import Mapping, Sequence
 
@@ -46,29 +45,15 @@ class VerificationError(OnnxoptError):
 
 
 class Progress:
-    """A one-line progress bar on stderr when it is a terminal (silent otherwise)."""
-
-    def __init__(self, enabled: bool | None = None, stream=None):
-        self.stream = stream or sys.stderr
-        self.enabled = self.stream.isatty() if enabled is None else enabled
-        self._last = ""
+    """The hook verify() and ``onnxopt.bisect`` report their steps to: called as
+    ``progress(step, done, total)`` at each step, ``close()`` when they end. This one shows nothing;
+    ``onnxopt.console.Status`` (the command line's) draws it on a terminal."""
 
     def __call__(self, step: str, done: int = 0, total: int = 0) -> None:
-        if not self.enabled:
-            return
-        width = 24
-        filled = int(width * done / total) if total else 0
-        bar = f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} " if total else ""
-        line = f"\r{bar}{step}"[:120]
-        self.stream.write(line + " " * max(0, len(self._last) - len(line)))
-        self.stream.flush()
-        self._last = line
+        pass
 
     def close(self) -> None:
-        if self.enabled and self._last:
-            self.stream.write("\r" + " " * len(self._last) + "\r")
-            self.stream.flush()
-            self._last = ""
+        pass
 
 
 def check_settings(providers: str | Sequence[str] = "cpu", *, runs: int = 20, warmup: int = 5, threads: int = 0,
@@ -102,7 +87,7 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
     with these settings; ``bisect_options``: the command-line options that made ``optimized``
     (--rules, --disable, ...), None when unknown (the command then says to add them)."""
     providers = check_settings(providers, runs=runs, warmup=warmup, threads=threads, rtol=rtol, atol=atol)
-    progress = progress or Progress(enabled=False)
+    progress = progress or Progress()
     before = after = None
     try:
         before = OrtModel(original, "original")
