@@ -219,7 +219,8 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
     if not return_report:
         return out
     warnings = [c["message"] for c in result.cycles]
-    left_out = registry.undeclared([*registry.as_rules(rules or ()), *registry.as_rules(extra_rules, "extra_rules")]) if exact else []
+    left_out = registry.undeclared([*registry.as_rules(rules or ()), *registry.as_rules(extra_rules, "extra_rules")]
+                                   ) if exact else []
     if left_out:
         warnings.append(f"exact: left out {len(left_out)} rule(s) that do not declare exact=True or False: "
                         f"{', '.join(left_out)}")

@@ -199,11 +199,16 @@ def test_external_data_model_from_another_directory(tmp_path):
 # Rule selection
 
 
+def listed_rows(stdout: str) -> dict[str, str]:
+    """The rows --list-rules prints, by name, in order: each row of its tables (a block of a title
+    line, a header, a dashed rule and the rows), keyed by its first word."""
+    return {row.split()[0]: row for block in stdout.split("\n\n") for lines in [block.splitlines()]
+            if len(lines) > 2 and set(lines[2].replace(" ", "")) == {"-"} for row in lines[3:]}
+
+
 def listed_rules(stdout: str) -> list[str]:
-    """The names --list-rules prints, in order: the first word of each row of its tables (a block
-    of a title line, a header, a dashed rule and the rows)."""
-    return [row.split()[0] for block in stdout.split("\n\n") for lines in [block.splitlines()]
-            if len(lines) > 2 and set(lines[2].replace(" ", "")) == {"-"} for row in lines[3:]]
+    """The names --list-rules prints, in order."""
+    return list(listed_rows(stdout))
 
 
 def test_list_rules(capsys):

@@ -23,6 +23,7 @@ import onnxopt
 from onnxopt import Op, Rule, forward, optimize, passes, registry
 from onnxopt.models import zoo
 from rules.check import zoo_exact
+from test_cli import listed_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -142,12 +143,12 @@ def test_cli_exact_optimizes_lists_and_verifies_without_tolerance(tmp_path):
     assert row["rtol"] == 0 and row["atol"] == 0 and row["max_abs"] == 0
     assert op_types(onnx.load(tmp_path / "out.onnx")) == ["Conv", "BatchNormalization"]
 
-    listed = _cli("--list-rules", "--exact").stdout.splitlines()
-    assert [line.split()[0] for line in listed] == [r.name for r in onnxopt.default_rules() if r.exact] + \
+    listed = listed_rows(_cli("--list-rules", "--exact").stdout)
+    assert list(listed) == [r.name for r in onnxopt.default_rules() if r.exact] + \
         [p.name for p in passes.PASSES if p.exact]
-    assert all(" exact " in line for line in listed)
-    full = {line.split()[0]: line for line in _cli("--list-rules").stdout.splitlines()}
-    assert " exact " not in full["conv_bn_fold"] and " - " in full["conv_bn_fold"]
+    assert all(" exact " in row for row in listed.values())
+    full = listed_rows(_cli("--list-rules").stdout)
+    assert " exact " not in full["conv_bn_fold"] and " tolerance " in full["conv_bn_fold"]
 
     r = _cli("bisect", src, "--exact", "--json", tmp_path / "b.json")  # bisect takes the same rule options
     assert r.returncode == 0, r.stderr
