@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 
 import onnx_ir as ir
 
-from . import evaluate, io, pipeline, registry
+from . import evaluate, io, pipeline, registry, targets
 from . import verify as verifier
 from .bisect import bisect_failure
 from .errors import bug_warnings, strict_default
@@ -36,6 +36,7 @@ class Report:
     errors: list[dict] = dataclasses.field(default_factory=list)  # rules that raised (bugs), see strict
     log: list[dict] = dataclasses.field(default_factory=list)  # the rewrites in order (with stop_after)
     verification: dict | None = None  # verify.verify()'s report, with verify=
+    settings: dict = dataclasses.field(default_factory=dict)  # what shaped the result: target, exact, input_shapes
 
     @property
     def fired(self) -> dict[str, int]:
@@ -54,6 +55,7 @@ class Report:
             "hit_limit": self.hit_limit,
             "warnings": self.warnings,
             "errors": self.errors,
+            "settings": self.settings,
             **({"log": self.log} if self.log else {}),
             **({"verification": self.verification} if self.verification is not None else {}),
         }
@@ -232,7 +234,9 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
     if verification is not None:
         seconds["verify"] = t3 - t2
     report = Report(before, after, result.rules, result.rewrites, seconds, result.cycles, result.hit_limit,
-                    warnings, [bug.as_dict() for bug in result.errors], log=result.log, verification=verification)
+                    warnings, [bug.as_dict() for bug in result.errors], log=result.log, verification=verification,
+                    settings={"target": targets.normalize(target), "exact": bool(exact),
+                              "input_shapes": {name: list(dims) for name, dims in input_shapes.items()}})
     return out, report
 
 

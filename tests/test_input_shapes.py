@@ -137,6 +137,12 @@ def test_a_symbol_fixed_on_one_input_is_fixed_everywhere():
     assert io_dims(out) == ({"x": [2, 5, 4], "y": [2, 8]}, {"z": [2, 5, 4], "w": [2]})
 
 
+def test_the_report_records_the_shapes_fixed_as_given():
+    _, report = optimize(_two_inputs(), input_shapes="x=2,seq,4", return_report=True, exact=True)
+    assert report.as_dict()["settings"] == {"target": "portable", "exact": True, "input_shapes": {"x": [2, "seq", 4]}}
+    assert optimize(_two_inputs(), return_report=True)[1].settings["input_shapes"] == {}
+
+
 def test_a_symbol_kept_or_renamed_stays_dynamic_and_the_model_runs_at_any_value():
     src = _two_inputs()
     out = optimize(src, input_shapes={"x": ["n", 5, 4]})  # batch renamed, seq fixed
@@ -301,6 +307,7 @@ def test_the_command_line_fixes_the_model_and_verifies_at_the_same_shapes(bert, 
         n: [1, 24] for n in ("input_ids", "attention_mask", "token_type_ids")}
     assert rep["verification"]["ok"]
     assert rep["nodes_after"] < len(bert["dynamic"].graph.node)
+    assert rep["settings"] == {"target": "portable", "exact": False, "input_shapes": {"input_ids": [1, 24]}}
 
 
 def test_verify_is_fed_by_input_shape(bert, tmp_path):
