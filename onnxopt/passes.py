@@ -10,8 +10,9 @@ one-line doc); ``onnxopt.pipeline`` runs them, and adding a pass is adding a row
 - ``initializer_deduplication``: initializers (not graph inputs) with the same dtype, shape and
   bytes are one (e.g. the tied embedding matrix the legacy GPT-2 export stores twice).
 
-Both run in every graph (If/Loop/Scan bodies included), keep graph output names, and record what
-they merged in the kept node's metadata (``onnxopt.merged``). CSE's kept node also takes the metadata
+Both run in every graph (If/Loop/Scan bodies included) and keep graph output names; CSE records
+the nodes it merged in the kept node's metadata (``onnxopt.merged``; initializers have no node to
+record it on). CSE's kept node also takes the metadata
 keys only its twins carried (``irutil.inherit_metadata``: its own values first, then its twins' in
 graph order), as a rule's new node keeps its sources'.
 

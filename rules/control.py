@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
+from onnxopt.irutil import inherit_metadata
 from onnxopt.pattern import Const, Match, Op, Refuse, Rule
 
 
@@ -54,6 +55,7 @@ def if_constant_condition_replacement(m: Match, b):
         outs = b.op(node.op_type, *inputs, domain=node.domain, outputs=len(node.outputs),
                     attrs=node.attributes.values(), overload=node.overload)
         outs = (outs,) if len(node.outputs) == 1 else outs
+        inherit_metadata(outs[0].producer(), [node])  # its own (e.g. its stack trace) before the If's
         for old, new in zip(node.outputs, outs):
             new.type, new.shape = old.type, old.shape
             mapping[old] = new

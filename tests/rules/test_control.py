@@ -33,6 +33,18 @@ def test_if_on_constant_condition_is_inlined(cond):
     assert op_types(out) == (["Add"] if cond else ["Mul"])
 
 
+def test_an_inlined_node_keeps_its_own_metadata_before_the_ifs():
+    then = _branch("then", "Add", 1.0)
+    onnx.helper.set_metadata_props(then.node[0], {"pkg.torch.onnx.stack_trace": "branch", "only": "branch"})
+    nodes = [helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=_branch("else", "Mul", 3.0))]
+    onnx.helper.set_metadata_props(nodes[0], {"pkg.torch.onnx.stack_trace": "if", "from_if": "if"})
+    m = model(nodes, [tinfo("x", [3])], [tinfo("y", [3])], [init("cond", np.array(True))])
+    (node,) = fires("if_constant_condition", m)[0].graph.node
+    props = {p.key: p.value for p in node.metadata_props}
+    assert {k: props[k] for k in ("pkg.torch.onnx.stack_trace", "only", "from_if")} == {
+        "pkg.torch.onnx.stack_trace": "branch", "only": "branch", "from_if": "if"}
+
+
 def test_if_on_input_condition_is_kept():
     nodes = [helper.make_node("If", ["cond"], ["y"], then_branch=_branch("then", "Add", 1.0),
                               else_branch=_branch("else", "Mul", 3.0))]
