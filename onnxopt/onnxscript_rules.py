@@ -56,6 +56,7 @@ from onnxscript.rewriter._pattern_ir import StringConstantPattern
 
 from . import targets as _targets
 from .errors import RuleError
+from .irutil import subgraphs
 from .pattern import Match, Op, Refuse, Rule
 
 
@@ -163,6 +164,12 @@ class OnnxscriptRule(Rule):
                 for value in node.inputs:
                     if value is not None and value.producer() in late:
                         raise Refuse(f"the replacement reads {value.name!r}, computed after {m.root.name!r}")
+            early = _before(m.root) - set(m.nodes)  # (matched nodes go with the rewrite)
+            for value in m.outputs:
+                for use in value.uses():
+                    if use.node in early:
+                        raise Refuse(f"{value.name!r} is read before {m.root.name!r}, where the replacement "
+                                     "would compute it")
         return news
 
 
@@ -199,6 +206,21 @@ def _rebuild(delta, builder) -> list[ir.Value]:
                 node.replace_input_with(i, None)
     basic_constant_propagation(builder.nodes)  # (as onnxscript does after each rewrite)
     return [made.get(v, v) for v in delta.new_outputs]
+
+
+def _before(root: ir.Node) -> set[ir.Node]:
+    """The nodes of ``root``'s graph that come before it, and the nodes of their subgraphs."""
+    early: set[ir.Node] = set()
+    stack = []
+    for node in root.graph:
+        if node is root:
+            break
+        stack.append(node)
+    while stack:
+        node = stack.pop()
+        early.add(node)
+        stack.extend(inner for graph in subgraphs(node) for inner in graph)
+    return early
 
 
 def _after(root: ir.Node) -> set[ir.Node]:

@@ -234,6 +234,29 @@ def test_a_replacement_reading_a_later_value_is_refused():
     assert [n.op_type for n in out.graph.node] == ["Add", "Relu", "Mul", "Concat"]
 
 
+def test_an_output_read_before_the_root_is_refused():
+    """Two output nodes, the second (Mul) first in the graph with a reader before the first (Add):
+    the replacement, placed before the Add, would come after that reader; refused, the model
+    left as it was (onnxscript's own rewrite() leaves it unsorted)."""
+
+    def pair(op, x, y, z):
+        return op.Add(x, y), op.Mul(x, z)
+
+    def fused(op, x, y, z):
+        return op.Sub(x, y), op.Div(x, z)
+
+    nodes = [helper.make_node("Mul", ["x", "z"], ["p"], name="mul"),
+             helper.make_node("Relu", ["p"], ["r"], name="early_reader"),
+             helper.make_node("Add", ["x", "y"], ["s"], name="add"),
+             helper.make_node("Concat", ["s", "r"], ["out"], axis=0, name="concat")]
+    m = model(nodes, [tinfo("x", [3]), tinfo("y", [3]), tinfo("z", [3])], [tinfo("out", [6])])
+    out, report = optimize(m, rules=[RewriteRule(pair, fused, name="pair")], return_report=True)
+    assert report.fired == {} and report.rules["pair"].reasons == {"'p' is read before 'add', where the "
+                                                                  "replacement would compute it": 1}
+    onnx.checker.check_model(out)
+    assert [n.op_type for n in out.graph.node] == ["Mul", "Relu", "Add", "Concat"]
+
+
 class _CountingRule(RewriteRuleClassBase):
     """Relu(Relu(x)) -> Relu(x), counting its setup and cleanup (graph_pre/post_visitor)."""
 
