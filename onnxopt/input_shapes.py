@@ -98,6 +98,7 @@ def normalize(shapes, *, numbers: bool = False) -> Shapes:
     if isinstance(shapes, str):
         shapes = [shapes]
     if not isinstance(shapes, Mapping):
+        shapes = list(shapes)  # (an iterator is read once: by the check, then by parse)
         if not all(isinstance(s, str) for s in shapes):
             raise UsageError(f"input_shapes: expected a mapping of input names to shapes or a list of {FORM}")
         return parse(shapes, numbers=numbers)

@@ -99,6 +99,10 @@ def test_the_python_forms():
             norm(bad)
 
 
+def test_an_iterator_of_entries_is_read_whole():
+    assert input_shapes.normalize(e for e in ["x=1x3", "y=n,2"]) == {"x": (1, 3), "y": ("n", 2)}
+
+
 def test_running_a_model_needs_numbers():
     """verify and bisect run the model: a symbol there has no value."""
     assert input_shapes.parse(["x=1x3"], numbers=True) == {"x": (1, 3)}
