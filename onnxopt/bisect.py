@@ -59,7 +59,7 @@ def _bisect(original: OrtModel, rules, extra_rules, disable, target, provider, i
     source = io.load(original.path, check=False).model if original.path is not None else io.to_ir(original.proto)
     max_rewrites, graph_passes, options, strict, fixed = _settings(**(optimize_options or {}))
     if fixed:  # the optimization fixed the inputs first; the original runs at those shapes
-        fix_input_shapes(source, fixed)
+        fix_input_shapes(source, fixed, flag="--fix-input-shape")
         if feeds is None:
             input_shapes = run_shapes(source, input_shapes, inputs)
     feeds, how = inputs_for(original, feeds, inputs, input_shapes, int_ranges, seed)

@@ -152,22 +152,22 @@ def _model_dims(shape: ir.Shape | None) -> str:
         [d if isinstance(d, int) else (d.value or "?") for d in shape]) or "a scalar"
 
 
-def fix(model: ir.Model, shapes: Mapping[str, Sequence[Dim]]) -> None:
+def fix(model: ir.Model, shapes: Mapping[str, Sequence[Dim]], *, flag: str = FLAG) -> None:
     """Fix ``model``'s inputs (in place) to ``shapes`` (as :func:`normalize` gives them): each
     given input takes its shape; a symbol given a number or a new name takes it everywhere it
     appears (other inputs, graph outputs, declared values, subgraphs); then dimensions of
     declared shapes that onnx's shape inference proves static become numbers. Refused
     (UsageError, one line): an unknown input, a wrong rank, a static dimension changed or made a
-    symbol, one symbol given two values (a number or a name)."""
+    symbol, one symbol given two values (a number or a name); the messages name ``flag``."""
     inputs = {v.name: v for v in model.graph.inputs if not v.is_initializer()}
     for name, dims in shapes.items():
         if name not in inputs:
-            raise UsageError(f"{FLAG} {name}={format_dims(dims)}: the model has no input {name!r} (its inputs: "
+            raise UsageError(f"{flag} {name}={format_dims(dims)}: the model has no input {name!r} (its inputs: "
                              f"{', '.join(inputs) or 'none'})")
     claims: dict[str, dict[Dim, str]] = {}  # model symbol -> what it is given -> where
     for value in model.graph.inputs:
         if value.name in shapes and not value.is_initializer():
-            _claim(value, shapes[value.name], claims)
+            _claim(value, shapes[value.name], claims, flag)
     for name, dims in shapes.items():  # a name the user gives is a symbol too: it must keep its own value
         for k, d in enumerate(dims):
             if isinstance(d, str) and d in claims:
@@ -176,7 +176,7 @@ def fix(model: ir.Model, shapes: Mapping[str, Sequence[Dim]]) -> None:
     for symbol, values in claims.items():
         if len(values) > 1:
             (a, at), (b, bt) = list(values.items())[:2]
-            raise UsageError(f"{FLAG}: the symbol {symbol!r} is given two values, {a} ({at}) and {b} ({bt})")
+            raise UsageError(f"{flag}: the symbol {symbol!r} is given two values, {a} ({at}) and {b} ({bt})")
         given[symbol] = next(iter(values))
     changed = {s: v for s, v in given.items() if v != s}
     for graph in model.graphs():
@@ -190,9 +190,9 @@ def fix(model: ir.Model, shapes: Mapping[str, Sequence[Dim]]) -> None:
         _refine(model)
 
 
-def _claim(value: ir.Value, dims: tuple[Dim, ...], claims: dict[str, dict[Dim, str]]) -> None:
+def _claim(value: ir.Value, dims: tuple[Dim, ...], claims: dict[str, dict[Dim, str]], flag: str = FLAG) -> None:
     """Check ``dims`` against input ``value``'s type and shape; record what each symbol is given."""
-    what = f"{FLAG} {value.name}={format_dims(dims)}"
+    what = f"{flag} {value.name}={format_dims(dims)}"
     if value.type is not None and not isinstance(value.type, ir.TensorType):
         raise UsageError(f"{what}: input {value.name!r} is not a tensor ({value.type})")
     shape = value.shape

@@ -103,6 +103,20 @@ def test_an_iterator_of_entries_is_read_whole():
     assert input_shapes.normalize(e for e in ["x=1x3", "y=n,2"]) == {"x": (1, 3), "y": ("n", 2)}
 
 
+def test_verify_shapes_for_no_input_are_refused_with_the_inputs_fixed_too():
+    m = model([helper.make_node("Relu", ["x"], ["y"])], [tinfo("x", ["b", 3])], [tinfo("y", ["b", 3])])
+    for fixed in (None, {"x": [2, 3]}):  # (with the inputs fixed, the typo was silently dropped)
+        with pytest.raises(UsageError, match="the model has no input 'nosuch'"):
+            optimize(m, input_shapes=fixed, verify="cpu", verify_options={"input_shapes": {"nosuch": [1]}})
+
+
+def test_bisect_fix_input_shape_errors_name_that_flag(tmp_path):
+    m = model([helper.make_node("Relu", ["x"], ["y"])], [tinfo("x", ["b", 3])], [tinfo("y", ["b", 3])])
+    onnx.save(m, tmp_path / "m.onnx")
+    r = run_cli("bisect", tmp_path / "m.onnx", "--fix-input-shape", "nosuch=1")
+    assert r.returncode == 2 and one_line(r.stderr).startswith("onnxopt: error: --fix-input-shape nosuch=1: "), r.stderr
+
+
 def test_running_a_model_needs_numbers():
     """verify and bisect run the model: a symbol there has no value."""
     assert input_shapes.parse(["x=1x3"], numbers=True) == {"x": (1, 3)}

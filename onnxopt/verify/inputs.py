@@ -180,6 +180,10 @@ def run_shapes(model: ir.Model, shapes: Mapping[str, Sequence[int]] | None = Non
     inputs fit both."""
     shapes = input_shapes.normalize(shapes, numbers=True)
     inputs = [ir.serde.serialize_value(v) for v in model.graph.inputs if not v.is_initializer()]
+    known = {vi.name for vi in inputs}
+    for name in shapes:  # (as make_inputs refuses it: the shape of no input is a mistake)
+        if name not in known:
+            raise UsageError(f"the model has no input {name!r} (inputs: {', '.join(sorted(known)) or 'none'})")
     given = {k: list(v.shape) for k, v in (_load_npz(npz) if npz is not None else {}).items()}
     for vi in inputs:
         if vi.name in given:
