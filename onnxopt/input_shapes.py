@@ -172,6 +172,12 @@ def fix(model: ir.Model, shapes: Mapping[str, Sequence[Dim]], *, flag: str = FLA
         for k, d in enumerate(dims):
             if isinstance(d, str) and d in claims:
                 claims[d].setdefault(d, f"{name} dimension {k}")
+    elsewhere = _declared_symbols(model)
+    for name, dims in shapes.items():  # a new name must not be one the model gives another dimension
+        for k, (d, was) in enumerate(zip(dims, inputs[name].shape or ())):
+            if isinstance(d, str) and d != _symbol(was) and d not in claims and d in elsewhere:
+                raise UsageError(f"{flag} {name}={format_dims(dims)}: dimension {k} cannot take the name {d!r}, "
+                                 f"which the model gives another dimension ({elsewhere[d]}); choose a new name")
     given = {}
     for symbol, values in claims.items():
         if len(values) > 1:
@@ -188,6 +194,17 @@ def fix(model: ir.Model, shapes: Mapping[str, Sequence[Dim]], *, flag: str = FLA
                 _substitute(value, changed)
     if any(isinstance(v, int) for dims in shapes.values() for v in dims):
         _refine(model)
+
+
+def _declared_symbols(model: ir.Model) -> dict[str, str]:
+    """Each symbol the model's declared shapes use, and one value that has it."""
+    found: dict[str, str] = {}
+    for graph in model.graphs():
+        for value in [*graph.inputs, *graph.outputs, *(o for node in graph for o in node.outputs)]:
+            for k, d in enumerate(value.shape or ()):
+                if _symbol(d) is not None:
+                    found.setdefault(_symbol(d), f"{value.name} dimension {k}")
+    return found
 
 
 def _claim(value: ir.Value, dims: tuple[Dim, ...], claims: dict[str, dict[Dim, str]], flag: str = FLAG) -> None:

@@ -155,6 +155,17 @@ def test_a_symbol_fixed_on_one_input_is_fixed_everywhere():
     assert io_dims(out) == ({"x": [2, 5, 4], "y": [2, 8]}, {"z": [2, 5, 4], "w": [2]})
 
 
+def test_a_new_name_the_model_gives_another_dimension_is_refused():
+    """Renaming batch to "n" where an output's other dimension is already "n" would declare the two
+    equal, which the rules would believe (two dims with one name are equal)."""
+    m = _two_inputs(out_dims=("batch", "n", 4))
+    with pytest.raises(UsageError, match="cannot take the name 'n', which the model gives another dimension "
+                                         r"\(z dimension 1\)"):
+        optimize(m, input_shapes={"x": ["n", "seq", 4]})
+    out = optimize(m, input_shapes={"x": ["b", "seq", 4]})  # a new name is a rename
+    assert io_dims(out)[0] == {"x": ["b", "seq", 4], "y": ["b", 8]}
+
+
 def test_the_report_records_the_shapes_fixed_as_given():
     _, report = optimize(_two_inputs(), input_shapes="x=2,seq,4", return_report=True, exact=True)
     assert report.as_dict()["settings"] == {"target": "portable", "exact": True, "input_shapes": {"x": [2, "seq", 4]}}
