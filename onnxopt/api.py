@@ -164,6 +164,9 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
               outputs=None, strict=False, input_shapes=None, exact=False, progress=None):
     t0 = time.perf_counter()
     disable = list(disable)
+    if rules is not None:  # onnxscript's rules made Rules once, for the run, the warning and a bisect
+        rules = registry.as_rules(rules)
+    extra_rules = registry.as_rules(extra_rules, "extra_rules")
     chosen, graph_passes = registry.resolve(rules, extra_rules, disable, target, graph_passes, exact=exact)
     if verify and exact:  # exact mode's promise, checked as made: no tolerance unless one is given
         verify_options = {**(verify_options or {})}
@@ -221,8 +224,7 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
     if not return_report:
         return out
     warnings = [c["message"] for c in result.cycles]
-    left_out = registry.undeclared([*registry.as_rules(rules or ()), *registry.as_rules(extra_rules, "extra_rules")]
-                                   ) if exact else []
+    left_out = registry.undeclared([*(rules or ()), *extra_rules]) if exact else []
     if left_out:
         warnings.append(f"exact: left out {len(left_out)} rule(s) that do not declare exact=True or False: "
                         f"{', '.join(left_out)}")
