@@ -213,9 +213,8 @@ def test_a_pattern_with_two_output_nodes_replaces_both():
     assert_same_outputs(m, out, {"x": np.random.default_rng(1).standard_normal((2, 8)).astype(np.float32)})
 
 
-def test_a_replacement_reading_a_later_value_is_refused():
-    """Two output nodes, the second reading a value computed after the first: a replacement
-    placed before the first could not read it; refused, the model left as it was."""
+def _pair_rule() -> RewriteRule:
+    """Add(x, y) and Mul(x, z), two output nodes, become Sub and Div."""
 
     def pair(op, x, y, z):
         return op.Add(x, y), op.Mul(x, z)
@@ -223,12 +222,19 @@ def test_a_replacement_reading_a_later_value_is_refused():
     def fused(op, x, y, z):
         return op.Sub(x, y), op.Div(x, z)
 
+    return RewriteRule(pair, fused, name="pair")
+
+
+def test_a_replacement_reading_a_later_value_is_refused():
+    """Two output nodes, the second reading a value computed after the first: a replacement
+    placed before the first could not read it; refused, the model left as it was."""
+
     nodes = [helper.make_node("Add", ["x", "y"], ["s"], name="add"),
              helper.make_node("Relu", ["s"], ["z"], name="later"),
              helper.make_node("Mul", ["x", "z"], ["p"], name="mul"),
              helper.make_node("Concat", ["s", "p"], ["out"], axis=0, name="concat")]
     m = model(nodes, [tinfo("x", [3]), tinfo("y", [3])], [tinfo("out", [6])])
-    out, report = optimize(m, rules=[RewriteRule(pair, fused, name="pair")], return_report=True)
+    out, report = optimize(m, rules=[_pair_rule()], return_report=True)
     assert report.fired == {} and report.rules["pair"].refused == 1
     assert report.rules["pair"].reasons == {"the replacement reads 'z', computed after 'add'": 1}
     assert [n.op_type for n in out.graph.node] == ["Add", "Relu", "Mul", "Concat"]
@@ -239,18 +245,12 @@ def test_an_output_read_before_the_root_is_refused():
     the replacement, placed before the Add, would come after that reader; refused, the model
     left as it was (onnxscript's own rewrite() leaves it unsorted)."""
 
-    def pair(op, x, y, z):
-        return op.Add(x, y), op.Mul(x, z)
-
-    def fused(op, x, y, z):
-        return op.Sub(x, y), op.Div(x, z)
-
     nodes = [helper.make_node("Mul", ["x", "z"], ["p"], name="mul"),
              helper.make_node("Relu", ["p"], ["r"], name="early_reader"),
              helper.make_node("Add", ["x", "y"], ["s"], name="add"),
              helper.make_node("Concat", ["s", "r"], ["out"], axis=0, name="concat")]
     m = model(nodes, [tinfo("x", [3]), tinfo("y", [3]), tinfo("z", [3])], [tinfo("out", [6])])
-    out, report = optimize(m, rules=[RewriteRule(pair, fused, name="pair")], return_report=True)
+    out, report = optimize(m, rules=[_pair_rule()], return_report=True)
     assert report.fired == {} and report.rules["pair"].reasons == {"'p' is read before 'add', where the "
                                                                   "replacement would compute it": 1}
     onnx.checker.check_model(out)
