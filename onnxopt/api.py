@@ -85,6 +85,7 @@ def optimize(
     input_shapes=None,
     exact: bool = False,
     progress=None,
+    quantize: dict | None = None,
 ):
     """Rewrite ``model`` with the rules until nothing more applies.
 
@@ -149,7 +150,19 @@ def optimize(
         progress: called as ``progress(step, done, total)`` as loading, rewriting and saving go
             (``onnxopt.console.Status`` draws it on a terminal, as the command line does); pass it
             in ``verify_options`` too for the verification's steps.
+        quantize: INT8 quantization after the cleanup: a dict of ``onnxopt.quantize``'s options,
+            ``calibration`` required (e.g. ``{"calibration": "calib/", "method": "entropy"}``);
+            ``target`` (default "ort-cpu"), ``output``, ``external_data``, ``check``, ``input_shapes``,
+            ``strict``, ``return_report`` (then a ``QuantizeReport``) and ``progress`` are taken from
+            this call. It cannot be combined with custom rules, ``verify``, ``exact`` or
+            ``stop_after``.
     """
+    if quantize is not None:
+        return _optimize_quantized(model, quantize, rules=rules, extra_rules=extra_rules, disable=disable,
+                                   target=target, output=output, external_data=external_data, check=check,
+                                   inplace=inplace, return_report=return_report, stop_after=stop_after,
+                                   verify=verify, outputs=outputs, strict=strict, input_shapes=input_shapes,
+                                   exact=exact, progress=progress)
     with gc_paused():
         return _optimize(model, rules, extra_rules, disable, target, output, external_data, max_rewrites,
                          check, inplace, return_report, fold_size_limit, graph_passes, fold_input_limit,
@@ -240,6 +253,29 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
                     settings={"target": targets.normalize(target), "exact": bool(exact),
                               "input_shapes": {name: list(dims) for name, dims in input_shapes.items()}})
     return out, report
+
+
+def _optimize_quantized(model, options, *, rules, extra_rules, disable, target, output, external_data, check, inplace,
+                        return_report, stop_after, verify, outputs, strict, input_shapes, exact, progress):
+    from .errors import UsageError
+    from .quantize.api import quantize as _quantize
+
+    if not isinstance(options, dict) or "calibration" not in options:
+        raise UsageError("optimize(quantize=...) takes a dict of onnxopt.quantize options with 'calibration', "
+                         "e.g. {'calibration': 'calib/'}")
+    clash = [name for name, given in (("rules", rules is not None), ("extra_rules", bool(extra_rules)),
+                                      ("disable", bool(list(disable))), ("verify", bool(verify)), ("exact", exact),
+                                      ("stop_after", stop_after is not None), ("inplace", inplace)) if given]
+    clash += [k for k in ("output", "external_data", "check", "input_shapes", "strict", "return_report",
+                          "progress", "target", "outputs") if k in options]
+    if clash:
+        raise UsageError(f"optimize(quantize=...) cannot take {', '.join(clash)} (there, or inside quantize=): the "
+                         f"quantization runs onnxopt's built-in cleanup and takes these from optimize's own arguments")
+    options = dict(options)
+    calibration = options.pop("calibration")
+    return _quantize(model, calibration, output=output, external_data=external_data, check=check,
+                     input_shapes=input_shapes, strict=strict, return_report=return_report, progress=progress,
+                     target=target, outputs=outputs, **options)
 
 
 def default_rules() -> list[Rule]:

@@ -3,6 +3,7 @@
     onnxopt MODEL -o OUT [--verify cpu,cuda]  optimize (and verify before writing)
     onnxopt verify ORIGINAL OPTIMIZED ...     compare two models on onnxruntime
     onnxopt bisect MODEL ...                  find the rewrite that breaks a model
+    onnxopt quantize MODEL -o OUT --calib DATA  INT8 (QDQ) with calibration, for onnxruntime's CPU
     onnxopt --list-rules                      the rules and passes, by family
 
 Reports go to stdout (tables and colour on a terminal, plain text in a pipe: ``onnxopt.console``),
@@ -54,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="onnxopt",
         usage="onnxopt MODEL -o OUTPUT [options]\n       onnxopt verify ORIGINAL OPTIMIZED [options]\n"
-              "       onnxopt bisect MODEL [options]\n       onnxopt --list-rules [--target TARGET] [--rules FILE]",
+              "       onnxopt bisect MODEL [options]\n       onnxopt quantize MODEL -o OUTPUT --calib DATA [options]\n"
+              "       onnxopt --list-rules [--target TARGET] [--rules FILE]",
         description=textwrap.fill(
             "Rewrite an ONNX model with onnxopt's rules until nothing more applies, and print what changed. "
             "'onnxopt verify' compares two models on onnxruntime (outputs, kernels, latency; see 'onnxopt verify "
@@ -180,6 +182,79 @@ def _bisect_parser() -> argparse.ArgumentParser:
     _add_input_args(p)
     _add_report_args(p, quiet="print only the culprit line")
     return p
+
+
+def _quantize_parser() -> argparse.ArgumentParser:
+    from .quantize.api import DEFAULT_FIDELITY_DB, DEFAULT_METHOD
+    from .quantize.calibrate import METHODS
+
+    p = _Parser(prog="onnxopt quantize",
+                description="Quantize a float model to INT8 (QDQ) for onnxruntime's CPU provider: cleanup, "
+                            "calibration, QDQ placement by rules, fidelity fallback to float, integer-kernel "
+                            "coverage, and (by default) a latency check that keeps the float model when int8 is "
+                            "not at least 3%% faster.",
+                epilog="calibration data (--calib): a folder of .npy/.npz files (one feed each; .npz keys are input "
+                       "names), or one .npz whose arrays hold the samples along their first axis.\n"
+                       "exit codes: 0 written (int8, or the float model where --keep-float auto kept it), 2 bad "
+                       "input, bad calibration data or usage, 3 internal error.")
+    p.add_argument("input", metavar="MODEL", help="the float ONNX model (never modified)")
+    p.add_argument("-o", "--output", required=True, help="where to write the quantized model (atomically)")
+    p.add_argument("--calib", required=True, metavar="DATA", help="calibration data (see below)")
+    p.add_argument("--method", choices=METHODS, default=DEFAULT_METHOD,
+                   help=f"calibration method (default {DEFAULT_METHOD})")
+    pc = p.add_mutually_exclusive_group()
+    pc.add_argument("--per-channel", dest="per_channel", action="store_true", default=True,
+                    help="weights per output channel where the op allows (default)")
+    pc.add_argument("--per-tensor", dest="per_channel", action="store_false", help="weights per tensor")
+    p.add_argument("--target", default="ort-cpu", metavar="TARGET",
+                   help="ort-cpu (default) or portable; ort-cuda is refused (its QDQ kernels run in float)")
+    p.add_argument("--exclude", metavar="NAME_OR_OP", nargs="+", action="extend", default=[],
+                   help="node names or op types to leave in float")
+    p.add_argument("--fidelity", type=float, default=DEFAULT_FIDELITY_DB, metavar="DB",
+                   help=f"minimum output SQNR (dB) against the float model on held-out calibration samples "
+                        f"(default {DEFAULT_FIDELITY_DB:g}); the layers that hurt most fall back to float until met")
+    p.add_argument("--no-fidelity", dest="fidelity", action="store_const", const=None,
+                   help="no fidelity target (no fallback)")
+    p.add_argument("--keep-float", choices=["auto", "never"], default="auto",
+                   help="auto (default): keep the float model unless int8 measures at least 3%% faster; never: "
+                        "always int8 (output byte-identical run to run)")
+    p.add_argument("--reduce-range", action="store_true", default=None,
+                   help="7-bit weights, for x86 CPUs without VNNI (default off)")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="calibration processes (results bit-identical for any N)")
+    p.add_argument("--held-out", type=int, default=None, metavar="N",
+                   help="calibration samples kept to measure fidelity (default a fifth, at most 64)")
+    p.add_argument("--percentile", type=float, default=None, metavar="P",
+                   help="--method percentile: the percentile kept (default 99.999)")
+    p.add_argument("--input-shape", metavar="NAME=DIMS", action="append", default=[],
+                   help="fix an input's shape first (as onnxopt MODEL --input-shape)")
+    p.add_argument("--strict", action="store_true", default=None, help="a rule bug stops the run")
+    _add_report_args(p, quiet="print nothing on success")
+    return p
+
+
+def quantize_main(argv: list[str]) -> int:
+    args = _quantize_parser().parse_args(argv)
+
+    def run():
+        from .quantize.api import quantize
+        from .report import format_quantize
+
+        method_options = {} if args.percentile is None else {"percentile": args.percentile}
+        with _outputs(args, args.input, data_files=False) as outputs, _status(args) as progress:
+            outputs.protect(args.calib, f"the calibration data {args.calib}")
+            _, report = quantize(
+                args.input, args.calib, output=args.output, method=args.method, per_channel=args.per_channel,
+                target=args.target, exclude=args.exclude, fidelity=args.fidelity, keep_float=args.keep_float,
+                reduce_range=args.reduce_range, workers=args.workers, held_out=args.held_out,
+                input_shapes=input_shapes.parse(args.input_shape), return_report=True, outputs=outputs,
+                strict=args.strict, progress=progress, method_options=method_options)
+            _stage_json(outputs, args.json, {"input": args.input, "output": args.output, **report.as_dict()})
+        if not args.quiet:
+            show(format_quantize(report, args.input, args.output))
+        return EXIT_OK
+
+    return _errors(run)
 
 
 def _errors(fn):
@@ -318,8 +393,10 @@ def _main(argv: list[str]) -> int:
         return verify_main(argv[1:])
     if argv and argv[0] == "bisect":
         return bisect_main(argv[1:])
+    if argv and argv[0] == "quantize":
+        return quantize_main(argv[1:])
     if argv and not argv[0].startswith("-") and not os.path.exists(argv[0]):
-        close = difflib.get_close_matches(argv[0], ["verify", "bisect"], n=1, cutoff=0.7)
+        close = difflib.get_close_matches(argv[0], ["verify", "bisect", "quantize"], n=1, cutoff=0.7)
         if close:  # (a model path would exist, or have a suffix)
             return _fail(f"no model or command {argv[0]!r}: did you mean 'onnxopt {close[0]}'?")
     parser = _parser()
@@ -373,7 +450,8 @@ def _rule_words(args) -> list[str]:
     return [w for pair in pairs for w in pair] + flags
 
 
-_OTHER_COMMANDS = "other commands: onnxopt verify ORIGINAL OPTIMIZED, onnxopt bisect MODEL, onnxopt --list-rules"
+_OTHER_COMMANDS = ("other commands: onnxopt verify ORIGINAL OPTIMIZED, onnxopt bisect MODEL, "
+                   "onnxopt quantize MODEL -o OUT --calib DATA, onnxopt --list-rules")
 
 
 def _optimize_main(args) -> int:

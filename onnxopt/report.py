@@ -312,3 +312,64 @@ def format_bisect(report: dict) -> Doc:
     lines += _culprit_lines(report.get("culprit") or {}, "right after it")
     lines.append(Styled(f"culprit: {report.get('culprit_rule') or 'unknown'}", "bold red"))
     return Doc(lines)
+
+
+def _db(x) -> str:
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return str(x)
+    return "inf" if x == float("inf") else f"{x:.1f} dB"
+
+
+def format_quantize(report, src: str, dst: str) -> Doc:
+    """``quantize()``'s report (``onnxopt.quantize.api.QuantizeReport``): the target's rules, the
+    calibration, fidelity (output SQNR, the worst layers, the fallback), the integer-kernel coverage,
+    the latency check, and what was written."""
+    d = report.as_dict()
+    s, cal, fid = d["settings"], d["calibration"], d["fidelity"]
+    out = [Styled(f"onnxopt quantize {src} -> {dst}", "bold"), ""]
+    tr = s.get("target_rules") or {}
+    out.append(f"target {s['target']}: activations {tr.get('activation_dtype', '?')}, weights "
+               f"{tr.get('weight_dtype', '?')} {'per channel' if s['per_channel'] else 'per tensor'}, "
+               f"reduce_range {'on' if tr.get('reduce_range') else 'off'}")
+    out += [Styled(f"  - {rule}", "dim") for rule in tr.get("followed", ())]
+    out.append(f"calibration: {cal['method']} over {cal['calibrated_on']} sample(s), {cal['tensors']} tensors; "
+               f"{cal['held_out']} held out for fidelity")
+    rows = [(name, _db(v)) for name, v in fid["output_sqnr_db"].items()]
+    out += ["", table(rows, ("output", "SQNR vs float"))]
+    worst = list(fid["layer_sqnr_db"].items())[:5]
+    if worst:
+        out += ["", table([(name, _db(v)) for name, v in worst], ("worst layers (tensor)", "SQNR"))]
+    fb = fid.get("fallback")
+    if fb:
+        excluded = fb.get("excluded") or []
+        out.append(f"fallback: {len(excluded)} node(s) left float to reach {_db(fid['min_db'])}"
+                   + (f": {', '.join(excluded[:6])}{' ...' if len(excluded) > 6 else ''}" if excluded else ""))
+    cov = d.get("coverage") or {}
+    summary = cov.get("summary") or {}
+    if summary:
+        out += ["", "integer kernels: " + ", ".join(f"{k} {v}" for k, v in summary.items() if not isinstance(v, dict))]
+    by_op = (summary.get("by_op") if isinstance(summary, dict) else None) or cov.get("by_op") or {}
+    if by_op:
+        out += ["", table([(op, *(v if isinstance(v, (list, tuple)) else (v.get("integer", ""), v.get("float", ""))))
+                           for op, v in sorted(by_op.items())], ("op", "integer", "float"))]
+    islands = cov.get("float_islands") or []
+    if islands:
+        reasons: dict[str, int] = {}
+        for isl in islands:
+            why = isl.get("reason", "") if isinstance(isl, dict) else str(isl[-1])
+            reasons[why] = reasons.get(why, 0) + 1
+        out += ["", table(sorted(((why, n) for why, n in reasons.items()), key=lambda r: -r[1]),
+                          ("float islands: why", "nodes"))]
+    lat = d.get("latency")
+    if lat:
+        out.append("")
+        out.append(f"latency (interleaved): float {lat.get('float_median_ms', float('nan')):.3f} ms, int8 "
+                   f"{lat.get('int8_median_ms', float('nan')):.3f} ms")
+    out += [""] + [Styled(f"warning: {w}", "yellow") for w in d["warnings"]]
+    style = "bold green" if report.kept == "int8" else "bold yellow"
+    out.append(Styled(f"kept {report.kept}: {report.reason}", style))
+    out.append(f"wrote {dst} in {d['seconds'].get('total', 0):.1f} s ("
+               + ", ".join(f"{k} {v:.1f} s" for k, v in d["seconds"].items() if k != "total") + ")")
+    return Doc(out)

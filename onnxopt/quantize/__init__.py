@@ -11,4 +11,26 @@ Modules:
 - ``coverage``: which nodes onnxruntime runs as integer kernels and which stay float, and why.
 - ``fidelity``: per-layer and output SQNR, fallback to float until a fidelity target is met, and
   the latency check that keeps the float model when int8 is not faster.
+
+The package is also the function: ``onnxopt.quantize(model, calibration, ...)`` calls
+:func:`onnxopt.quantize.api.quantize` (so does ``from onnxopt import quantize; quantize(...)``),
+while ``onnxopt.quantize.calibrate`` and the others stay importable modules.
 """
+
+import sys as _sys
+import types as _types
+
+
+def quantize(model, calibration, **options):
+    """INT8 quantization with calibration; see :func:`onnxopt.quantize.api.quantize`."""
+    from .api import quantize as _quantize
+
+    return _quantize(model, calibration, **options)
+
+
+class _CallableModule(_types.ModuleType):
+    def __call__(self, model, calibration, **options):
+        return quantize(model, calibration, **options)
+
+
+_sys.modules[__name__].__class__ = _CallableModule

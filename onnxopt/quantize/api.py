@@ -1,0 +1,343 @@
+"""``onnxopt.quantize()``: INT8 post-training quantization with calibration, as one call.
+
+The steps, in order (each one's module says more):
+
+1. load and check the model; a model that is already quantized, or computes in fp16/bf16, is refused
+   (there is nothing useful to make of it), and so is the ``ort-cuda`` target (onnxruntime's CUDA
+   provider runs QDQ models in float, slower than the fp32 model);
+2. onnxopt's normal cleanup (``optimize``, portable rules: Conv+BatchNormalization folded first);
+3. the target's rules (``plan.target_rules``) and the tensors whose ranges the plan needs;
+4. calibration (``calibrate``): streaming and mergeable, over the calibration set less a held-out
+   part kept for measuring fidelity;
+5. the plan (scales and zero points) and the QDQ rewrite (the rule family ``rules/qdq.py``);
+6. fidelity (``fidelity``): output SQNR on the held-out samples; below ``fidelity`` dB, the layers
+   that hurt most fall back to float until it is met;
+7. integer-kernel coverage (``coverage``): which nodes onnxruntime runs as integer kernels, which
+   stay float, and why; per-layer SQNR;
+8. with ``keep_float="auto"`` the quantized model is timed against the float one (interleaved): unless
+   it is at least 3% faster the float model is kept, with the reason and the figures in the report.
+   With ``keep_float="never"`` nothing depends on timing and the output is byte-identical run to run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from .. import io, targets
+from ..errors import UsageError, strict_default
+from ..input_shapes import normalize as normalize_input_shapes
+from ..irutil import node_counts
+
+DEFAULT_FIDELITY_DB = 20.0
+"""The default minimum output SQNR (dB) of the quantized model against the float one."""
+DEFAULT_METHOD = "minmax"
+KEEP_FLOAT = ("auto", "never")
+MIN_SPEEDUP = 0.03  # keep_float="auto": the int8 model must be at least this much faster
+MAX_HELD_OUT = 64
+
+_QUANT_OPS = frozenset({
+    "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul", "MatMulInteger",
+    "ConvInteger", "QGemm", "QLinearAdd", "QLinearMul", "QLinearAveragePool", "QLinearGlobalAveragePool",
+    "QLinearConcat", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearSoftmax", "MatMulIntegerToFloat",
+    "DynamicQuantizeMatMul", "QAttention", "MatMulNBits", "QLinearReduceMean", "QLinearWhere",
+})
+_LOW_PRECISION = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+
+
+@dataclasses.dataclass
+class QuantizeReport:
+    """What one ``quantize()`` call did, and the evidence: settings and the target's rules,
+    calibration, the plan, fidelity (output and per-layer SQNR, the fallback), integer-kernel
+    coverage, the latency check and what was kept."""
+
+    kept: str  # "int8" or "float"
+    reason: str  # one line: why that was kept
+    settings: dict
+    calibration: dict
+    plan: dict
+    fidelity: dict
+    coverage: dict | None
+    latency: dict | None
+    nodes: dict  # op-type counts: "input", "cleaned" (the float model after cleanup), "output"
+    seconds: dict
+    warnings: list[str] = dataclasses.field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"kept": self.kept, "reason": self.reason, "settings": self.settings, "calibration": self.calibration,
+                "plan": self.plan, "fidelity": self.fidelity, "coverage": self.coverage, "latency": self.latency,
+                "nodes": self.nodes, "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
+                "warnings": self.warnings}
+
+
+def refusal(model: ir.Model) -> str | None:
+    """Why ``model`` cannot be quantized (already quantized, or fp16/bf16), or None."""
+    ops = sorted({n.op_type for n in ir.traversal.RecursiveGraphIterator(model.graph) if n.op_type in _QUANT_OPS})
+    if ops:
+        return f"the model is already quantized (it has {', '.join(ops[:4])}); quantize its float original"
+    low = [v for v in (*model.graph.inputs, *model.graph.initializers.values()) if v.dtype in _LOW_PRECISION]
+    if low:
+        return (f"the model computes in {low[0].dtype.name.lower()} ({low[0].name!r}); int8 quantization starts "
+                f"from the fp32 model")
+    floats = [v for v in model.graph.inputs if v.dtype is not None and v.dtype.is_floating_point()]
+    if not floats and not any(v.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)
+                              for v in model.graph.initializers.values() if v.dtype is not None):
+        return "the model has no float weights or inputs: nothing to quantize"
+    return None
+
+
+def check_options(*, method: str, target: str | None, keep_float: str, fidelity, workers: int,
+                  exclude) -> str:
+    """The options checked before any work (a one-line UsageError each); the target, normalized."""
+    from .calibrate import METHODS
+
+    if method not in METHODS:
+        raise UsageError(f"unknown calibration method {method!r}; choose from {', '.join(METHODS)}")
+    target = targets.normalize(target or targets.ORT_CPU)
+    if target == targets.ORT_CUDA:
+        raise UsageError("--target ort-cuda: onnxruntime's CUDA provider runs QDQ models in float, slower than the "
+                         "fp32 model; quantize for ort-cpu, or use fp16 on CUDA")
+    if keep_float not in KEEP_FLOAT:
+        raise UsageError(f"keep_float must be one of {', '.join(KEEP_FLOAT)}, not {keep_float!r}")
+    if fidelity is not None and (not isinstance(fidelity, (int, float)) or isinstance(fidelity, bool)
+                                 or not np.isfinite(fidelity)):
+        raise UsageError(f"fidelity is a minimum output SQNR in dB (a finite number) or None, not {fidelity!r}")
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise UsageError(f"workers must be a whole number >= 1, not {workers!r}")
+    if isinstance(exclude, str):
+        raise UsageError("exclude is a list of node names or op types, not one string")
+    return target
+
+
+def quantize(
+    model: io.ModelLike,
+    calibration,
+    *,
+    output: str | os.PathLike | None = None,
+    method: str = DEFAULT_METHOD,
+    per_channel: bool = True,
+    target: str | None = None,
+    exclude: Iterable[str] = (),
+    fidelity: float | None = DEFAULT_FIDELITY_DB,
+    keep_float: str = "auto",
+    reduce_range: bool | None = None,
+    workers: int = 1,
+    held_out: int | None = None,
+    input_shapes=None,
+    external_data: str | bool | None = None,
+    check: bool = True,
+    return_report: bool = False,
+    outputs: io.Outputs | None = None,
+    strict: bool | None = None,
+    progress=None,
+    method_options: dict | None = None,
+):
+    """Quantize ``model`` to INT8 (QDQ) for onnxruntime's CPU provider, calibrated on ``calibration``.
+
+    Args:
+        model: a path, bytes, onnx.ModelProto or onnx_ir.Model (the result is of the same kind; for a
+            path, the path written, which ``output`` must name).
+        calibration: a folder of .npy/.npz files (one feed each), one .npz file, an iterable of feed
+            dicts, or an onnxruntime ``CalibrationDataReader`` (see ``onnxopt.quantize.data``).
+        output: where to write the result (atomically; required for a path input).
+        method: calibration method: "minmax", "percentile", "entropy" or "mse".
+        per_channel: weights quantized per output channel where the op allows (default), else per tensor.
+        target: "ort-cpu" (the default) or "portable"; "ort-cuda" is refused.
+        exclude: node names or op types left in float.
+        fidelity: minimum output SQNR (dB) against the float model on the held-out samples
+            (default ``DEFAULT_FIDELITY_DB``); the layers that hurt most fall back to float until
+            it is met. None: no fallback.
+        keep_float: "auto" (default): time the quantized model against the float one and keep the
+            float model unless int8 is at least 3% faster; "never": always the quantized model (the
+            output then depends on nothing but the inputs: byte-identical run to run).
+        reduce_range: 7-bit weights for CPUs without VNNI (default: off, see ``plan.target_rules``).
+        workers: calibration processes (results are bit-identical for any number).
+        held_out: calibration samples kept out of calibration to measure fidelity (default: a
+            fifth, at most 64; none when fewer than 5 samples are given, with a warning).
+        input_shapes: fix the model's inputs first (as ``optimize``).
+        return_report: return ``(result, QuantizeReport)``.
+        method_options: passed to the calibration method (e.g. ``{"percentile": 99.99}``).
+    """
+    strict = strict_default(strict)
+    exclude = list(exclude or ())
+    target = check_options(method=method, target=target, keep_float=keep_float, fidelity=fidelity,
+                           workers=workers, exclude=exclude)
+    progress = progress or (lambda step, done=0, total=0: None)
+    return _quantize(model, calibration, output, method, per_channel, target, exclude, fidelity, keep_float,
+                     reduce_range, workers, held_out, normalize_input_shapes(input_shapes), external_data, check,
+                     return_report, outputs, strict, progress, dict(method_options or {}))
+
+
+def _quantize(model, calibration, output, method, per_channel, target, exclude, fidelity, keep_float, reduce_range,
+              workers, held_out, input_shapes, external_data, check, return_report, outputs, strict, progress,
+              method_options):
+    from ..api import _optimize
+    from . import calibrate as _calibrate, coverage as _coverage, data as _data, fidelity as _fidelity
+    from . import plan as _plan
+
+    seconds: dict[str, float] = {}
+    warnings: list[str] = []
+    t0 = time.perf_counter()
+    progress(f"loading {model}" if isinstance(model, (str, os.PathLike)) else "loading the model")
+    loaded = io.load(model, check=check, copy_ir=True)
+    if (why := refusal(loaded.model)) is not None:
+        raise UsageError(why)
+    rules = _plan.target_rules(target, per_channel=per_channel, reduce_range=reduce_range)
+    give_back_plan = io.plan_give_back(loaded, output, external_data=external_data, outputs=outputs,
+                                       also_read=[calibration] if isinstance(calibration, (str, os.PathLike)) else [])
+    try:
+        nodes = {"input": node_counts(loaded.model)}
+        # 2. cleanup (portable: standard ops only, which the QDQ rules know)
+        progress("cleaning up")
+        cleaned, cleanup = _optimize(loaded.model, None, (), (), targets.PORTABLE, None, None, None, False, True,
+                                     True, strict=strict, input_shapes=input_shapes, progress=progress)
+        nodes["cleaned"] = node_counts(cleaned)
+        with tempfile.TemporaryDirectory(prefix="onnxopt-quantize-") as tmp:
+            float_path = _write_temp(cleaned, Path(tmp) / "float.onnx")
+            float_proto = onnx.load(float_path, load_external_data=False)
+            seconds["cleanup"] = time.perf_counter() - t0
+            # 3.-4. calibration
+            t1 = time.perf_counter()
+            tensors = _plan.calibration_tensors(cleaned, rules, exclude=exclude)
+            calib = _data.open_calibration(calibration, float_proto)
+            n = len(calib)
+            k = _held_out_count(n, held_out)
+            if k:
+                calib_part, held = calib.split(k)
+            else:
+                calib_part, held = calib, calib
+                warnings.append(f"fidelity is measured on the calibration samples themselves: {n} sample(s) given, "
+                                "too few to hold some out (give at least 5)")
+            ranges = _calibrate.calibrate(float_path, tensors, calib_part, method=method, workers=workers,
+                                          progress=progress, **method_options)
+            seconds["calibrate"] = time.perf_counter() - t1
+            held_feeds = list(held)
+
+            # 5. plan and rewrite; requantize() is what the fallback calls with more layers in float
+            t2 = time.perf_counter()
+            made: dict[frozenset, tuple] = {}
+
+            def requantize(excluded: frozenset = frozenset()):
+                if excluded not in made:
+                    quant = cleaned.clone()
+                    plan = _plan.make_plan(quant, ranges, rules, exclude=[*exclude, *sorted(excluded)])
+                    stats = _plan.apply_plan(quant, plan, strict=strict)
+                    made.clear()  # (keep one: models are big)
+                    made[excluded] = (quant, plan, stats, io.to_proto(quant))
+                return made[excluded][3]
+
+            progress("quantizing")
+            first = requantize()
+            quant_ir, plan, stats, quant_proto = made[frozenset()]
+            seconds["quantize"] = time.perf_counter() - t2
+
+            # 6. fidelity and the fallback
+            t3 = time.perf_counter()
+            progress("measuring fidelity")
+            fallback = None
+            out_sqnr = _fidelity.output_sqnr(float_path, first, held_feeds)
+            if fidelity is not None and min(out_sqnr.values(), default=np.inf) < fidelity:
+                fallback = _fidelity.fallback(float_path, requantize, held_feeds, fidelity,
+                                              candidates=sorted(plan.nodes), progress=progress)
+                quant_ir, plan, stats, quant_proto = made[frozenset(fallback.excluded)]
+                out_sqnr = _fidelity.output_sqnr(float_path, quant_proto, held_feeds)
+                if not fallback.met:
+                    warnings.append(f"fidelity {fidelity:g} dB not met even with every layer in float")
+            layers = _fidelity.layer_sqnr(float_path, quant_proto, sorted(plan.params), held_feeds)
+            seconds["fidelity"] = time.perf_counter() - t3
+
+            # 7. coverage
+            t4 = time.perf_counter()
+            progress("integer-kernel coverage")
+            reasons = dict(plan.skipped)
+            if fallback is not None:
+                reasons.update({name: f"left float for fidelity ({fidelity:g} dB)" for name in fallback.excluded})
+            cover = _coverage.integer_coverage(quant_proto, plan_reasons=reasons)
+            seconds["coverage"] = time.perf_counter() - t4
+
+            # 8. the latency check
+            kept, reason, latency = "int8", "quantized", None
+            if keep_float == "auto":
+                t5 = time.perf_counter()
+                progress("timing int8 against float")
+                check_result = _fidelity.latency_check(float_path, quant_proto, held_feeds[:1],
+                                                       min_speedup=MIN_SPEEDUP)
+                latency = _as_dict(check_result)
+                kept, reason = check_result.keep, check_result.reason
+                seconds["latency"] = time.perf_counter() - t5
+            elif fallback is not None and not plan.nodes:
+                kept, reason = "float", "every layer fell back to float"
+            if kept == "int8":
+                result_model = quant_ir
+            else:
+                result_model = cleaned
+            nodes["output"] = node_counts(result_model)
+        loaded.model = result_model
+        progress(f"saving {output}" if output is not None else "converting the result")
+        t6 = time.perf_counter()
+        out = io.give_back(loaded, output, give_back_plan)
+        seconds["save"] = time.perf_counter() - t6
+    except BaseException:
+        if give_back_plan is not None and give_back_plan.own:
+            give_back_plan.outputs.abort()
+        raise
+    seconds["total"] = time.perf_counter() - t0
+    if not return_report:
+        return out
+    report = QuantizeReport(
+        kept=kept, reason=reason,
+        settings={"target": target, "method": method, "per_channel": bool(per_channel), "exclude": list(exclude),
+                  "fidelity_db": fidelity, "keep_float": keep_float, "workers": workers,
+                  "method_options": method_options,
+                  "input_shapes": {k: list(v) for k, v in input_shapes.items()},
+                  "target_rules": _as_dict(rules)},
+        calibration={"samples": n, "calibrated_on": n - k if k else n, "held_out": k, "tensors": len(tensors),
+                     "method": method},
+        plan={"quantized_nodes": len(plan.nodes), "quantized_tensors": len(plan.params),
+              "skipped": dict(sorted(plan.skipped.items())), "rules": _rule_stats(stats)},
+        fidelity={"min_db": fidelity, "output_sqnr_db": out_sqnr,
+                  "layer_sqnr_db": dict(sorted(layers.items(), key=lambda kv: kv[1])),
+                  "fallback": None if fallback is None else _as_dict(fallback, skip=("model",))},
+        coverage=cover.as_dict(), latency=latency, nodes=nodes, seconds=seconds, warnings=warnings)
+    return out, report
+
+
+def _held_out_count(n: int, held_out: int | None) -> int:
+    if held_out is not None:
+        if not isinstance(held_out, int) or held_out < 0 or held_out >= n:
+            raise UsageError(f"held_out must be a whole number from 0 to {n - 1} (the calibration set has {n} samples), "
+                             f"not {held_out!r}")
+        return held_out
+    return 0 if n < 5 else min(MAX_HELD_OUT, n // 5)
+
+
+def _write_temp(model: ir.Model, path: Path) -> str:
+    """The float model written for onnxruntime (external data beside it when large)."""
+    big = io.initializer_bytes(model) >= io.PROTO_LIMIT // 2
+    proto = io.to_proto(model)
+    onnx.save_model(proto, str(path), save_as_external_data=big, location=path.name + ".data" if big else None)
+    return str(path)
+
+
+def _rule_stats(stats) -> dict:
+    if isinstance(stats, dict):
+        return {k: (v.as_dict() if hasattr(v, "as_dict") else v) for k, v in sorted(stats.items())}
+    return {}
+
+
+def _as_dict(obj, skip: Sequence[str] = ()) -> dict:
+    if hasattr(obj, "as_dict"):
+        d = obj.as_dict()
+    elif dataclasses.is_dataclass(obj):
+        d = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    else:
+        d = dict(obj)
+    return {k: (list(v) if isinstance(v, (tuple, frozenset, set)) else v) for k, v in d.items() if k not in skip}
