@@ -89,7 +89,7 @@ _OPTIONS = {
 }
 _FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
                 onnx.TensorProto.BFLOAT16}
-_CHUNK = 1 << 20  # elements binned at a time: transient memory stays bounded whatever a tensor's size
+_CHUNK = 1 << 16  # elements binned at a time: transient memory stays small (cache-sized) whatever a tensor's size
 
 Progress = Callable[[str, int, int], None]
 
