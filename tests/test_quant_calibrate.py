@@ -183,6 +183,7 @@ def test_dynamic_batch_and_sequence_shapes():
     assert ranges.range("h")[0] == pytest.approx(h.min(), rel=1e-5)
     assert ranges.range("h")[1] == pytest.approx(h.max(), rel=1e-5)
     assert got["r"][0] == 0.0 and got["h"][0] < 0 < got["h"][1] <= ranges.range("h")[1]
+    assert C.calibrate(m, ["h", "r"], data, method="mse") == got  # a source as open_calibration takes it
 
 
 def _peak(n):

@@ -75,6 +75,7 @@ import numpy as np
 import onnx
 
 from ..errors import UsageError
+from .data import CalibrationSet, open_calibration
 
 __all__ = ["METHODS", "DEFAULT_BINS", "RangeStats", "HistStats", "collect_ranges", "collect_histograms",
            "choose_ranges", "calibrate", "tensor_types"]
@@ -284,7 +285,8 @@ def tensor_types(model, tensors: Sequence[str]) -> dict[str, onnx.TypeProto]:
             types.setdefault(vi.name, vi.type)
     for t in g.initializer:
         types.setdefault(t.name, onnx.helper.make_tensor_type_proto(t.data_type, None))
-    produced = {o for n in g.node for o in n.output if o} | {vi.name for vi in g.input} | {t.name for t in g.initializer}
+    produced = {o for n in g.node for o in n.output if o} | {vi.name for vi in g.input} | \
+        {t.name for t in g.initializer}
     missing = [t for t in tensors if t not in produced]
     if missing:
         raise UsageError(f"calibration tensors: {', '.join(repr(t) for t in missing[:5])} "
@@ -566,7 +568,8 @@ def calibrate(model, tensors: Sequence[str], calib, *, method: str = "minmax", w
               progress: Progress | None = None, bins: int = DEFAULT_BINS, threads: int | None = None,
               **method_options) -> dict[str, tuple[float, float]]:
     """The float range ``(lo, hi)`` of each of ``tensors`` (values of ``model``: a path or
-    onnx.ModelProto) over ``calib`` (a CalibrationSet) by ``method``, with its options (see
+    onnx.ModelProto) over ``calib`` (a CalibrationSet, or any source :func:`open_calibration`
+    takes) by ``method``, with its options (see
     :func:`choose_ranges`). ``workers > 1`` shards the set across that many processes (the result
     is identical for any ``workers``); ``threads``: onnxruntime's intra-op threads per session (by
     default its own choice with one worker, 1 with several). ``progress(step, done, total)`` over
@@ -578,6 +581,8 @@ def calibrate(model, tensors: Sequence[str], calib, *, method: str = "minmax", w
     tensors = list(dict.fromkeys(tensors))
     if not tensors:
         return {}
+    if not isinstance(calib, CalibrationSet):
+        calib = open_calibration(calib, model)
     total = len(calib)
     exposed, om = _exposed(model, tensors)
     try:

@@ -91,6 +91,8 @@ def _np_dtype(elem_type: int) -> np.dtype | None:
 
 
 def _graph_of(model) -> onnx.GraphProto:
+    if isinstance(model, onnx.GraphProto):
+        return model
     if isinstance(model, onnx.ModelProto):
         return model.graph
     if isinstance(model, (str, os.PathLike)):
@@ -160,7 +162,8 @@ def check_feed(feed, where: str, inputs: Sequence[InputSpec], *, extra: Sequence
         try:
             arr = value if isinstance(value, np.ndarray) else np.asarray(value)
         except Exception as exc:  # noqa: BLE001
-            raise CalibrationError(f"{where}: input {spec.name!r} is not an array ({io.first_line(exc, 150)})") from None
+            raise CalibrationError(f"{where}: input {spec.name!r} is not an array "
+                                   f"({io.first_line(exc, 150)})") from None
         if arr.dtype == object:
             raise CalibrationError(f"{where}: input {spec.name!r} is not a numeric array ({type(value).__name__})")
         if spec.dtype is not None and arr.dtype != spec.dtype:
@@ -515,10 +518,9 @@ def open_calibration(source, model) -> CalibrationSet:
     iterable of feed dicts, or an onnxruntime ``CalibrationDataReader``; see the module docstring
     for how each is read) validated against ``model`` (an onnx.ModelProto, onnx_ir.Model or a
     path; only its graph inputs are read). Raises a one-line :class:`CalibrationError`."""
-    inputs = model_inputs(model)
-    graph_inputs = {vi.name for vi in _graph_of(model).input} if not isinstance(model, onnx.ModelProto) \
-        else {vi.name for vi in model.graph.input}
-    extra = sorted(graph_inputs - {s.name for s in inputs})
+    graph = _graph_of(model)
+    inputs = model_inputs(graph)
+    extra = sorted({vi.name for vi in graph.input} - {s.name for s in inputs})
     names = [s.name for s in inputs]
 
     if isinstance(source, (str, os.PathLike)):
