@@ -191,10 +191,13 @@ def zoo_task(name: str) -> Task:
 
 def write_calib(task: Task, n: int, folder: Path) -> Path:
     """The first ``n`` calibration inputs of ``task`` as ``folder/00000.npz`` ... (one feed each,
-    keys = input names); an existing complete folder is reused."""
-    stamp = folder / "COUNT"
+    keys = input names; nothing else in it); an existing complete folder is reused (its count is
+    kept beside it, in ``<folder>.count``)."""
+    stamp = folder.with_name(folder.name + ".count")
     if stamp.exists() and stamp.read_text().strip() == str(n):
         return folder
+    if stamp.exists():
+        stamp.unlink()
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
@@ -322,16 +325,17 @@ def quantize_worker(args) -> int:
 
 
 def run_quantizer(tool: str, model: Path, calib: Path, out: Path, *, timeout: float, quark_python: str,
-                  onnxopt_method: str | None = None, fidelity: str | None = None) -> dict:
+                  onnxopt_method: str | None = None, fidelity: str | None = None,
+                  quark_script: Path = QUARK_SCRIPT) -> dict:
     """Quantize ``model`` with ``tool`` in a subprocess; the row: status, times, error."""
     if out.exists():
         out.unlink()
     if tool.startswith("quark-"):
-        if not QUARK_SCRIPT.exists():
-            return {"status": "unavailable", "error": f"{QUARK_SCRIPT.relative_to(ROOT)} is absent"}
+        if not Path(quark_script).exists():
+            return {"status": "unavailable", "error": f"{quark_script} is absent"}
         if not Path(quark_python).exists():
             return {"status": "unavailable", "error": f"{quark_python} is absent"}
-        cmd = [quark_python, str(QUARK_SCRIPT), "--model", str(model), "--calib", str(calib), "--out", str(out),
+        cmd = [quark_python, str(quark_script), "--model", str(model), "--calib", str(calib), "--out", str(out),
                "--variant", tool[6:]]
     else:
         cmd = [sys.executable, str(Path(__file__).resolve()), "_quantize", "--tool", tool, "--model", str(model),
@@ -353,12 +357,16 @@ def run_quantizer(tool: str, model: Path, calib: Path, out: Path, *, timeout: fl
             f"exit {proc.returncode}, no {out.name} written"
         return {"status": "failed", "error": why, "quantize_process_s": round(wall, 3)}
     row = {"status": "ok", "quantize_process_s": round(wall, 3), "model_bytes": out.stat().st_size}
-    if not tool.startswith("quark-"):
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-        if lines:
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if lines:  # ours: {"call_s", "notes", ...}; Quark's worker: {"seconds", "quark_version", "config", "fixups"}
+        try:
             res = json.loads(lines[-1])
-            row["quantize_call_s"] = round(res.pop("call_s"), 3)
-            row.update({k: v for k, v in res.items() if v})
+        except json.JSONDecodeError:
+            res = {}
+        call = res.pop("call_s", res.pop("seconds", None))
+        if isinstance(call, (int, float)):
+            row["quantize_call_s"] = round(call, 3)
+        row.update({k: v for k, v in res.items() if v})
     return row
 
 
@@ -550,7 +558,8 @@ def choose(tools: dict, prefix: str, exclude: tuple[str, ...] = ()) -> str | Non
 
 
 def phase_fidelity(task: Task, tools: list[str], *, n_eval: int, n_calib: int, work: Path, out_dir: Path,
-                   timeout: float = 1800, quark_python: str = QUARK_PYTHON, onnxopt_fidelity: str | None = None) -> dict:
+                   timeout: float = 1800, quark_python: str = QUARK_PYTHON, onnxopt_fidelity: str | None = None,
+                   quark_script: Path = QUARK_SCRIPT) -> dict:
     """Quantize ``task``'s model with each tool (same calibration folder), evaluate all against
     fp32, merge into ``<out_dir>/<model>.fidelity.json``; returns the merged results."""
     path = result_path(out_dir, task.name, "fidelity")
@@ -569,7 +578,7 @@ def phase_fidelity(task: Task, tools: list[str], *, n_eval: int, n_calib: int, w
             method = (choose(rows, "onnxopt-", ("onnxopt-auto",)) or "onnxopt-minmax")[8:]
         log(f"{task.name}: quantizing with {tool}")
         row = run_quantizer(tool, task.path, calib, out, timeout=timeout, quark_python=quark_python,
-                            onnxopt_method=method, fidelity=onnxopt_fidelity)
+                            onnxopt_method=method, fidelity=onnxopt_fidelity, quark_script=quark_script)
         if method:
             row["method"] = method
         log(f"{task.name}: {tool}: {row['status']}" + (f" ({row['error']})" if row.get("error") else
@@ -898,6 +907,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="memory phase: onnxopt's batch counts")
     p.add_argument("--onnxopt-fidelity", help="fidelity= for onnxopt (dB, or 'none'); default: onnxopt's own")
     p.add_argument("--quark-python", default=QUARK_PYTHON)
+    p.add_argument("--quark-script", type=Path, default=QUARK_SCRIPT, help="Quark's worker script")
     p.add_argument("--work", type=Path, default=WORK, help=f"quantized models and calibration folders ({WORK})")
     p.add_argument("--results", type=Path, default=RESULTS, help="result JSON folder")
     p.add_argument("--markdown", type=Path, default=MARKDOWN)
@@ -912,7 +922,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.phase == "fidelity":
                 phase_fidelity(task, tools, n_eval=args.eval, n_calib=args.calib, work=args.work,
                                out_dir=args.results, timeout=args.timeout, quark_python=args.quark_python,
-                               onnxopt_fidelity=args.onnxopt_fidelity)
+                               onnxopt_fidelity=args.onnxopt_fidelity, quark_script=args.quark_script)
             elif args.phase == "latency":
                 phase_latency(task, work=args.work, out_dir=args.results, runs=args.runs, budget_s=args.budget,
                               tools=tools)
