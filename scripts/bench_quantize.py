@@ -348,10 +348,13 @@ def run_quantizer(tool: str, model: Path, calib: Path, out: Path, *, timeout: fl
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=str(ROOT))
-    except subprocess.TimeoutExpired:
-        return {"status": "failed", "error": f"timed out after {timeout:.0f} s"}
+    # in a scratch folder: the quantizers leave files in the working directory (onnxruntime's
+    # augmented model's external data and shape-inference temporaries, Quark's quantized_info.csv)
+    with tempfile.TemporaryDirectory(prefix=f"cwd-{tool}-", dir=out.parent) as cwd:
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+        except subprocess.TimeoutExpired:
+            return {"status": "failed", "error": f"timed out after {timeout:.0f} s"}
     wall = time.perf_counter() - t0
     if proc.returncode != 0 or not out.exists():
         why = first_line(proc.stderr or proc.stdout) if (proc.stderr or proc.stdout).strip() else \
@@ -658,13 +661,14 @@ def _status_bytes(pid: int | str, key: str) -> int:
     return 0
 
 
-def run_capped(cmd: list[str], cap_bytes: int, timeout: float, env: dict | None = None) -> dict:
+def run_capped(cmd: list[str], cap_bytes: int, timeout: float, env: dict | None = None,
+               cwd: str | os.PathLike | None = None) -> dict:
     """Run ``cmd``, polling its resident memory every 50 ms and killing it above ``cap_bytes``;
     peak RSS (the largest VmHWM polled: the kernel's peak for the child's own address space), status
     and output. (The child's ru_maxrss is not used: on Linux it carries the parent's peak across
     vfork + exec, so a child of a big parent would report the parent's size.)"""
     with tempfile.TemporaryFile("w+") as err, tempfile.TemporaryFile("w+") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env, cwd=str(ROOT))
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env, cwd=str(cwd or ROOT))
         peak, killed, t0 = 0, None, time.perf_counter()
         while True:
             pid, status = os.waitpid(proc.pid, os.WNOHANG)
@@ -741,7 +745,8 @@ def phase_memory(task: Task, *, work: Path, out_dir: Path, onnxopt_batches=(10, 
         cmd = [sys.executable, str(Path(__file__).resolve()), "_memory", "--tool", tool, "--model", str(model),
                "--calib", str(calib), "--batches", str(batches)]
         log(f"{task.name}: memory: {tool} on {batches} batches")
-        r = run_capped(cmd, cap, timeout, env)
+        with tempfile.TemporaryDirectory(prefix=f"cwd-{tool}-", dir=mdir) as cwd:
+            r = run_capped(cmd, cap, timeout, env, cwd)
         row = {"batches": batches, "peak_rss_gib": round(r["polled_peak_bytes"] / 2**30, 3), "seconds": r["seconds"]}
         if r["killed"] == "cap":
             row.update(status="killed", error=f"RSS passed the {cap_gb:g} GiB cap")
@@ -917,6 +922,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not args.phase and not args.report:
         p.error("give --phase and/or --report")
+    args.work, args.results, args.markdown = args.work.resolve(), args.results.resolve(), args.markdown.resolve()
     if args.phase:
         models = args.models or list(MEMORY_MODELS if args.phase == "memory" else MODELS)
         tools = expand_tools(args.tools)
