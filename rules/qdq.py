@@ -35,8 +35,12 @@ from onnxopt.pattern import Const, Match, Op, Opt, Rule, Var, forward
 _INT32 = np.iinfo(np.int32)
 
 
+PLAN_KEY = "quantize.plan_node"  # node metadata apply_plan sets for the run (rewritten nodes inherit it)
+
+
 def _base(node: ir.Node) -> str:
-    return (node.name or "").split("::")[0]
+    """The plan's name for the node a rewritten node derives from."""
+    return node.metadata_props.get(PLAN_KEY, "")
 
 
 def _plan(m: Match):
@@ -44,12 +48,13 @@ def _plan(m: Match):
 
 
 def options_for(model: ir.Model, plan) -> dict:
-    """What the rules look up, derived once from the plan: the planned outputs by (producer name,
-    output index) (rewritten nodes keep their original name before "::"), and the planned nodes."""
+    """What the rules look up, derived once from the plan: the planned outputs by (producer's plan
+    key, output index), and the planned nodes. Nodes carry their plan key in their metadata
+    (``PLAN_KEY``, set by apply_plan), which the nodes a rule makes inherit."""
     outputs = {}
     for node in model.graph:
         for i, value in enumerate(node.outputs):
-            if value is not None and value.name in plan.params:
+            if value is not None and value.name in plan.params and _base(node):
                 outputs[(_base(node), i)] = plan.params[value.name]
     return {"quant_outputs": outputs, "quant_nodes": frozenset(plan.nodes)}
 
@@ -103,7 +108,7 @@ def quantize_output_replacement(m: Match, b):
                 attrs=list(node.attributes.values()), overload=node.overload)
     outs = [made] if len(node.outputs) == 1 else list(made)
     for i, (scale, zp) in m.plan:
-        outs[i] = _qdq(b, outs[i], scale, zp, _base(node) or node.op_type)
+        outs[i] = _qdq(b, outs[i], scale, zp, (node.name or node.op_type).split("::")[0])
     return outs
 
 
@@ -188,7 +193,7 @@ def weights_condition(m: Match):
 def weights_replacement(m: Match, b):
     wq, ws, axis, bq, bs, attrs = m.plan
     node = m.root
-    hint = _base(node) or node.op_type
+    hint = (node.name or node.op_type).split("::")[0]
     inputs = [node.inputs[0], _dq_const(b, wq, ws, axis, f"{hint}_weight")]
     if bq is not None:
         inputs.append(_dq_const(b, bq, bs, 0 if axis is not None else None, f"{hint}_bias"))
@@ -227,7 +232,7 @@ def constant_operand_condition(m: Match):
 def constant_operand_replacement(m: Match, b):
     node = m.root
     inputs = list(node.inputs)
-    hint = _base(node) or node.op_type
+    hint = (node.name or node.op_type).split("::")[0]
     for i, (q, scale, zp) in sorted(m.plan.items()):
         s = b.const(np.array(scale, dtype=np.float32), name=f"{hint}_operand_scale")
         z = b.const(np.array(zp, dtype=np.uint8), name=f"{hint}_operand_zero_point")

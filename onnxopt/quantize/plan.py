@@ -297,13 +297,12 @@ def _structure(model: ir.Model, rules: TargetRules, exclude: Iterable[str], no_a
     # Phase 2: in graph order, what follows quantized values.
     for node in order:
         op, key = node.op_type, keys[node]
-        if node.domain not in ("", "ai.onnx") or node in kind:
+        if node.domain not in ("", "ai.onnx") or node in kind or key in s.skipped:
             continue
-        floats = [v for v in node.inputs if v is not None and _is_float(v, opsets)]
-        if not floats and not any(_is_float(v, opsets) for v in node.outputs):
-            if op in BINARY or op in UNARY or op in MOVERS or op in SHARED:
-                s.skipped[key] = "input is not float32"
-            continue  # (shape arithmetic and the like: not a float compute node)
+        if not any(_is_float(v, opsets) for v in node.outputs):
+            continue  # (shape arithmetic, Shape of a float tensor and the like: not a float compute node)
+        if op == "Constant":
+            continue
         if excluded(node):
             s.skipped[key] = "excluded by the user"
             continue
@@ -500,6 +499,29 @@ def _since(op: str, version: int) -> int | None:
         return None
 
 
+def _coerced_softmax(node: ir.Node) -> None:
+    """Softmax/LogSoftmax/Hardmax before opset 13 along axis a (not the last) as opset 13 writes it:
+    the input flattened to 2-D at a, the op along axis 1, reshaped back; the output keeps its name."""
+    from ..irutil import redirect
+
+    graph = node.graph
+    axis = node.attributes.get("axis")
+    axis = 1 if axis is None else int(axis.value)
+    x, out = node.inputs[0], node.outputs[0]
+    base = node.name or node.op_type
+    flat = ir.Node("", "Flatten", [x], attributes=[ir.AttrInt64("axis", axis)], name=f"{base}_flatten",
+                   outputs=[ir.Value(name=f"{out.name}_flat")])
+    shape = ir.Node("", "Shape", [x], name=f"{base}_shape", outputs=[ir.Value(name=f"{out.name}_shape")])
+    op = ir.Node("", node.op_type, [flat.outputs[0]], attributes=[ir.AttrInt64("axis", 1)], name=base,
+                 outputs=[ir.Value(name=f"{out.name}_2d")])
+    back = ir.Node("", "Reshape", [op.outputs[0], shape.outputs[0]], name=f"{base}_reshape",
+                   outputs=[ir.Value(name=f"{out.name}_reshaped")])
+    op.metadata_props.update(node.metadata_props)
+    graph.insert_before(node, [flat, shape, op, back])
+    redirect(out, back.outputs[0], take_name=True)
+    graph.remove(node, safe=True)
+
+
 def raise_opset(model: ir.Model, version: int = 13) -> list[str]:
     """Raise the standard domain's import to ``version`` (>= the current one) in place, carrying
     over the ops whose definition changed (Squeeze/Unsqueeze/ReduceSum axes and Split's split become
@@ -510,6 +532,22 @@ def raise_opset(model: ir.Model, version: int = 13) -> list[str]:
     if old >= version:
         return []
     plans = []
+    ranks: dict[str, int] | None = None
+
+    def rank_of(value: ir.Value) -> int | None:
+        nonlocal ranks
+        shape = infer(value, opsets_of(model))
+        if shape is not None:
+            return len(shape)
+        if ranks is None:  # once: onnx's whole-model inference, symbolic dimensions and all
+            from .. import io
+
+            inferred = onnx.shape_inference.infer_shapes(io.to_proto(model))
+            ranks = {vi.name: len(vi.type.tensor_type.shape.dim) for vi in
+                     list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output)
+                     if vi.type.tensor_type.HasField("shape")}
+        return ranks.get(value.name)
+
     for graph in model.graphs():
         for node in graph:
             if node.domain not in ("", "ai.onnx"):
@@ -522,17 +560,19 @@ def raise_opset(model: ir.Model, version: int = 13) -> list[str]:
             elif node.op_type in _LAST_AXIS_ONLY:
                 axis = node.attributes.get("axis")
                 axis = 1 if axis is None else int(axis.value)
-                shape = infer(node.inputs[0], opsets_of(model))
-                rank = None if shape is None else len(shape)
+                rank = rank_of(node.inputs[0])
                 if not (axis == -1 or (rank is not None and axis in (rank - 1, -1))):
-                    raise UsageError(f"cannot raise the opset to {version}: {node.op_type} {node.name!r} along axis "
-                                     f"{axis} (not the last) changed meaning in opset 13")
+                    plans.append(node)  # Flatten(axis) -> op(axis=1) -> Reshape(Shape(x)): the old meaning
             elif node.op_type not in _TYPES_ONLY:
                 raise UsageError(f"cannot raise the opset from {old} to {version}: {node.op_type} {node.name!r} "
                                  f"changed in between")
     converted = []
     for node in plans:
         op = node.op_type
+        if op in _LAST_AXIS_ONLY:
+            _coerced_softmax(node)
+            converted.append(op)
+            continue
         attr_name = "ratio" if op == "Dropout" else _AXES_TO_INPUT[op]
         attr = node.attributes.pop(attr_name, None)
         if attr is None:
@@ -577,8 +617,8 @@ def apply_plan(model: ir.Model, plan: QuantPlan, *, strict: bool | None = None) 
     from onnxopt.rules import qdq  # the rule family (rules/qdq.py)
 
     for i, node in enumerate(model.graph):
-        if not node.name:
-            node.name = node_key(node, i)
+        node.metadata_props[qdq.PLAN_KEY] = node_key(node, i)
+    old_opset = opsets_of(model)[""]
     try:
         converted = raise_opset(model, plan.rules.opset)
     except UsageError:
@@ -589,7 +629,10 @@ def apply_plan(model: ir.Model, plan: QuantPlan, *, strict: bool | None = None) 
     result = pipeline.run(model, qdq.QDQ_RULES, options={"quant_plan": plan, **qdq.options_for(model, plan)},
                           strict=strict_default(strict))
     split = qdq.one_dq_per_reader(model)
+    for node in model.graph:
+        node.metadata_props.pop(qdq.PLAN_KEY, None)
     stats = {name: st.fired for name, st in sorted(result.rules.items()) if st.fired}
+    stats["opset"] = [old_opset, opsets_of(model)[""]]
     stats["opset_converted"] = converted
     stats["dq_split"] = split
     if result.errors:
