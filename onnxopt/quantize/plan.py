@@ -391,6 +391,12 @@ def _structure(model: ir.Model, rules: TargetRules, exclude: Iterable[str], no_a
         s.skipped[key] = FLOAT_ON_PURPOSE.get(op, f"{op} has no integer kernel on {rules.target}")
 
     s.nodes = [keys[n] for n in order if n in kind]
+    for node, k in kind.items():  # a mover's (Concat's) output lies in its inputs' range: not measured
+        if k == "mover":
+            for o in node.outputs:
+                if o is not None:
+                    s.needs_range.pop(o.name, None)
+    s.needs_range = {name: None for name in s.qset if name in s.needs_range}
     return s
 
 
