@@ -29,8 +29,9 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.irutil import subgraphs, use_count
-from onnxopt.pattern import Const, Match, Op, Opt, Rule, Var, forward
+from onnxopt.irutil import constant_tensor, subgraphs, use_count
+from onnxopt.pattern import Const, Match, Namer, Op, Opt, Rule, forward
+from onnxopt.quantize.plan import activation_params
 
 _INT32 = np.iinfo(np.int32)
 
@@ -57,10 +58,6 @@ def options_for(model: ir.Model, plan) -> dict:
             if value is not None and value.name in plan.params and _base(node):
                 outputs[(_base(node), i)] = plan.params[value.name]
     return {"quant_outputs": outputs, "quant_nodes": frozenset(plan.nodes)}
-
-
-def _scalar(value) -> np.ndarray:
-    return np.asarray(value)
 
 
 def _qdq(b, x: ir.Value, scale, zero_point, hint: str) -> ir.Value:
@@ -212,9 +209,6 @@ def constant_operand_condition(m: Match):
     if _plan(m) is None or _base(m.root) not in m.options.get("quant_nodes", ()):
         return "not planned"
     slots = (1, 2) if m.root.op_type == "Where" else (0, 1)
-    from onnxopt.irutil import constant_tensor
-    from onnxopt.quantize.plan import _params
-
     todo = {}
     for i in slots:
         t = constant_tensor(m.root.inputs[i]) if i < len(m.root.inputs) else None
@@ -223,7 +217,7 @@ def constant_operand_condition(m: Match):
         c = t.numpy()
         if c.size == 0 or not np.all(np.isfinite(c)):
             return "constant operand is empty or not finite"
-        scale, zp = _params(float(c.min()), float(c.max()))
+        scale, zp = activation_params(float(c.min()), float(c.max()))
         q = np.clip(np.round(c.astype(np.float64) / float(scale)) + int(zp), 0, 255).astype(np.uint8)
         todo[i] = (q, scale, zp)
     return todo or "no float constant operand"
@@ -348,9 +342,7 @@ RULES: list[Rule] = []  # not in the default optimize pipeline: apply_plan runs 
 # --- Whole-graph steps apply_plan runs around the rules -----------------------------------------
 
 
-def _namer(model: ir.Model):
-    from onnxopt.pattern import Namer
-
+def _namer(model: ir.Model) -> Namer:
     return Namer(model)
 
 

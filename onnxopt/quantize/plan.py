@@ -407,7 +407,9 @@ def calibration_tensors(model: ir.Model, rules: TargetRules, *, exclude: Iterabl
     return list(_structure(model, rules, exclude).needs_range)
 
 
-def _params(lo: float, hi: float) -> tuple[np.float32, np.uint8]:
+def activation_params(lo: float, hi: float) -> tuple[np.float32, np.uint8]:
+    """uint8 asymmetric (scale, zero point) for the range [lo, hi] extended to contain 0:
+    scale = (hi - lo) / 255 (1.0 for an all-zero range), zero point round(-lo / scale) in [0, 255]."""
     lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
     if hi - lo <= 0:
         return np.float32(1.0), np.uint8(0)
@@ -453,7 +455,7 @@ def make_plan(model: ir.Model, ranges: Mapping[str, tuple[float, float]], rules:
                 lo, hi, seen = min(lo, a), max(hi, b), True
             if not seen:
                 raise UsageError(f"no calibrated range for any of {names[0]!r}'s group")
-            p = _params(lo, hi)
+            p = activation_params(lo, hi)
             for name in names:
                 params[name] = p
         undo = set()
