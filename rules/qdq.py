@@ -1,0 +1,399 @@
+"""QDQ placement: the rewrites that turn a float model into onnxruntime's QDQ form, following a
+quantization plan (``onnxopt.quantize.plan.QuantPlan``, read from ``m.options["quant_plan"]``).
+
+Not in the default optimize pipeline (``RULES`` is empty): ``onnxopt.quantize.plan.apply_plan``
+runs ``QDQ_RULES`` with the plan, after putting Q/DQ pairs behind the graph inputs the plan
+quantizes, and gives each DequantizeLinear one reader at the end.
+
+- qdq_quantize_output: a value the plan quantizes gets QuantizeLinear -> DequantizeLinear right
+  after its producer, with the plan's scale and zero point; every reader reads the DQ (a graph
+  output becomes the DQ's output under its own name).
+- qdq_conv_weights / qdq_matmul_weights / qdq_gemm_weights: a planned Conv, MatMul or Gemm whose
+  activation comes through a DQ gets int8 symmetric weights (per output channel: Conv axis 0,
+  MatMul [K,N] axis 1, Gemm axis 0 with transB else 1) and an int32 bias with scale s_x*s_w and zero
+  point 0, each behind a DequantizeLinear; no float copy is kept. Gemm's alpha and beta are folded
+  in (alpha=beta=1, which onnxruntime's QGemm fusion needs).
+- qdq_constant_operand: a planned Add/Mul/Where's constant float operand becomes a uint8
+  initializer behind a DQ (on its own range), as onnxruntime's binary QLinear kernels need.
+- qdq_relu_absorb / qdq_clip_absorb (exact): Relu(DQ(q)) where the zero point is the lowest level
+  is DQ(q); Clip(DQ(q)) where every representable value lies inside the bounds is DQ(q).
+- qdq_requantize_identity (exact): Q(DQ(q)) with the same scale, zero point and type is q.
+
+The plan gives a Relu's input the Relu's output parameters, so that after qdq_quantize_output the
+Relu sits between a DQ with zero point 0 and a Q of the same parameters: the last two rules remove
+it and the now redundant pair, and the Conv's output is quantized with the Relu output's params.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxopt.irutil import constant_tensor, subgraphs, use_count
+from onnxopt.pattern import Const, Match, Namer, Op, Opt, Rule, forward
+from onnxopt.quantize.plan import activation_params
+
+_INT32 = np.iinfo(np.int32)
+
+
+PLAN_KEY = "quantize.plan_node"  # node metadata apply_plan sets for the run (rewritten nodes inherit it)
+
+
+def _base(node: ir.Node) -> str:
+    """The plan's name for the node a rewritten node derives from."""
+    return node.metadata_props.get(PLAN_KEY, "")
+
+
+def _plan(m: Match):
+    return m.options.get("quant_plan")
+
+
+def options_for(model: ir.Model, plan) -> dict:
+    """What the rules look up, derived once from the plan: the planned outputs by (producer's plan
+    key, output index), and the planned nodes. Nodes carry their plan key in their metadata
+    (``PLAN_KEY``, set by apply_plan), which the nodes a rule makes inherit."""
+    outputs = {}
+    for node in model.graph:
+        for i, value in enumerate(node.outputs):
+            if value is not None and value.name in plan.params and _base(node):
+                outputs[(_base(node), i)] = plan.params[value.name]
+    return {"quant_outputs": outputs, "quant_nodes": frozenset(plan.nodes)}
+
+
+def _qdq(b, x: ir.Value, scale, zero_point, hint: str) -> ir.Value:
+    s = b.const(np.array(scale, dtype=np.float32), name=f"{hint}_scale")
+    z = b.const(np.array(zero_point, dtype=np.uint8), name=f"{hint}_zero_point")
+    return b.op("DequantizeLinear", b.op("QuantizeLinear", x, s, z), s, z)
+
+
+# --- Q/DQ after planned values ------------------------------------------------------------------
+
+
+def _has_q(value: ir.Value, params) -> bool:
+    """``value`` is already read by exactly one QuantizeLinear with these parameters."""
+    if value.is_graph_output() or use_count(value) != 1:
+        return False
+    reader, slot = next(iter(value.uses()))
+    if reader.op_type != "QuantizeLinear" or slot != 0 or len(reader.inputs) < 3:
+        return False
+    s, z = (v.const_value for v in reader.inputs[1:3])
+    return (s is not None and z is not None and s.numpy().size == 1
+            and np.float32(s.numpy().reshape(-1)[0]) == np.float32(params[0])
+            and z.numpy().dtype == np.uint8 and int(z.numpy().reshape(-1)[0]) == int(params[1]))
+
+
+def quantize_output_condition(m: Match):
+    node = m.root
+    if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+        return "a Q/DQ node"
+    table = m.options.get("quant_outputs")
+    if not table:
+        return "no quantization plan"
+    base = _base(node)
+    todo = [(i, table[(base, i)]) for i, v in enumerate(node.outputs)
+            if v is not None and (base, i) in table and not _has_q(v, table[(base, i)])]
+    if not todo:
+        return "no planned output left to quantize"
+    if any(True for _ in subgraphs(node)):
+        return "a node with subgraphs"
+    return todo
+
+
+def quantize_output_replacement(m: Match, b):
+    node = m.root
+    made = b.op(node.op_type, *node.inputs, domain=node.domain, outputs=len(node.outputs),
+                attrs=list(node.attributes.values()), overload=node.overload)
+    outs = [made] if len(node.outputs) == 1 else list(made)
+    for i, (scale, zp) in m.plan:
+        outs[i] = _qdq(b, outs[i], scale, zp, (node.name or node.op_type).split("::")[0])
+    return outs
+
+
+# --- Weights ------------------------------------------------------------------------------------
+
+
+def quantize_weights(w: np.ndarray, axis: int | None, qmax: int, x_scale: np.float32,
+                     bias: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """int8 symmetric weights (per ``axis``, or per tensor), their float32 scales, and the int32
+    bias with scale x_scale * w_scale (float32 product) and its scale. A channel's scale is raised
+    where its bias would not fit int32; an all-zero channel gets scale 1."""
+    w64 = w.astype(np.float64)
+    if axis is None:
+        absmax = np.array(np.abs(w64).max() if w64.size else 0.0)
+    else:
+        others = tuple(a for a in range(w.ndim) if a != axis)
+        absmax = np.abs(w64).max(axis=others) if w64.size else np.zeros(w.shape[axis])
+    scale = absmax / qmax
+    if bias is not None:
+        bmax = np.abs(bias.astype(np.float64)) if axis is not None else np.array(np.abs(bias.astype(np.float64)).max(initial=0.0))
+        scale = np.maximum(scale, bmax / (float(x_scale) * float(_INT32.max // 2)))
+    scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
+    shape = [1] * w.ndim
+    if axis is not None:
+        shape[axis] = -1
+    wq = np.clip(np.round(w64 / scale.astype(np.float64).reshape(shape)), -qmax, qmax).astype(np.int8)
+    if bias is None:
+        return wq, scale, None, None
+    bscale = (np.float32(x_scale) * scale).astype(np.float32)
+    bq = np.clip(np.round(bias.astype(np.float64) / bscale.astype(np.float64)), _INT32.min, _INT32.max).astype(np.int32)
+    return wq, scale, bq, bscale
+
+
+def _dq_const(b, q: np.ndarray, scale: np.ndarray, axis: int | None, hint: str) -> ir.Value:
+    zp = np.zeros(scale.shape, dtype=q.dtype)
+    attrs = {} if axis is None or scale.ndim == 0 else {"axis": axis}
+    return b.op("DequantizeLinear", b.const(q, name=f"{hint}_quantized"), b.const(scale, name=f"{hint}_scale"),
+                b.const(zp, name=f"{hint}_zero_point"), **attrs)
+
+
+def weights_condition(m: Match):
+    """The plan: (int8 weight, scale, axis, int32 bias, bias scale, attributes to set)."""
+    plan = _plan(m)
+    if plan is None or _base(m.root) not in m.options.get("quant_nodes", ()):
+        return "not planned"
+    xs = m.const("xs")
+    if xs.size != 1 or xs.dtype != np.float32:
+        return "activation scale is not a float32 scalar"
+    w = m.const("w")
+    if w.dtype != np.float32:
+        return "weight is not float32"
+    op = m.root.op_type
+    bias = m.const("b") if op != "MatMul" else None
+    attrs = {}
+    if op == "Gemm":
+        alpha, beta = float(m.attr("op", "alpha", 1.0)), float(m.attr("op", "beta", 1.0))
+        trans_b = int(m.attr("op", "transB", 0))
+        if int(m.attr("op", "transA", 0)):
+            return "Gemm with transA"
+        n = w.shape[0] if trans_b else w.shape[1]
+        w = (w.astype(np.float64) * alpha).astype(np.float32)
+        if bias is not None:
+            if bias.size not in (1, n):
+                return "Gemm bias is not per output channel"
+            bias = np.broadcast_to((bias.astype(np.float64) * beta).reshape(-1), (n,)).astype(np.float32)
+        axis = 0 if trans_b else 1
+        attrs = {"alpha": 1.0, "beta": 1.0}
+    elif op == "Conv":
+        axis = 0
+    else:
+        if w.ndim != 2:
+            return "weight is not 2-D"
+        axis = 1
+    if not np.all(np.isfinite(w)) or (bias is not None and not np.all(np.isfinite(bias))):
+        return "non-finite weights"
+    per_channel = plan.rules.per_channel
+    wq, ws, bq, bs = quantize_weights(w, axis if per_channel else None, plan.rules.weight_qmax,
+                                      np.float32(xs.reshape(-1)[0]), bias)
+    return wq, ws, axis if per_channel else None, bq, bs, attrs
+
+
+def weights_replacement(m: Match, b):
+    wq, ws, axis, bq, bs, attrs = m.plan
+    node = m.root
+    hint = (node.name or node.op_type).split("::")[0]
+    inputs = [node.inputs[0], _dq_const(b, wq, ws, axis, f"{hint}_weight")]
+    if bq is not None:
+        inputs.append(_dq_const(b, bq, bs, 0 if axis is not None else None, f"{hint}_bias"))
+    kept = [a for a in node.attributes.values() if a.name not in attrs]
+    return b.op(node.op_type, *inputs, attrs=kept, **attrs)
+
+
+_DQX = Op("DequantizeLinear", "xq", Const("xs"), Opt(Const("xz")), shared=True, name="dqx")
+
+
+# --- Constant operands of binary ops ------------------------------------------------------------
+
+
+def constant_operand_condition(m: Match):
+    """The plan: {input slot: (uint8 tensor, scale, zero point)} for each constant float operand."""
+    if _plan(m) is None or _base(m.root) not in m.options.get("quant_nodes", ()):
+        return "not planned"
+    slots = (1, 2) if m.root.op_type == "Where" else (0, 1)
+    todo = {}
+    for i in slots:
+        t = constant_tensor(m.root.inputs[i]) if i < len(m.root.inputs) else None
+        if t is None or t.dtype != ir.DataType.FLOAT:
+            continue
+        c = t.numpy()
+        if c.size == 0 or not np.all(np.isfinite(c)):
+            return "constant operand is empty or not finite"
+        scale, zp = activation_params(float(c.min()), float(c.max()))
+        q = np.clip(np.round(c.astype(np.float64) / float(scale)) + int(zp), 0, 255).astype(np.uint8)
+        todo[i] = (q, scale, zp)
+    return todo or "no float constant operand"
+
+
+def constant_operand_replacement(m: Match, b):
+    node = m.root
+    inputs = list(node.inputs)
+    hint = (node.name or node.op_type).split("::")[0]
+    for i, (q, scale, zp) in sorted(m.plan.items()):
+        s = b.const(np.array(scale, dtype=np.float32), name=f"{hint}_operand_scale")
+        z = b.const(np.array(zp, dtype=np.uint8), name=f"{hint}_operand_zero_point")
+        inputs[i] = b.op("DequantizeLinear", b.const(q, name=f"{hint}_operand_quantized"), s, z)
+    return b.op(node.op_type, *inputs, attrs=list(node.attributes.values()))
+
+
+# --- Exact clean-ups ----------------------------------------------------------------------------
+
+
+def _dq_params(m: Match, s: str, z: str):
+    """(scale, zero point array, qmin, qmax) of a per-tensor DQ, or a reason."""
+    scale = m.const(s)
+    zp = m.const(z) if z in m else None
+    if scale.size != 1 or (zp is not None and zp.size != 1):
+        return "per-axis parameters"
+    dtype = np.dtype(np.uint8) if zp is None else zp.dtype
+    if dtype not in (np.dtype(np.uint8), np.dtype(np.int8)):
+        return "not an 8-bit DQ"
+    info = np.iinfo(dtype)
+    zero = 0 if zp is None else int(zp.reshape(-1)[0])
+    sc = np.float32(scale.reshape(-1)[0])
+    lo = float(np.float32(info.min - zero) * sc)
+    hi = float(np.float32(info.max - zero) * sc)
+    return lo, hi
+
+
+def relu_absorb_condition(m: Match):
+    r = _dq_params(m, "s", "z")
+    if isinstance(r, str):
+        return r
+    return None if r[0] >= 0.0 else "the DQ's lowest level is below 0"
+
+
+def clip_absorb_condition(m: Match):
+    r = _dq_params(m, "s", "z")
+    if isinstance(r, str):
+        return r
+    if m.opset() < 11:
+        lo, hi = m.attr("clip", "min", -np.inf), m.attr("clip", "max", np.inf)
+    else:
+        lo = float(m.const("lo").reshape(-1)[0]) if "lo" in m else -np.inf
+        hi = float(m.const("hi").reshape(-1)[0]) if "hi" in m else np.inf
+    if not (r[0] >= lo and r[1] <= hi):
+        return "the DQ's representable range is not inside the Clip's bounds"
+    return None
+
+
+def absorb_replacement(m: Match, b):
+    dq = m.node("dq")
+    return b.op("DequantizeLinear", *dq.inputs, attrs=list(dq.attributes.values()))
+
+
+def requantize_identity_condition(m: Match):
+    s1, s2 = m.const("s1"), m.const("s2")
+    z1 = m.const("z1") if "z1" in m else np.zeros((), np.uint8)
+    z2 = m.const("z2") if "z2" in m else np.zeros((), np.uint8)
+    if s1.shape != s2.shape or z1.shape != z2.shape or z1.dtype != z2.dtype:
+        return "different parameter shapes or types"
+    if not (np.array_equal(s1, s2) and np.array_equal(z1, z2)):
+        return "different scale or zero point"
+    if s1.size != 1 and m.attr("dq", "axis", 1) != m.attr("q", "axis", 1):
+        return "different axes"
+    if m.node("q").attributes.get("saturate") is not None or m.node("q").attributes.get("output_dtype") is not None:
+        return "Q with saturate/output_dtype"
+    return None
+
+
+_DQ = Op("DequantizeLinear", "q", Const("s"), Opt(Const("z")), shared=True, name="dq")
+
+QDQ_RULES = [
+    Rule("qdq_quantize_output", Op("*", name="node"), quantize_output_replacement,
+         condition=quantize_output_condition, exact=False,
+         doc="A value the plan quantizes gets QuantizeLinear -> DequantizeLinear after its producer (plan's scale "
+             "and zero point); its readers read the DQ."),
+    Rule("qdq_conv_weights", Op("Conv", _DQX, Const("w"), Opt(Const("b")), name="op"), weights_replacement,
+         condition=weights_condition, exact=False, priority=5,
+         doc="A planned Conv reading a DQ: int8 symmetric weights per output channel (axis 0) and an int32 bias "
+             "(scale s_x*s_w) behind DequantizeLinear."),
+    Rule("qdq_matmul_weights", Op("MatMul", _DQX, Const("w"), name="op"), weights_replacement,
+         condition=weights_condition, exact=False, priority=5,
+         doc="A planned MatMul reading a DQ with a constant [K,N] weight: int8 symmetric weights per column "
+             "(axis 1) behind DequantizeLinear."),
+    Rule("qdq_gemm_weights", Op("Gemm", _DQX, Const("w"), Opt(Const("b")), name="op"), weights_replacement,
+         condition=weights_condition, exact=False, priority=5,
+         doc="A planned Gemm reading a DQ: alpha and beta folded (both 1), int8 weights per output channel and "
+             "an int32 bias behind DequantizeLinear."),
+    Rule("qdq_add_constant_operand", Op("Add", "a", "b", name="op"), constant_operand_replacement,
+         condition=constant_operand_condition, exact=False,
+         doc="A planned Add's constant float operand becomes uint8 behind a DQ (on its own range)."),
+    Rule("qdq_mul_constant_operand", Op("Mul", "a", "b", name="op"), constant_operand_replacement,
+         condition=constant_operand_condition, exact=False,
+         doc="A planned Mul's constant float operand becomes uint8 behind a DQ (on its own range)."),
+    Rule("qdq_where_constant_operand", Op("Where", "c", "a", "b", name="op"), constant_operand_replacement,
+         condition=constant_operand_condition, exact=False,
+         doc="A planned Where's constant float operand becomes uint8 behind a DQ (on its own range)."),
+    Rule("qdq_relu_absorb", Op("Relu", _DQ, name="relu"), absorb_replacement, condition=relu_absorb_condition,
+         exact=True, priority=10,
+         doc="Relu(DQ(q)) whose lowest level dequantizes to >= 0 is DQ(q)."),
+    Rule("qdq_clip_absorb", Op("Clip", _DQ, Opt(Const("lo")), Opt(Const("hi")), name="clip"), absorb_replacement,
+         condition=clip_absorb_condition, exact=True, priority=10,
+         doc="Clip(DQ(q)) whose representable range lies inside the bounds is DQ(q)."),
+    Rule("qdq_requantize_identity",
+         Op("QuantizeLinear", Op("DequantizeLinear", "q", Const("s1"), Opt(Const("z1")), shared=True, name="dq"),
+            Const("s2"), Opt(Const("z2")), name="q"),
+         forward("q"), condition=requantize_identity_condition, exact=True, priority=10,
+         doc="Q(DQ(q)) with the same scale, zero point and type is q."),
+]
+
+RULES: list[Rule] = []  # not in the default optimize pipeline: apply_plan runs QDQ_RULES with a plan
+
+
+# --- Whole-graph steps apply_plan runs around the rules -----------------------------------------
+
+
+def _namer(model: ir.Model) -> Namer:
+    return Namer(model)
+
+
+def quantize_graph_inputs(model: ir.Model, plan) -> int:
+    """Q -> DQ after each graph input the plan quantizes; its readers read the DQ. (A graph input
+    has no producer for qdq_quantize_output to root at.) Returns how many."""
+    graph = model.graph
+    name = _namer(model)
+    done = 0
+    for x in list(graph.inputs):
+        if x.name not in plan.params or not use_count(x):
+            continue
+        scale, zp = plan.params[x.name]
+        readers = list(x.uses())
+        s = ir.Value(name=name(f"{x.name}_scale"), shape=ir.Shape([]), type=ir.TensorType(ir.DataType.FLOAT),
+                     const_value=ir.Tensor(np.array(scale, dtype=np.float32)))
+        z = ir.Value(name=name(f"{x.name}_zero_point"), shape=ir.Shape([]), type=ir.TensorType(ir.DataType.UINT8),
+                     const_value=ir.Tensor(np.array(zp, dtype=np.uint8)))
+        for v in (s, z):
+            v.const_value.name = v.name
+            graph.register_initializer(v)
+        q = ir.Node("", "QuantizeLinear", [x, s, z], name=name(f"{x.name}_QuantizeLinear"),
+                    outputs=[ir.Value(name=name(f"{x.name}_quantized"))])
+        dq = ir.Node("", "DequantizeLinear", [q.outputs[0], s, z], name=name(f"{x.name}_DequantizeLinear"),
+                     outputs=[ir.Value(name=name(f"{x.name}_dequantized"))])
+        graph.insert_before(graph.node(0), [q, dq]) if len(graph) else graph.extend([q, dq])
+        for reader, slot in readers:
+            reader.replace_input_with(slot, dq.outputs[0])
+        done += 1
+    return done
+
+
+def one_dq_per_reader(model: ir.Model) -> int:
+    """Give every reader of a DequantizeLinear its own copy (onnxruntime's QDQ selectors fuse a DQ
+    into one node only); a DQ that is a graph output keeps it and its readers get copies. Returns
+    the copies made."""
+    graph = model.graph
+    name = _namer(model)
+    made = 0
+    for node in list(graph):
+        if node.op_type != "DequantizeLinear" or node.domain not in ("", "ai.onnx"):
+            continue
+        out = node.outputs[0]
+        readers = list(out.uses())  # (in the order they were made: deterministic)
+        keep = 0 if out.is_graph_output() else 1
+        for reader, slot in readers[keep:]:
+            clone = ir.Node("", "DequantizeLinear", list(node.inputs),
+                            attributes=[ir.Attr(a.name, a.type, a.value) for a in node.attributes.values()],
+                            name=name(f"{node.name}_copy"), outputs=[ir.Value(name=name(f"{out.name}_copy"))])
+            clone.metadata_props.update(node.metadata_props)
+            graph.insert_before(reader, clone)
+            reader.replace_input_with(slot, clone.outputs[0])
+            made += 1
+    return made
