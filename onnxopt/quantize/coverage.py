@@ -73,6 +73,7 @@ _BOOL_OUT = frozenset({"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqua
                        "IsNaN", "IsInf"})
 _WEIGHT_SLOT = {"Conv": 1, "ConvTranspose": 1, "Gemm": 1, "MatMul": 1}
 _BIAS_SLOT = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2}
+_FUSION_TARGETS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 _OPTIONAL_Q = frozenset({"MatMul", "Gemm"})  # MatMulIntegerToFloat / QGemm with a float output need no Q
 _SUFFIX = re.compile(r"(_token_\d+|/duplicated)$")
 
@@ -349,7 +350,7 @@ class _Analysis:
         self.mapped: dict[int, list[int]] = {}
         self.unmapped: list[int] = []
         for j, n in enumerate(o.nodes):
-            i = by_name.get(_base(n.name)) if n.name else None
+            i = self._by_name(n, by_name) if n.name else None
             if i is None:
                 i = next((k for k in (self._through_outputs(x) for x in n.output if x)
                           if k is not None and _same_work(n, q.nodes[k])), None)
@@ -358,6 +359,23 @@ class _Analysis:
             else:
                 self.mapped.setdefault(i, []).append(j)
         self.status: dict[int, tuple[str, str]] = {}  # QDQ node -> ("integer"|"float", kernel text)
+
+    def _by_name(self, n, by_name: dict[str, int]) -> int | None:
+        """The QDQ node an optimized node is named after: its name less onnxruntime's suffixes
+        (``_token_<n>``, ``/duplicated``) and prefix (``fused `` of FusedGemm/FusedConv); an NCHWc
+        Conv is named after the value it writes (``<value>_nchwc``): the Conv behind that value."""
+        name = _base(n.name)
+        name = name[len("fused "):] if name.startswith("fused ") else name
+        if name in by_name:
+            return by_name[name]
+        if n.domain == "com.microsoft.nchwc" and name.endswith("_nchwc"):
+            k = self.q.producer.get(name[: -len("_nchwc")])
+            for _ in range(4):  # back through the activation / sum the NCHWc Conv absorbed
+                if k is None or self.q.nodes[k].op_type == n.op_type:
+                    break
+                k = self.q.producer.get(_data_input(self.q.nodes[k]))
+            return k if k is not None and self.q.nodes[k].op_type == n.op_type else None
+        return None
 
     def _through_outputs(self, name: str) -> int | None:
         """The QDQ node that wrote ``name``: a compute node, or the one behind a QuantizeLinear."""
@@ -435,18 +453,21 @@ class _Analysis:
         return Coverage(self.provider, integer, islands, movement, dict(qdq_left), dict(added), dict(kernels))
 
     def _source(self, i: int) -> int | None:
-        """The compute node whose output a vanished node read (through Q/DQ), if any."""
+        """The compute node a vanished node was fused into: among the producers of its inputs
+        (through Q/DQ), a Conv/Gemm/MatMul (they absorb activations and sums), else the first."""
         q = self.q
-        x = _data_input(q.nodes[i])
-        while x:
-            k = q.producer.get(x)
-            if k is None:
-                return None
-            if q.nodes[k].op_type in ("QuantizeLinear", "DequantizeLinear"):
-                x = q.nodes[k].input[0]
-                continue
-            return k
-        return None
+        found = []
+        for x in q.nodes[i].input:
+            while x and x not in q.constants:
+                k = q.producer.get(x)
+                if k is None:
+                    break
+                if q.nodes[k].op_type in ("QuantizeLinear", "DequantizeLinear"):
+                    x = q.nodes[k].input[0]
+                    continue
+                found.append(k)
+                break
+        return next((k for k in found if q.nodes[k].op_type in _FUSION_TARGETS), found[0] if found else None)
 
     # ---- why a node stayed float ----
 
