@@ -269,16 +269,6 @@ class _QdqGraph:
                                 if r.op_type not in ("QuantizeLinear", "DequantizeLinear")]
         return out
 
-    def quantized_around(self, n) -> list[str]:
-        """The float names of the tensors quantized at this node's inputs and outputs."""
-        names = [self.q_of[x] for x in n.input if x in self.q_of]
-        for y in n.output:
-            for c in self.consumers.get(y, []):
-                if c.op_type == "QuantizeLinear":
-                    names += [self.q_of[d.output[0]] for d in self.consumers.get(c.output[0], [])
-                              if d.output[0] in self.q_of]
-        return list(dict.fromkeys(names))
-
 
 def _float_values(proto: onnx.ModelProto) -> set[str]:
     g = proto.graph
@@ -353,8 +343,8 @@ def _added(after: float, before: float) -> float:
     return max(0.0, after - before)
 
 
-def node_damage(float_model, quant_model, feeds, *, excluded: Iterable[str] = (), provider: str = "cpu",
-                threads: int = 0) -> dict[str, float]:
+def node_damage(float_model, quant_model, feeds, *, excluded: Iterable[str] = (),
+                candidates: Iterable[str] | None = None, provider: str = "cpu", threads: int = 0) -> dict[str, float]:
     """How much quantization noise each named compute node of the QDQ model adds, as a
     noise-to-signal ratio (linear: 0.01 is the noise of a 20 dB SQNR), measured against the float
     model over ``feeds`` on the simulated QDQ graph; in model order.
@@ -369,7 +359,10 @@ def node_damage(float_model, quant_model, feeds, *, excluded: Iterable[str] = ()
     +9e-6) above a 25 -> 20 dB one (+6.8e-3).
 
     ``excluded``: nodes already float. The requantization of an excluded node's output that its
-    quantized consumers still keep is charged to those consumers (returning them to float removes it)."""
+    quantized consumers still keep is charged to those consumers (returning them to float removes it).
+    ``candidates``: the nodes that can be returned to float (None: all); the damage of another node
+    (a Relu whose range the QuantizeLinear after it absorbs) is charged to the candidate whose value
+    it reads (through up to 3 such nodes), else to the quantized readers of its output."""
     fm = _ort_model(float_model, "float model")
     qm = _ort_model(quant_model, "quantized model")
     try:
@@ -406,9 +399,26 @@ def node_damage(float_model, quant_model, feeds, *, excluded: Iterable[str] = ()
         after = max((nsr[p] for p in outs if p in nsr), default=before)
         damage[n.name] = _added(after, before)
     by_name = {n.name: n for n in nodes}
-    for name in [n.name for n in nodes if n.name in set(excluded)]:
-        readers = [c.name for y in by_name[name].output if y for c in g.quantized_readers(y) if c.name in by_name
-                   and c.name not in set(excluded)]
+    excluded = set(excluded)
+    movable = set(by_name) - excluded if candidates is None else set(candidates) - excluded
+    for name in [n.name for n in nodes if n.name not in movable and damage[n.name] > 0]:
+        node, target = by_name[name], None
+        if name not in excluded:  # a node that cannot be chosen: charge the candidate it reads
+            x = next(iter(g.activation_inputs(node)), None)
+            for _ in range(3):
+                p = g.producer.get(x) if x else None
+                while p is not None and p.op_type in ("QuantizeLinear", "DequantizeLinear"):
+                    p = g.producer.get(p.input[0])
+                if p is None or not p.name or p.name in excluded:
+                    break
+                if p.name in movable:
+                    target = p.name
+                    break
+                x = next(iter(g.activation_inputs(p)), None)
+        if target is not None:
+            damage[target] += damage[name]
+            continue
+        readers = [c.name for y in node.output if y for c in g.quantized_readers(y) if c.name in movable]
         for r in dict.fromkeys(readers):
             damage[r] += damage[name]
     return damage
@@ -484,7 +494,8 @@ def fallback(float_model, requantize: Callable[[frozenset[str]], onnx.ModelProto
         left = [n for n in order if n not in set(excluded)]
         if worst >= min_db or not left:
             return FallbackResult(current, tuple(excluded), history, worst >= min_db, min_db, outs, rounds)
-        damage = node_damage(float_model, current, feeds, excluded=excluded, provider=provider, threads=threads)
+        damage = node_damage(float_model, current, feeds, excluded=excluded, candidates=order, provider=provider,
+                             threads=threads)
         ranked = sorted(left, key=lambda n: (-damage.get(n, 0.0), rank[n]))
         chosen = ranked[:batch]
         rounds.append({"excluded_before": len(excluded), "min_output_db": _json_db(worst),
@@ -518,7 +529,7 @@ class LatencyCheck:
     rounds: int
 
     def as_dict(self) -> dict:
-        r = lambda x: round(x, 4)  # noqa: E731
+        r = lambda x: float(f"{x:.5g}")  # noqa: E731 - 5 significant digits (a tiny model runs in microseconds)
         return {"keep": self.keep, "reason": self.reason, "float_ms": {k: r(v) for k, v in self.float_ms.items()},
                 "int8_ms": {k: r(v) for k, v in self.int8_ms.items()}, "ratio": r(self.ratio),
                 "ratio_ci95": [r(x) for x in self.ratio_ci95] if self.ratio_ci95 else None,
