@@ -208,3 +208,57 @@ def test_zoo_model_coverage(tmp_path):
     assert cov.by_op()["Conv"]["float"] == 0 and cov.by_op()["Conv"]["integer"] > 20
     hs = [n for n in cov.float_islands if n.op == "HardSigmoid"]
     assert hs and all(n.reason.startswith("no integer kernel for HardSigmoid") for n in hs)
+
+
+# ---- the verifier on a float model and its quantized model -----------------------------------------------------
+
+
+def test_verify_cli_shows_coverage_and_judges_by_sqnr(cnn_q, tmp_path, capsys):
+    from onnxopt import cli
+
+    src = tmp_path / "float.onnx"
+    onnx.save(cnn(), src)
+    report = tmp_path / "report.json"
+    code = cli.main(["verify", str(src), cnn_q, "--runs", "0", "--json", str(report)])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "integer kernels (CPU): 8/10 compute nodes (80.0%)" in out
+    assert "hsig" in out and "no integer kernel for HardSigmoid on onnxruntime CPU" in out
+    assert "QLinearConv 3" in out and "ok (SQNR " in out and "SQNR >= 20 dB" in out
+    data = json.loads(report.read_text())
+    assert data["coverage"]["summary"]["compute_integer"] == 8
+    assert data["int8"]["min_sqnr_db"] == 20.0
+    (row,) = data["providers"]["cpu"]["outputs"]
+    assert row["ok"] and row["sqnr_db"] > 20
+    # a target the model misses fails, naming the SQNR; no bisect command (it replays float rewrites)
+    code = cli.main(["verify", str(src), cnn_q, "--runs", "0", "--min-sqnr", str(row["sqnr_db"] + 1), "-q"])
+    out = capsys.readouterr().out
+    assert code == 1 and f"SQNR {row['sqnr_db']:.1f} dB < " in out and "bisect" not in out
+
+
+def test_verify_int8_criterion_only_for_a_float_and_quantized_pair(cnn_q):
+    from onnxopt import verify
+
+    r = verify.verify(cnn(), cnn_q, runs=0)
+    assert r["ok"] and r["int8"]["min_sqnr_db"] == verify.INT8_MIN_SQNR_DB
+    # tolerances given: the elementwise test the user asked for (int8 misses 1e-6)
+    r = verify.verify(cnn(), cnn_q, runs=0, rtol=1e-6, atol=1e-7, culprit=False)
+    assert not r["ok"] and "int8" not in r and "sqnr_db" not in r["providers"]["cpu"]["outputs"][0]
+    # float against float and quantized against quantized: as ever (no SQNR criterion, no coverage)
+    r = verify.verify(cnn(), cnn(), runs=0)
+    assert r["ok"] and "int8" not in r and not r["low_precision"]
+    r = verify.verify(cnn_q, cnn_q, runs=0)
+    assert r["ok"] and "int8" not in r and r["low_precision"]
+    with pytest.raises(UsageError, match="--min-sqnr"):
+        verify.verify(cnn(), cnn_q, runs=0, min_sqnr=float("inf"))
+
+
+def test_verify_cli_float_pair_has_no_coverage(tmp_path, capsys):
+    from onnxopt import cli
+
+    src = tmp_path / "float.onnx"
+    onnx.save(cnn(), src)
+    report = tmp_path / "report.json"
+    assert cli.main(["verify", str(src), str(src), "--runs", "0", "--json", str(report)]) == 0
+    assert "integer kernels" not in capsys.readouterr().out
+    assert "coverage" not in json.loads(report.read_text())

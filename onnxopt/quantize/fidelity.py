@@ -7,6 +7,8 @@ SQNR (signal-to-quantization-noise ratio) of a test array against a reference is
 ``10 log10(sum ref^2 / sum (ref - test)^2)`` dB. Over several feeds the signal and noise
 energies are summed first and the ratio taken once (an average of dB values would let one
 near-silent feed dominate). 20 dB is a noise energy 1% of the signal's; 40 dB, 0.01%.
+``sqnr_db`` itself lives in ``onnxopt.verify.compare`` (the verifier judges a quantized model
+against its float model by it) and is re-exported here.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 import onnx
 
 from ..errors import UsageError
+from ..verify.compare import sqnr_db, sqnr_energies, sqnr_from_energies
 
 __all__ = ["FallbackResult", "LatencyCheck", "decide_keep", "fallback", "latency_check", "layer_sqnr",
            "node_damage", "output_sqnr", "sqnr_db"]
@@ -28,34 +31,8 @@ __all__ = ["FallbackResult", "LatencyCheck", "decide_keep", "fallback", "latency
 # ---- SQNR ----------------------------------------------------------------------------------------------------
 
 
-def _db(signal: float, noise: float) -> float:
-    """The SQNR of accumulated energies: +inf without noise (identical, zero signals included),
-    -inf for noise on a zero signal, NaN when either energy is NaN (a NaN in an output)."""
-    if math.isnan(signal) or math.isnan(noise):
-        return float("nan")
-    if noise == 0:
-        return float("inf")
-    if signal == 0:
-        return float("-inf")
-    if math.isinf(noise):
-        return float("-inf") if not math.isinf(signal) else float("nan")
-    return 10.0 * math.log10(signal / noise)
-
-
-def _energies(reference, test) -> tuple[float, float]:
-    ref = np.asarray(reference, dtype=np.float64)
-    got = np.asarray(test, dtype=np.float64)
-    if ref.shape != got.shape:
-        raise UsageError(f"SQNR: shapes differ: {list(ref.shape)} (reference) vs {list(got.shape)}")
-    with np.errstate(over="ignore", invalid="ignore"):
-        return float(np.sum(ref * ref)), float(np.sum((ref - got) ** 2))
-
-
-def sqnr_db(reference, test) -> float:
-    """``10 log10(sum ref^2 / sum (ref - test)^2)`` in dB, in float64: +inf when ``test`` equals
-    ``reference`` (two zero arrays included), -inf when the reference is all zeros and ``test``
-    is not, NaN when either holds a NaN. Shapes must match (UsageError)."""
-    return _db(*_energies(reference, test))
+_db = sqnr_from_energies
+_energies = sqnr_energies
 
 
 class _Energy:
