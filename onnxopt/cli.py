@@ -162,6 +162,10 @@ def _verify_parser() -> argparse.ArgumentParser:
     p.add_argument("original", help="the model before optimization")
     p.add_argument("optimized", help="the model after optimization")
     p.add_argument("--providers", default="cpu", help="cpu, cuda or cpu,cuda (default cpu)")
+    p.add_argument("--min-sqnr", type=float, default=None, metavar="DB",
+                   help="a quantized OPTIMIZED against a float ORIGINAL: each float output passes when its SQNR is "
+                        f"at least DB (default {verify.INT8_MIN_SQNR_DB:g}; --rtol/--atol instead judge it "
+                        "elementwise); the integer-kernel coverage table is shown")
     _add_verify_args(p)
     _add_report_args(p, quiet="print only the verdict line")
     return p
@@ -280,6 +284,21 @@ def _errors(fn):
         return EXIT_INTERNAL
 
 
+def _verify_coverage(path: str) -> dict | None:
+    """Integer-kernel coverage of a QDQ model (None for a model without Q/DQ); a model onnxruntime
+    cannot optimize gives {"error": ...}."""
+    import onnx
+
+    from .quantize.coverage import integer_coverage, is_qdq_model
+
+    if not is_qdq_model(onnx.load(path, load_external_data=False)):
+        return None
+    try:
+        return integer_coverage(path).as_dict()
+    except OnnxoptError as exc:
+        return {"error": str(exc)}
+
+
 def verify_main(argv: list[str]) -> int:
     args = _verify_parser().parse_args(argv)
 
@@ -287,7 +306,10 @@ def verify_main(argv: list[str]) -> int:
         with _outputs(args, args.original, args.optimized) as outputs, _status(args) as progress:
             report = verify.verify(args.original, args.optimized, providers=args.providers,
                                    input_shapes=verify.parse_input_shapes(args.input_shape),
-                                   **_verify_options(args, progress))
+                                   min_sqnr=args.min_sqnr, **_verify_options(args, progress))
+            coverage = _verify_coverage(args.optimized)
+            if coverage is not None:
+                report["coverage"] = coverage
             _stage_json(outputs, args.json, report)
         if args.quiet:
             show(Styled("verdict: " + ("outputs agree" if report["ok"] else summary_line(report)),

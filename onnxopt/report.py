@@ -164,7 +164,8 @@ def format_rules(rules: Sequence[Rule], graph_passes: Sequence[str], families: M
 def _output_rows(rows: list[dict]) -> list[tuple]:
     out = []
     for r in rows:
-        status = (Styled("ok", "green") if r["ok"] else
+        sqnr = f"SQNR {r['sqnr_db']:.1f} dB" if isinstance(r.get("sqnr_db"), float) else ""
+        status = (Styled(f"ok ({sqnr})" if sqnr else "ok", "green") if r["ok"] else
                   Styled(f"DIFFERS ({r['problem']})" if r.get("problem") else "DIFFERS", "bold red"))
         shape = (dims_text(r["shape_after"]) if "shape_after" in r else
                  f"seq[{r['length']}]" if "length" in r else r.get("kind", "-"))
@@ -222,7 +223,10 @@ def format_verification(report: dict) -> Doc:
                     + (f", {v['range'][0]}..{v['range'][1]}" if "range" in v else "") + ")"
                     for k, v in report["inputs"].items())
     lines.append(f"inputs (seed {report['seed']}): {ins or 'none'}")
-    if report.get("low_precision"):
+    if report.get("int8"):
+        lines.append(f"int8 model against its float model: {report['int8']['criterion']} (the elementwise figures, at "
+                     f"rtol {LOW_PRECISION[0]}, atol {LOW_PRECISION[1]}, for information)")
+    elif report.get("low_precision"):
         lines.append(f"fp16/bf16/int8 model: float32 outputs compared at rtol {LOW_PRECISION[0]}, atol "
                      f"{LOW_PRECISION[1]}")
     for p, e in report["providers"].items():
@@ -257,6 +261,8 @@ def format_verification(report: dict) -> Doc:
             model = "original" if label == "before" else "optimized"
             lines += ["", Styled(f"== {key}, {model} model (informational)", "bold"),
                       table(_output_rows(rows), _OUT_HEADER)]
+    if report.get("coverage"):
+        lines += ["", format_coverage(report["coverage"])]
     lines += _bisect_lines(report)
     lines += ["", Styled("verdict: " + ("outputs agree on " + ", ".join(report["providers"]) if report["ok"]
                                         else summary_line(report)), "bold green" if report["ok"] else "bold red")]
@@ -346,22 +352,8 @@ def format_quantize(report, src: str, dst: str) -> Doc:
         excluded = fb.get("excluded") or []
         out.append(f"fallback: {len(excluded)} node(s) left float to reach {_db(fid['min_db'])}"
                    + (f": {', '.join(excluded[:6])}{' ...' if len(excluded) > 6 else ''}" if excluded else ""))
-    cov = d.get("coverage") or {}
-    summary = cov.get("summary") or {}
-    if summary:
-        out += ["", "integer kernels: " + ", ".join(f"{k} {v}" for k, v in summary.items() if not isinstance(v, dict))]
-    by_op = (summary.get("by_op") if isinstance(summary, dict) else None) or cov.get("by_op") or {}
-    if by_op:
-        out += ["", table([(op, *(v if isinstance(v, (list, tuple)) else (v.get("integer", ""), v.get("float", ""))))
-                           for op, v in sorted(by_op.items())], ("op", "integer", "float"))]
-    islands = cov.get("float_islands") or []
-    if islands:
-        reasons: dict[str, int] = {}
-        for isl in islands:
-            why = isl.get("reason", "") if isinstance(isl, dict) else str(isl[-1])
-            reasons[why] = reasons.get(why, 0) + 1
-        out += ["", table(sorted(((why, n) for why, n in reasons.items()), key=lambda r: -r[1]),
-                          ("float islands: why", "nodes"))]
+    if d.get("coverage"):
+        out += ["", format_coverage(d["coverage"], islands=12)]
     lat = d.get("latency")
     if lat:
         out.append("")
@@ -372,4 +364,46 @@ def format_quantize(report, src: str, dst: str) -> Doc:
     out.append(Styled(f"kept {report.kept}: {report.reason}", style))
     out.append(f"wrote {dst} in {d['seconds'].get('total', 0):.1f} s ("
                + ", ".join(f"{k} {v:.1f} s" for k, v in d["seconds"].items() if k != "total") + ")")
+
+
+def _percent(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.1f}%" if whole else "-"
+
+
+def format_coverage(cov: dict, *, islands: int = 40) -> Doc:
+    """``onnxopt.quantize.coverage.Coverage.as_dict()``: which nodes onnxruntime runs as integer
+    kernels, by op type, then the float islands with the reason for each (the first ``islands``;
+    the JSON report has them all), and the Q/DQ left in the graph it runs."""
+    if "error" in cov:
+        return Doc([Styled(f"integer kernels: not known ({cov['error']})", "yellow")])
+    s = cov["summary"]
+    head = (f"integer kernels ({cov['provider'].upper()}): {s['compute_integer']}/{s['compute_nodes']} compute nodes "
+            f"({_percent(s['compute_integer'], s['compute_nodes'])}), {s['movement_integer']} data-movement ops on "
+            f"8-bit tensors")
+    out = [Styled(head, "bold")]
+    kernels: dict[str, dict[str, int]] = {}
+    for n in cov["integer"]:
+        k = n["kernel"] if n["kind"] != "fused" else "(fused)"
+        kernels.setdefault(n["op"], {})
+        kernels[n["op"]][k] = kernels[n["op"]].get(k, 0) + 1
+    rows = []
+    for op, c in cov["by_op"].items():
+        runs_as = ", ".join(f"{k} {v}" for k, v in sorted(kernels.get(op, {}).items()))
+        integer, floats = c["integer"] + c["movement_integer"], c["float"] + c["movement_float"]
+        rows.append((op, integer, Styled(str(floats), "yellow") if floats else floats, runs_as or "-"))
+    out.append(table(rows, ("op type", "integer", "float", "runs as"), "lrrl"))
+    groups: dict[tuple, list[str]] = {}  # islands with the same op, kernel and reason on one row
+    for n in cov["float_islands"] + cov["float_movement"]:
+        groups.setdefault((n["op"], n["kernel"], n["reason"]), []).append(n["node"])
+    if groups:
+        shown = [(names[0] if len(names) == 1 else f"{len(names)} nodes, e.g. {names[0]}", op, kernel, reason)
+                 for (op, kernel, reason), names in list(groups.items())[:islands]]
+        out += ["", table(shown, ("float island", "op", "runs as", "why"), "llll")]
+        if len(groups) > islands:
+            out.append(Styled(f"... and {len(groups) - islands} more rows (in the JSON report)", "dim"))
+    q = cov["qdq_left"]
+    added = ", ".join(f"{n} {op}" for op, n in cov["added"].items())
+    out.append(f"left in onnxruntime's graph: {q.get('quantize', 0)} QuantizeLinear, {q.get('dequantize', 0)} "
+               f"DequantizeLinear of activations, {q.get('dequantize_constant', 0)} of weights"
+               + (f"; added by onnxruntime: {added}" if added else ""))
     return Doc(out)

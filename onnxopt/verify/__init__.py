@@ -21,18 +21,19 @@ import numpy as np
 
 from .. import io
 from ..errors import InvalidModelError, OnnxoptError, UsageError
-from .compare import (LOW_PRECISION, TOLERANCES, check_tolerances, compare, compare_all, compare_value,
-                      is_low_precision, problem_text, tolerance)
+from .compare import (INT8_MIN_SQNR_DB, LOW_PRECISION, TOLERANCES, check_tolerances, compare, compare_all,
+                      compare_int8, compare_value, is_low_precision, is_quantized, problem_text, sqnr_db, tolerance)
 from .culprit import find_culprit
 from .inputs import inputs_for, make_inputs, parse_input_shapes, parse_int_ranges
 from .runtime import (PROVIDERS, OrtModel, VerifyUnavailable, check_providers, count_kernels, measure_latency,
                       parse_providers, run_profiled, session)
 
 __all__ = [
-    "LOW_PRECISION", "PROVIDERS", "TOLERANCES", "Progress", "VerificationError", "VerifyUnavailable", "bisect_command",
-    "check_providers", "check_settings", "check_tolerances", "compare", "compare_all", "compare_value",
-    "count_kernels", "find_culprit", "is_low_precision", "make_inputs", "measure_latency", "parse_input_shapes",
-    "parse_int_ranges", "parse_providers", "problem_text", "run_profiled", "session", "tolerance", "verify",
+    "INT8_MIN_SQNR_DB", "LOW_PRECISION", "PROVIDERS", "TOLERANCES", "Progress", "VerificationError",
+    "VerifyUnavailable", "bisect_command", "check_providers", "check_settings", "check_tolerances", "compare",
+    "compare_all", "compare_value", "compare_int8", "count_kernels", "find_culprit", "is_low_precision",
+    "is_quantized", "make_inputs", "measure_latency", "parse_input_shapes", "parse_int_ranges", "parse_providers",
+    "problem_text", "run_profiled", "session", "sqnr_db", "tolerance", "verify",
 ]
 
 
@@ -57,7 +58,8 @@ class Progress:
 
 
 def check_settings(providers: str | Sequence[str] = "cpu", *, runs: int = 20, warmup: int = 5, threads: int = 0,
-                   rtol: float | None = None, atol: float | None = None, **_) -> list[str]:
+                   rtol: float | None = None, atol: float | None = None, min_sqnr: float | None = None,
+                   **_) -> list[str]:
     """Refuse bad verification settings (UsageError, one line) before any work; the providers parsed."""
     providers = parse_providers(providers)
     check_providers(providers)
@@ -68,6 +70,8 @@ def check_settings(providers: str | Sequence[str] = "cpu", *, runs: int = 20, wa
     if not 0 <= threads <= 2**31 - 1:
         raise UsageError(f"--threads {threads}: must be 0 (onnxruntime's choice) or a positive 32-bit number")
     check_tolerances(rtol, atol)
+    if min_sqnr is not None and not np.isfinite(min_sqnr):
+        raise UsageError(f"--min-sqnr {min_sqnr}: must be a finite number of dB")
     return providers
 
 
@@ -75,7 +79,8 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
            feeds: Mapping[str, np.ndarray] | None = None, input_shapes: Mapping[str, Sequence[int]] | None = None,
            int_ranges: Mapping[str, tuple[int, int]] | None = None, seed: int = 0, rtol: float | None = None,
            atol: float | None = None, runs: int = 20, warmup: int = 5, latency: bool = True, culprit: bool = True,
-           threads: int = 0, progress: Progress | None = None, bisect_options: Sequence[str] | None = None) -> dict:
+           threads: int = 0, progress: Progress | None = None, bisect_options: Sequence[str] | None = None,
+           min_sqnr: float | None = None) -> dict:
     """Verify ``optimized`` against ``original`` on each provider; returns the report (a dict
     that ``onnxopt.report.format_verification`` prints); ``report["ok"]`` is False when an
     output differs.
@@ -85,16 +90,28 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
     rounds per provider after ``warmup`` runs (0 skips latency, as does ``latency=False``).
     When outputs differ, ``report["bisect_command"]`` is the ``python -m onnxopt bisect`` command
     with these settings; ``bisect_options``: the command-line options that made ``optimized``
-    (--rules, --disable, ...), None when unknown (the command then says to add them)."""
-    providers = check_settings(providers, runs=runs, warmup=warmup, threads=threads, rtol=rtol, atol=atol)
+    (--rules, --disable, ...), None when unknown (the command then says to add them).
+
+    A quantized ``optimized`` against a float ``original`` (Q/DQ or integer kernels in the second
+    only) is judged by the int8 criterion: each float output passes when its SQNR against the
+    original's is at least ``min_sqnr`` dB (default ``INT8_MIN_SQNR_DB``, 20 dB), not by an
+    elementwise tolerance int8 cannot meet; the elementwise statistics are reported beside it, and
+    ``rtol``/``atol``, when given, apply instead. Culprit search and bisect are skipped there (every
+    quantized value differs from float by design). Two float models, or two quantized ones, are
+    compared as ever."""
+    providers = check_settings(providers, runs=runs, warmup=warmup, threads=threads, rtol=rtol, atol=atol,
+                               min_sqnr=min_sqnr)
     progress = progress or Progress()
     before = after = None
     try:
         before = OrtModel(original, "original")
         after = OrtModel(optimized, "optimized")
+        int8 = None
+        if rtol is None and atol is None and is_quantized(after.proto) and not is_quantized(before.proto):
+            int8 = INT8_MIN_SQNR_DB if min_sqnr is None else float(min_sqnr)
         report = _verify(before, after, providers, feeds, inputs, input_shapes, int_ranges, seed, rtol, atol, runs,
-                         warmup, latency, culprit, threads, progress)
-        if not report["ok"]:
+                         warmup, latency, culprit and int8 is None, threads, progress, int8)
+        if not report["ok"] and int8 is None:
             report["bisect_command"] = bisect_command(
                 original, next(p for p, e in report["providers"].items() if not e["ok"]), inputs=inputs,
                 input_shapes=input_shapes, int_ranges=int_ranges, seed=seed, rtol=rtol, atol=atol,
@@ -108,11 +125,14 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
 
 
 def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_shapes, int_ranges, seed, rtol, atol,
-            runs, warmup, latency, culprit, threads, progress) -> dict:
+            runs, warmup, latency, culprit, threads, progress, int8: float | None = None) -> dict:
     feeds, how = inputs_for(before, feeds, inputs, input_shapes, int_ranges, seed)
     low = is_low_precision(before.proto)
     report: dict = {"original": before.name, "optimized": after.name,
                     "seed": seed, "inputs": how, "low_precision": low, "providers": {}}
+    if int8 is not None:
+        report["int8"] = {"min_sqnr_db": int8, "criterion": f"each float output: SQNR >= {int8:g} dB against the "
+                                                            "float model"}
     outputs: dict[str, dict[str, list]] = {}
     steps = len(providers) * (2 + (1 if latency and runs else 0))
     step = 0
@@ -137,7 +157,8 @@ def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_s
             report["providers"][p] = entry
             continue
         outputs[p] = got
-        entry["outputs"] = compare_all(got["before"], got["after"], low_precision=low, rtol=rtol, atol=atol)
+        entry["outputs"] = (_compare_int8(got["before"], got["after"], int8) if int8 is not None else
+                            compare_all(got["before"], got["after"], low_precision=low, rtol=rtol, atol=atol))
         entry["ok"] = all(r["ok"] for r in entry["outputs"])
         if latency and runs:
             progress(f"{p}: latency", step, steps)
@@ -172,6 +193,16 @@ def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_s
                 for label in ("before", "after")}
     report["ok"] = all(e["ok"] for e in report["providers"].values())
     return report
+
+
+def _compare_int8(before, after, min_db: float) -> list[dict]:
+    """compare_all's rows (outputs matched by name and position), each output found at its place
+    judged by :func:`compare_int8` (SQNR)."""
+    rows = compare_all(before, after, low_precision=True)
+    for i, (name, value) in enumerate(before):
+        if i < len(after) and after[i][0] == name:
+            rows[i] = {"name": name, **compare_int8(value, after[i][1], min_db)}
+    return rows
 
 
 def bisect_command(model, provider: str = "cpu", *, inputs: str | os.PathLike | None = None,

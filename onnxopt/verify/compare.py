@@ -26,10 +26,67 @@ TOLERANCES = {
 }
 EXACT = (0.0, 0.0)  # every other dtype (integers, bool, strings): exact
 LOW_PRECISION = (1e-2, 1e-3)  # float32/64 outputs of a model that computes in fp16/bf16/int8
+# A quantized (int8) model against its float model: no elementwise tolerance fits int8 (one
+# quantization step of a wide activation is far above 1e-2), so each float output passes when its
+# SQNR, 10 log10(sum ref^2 / sum (ref - test)^2), is at least this: a noise energy under 1% of the
+# signal's. Well-calibrated int8 CNNs measure 25-40 dB; a saturated or badly placed quantization
+# falls to 10-17 dB (onnxruntime's per-channel QDQ of the PP-OCR classifier: 16.5 dB).
+INT8_MIN_SQNR_DB = 20.0
 _LOW_PRECISION_TYPES = {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.INT8,
                         onnx.TensorProto.UINT8}
 _QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul",
               "MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul", "MatMulNBits", "QAttention"}
+
+
+def is_quantized(proto: onnx.ModelProto) -> bool:
+    """The main graph computes in int8: QuantizeLinear/DequantizeLinear or integer kernels
+    (QLinearConv, MatMulInteger, ... and onnxruntime's com.microsoft QLinear* ops)."""
+    return any(n.op_type in _QUANT_OPS or n.op_type.startswith("QLinear") or n.op_type == "QGemm"
+               for n in proto.graph.node)
+
+
+def sqnr_energies(reference, test) -> tuple[float, float]:
+    """(signal, noise) energies in float64: sum ref^2 and sum (ref - test)^2; shapes must match."""
+    ref = np.asarray(reference, dtype=np.float64)
+    got = np.asarray(test, dtype=np.float64)
+    if ref.shape != got.shape:
+        raise UsageError(f"SQNR: shapes differ: {list(ref.shape)} (reference) vs {list(got.shape)}")
+    with np.errstate(over="ignore", invalid="ignore"):
+        return float(np.sum(ref * ref)), float(np.sum((ref - got) ** 2))
+
+
+def sqnr_from_energies(signal: float, noise: float) -> float:
+    """10 log10(signal / noise) dB: +inf without noise (identical, zero signals included), -inf for
+    noise on a zero signal, NaN when either energy is NaN."""
+    if signal != signal or noise != noise:
+        return float("nan")
+    if noise == 0:
+        return float("inf")
+    if signal == 0:
+        return float("-inf")
+    if noise == float("inf"):
+        return float("nan") if signal == float("inf") else float("-inf")
+    return 10.0 * float(np.log10(signal / noise))
+
+
+def sqnr_db(reference, test) -> float:
+    """``10 log10(sum ref^2 / sum (ref - test)^2)`` in dB, computed in float64 (see
+    :func:`sqnr_from_energies` for identical arrays, zero signals and NaN)."""
+    return sqnr_from_energies(*sqnr_energies(reference, test))
+
+
+def compare_int8(before, after, min_db: float = INT8_MIN_SQNR_DB) -> dict:
+    """One output of a quantized model against its float model's: the statistics of
+    :func:`compare_value` at the low-precision tolerances (informational), its SQNR, and the verdict
+    by SQNR >= ``min_db`` for a float tensor (other values as :func:`compare_value` judges them)."""
+    row = compare_value(before, after, low_precision=True)
+    if _value_kind(before) == _value_kind(after) == "tensor" and _kind(before.dtype) == "float" \
+            and before.shape == after.shape and before.dtype == after.dtype:
+        db = sqnr_db(before, after)
+        row.update(sqnr_db=db, ok=bool(db >= min_db), tolerance=f"int8 model: SQNR >= {min_db:g} dB")
+        if not row["ok"]:
+            row["problem"] = f"SQNR {db:.1f} dB < {min_db:g} dB"
+    return row
 
 
 def is_low_precision(proto: onnx.ModelProto) -> bool:
