@@ -33,7 +33,12 @@ _LAZY = {"optimize": "api", "Report": "api", "default_rules": "api"}
 
 
 def __getattr__(name: str):
-    """``optimize``, ``Report`` and ``default_rules`` from onnxopt.api, imported when first asked for."""
+    """``optimize``, ``Report`` and ``default_rules`` from onnxopt.api, imported when first asked for;
+    ``quantize``, the subpackage that is also a function (``onnxopt.quantize(model, calibration)``)."""
+    if name == "quantize":
+        import importlib
+
+        return importlib.import_module(".quantize", __name__)
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'onnxopt' has no attribute {name!r}")
@@ -47,4 +52,5 @@ def __getattr__(name: str):
 __all__ = [
     "ANY", "Builder", "Const", "InvalidModelError", "Match", "Op", "OnnxoptError", "Opt", "Refuse",
     "Report", "Rule", "RuleError", "UsageError", "Var", "default_rules", "forward", "optimize",
+    "quantize",
 ]

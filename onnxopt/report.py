@@ -357,13 +357,16 @@ def format_quantize(report, src: str, dst: str) -> Doc:
     lat = d.get("latency")
     if lat:
         out.append("")
-        out.append(f"latency (interleaved): float {lat.get('float_median_ms', float('nan')):.3f} ms, int8 "
-                   f"{lat.get('int8_median_ms', float('nan')):.3f} ms")
+        f, q = lat.get("float_ms", {}), lat.get("int8_ms", {})
+        out.append(f"latency ({lat.get('rounds')} interleaved rounds): float median {f.get('median', 0):.3f} ms "
+                   f"(p10 {f.get('p10', 0):.3f}, p90 {f.get('p90', 0):.3f}), int8 median {q.get('median', 0):.3f} ms "
+                   f"(p10 {q.get('p10', 0):.3f}, p90 {q.get('p90', 0):.3f}): x{lat.get('ratio', 0):.3f}")
     out += [""] + [Styled(f"warning: {w}", "yellow") for w in d["warnings"]]
     style = "bold green" if report.kept == "int8" else "bold yellow"
     out.append(Styled(f"kept {report.kept}: {report.reason}", style))
     out.append(f"wrote {dst} in {d['seconds'].get('total', 0):.1f} s ("
                + ", ".join(f"{k} {v:.1f} s" for k, v in d["seconds"].items() if k != "total") + ")")
+    return Doc(out)
 
 
 def _percent(part: int, whole: int) -> str:

@@ -17,7 +17,7 @@ from onnx import TensorProto, helper
 import onnxopt
 from onnxopt.errors import UsageError
 
-from .helpers import bn_node, bn_params, init, model, tinfo
+from helpers import bn_node, bn_params, init, model, tinfo
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -133,9 +133,9 @@ def test_every_method_quantizes(method):
 def test_dynamic_batch_and_external_data(tmp_path):
     m = _cnn(dynamic_batch=True)
     src = tmp_path / "ext.onnx"
-    onnx.save(m, src, save_as_external_data=True, all_tensors_to_external_data=True, location="ext.data",
+    onnx.save(m, src, save_as_external_data=True, all_tensors_to_one_file=True, location="ext.data",
               size_threshold=0)
-    out = onnxopt.quantize(str(src), _feeds(10, batch=2), output=str(tmp_path / "out" / "q.onnx"),
+    out = onnxopt.quantize(str(src), _feeds(10, batch=2), output=str(tmp_path / "q.onnx"),
                            keep_float="never", external_data=True)
     test = _feeds(2, seed=3, batch=3)  # another batch size than calibration's
     assert _run(str(out), test)[0].shape == (3, 10)

@@ -200,13 +200,18 @@ def _quantize(model, calibration, output, method, per_channel, target, exclude, 
         cleaned, cleanup = _optimize(loaded.model, None, (), (), targets.PORTABLE, None, None, None, False, True,
                                      True, strict=strict, input_shapes=input_shapes, progress=progress)
         nodes["cleaned"] = node_counts(cleaned)
+        _fill_types(cleaned)  # (the plan reads value types; cleanup forgets the shapes it inferred)
         with tempfile.TemporaryDirectory(prefix="onnxopt-quantize-") as tmp:
             float_path = _write_temp(cleaned, Path(tmp) / "float.onnx")
             float_proto = onnx.load(float_path, load_external_data=False)
             seconds["cleanup"] = time.perf_counter() - t0
             # 3.-4. calibration
             t1 = time.perf_counter()
+            # what the plan needs, and (for the fallback, which changes what shares a range) every
+            # float activation
             tensors = _plan.calibration_tensors(cleaned, rules, exclude=exclude)
+            if fidelity is not None:
+                tensors = list(dict.fromkeys([*tensors, *_float_activations(cleaned)]))
             calib = _data.open_calibration(calibration, float_proto)
             n = len(calib)
             k = _held_out_count(n, held_out)
@@ -251,7 +256,7 @@ def _quantize(model, calibration, output, method, per_channel, target, exclude, 
                 out_sqnr = _fidelity.output_sqnr(float_path, quant_proto, held_feeds)
                 if not fallback.met:
                     warnings.append(f"fidelity {fidelity:g} dB not met even with every layer in float")
-            layers = _fidelity.layer_sqnr(float_path, quant_proto, sorted(plan.params), held_feeds)
+            layers = _fidelity.layer_sqnr(float_path, quant_proto, None, held_feeds)
             seconds["fidelity"] = time.perf_counter() - t3
 
             # 7. coverage
@@ -319,11 +324,39 @@ def _held_out_count(n: int, held_out: int | None) -> int:
     return 0 if n < 5 else min(MAX_HELD_OUT, n // 5)
 
 
+def _float_activations(model: ir.Model) -> list[str]:
+    """The float32 values computed in the main graph, and its float32 inputs, in graph order."""
+    values = [v for v in model.graph.inputs if not v.is_initializer()]
+    values += [v for node in model.graph for v in node.outputs]
+    return [v.name for v in values if v.name and v.dtype == ir.DataType.FLOAT]
+
+
+def _fill_types(model: ir.Model) -> None:
+    """Types (and shapes, where missing) of the main graph's values from onnx's shape inference."""
+    from .. import passes
+
+    values = {v.name: v for node in model.graph for v in node.outputs if v.name}
+    if all(v.type is not None for v in values.values()):
+        return
+    try:
+        inferred = passes.infer_model(model)
+    except Exception:  # noqa: BLE001 - inference refusing the model: the plan says what it cannot type
+        return
+    for info in inferred.graph.value_info:
+        value = values.get(info.name)
+        if value is None or not info.type.HasField("tensor_type"):
+            continue
+        tt = info.type.tensor_type
+        if value.type is None and tt.elem_type:
+            value.type = ir.TensorType(ir.DataType(tt.elem_type))
+        if value.shape is None and tt.HasField("shape"):
+            value.shape = ir.serde.deserialize_type_proto_for_shape(info.type)
+
+
 def _write_temp(model: ir.Model, path: Path) -> str:
-    """The float model written for onnxruntime (external data beside it when large)."""
-    big = io.initializer_bytes(model) >= io.PROTO_LIMIT // 2
-    proto = io.to_proto(model)
-    onnx.save_model(proto, str(path), save_as_external_data=big, location=path.name + ".data" if big else None)
+    """The float model written for onnxruntime, alone in its folder (weights the input kept in
+    external files copied into its own data file when large)."""
+    io.save(model, path, external_data=True if io.initializer_bytes(model) >= io.PROTO_LIMIT // 2 else None)
     return str(path)
 
 
