@@ -127,7 +127,7 @@ def model_inputs(model) -> list[InputSpec]:
                                    f"({vi.type.WhichOneof('value')}): calibration feeds tensors only")
         dims, shown = [], []
         for i, d in enumerate(tt.shape.dim):
-            if d.HasField("dim_value"):
+            if d.HasField("dim_value") and d.dim_value >= 0:  # (some exporters write -1 for "any")
                 dims.append(int(d.dim_value))
                 shown.append(int(d.dim_value))
             else:
