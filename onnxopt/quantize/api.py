@@ -32,9 +32,9 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from .. import io, targets
+from .. import evaluate, io, pipeline, registry, targets
 from ..errors import UsageError, strict_default
-from ..input_shapes import normalize as normalize_input_shapes
+from ..input_shapes import fix as fix_input_shapes, normalize as normalize_input_shapes
 from ..irutil import node_counts
 
 DEFAULT_FIDELITY_DB = 20.0
@@ -179,9 +179,11 @@ def quantize(
 def _quantize(model, calibration, output, method, per_channel, target, exclude, fidelity, keep_float, reduce_range,
               workers, held_out, input_shapes, external_data, check, return_report, outputs, strict, progress,
               method_options):
-    from ..api import _optimize
-    from . import calibrate as _calibrate, coverage as _coverage, data as _data, fidelity as _fidelity
-    from . import plan as _plan
+    from .calibrate import calibrate
+    from .coverage import integer_coverage
+    from .data import open_calibration
+    from .fidelity import fallback as run_fallback, latency_check, layer_sqnr, output_sqnr
+    from .plan import apply_plan, calibration_tensors, make_plan, target_rules
 
     seconds: dict[str, float] = {}
     warnings: list[str] = []
@@ -190,15 +192,20 @@ def _quantize(model, calibration, output, method, per_channel, target, exclude, 
     loaded = io.load(model, check=check, copy_ir=True)
     if (why := refusal(loaded.model)) is not None:
         raise UsageError(why)
-    rules = _plan.target_rules(target, per_channel=per_channel, reduce_range=reduce_range)
+    rules = target_rules(target, per_channel=per_channel, reduce_range=reduce_range)
     give_back_plan = io.plan_give_back(loaded, output, external_data=external_data, outputs=outputs,
                                        also_read=[calibration] if isinstance(calibration, (str, os.PathLike)) else [])
     try:
         nodes = {"input": node_counts(loaded.model)}
         # 2. cleanup (portable: standard ops only, which the QDQ rules know)
         progress("cleaning up")
-        cleaned, cleanup = _optimize(loaded.model, None, (), (), targets.PORTABLE, None, None, None, False, True,
-                                     True, strict=strict, input_shapes=input_shapes, progress=progress)
+        cleaned = loaded.model
+        if input_shapes:
+            fix_input_shapes(cleaned, input_shapes)
+        chosen, graph_passes = registry.resolve(None, (), (), targets.PORTABLE, None)
+        pipeline.run(cleaned, chosen, graph_passes=graph_passes, strict=strict, progress=progress,
+                     options={"fold_size_limit": evaluate.DEFAULT_SIZE_LIMIT,
+                              "fold_input_limit": evaluate.DEFAULT_INPUT_LIMIT, "exact": False})
         nodes["cleaned"] = node_counts(cleaned)
         _fill_types(cleaned)  # (the plan reads value types; cleanup forgets the shapes it inferred)
         with tempfile.TemporaryDirectory(prefix="onnxopt-quantize-") as tmp:
@@ -209,10 +216,10 @@ def _quantize(model, calibration, output, method, per_channel, target, exclude, 
             t1 = time.perf_counter()
             # what the plan needs, and (for the fallback, which changes what shares a range) every
             # float activation
-            tensors = _plan.calibration_tensors(cleaned, rules, exclude=exclude)
+            tensors = calibration_tensors(cleaned, rules, exclude=exclude)
             if fidelity is not None:
                 tensors = list(dict.fromkeys([*tensors, *_float_activations(cleaned)]))
-            calib = _data.open_calibration(calibration, float_proto)
+            calib = open_calibration(calibration, float_proto)
             n = len(calib)
             k = _held_out_count(n, held_out)
             if k:
@@ -221,7 +228,7 @@ def _quantize(model, calibration, output, method, per_channel, target, exclude, 
                 calib_part, held = calib, calib
                 warnings.append(f"fidelity is measured on the calibration samples themselves: {n} sample(s) given, "
                                 "too few to hold some out (give at least 5)")
-            ranges = _calibrate.calibrate(float_path, tensors, calib_part, method=method, workers=workers,
+            ranges = calibrate(float_path, tensors, calib_part, method=method, workers=workers,
                                           progress=progress, **method_options)
             seconds["calibrate"] = time.perf_counter() - t1
             held_feeds = list(held)
@@ -233,8 +240,8 @@ def _quantize(model, calibration, output, method, per_channel, target, exclude, 
             def requantize(excluded: frozenset = frozenset()):
                 if excluded not in made:
                     quant = cleaned.clone()
-                    plan = _plan.make_plan(quant, ranges, rules, exclude=[*exclude, *sorted(excluded)])
-                    stats = _plan.apply_plan(quant, plan, strict=strict)
+                    plan = make_plan(quant, ranges, rules, exclude=[*exclude, *sorted(excluded)])
+                    stats = apply_plan(quant, plan, strict=strict)
                     made.clear()  # (keep one: models are big)
                     made[excluded] = (quant, plan, stats, io.to_proto(quant))
                 return made[excluded][3]
@@ -248,15 +255,16 @@ def _quantize(model, calibration, output, method, per_channel, target, exclude, 
             t3 = time.perf_counter()
             progress("measuring fidelity")
             fallback = None
-            out_sqnr = _fidelity.output_sqnr(float_path, first, held_feeds)
+            out_sqnr = output_sqnr(float_path, first, held_feeds)
             if fidelity is not None and min(out_sqnr.values(), default=np.inf) < fidelity:
-                fallback = _fidelity.fallback(float_path, requantize, held_feeds, fidelity,
+                fallback = run_fallback(float_path, requantize, held_feeds, fidelity,
                                               candidates=sorted(plan.nodes), progress=progress)
+                requantize(frozenset(fallback.excluded))  # (made already: the fallback's last model)
                 quant_ir, plan, stats, quant_proto = made[frozenset(fallback.excluded)]
-                out_sqnr = _fidelity.output_sqnr(float_path, quant_proto, held_feeds)
+                out_sqnr = output_sqnr(float_path, quant_proto, held_feeds)
                 if not fallback.met:
                     warnings.append(f"fidelity {fidelity:g} dB not met even with every layer in float")
-            layers = _fidelity.layer_sqnr(float_path, quant_proto, None, held_feeds)
+            layers = layer_sqnr(float_path, quant_proto, None, held_feeds)
             seconds["fidelity"] = time.perf_counter() - t3
 
             # 7. coverage
@@ -265,7 +273,7 @@ def _quantize(model, calibration, output, method, per_channel, target, exclude, 
             reasons = dict(plan.skipped)
             if fallback is not None:
                 reasons.update({name: f"left float for fidelity ({fidelity:g} dB)" for name in fallback.excluded})
-            cover = _coverage.integer_coverage(quant_proto, plan_reasons=reasons)
+            cover = integer_coverage(quant_proto, plan_reasons=reasons)
             seconds["coverage"] = time.perf_counter() - t4
 
             # 8. the latency check
@@ -273,7 +281,7 @@ def _quantize(model, calibration, output, method, per_channel, target, exclude, 
             if keep_float == "auto":
                 t5 = time.perf_counter()
                 progress("timing int8 against float")
-                check_result = _fidelity.latency_check(float_path, quant_proto, held_feeds[:1],
+                check_result = latency_check(float_path, quant_proto, held_feeds[:1],
                                                        min_speedup=MIN_SPEEDUP)
                 latency = _as_dict(check_result)
                 kept, reason = check_result.keep, check_result.reason

@@ -74,9 +74,9 @@ def _ort_model(model, label: str):
 
 
 def _types_with_float_default(proto: onnx.ModelProto, names: Iterable[str]) -> dict[str, onnx.TypeProto]:
-    from ..verify.culprit import _value_types
+    from ..verify.culprit import value_types
 
-    types = _value_types(proto)
+    types = value_types(proto)
     for n in names:
         if n not in types:
             t = onnx.TypeProto()

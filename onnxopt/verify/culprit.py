@@ -15,7 +15,7 @@ from .compare import compare_value
 from .runtime import OrtModel, host_value, session
 
 
-def _value_types(proto: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+def value_types(proto: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     """Tensor types of the main graph's values and weights (declared, else from onnx's shape
     inference), for exposing them as outputs."""
     types: dict[str, onnx.TypeProto] = {}
@@ -64,7 +64,7 @@ def find_culprit(original: OrtModel, optimized: OrtModel, feeds: Mapping[str, np
             if o and o in produced_orig and o not in inits:
                 order.append(o)
                 producer[o] = node
-    t_orig, t_opt = _value_types(orig_proto), _value_types(opt_proto)
+    t_orig, t_opt = value_types(orig_proto), value_types(opt_proto)
     names = [n for n in order if n in t_orig and n in t_opt
              and t_orig[n].tensor_type.elem_type == t_opt[n].tensor_type.elem_type]
     result: dict = {"compared_values": len(names)}
