@@ -29,9 +29,12 @@ or a non-zero exit (2: bad arguments or calibration data, 1: Quark failed) with 
 and compiles its custom ops on import) goes to a log file, so stdout and stderr stay machine-readable: the log
 is ``--log PATH`` if given, else a temporary file removed on success and kept (named in the error) on failure.
 
-Fix-ups (listed in the JSON's "fixups"): the model Quark writes is re-saved with its IR version lowered to
-``MAX_IR_VERSION`` when it is higher (onnx 1.22 may stamp an IR version that an older onnxruntime refuses,
-although nothing in a QDQ model at opset <= 21 needs it); nothing else is changed.
+Fix-ups (listed in the JSON's "fixups"; none changes what the model computes): the IR version is lowered to
+``MAX_IR_VERSION`` when higher (onnx 1.22 may stamp one an older onnxruntime refuses; nothing in an int8 QDQ
+model at opset <= 21 needs more; Quark 0.13 keeps the input model's IR version, so this has not fired), and
+dims stamped 0 in value_info and graph outputs become unknown dims (Quark's AdaRound writes them for MiniLM's
+dynamic tensors and onnxruntime then refuses the model). The result must then load in this venv's onnxruntime,
+else exit 1.
 """
 
 from __future__ import annotations
@@ -146,15 +149,42 @@ def _describe(config) -> dict:
     return data
 
 
-def _fix_ir(path: str) -> list[str]:
+def _clear_zero_dims(value_infos) -> int:
+    """Turn dims stamped 0 into unknown dims; returns how many."""
+    count = 0
+    for value_info in value_infos:
+        for dim in value_info.type.tensor_type.shape.dim:
+            if dim.HasField("dim_value") and dim.dim_value == 0:
+                dim.Clear()
+                count += 1
+    return count
+
+
+def _fix_up(path: str) -> list[str]:
+    """Make Quark's output loadable by onnxruntime, changing nothing that affects the computation, and
+    refuse (Failure) what still does not load in this environment's onnxruntime."""
     import onnx
+    import onnxruntime as ort
 
     model = onnx.load(path, load_external_data=False)
     fixups = []
     if model.ir_version > MAX_IR_VERSION:
         fixups.append(f"ir_version {model.ir_version} -> {MAX_IR_VERSION}")
         model.ir_version = MAX_IR_VERSION
+    # AdaRound (seen on MiniLM) stamps dynamic dims as 0 in value_info and in the graph outputs, which
+    # onnxruntime's shape inference then rejects ("Incompatible dimensions for matrix multiplication"); they
+    # become unknown dims again (shape annotations only: the computation is unchanged).
+    cleared = _clear_zero_dims(list(model.graph.value_info) + list(model.graph.output))
+    if cleared:
+        fixups.append(f"cleared {cleared} zero-sized dims in value_info/graph outputs")
+    if fixups:
         onnx.save(model, path)
+    try:
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    except Exception as error:  # noqa: BLE001
+        raise Failure(f"Quark wrote a model onnxruntime {ort.__version__} cannot load: {_one_line(error)}", 1) from None
     return fixups
 
 
@@ -223,7 +253,12 @@ def quantize(args, real_out) -> None:
     seconds = time.perf_counter() - start
     if not os.path.exists(partial):
         raise Failure("Quark returned without writing a model", 1)
-    fixups = _fix_ir(partial)
+    try:
+        fixups = _fix_up(partial)
+    except Failure:
+        with contextlib.suppress(OSError):
+            os.remove(partial)
+        raise
     os.replace(partial, args.out)
     record = {
         "variant": args.variant,
