@@ -45,6 +45,7 @@ import copy
 import glob
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -285,6 +286,9 @@ def main(argv=None) -> int:
     parser.add_argument("--adaround-iterations", type=int, default=ADAROUND_ITERATIONS)
     parser.add_argument("--log", help="where Quark's own output goes (default: a temporary file)")
     args = parser.parse_args(argv)
+    for name in ("model", "calib", "out", "log"):
+        if getattr(args, name):
+            setattr(args, name, os.path.abspath(getattr(args, name)))
 
     if args.log:
         log_path, keep = args.log, True
@@ -293,8 +297,11 @@ def main(argv=None) -> int:
         os.close(handle)
         keep = False
     code, message = 0, None
+    # Quark writes files into the working directory (quantized_info.csv): it runs in a scratch one.
+    cwd, scratch = os.getcwd(), tempfile.mkdtemp(prefix="quark-work-")
     with _quiet(log_path) as (real_out, real_err):
         try:
+            os.chdir(scratch)
             quantize(args, real_out)
         except Failure as failure:
             code, message = failure.code, str(failure)
@@ -306,6 +313,8 @@ def main(argv=None) -> int:
                 message += f" (Quark log: {log_path})"
             real_err.write(f"{args.variant}: {message}\n")
             real_err.flush()
+    os.chdir(cwd)
+    shutil.rmtree(scratch, ignore_errors=True)
     if not keep:
         with contextlib.suppress(OSError):
             os.remove(log_path)

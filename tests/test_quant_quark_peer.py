@@ -75,8 +75,9 @@ def _setup(tmp_path: Path, key: str = "x") -> tuple[Path, Path]:
     return path, calib
 
 
-def _run(python: str, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([python, str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=600)
+def _run(python: str, *args, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([python, str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=600,
+                          cwd=cwd)
 
 
 def test_bad_calibration_is_one_line_exit_2(tmp_path):
@@ -100,9 +101,11 @@ def test_a8w8_writes_a_qdq_model_onnxruntime_runs(tmp_path):
     python = _quark_python()
     path, calib = _setup(tmp_path)
     out = tmp_path / "q.onnx"
-    res = _run(python, "--model", path, "--calib", calib, "--out", out, "--variant", "a8w8", "--per-channel")
+    res = _run(python, "--model", "float.onnx", "--calib", "calib", "--out", "q.onnx", "--variant", "a8w8",
+               "--per-channel", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert res.stderr == ""
+    assert sorted(os.listdir(tmp_path)) == ["calib", "float.onnx", "q.onnx"]  # Quark's stray files kept out
     lines = res.stdout.splitlines()
     assert len(lines) == 1
     record = json.loads(lines[0])
