@@ -46,6 +46,7 @@ import glob
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -247,9 +248,11 @@ def quantize(args, real_out) -> None:
     start = time.perf_counter()
     try:
         ModelQuantizer(config).quantize_model(args.model, partial, calibration_data_reader=_reader(files))
-    except Exception as error:  # noqa: BLE001 - Quark's failure, reported in one line
+    except BaseException as error:  # noqa: BLE001 - Quark's failure (or SIGTERM), reported in one line
         with contextlib.suppress(OSError):
             os.remove(partial)
+        if isinstance(error, Failure):
+            raise
         raise Failure(f"{type(error).__name__}: {_one_line(error)}", 1) from None
     seconds = time.perf_counter() - start
     if not os.path.exists(partial):
@@ -297,6 +300,12 @@ def main(argv=None) -> int:
         os.close(handle)
         keep = False
     code, message = 0, None
+
+    def terminated(signum, frame):  # a caller's timeout: still clean up and say why in one line
+        raise Failure(f"terminated by signal {signum} after {time.perf_counter() - started:.0f} s", 1)
+
+    started = time.perf_counter()
+    signal.signal(signal.SIGTERM, terminated)
     # Quark writes files into the working directory (quantized_info.csv): it runs in a scratch one.
     cwd, scratch = os.getcwd(), tempfile.mkdtemp(prefix="quark-work-")
     with _quiet(log_path) as (real_out, real_err):
