@@ -24,7 +24,8 @@ Tools (``--tools``; a group name selects its members):
   quark-a8w8 quark-cle quark-adaround    AMD Quark through ``scripts/_quant_quark.py`` run by
         ``/work/quark-venv/bin/python`` (``--quark-python``); absent or failing: the one-line reason
   onnxopt-minmax onnxopt-percentile onnxopt-entropy onnxopt-mse    ``onnxopt.quantize(...,
-        keep_float="never")``; onnxopt-auto: keep_float="auto" with the best of those methods
+        keep_float="never")``; onnxopt-auto: keep_float="auto" with the best of those methods;
+        onnxopt-hifi: the best method with fidelity=30 dB (more layers fall back to float)
 Every quantization runs in its own process (a crash is that row's error); "quantize s" is that
 process's wall time (interpreter start and imports included, for every tool alike); the JSON also
 has the time of the call itself where the tool is called from Python.
@@ -92,7 +93,8 @@ ORT_METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percenti
 ONNXOPT_METHODS = ("minmax", "percentile", "entropy", "mse")
 QUARK_VARIANTS = ("a8w8", "cle", "adaround")
 TOOLS = ([f"ort-{m}" for m in ORT_METHODS] + [f"quark-{v}" for v in QUARK_VARIANTS]
-         + [f"onnxopt-{m}" for m in ONNXOPT_METHODS] + ["onnxopt-auto"])
+         + [f"onnxopt-{m}" for m in ONNXOPT_METHODS] + ["onnxopt-auto", "onnxopt-hifi"])
+HIFI_DB = 30.0  # onnxopt-hifi: the best method with --fidelity 30 (more layers fall back to float)
 GROUPS = {"ort": [t for t in TOOLS if t.startswith("ort-")], "quark": [t for t in TOOLS if t.startswith("quark-")],
           "onnxopt": [t for t in TOOLS if t.startswith("onnxopt-")]}
 FP32 = "fp32"
@@ -313,9 +315,12 @@ def quantize_worker(args) -> int:
         elif tool.startswith("onnxopt-"):
             method = tool[8:]
             keep = "never"
+            fidelity = args.fidelity
             if method == "auto":
                 method, keep = args.method or "minmax", "auto"
-            res = _onnxopt_quantize(model, calib, out, method, keep, args.fidelity)
+            elif method == "hifi":
+                method, fidelity = args.method or "minmax", str(HIFI_DB)
+            res = _onnxopt_quantize(model, calib, out, method, keep, fidelity)
         else:
             raise SystemExit(f"unknown tool {tool}")
     except Exception as exc:  # noqa: BLE001 - reported as the row's error
@@ -578,8 +583,8 @@ def phase_fidelity(task: Task, tools: list[str], *, n_eval: int, n_calib: int, w
     for tool in tools:
         out = mdir / f"{tool}.onnx"
         method = None
-        if tool == "onnxopt-auto":
-            method = (choose(rows, "onnxopt-", ("onnxopt-auto",)) or "onnxopt-minmax")[8:]
+        if tool in ("onnxopt-auto", "onnxopt-hifi"):
+            method = (choose(rows, "onnxopt-", ("onnxopt-auto", "onnxopt-hifi")) or "onnxopt-minmax")[8:]
         log(f"{task.name}: quantizing with {tool}")
         row = run_quantizer(tool, task.path, calib, out, timeout=timeout, quark_python=quark_python,
                             onnxopt_method=method, fidelity=onnxopt_fidelity, quark_script=quark_script)
@@ -604,7 +609,7 @@ def phase_fidelity(task: Task, tools: list[str], *, n_eval: int, n_calib: int, w
         rows[chosen]["chosen"] = True
     data = {"model": task.name, "phase": "fidelity", "machine": machine_info(), "eval_count": n_eval,
             "calib_count": n_calib, "data": task.data, "metric": METRIC_NAMES[task.kind], "ort_chosen": chosen,
-            "onnxopt_best": choose(rows, "onnxopt-", ("onnxopt-auto",)), "tools": rows,
+            "onnxopt_best": choose(rows, "onnxopt-", ("onnxopt-auto", "onnxopt-hifi")), "tools": rows,
             "date": datetime.date.today().isoformat()}
     if any(t.startswith("quark-") for t in tools):
         data["quark_version"] = quark_version(quark_python)
