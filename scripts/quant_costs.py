@@ -14,10 +14,17 @@ representative per key (the first layer seen with it, its real shape) is built a
 - int8: the same model quantized by onnxopt's plan and rules (minmax ranges of its own random,
   post-activation-like inputs) with the leading QuantizeLinear and trailing DequantizeLinear cut
   off: uint8 in, uint8 out, as inside an int8 chain (onnxruntime fuses it into QLinearConv,
-  QLinearMatMul/QGemm, QLinearAdd/Mul, QLinearGlobalAveragePool, QLinearSigmoid);
+  QLinearMatMul/QGemm, QLinearAdd/Mul, QLinearGlobalAveragePool, QLinearSigmoid). 4-D uint8
+  tensors enter and leave channels last (NHWC, through a Transpose that cancels against
+  onnxruntime's own layout transposes), as inside a chain: the optimized graph holds the integer
+  kernels only;
 - q_in / dq_in / q_out / dq_out: QuantizeLinear or DequantizeLinear of the layer's input(s) or
-  output alone: what a float neighbour adds at a float boundary (int8 at a float boundary =
+  output alone, with the NHWC<->NCHW Transpose a float neighbour of a channels-last integer
+  kernel costs: what a float neighbour adds at a float boundary (int8 at a float boundary =
   q_in + int8 + dq_out).
+
+Not measured: data movers (MaxPool, Reshape...), which onnxruntime runs channels last only inside
+a chain of integer kernels (alone, a uint8 MaxPool takes its slow NCHW path).
 
 Each model holds K independent copies of the layer (K inputs fed the same array, K outputs), K
 chosen so that one run takes about a millisecond, so Python's per-call overhead is amortized; the
@@ -204,35 +211,58 @@ def qdq_model(proto: onnx.ModelProto, feeds: dict) -> onnx.ModelProto:
     plan = qplan.QuantPlan(params, nodes, {}, rules)
     qplan.apply_plan(model, plan, strict=True)
     q = io.to_proto(model)
+    ranks = {len(a.shape) for a in _session(proto).run(None, feeds)}
+    q.metadata_props.add(key="output_rank", value=str(ranks.pop()))
     return _chain(q)
 
 
 def _chain(q: onnx.ModelProto) -> onnx.ModelProto:
+    """Cut the graph inputs' Q and the outputs' DQ off; 4-D uint8 tensors enter and leave in NHWC
+    through a Transpose, as inside a chain of integer kernels, where onnxruntime runs them channels
+    last: its layout transposes then cancel against these (no Transpose is left in the optimized
+    graph) instead of being timed with the layer."""
     g = q.graph
     ins = {i.name for i in g.input}
-    outs = {o.name for o in g.output}
-    new_inputs, drop, rename = [], [], {}
+    shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in g.input}
+    drop, new_inputs, new_outputs, added = [], [], [], []
     for node in g.node:
         if node.op_type == "QuantizeLinear" and node.input[0] in ins:
             drop.append(node)
             new_inputs.append((node.output[0], node.input[0]))
     producers = {o: n for n in g.node for o in n.output}
-    new_outputs = []
     for o in g.output:
         dq = producers[o.name]
         assert dq.op_type == "DequantizeLinear", dq.op_type
         drop.append(dq)
         new_outputs.append(dq.input[0])
-    shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in g.input}
     for n in drop:
         g.node.remove(n)
     del g.input[:]
+    rename = {}
     for qname, xname in new_inputs:
-        g.input.append(helper.make_tensor_value_info(qname, TensorProto.UINT8, shapes[xname]))
-        rename[qname] = xname
+        shape = shapes[xname]
+        if len(shape) == 4:
+            nhwc = f"{qname}_nhwc"
+            g.input.append(helper.make_tensor_value_info(nhwc, TensorProto.UINT8,
+                                                         [shape[0], shape[2], shape[3], shape[1]]))
+            added.append(helper.make_node("Transpose", [nhwc], [qname], perm=[0, 3, 1, 2]))
+            rename[nhwc] = xname
+        else:
+            g.input.append(helper.make_tensor_value_info(qname, TensorProto.UINT8, shape))
+            rename[qname] = xname
     del g.output[:]
+    rank = q.metadata_props
+    out_rank = {p.key: p.value for p in rank}.get("output_rank", "4")
     for name in new_outputs:
-        g.output.append(helper.make_tensor_value_info(name, TensorProto.UINT8, None))
+        if out_rank == "4":
+            added.append(helper.make_node("Transpose", [name], [f"{name}_nhwc"], perm=[0, 2, 3, 1]))
+            g.output.append(helper.make_tensor_value_info(f"{name}_nhwc", TensorProto.UINT8, None))
+        else:
+            g.output.append(helper.make_tensor_value_info(name, TensorProto.UINT8, None))
+    nodes = [n for n in added if n.op_type == "Transpose" and n.output[0] in {q for q, _ in new_inputs}] + \
+        list(g.node) + [n for n in added if n.input[0] in set(new_outputs)]
+    del g.node[:]
+    g.node.extend(nodes)
     q.metadata_props.add(key="chain_inputs", value=json.dumps(rename))
     return q
 
@@ -247,9 +277,19 @@ def qdq_only(kind: str, shapes: list, copies: int) -> onnx.ModelProto:
     for k in range(copies):
         for j, shape in enumerate(shapes):
             x, y = f"a{k}_{j}", f"b{k}_{j}"
-            inputs.append(helper.make_tensor_value_info(x, tin, shape))
             outputs.append(helper.make_tensor_value_info(y, tout, None))
-            nodes.append(helper.make_node("QuantizeLinear" if kind == "q" else "DequantizeLinear", [x, "s", "z"], [y]))
+            if len(shape) != 4:  # (4-D: the uint8 side is channels last, as the integer kernels leave it)
+                inputs.append(helper.make_tensor_value_info(x, tin, shape))
+                nodes.append(helper.make_node("QuantizeLinear" if kind == "q" else "DequantizeLinear",
+                                              [x, "s", "z"], [y]))
+            elif kind == "q":
+                inputs.append(helper.make_tensor_value_info(x, tin, shape))
+                nodes.append(helper.make_node("QuantizeLinear", [x, "s", "z"], [f"t{k}_{j}"]))
+                nodes.append(helper.make_node("Transpose", [f"t{k}_{j}"], [y], perm=[0, 2, 3, 1]))
+            else:
+                inputs.append(helper.make_tensor_value_info(x, tin, [shape[0], shape[2], shape[3], shape[1]]))
+                nodes.append(helper.make_node("Transpose", [x], [f"t{k}_{j}"], perm=[0, 3, 1, 2]))
+                nodes.append(helper.make_node("DequantizeLinear", [f"t{k}_{j}", "s", "z"], [y]))
     m = helper.make_model(helper.make_graph(nodes, "qdq", inputs, outputs, inits),
                           opset_imports=[helper.make_opsetid("", 13)])
     m.ir_version = 8
@@ -290,10 +330,9 @@ def measure(key: str, layer: dict, budget_s: float) -> dict:
     rename = json.loads({p.key: p.value for p in qm.metadata_props}["chain_inputs"])
     qm_feeds = {}
     for qname, xname in rename.items():
-        x = next(i for i in qm.graph.input if i.name == qname)
-        # uint8 feeds: the float feed quantized with the chain's Q parameters (from the plan)
-        qm_feeds[qname] = np.clip(np.round(feeds[xname] / 0.03) + 20, 0, 255).astype(np.uint8)
-        del x
+        # uint8 feeds: the float feed quantized (channels last where 4-D)
+        a = np.clip(np.round(feeds[xname] / 0.03) + 20, 0, 255).astype(np.uint8)
+        qm_feeds[qname] = np.ascontiguousarray(a.transpose(0, 2, 3, 1)) if a.ndim == 4 else a
     in_shapes = [spec["shape"] for spec in layer["inputs"] if spec is not None and "shape" in spec]
     sess0 = _session(fm)
     out_shapes = [list(a.shape) for a in sess0.run(None, {n: feeds[n] for n in [i.name for i in sess0.get_inputs()]})]
@@ -379,10 +418,12 @@ def load_average() -> list[float] | None:
 # --- Whole-model check --------------------------------------------------------------------------
 
 
-def check_models(names, feeds_count: int = 16, runs: int = 60) -> list[dict]:
+def check_models(names, feeds_count: int = 16, runs: int = 60, baseline: str | None = None) -> list[dict]:
     """For each zoo model: float vs int8 (costs ignored) vs int8 (costs used), latency in one
-    interleaved run (onnxopt.verify.runtime.measure_latency) and output SQNR, minmax ranges from
-    ``feeds_count`` zoo feeds."""
+    interleaved run (onnxopt.verify.runtime.measure_latency) and output SQNR (first output, 4
+    held-out feeds), minmax ranges from
+    ``feeds_count`` zoo feeds. ``baseline``: a folder of other int8 models (NAME.onnx) timed in the
+    same run (e.g. an earlier version's)."""
     from onnxopt.models import zoo
     from onnxopt.quantize.calibrate import calibrate
     from onnxopt.verify.runtime import measure_latency
@@ -394,6 +435,7 @@ def check_models(names, feeds_count: int = 16, runs: int = 60) -> list[dict]:
         if not Path(path).exists():
             continue
         feeds = [spec.inputs(path, seed) for seed in range(feeds_count)]
+        held_out = [spec.inputs(path, 1000 + seed) for seed in range(4)]  # SQNR on feeds not calibrated on
         clean = onnxopt.optimize(onnx.load(path))
         for i in clean.graph.input:  # a -1 dimension (PaddlePaddle's export) is a dynamic one
             for k, d in enumerate(i.type.tensor_type.shape.dim):
@@ -410,12 +452,14 @@ def check_models(names, feeds_count: int = 16, runs: int = 60) -> list[dict]:
             qplan.apply_plan(model, plan)
             built[label] = io.to_proto(model)
             plans[label] = plan
+        if baseline and (Path(baseline) / f"{name}.onnx").exists():
+            built["int8-baseline"] = onnx.load(str(Path(baseline) / f"{name}.onnx"))
         ref = _session(clean)
         sq = {}
-        for label in ("int8-before", "int8-costs"):
+        for label in [k for k in built if k != "float"]:
             s = _session(built[label])
             num = den = 0.0
-            for fd in feeds[:4]:
+            for fd in held_out:
                 a = ref.run(None, fd)[0].astype(np.float64)
                 b = s.run(None, fd)[0].astype(np.float64)
                 num += float(np.sum(a * a))
@@ -424,9 +468,8 @@ def check_models(names, feeds_count: int = 16, runs: int = 60) -> list[dict]:
         lat = measure_latency({k: v.SerializeToString() for k, v in built.items()}, feeds[0], runs=runs,
                               budget_s=60)
         med = {k: v["median_ms"] for k, v in lat["results"].items()}
-        row = {"model": name, "median_ms": med,
-               "ratio_before": round(med["int8-before"] / med["float"], 3),
-               "ratio_costs": round(med["int8-costs"] / med["float"], 3),
+        row = {"model": name, "median_ms": {k: round(v, 3) for k, v in med.items()},
+               "ratio": {k: round(v / med["float"], 3) for k, v in med.items() if k != "float"},
                "sqnr_db": sq, "left_float_by_costs": len([r for r in plans["int8-costs"].skipped.values()
                                                           if "ort_cpu_costs.json" in r]),
                "quantized_nodes": {k: len(p.nodes) for k, p in plans.items()}, "load": load_average()}
@@ -445,10 +488,12 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=2.0, help="seconds of timing per configuration (both "
                                                                "thread settings)")
     ap.add_argument("--only", nargs="*", default=None, help="measure only keys containing one of these")
+    ap.add_argument("--update", action="store_true", help="keep the entries of --out not measured now")
+    ap.add_argument("--baseline", default=None, help="--check: a folder of other int8 models (NAME.onnx)")
     ap.add_argument("--check", action="store_true", help="quantize the zoo models and compare with float")
     args = ap.parse_args(argv)
     if args.check:
-        check_models(args.models or CHECK)
+        check_models(args.models or CHECK, baseline=args.baseline)
         return 0
     started = time.time()
     load_before = load_average()
@@ -487,6 +532,11 @@ def main(argv=None) -> int:
         "seconds": round(time.time() - started, 1),
         "entries": {k: entries[k] for k in sorted(entries)},
     }
+    if args.update and Path(args.out).exists():
+        old = json.loads(Path(args.out).read_text())
+        merged = dict(old["entries"]) | entries
+        table["entries"] = {k: merged[k] for k in sorted(merged)}
+        table["command"] = old.get("command", "") + " ; then " + table["command"]
     Path(args.out).write_text(json.dumps(table, indent=1, sort_keys=False) + "\n")
     print(f"wrote {args.out} ({len(entries)} entries, {time.time() - started:.0f} s)", file=sys.stderr)
     return 0

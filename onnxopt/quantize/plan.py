@@ -546,7 +546,7 @@ def _structure(model: ir.Model, rules: TargetRules, exclude: Iterable[str], no_a
 
         new = {}
         for node in model.graph:
-            if node not in s.kind or s.kind[node] == "mover" or node.op_type not in COSTED_OPS:
+            if node not in s.kind or node.op_type not in COSTED_OPS:
                 continue
             live = [node.inputs[0]] if s.kind[node] == "anchor" else \
                 [v for v in node.inputs if v is not None and constant_tensor(v) is None]
