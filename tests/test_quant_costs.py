@@ -198,3 +198,56 @@ def test_plan_reads_the_table_only_and_is_deterministic(monkeypatch):
         qplan.apply_plan(model, p, strict=True)
         outs.append((io.to_proto(model).SerializeToString(), json.dumps(p.as_dict(), sort_keys=True)))
     assert outs[0] == outs[1]
+
+
+# --- Div by a constant (a decomposed HardSwish runs on integer kernels) --------------------------
+
+
+def test_hardswish_decomposition_runs_on_integer_kernels(tmp_path):
+    """x * Clip(x + 3, 0, 6) / 6 after a Conv: the Div by 6 becomes a Mul by 1/6, so the Add, the
+    Mul and the Div run as QLinearAdd / QLinearMul (no float island, no Div left)."""
+    ort = pytest.importorskip("onnxruntime")
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array((rng.standard_normal((8, 4, 3, 3)) * 0.3).astype(np.float32), "w")
+    w2 = numpy_helper.from_array((rng.standard_normal((8, 8, 1, 1)) * 0.3).astype(np.float32), "w2")
+    consts = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in
+              (("three", 3.0), ("zero", 0.0), ("six", 6.0), ("six_d", 6.0))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c", "three"], ["a"], name="add"),
+             helper.make_node("Clip", ["a", "zero", "six"], ["r"], name="clip"),
+             helper.make_node("Div", ["r", "six_d"], ["d"], name="div"),
+             helper.make_node("Mul", ["c", "d"], ["h"], name="mul"),
+             helper.make_node("Conv", ["h", "w2"], ["y"], name="conv2")]
+    g = helper.make_graph(nodes, "hs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w, w2, *consts])
+    proto = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    proto.ir_version = 8
+    feeds = [{"x": rng.standard_normal((1, 4, 8, 8)).astype(np.float32)} for _ in range(4)]
+    # ranges measured with onnxruntime (intermediate tensors exposed)
+    model = io.to_ir(proto)
+    rules = qplan.target_rules("ort-cpu", use_costs=False)
+    tensors = qplan.calibration_tensors(model, rules)
+    probe = onnx.ModelProto()
+    probe.CopyFrom(proto)
+    for t in tensors:
+        if t not in ("x", "y"):
+            probe.graph.output.append(helper.make_tensor_value_info(t, TensorProto.FLOAT, None))
+    sess = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    outs = [dict(zip(names, sess.run(None, f))) | f for f in feeds]
+    ranges = {t: (min(float(o[t].min()) for o in outs), max(float(o[t].max()) for o in outs)) for t in tensors}
+    p = qplan.make_plan(model, ranges, rules)
+    assert {"add", "div", "mul"} <= set(p.nodes) and p.absorbed == {"clip": "a"}
+    qplan.apply_plan(model, p, strict=True)
+    q = io.to_proto(model)
+    assert "Div" not in [n.op_type for n in q.graph.node]
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "opt.onnx")
+    so.log_severity_level = 3
+    got = ort.InferenceSession(q.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    kernels = [n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node]
+    assert kernels.count("QLinearMul") == 2 and kernels.count("QLinearAdd") == 1, kernels
+    assert not {"Div", "Mul", "Add", "Clip"} & set(kernels), kernels
+    ref = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    a, b = ref.run(None, feeds[0])[0].astype(np.float64), got.run(None, feeds[0])[0].astype(np.float64)
+    assert 10 * np.log10(np.sum(a * a) / np.sum((a - b) ** 2)) > 25
