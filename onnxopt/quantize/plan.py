@@ -30,6 +30,15 @@ How the plan is made (one pass over the main graph in order):
   Concat share their input's parameters (Concat: one range over all inputs), so no requantization
   is inserted and onnxruntime drops their Q/DQ and runs them on uint8.
 
+On ort-cpu (``use_costs``, the default) the plan also reads the measured cost table
+``ort_cpu_costs.json`` (scripts/quant_costs.py: single-layer timings, float vs int8, on
+onnxruntime's CPU provider): a Conv/MatMul/Gemm, Add/Mul/Div, GlobalAveragePool or Sigmoid whose
+configuration is not measured at least 5% faster in int8, counting the QuantizeLinear /
+DequantizeLinear its float neighbours add, is left float with the measured figures as the reason
+in ``skipped`` (depthwise 5x5 stride 2x1 convolutions, for one: onnxruntime's uint8 depthwise
+kernel is slower than its float one). The decision reads the shipped table only: the same model
+gives the same plan on any machine. "portable" never reads it.
+
 A value in the plan is quantized once after its producer, and every reader reads the
 DequantizeLinear (a float reader too: onnxruntime fuses only a node whose output feeds Q alone).
 """
