@@ -478,6 +478,45 @@ def check_models(names, feeds_count: int = 16, runs: int = 60, baseline: str | N
     return rows
 
 
+# --- Merging passes -----------------------------------------------------------------------------
+
+
+def merge_tables(paths: list[str]) -> dict:
+    """Several passes of this script (on a shared machine, to keep what is consistent): each
+    figure becomes the geometric mean over the passes that measured it, its ratios recomputed,
+    and the spread of the int8 ratio across passes recorded ("int8_ratio_passes")."""
+    tables = [json.loads(Path(p).read_text()) for p in paths]
+    keys = sorted(set().union(*(t["entries"] for t in tables)))
+    entries = {}
+    for key in keys:
+        have = [t["entries"][key] for t in tables if key in t["entries"]]
+        e = dict(have[0])
+        e["passes"] = len(have)
+        e["threads"] = {}
+        for th in have[0]["threads"]:
+            row = {}
+            for f in (f"{k}_us" for k in VARIANTS):
+                row[f] = round(float(np.exp(np.mean([np.log(max(h["threads"][th][f], 1e-3)) for h in have]))), 3)
+            row["rounds"] = sum(h["threads"][th]["rounds"] for h in have)
+            row["int8_ratio"] = round(row["int8_us"] / row["float_us"], 3)
+            row["boundary_ratio"] = round((row["q_in_us"] + row["int8_us"] + row["dq_out_us"]) / row["float_us"], 3)
+            row["int8_ratio_passes"] = [h["threads"][th]["int8_ratio"] for h in have]
+            e["threads"][th] = row
+        entries[key] = e
+    first = tables[0]
+    return {
+        "about": first["about"] + " Merged from several passes: geometric means.",
+        "decide_threads": first.get("decide_threads", "1"),
+        "decide_note": first.get("decide_note", ""),
+        "machine": first["machine"],
+        "date": max(t["date"] for t in tables),
+        "command": " ; ".join(t["command"] for t in tables) + " ; python scripts/quant_costs.py --merge PASS1 PASS2",
+        "load_average": [t.get("load_average") for t in tables],
+        "seconds": [t.get("seconds") for t in tables],
+        "entries": entries,
+    }
+
+
 # --- Main ---------------------------------------------------------------------------------------
 
 
@@ -488,10 +527,14 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=2.0, help="seconds of timing per configuration (both "
                                                                "thread settings)")
     ap.add_argument("--only", nargs="*", default=None, help="measure only keys containing one of these")
+    ap.add_argument("--merge", nargs="+", default=None, help="merge these passes' tables into --out")
     ap.add_argument("--update", action="store_true", help="keep the entries of --out not measured now")
     ap.add_argument("--baseline", default=None, help="--check: a folder of other int8 models (NAME.onnx)")
     ap.add_argument("--check", action="store_true", help="quantize the zoo models and compare with float")
     args = ap.parse_args(argv)
+    if args.merge:
+        Path(args.out).write_text(json.dumps(merge_tables(args.merge), indent=1) + "\n")
+        return 0
     if args.check:
         check_models(args.models or CHECK, baseline=args.baseline)
         return 0
