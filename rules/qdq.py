@@ -15,6 +15,8 @@ quantizes, and gives each DequantizeLinear one reader at the end.
   in (alpha=beta=1, which onnxruntime's QGemm fusion needs).
 - qdq_constant_operand: a planned Add/Mul/Where's constant float operand becomes a uint8
   initializer behind a DQ (on its own range), as onnxruntime's binary QLinear kernels need.
+- qdq_div_constant: a planned Div by a constant becomes a Mul by its float32 reciprocal (then
+  qdq_mul_constant_operand quantizes that operand): QLinearMul has no Div sibling.
 - qdq_relu_absorb / qdq_clip_absorb (exact): Relu(DQ(q)) where the zero point is the lowest level
   is DQ(q); Clip(DQ(q)) where every representable value lies inside the bounds is DQ(q).
 - qdq_requantize_identity (exact): Q(DQ(q)) with the same scale, zero point and type is q.
@@ -234,6 +236,24 @@ def constant_operand_replacement(m: Match, b):
     return b.op(node.op_type, *inputs, attrs=list(node.attributes.values()))
 
 
+def div_constant_condition(m: Match):
+    if _plan(m) is None or _base(m.root) not in m.options.get("quant_nodes", ()):
+        return "not planned"
+    d = m.const("d")
+    if d.dtype != np.float32 or d.size == 0 or not np.all(np.isfinite(d)) or np.any(d == 0):
+        return "divisor is not a finite non-zero float32 constant"
+    r = (np.float32(1.0) / d).astype(np.float32)
+    if not np.all(np.isfinite(r)):
+        return "reciprocal overflows"
+    return r
+
+
+def div_constant_replacement(m: Match, b):
+    node = m.root
+    hint = (node.name or node.op_type).split("::")[0]
+    return b.op("Mul", node.inputs[0], b.const(m.plan, name=f"{hint}_reciprocal"))
+
+
 # --- Exact clean-ups ----------------------------------------------------------------------------
 
 
@@ -323,6 +343,9 @@ QDQ_RULES = [
     Rule("qdq_where_constant_operand", Op("Where", "c", "a", "b", name="op"), constant_operand_replacement,
          condition=constant_operand_condition, exact=False,
          doc="A planned Where's constant float operand becomes uint8 behind a DQ (on its own range)."),
+    Rule("qdq_div_constant", Op("Div", "a", Const("d"), name="op"), div_constant_replacement,
+         condition=div_constant_condition, exact=False, priority=5,
+         doc="A planned Div by a constant becomes a Mul by its float32 reciprocal (QLinearMul; no QLinearDiv)."),
     Rule("qdq_relu_absorb", Op("Relu", _DQ, name="relu"), absorb_replacement, condition=relu_absorb_condition,
          exact=True, priority=10,
          doc="Relu(DQ(q)) whose lowest level dequantizes to >= 0 is DQ(q)."),

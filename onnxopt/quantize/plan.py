@@ -22,12 +22,22 @@ How the plan is made (one pass over the main graph in order):
   is the lowest level (for Clip: whose representable range lies inside the bounds), so
   Q(Relu(x)) == Q(x) exactly and the node goes away.
 - Add, Mul, Where (every non-constant data input already quantized; a constant operand is
-  quantized to uint8 on its own range), AveragePool, GlobalAveragePool, Sigmoid, LeakyRelu
+  quantized to uint8 on its own range), Div by a constant (made a Mul by the reciprocal: the
+  x*relu6(x+3)/6 of a decomposed HardSwish runs as QLinearAdd, QLinearMul, QLinearMul), AveragePool, GlobalAveragePool, Sigmoid, LeakyRelu
   (input quantized) get their own output parameters.
 - Ops that only move data (MaxPool, Reshape, Transpose, Flatten, Slice, Split, Squeeze,
   Unsqueeze, Gather, Expand, Tile, Resize nearest/linear, Depth/SpaceToDepth, ReduceMax/Min) and
   Concat share their input's parameters (Concat: one range over all inputs), so no requantization
   is inserted and onnxruntime drops their Q/DQ and runs them on uint8.
+
+On ort-cpu (``use_costs``, the default) the plan also reads the measured cost table
+``ort_cpu_costs.json`` (scripts/quant_costs.py: single-layer timings, float vs int8, on
+onnxruntime's CPU provider): a Conv/MatMul/Gemm, Add/Mul/Div, GlobalAveragePool or Sigmoid whose
+configuration is not measured at least 5% faster in int8, counting the QuantizeLinear /
+DequantizeLinear its float neighbours add, is left float with the measured figures as the reason
+in ``skipped`` (depthwise 5x5 stride 2x1 convolutions, for one: onnxruntime's uint8 depthwise
+kernel is slower than its float one). The decision reads the shipped table only: the same model
+gives the same plan on any machine. "portable" never reads it.
 
 A value in the plan is quantized once after its producer, and every reader reads the
 DequantizeLinear (a float reader too: onnxruntime fuses only a node whose output feeds Q alone).
@@ -36,7 +46,11 @@ DequantizeLinear (a float reader too: onnxruntime fuses only a node whose output
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
+import math
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -49,7 +63,8 @@ from ..shapes import infer, opsets_of
 # --- Target rules -------------------------------------------------------------------------------
 
 ANCHORS = frozenset({"Conv", "MatMul", "Gemm"})
-BINARY = {"Add": (0, 1), "Mul": (0, 1), "Where": (1, 2)}  # op -> its float data inputs
+BINARY = {"Add": (0, 1), "Mul": (0, 1), "Div": (0, 1), "Where": (1, 2)}  # op -> its float data inputs
+# (Div only by a constant: rules/qdq.py makes it a Mul by the reciprocal, a QLinearMul)
 UNARY = frozenset({"AveragePool", "GlobalAveragePool", "Sigmoid", "LeakyRelu"})
 MOVERS = frozenset({"MaxPool", "Reshape", "Transpose", "Flatten", "Slice", "Split", "Squeeze", "Unsqueeze",
                     "Gather", "GatherElements", "Expand", "Tile", "Resize", "DepthToSpace", "SpaceToDepth",
@@ -78,6 +93,7 @@ class TargetRules:
     reduce_range: bool
     followed: tuple[str, ...]
     opset: int = 13  # the opset the QDQ model is raised to (DequantizeLinear's axis)
+    use_costs: bool = False  # leave float the nodes the shipped cost table measures as not faster in int8
 
     @property
     def weight_qmax(self) -> int:
@@ -88,11 +104,15 @@ class TargetRules:
         return dataclasses.asdict(self) | {"followed": list(self.followed)}
 
 
-def target_rules(target: str = "ort-cpu", *, per_channel: bool = True, reduce_range: bool | None = None) -> TargetRules:
+def target_rules(target: str = "ort-cpu", *, per_channel: bool = True, reduce_range: bool | None = None,
+                 use_costs: bool = True) -> TargetRules:
     """The quantization rules of ``target``: "ort-cpu" (onnxruntime's x86 CPU provider) or
     "portable" (standard QDQ, the same numeric choices). "ort-cuda" is refused (UsageError):
     onnxruntime's CUDA provider runs QDQ models in float, slower than the float model.
-    ``reduce_range`` (default off) quantizes weights to 7 bits, for x86 CPUs without VNNI."""
+    ``reduce_range`` (default off) quantizes weights to 7 bits, for x86 CPUs without VNNI.
+    ``use_costs`` (ort-cpu only; "portable" never reads it): nodes whose configuration the shipped
+    table ``ort_cpu_costs.json`` measures as not at least 5% faster in int8 are left float (see
+    :func:`cost_decision`); False ignores the table (for experiments)."""
     name = {"cpu": "ort-cpu", "cuda": "ort-cuda"}.get(target, target)
     if name == "ort-cuda":
         raise UsageError("target ort-cuda: onnxruntime's CUDA provider runs QDQ models in float, slower than "
@@ -121,7 +141,13 @@ def target_rules(target: str = "ort-cpu", *, per_channel: bool = True, reduce_ra
             "provider's QDQ selectors",
             "activation x activation MatMul (attention), Softmax and LayerNormalization left float",
         ]
-    return TargetRules(name, "uint8", "int8", bool(per_channel), reduce, tuple(followed))
+        if use_costs:
+            followed.append(
+                "measured costs (onnxopt/quantize/ort_cpu_costs.json, single-layer timings on onnxruntime CPU): a "
+                "Conv/MatMul/Gemm, Add/Mul or pool that is not at least 5% faster in int8 than in float, counting the "
+                "Q/DQ its float neighbours add, is left float; the decision reads the shipped table only")
+    return TargetRules(name, "uint8", "int8", bool(per_channel), reduce, tuple(followed),
+                       use_costs=bool(use_costs) and name == "ort-cpu")
 
 
 # --- The plan -----------------------------------------------------------------------------------
@@ -202,6 +228,7 @@ class _Structure:
     groups: _Union
     needs_range: dict[str, None]  # the tensors whose ranges the parameters come from
     from_consumer: set[str]  # absorbed values: their range is their Relu's/Clip's
+    kind: dict = dataclasses.field(default_factory=dict)  # node -> anchor/compute/mover
 
 
 def _clip_bounds(node: ir.Node, opsets) -> tuple[float, float] | str:
@@ -259,8 +286,299 @@ def _anchor_refusal(node: ir.Node, opsets) -> str | None:
     return None
 
 
-def _structure(model: ir.Model, rules: TargetRules, exclude: Iterable[str], no_absorb: frozenset = frozenset()
-               ) -> _Structure:
+# --- Measured costs (ort-cpu) -------------------------------------------------------------------
+#
+# The table ``ort_cpu_costs.json`` (made by scripts/quant_costs.py) holds single-layer timings on
+# onnxruntime's CPU provider: for each layer configuration, the float layer, the same layer as an
+# integer kernel inside an int8 chain (uint8 in, uint8 out), and the QuantizeLinear /
+# DequantizeLinear of its input and output that a float neighbour adds. The plan reads the shipped
+# table only, so the same model gives the same plan on any machine.
+
+COSTS_PATH = Path(__file__).with_name("ort_cpu_costs.json")
+MIN_GAIN = 0.05  # int8 must be at least this much faster than float (boundary Q/DQ counted)
+COSTED_OPS = frozenset({"Conv", "MatMul", "Gemm", "Add", "Mul", "Div", "GlobalAveragePool", "Sigmoid"})
+_CATEGORICAL = ("kernel", "stride", "dilation")  # a mismatch counts _MISMATCH steps
+_MISMATCH = 4.0
+_LOG2 = ("ci", "co", "c", "k", "n_out")  # one step per factor 2
+_LOG4 = ("px", "m", "n")  # one step per factor 4
+
+
+def bucket2(v: int) -> int:
+    """The power of 2 nearest to ``v`` (in log scale)."""
+    return 1 << max(0, round(math.log2(max(int(v), 1))))
+
+
+def bucket4(v: int) -> int:
+    """The power of 4 nearest to ``v`` (in log scale)."""
+    return 4 ** max(0, round(math.log(max(int(v), 1), 4)))
+
+
+def _dims(value: ir.Value | None, opsets) -> list | None:
+    if value is None:
+        return None
+    shape = infer(value, opsets)
+    if shape is None:
+        return None
+    return [d if isinstance(d, int) else None for d in shape]
+
+
+def _prod(dims) -> int | None:
+    if dims is None or any(d is None for d in dims):
+        return None
+    return int(np.prod(dims, dtype=np.int64)) if dims else 1
+
+
+def config_key(fields: Mapping) -> str:
+    """The table's key of a layer configuration: its fields in a fixed order ("?" for unknown)."""
+    parts = [fields["op"]]
+    if "form" in fields:
+        parts.append(fields["form"])
+    for f in ("kernel", "stride", "dilation"):
+        if f in fields:
+            parts.append(f[0] + fields[f])
+    for f in ("ci", "co", "c", "m", "k", "n_out", "n", "px"):
+        if f in fields:
+            v = fields[f]
+            parts.append(f"{f}{'?' if v is None else v}")
+    return " ".join(parts)
+
+
+def layer_config(node: ir.Node, opsets) -> dict | None:
+    """A node's configuration in the cost table's terms, or None for ops the table does not cover.
+    Conv: form (depthwise: group == input channels; grouped; full), kernel, stride, dilation, input
+    and output channels (nearest power of 2), output pixels N*H*W (nearest power of 4; None when
+    the shape is dynamic). MatMul/Gemm: rows M (power of 4), K and N (power of 2). Add/Mul: form
+    (const: a constant operand; bcast: one operand smaller; same) and output elements (power of 4).
+    GlobalAveragePool: channels, input pixels. Sigmoid: elements."""
+    op = node.op_type
+    if op not in COSTED_OPS or node.domain not in ("", "ai.onnx"):
+        return None
+    if op == "Conv":
+        w = constant_tensor(node.inputs[1]) if len(node.inputs) > 1 else None
+        if w is None or len(w.shape) != 4:
+            return None
+        cout, cin_g, kh, kw = (int(d) for d in w.shape)
+        attr = node.attributes
+        group = int(attr["group"].value) if attr.get("group") is not None else 1
+        cin = cin_g * group
+        form = "full" if group == 1 else ("depthwise" if cin_g == 1 else "grouped")
+        stride = list(attr["strides"].value) if attr.get("strides") is not None else [1, 1]
+        dil = list(attr["dilations"].value) if attr.get("dilations") is not None else [1, 1]
+        out = _dims(node.outputs[0], opsets)
+        px = _prod([out[0], *out[2:]]) if out is not None and len(out) == 4 else None
+        return {"op": op, "form": form, "kernel": f"{kh}x{kw}", "stride": "x".join(map(str, stride)),
+                "dilation": "x".join(map(str, dil)), "ci": bucket2(cin), "co": bucket2(cout),
+                "px": None if px is None else bucket4(px)}
+    if op in ("MatMul", "Gemm"):
+        w = constant_tensor(node.inputs[1]) if len(node.inputs) > 1 else None
+        if w is None or len(w.shape) != 2:
+            return None
+        k, n = (int(d) for d in w.shape)
+        if op == "Gemm" and node.attributes.get("transB") is not None and node.attributes["transB"].value:
+            k, n = n, k
+        x = _dims(node.inputs[0], opsets)
+        m = _prod(x[:-1]) if x else None
+        return {"op": op, "m": None if m is None else bucket4(m), "k": bucket2(k), "n_out": bucket2(n)}
+    if op in ("Add", "Mul", "Div"):
+        op = "Mul" if op == "Div" else op  # a Div by a constant runs as a Mul by its reciprocal
+        a, b = node.inputs[0], node.inputs[1]
+        out = _prod(_dims(node.outputs[0], opsets))
+        if constant_tensor(a) is not None or constant_tensor(b) is not None:
+            form = "const"
+        else:
+            da, db = _dims(a, opsets), _dims(b, opsets)
+            if da is None or db is None:
+                form = "same" if da == db else "bcast"
+            else:
+                form = "same" if _prod(da) == _prod(db) and len(da) == len(db) else "bcast"
+        return {"op": op, "form": form, "n": None if out is None else bucket4(out)}
+    x = _dims(node.inputs[0], opsets)
+    if op == "GlobalAveragePool":
+        c = x[1] if x is not None and len(x) > 1 else None
+        px = _prod([x[0], *x[2:]]) if x is not None and len(x) > 2 else None
+        return {"op": op, "c": None if c is None else bucket2(c), "px": None if px is None else bucket4(px)}
+    n = _prod(x)
+    return {"op": op, "n": None if n is None else bucket4(n)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Costs:
+    """One configuration's measured costs relative to its float layer (the table's deciding thread
+    setting): int8 (the
+    integer kernel inside an int8 chain), and the Q/DQ of the layer's input and output."""
+
+    key: str  # the table entry's key, or the matched keys joined by " | "
+    exact: bool
+    int8: float
+    q_in: float
+    dq_in: float
+    q_out: float
+    dq_out: float
+
+    def label(self) -> str:
+        return self.key if self.exact else f"nearest measured: {self.key}"
+
+
+class CostTable:
+    """The shipped cost table. ``lookup(fields)``: the entry with the same key, else the nearest
+    entries by this rule: only entries of the same op and form are candidates; the distance counts
+    4 for each of kernel, stride and dilation that differ, plus one step per factor 2 of channels
+    (ci, co, c), K and N, and per factor 4 of pixels, rows and elements (px, m, n); a field the
+    node does not know (a dynamic shape) is not counted. All candidates at the smallest distance
+    are used: the geometric mean of their int8/float ratios, the mean of their Q/DQ shares. No candidate: None (the node is quantized as without
+    the table)."""
+
+    def __init__(self, data: Mapping):
+        self.data = data
+        self.entries: dict[str, dict] = dict(data.get("entries", {}))
+
+    @property
+    def threads(self) -> str:
+        """The thread setting whose figures decide (the table names it: "1" or "default")."""
+        return str(self.data.get("decide_threads", "1"))
+
+    def ratios(self, entry: Mapping, threads: str | None = None) -> dict[str, float]:
+        t = entry["threads"][threads or self.threads]
+        f = float(t["float_us"])
+        return {k: float(t[f"{k}_us"]) / f for k in ("int8", "q_in", "dq_in", "q_out", "dq_out")}
+
+    @staticmethod
+    def distance(query: Mapping, fields: Mapping) -> float | None:
+        if query["op"] != fields["op"] or query.get("form") != fields.get("form"):
+            return None
+        d = 0.0
+        for f in _CATEGORICAL:
+            if f in query and query[f] != fields.get(f):
+                d += _MISMATCH
+        for group, step in ((_LOG2, 1.0), (_LOG4, 2.0)):
+            for f in group:
+                if query.get(f) is not None and fields.get(f) is not None:
+                    d += abs(math.log2(query[f]) - math.log2(fields[f])) / step
+        return d
+
+    def lookup(self, query: Mapping) -> Costs | None:
+        key = config_key(query)
+        if key in self.entries:
+            return Costs(key, True, **self.ratios(self.entries[key]))
+        scored = []
+        for k in sorted(self.entries):
+            d = self.distance(query, self.entries[k]["fields"])
+            if d is not None:
+                scored.append((d, k))
+        if not scored:
+            return None
+        best = min(d for d, _ in scored)
+        keys = [k for d, k in scored if d <= best + 1e-9]
+        rs = [self.ratios(self.entries[k]) for k in keys]
+        mean = {f: float(np.mean([r[f] for r in rs])) for f in rs[0]}  # Q/DQ shares: arithmetic
+        mean["int8"] = float(np.exp(np.mean([np.log(r["int8"]) for r in rs])))
+        return Costs(" | ".join(keys), False, **mean)
+
+
+@functools.lru_cache(maxsize=4)
+def load_costs(path: str | None = None) -> CostTable:
+    """The cost table (default: the shipped ort_cpu_costs.json); a missing or unreadable table is a
+    UsageError."""
+    p = Path(path) if path else COSTS_PATH
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read the cost table {p}: {exc}") from None
+    return CostTable(data)
+
+
+def _times(x: float) -> str:
+    return f"{x:.2f}x slower than" if x >= 1.0 else f"only {100 * (1 - x):.0f}% faster than"
+
+
+def _describe(fields: Mapping) -> str:
+    if fields["op"] == "Conv":
+        return (f"{fields['form']} Conv {fields['kernel']} stride {fields['stride']}"
+                + (f" dilation {fields['dilation']}" if fields["dilation"] != "1x1" else ""))
+    return config_key(fields)
+
+
+def cost_decision(node: ir.Node, opsets, table: CostTable, *, input_quantized: bool = True,
+                  float_reader: bool = True, quant_reader: bool = True) -> str | None:
+    """Why ``node`` should stay float on ort-cpu according to the cost table, or None (quantize).
+    int8 costs its integer kernel, plus a QuantizeLinear of its input when that is not quantized
+    anyway (``input_quantized``: its producer, or another reader, is an integer kernel), plus a
+    DequantizeLinear of its output when a float node reads it; float costs the float layer, plus
+    a DequantizeLinear of its input when that is quantized anyway, plus a QuantizeLinear of its
+    output when a quantized node reads it. int8 must be at least MIN_GAIN cheaper than float."""
+    fields = layer_config(node, opsets)
+    if fields is None:
+        return None
+    c = table.lookup(fields)
+    if c is None:
+        return None
+    int8 = c.int8 + (0.0 if input_quantized else c.q_in) + (c.dq_out if float_reader else 0.0)
+    flt = 1.0 + (c.dq_in if input_quantized else 0.0) + (c.q_out if quant_reader else 0.0)
+    if int8 <= (1.0 - MIN_GAIN) * flt:
+        return None
+    return (f"int8 measured {_times(c.int8)} float on ort-cpu for {_describe(fields)} "
+            f"({int8:.2f} vs {flt:.2f} of the float layer with the Q/DQ its neighbours need; "
+            f"{c.label()}; onnxopt/quantize/ort_cpu_costs.json)")
+
+
+def _structure(model: ir.Model, rules: TargetRules, exclude: Iterable[str], no_absorb: frozenset = frozenset(),
+               costly: Mapping[str, str] | None = None) -> _Structure:
+    """The plan's structure; with ``rules.use_costs`` the cost table's decisions are made by a
+    fixpoint: each round, every quantized Conv/MatMul/Gemm, Add/Mul, GlobalAveragePool, Sigmoid is
+    judged by :func:`cost_decision` with its neighbours as that round's plan has them (is its input
+    quantized anyway; does a float node, a quantized node read its output), and those that do not
+    pay are left float in the next round; it ends when a round leaves nothing more float."""
+    if not rules.use_costs or costly is not None:
+        return _structure_once(model, rules, exclude, no_absorb, costly or {})
+    table = load_costs()
+    opsets = opsets_of(model)
+    costly: dict[str, str] = {}
+    keys = {node: node_key(node, i) for i, node in enumerate(model.graph)}
+    while True:  # each round leaves float what does not pay in the last round's plan; monotone
+        s = _structure_once(model, rules, exclude, no_absorb, costly)
+        absorbed = set(s.absorbed)
+
+        def quantized(n: ir.Node | None) -> bool:
+            return n is not None and (n in s.kind or keys[n] in absorbed)
+
+        def readers(v: ir.Value) -> tuple[list[ir.Node], bool]:
+            """Readers of v, through absorbed Relu/Clip; and whether a graph output reads it."""
+            out, graph_out = [], v.is_graph_output()
+            for r, _ in v.uses():
+                if keys[r] in absorbed:
+                    more, g = readers(r.outputs[0])
+                    out += more
+                    graph_out = graph_out or g
+                else:
+                    out.append(r)
+            return out, graph_out
+
+        new = {}
+        for node in model.graph:
+            if node not in s.kind or node.op_type not in COSTED_OPS:
+                continue
+            live = [node.inputs[0]] if s.kind[node] == "anchor" else \
+                [v for v in node.inputs if v is not None and constant_tensor(v) is None]
+            in_q = all(quantized(v.producer()) or any(r is not node and r in s.kind and s.kind[r] != "mover"
+                                                      for r, _ in v.uses()) for v in live)
+            rs, graph_out = [], False
+            for o in node.outputs:
+                if o is not None:
+                    more, g = readers(o)
+                    rs += more
+                    graph_out = graph_out or g
+            quant = [r for r in rs if r in s.kind]
+            reason = cost_decision(node, opsets, table, input_quantized=in_q,
+                                   float_reader=graph_out or len(quant) < len(rs), quant_reader=bool(quant))
+            if reason:
+                new[keys[node]] = reason
+        if not new:
+            return s
+        costly.update(new)
+
+
+def _structure_once(model: ir.Model, rules: TargetRules, exclude: Iterable[str], no_absorb: frozenset,
+                    costly: Mapping[str, str]) -> _Structure:
     exclude = frozenset(exclude)
     opsets = opsets_of(model)
     graph = model.graph
@@ -285,7 +603,7 @@ def _structure(model: ir.Model, rules: TargetRules, exclude: Iterable[str], no_a
         if excluded(node):
             s.skipped[keys[node]] = "excluded by the user"
             continue
-        reason = _anchor_refusal(node, opsets)
+        reason = _anchor_refusal(node, opsets) or costly.get(keys[node])
         if reason:
             s.skipped[keys[node]] = reason
             continue
@@ -305,6 +623,9 @@ def _structure(model: ir.Model, rules: TargetRules, exclude: Iterable[str], no_a
             continue
         if excluded(node):
             s.skipped[key] = "excluded by the user"
+            continue
+        if key in costly:
+            s.skipped[key] = costly[key]
             continue
         if op in ABSORBED:
             x = node.inputs[0]
@@ -341,6 +662,15 @@ def _structure(model: ir.Model, rules: TargetRules, exclude: Iterable[str], no_a
             live = [v for v in data if constant_tensor(v) is None]
             if not live:
                 continue  # (constant arithmetic: folding's business)
+            if op == "Div":
+                d = constant_tensor(data[1])
+                if d is None:
+                    s.skipped[key] = "Div by a non-constant has no integer kernel"
+                    continue
+                dv = np.asarray(d.numpy())
+                if dv.size == 0 or not np.all(np.isfinite(dv)) or np.any(dv == 0):
+                    s.skipped[key] = "Div by a constant with zeros or non-finite values"
+                    continue
             missing = [v for v in live if v.name not in s.qset]
             if missing:
                 s.skipped[key] = f"input {missing[0].name!r} is not quantized (its producer stays float)"
@@ -397,14 +727,24 @@ def _structure(model: ir.Model, rules: TargetRules, exclude: Iterable[str], no_a
                 if o is not None:
                     s.needs_range.pop(o.name, None)
     s.needs_range = {name: None for name in s.qset if name in s.needs_range}
+    s.kind = kind
     return s
 
 
-def calibration_tensors(model: ir.Model, rules: TargetRules, *, exclude: Iterable[str] = ()) -> list[str]:
+def _with_costs(rules: TargetRules, use_costs: bool | None) -> TargetRules:
+    if use_costs is None or rules.target != "ort-cpu" or bool(use_costs) == rules.use_costs:
+        return rules
+    return target_rules(rules.target, per_channel=rules.per_channel, reduce_range=rules.reduce_range,
+                        use_costs=bool(use_costs))
+
+
+def calibration_tensors(model: ir.Model, rules: TargetRules, *, exclude: Iterable[str] = (),
+                        use_costs: bool | None = None) -> list[str]:
     """The float tensors whose calibrated (lo, hi) ranges ``make_plan`` needs, in graph order (the
     values a Relu/Clip is absorbed into are listed too: if the calibrated range makes the absorption
-    inexact, make_plan undoes it and quantizes the value on its own range)."""
-    return list(_structure(model, rules, exclude).needs_range)
+    inexact, make_plan undoes it and quantizes the value on its own range). ``use_costs``
+    overrides ``rules.use_costs`` (pass make_plan the same)."""
+    return list(_structure(model, _with_costs(rules, use_costs), exclude).needs_range)
 
 
 def activation_params(lo: float, hi: float) -> tuple[np.float32, np.uint8]:
@@ -429,10 +769,13 @@ def representable(scale: np.float32, zero_point: np.uint8) -> tuple[float, float
 
 
 def make_plan(model: ir.Model, ranges: Mapping[str, tuple[float, float]], rules: TargetRules, *,
-              exclude: Iterable[str] = ()) -> QuantPlan:
+              exclude: Iterable[str] = (), use_costs: bool | None = None) -> QuantPlan:
     """Scales and zero points from calibrated ranges: one parameter set per group of tensors that
     share it (data movers, Concat, absorbed Relu/Clip); exclusions by node name or op type.
-    ``ranges`` must cover ``calibration_tensors(model, rules, exclude=exclude)``."""
+    ``ranges`` must cover ``calibration_tensors(model, rules, exclude=exclude)``. On ort-cpu with
+    ``rules.use_costs`` (``use_costs`` overrides it; False ignores the table), nodes the shipped cost
+    table measures as not faster in int8 are left float, the reason in ``skipped``."""
+    rules = _with_costs(rules, use_costs)
     exclude = tuple(sorted(set(exclude)))
     no_absorb: set[str] = set()
     while True:
