@@ -82,7 +82,9 @@ def _ops(m: onnx.ModelProto) -> set[str]:
 
 def test_quantize_a_cnn_end_to_end():
     float_model = _cnn()
-    q, report = onnxopt.quantize(float_model, _feeds(20), keep_float="never", return_report=True)
+    # portable: QDQ wherever an op can be quantized (ort-cpu also leaves float what its measured cost
+    # table says int8 does not speed up: below)
+    q, report = onnxopt.quantize(float_model, _feeds(20), keep_float="never", return_report=True, target="portable")
     assert isinstance(q, onnx.ModelProto)
     assert {"QuantizeLinear", "DequantizeLinear"} <= _ops(q)
     assert not {"BatchNormalization", "Relu", "Clip"} & _ops(q)  # folded, absorbed into the ranges
@@ -91,11 +93,19 @@ def test_quantize_a_cnn_end_to_end():
     test = _feeds(8, seed=99)
     assert _sqnr(_run(float_model, test), _run(q, test)) > 25
     d = report.as_dict()
-    assert d["kept"] == "int8" and d["settings"]["target"] == "ort-cpu"
+    assert d["kept"] == "int8" and d["settings"]["target"] == "portable"
     assert d["calibration"]["held_out"] == 4 and d["calibration"]["calibrated_on"] == 16
     assert d["coverage"]  # which nodes became integer kernels
     assert min(d["fidelity"]["output_sqnr_db"].values()) > 25
     assert d["settings"]["target_rules"]["followed"]
+
+
+def test_ort_cpu_leaves_float_what_its_cost_table_measures_slower():
+    q, report = onnxopt.quantize(_cnn(), _feeds(10), keep_float="never", fidelity=None, return_report=True)
+    assert report.settings["target"] == "ort-cpu"
+    costed = [why for why in report.plan["skipped"].values() if "ort_cpu_costs.json" in why]
+    assert costed  # the small layers of this CNN: measured no faster in int8
+    assert "QuantizeLinear" in _ops(q)
 
 
 def test_keep_float_never_is_byte_identical_and_the_input_untouched(tmp_path):
@@ -228,3 +238,14 @@ def test_cli_bad_input_exits_2_with_one_line(tmp_path, case):
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, r.stderr
     assert not (tmp_path / "q.onnx").exists()
+
+
+def test_exclude_takes_the_names_of_the_model_given():
+    """conv1 is folded with its BatchNormalization by the cleanup (renamed); excluding it by the name
+    the user sees leaves it float."""
+    q, report = onnxopt.quantize(_cnn(), _feeds(10), keep_float="never", fidelity=None, exclude=["conv1"],
+                                 return_report=True, target="portable")
+    float_inits = {i.name for i in q.graph.initializer if i.data_type == TensorProto.FLOAT}
+    floats = [n for n in q.graph.node if n.op_type == "Conv" and n.input[1] in float_inits]
+    assert len(floats) == 1 and "conv1" in floats[0].metadata_props[-1].value
+    assert any("excluded" in why for why in report.plan["skipped"].values())

@@ -214,11 +214,11 @@ def _quantize(model, calibration, output, method, per_channel, target, exclude, 
             seconds["cleanup"] = time.perf_counter() - t0
             # 3.-4. calibration
             t1 = time.perf_counter()
-            # what the plan needs, and (for the fallback, which changes what shares a range) every
-            # float activation
+            # what the plan needs, and every float activation: the fallback (more nodes float) and an
+            # absorption the plan undoes (a Clip whose calibrated range passes its bounds) change
+            # which tensors share a range
             tensors = calibration_tensors(cleaned, rules, exclude=exclude)
-            if fidelity is not None:
-                tensors = list(dict.fromkeys([*tensors, *_float_activations(cleaned)]))
+            tensors = list(dict.fromkeys([*tensors, *_float_activations(cleaned)]))
             calib = open_calibration(calibration, float_proto)
             n = len(calib)
             k = _held_out_count(n, held_out)
@@ -236,14 +236,18 @@ def _quantize(model, calibration, output, method, per_channel, target, exclude, 
             # 5. plan and rewrite; requantize() is what the fallback calls with more layers in float
             t2 = time.perf_counter()
             made: dict[frozenset, tuple] = {}
+            tried: list[frozenset] = []
 
             def requantize(excluded: frozenset = frozenset()):
+                """The QDQ model with ``excluded`` left float, written beside the float model (its
+                path: weights the input keeps in external files are copied into its own)."""
                 if excluded not in made:
                     quant = cleaned.clone()
                     plan = make_plan(quant, ranges, rules, exclude=[*exclude, *sorted(excluded)])
                     stats = apply_plan(quant, plan, strict=strict)
                     made.clear()  # (keep one: models are big)
-                    made[excluded] = (quant, plan, stats, io.to_proto(quant))
+                    made[excluded] = (quant, plan, stats, _write_temp(quant, Path(tmp) / f"q{len(tried)}.onnx"))
+                    tried.append(excluded)
                 return made[excluded][3]
 
             progress("quantizing")

@@ -521,6 +521,21 @@ def cost_decision(node: ir.Node, opsets, table: CostTable, *, input_quantized: b
             f"{c.label()}; onnxopt/quantize/ort_cpu_costs.json)")
 
 
+def _sources(node: ir.Node) -> tuple[str, ...]:
+    """The names of the input model's nodes ``node`` was made from (its provenance, when a rule made
+    it: the cleanup renames what it rewrites, e.g. a Conv folded with its BatchNormalization), so that
+    ``exclude`` takes the names a user sees in the model they gave."""
+    import json
+
+    from ..irutil import SOURCES_KEY
+
+    try:
+        names = json.loads(node.metadata_props.get(SOURCES_KEY, "[]"))
+    except ValueError:
+        return ()
+    return tuple(n for n in names if isinstance(n, str)) if isinstance(names, list) else ()
+
+
 def _structure(model: ir.Model, rules: TargetRules, exclude: Iterable[str], no_absorb: frozenset = frozenset(),
                costly: Mapping[str, str] | None = None) -> _Structure:
     """The plan's structure; with ``rules.use_costs`` the cost table's decisions are made by a
@@ -588,7 +603,7 @@ def _structure_once(model: ir.Model, rules: TargetRules, exclude: Iterable[str],
     kind: dict[ir.Node, str] = {}  # quantized nodes: anchor, compute, mover
 
     def excluded(node):
-        return keys[node] in exclude or node.op_type in exclude
+        return keys[node] in exclude or node.op_type in exclude or not exclude.isdisjoint(_sources(node))
 
     def quantize(value: ir.Value, *, needs_range=True):
         s.qset[value.name] = None
