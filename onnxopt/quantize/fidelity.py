@@ -448,10 +448,13 @@ def fallback(float_model, requantize: Callable[[frozenset[str]], onnx.ModelProto
 
     ``requantize(excluded)`` makes the QDQ model with the nodes ``excluded`` left float;
     ``model``: the one for no exclusion when already made (else ``requantize(frozenset())``).
-    Each round measures the output SQNR; below the target it ranks the ``candidates`` still
-    quantized by :func:`node_damage` (ties in ``candidates`` order) and excludes the worst
-    ``first_batch`` nodes, then twice as many each round, until the target is met or every
-    candidate is float. ``progress(step, done, total)`` hears each round."""
+    Below the target it ranks the ``candidates`` still quantized by :func:`node_damage` (ties in
+    ``candidates`` order) and tries the worst ``first_batch`` nodes in float: a trial that raises
+    the output SQNR is kept and the next batch is twice as large; one that does not (returning a
+    node to float can leave its neighbours' requantization in place, or change what shares a
+    range) is dropped and the next-ranked node is tried alone. After ``MAX_MISSES`` misses in a
+    row the worst-ranked nodes go to float regardless, batches doubling, so the loop ends: every
+    candidate float meets any target. ``progress(step, done, total)`` hears each round."""
     if not math.isfinite(min_db):
         raise UsageError(f"fidelity target {min_db} dB: must be a finite number")
     order = list(dict.fromkeys(candidates))
@@ -461,25 +464,50 @@ def fallback(float_model, requantize: Callable[[frozenset[str]], onnx.ModelProto
     rounds: list[dict] = []
     batch = max(1, first_batch)
     current = model if model is not None else requantize(frozenset())
+    outs = output_sqnr(float_model, current, feeds, provider=provider, threads=threads)
+    worst = _min_db(outs)
+    history.append((0, worst))
+    rejected: set[str] = set()
+    misses = 0  # trials in a row that did not raise the SQNR
+    damage: dict[str, float] | None = None
     while True:
-        outs = output_sqnr(float_model, current, feeds, provider=provider, threads=threads)
-        worst = _min_db(outs)
-        history.append((len(excluded), worst))
         if progress is not None:
             progress(f"fidelity: {len(excluded)} node(s) float, min output SQNR {_json_db(worst)} dB "
                      f"(target {min_db:g})", len(excluded), len(order))
         left = [n for n in order if n not in set(excluded)]
         if worst >= min_db or not left:
             return FallbackResult(current, tuple(excluded), history, worst >= min_db, min_db, outs, rounds)
-        damage = node_damage(float_model, current, feeds, excluded=excluded, candidates=order, provider=provider,
-                             threads=threads)
+        if damage is None:
+            damage = node_damage(float_model, current, feeds, excluded=excluded, candidates=order, provider=provider,
+                                 threads=threads)
         ranked = sorted(left, key=lambda n: (-damage.get(n, 0.0), rank[n]))
-        chosen = ranked[:batch]
+        pool = [n for n in ranked if n not in rejected]
+        forced = not pool or misses >= MAX_MISSES
+        chosen = ranked[:batch] if forced else pool[:batch]
+        trial = requantize(frozenset(excluded + chosen))
+        t_outs = output_sqnr(float_model, trial, feeds, provider=provider, threads=threads)
+        t_worst = _min_db(t_outs)
+        history.append((len(excluded) + len(chosen), t_worst))
+        accepted = forced or t_worst > worst
         rounds.append({"excluded_before": len(excluded), "min_output_db": _json_db(worst),
+                       "trial_db": _json_db(t_worst), "accepted": accepted, "forced": forced,
                        "chosen": [{"node": n, "damage_nsr": _json_nsr(damage.get(n, 0.0))} for n in chosen]})
-        excluded += chosen
-        batch *= 2
-        current = requantize(frozenset(excluded))
+        if accepted:  # the trial is the new model; the next batch is twice as large
+            excluded += chosen
+            current, outs, worst = trial, t_outs, t_worst
+            batch *= 2
+            rejected.clear()
+            misses = 0
+            damage = None
+        else:  # returning these to float did not help (their neighbours' requantization stays): try others
+            rejected.update(chosen)
+            misses += 1
+            batch = 1
+
+
+MAX_MISSES = 6
+"""fallback: trials in a row that may fail to raise the output SQNR before the worst-ranked nodes are
+returned to float regardless (batches doubling), so that the loop ends (all float meets any target)."""
 
 
 def _json_nsr(v: float):
