@@ -304,3 +304,33 @@ def test_latency_check_real_call_shape():
 
 def test_module_exports():
     assert set(fidelity.__all__) >= {"sqnr_db", "output_sqnr", "layer_sqnr", "fallback", "latency_check"}
+
+
+def test_fallback_keeps_only_trials_that_raise_the_sqnr(monkeypatch):
+    """The worst-ranked node A makes the output worse when float (its neighbours' requantization
+    stays); the fallback drops that trial, tries B alone, which meets the target, and stops there."""
+    from onnxopt.quantize import fidelity as fid
+
+    sqnr = {frozenset(): 19.0, frozenset({"A"}): 18.0, frozenset({"B"}): 23.0}
+    monkeypatch.setattr(fid, "output_sqnr", lambda f, q, feeds, **kw: {"y": sqnr[q]})
+    monkeypatch.setattr(fid, "node_damage", lambda f, q, feeds, **kw: {"A": 3.0, "B": 2.0, "C": 1.0})
+    made = []
+
+    def requantize(excluded):
+        made.append(excluded)
+        return excluded
+
+    res = fid.fallback("float", requantize, [{}], 20.0, candidates=["A", "B", "C"])
+    assert res.met and res.excluded == ("B",) and res.output_db == {"y": 23.0}
+    assert made == [frozenset(), frozenset({"A"}), frozenset({"B"})]
+    assert [r["accepted"] for r in res.rounds] == [False, True]
+
+
+def test_fallback_ends_all_float_when_no_trial_helps(monkeypatch):
+    from onnxopt.quantize import fidelity as fid
+
+    monkeypatch.setattr(fid, "output_sqnr", lambda f, q, feeds, **kw: {"y": float("inf") if len(q) == 3 else 10.0})
+    monkeypatch.setattr(fid, "node_damage", lambda f, q, feeds, **kw: {"A": 3.0, "B": 2.0, "C": 1.0})
+    res = fid.fallback("float", lambda ex: ex, [{}], 20.0, candidates=["A", "B", "C"])
+    assert res.met and set(res.excluded) == {"A", "B", "C"}
+    assert any(r["forced"] for r in res.rounds)
