@@ -547,8 +547,8 @@ def decide_keep(float_median_ms: float, int8_median_ms: float, min_speedup: floa
     if not (float_median_ms > 0 and math.isfinite(float_median_ms) and math.isfinite(int8_median_ms)):
         return "float", f"latency could not be compared (float {float_median_ms} ms, int8 {int8_median_ms} ms)"
     ratio = int8_median_ms / float_median_ms
-    figures = (f"int8 median {int8_median_ms:.3f} ms vs float {float_median_ms:.3f} ms (x{ratio:.3f}, "
-               f"{100 * (1 - ratio):+.1f}% faster)")
+    change = f"{100 * (1 - ratio):.1f}% faster" if ratio <= 1 else f"{100 * (ratio - 1):.1f}% slower"
+    figures = f"int8 median {int8_median_ms:.3f} ms vs float {float_median_ms:.3f} ms (x{ratio:.3f}, {change})"
     if int8_median_ms <= (1 - min_speedup) * float_median_ms:
         return "int8", f"{figures}: at least {100 * min_speedup:g}% faster, int8 kept"
     return "float", f"{figures}: not at least {100 * min_speedup:g}% faster, float model kept"
