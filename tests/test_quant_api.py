@@ -249,3 +249,29 @@ def test_exclude_takes_the_names_of_the_model_given():
     floats = [n for n in q.graph.node if n.op_type == "Conv" and n.input[1] in float_inits]
     assert len(floats) == 1 and "conv1" in floats[0].metadata_props[-1].value
     assert any("excluded" in why for why in report.plan["skipped"].values())
+
+
+def test_the_fallback_returns_the_worst_layer_first():
+    """Three MatMuls, per-tensor weights, one with an outlier weight that wrecks its int8 grid: the
+    fallback's damage ranking (measured on the QDQ model, named as the plan names nodes) tries
+    that one first. (Alone it does not help: its output's range, blown up by the outlier, is still
+    requantized for the next MatMul; the fallback drops that trial and goes on.)"""
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    bad = w(64, 64)
+    bad[0, 0] = 2000.0
+    nodes = [helper.make_node("MatMul", ["x", "A"], ["a"], name="a_mm"),
+             helper.make_node("MatMul", ["a", "Z"], ["b"], name="z_bad"),
+             helper.make_node("MatMul", ["b", "C"], ["y"], name="c_mm")]
+    m = model(nodes, [tinfo("x", ["B", 64])], [tinfo("y", ["B", 64])],
+              [numpy_helper.from_array(w(64, 64), "A"), numpy_helper.from_array(bad, "Z"),
+               numpy_helper.from_array(w(64, 64), "C")], opset=13)
+    feeds = [{"x": w(4, 64)} for _ in range(20)]
+    _, report = onnxopt.quantize(m, feeds, keep_float="never", target="portable", per_channel=False, fidelity=40,
+                                 return_report=True)
+    fb = report.fidelity["fallback"]
+    first = fb["rounds"][0]["chosen"][0]
+    assert first["node"] == "z_bad" and first["damage_nsr"] > 0.01
+    assert fb["met"] and "z_bad" in fb["excluded"]

@@ -183,7 +183,7 @@ def _quantize(model, calibration, output, method, per_channel, target, exclude, 
     from .coverage import integer_coverage
     from .data import open_calibration
     from .fidelity import fallback as run_fallback, latency_check, layer_sqnr, output_sqnr
-    from .plan import apply_plan, calibration_tensors, make_plan, target_rules
+    from .plan import apply_plan, calibration_tensors, make_plan, strip_plan_keys, target_rules
 
     seconds: dict[str, float] = {}
     warnings: list[str] = []
@@ -244,7 +244,7 @@ def _quantize(model, calibration, output, method, per_channel, target, exclude, 
                 if excluded not in made:
                     quant = cleaned.clone()
                     plan = make_plan(quant, ranges, rules, exclude=[*exclude, *sorted(excluded)])
-                    stats = apply_plan(quant, plan, strict=strict)
+                    stats = apply_plan(quant, plan, strict=strict, keep_plan_keys=True)
                     made.clear()  # (keep one: models are big)
                     made[excluded] = (quant, plan, stats, _write_temp(quant, Path(tmp) / f"q{len(tried)}.onnx"))
                     tried.append(excluded)
@@ -293,6 +293,7 @@ def _quantize(model, calibration, output, method, per_channel, target, exclude, 
             elif fallback is not None and not plan.nodes:
                 kept, reason = "float", "every layer fell back to float"
             if kept == "int8":
+                strip_plan_keys(quant_ir)
                 result_model = quant_ir
             else:
                 result_model = cleaned

@@ -320,6 +320,14 @@ def _added(after: float, before: float) -> float:
     return max(0.0, after - before)
 
 
+_PLAN_KEY = "quantize.plan_node"  # (rules/qdq.py's PLAN_KEY: apply_plan(keep_plan_keys=True) leaves it)
+
+
+def _node_key(node) -> str:
+    """A NodeProto's name as the quantizer's plan knows it (see node_damage)."""
+    return next((p.value for p in node.metadata_props if p.key == _PLAN_KEY), node.name)
+
+
 def node_damage(float_model, quant_model, feeds, *, excluded: Iterable[str] = (),
                 candidates: Iterable[str] | None = None, provider: str = "cpu", threads: int = 0) -> dict[str, float]:
     """How much quantization noise each named compute node of the QDQ model adds, as a
@@ -348,6 +356,9 @@ def node_damage(float_model, quant_model, feeds, *, excluded: Iterable[str] = ()
         fm.close()
         qm.close()
     nodes = [n for n in g.compute_nodes() if n.name]
+    # a node's name as the caller's plan knows it: the plan key the quantizer leaves in the QDQ
+    # model's node metadata (its rules rename what they rewrite), else the node's own name
+    key = {id(n): next((p.value for p in n.metadata_props if p.key == _PLAN_KEY), n.name) for n in nodes}
     plan = {}
     pairs: list[tuple[str, str]] = []
     for n in nodes:
@@ -362,23 +373,23 @@ def node_damage(float_model, quant_model, feeds, *, excluded: Iterable[str] = ()
                 f = g.counterpart(seen)
                 if f is not None:
                     outs.append((f, seen))
-        plan[n.name] = (ins, outs)
+        plan[key[id(n)]] = (ins, outs)
         pairs += [p for p, _ in ins] + outs
     pairs = list(dict.fromkeys(pairs))
     if not pairs:
-        return {n.name: 0.0 for n in nodes}
+        return {key[id(n)]: 0.0 for n in nodes}
     acc = _measure(float_model, quant_model, pairs, feeds, provider, threads)
     nsr = {p: acc.nsr(p) for p in pairs if p in acc.sums}
-    damage = {}
+    damage: dict[str, float] = {}
     for n in nodes:
-        ins, outs = plan[n.name]
+        ins, outs = plan[key[id(n)]]
         before = max((0.0 if graph_input else nsr[p] for p, graph_input in ins if p in nsr), default=0.0)
         after = max((nsr[p] for p in outs if p in nsr), default=before)
-        damage[n.name] = _added(after, before)
-    by_name = {n.name: n for n in nodes}
+        damage[key[id(n)]] = max(damage.get(key[id(n)], 0.0), _added(after, before))
+    by_name = {key[id(n)]: n for n in nodes}
     excluded = set(excluded)
     movable = set(by_name) - excluded if candidates is None else set(candidates) - excluded
-    for name in [n.name for n in nodes if n.name not in movable and damage[n.name] > 0]:
+    for name in [key[id(n)] for n in nodes if key[id(n)] not in movable and damage[key[id(n)]] > 0]:
         node, target = by_name[name], None
         if name not in excluded:  # a node that cannot be chosen: charge the candidate it reads
             x = next(iter(g.activation_inputs(node)), None)
@@ -386,16 +397,17 @@ def node_damage(float_model, quant_model, feeds, *, excluded: Iterable[str] = ()
                 p = g.producer.get(x) if x else None
                 while p is not None and p.op_type in ("QuantizeLinear", "DequantizeLinear"):
                     p = g.producer.get(p.input[0])
-                if p is None or not p.name or p.name in excluded:
+                pk = _node_key(p) if p is not None else None
+                if p is None or not pk or pk in excluded:
                     break
-                if p.name in movable:
-                    target = p.name
+                if pk in movable:
+                    target = pk
                     break
                 x = next(iter(g.activation_inputs(p)), None)
         if target is not None:
             damage[target] += damage[name]
             continue
-        readers = [c.name for y in node.output if y for c in g.quantized_readers(y) if c.name in movable]
+        readers = [_node_key(c) for y in node.output if y for c in g.quantized_readers(y) if _node_key(c) in movable]
         for r in dict.fromkeys(readers):
             damage[r] += damage[name]
     return damage

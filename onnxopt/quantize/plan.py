@@ -972,12 +972,22 @@ def raise_opset(model: ir.Model, version: int = 13) -> list[str]:
     return sorted(set(converted))
 
 
-def apply_plan(model: ir.Model, plan: QuantPlan, *, strict: bool | None = None) -> dict:
+def strip_plan_keys(model: ir.Model) -> None:
+    """Remove the plan keys :func:`apply_plan` leaves with ``keep_plan_keys``."""
+    from onnxopt.rules import qdq
+
+    for node in model.graph:
+        node.metadata_props.pop(qdq.PLAN_KEY, None)
+
+
+def apply_plan(model: ir.Model, plan: QuantPlan, *, strict: bool | None = None, keep_plan_keys: bool = False) -> dict:
     """Rewrite ``model`` in place into its QDQ form: opset raised to 13 where below, Q/DQ pairs
     after the graph inputs the plan quantizes, then the rule family ``rules/qdq.py`` to a fixpoint
     (``onnxopt.pipeline.run`` with ``options={"quant_plan": plan}``), then one DequantizeLinear per
     reader. Returns the rule statistics ({rule: fired count} plus "opset_converted" and
-    "dq_split")."""
+    "dq_split"). ``keep_plan_keys``: leave each node's plan key (``rules/qdq.py``'s ``PLAN_KEY``)
+    in its metadata, so that measurements on the QDQ model name nodes as the plan does (the
+    fallback's); :func:`strip_plan_keys` removes them before the model is written."""
     from .. import pipeline
     from ..errors import strict_default
     from onnxopt.rules import qdq  # the rule family (rules/qdq.py)
@@ -995,8 +1005,8 @@ def apply_plan(model: ir.Model, plan: QuantPlan, *, strict: bool | None = None) 
     result = pipeline.run(model, qdq.QDQ_RULES, options={"quant_plan": plan, **qdq.options_for(model, plan)},
                           strict=strict_default(strict))
     split = qdq.one_dq_per_reader(model)
-    for node in model.graph:
-        node.metadata_props.pop(qdq.PLAN_KEY, None)
+    if not keep_plan_keys:
+        strip_plan_keys(model)
     stats = {name: st.fired for name, st in sorted(result.rules.items()) if st.fired}
     stats["opset"] = [old_opset, opsets_of(model)[""]]
     stats["opset_converted"] = converted
