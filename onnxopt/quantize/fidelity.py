@@ -464,9 +464,9 @@ def fallback(float_model, requantize: Callable[[frozenset[str]], onnx.ModelProto
     ``candidates`` order) and tries the worst ``first_batch`` nodes in float: a trial that raises
     the output SQNR is kept and the next batch is twice as large; one that does not (returning a
     node to float can leave its neighbours' requantization in place, or change what shares a
-    range) is dropped and the next-ranked node is tried alone. After ``MAX_MISSES`` misses in a
-    row the worst-ranked nodes go to float regardless, batches doubling, so the loop ends: every
-    candidate float meets any target. ``progress(step, done, total)`` hears each round."""
+    range) is dropped and the next-ranked nodes are tried instead (as many). After ``MAX_MISSES`` misses in the
+    run the worst-ranked nodes go to float regardless, batches doubling, so the search is bounded
+    and ends: every candidate float meets any target. ``progress(step, done, total)`` hears each round."""
     if not math.isfinite(min_db):
         raise UsageError(f"fidelity target {min_db} dB: must be a finite number")
     order = list(dict.fromkeys(candidates))
@@ -494,7 +494,7 @@ def fallback(float_model, requantize: Callable[[frozenset[str]], onnx.ModelProto
                                  threads=threads)
         ranked = sorted(left, key=lambda n: (-damage.get(n, 0.0), rank[n]))
         pool = [n for n in ranked if n not in rejected]
-        forced = not pool or misses >= MAX_MISSES
+        forced = not pool or misses >= MAX_MISSES  # (misses count over the whole run: a bounded search)
         chosen = ranked[:batch] if forced else pool[:batch]
         trial = requantize(frozenset(excluded + chosen))
         t_outs = output_sqnr(float_model, trial, feeds, provider=provider, threads=threads)
@@ -509,17 +509,16 @@ def fallback(float_model, requantize: Callable[[frozenset[str]], onnx.ModelProto
             current, outs, worst = trial, t_outs, t_worst
             batch *= 2
             rejected.clear()
-            misses = 0
             damage = None
         else:  # returning these to float did not help (their neighbours' requantization stays): try others
             rejected.update(chosen)
             misses += 1
-            batch = 1
 
 
-MAX_MISSES = 6
-"""fallback: trials in a row that may fail to raise the output SQNR before the worst-ranked nodes are
-returned to float regardless (batches doubling), so that the loop ends (all float meets any target)."""
+MAX_MISSES = 8
+"""fallback: trials (over the whole run) that may fail to raise the output SQNR; after that the
+worst-ranked nodes are returned to float regardless, batches doubling, so the search is bounded: at
+most MAX_MISSES + log2(candidates) + 2 models are measured (all float meets any target)."""
 
 
 def _json_nsr(v: float):
