@@ -273,6 +273,13 @@ def _optimize_quantized(model, options, *, rules, extra_rules, disable, target, 
                          f"quantization runs onnxopt's built-in cleanup and takes these from optimize's own arguments")
     options = dict(options)
     calibration = options.pop("calibration")
+    import inspect
+
+    known = set(inspect.signature(_quantize).parameters) - {"model", "calibration"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise UsageError(f"optimize(quantize=...): unknown option(s) {', '.join(map(repr, unknown))}; onnxopt.quantize "
+                         f"takes {', '.join(sorted(known - {'output', 'external_data', 'check', 'input_shapes', 'strict', 'return_report', 'progress', 'target', 'outputs'}))}")
     return _quantize(model, calibration, output=output, external_data=external_data, check=check,
                      input_shapes=input_shapes, strict=strict, return_report=return_report, progress=progress,
                      target=target, outputs=outputs, **options)

@@ -247,6 +247,10 @@ def quantize_main(argv: list[str]) -> int:
         method_options = {} if args.percentile is None else {"percentile": args.percentile}
         with _outputs(args, args.input, data_files=False) as outputs, _status(args) as progress:
             outputs.protect(args.calib, f"the calibration data {args.calib}")
+            if os.path.isdir(args.calib):  # (its files: an output may not replace one)
+                for entry in sorted(os.scandir(args.calib), key=lambda e: e.name):
+                    if entry.is_file() and entry.name.endswith((".npy", ".npz")):
+                        outputs.protect(entry.path, f"calibration data file {entry.path}")
             _, report = quantize(
                 args.input, args.calib, output=args.output, method=args.method, per_channel=args.per_channel,
                 target=args.target, exclude=args.exclude, fidelity=args.fidelity, keep_float=args.keep_float,

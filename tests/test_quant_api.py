@@ -275,3 +275,22 @@ def test_the_fallback_returns_the_worst_layer_first():
     first = fb["rounds"][0]["chosen"][0]
     assert first["node"] == "z_bad" and first["damage_nsr"] > 0.01
     assert fb["met"] and "z_bad" in fb["excluded"]
+
+
+def test_an_output_may_not_replace_a_calibration_file(tmp_path):
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for i, f in enumerate(_feeds(6)):
+        np.savez(calib / f"{i}.npz", **f)
+    before = (calib / "1.npz").read_bytes()
+    with pytest.raises(UsageError, match="never overwrites what it reads"):
+        onnxopt.quantize(_cnn(), str(calib), output=str(calib / "1.npz"), keep_float="never")
+    src = tmp_path / "m.onnx"
+    onnx.save(_cnn(), src)
+    r = _cli(src, "-o", calib / "1.npz", "--calib", calib, "--keep-float", "never")
+    assert r.returncode == 2 and (calib / "1.npz").read_bytes() == before
+
+
+def test_unknown_quantize_options_of_optimize_are_usage_errors():
+    with pytest.raises(UsageError, match="bogus"):
+        onnxopt.optimize(_cnn(), quantize={"calibration": _feeds(5), "bogus": 1})

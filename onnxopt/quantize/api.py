@@ -22,6 +22,7 @@ The steps, in order (each one's module says more):
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 import tempfile
 import time
@@ -194,7 +195,7 @@ def _quantize(model, calibration, output, method, per_channel, target, exclude, 
         raise UsageError(why)
     rules = target_rules(target, per_channel=per_channel, reduce_range=reduce_range)
     give_back_plan = io.plan_give_back(loaded, output, external_data=external_data, outputs=outputs,
-                                       also_read=[calibration] if isinstance(calibration, (str, os.PathLike)) else [])
+                                       also_read=_calibration_files(calibration))
     try:
         nodes = {"input": node_counts(loaded.model)}
         # 2. cleanup (portable: standard ops only, which the QDQ rules know)
@@ -226,8 +227,8 @@ def _quantize(model, calibration, output, method, per_channel, target, exclude, 
                 calib_part, held = calib.split(k)
             else:
                 calib_part, held = calib, calib
-                warnings.append(f"fidelity is measured on the calibration samples themselves: {n} sample(s) given, "
-                                "too few to hold some out (give at least 5)")
+                warnings.append("fidelity is measured on the calibration samples themselves: " + (
+                    "held_out=0" if held_out == 0 else f"{n} sample(s) given, too few to hold some out (give at least 5)"))
             ranges = calibrate(float_path, tensors, calib_part, method=method, workers=workers,
                                           progress=progress, **method_options)
             seconds["calibrate"] = time.perf_counter() - t1
@@ -260,7 +261,7 @@ def _quantize(model, calibration, output, method, per_channel, target, exclude, 
             progress("measuring fidelity")
             fallback = None
             out_sqnr = output_sqnr(float_path, first, held_feeds)
-            if fidelity is not None and min(out_sqnr.values(), default=np.inf) < fidelity:
+            if fidelity is not None and not _worst(out_sqnr) >= fidelity:  # (NaN: below any target)
                 fallback = run_fallback(float_path, requantize, held_feeds, fidelity,
                                               candidates=sorted(plan.nodes), progress=progress)
                 requantize(frozenset(fallback.excluded))  # (made already: the fallback's last model)
@@ -282,7 +283,11 @@ def _quantize(model, calibration, output, method, per_channel, target, exclude, 
 
             # 8. the latency check
             kept, reason, latency = "int8", "quantized", None
-            if keep_float == "auto":
+            if not plan.nodes:  # nothing to time: the "int8" model computes in float
+                kept = "float"
+                reason = ("every quantizable node fell back to float for fidelity" if fallback is not None and
+                          fallback.excluded else "no node could be quantized (see the plan's skipped reasons)")
+            elif keep_float == "auto":
                 t5 = time.perf_counter()
                 progress("timing int8 against float")
                 check_result = latency_check(float_path, quant_proto, held_feeds[:1],
@@ -290,8 +295,6 @@ def _quantize(model, calibration, output, method, per_channel, target, exclude, 
                 latency = _as_dict(check_result)
                 kept, reason = check_result.keep, check_result.reason
                 seconds["latency"] = time.perf_counter() - t5
-            elif fallback is not None and not plan.nodes:
-                kept, reason = "float", "every layer fell back to float"
             if kept == "int8":
                 strip_plan_keys(quant_ir)
                 result_model = quant_ir
@@ -328,9 +331,28 @@ def _quantize(model, calibration, output, method, per_channel, target, exclude, 
     return out, report
 
 
+def _calibration_files(calibration) -> list:
+    """The files a calibration source given as a path reads (a folder's .npy/.npz files): outputs may
+    not replace them."""
+    if not isinstance(calibration, (str, os.PathLike)):
+        return []
+    path = Path(calibration)
+    if path.is_dir():
+        return [path, *sorted(p for p in path.iterdir() if p.is_file() and p.suffix in (".npy", ".npz"))]
+    return [path]
+
+
+def _worst(sqnr: dict) -> float:
+    """The lowest output SQNR; NaN when any is NaN (a NaN output is below any target)."""
+    values = list(sqnr.values())
+    return float("nan") if any(v != v for v in values) else min(values, default=float("inf"))
+
+
 def _held_out_count(n: int, held_out: int | None) -> int:
     if held_out is not None:
-        if not isinstance(held_out, int) or held_out < 0 or held_out >= n:
+        if isinstance(held_out, numbers.Integral) and not isinstance(held_out, bool):
+            held_out = int(held_out)
+        if not isinstance(held_out, int) or isinstance(held_out, bool) or held_out < 0 or held_out >= n:
             raise UsageError(f"held_out must be a whole number from 0 to {n - 1} (the calibration set has {n} samples), "
                              f"not {held_out!r}")
         return held_out
