@@ -262,3 +262,83 @@ def test_verify_cli_float_pair_has_no_coverage(tmp_path, capsys):
     assert cli.main(["verify", str(src), str(src), "--runs", "0", "--json", str(report)]) == 0
     assert "integer kernels" not in capsys.readouterr().out
     assert "coverage" not in json.loads(report.read_text())
+
+
+# ---- nodes onnxruntime inlines or fuses into float kernels (found in review) ------------------------------------
+
+
+def conv_hardswish_conv() -> onnx.ModelProto:
+    """Conv -> HardSwish -> Conv at opset 14: onnxruntime inlines HardSwish (a function op) into a float
+    HardSigmoid and Mul between the DequantizeLinear and QuantizeLinear around it."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("HardSwish", ["c1"], ["h"], name="hswish"),
+             helper.make_node("Conv", ["h", "w2", "b2"], ["y"], name="conv2", pads=[1, 1, 1, 1])]
+    inits = [_init("w1", rng.standard_normal((8, 3, 3, 3)) * 0.3), _init("b1", rng.standard_normal(8) * 0.1),
+             _init("w2", rng.standard_normal((8, 8, 3, 3)) * 0.2), _init("b2", rng.standard_normal(8) * 0.1)]
+    graph = helper.make_graph(nodes, "hswish", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)], ir_version=8)
+
+
+def test_inlined_hardswish_is_float(tmp_path):
+    q = ort_quantize(conv_hardswish_conv(), tmp_path, calibration())
+    cov = integer_coverage(q)
+    assert {n.node: n.kernel for n in cov.integer} == {"conv1": "QLinearConv", "conv2": "QLinearConv"}
+    (hs,) = cov.float_islands  # was: "fused into QLinearConv 'conv1'", counted integer across the DQ
+    assert (hs.node, hs.kernel, hs.kind) == ("hswish", "HardSigmoid+Mul", "compute")
+    assert hs.reason == "no integer kernel for HardSwish on onnxruntime CPU"
+    s = cov.summary()
+    assert (s["compute_integer"], s["compute_nodes"]) == (2, 3)
+    assert "HardSigmoid" not in cov.added and "Mul" not in cov.added  # mapped back to the HardSwish
+
+
+def matmul_bias_gelu() -> onnx.ModelProto:
+    """Written by hand in QDQ: x -> Q/DQ -> MatMul (int8 weight, float output) -> bias Add -> Erf-GELU
+    (Div, Erf, Add, Mul, Mul) -> Identity -> Q/DQ -> MatMul. onnxruntime runs the MatMuls as
+    MatMulIntegerToFloat and fuses the bias Add and the GELU into one float BiasGelu."""
+    rng = np.random.default_rng(0)
+    nodes, inits = _qdq("x", 0.03, 128)
+    inits += [_init("w1q", rng.integers(-100, 100, (16, 32)), np.int8), _init("w1s", 0.003),
+              _init("w1z", 0, np.int8), _init("b1", rng.standard_normal(32) * 0.1), _init("sqrt2", np.sqrt(2.0)),
+              _init("one", 1.0), _init("half", 0.5), _init("w2q", rng.integers(-100, 100, (32, 8)), np.int8),
+              _init("w2s", 0.003), _init("w2z", 0, np.int8)]
+    nodes += [helper.make_node("DequantizeLinear", ["w1q", "w1s", "w1z"], ["w1"], name="w1_DQ"),
+              helper.make_node("MatMul", ["x_dq", "w1"], ["m1"], name="mm1"),
+              helper.make_node("Add", ["m1", "b1"], ["a"], name="bias_add"),
+              helper.make_node("Div", ["a", "sqrt2"], ["d"], name="div"),
+              helper.make_node("Erf", ["d"], ["e"], name="erf"),
+              helper.make_node("Add", ["e", "one"], ["e1"], name="add1"),
+              helper.make_node("Mul", ["a", "e1"], ["g0"], name="mul"),
+              helper.make_node("Mul", ["g0", "half"], ["g"], name="mul_1"),
+              helper.make_node("Identity", ["g"], ["gi"], name="identity")]
+    part = _qdq("gi", 0.02)
+    nodes += part[0]
+    inits += part[1]
+    nodes += [helper.make_node("DequantizeLinear", ["w2q", "w2s", "w2z"], ["w2"], name="w2_DQ"),
+              helper.make_node("MatMul", ["gi_dq", "w2"], ["y"], name="mm2")]
+    graph = helper.make_graph(nodes, "gelu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 8])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)], ir_version=8)
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_gelu_fused_into_float_bias_gelu():
+    q = matmul_bias_gelu()
+    cov = integer_coverage(q)
+    if "BiasGelu" not in cov.kernels:
+        pytest.skip("this onnxruntime does not form BiasGelu here")
+    integer = {n.node: n for n in cov.integer}
+    assert integer["mm1"].kernel == "MatMulIntegerToFloat"
+    fused = {n.node: n for n in cov.float_islands if n.kind == "fused"}
+    # was: all six "fused into MatMulIntegerToFloat 'mm1'", counted integer
+    assert set(fused) == {"bias_add", "div", "erf", "add1", "mul", "mul_1"}
+    assert all(n.kernel == "fused into BiasGelu" and n.reason == "fused by onnxruntime into float BiasGelu"
+               for n in fused.values())
+    assert "BiasGelu" not in cov.added  # mapped back to the node whose output it writes
+    # the Identity onnxruntime removed: data movement, never an integer compute node
+    ident = [n for n in cov.integer + cov.float_movement + cov.float_islands if n.node == "identity"]
+    assert [n.kind for n in ident] == ["data movement"]
+    s = cov.summary()
+    assert (s["compute_integer"], s["compute_nodes"]) == (2, 8)  # the two MatMuls; was 8/8

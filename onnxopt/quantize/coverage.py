@@ -16,13 +16,19 @@ How optimized nodes are mapped back (checked on onnxruntime 1.17-1.32): a fused 
 name of the op it replaces (QLinearAdd ``add`` for Add ``add``); the layout transformer appends
 ``_token_<n>`` (``conv1_token_23``) and ensuring one consumer per DQ appends ``/duplicated``; a
 node whose name does not lead back is mapped through its outputs (a fused node writes the output
-of the QuantizeLinear it absorbed). Nodes that vanished (Relu/Clip absorbed into a Q, or fused
-into a float neighbour) take the status of the node that absorbed them.
+of the QuantizeLinear it absorbed). A node that vanished takes the status of the kernel that writes
+its output (a function onnxruntime inlined, ``_inlfunc_HardSwish...`` HardSigmoid+Mul; a float
+fusion such as BiasGelu, which also takes the vanished nodes behind it), else of a consumer whose
+kernel reads its inputs (an Add in SkipLayerNormalization), else of its producer, and that only when
+reached without crossing a QuantizeLinear/DequantizeLinear; an integer producer's status only when
+the node feeds nothing but the QuantizeLinear the kernel absorbed (Relu/Clip in QLinearConv).
+Identity/Dropout removed are data movement, never compute.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import tempfile
@@ -75,6 +81,7 @@ _WEIGHT_SLOT = {"Conv": 1, "ConvTranspose": 1, "Gemm": 1, "MatMul": 1}
 _BIAS_SLOT = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2}
 _FUSION_TARGETS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 _OPTIONAL_Q = frozenset({"MatMul", "Gemm"})  # MatMulIntegerToFloat / QGemm with a float output need no Q
+_LAYOUT = frozenset({"Transpose", "ReorderInput", "ReorderOutput"})  # added by layout transformers
 _SUFFIX = re.compile(r"(_token_\d+|/duplicated)$")
 
 
@@ -359,6 +366,7 @@ class _Analysis:
             else:
                 self.mapped.setdefault(i, []).append(j)
         self.status: dict[int, tuple[str, str]] = {}  # QDQ node -> ("integer"|"float", kernel text)
+        self.kernel_at: dict[int, int] = {}  # QDQ node -> the optimized node that does its work
 
     def _by_name(self, n, by_name: dict[str, int]) -> int | None:
         """The QDQ node an optimized node is named after: its name less onnxruntime's suffixes
@@ -404,70 +412,245 @@ class _Analysis:
 
     def run(self) -> Coverage:
         q, o = self.q, self.o
+        self._value_map()
+        kinds = {i: self._kind(i) for i in range(len(q.nodes))}
+        self.kinds = kinds
+        entries: dict[int, object] = {}
+        for i, n in enumerate(q.nodes):  # the nodes onnxruntime kept (as themselves or as a kernel of theirs)
+            if kinds[i] in ("quant", "constant", "shape") or i not in self.mapped:
+                continue
+            kind, label = kinds[i], _label(n, i)
+            opt = [o.nodes[j] for j in self.mapped[i]]
+            k = next((x for x in opt if _is_integer_kernel(x)), None)
+            if k is None and kind == "data movement":
+                k = next((x for x in opt if o.dtypes.get(_data_input(x)) in _EIGHT_BIT), None)
+            if k is not None:
+                self.status[i] = ("integer", f"{k.op_type} {label!r}")
+                self.kernel_at[i] = self.o.nodes.index(k)
+                entries[i] = IntegerNode(label, n.op_type, k.op_type, kind)
+                continue
+            main = next((x for x in opt if _base(x.name) == n.name), opt[0])
+            self.status[i] = ("float", f"{main.op_type} {label!r}")
+            self.kernel_at[i] = self.o.nodes.index(main)
+            entries[i] = FloatIsland(label, n.op_type, self._why(i, main), main.op_type, kind)
+        self.entries = entries
+        for i in range(len(q.nodes)):  # the nodes that vanished: inlined, fused into a neighbour, absorbed, removed
+            if kinds[i] not in ("quant", "constant", "shape") and i not in entries:
+                self._resolve(i, 0)
         integer, islands, movement = [], [], []
-        for i, n in enumerate(q.nodes):
-            kind = self._kind(i)
-            if kind in ("quant", "constant", "shape"):
-                continue
-            label = _label(n, i)
-            opt = [o.nodes[j] for j in self.mapped.get(i, [])]
-            if opt:
-                k = next((x for x in opt if _is_integer_kernel(x)), None)
-                if k is None and kind == "data movement":
-                    k = next((x for x in opt if o.dtypes.get(_data_input(x)) in _EIGHT_BIT), None)
-                if k is not None:
-                    self.status[i] = ("integer", k.op_type)
-                    integer.append(IntegerNode(label, n.op_type, k.op_type, kind))
-                    continue
-                main = next((x for x in opt if _base(x.name) == n.name), opt[0])
-                self.status[i] = ("float", main.op_type)
-                entry = FloatIsland(label, n.op_type, self._why(i, main), main.op_type, kind)
-                (movement if kind == "data movement" else islands).append(entry)
-                continue
-            # vanished: absorbed into a Q (Relu, Clip), fused into a neighbour, or removed
-            src = self._source(i)
-            if src is not None and src in self.status:
-                state, kernel = self.status[src]
-                text = f"fused into {kernel} {_label(q.nodes[src], src)!r}"
-                self.status[i] = (state, kernel)
-                if state == "integer":
-                    integer.append(IntegerNode(label, n.op_type, text, "fused"))
-                else:
-                    entry = FloatIsland(label, n.op_type, f"{text}, which runs in float", text, "fused")
-                    (movement if kind == "data movement" else islands).append(entry)
-            elif kind == "data movement" or n.op_type in ("Relu", "Clip", "Identity", "Dropout"):
-                self.status[i] = ("integer", "removed")
-                integer.append(IntegerNode(label, n.op_type, "removed by onnxruntime", "fused"))
+        for i in sorted(entries):
+            e = entries[i]
+            if isinstance(e, IntegerNode):
+                integer.append(e)
             else:
-                self.status[i] = ("float", "removed")
-                islands.append(FloatIsland(label, n.op_type, "removed by onnxruntime (merged with an identical node, "
-                                           "or folded); not traced to a kernel", "removed", "fused"))
+                (movement if e.kind == "data movement" else islands).append(e)
         qdq_left = Counter()
         for n in o.nodes:
             if n.op_type == "QuantizeLinear":
                 qdq_left["quantize"] += 1
             elif n.op_type == "DequantizeLinear":
                 qdq_left["dequantize_constant" if n.input[0] in o.constants else "dequantize"] += 1
-        added = Counter(o.nodes[j].op_type for j in self.unmapped if o.nodes[j].op_type not in _QUANT)
+        taken = {j for js in self.mapped.values() for j in js}
+        added = Counter(o.nodes[j].op_type for j in self.unmapped if j not in taken and o.nodes[j].op_type not in _QUANT)
         kernels = Counter(n.op_type for n in o.nodes)
         return Coverage(self.provider, integer, islands, movement, dict(qdq_left), dict(added), dict(kernels))
 
-    def _source(self, i: int) -> int | None:
-        """The compute node a vanished node was fused into: among the producers of its inputs
-        (through Q/DQ), a Conv/Gemm/MatMul (they absorb activations and sums), else the first."""
+    # ---- nodes absent from the optimized graph ----
+
+    def _value_map(self) -> None:
+        """QDQ-model value -> optimized-graph value: the same name where onnxruntime kept it, else the
+        value at the same slot of a node kept as the same op (onnxruntime renames the values around the
+        Q/DQ it fuses: a QuantizeLinear it kept reads the value under another name)."""
+        q, o = self.q, self.o
+        o_values = set(o.producer) | {v.name for v in o.graph.input} | o.constants
+        self.o_values = o_values
+        vmap: dict[str, str] = {}
+        for i, js in self.mapped.items():
+            n = q.nodes[i]
+            for j in js:
+                m = o.nodes[j]
+                if m.op_type != n.op_type or m.domain != n.domain:
+                    continue
+                for a, b in [*zip(n.input, m.input), *zip(n.output, m.output)]:
+                    if a and b:
+                        vmap.setdefault(a, b)
+        self.vmap = vmap
+
+    def _writer(self, name: str) -> int | None:
+        """The optimized node that computes the QDQ value ``name`` (through the layout nodes onnxruntime
+        added: Transpose, ReorderInput/ReorderOutput of NCHWc), or None."""
+        o = self.o
+        v = name if name in self.o_values else self.vmap.get(name)
+        j = o.producer.get(v) if v else None
+        for _ in range(4):
+            if j is None or j in self.owner or o.nodes[j].op_type not in _LAYOUT:
+                break
+            j = o.producer.get(_data_input(o.nodes[j]))
+        if j is None or o.nodes[j].op_type in _QUANT:
+            return None
+        return j
+
+    @functools.cached_property
+    def owner(self) -> dict[int, int]:
+        return {j: i for i, js in self.mapped.items() for j in js}
+
+    def _float_chain(self, j: int) -> list[int]:
+        """The unmapped float nodes that compute the value ``o.nodes[j]`` writes, back to mapped nodes,
+        Q/DQ or constants (an inlined function body: HardSigmoid, Mul for HardSwish)."""
+        o, seen, stack = self.o, [], [j]
+        while stack and len(seen) < 16:
+            k = stack.pop()
+            if k in seen or k in self.owner or o.nodes[k].op_type in _QUANT or _is_integer_kernel(o.nodes[k]):
+                continue
+            seen.append(k)
+            stack += [p for x in o.nodes[k].input if x and x not in o.constants
+                      for p in [o.producer.get(x)] if p is not None]
+        return sorted(seen)
+
+    def _inlined(self, i: int, chain: list[int]) -> bool:
+        """``chain`` does exactly node ``i``'s work: onnxruntime names it after the function it inlined
+        (``_inlfunc_<Op>``), or it reads nothing but ``i``'s own inputs."""
+        q, o, n = self.q, self.o, self.q.nodes[i]
+        tag = f"_inlfunc_{n.op_type}"
+        if any(o.nodes[k].name.startswith(tag) or any(y.startswith(tag) for y in o.nodes[k].output) for k in chain):
+            return True
+        own = {self.vmap.get(x, x) for x in n.input if x}
+        made = {y for k in chain for y in o.nodes[k].output}
+        outside = {x for k in chain for x in o.nodes[k].input if x and x not in made and x not in o.constants}
+        return bool(outside) and outside <= own
+
+    def _resolve(self, i: int, depth: int) -> tuple[str, str]:
+        """The status of a node absent from the optimized graph, from (1) the kernel that writes its
+        output: an inlined function body (HardSwish as HardSigmoid+Mul), a float fusion onnxruntime added
+        (BiasGelu; the nodes behind it that vanished too are fused into it), an integer kernel that
+        absorbed it; else (2) the kernel of a consumer that reads the node's own inputs (an Add absorbed
+        into SkipLayerNormalization); else (3) its producer's kernel, reached without passing a
+        QuantizeLinear/DequantizeLinear: integer only when the node's outputs feed nothing but the
+        QuantizeLinears that kernel absorbed (Relu/Clip into QLinearConv), or nodes fused the same way."""
+        if i in self.entries:
+            return self.status[i]
+        if i in self.status:  # on the path being resolved: a cycle guard
+            return self.status[i]
+        q, o, n = self.q, self.o, self.q.nodes[i]
+        kind, label = self.kinds[i], _label(n, i)
+        fused_kind = "data movement" if kind == "data movement" else "fused"
+        self.status[i] = ("float", "?")
+
+        def fused(state, where, j, text=None):
+            text = text or f"fused into {where}"
+            if state == "integer":
+                return self._set(i, state, where, j, IntegerNode(label, n.op_type, text, fused_kind))
+            return self._set(i, state, where, j, FloatIsland(label, n.op_type, f"{text}, which runs in float", text,
+                                                             fused_kind))
+
+        if depth > 200:
+            return self._set(i, "float", "removed", None, FloatIsland(label, n.op_type, "not traced to a kernel",
+                                                                      "removed", fused_kind))
+        # (1) the kernel that writes the node's output
+        j = next((w for y in n.output if y for w in [self._writer(y)] if w is not None), None)
+        if j is not None:
+            w = o.nodes[j]
+            src = self.owner.get(j)
+            if src is not None:
+                if src in self.entries:
+                    state, where = self.status[src]
+                else:
+                    state, where = ("integer" if _is_integer_kernel(w) else "float"), \
+                        f"{w.op_type} {_label(q.nodes[src], src)!r}"
+                return fused(state, where, j)
+            if _is_integer_kernel(w):
+                return fused("integer", w.op_type, j)
+            chain = self._float_chain(j)
+            ops = "+".join(o.nodes[k].op_type for k in chain) or w.op_type
+            for k in chain:
+                self.mapped.setdefault(i, []).append(k)
+                self.owner[k] = i
+            if self._inlined(i, chain):
+                return self._set(i, "float", f"{ops} {label!r}", j, FloatIsland(
+                    label, n.op_type, self._why(i, o.nodes[chain[-1] if chain else j]), ops, kind))
+            out = fused("float", ops, j, f"fused into {ops}")
+            self.entries[i] = dataclasses.replace(self.entries[i], reason=f"fused by onnxruntime into float {ops}")
+            self._fuse_behind(i, j, ops)
+            return out
+        # (2) a consumer whose kernel reads this node's inputs absorbed it
+        own = {self.vmap.get(x, x) for x in n.input if x and x not in q.constants}
+        feeds = []
+        for y in n.output:
+            for c in q.consumers.get(y, []):
+                if q.nodes[c].op_type in _QUANT:
+                    feeds.append(("quant", c))
+                    continue
+                if self.kinds.get(c) in ("constant", "shape"):
+                    continue
+                state, where = self._resolve(c, depth + 1)
+                feeds.append((state, c))
+                if i in self.entries:  # resolved on the way (fused behind a kernel found downstream)
+                    return self.status[i]
+                k = self.kernel_at.get(c)
+                if k is not None and where not in ("?", "removed") and own & set(o.nodes[k].input):
+                    return fused(state, where, k)
+        # (3) the producer, not across a QuantizeLinear/DequantizeLinear
+        src = self._producer(i)
+        if src is not None:
+            state, where = self._resolve(src, depth + 1)
+            if where not in ("?", "removed"):
+                quiet = all((s == "quant" and c not in self.mapped) or s == "integer" for s, c in feeds)
+                if state == "integer" and not quiet:
+                    return self._set(i, "float", "removed", None, FloatIsland(
+                        label, n.op_type, f"not fused into {where}: its output feeds a float node", "removed",
+                        fused_kind))
+                return fused(state, where, self.kernel_at.get(src))
+        if kind == "data movement" or n.op_type in ("Identity", "Dropout"):
+            return self._set(i, "integer", "removed", None, IntegerNode(label, n.op_type, "removed by onnxruntime",
+                                                                        "data movement"))
+        return self._set(i, "float", "removed", None, FloatIsland(
+            label, n.op_type, "removed by onnxruntime (merged with an identical node, or folded); not traced to a "
+            "kernel", "removed", "fused"))
+
+    def _fuse_behind(self, i: int, j: int, ops: str) -> None:
+        """The nodes behind node ``i`` that vanished too, back to values the float kernel ``j`` (added by
+        onnxruntime) reads or constants: fused into it (the bias Add and the Erf-GELU before BiasGelu)."""
+        q, o = self.q, self.o
+        reads = set()
+        for k in self.mapped.get(i, [j]):
+            reads |= {x for x in o.nodes[k].input if x}
+        stack = [x for x in q.nodes[i].input if x]
+        while stack:
+            x = stack.pop()
+            if x in q.constants or x in reads or self.vmap.get(x) in reads or x in self.o_values:
+                continue
+            p = q.producer.get(x)
+            if p is None or p in self.entries or self.kinds.get(p) not in ("compute", "data movement"):
+                continue
+            pn = q.nodes[p]
+            text = f"fused into {ops}"
+            self._set(p, "float", ops, j, FloatIsland(_label(pn, p), pn.op_type, f"fused by onnxruntime into float "
+                                                      f"{ops}", text, "data movement" if self.kinds[p] ==
+                                                      "data movement" else "fused"))
+            stack += [y for y in pn.input if y]
+
+    def _set(self, i: int, state: str, where: str, kernel: int | None, entry) -> tuple[str, str]:
+        self.status[i] = (state, where)
+        self.entries[i] = entry
+        if kernel is not None:
+            self.kernel_at[i] = kernel
+        return self.status[i]
+
+    def _producer(self, i: int) -> int | None:
+        """The node whose kernel could have absorbed node ``i``: the producer of one of its inputs, reached
+        without passing a QuantizeLinear/DequantizeLinear (Conv/Gemm/MatMul first: they absorb activations
+        and sums)."""
         q = self.q
         found = []
         for x in q.nodes[i].input:
-            while x and x not in q.constants:
-                k = q.producer.get(x)
-                if k is None:
-                    break
-                if q.nodes[k].op_type in ("QuantizeLinear", "DequantizeLinear"):
-                    x = q.nodes[k].input[0]
-                    continue
-                found.append(k)
-                break
+            if not x or x in q.constants:
+                continue
+            k = q.producer.get(x)
+            if k is None or q.nodes[k].op_type in _QUANT or self.kinds.get(k) in ("constant", "shape"):
+                continue
+            found.append(k)
         return next((k for k in found if q.nodes[k].op_type in _FUSION_TARGETS), found[0] if found else None)
+
 
     # ---- why a node stayed float ----
 
