@@ -170,6 +170,11 @@ class QuantPlan:
     rules: TargetRules
     absorbed: dict[str, str] = dataclasses.field(default_factory=dict)
 
+    @property
+    def empty(self) -> bool:
+        """Nothing is quantized (apply_plan then leaves the model as it is, opset included)."""
+        return not self.nodes and not self.params
+
     def as_dict(self) -> dict:
         return {
             "target": self.rules.target,
@@ -758,8 +763,21 @@ def calibration_tensors(model: ir.Model, rules: TargetRules, *, exclude: Iterabl
     """The float tensors whose calibrated (lo, hi) ranges ``make_plan`` needs, in graph order (the
     values a Relu/Clip is absorbed into are listed too: if the calibrated range makes the absorption
     inexact, make_plan undoes it and quantizes the value on its own range). ``use_costs``
-    overrides ``rules.use_costs`` (pass make_plan the same)."""
-    return list(_structure(model, _with_costs(rules, use_costs), exclude).needs_range)
+    overrides ``rules.use_costs`` (pass make_plan the same). Raises UsageError up front when the
+    QDQ model needs a higher opset (per channel: 13; per tensor: 10) that :func:`raise_opset`
+    cannot reach exactly (the reason names the op)."""
+    s = _structure(model, _with_costs(rules, use_costs), exclude)
+    if _needs_opset(rules, opsets_of(model)[""], bool(s.nodes)) and (why := opset_refusal(model, rules.opset)):
+        raise UsageError(why)
+    return list(s.needs_range)
+
+
+def _needs_opset(rules: TargetRules, opset: int, quantizes: bool) -> bool:
+    """Whether the QDQ model needs the standard domain raised to ``rules.opset``: not when nothing
+    is quantized, nor per tensor from opset 10 (QuantizeLinear-10 has no axis, needs none)."""
+    if not quantizes or opset >= rules.opset:
+        return False
+    return rules.per_channel or opset < 10
 
 
 def activation_params(lo: float, hi: float) -> tuple[np.float32, np.uint8]:
@@ -855,6 +873,7 @@ _TYPES_ONLY = frozenset({
     "Shape", "Sigmoid", "Sign", "Size", "Slice", "SpaceToDepth", "Sqrt", "Sub", "Sum", "Tanh", "Tile",
     "Transpose", "Where", "Xor", "Range", "TopK", "CumSum", "Einsum", "Celu", "HardSigmoid", "LeakyRelu",
     "Sin", "Cos", "Tan", "Softplus", "Softsign", "HardSwish", "Elu", "Selu", "PRelu", "Dropout",
+    "LRN", "MeanVarianceNormalization",
 })
 
 
@@ -888,15 +907,114 @@ def _coerced_softmax(node: ir.Node) -> None:
     graph.remove(node, safe=True)
 
 
-def raise_opset(model: ir.Model, version: int = 13) -> list[str]:
-    """Raise the standard domain's import to ``version`` (>= the current one) in place, carrying
-    over the ops whose definition changed (Squeeze/Unsqueeze/ReduceSum axes and Split's split become
-    inputs; Softmax family only along the last axis; Dropout's ratio attribute becomes its input).
-    Value names are kept. Returns the op types converted; raises UsageError where a node cannot be
-    carried over exactly."""
-    old = opsets_of(model)[""]
+# Ops whose definition before opset 11 (10 for Slice and TopK, 9 for BatchNormalization) differs in
+# more than types; carried over by _old_form, or refused with the reason.
+_OLD_FORMS = {"Pad": 11, "Clip": 11, "Slice": 10, "TopK": 10, "Resize": 11, "Upsample": 99, "Scatter": 11,
+              "BatchNormalization": 9}
+_SLOT_NAMES = {"Pad": {1: "pads", 2: "constant_value"}, "Clip": {1: "min", 2: "max"},
+               "Slice": {1: "starts", 2: "ends", 3: "axes"}, "TopK": {1: "k"}, "Resize": {1: "roi", 2: "scales"}}
+MIN_OPSET = 7  # below this, binary ops had legacy broadcast attributes: refused
+
+
+def _elem_dtype(value: ir.Value | None, opsets) -> np.dtype | None:
+    if value is None:
+        return None
+    if value.type is None:
+        infer(value, opsets)
+    if isinstance(value.type, ir.TensorType):
+        try:
+            return np.dtype(value.type.dtype.numpy())
+        except Exception:  # noqa: BLE001 - no numpy counterpart (string, ...)
+            return None
+    return None
+
+
+def _attr(node: ir.Node, name: str, default=None):
+    a = node.attributes.get(name)
+    return default if a is None else a.value
+
+
+def _old_form(node: ir.Node, old: int, opsets):
+    """How a node defined before opset 11 in another form is carried over: (new op type, {input
+    slot: numpy array}, attributes to drop, attributes to set), or a reason string (refused)."""
+    op = node.op_type
+    if op == "Pad":  # Pad-2: pads and value attributes -> inputs 1 and 2
+        pads = _attr(node, "pads")
+        if pads is None:
+            return "Pad-2 without pads"
+        value = float(_attr(node, "value", 0.0))
+        ins = {1: np.array(list(pads), dtype=np.int64)}
+        if value != 0.0:
+            dt = _elem_dtype(node.inputs[0], opsets)
+            if dt is None:
+                return "Pad-2 with a padding value on an input of unknown type"
+            ins[2] = np.array(value, dtype=dt)
+        return op, ins, ("pads", "value"), {}
+    if op == "Clip":  # Clip-6: min and max attributes -> inputs 1 and 2
+        ins = {}
+        dt = _elem_dtype(node.inputs[0], opsets)
+        for slot, name in ((1, "min"), (2, "max")):
+            v = _attr(node, name)
+            if v is not None:
+                if dt is None or dt.kind != "f":
+                    return "Clip-6 bounds on an input that is not known to be float"
+                ins[slot] = np.array(v, dtype=dt)
+        return op, ins, ("min", "max"), {}
+    if op == "Slice":  # Slice-1: starts, ends, axes attributes -> inputs 1, 2, 3
+        starts, ends = _attr(node, "starts"), _attr(node, "ends")
+        if starts is None or ends is None:
+            return "Slice-1 without starts/ends"
+        ins = {1: np.array(list(starts), np.int64), 2: np.array(list(ends), np.int64)}
+        axes = _attr(node, "axes")
+        if axes is not None:
+            ins[3] = np.array(list(axes), np.int64)
+        return op, ins, ("starts", "ends", "axes"), {}
+    if op == "TopK":  # TopK-1: k attribute -> input 1
+        k = _attr(node, "k")
+        if k is None:
+            return "TopK-1 without k"
+        return op, {1: np.array([int(k)], np.int64)}, ("k",), {}
+    if op == "Scatter":  # deprecated in 11: ScatterElements-11 is the same operator
+        return "ScatterElements", {}, (), {}
+    if op == "BatchNormalization":  # BatchNormalization-7's spatial=1 is what 9 always does
+        if int(_attr(node, "spatial", 1)) != 1:
+            return "BatchNormalization-7 with spatial=0 has no later form"
+        return op, {}, ("spatial",), {}
+    if op in ("Resize", "Upsample"):  # Resize-10/Upsample: Resize-11 with asymmetric coordinates
+        if op == "Upsample" and _since(op, old) == 7:
+            scales = _attr(node, "scales")
+            scales = None if scales is None else np.array(list(scales), np.float32)
+        else:
+            t = constant_tensor(node.inputs[1]) if len(node.inputs) > 1 else None
+            scales = None if t is None else np.asarray(t.numpy(), dtype=np.float32)
+        if scales is None:
+            return f"{op} before opset 11 with scales that are not a constant"
+        mode = _attr(node, "mode", "nearest")
+        mode = mode.decode() if isinstance(mode, bytes) else mode
+        if mode == "bilinear":
+            mode = "linear"
+        sets = {"mode": mode, "coordinate_transformation_mode": "asymmetric"}
+        if mode == "nearest":
+            if not np.all(scales >= 1):  # onnxruntime rounds a downscale up, an upscale down
+                return f"nearest {op} before opset 11 that scales down"
+            sets["nearest_mode"] = "floor"
+        elif mode != "linear":
+            return f"{op} mode {mode!r} before opset 11"
+        return "Resize", {1: np.zeros(0, np.float32), 2: scales}, ("scales", "mode"), sets
+    return f"{op} changed before opset 11"
+
+
+def _conversions(model: ir.Model, version: int) -> list:
+    """What raising the standard domain to ``version`` does to each node that changed: a list of
+    (node, how), how being "axes"/"softmax"/a _old_form tuple; raises UsageError (one line, naming
+    the op and node) for a node that cannot be carried over exactly. Changes nothing."""
+    opsets = opsets_of(model)
+    old = opsets[""]
     if old >= version:
         return []
+    if old < MIN_OPSET:
+        raise UsageError(f"cannot raise the opset from {old} to {version}: opsets below {MIN_OPSET} are not "
+                         f"converted (convert the model with onnx.version_converter first)")
     plans = []
     ranks: dict[str, int] | None = None
 
@@ -921,49 +1039,98 @@ def raise_opset(model: ir.Model, version: int = 13) -> list[str]:
             a, b = _since(node.op_type, old), _since(node.op_type, version)
             if a == b:
                 continue
-            if node.op_type in _AXES_TO_INPUT or node.op_type == "Dropout":
-                plans.append(node)
+            if node.op_type in _OLD_FORMS and a is not None and a < _OLD_FORMS[node.op_type]:
+                how = _old_form(node, old, opsets)
+                if isinstance(how, str):
+                    raise UsageError(f"cannot raise the opset from {old} to {version}: {node.op_type} "
+                                     f"{node.name!r}: {how} (convert the model to opset 11 first)")
+                plans.append((node, how))
+            elif node.op_type in _AXES_TO_INPUT or node.op_type == "Dropout":
+                plans.append((node, "axes"))
             elif node.op_type in _LAST_AXIS_ONLY:
                 axis = node.attributes.get("axis")
                 axis = 1 if axis is None else int(axis.value)
                 rank = rank_of(node.inputs[0])
                 if not (axis == -1 or (rank is not None and axis in (rank - 1, -1))):
-                    plans.append(node)  # Flatten(axis) -> op(axis=1) -> Reshape(Shape(x)): the old meaning
+                    plans.append((node, "softmax"))  # Flatten(axis) -> op(axis=1) -> Reshape(Shape(x))
             elif node.op_type not in _TYPES_ONLY:
                 raise UsageError(f"cannot raise the opset from {old} to {version}: {node.op_type} {node.name!r} "
                                  f"changed in between")
+    return plans
+
+
+def _const_input(node: ir.Node, slot: int, array: np.ndarray, suffix: str) -> None:
+    """Set ``node``'s input ``slot`` to a new initializer holding ``array`` (inputs before it that
+    are missing become empty)."""
+    graph = node.graph
+    base = f"{node.name or node.op_type}_{suffix}"
+    taken = set(graph.initializers) | {v.name for n in graph for v in n.outputs if v is not None} \
+        | {v.name for v in graph.inputs}
+    name, k = base, 0
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
+                     const_value=ir.Tensor(array, name=name))
+    graph.register_initializer(value)
+    if len(node.inputs) <= slot:
+        node.resize_inputs(slot + 1)
+    node.replace_input_with(slot, value)
+
+
+def opset_refusal(model: ir.Model, version: int = 13) -> str | None:
+    """Why :func:`raise_opset` would refuse ``model`` (a one-line reason), or None; changes
+    nothing. Lets a caller refuse before calibrating."""
+    try:
+        _conversions(model, version)
+    except UsageError as exc:
+        return str(exc)
+    return None
+
+
+def raise_opset(model: ir.Model, version: int = 13) -> list[str]:
+    """Raise the standard domain's import to ``version`` (>= the current one) in place, carrying
+    over the ops whose definition changed (Squeeze/Unsqueeze/ReduceSum axes and Split's split become
+    inputs; Softmax family only along the last axis; Dropout's ratio attribute becomes its input;
+    below opset 11: Pad-2's pads/value, Clip-6's min/max, Slice-1's starts/ends/axes and TopK-1's k
+    become inputs, Scatter becomes ScatterElements, BatchNormalization-7 loses spatial=1, Resize-10
+    and Upsample with constant scales become Resize-11 with asymmetric coordinates (nearest: only
+    upscaling, floor)). Value names are kept. Returns the op types converted; raises UsageError,
+    before changing anything, where a node cannot be carried over exactly (opsets below 7 are
+    refused)."""
+    old = opsets_of(model)[""]
+    if old >= version:
+        return []
+    plans = _conversions(model, version)
     converted = []
-    for node in plans:
+    for node, how in plans:
         op = node.op_type
-        if op in _LAST_AXIS_ONLY:
+        if how == "softmax":
             _coerced_softmax(node)
+            converted.append(op)
+            continue
+        if isinstance(how, tuple):
+            new_op, inputs, drop, sets = how
+            for name in drop:
+                node.attributes.pop(name, None)
+            for name, v in sets.items():
+                node.attributes[name] = ir.AttrString(name, v)
+            if op in ("Resize", "Upsample") and len(node.inputs) > 1:
+                node.resize_inputs(1)  # (the scales move to slot 2)
+            for slot, array in sorted(inputs.items()):
+                _const_input(node, slot, array, _SLOT_NAMES.get(new_op, {}).get(slot, f"input{slot}"))
+            node.op_type = new_op
             converted.append(op)
             continue
         attr_name = "ratio" if op == "Dropout" else _AXES_TO_INPUT[op]
         attr = node.attributes.pop(attr_name, None)
         if attr is None:
             continue
-        graph = node.graph
         if op == "Dropout":
             array = np.array(attr.value, dtype=np.float32)
         else:
             array = np.array(list(attr.value), dtype=np.int64)
-        name = f"{node.name or op}_{attr_name}"
-        taken = {v.name for v in graph.initializers.values()}
-        k = 0
-        while name in taken:
-            k += 1
-            name = f"{node.name or op}_{attr_name}_{k}"
-        value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
-                         const_value=ir.Tensor(array, name=name))
-        graph.register_initializer(value)
-        inputs = list(node.inputs)
-        slot = 1
-        while len(inputs) <= slot:
-            inputs.append(None)
-        inputs[slot] = value
-        node.resize_inputs(len(inputs))
-        node.replace_input_with(slot, value)
+        _const_input(node, 1, array, attr_name)
         converted.append(op)
     model.opset_imports[""] = version
     model.opset_imports.pop("ai.onnx", None)
@@ -995,12 +1162,7 @@ def apply_plan(model: ir.Model, plan: QuantPlan, *, strict: bool | None = None, 
     for i, node in enumerate(model.graph):
         node.metadata_props[qdq.PLAN_KEY] = node_key(node, i)
     old_opset = opsets_of(model)[""]
-    try:
-        converted = raise_opset(model, plan.rules.opset)
-    except UsageError:
-        if plan.rules.per_channel:
-            raise
-        converted = []  # per-tensor QDQ is valid from opset 10
+    converted = raise_opset(model, plan.rules.opset) if _needs_opset(plan.rules, old_opset, not plan.empty) else []
     qdq.quantize_graph_inputs(model, plan)
     result = pipeline.run(model, qdq.QDQ_RULES, options={"quant_plan": plan, **qdq.options_for(model, plan)},
                           strict=strict_default(strict))
