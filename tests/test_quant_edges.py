@@ -187,3 +187,124 @@ def test_lrn_mvn_types_only_from_11():
     assert {o.domain: o.version for o in out.opset_import}[""] == 13
     feed = {"x": _w(rng, 1, 4, 5, 6)}
     np.testing.assert_array_equal(_run(m, feed)["y"], _run(out, feed)["y"])
+
+
+# --- 2. non-finite constant operands ------------------------------------------------------------
+
+
+def test_non_finite_constant_operand_stays_float():
+    """Where(mask, -inf, conv) -> Softmax: the Where stays float (a quantized -inf saturates to the
+    lowest level and the masked positions get probability); so does an Add of +inf. The Conv is
+    still quantized."""
+    rng = np.random.default_rng(7)
+    nodes = [helper.make_node("Conv", ["x", "A"], ["m"], name="conv"),
+             helper.make_node("Where", ["mask", "ninf", "m"], ["w"], name="where"),
+             helper.make_node("Softmax", ["w"], ["y"], axis=-1, name="sm"),
+             helper.make_node("Add", ["m", "pinf"], ["z"], name="add_inf"),
+             helper.make_node("Mul", ["m", "half"], ["h"], name="mul_ok")]
+    g = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 1, 32]),
+                     helper.make_tensor_value_info("mask", TensorProto.BOOL, [2, 16, 1, 32])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 16, 1, 32]) for n in ("y", "z", "h")],
+        [numpy_helper.from_array(_w(rng, 16, 8, 1, 1), "A"), numpy_helper.from_array(np.array(-np.inf, np.float32), "ninf"),
+         numpy_helper.from_array(np.array([np.inf], np.float32), "pinf"),
+         numpy_helper.from_array(np.array(0.5, np.float32), "half")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    mask = np.zeros((2, 16, 1, 32), bool)
+    mask[..., 16:] = True
+    feeds = [{"x": _w(rng, 2, 8, 1, 32), "mask": mask} for _ in range(4)]
+    plan, _, q = _plan_apply(m, feeds)
+    assert "not finite" in plan.skipped["where"] and "not finite" in plan.skipped["add_inf"]
+    assert "where" not in plan.nodes and "add_inf" not in plan.nodes
+    assert {"conv", "mul_ok"} <= set(plan.nodes)
+    out = _run(q, feeds[0])
+    assert out["y"][..., 16:].max() == 0.0  # the masked positions keep no probability
+    assert np.all(np.isposinf(out["z"]))
+
+
+# --- 3. values onnx cannot type (contrib ops) ---------------------------------------------------
+
+
+def _gelu_model():
+    rng = np.random.default_rng(8)
+    nodes = [helper.make_node("MatMul", ["x", "A"], ["a"], name="mm1"),
+             helper.make_node("Gelu", ["a"], ["g"], domain="com.microsoft", name="gelu"),
+             helper.make_node("MatMul", ["g", "B"], ["y"], name="mm2")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S", 32])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", "S", 16])],
+                          [numpy_helper.from_array(_w(rng, 32, 64) * 0.2, "A"),
+                           numpy_helper.from_array(_w(rng, 64, 16) * 0.2, "B")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("com.microsoft", 1)])
+
+
+def test_untyped_value_after_a_contrib_op():
+    m = _gelu_model()
+    feeds = _feeds(4, (2, 5, 32))
+    plan, _, _ = _plan_apply(m, feeds)
+    assert plan.nodes == ["mm1"]
+    assert "unknown type" in plan.skipped["mm2"] and "not float32" not in plan.skipped["mm2"]
+    plan, _, q = _plan_apply(m, feeds, dtypes={"g": TensorProto.FLOAT})
+    assert plan.nodes == ["mm1", "mm2"] and "g" in plan.params
+    feed = _feeds(1, (2, 5, 32), seed=5)[0]
+    assert _sqnr(_run(m, feed)["y"], _run(q, feed)["y"]) > 25
+    # mm2's weight is int8 behind a DequantizeLinear: no float copy of B is left
+    assert "B" not in {i.name for i in q.graph.initializer}
+    # typed otherwise (an int64 output): not float, said so
+    plan, _, _ = _plan_apply(m, feeds, dtypes={"g": TensorProto.INT64})
+    assert plan.skipped["mm2"] == "input is not float32"
+
+
+# --- 4. initializers also listed as graph inputs ------------------------------------------------
+
+
+def test_initializer_graph_input_left_float_and_opset_kept():
+    rng = np.random.default_rng(9)
+    g = helper.make_graph([helper.make_node("Gemm", ["x", "W", "b"], ["y"], name="gemm")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8]),
+                           helper.make_tensor_value_info("W", TensorProto.FLOAT, [8, 4]),
+                           helper.make_tensor_value_info("b", TensorProto.FLOAT, [4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 4])],
+                          [numpy_helper.from_array(_w(rng, 8, 4), "W"), numpy_helper.from_array(_w(rng, 4), "b")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 11)], ir_version=3)
+    plan, stats, q = _plan_apply(m, _feeds(2, (4, 8)))
+    assert plan.empty and plan.nodes == [] and plan.params == {}
+    assert "'W'" in plan.skipped["gemm"] and "graph input" in plan.skipped["gemm"]
+    assert stats["opset"] == [11, 11]  # nothing quantized: the opset is not raised
+    assert not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in q.graph.node)
+
+
+# --- 5. the cost reason --------------------------------------------------------------------------
+
+
+def test_cost_reason_does_not_contradict_itself():
+    """int8 kernel 0.62x the float layer, 1.33x with its Q/DQ: the reason says both, as such."""
+    f = {"op": "Add", "form": "const", "n": 1024}
+    t = {"float_us": 10.0, "int8_us": 6.2, "q_in_us": 3.0, "dq_in_us": 0.0, "q_out_us": 0.0, "dq_out_us": 4.1}
+    table = qplan.CostTable({"decide_threads": "1",
+                             "entries": {qplan.config_key(f): {"fields": f, "threads": {"1": t, "default": t}}}})
+    g = helper.make_graph([helper.make_node("Add", ["x", "c"], ["y"], name="add")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 16, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 16, 16])],
+                          [numpy_helper.from_array(np.array(3.0, np.float32), "c")])
+    m = io.to_ir(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]))
+    reason = qplan.cost_decision(next(iter(m.graph)), qplan.opsets_of(m), table, input_quantized=False,
+                                 float_reader=True, quant_reader=False)
+    assert reason is not None
+    assert "kernel 0.62x the float layer, but 1.33x with the Q/DQ" in reason
+    assert "faster than" not in reason and "slower than" not in reason
+
+
+# --- 8. exclude entries that match nothing ------------------------------------------------------
+
+
+def test_unmatched_exclude_entries():
+    m = _old_cnn(10)
+    model = io.to_ir(m)
+    rules = qplan.target_rules("portable", use_costs=False)
+    tensors = qplan.calibration_tensors(model, rules)
+    ranges = _minmax(m, tensors, _feeds())
+    plan = qplan.make_plan(model, ranges, rules, exclude=["conv2", "Relu", "Pad", "no_such_node"])
+    assert plan.unmatched_exclude == ["Relu", "no_such_node"]
+    assert plan.skipped["conv2"] == "excluded by the user"
+    assert plan.as_dict()["unmatched_exclude"] == ["Relu", "no_such_node"]
+    assert qplan.make_plan(model, ranges, rules).unmatched_exclude == []

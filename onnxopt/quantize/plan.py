@@ -162,6 +162,8 @@ class QuantPlan:
     nodes: names of the nodes that run quantized (compute and data-movement), in graph order.
     absorbed: Relu/Clip node name -> the tensor it is absorbed into.
     skipped: name of each float compute node left float -> why.
+    unmatched_exclude: the ``exclude`` entries that named no node (name or plan key), op type or
+        source node name (sorted), for the caller to warn about.
     """
 
     params: dict[str, tuple[np.float32, np.uint8]]
@@ -169,6 +171,7 @@ class QuantPlan:
     skipped: dict[str, str]
     rules: TargetRules
     absorbed: dict[str, str] = dataclasses.field(default_factory=dict)
+    unmatched_exclude: list[str] = dataclasses.field(default_factory=list)  # matched no node, op or source
 
     @property
     def empty(self) -> bool:
@@ -183,6 +186,7 @@ class QuantPlan:
             "nodes": list(self.nodes),
             "absorbed": dict(self.absorbed),
             "skipped": dict(self.skipped),
+            "unmatched_exclude": list(self.unmatched_exclude),
         }
 
 
@@ -192,12 +196,31 @@ def node_key(node: ir.Node, index: int) -> str:
     return node.name or f"{node.op_type}#{index}"
 
 
-def _is_float(value: ir.Value | None, opsets) -> bool:
+def _dtype(value: ir.Value | None, opsets, dtypes: Mapping[str, int] | None = None) -> ir.DataType | None:
+    """``value``'s element type: inferred, else from ``dtypes`` (onnx element types by value name,
+    e.g. an onnxruntime session's), else None (unknown: after a contrib op onnx cannot infer)."""
     if value is None:
-        return False
+        return None
     if value.type is None:
         infer(value, opsets)
-    return isinstance(value.type, ir.TensorType) and value.type.dtype == _FLOAT
+    if isinstance(value.type, ir.TensorType) and value.type.dtype != ir.DataType.UNDEFINED:
+        return value.type.dtype
+    if dtypes and value.name in dtypes:
+        return ir.DataType(int(dtypes[value.name]))
+    return None
+
+
+def _is_float(value: ir.Value | None, opsets, dtypes: Mapping[str, int] | None = None) -> bool:
+    return _dtype(value, opsets, dtypes) == _FLOAT
+
+
+def _not_float(values, opsets, dtypes, what: str = "input") -> str:
+    """Why ``values`` are not all known float32: unknown types are said so, not called "not float32"."""
+    for v in values:
+        if v is not None and _dtype(v, opsets, dtypes) is None:
+            return (f"{what} {v.name!r} has an unknown type (made by an op onnx cannot infer; give make_plan "
+                    f"the value dtypes to quantize after it)")
+    return f"{what} is not float32"
 
 
 def _readers(value: ir.Value) -> int:
@@ -254,14 +277,22 @@ def _clip_bounds(node: ir.Node, opsets) -> tuple[float, float] | str:
     return bounds[0], bounds[1]
 
 
-def _anchor_refusal(node: ir.Node, opsets) -> str | None:
+def _fed_initializer(value: ir.Value | None) -> bool:
+    return value is not None and value.is_graph_input() and value.const_value is not None
+
+
+def _anchor_refusal(node: ir.Node, opsets, dtypes: Mapping[str, int] | None = None) -> str | None:
     x = node.inputs[0] if node.inputs else None
-    if not _is_float(x, opsets):
-        return "input is not float32"
+    if not _is_float(x, opsets, dtypes):
+        return _not_float([x], opsets, dtypes)
     if constant_tensor(x) is not None:
         return "its activation input is a constant"
     w = node.inputs[1] if len(node.inputs) > 1 else None
     wt = constant_tensor(w)
+    for v, what in ((w, "weight"), (node.inputs[2] if len(node.inputs) > 2 else None, "bias")):
+        if _fed_initializer(v):
+            return (f"its {what} {v.name!r} is an initializer also listed as a graph input (the caller may feed "
+                    f"it): kept float; remove it from the graph inputs to quantize it")
     if wt is None:
         if node.op_type == "MatMul":
             return ("activation x activation MatMul stays float (attention scores: small products, "
@@ -492,10 +523,6 @@ def load_costs(path: str | None = None) -> CostTable:
     return CostTable(data)
 
 
-def _times(x: float) -> str:
-    return f"{x:.2f}x slower than" if x >= 1.0 else f"only {100 * (1 - x):.0f}% faster than"
-
-
 def _describe(fields: Mapping) -> str:
     if fields["op"] == "Conv":
         return (f"{fields['form']} Conv {fields['kernel']} stride {fields['stride']}"
@@ -521,9 +548,11 @@ def cost_decision(node: ir.Node, opsets, table: CostTable, *, input_quantized: b
     flt = 1.0 + (c.dq_in if input_quantized else 0.0) + (c.q_out if quant_reader else 0.0)
     if int8 <= (1.0 - MIN_GAIN) * flt:
         return None
-    return (f"int8 measured {_times(c.int8)} float on ort-cpu for {_describe(fields)} "
-            f"({int8:.2f} vs {flt:.2f} of the float layer with the Q/DQ its neighbours need; "
-            f"{c.label()}; onnxopt/quantize/ort_cpu_costs.json)")
+    but = "but" if c.int8 <= 1.0 - MIN_GAIN else "and"
+    return (f"int8 measured on ort-cpu for {_describe(fields)}: kernel {c.int8:.2f}x the float layer, {but} "
+            f"{int8 / flt:.2f}x with the Q/DQ its float neighbours need ({int8:.2f} vs {flt:.2f} float-layer "
+            f"times; int8 must be at least {100 * MIN_GAIN:.0f}% faster; {c.label()}; "
+            f"onnxopt/quantize/ort_cpu_costs.json)")
 
 
 def _sources(node: ir.Node) -> tuple[str, ...]:
@@ -542,20 +571,20 @@ def _sources(node: ir.Node) -> tuple[str, ...]:
 
 
 def _structure(model: ir.Model, rules: TargetRules, exclude: Iterable[str], no_absorb: frozenset = frozenset(),
-               costly: Mapping[str, str] | None = None) -> _Structure:
+               costly: Mapping[str, str] | None = None, dtypes: Mapping[str, int] | None = None) -> _Structure:
     """The plan's structure; with ``rules.use_costs`` the cost table's decisions are made by a
     fixpoint: each round, every quantized Conv/MatMul/Gemm, Add/Mul, GlobalAveragePool, Sigmoid is
     judged by :func:`cost_decision` with its neighbours as that round's plan has them (is its input
     quantized anyway; does a float node, a quantized node read its output), and those that do not
     pay are left float in the next round; it ends when a round leaves nothing more float."""
     if not rules.use_costs or costly is not None:
-        return _structure_once(model, rules, exclude, no_absorb, costly or {})
+        return _structure_once(model, rules, exclude, no_absorb, costly or {}, dtypes)
     table = load_costs()
     opsets = opsets_of(model)
     costly: dict[str, str] = {}
     keys = {node: node_key(node, i) for i, node in enumerate(model.graph)}
     while True:  # each round leaves float what does not pay in the last round's plan; monotone
-        s = _structure_once(model, rules, exclude, no_absorb, costly)
+        s = _structure_once(model, rules, exclude, no_absorb, costly, dtypes)
         absorbed = set(s.absorbed)
 
         def quantized(n: ir.Node | None) -> bool:
@@ -598,7 +627,7 @@ def _structure(model: ir.Model, rules: TargetRules, exclude: Iterable[str], no_a
 
 
 def _structure_once(model: ir.Model, rules: TargetRules, exclude: Iterable[str], no_absorb: frozenset,
-                    costly: Mapping[str, str]) -> _Structure:
+                    costly: Mapping[str, str], dtypes: Mapping[str, int] | None = None) -> _Structure:
     exclude = frozenset(exclude)
     opsets = opsets_of(model)
     graph = model.graph
@@ -623,7 +652,7 @@ def _structure_once(model: ir.Model, rules: TargetRules, exclude: Iterable[str],
         if excluded(node):
             s.skipped[keys[node]] = "excluded by the user"
             continue
-        reason = _anchor_refusal(node, opsets) or costly.get(keys[node])
+        reason = _anchor_refusal(node, opsets, dtypes) or costly.get(keys[node])
         if reason:
             s.skipped[keys[node]] = reason
             continue
@@ -637,7 +666,10 @@ def _structure_once(model: ir.Model, rules: TargetRules, exclude: Iterable[str],
         op, key = node.op_type, keys[node]
         if node.domain not in ("", "ai.onnx") or node in kind or key in s.skipped:
             continue
-        if not any(_is_float(v, opsets) for v in node.outputs):
+        if not any(_is_float(v, opsets, dtypes) for v in node.outputs):
+            if (op in ABSORBED or op in BINARY or op in UNARY or op in SHARED or op in MOVERS) and any(
+                    v is not None and _dtype(v, opsets, dtypes) is None for v in node.outputs):
+                s.skipped[key] = _not_float(node.outputs, opsets, dtypes, "output")
             continue  # (shape arithmetic, Shape of a float tensor and the like: not a float compute node)
         if op == "Constant":
             continue
@@ -676,12 +708,17 @@ def _structure_once(model: ir.Model, rules: TargetRules, exclude: Iterable[str],
             continue
         if op in BINARY:
             data = [node.inputs[i] for i in BINARY[op] if i < len(node.inputs)]
-            if len(data) != 2 or not all(_is_float(v, opsets) for v in data):
-                s.skipped[key] = "input is not float32"
+            if len(data) != 2 or not all(_is_float(v, opsets, dtypes) for v in data):
+                s.skipped[key] = _not_float(data, opsets, dtypes)
                 continue
             live = [v for v in data if constant_tensor(v) is None]
             if not live:
                 continue  # (constant arithmetic: folding's business)
+            consts = [constant_tensor(v) for v in data if constant_tensor(v) is not None]
+            if op != "Div" and any(c.size == 0 or not np.all(np.isfinite(np.asarray(c.numpy()))) for c in consts):
+                # (a -inf mask would saturate to the lowest uint8 level: Softmax then gives it weight)
+                s.skipped[key] = f"{op} with a constant operand that is empty or not finite (inf/nan) stays float"
+                continue
             if op == "Div":
                 d = constant_tensor(data[1])
                 if d is None:
@@ -759,14 +796,14 @@ def _with_costs(rules: TargetRules, use_costs: bool | None) -> TargetRules:
 
 
 def calibration_tensors(model: ir.Model, rules: TargetRules, *, exclude: Iterable[str] = (),
-                        use_costs: bool | None = None) -> list[str]:
+                        use_costs: bool | None = None, dtypes: Mapping[str, int] | None = None) -> list[str]:
     """The float tensors whose calibrated (lo, hi) ranges ``make_plan`` needs, in graph order (the
     values a Relu/Clip is absorbed into are listed too: if the calibrated range makes the absorption
     inexact, make_plan undoes it and quantizes the value on its own range). ``use_costs``
     overrides ``rules.use_costs`` (pass make_plan the same). Raises UsageError up front when the
     QDQ model needs a higher opset (per channel: 13; per tensor: 10) that :func:`raise_opset`
     cannot reach exactly (the reason names the op)."""
-    s = _structure(model, _with_costs(rules, use_costs), exclude)
+    s = _structure(model, _with_costs(rules, use_costs), exclude, dtypes=dtypes)
     if _needs_opset(rules, opsets_of(model)[""], bool(s.nodes)) and (why := opset_refusal(model, rules.opset)):
         raise UsageError(why)
     return list(s.needs_range)
@@ -802,17 +839,23 @@ def representable(scale: np.float32, zero_point: np.uint8) -> tuple[float, float
 
 
 def make_plan(model: ir.Model, ranges: Mapping[str, tuple[float, float]], rules: TargetRules, *,
-              exclude: Iterable[str] = (), use_costs: bool | None = None) -> QuantPlan:
+              exclude: Iterable[str] = (), use_costs: bool | None = None,
+              dtypes: Mapping[str, int] | None = None) -> QuantPlan:
     """Scales and zero points from calibrated ranges: one parameter set per group of tensors that
     share it (data movers, Concat, absorbed Relu/Clip); exclusions by node name or op type.
     ``ranges`` must cover ``calibration_tensors(model, rules, exclude=exclude)``. On ort-cpu with
     ``rules.use_costs`` (``use_costs`` overrides it; False ignores the table), nodes the shipped cost
-    table measures as not faster in int8 are left float, the reason in ``skipped``."""
+    table measures as not faster in int8 are left float, the reason in ``skipped``. ``dtypes``:
+    onnx element types by value name (e.g. from an onnxruntime session's outputs) for the values
+    onnx cannot type (outputs of com.microsoft and other contrib ops); a value typed FLOAT there is
+    float, one typed nowhere is skipped as "unknown type" (pass calibration_tensors the same).
+    Nothing quantized: ``plan.empty`` (apply_plan then leaves the model, opset included, as it is).
+    Exclude entries that match no node name, op type or source name: ``plan.unmatched_exclude``."""
     rules = _with_costs(rules, use_costs)
     exclude = tuple(sorted(set(exclude)))
     no_absorb: set[str] = set()
     while True:
-        s = _structure(model, rules, exclude, frozenset(no_absorb))
+        s = _structure(model, rules, exclude, frozenset(no_absorb), dtypes=dtypes)
         members: dict[str, list[str]] = {}
         for name in s.qset:
             members.setdefault(s.groups.find(name), []).append(name)
@@ -853,7 +896,17 @@ def make_plan(model: ir.Model, ranges: Mapping[str, tuple[float, float]], rules:
         no_absorb |= undo
     ordered = {name: params[name] for name in s.qset}
     return QuantPlan(ordered, s.nodes, dict(s.skipped), rules,
-                     {key: value for key, (value, _, _) in s.absorbed.items()})
+                     {key: value for key, (value, _, _) in s.absorbed.items()}, _unmatched(model, exclude))
+
+
+def _unmatched(model: ir.Model, exclude: Iterable[str]) -> list[str]:
+    """The ``exclude`` entries that match no node's plan key, op type or source name."""
+    known: set[str] = set()
+    for i, node in enumerate(model.graph):
+        known.add(node_key(node, i))
+        known.add(node.op_type)
+        known.update(_sources(node))
+    return sorted(e for e in set(exclude) if e not in known)
 
 
 # --- Applying it --------------------------------------------------------------------------------
