@@ -308,3 +308,72 @@ def test_unmatched_exclude_entries():
     assert plan.skipped["conv2"] == "excluded by the user"
     assert plan.as_dict()["unmatched_exclude"] == ["Relu", "no_such_node"]
     assert qplan.make_plan(model, ranges, rules).unmatched_exclude == []
+
+
+# --- 6. calibration files that are not NumPy files ----------------------------------------------
+
+
+def _one_input_model():
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="r")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_corrupt_calibration_files_named_as_such(tmp_path):
+    from onnxopt.quantize.data import CalibrationError, open_calibration
+
+    m = _one_input_model()
+    bad_npz = tmp_path / "calib.npz"
+    bad_npz.write_bytes(b"this is not a zip archive at all" * 4)
+    with pytest.raises(CalibrationError, match=r"calib\.npz: cannot read it as \.npz \(not a \.npz file: not a zip archive\)$") as e:
+        open_calibration(bad_npz, m)
+    assert "pickle" not in str(e.value) and "\n" not in str(e.value)
+    folder = tmp_path / "feeds"
+    folder.mkdir()
+    np.save(folder / "0000.npy", np.ones((1, 4), np.float32))
+    (folder / "0001.npy").write_bytes(b"garbage" * 10)
+    np.savez(folder / "0002.npz", x=np.ones((1, 4), np.float32))
+    with pytest.raises(CalibrationError, match=r"calibration feed 1 \(0001\.npy\): .*not a \.npy file") as e:
+        list(open_calibration(folder, m))
+    assert "pickle" not in str(e.value)
+    (folder / "0001.npy").unlink()
+    (folder / "0002.npz").write_bytes(b"")
+    with pytest.raises(CalibrationError, match=r"not a \.npz file: empty"):
+        list(open_calibration(folder, m))
+
+
+def test_numpy_integers_accepted_as_counts():
+    from onnxopt.quantize.data import open_calibration
+
+    calib = open_calibration([{"x": np.full((1, 4), i, np.float32)} for i in range(6)], _one_input_model())
+    part, held = calib.split(np.int64(2))
+    assert (len(part), len(held)) == (4, 2)
+    assert [f["x"][0, 0] for f in held] == [1.0, 4.0]
+    assert [len(calib.shard(np.int32(i), np.int64(3))) for i in range(3)] == [2, 2, 2]
+
+
+# --- 7. SQNR of integer outputs -----------------------------------------------------------------
+
+
+def test_output_sqnr_scores_float_outputs_only():
+    from onnxopt.quantize.fidelity import output_sqnr
+
+    rng = np.random.default_rng(11)
+    nodes = [helper.make_node("MatMul", ["x", "A"], ["a"], name="mm"),
+             helper.make_node("ArgMax", ["a"], ["cls"], axis=1, keepdims=0, name="am"),
+             helper.make_node("Relu", ["a"], ["r"], name="relu")]
+    outs = [helper.make_tensor_value_info("cls", TensorProto.INT64, ["B"]),
+            helper.make_tensor_value_info("r", TensorProto.FLOAT, ["B", 100])]
+    feeds = [{"x": _w(rng, 8, 16)} for _ in range(4)]
+    for outputs, expect in ((outs, ["r"]), (outs[:1], [])):
+        g = helper.make_graph(nodes if len(outputs) == 2 else nodes[:2], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 16])], outputs,
+                              [numpy_helper.from_array(_w(rng, 16, 100), "A")])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+        plan, _, q = _plan_apply(m, feeds)
+        assert plan.nodes and plan.nodes[0] == "mm"
+        db = output_sqnr(m, q, feeds)
+        assert list(db) == expect
+        if expect:
+            assert 20 < db["r"] < 80
