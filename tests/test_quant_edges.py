@@ -206,7 +206,8 @@ def test_non_finite_constant_operand_stays_float():
         nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 1, 32]),
                      helper.make_tensor_value_info("mask", TensorProto.BOOL, [2, 16, 1, 32])],
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 16, 1, 32]) for n in ("y", "z", "h")],
-        [numpy_helper.from_array(_w(rng, 16, 8, 1, 1), "A"), numpy_helper.from_array(np.array(-np.inf, np.float32), "ninf"),
+        [numpy_helper.from_array(_w(rng, 16, 8, 1, 1), "A"),
+         numpy_helper.from_array(np.array(-np.inf, np.float32), "ninf"),
          numpy_helper.from_array(np.array([np.inf], np.float32), "pinf"),
          numpy_helper.from_array(np.array(0.5, np.float32), "half")])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
@@ -326,7 +327,8 @@ def test_corrupt_calibration_files_named_as_such(tmp_path):
     m = _one_input_model()
     bad_npz = tmp_path / "calib.npz"
     bad_npz.write_bytes(b"this is not a zip archive at all" * 4)
-    with pytest.raises(CalibrationError, match=r"calib\.npz: cannot read it as \.npz \(not a \.npz file: not a zip archive\)$") as e:
+    with pytest.raises(CalibrationError,
+                       match=r"calib\.npz: cannot read it as \.npz \(not a \.npz file: not a zip archive\)$") as e:
         open_calibration(bad_npz, m)
     assert "pickle" not in str(e.value) and "\n" not in str(e.value)
     folder = tmp_path / "feeds"
