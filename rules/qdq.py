@@ -369,32 +369,52 @@ def _namer(model: ir.Model) -> Namer:
     return Namer(model)
 
 
+def _qdq_after(model: ir.Model, name: Namer, x: ir.Value, scale, zp, producer: ir.Node | None) -> None:
+    """Q -> DQ reading ``x`` (right after ``producer``, or first for a graph input); every node
+    that read ``x`` reads the DQ (a graph output keeps ``x``)."""
+    graph = model.graph
+    readers = list(x.uses())
+    s = ir.Value(name=name(f"{x.name}_scale"), shape=ir.Shape([]), type=ir.TensorType(ir.DataType.FLOAT),
+                 const_value=ir.Tensor(np.array(scale, dtype=np.float32)))
+    z = ir.Value(name=name(f"{x.name}_zero_point"), shape=ir.Shape([]), type=ir.TensorType(ir.DataType.UINT8),
+                 const_value=ir.Tensor(np.array(zp, dtype=np.uint8)))
+    for v in (s, z):
+        v.const_value.name = v.name
+        graph.register_initializer(v)
+    q = ir.Node("", "QuantizeLinear", [x, s, z], name=name(f"{x.name}_QuantizeLinear"),
+                outputs=[ir.Value(name=name(f"{x.name}_quantized"))])
+    dq = ir.Node("", "DequantizeLinear", [q.outputs[0], s, z], name=name(f"{x.name}_DequantizeLinear"),
+                 outputs=[ir.Value(name=name(f"{x.name}_dequantized"))])
+    if producer is not None:
+        graph.insert_after(producer, [q, dq])
+    elif len(graph):
+        graph.insert_before(graph.node(0), [q, dq])
+    else:
+        graph.extend([q, dq])
+    for reader, slot in readers:
+        reader.replace_input_with(slot, dq.outputs[0])
+
+
 def quantize_graph_inputs(model: ir.Model, plan) -> int:
-    """Q -> DQ after each graph input the plan quantizes; its readers read the DQ. (A graph input
-    has no producer for qdq_quantize_output to root at.) Returns how many."""
+    """Q -> DQ after each graph input the plan quantizes, and after each planned output of a node
+    outside the standard domain (a com.microsoft Gelu, say: the rules match standard ops only);
+    their readers read the DQ. (A graph input has no producer for qdq_quantize_output to root
+    at.) Returns how many."""
     graph = model.graph
     name = _namer(model)
     done = 0
     for x in list(graph.inputs):
         if x.name not in plan.params or not use_count(x):
             continue
-        scale, zp = plan.params[x.name]
-        readers = list(x.uses())
-        s = ir.Value(name=name(f"{x.name}_scale"), shape=ir.Shape([]), type=ir.TensorType(ir.DataType.FLOAT),
-                     const_value=ir.Tensor(np.array(scale, dtype=np.float32)))
-        z = ir.Value(name=name(f"{x.name}_zero_point"), shape=ir.Shape([]), type=ir.TensorType(ir.DataType.UINT8),
-                     const_value=ir.Tensor(np.array(zp, dtype=np.uint8)))
-        for v in (s, z):
-            v.const_value.name = v.name
-            graph.register_initializer(v)
-        q = ir.Node("", "QuantizeLinear", [x, s, z], name=name(f"{x.name}_QuantizeLinear"),
-                    outputs=[ir.Value(name=name(f"{x.name}_quantized"))])
-        dq = ir.Node("", "DequantizeLinear", [q.outputs[0], s, z], name=name(f"{x.name}_DequantizeLinear"),
-                     outputs=[ir.Value(name=name(f"{x.name}_dequantized"))])
-        graph.insert_before(graph.node(0), [q, dq]) if len(graph) else graph.extend([q, dq])
-        for reader, slot in readers:
-            reader.replace_input_with(slot, dq.outputs[0])
+        _qdq_after(model, name, x, *plan.params[x.name], None)
         done += 1
+    for node in list(graph):
+        if node.domain in ("", "ai.onnx"):
+            continue
+        for x in node.outputs:
+            if x is not None and x.name in plan.params and use_count(x):
+                _qdq_after(model, name, x, *plan.params[x.name], node)
+                done += 1
     return done
 
 

@@ -217,8 +217,27 @@ def _npy_header(f) -> tuple[tuple, bool, np.dtype]:
     return np.lib.format._read_array_header(f, version)  # (3.0: no public reader)
 
 
+_MAGIC = {".npy": (b"\x93NUMPY",), ".npz": (b"PK\x03\x04", b"PK\x05\x06")}  # .npz: a zip archive
+
+
+def _not_numpy(path: Path, suffix: str) -> str | None:
+    """"cannot read it as .npz (not a .npz file: not a zip archive)" (or .npy: no NumPy magic) when
+    the first bytes of ``path`` say so (np.load would call such a file pickled data), else None."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+    except OSError as exc:
+        return f"cannot read it ({io.first_line(exc, 160)})"
+    if not any(head.startswith(m) for m in _MAGIC[suffix]):
+        why = "empty" if not head else "not a zip archive" if suffix == ".npz" else "no NumPy header"
+        return f"cannot read it as {suffix} (not a {suffix} file: {why})"
+    return None
+
+
 def _read_npy_file(path: Path, label: str, spec_names: Sequence[str]) -> dict:
     where = f"calibration feed {label}"
+    if (why := _not_numpy(path, ".npy" if path.suffix == ".npy" else ".npz")) is not None:
+        raise CalibrationError(f"{where}: {why}")
     try:
         if path.suffix == ".npy":
             arr = np.load(path, allow_pickle=False)
@@ -289,6 +308,8 @@ class _NpzSource(_Source):
     def __init__(self, path: Path, inputs: Sequence[InputSpec], extra: Sequence[str]):
         self.path = path
         self.description = f"{path} (one .npz)"
+        if (why := _not_numpy(path, ".npz")) is not None:
+            raise CalibrationError(f"calibration file {path}: {why}")
         try:
             with np.load(path, allow_pickle=False) as z:
                 keys = list(z.files)

@@ -128,7 +128,10 @@ def output_sqnr(float_model, quant_model, feeds, *, provider: str = "cpu", threa
     """SQNR in dB of each output of ``quant_model`` (run as a user runs it: onnxruntime's graph
     optimizations on, integer kernels fused) against ``float_model``'s, energies summed over all
     ``feeds`` (an iterable of feed dicts, or one dict). Outputs are matched by name, else by
-    position; the dict follows the float model's output order."""
+    position; the dict follows the float model's output order. Only floating-point outputs are
+    scored (an ArgMax's int64 classes or a bool mask is no signal plus noise: it is left out, as
+    verify's int8 check does); a model with no float output gives {} (callers treat that as
+    nothing to measure: ``min(result.values(), default=inf)``)."""
     f = q = None
     try:
         f = _Runner(float_model, "float model", provider=provider, threads=threads)
@@ -136,14 +139,18 @@ def output_sqnr(float_model, quant_model, feeds, *, provider: str = "cpu", threa
         pairs = _match_outputs(f.outputs, q.outputs)
         acc = _Energy()
         count = 0
+        not_float: set[str] = set()
         for feed in _feed_list(feeds):
             a, b = f.run(feed), q.run(feed)
             for fn, qn in pairs:
+                if a[fn].dtype.kind != "f" or b[qn].dtype.kind != "f":
+                    not_float.add(fn)
+                    continue
                 acc.add(fn, a[fn], b[qn])
             count += 1
         if not count:
             raise UsageError("output SQNR: no feeds")
-        return {fn: acc.db(fn) for fn, _ in pairs}
+        return {fn: acc.db(fn) for fn, _ in pairs if fn not in not_float}
     finally:
         for r in (f, q):
             if r is not None:

@@ -162,6 +162,8 @@ class QuantPlan:
     nodes: names of the nodes that run quantized (compute and data-movement), in graph order.
     absorbed: Relu/Clip node name -> the tensor it is absorbed into.
     skipped: name of each float compute node left float -> why.
+    unmatched_exclude: the ``exclude`` entries that named no node (name or plan key), op type or
+        source node name (sorted), for the caller to warn about.
     """
 
     params: dict[str, tuple[np.float32, np.uint8]]
@@ -169,6 +171,12 @@ class QuantPlan:
     skipped: dict[str, str]
     rules: TargetRules
     absorbed: dict[str, str] = dataclasses.field(default_factory=dict)
+    unmatched_exclude: list[str] = dataclasses.field(default_factory=list)  # matched no node, op or source
+
+    @property
+    def empty(self) -> bool:
+        """Nothing is quantized (apply_plan then leaves the model as it is, opset included)."""
+        return not self.nodes and not self.params
 
     def as_dict(self) -> dict:
         return {
@@ -178,6 +186,7 @@ class QuantPlan:
             "nodes": list(self.nodes),
             "absorbed": dict(self.absorbed),
             "skipped": dict(self.skipped),
+            "unmatched_exclude": list(self.unmatched_exclude),
         }
 
 
@@ -187,12 +196,31 @@ def node_key(node: ir.Node, index: int) -> str:
     return node.name or f"{node.op_type}#{index}"
 
 
-def _is_float(value: ir.Value | None, opsets) -> bool:
+def _dtype(value: ir.Value | None, opsets, dtypes: Mapping[str, int] | None = None) -> ir.DataType | None:
+    """``value``'s element type: inferred, else from ``dtypes`` (onnx element types by value name,
+    e.g. an onnxruntime session's), else None (unknown: after a contrib op onnx cannot infer)."""
     if value is None:
-        return False
+        return None
     if value.type is None:
         infer(value, opsets)
-    return isinstance(value.type, ir.TensorType) and value.type.dtype == _FLOAT
+    if isinstance(value.type, ir.TensorType) and value.type.dtype != ir.DataType.UNDEFINED:
+        return value.type.dtype
+    if dtypes and value.name in dtypes:
+        return ir.DataType(int(dtypes[value.name]))
+    return None
+
+
+def _is_float(value: ir.Value | None, opsets, dtypes: Mapping[str, int] | None = None) -> bool:
+    return _dtype(value, opsets, dtypes) == _FLOAT
+
+
+def _not_float(values, opsets, dtypes, what: str = "input") -> str:
+    """Why ``values`` are not all known float32: unknown types are said so, not called "not float32"."""
+    for v in values:
+        if v is not None and _dtype(v, opsets, dtypes) is None:
+            return (f"{what} {v.name!r} has an unknown type (made by an op onnx cannot infer; give make_plan "
+                    f"the value dtypes to quantize after it)")
+    return f"{what} is not float32"
 
 
 def _readers(value: ir.Value) -> int:
@@ -249,14 +277,22 @@ def _clip_bounds(node: ir.Node, opsets) -> tuple[float, float] | str:
     return bounds[0], bounds[1]
 
 
-def _anchor_refusal(node: ir.Node, opsets) -> str | None:
+def _fed_initializer(value: ir.Value | None) -> bool:
+    return value is not None and value.is_graph_input() and value.const_value is not None
+
+
+def _anchor_refusal(node: ir.Node, opsets, dtypes: Mapping[str, int] | None = None) -> str | None:
     x = node.inputs[0] if node.inputs else None
-    if not _is_float(x, opsets):
-        return "input is not float32"
+    if not _is_float(x, opsets, dtypes):
+        return _not_float([x], opsets, dtypes)
     if constant_tensor(x) is not None:
         return "its activation input is a constant"
     w = node.inputs[1] if len(node.inputs) > 1 else None
     wt = constant_tensor(w)
+    for v, what in ((w, "weight"), (node.inputs[2] if len(node.inputs) > 2 else None, "bias")):
+        if _fed_initializer(v):
+            return (f"its {what} {v.name!r} is an initializer also listed as a graph input (the caller may feed "
+                    f"it): kept float; remove it from the graph inputs to quantize it")
     if wt is None:
         if node.op_type == "MatMul":
             return ("activation x activation MatMul stays float (attention scores: small products, "
@@ -487,10 +523,6 @@ def load_costs(path: str | None = None) -> CostTable:
     return CostTable(data)
 
 
-def _times(x: float) -> str:
-    return f"{x:.2f}x slower than" if x >= 1.0 else f"only {100 * (1 - x):.0f}% faster than"
-
-
 def _describe(fields: Mapping) -> str:
     if fields["op"] == "Conv":
         return (f"{fields['form']} Conv {fields['kernel']} stride {fields['stride']}"
@@ -516,9 +548,11 @@ def cost_decision(node: ir.Node, opsets, table: CostTable, *, input_quantized: b
     flt = 1.0 + (c.dq_in if input_quantized else 0.0) + (c.q_out if quant_reader else 0.0)
     if int8 <= (1.0 - MIN_GAIN) * flt:
         return None
-    return (f"int8 measured {_times(c.int8)} float on ort-cpu for {_describe(fields)} "
-            f"({int8:.2f} vs {flt:.2f} of the float layer with the Q/DQ its neighbours need; "
-            f"{c.label()}; onnxopt/quantize/ort_cpu_costs.json)")
+    but = "but" if c.int8 <= 1.0 - MIN_GAIN else "and"
+    return (f"int8 measured on ort-cpu for {_describe(fields)}: kernel {c.int8:.2f}x the float layer, {but} "
+            f"{int8 / flt:.2f}x with the Q/DQ its float neighbours need ({int8:.2f} vs {flt:.2f} float-layer "
+            f"times; int8 must be at least {100 * MIN_GAIN:.0f}% faster; {c.label()}; "
+            f"onnxopt/quantize/ort_cpu_costs.json)")
 
 
 def _sources(node: ir.Node) -> tuple[str, ...]:
@@ -537,20 +571,20 @@ def _sources(node: ir.Node) -> tuple[str, ...]:
 
 
 def _structure(model: ir.Model, rules: TargetRules, exclude: Iterable[str], no_absorb: frozenset = frozenset(),
-               costly: Mapping[str, str] | None = None) -> _Structure:
+               costly: Mapping[str, str] | None = None, dtypes: Mapping[str, int] | None = None) -> _Structure:
     """The plan's structure; with ``rules.use_costs`` the cost table's decisions are made by a
     fixpoint: each round, every quantized Conv/MatMul/Gemm, Add/Mul, GlobalAveragePool, Sigmoid is
     judged by :func:`cost_decision` with its neighbours as that round's plan has them (is its input
     quantized anyway; does a float node, a quantized node read its output), and those that do not
     pay are left float in the next round; it ends when a round leaves nothing more float."""
     if not rules.use_costs or costly is not None:
-        return _structure_once(model, rules, exclude, no_absorb, costly or {})
+        return _structure_once(model, rules, exclude, no_absorb, costly or {}, dtypes)
     table = load_costs()
     opsets = opsets_of(model)
     costly: dict[str, str] = {}
     keys = {node: node_key(node, i) for i, node in enumerate(model.graph)}
     while True:  # each round leaves float what does not pay in the last round's plan; monotone
-        s = _structure_once(model, rules, exclude, no_absorb, costly)
+        s = _structure_once(model, rules, exclude, no_absorb, costly, dtypes)
         absorbed = set(s.absorbed)
 
         def quantized(n: ir.Node | None) -> bool:
@@ -593,7 +627,7 @@ def _structure(model: ir.Model, rules: TargetRules, exclude: Iterable[str], no_a
 
 
 def _structure_once(model: ir.Model, rules: TargetRules, exclude: Iterable[str], no_absorb: frozenset,
-                    costly: Mapping[str, str]) -> _Structure:
+                    costly: Mapping[str, str], dtypes: Mapping[str, int] | None = None) -> _Structure:
     exclude = frozenset(exclude)
     opsets = opsets_of(model)
     graph = model.graph
@@ -618,7 +652,7 @@ def _structure_once(model: ir.Model, rules: TargetRules, exclude: Iterable[str],
         if excluded(node):
             s.skipped[keys[node]] = "excluded by the user"
             continue
-        reason = _anchor_refusal(node, opsets) or costly.get(keys[node])
+        reason = _anchor_refusal(node, opsets, dtypes) or costly.get(keys[node])
         if reason:
             s.skipped[keys[node]] = reason
             continue
@@ -632,7 +666,10 @@ def _structure_once(model: ir.Model, rules: TargetRules, exclude: Iterable[str],
         op, key = node.op_type, keys[node]
         if node.domain not in ("", "ai.onnx") or node in kind or key in s.skipped:
             continue
-        if not any(_is_float(v, opsets) for v in node.outputs):
+        if not any(_is_float(v, opsets, dtypes) for v in node.outputs):
+            if (op in ABSORBED or op in BINARY or op in UNARY or op in SHARED or op in MOVERS) and any(
+                    v is not None and _dtype(v, opsets, dtypes) is None for v in node.outputs):
+                s.skipped[key] = _not_float(node.outputs, opsets, dtypes, "output")
             continue  # (shape arithmetic, Shape of a float tensor and the like: not a float compute node)
         if op == "Constant":
             continue
@@ -671,12 +708,17 @@ def _structure_once(model: ir.Model, rules: TargetRules, exclude: Iterable[str],
             continue
         if op in BINARY:
             data = [node.inputs[i] for i in BINARY[op] if i < len(node.inputs)]
-            if len(data) != 2 or not all(_is_float(v, opsets) for v in data):
-                s.skipped[key] = "input is not float32"
+            if len(data) != 2 or not all(_is_float(v, opsets, dtypes) for v in data):
+                s.skipped[key] = _not_float(data, opsets, dtypes)
                 continue
             live = [v for v in data if constant_tensor(v) is None]
             if not live:
                 continue  # (constant arithmetic: folding's business)
+            consts = [constant_tensor(v) for v in data if constant_tensor(v) is not None]
+            if op != "Div" and any(c.size == 0 or not np.all(np.isfinite(np.asarray(c.numpy()))) for c in consts):
+                # (a -inf mask would saturate to the lowest uint8 level: Softmax then gives it weight)
+                s.skipped[key] = f"{op} with a constant operand that is empty or not finite (inf/nan) stays float"
+                continue
             if op == "Div":
                 d = constant_tensor(data[1])
                 if d is None:
@@ -754,12 +796,25 @@ def _with_costs(rules: TargetRules, use_costs: bool | None) -> TargetRules:
 
 
 def calibration_tensors(model: ir.Model, rules: TargetRules, *, exclude: Iterable[str] = (),
-                        use_costs: bool | None = None) -> list[str]:
+                        use_costs: bool | None = None, dtypes: Mapping[str, int] | None = None) -> list[str]:
     """The float tensors whose calibrated (lo, hi) ranges ``make_plan`` needs, in graph order (the
     values a Relu/Clip is absorbed into are listed too: if the calibrated range makes the absorption
     inexact, make_plan undoes it and quantizes the value on its own range). ``use_costs``
-    overrides ``rules.use_costs`` (pass make_plan the same)."""
-    return list(_structure(model, _with_costs(rules, use_costs), exclude).needs_range)
+    overrides ``rules.use_costs`` (pass make_plan the same). Raises UsageError up front when the
+    QDQ model needs a higher opset (per channel: 13; per tensor: 10) that :func:`raise_opset`
+    cannot reach exactly (the reason names the op)."""
+    s = _structure(model, _with_costs(rules, use_costs), exclude, dtypes=dtypes)
+    if _needs_opset(rules, opsets_of(model)[""], bool(s.nodes)) and (why := opset_refusal(model, rules.opset)):
+        raise UsageError(why)
+    return list(s.needs_range)
+
+
+def _needs_opset(rules: TargetRules, opset: int, quantizes: bool) -> bool:
+    """Whether the QDQ model needs the standard domain raised to ``rules.opset``: not when nothing
+    is quantized, nor per tensor from opset 10 (QuantizeLinear-10 has no axis, needs none)."""
+    if not quantizes or opset >= rules.opset:
+        return False
+    return rules.per_channel or opset < 10
 
 
 def activation_params(lo: float, hi: float) -> tuple[np.float32, np.uint8]:
@@ -784,17 +839,23 @@ def representable(scale: np.float32, zero_point: np.uint8) -> tuple[float, float
 
 
 def make_plan(model: ir.Model, ranges: Mapping[str, tuple[float, float]], rules: TargetRules, *,
-              exclude: Iterable[str] = (), use_costs: bool | None = None) -> QuantPlan:
+              exclude: Iterable[str] = (), use_costs: bool | None = None,
+              dtypes: Mapping[str, int] | None = None) -> QuantPlan:
     """Scales and zero points from calibrated ranges: one parameter set per group of tensors that
     share it (data movers, Concat, absorbed Relu/Clip); exclusions by node name or op type.
     ``ranges`` must cover ``calibration_tensors(model, rules, exclude=exclude)``. On ort-cpu with
     ``rules.use_costs`` (``use_costs`` overrides it; False ignores the table), nodes the shipped cost
-    table measures as not faster in int8 are left float, the reason in ``skipped``."""
+    table measures as not faster in int8 are left float, the reason in ``skipped``. ``dtypes``:
+    onnx element types by value name (e.g. from an onnxruntime session's outputs) for the values
+    onnx cannot type (outputs of com.microsoft and other contrib ops); a value typed FLOAT there is
+    float, one typed nowhere is skipped as "unknown type" (pass calibration_tensors the same).
+    Nothing quantized: ``plan.empty`` (apply_plan then leaves the model, opset included, as it is).
+    Exclude entries that match no node name, op type or source name: ``plan.unmatched_exclude``."""
     rules = _with_costs(rules, use_costs)
     exclude = tuple(sorted(set(exclude)))
     no_absorb: set[str] = set()
     while True:
-        s = _structure(model, rules, exclude, frozenset(no_absorb))
+        s = _structure(model, rules, exclude, frozenset(no_absorb), dtypes=dtypes)
         members: dict[str, list[str]] = {}
         for name in s.qset:
             members.setdefault(s.groups.find(name), []).append(name)
@@ -835,7 +896,17 @@ def make_plan(model: ir.Model, ranges: Mapping[str, tuple[float, float]], rules:
         no_absorb |= undo
     ordered = {name: params[name] for name in s.qset}
     return QuantPlan(ordered, s.nodes, dict(s.skipped), rules,
-                     {key: value for key, (value, _, _) in s.absorbed.items()})
+                     {key: value for key, (value, _, _) in s.absorbed.items()}, _unmatched(model, exclude))
+
+
+def _unmatched(model: ir.Model, exclude: Iterable[str]) -> list[str]:
+    """The ``exclude`` entries that match no node's plan key, op type or source name."""
+    known: set[str] = set()
+    for i, node in enumerate(model.graph):
+        known.add(node_key(node, i))
+        known.add(node.op_type)
+        known.update(_sources(node))
+    return sorted(e for e in set(exclude) if e not in known)
 
 
 # --- Applying it --------------------------------------------------------------------------------
@@ -855,6 +926,7 @@ _TYPES_ONLY = frozenset({
     "Shape", "Sigmoid", "Sign", "Size", "Slice", "SpaceToDepth", "Sqrt", "Sub", "Sum", "Tanh", "Tile",
     "Transpose", "Where", "Xor", "Range", "TopK", "CumSum", "Einsum", "Celu", "HardSigmoid", "LeakyRelu",
     "Sin", "Cos", "Tan", "Softplus", "Softsign", "HardSwish", "Elu", "Selu", "PRelu", "Dropout",
+    "LRN", "MeanVarianceNormalization",
 })
 
 
@@ -888,15 +960,114 @@ def _coerced_softmax(node: ir.Node) -> None:
     graph.remove(node, safe=True)
 
 
-def raise_opset(model: ir.Model, version: int = 13) -> list[str]:
-    """Raise the standard domain's import to ``version`` (>= the current one) in place, carrying
-    over the ops whose definition changed (Squeeze/Unsqueeze/ReduceSum axes and Split's split become
-    inputs; Softmax family only along the last axis; Dropout's ratio attribute becomes its input).
-    Value names are kept. Returns the op types converted; raises UsageError where a node cannot be
-    carried over exactly."""
-    old = opsets_of(model)[""]
+# Ops whose definition before opset 11 (10 for Slice and TopK, 9 for BatchNormalization) differs in
+# more than types; carried over by _old_form, or refused with the reason.
+_OLD_FORMS = {"Pad": 11, "Clip": 11, "Slice": 10, "TopK": 10, "Resize": 11, "Upsample": 99, "Scatter": 11,
+              "BatchNormalization": 9}
+_SLOT_NAMES = {"Pad": {1: "pads", 2: "constant_value"}, "Clip": {1: "min", 2: "max"},
+               "Slice": {1: "starts", 2: "ends", 3: "axes"}, "TopK": {1: "k"}, "Resize": {1: "roi", 2: "scales"}}
+MIN_OPSET = 7  # below this, binary ops had legacy broadcast attributes: refused
+
+
+def _elem_dtype(value: ir.Value | None, opsets) -> np.dtype | None:
+    if value is None:
+        return None
+    if value.type is None:
+        infer(value, opsets)
+    if isinstance(value.type, ir.TensorType):
+        try:
+            return np.dtype(value.type.dtype.numpy())
+        except Exception:  # noqa: BLE001 - no numpy counterpart (string, ...)
+            return None
+    return None
+
+
+def _attr(node: ir.Node, name: str, default=None):
+    a = node.attributes.get(name)
+    return default if a is None else a.value
+
+
+def _old_form(node: ir.Node, old: int, opsets):
+    """How a node defined before opset 11 in another form is carried over: (new op type, {input
+    slot: numpy array}, attributes to drop, attributes to set), or a reason string (refused)."""
+    op = node.op_type
+    if op == "Pad":  # Pad-2: pads and value attributes -> inputs 1 and 2
+        pads = _attr(node, "pads")
+        if pads is None:
+            return "Pad-2 without pads"
+        value = float(_attr(node, "value", 0.0))
+        ins = {1: np.array(list(pads), dtype=np.int64)}
+        if value != 0.0:
+            dt = _elem_dtype(node.inputs[0], opsets)
+            if dt is None:
+                return "Pad-2 with a padding value on an input of unknown type"
+            ins[2] = np.array(value, dtype=dt)
+        return op, ins, ("pads", "value"), {}
+    if op == "Clip":  # Clip-6: min and max attributes -> inputs 1 and 2
+        ins = {}
+        dt = _elem_dtype(node.inputs[0], opsets)
+        for slot, name in ((1, "min"), (2, "max")):
+            v = _attr(node, name)
+            if v is not None:
+                if dt is None or dt.kind != "f":
+                    return "Clip-6 bounds on an input that is not known to be float"
+                ins[slot] = np.array(v, dtype=dt)
+        return op, ins, ("min", "max"), {}
+    if op == "Slice":  # Slice-1: starts, ends, axes attributes -> inputs 1, 2, 3
+        starts, ends = _attr(node, "starts"), _attr(node, "ends")
+        if starts is None or ends is None:
+            return "Slice-1 without starts/ends"
+        ins = {1: np.array(list(starts), np.int64), 2: np.array(list(ends), np.int64)}
+        axes = _attr(node, "axes")
+        if axes is not None:
+            ins[3] = np.array(list(axes), np.int64)
+        return op, ins, ("starts", "ends", "axes"), {}
+    if op == "TopK":  # TopK-1: k attribute -> input 1
+        k = _attr(node, "k")
+        if k is None:
+            return "TopK-1 without k"
+        return op, {1: np.array([int(k)], np.int64)}, ("k",), {}
+    if op == "Scatter":  # deprecated in 11: ScatterElements-11 is the same operator
+        return "ScatterElements", {}, (), {}
+    if op == "BatchNormalization":  # BatchNormalization-7's spatial=1 is what 9 always does
+        if int(_attr(node, "spatial", 1)) != 1:
+            return "BatchNormalization-7 with spatial=0 has no later form"
+        return op, {}, ("spatial",), {}
+    if op in ("Resize", "Upsample"):  # Resize-10/Upsample: Resize-11 with asymmetric coordinates
+        if op == "Upsample" and _since(op, old) == 7:
+            scales = _attr(node, "scales")
+            scales = None if scales is None else np.array(list(scales), np.float32)
+        else:
+            t = constant_tensor(node.inputs[1]) if len(node.inputs) > 1 else None
+            scales = None if t is None else np.asarray(t.numpy(), dtype=np.float32)
+        if scales is None:
+            return f"{op} before opset 11 with scales that are not a constant"
+        mode = _attr(node, "mode", "nearest")
+        mode = mode.decode() if isinstance(mode, bytes) else mode
+        if mode == "bilinear":
+            mode = "linear"
+        sets = {"mode": mode, "coordinate_transformation_mode": "asymmetric"}
+        if mode == "nearest":
+            if not np.all(scales >= 1):  # onnxruntime rounds a downscale up, an upscale down
+                return f"nearest {op} before opset 11 that scales down"
+            sets["nearest_mode"] = "floor"
+        elif mode != "linear":
+            return f"{op} mode {mode!r} before opset 11"
+        return "Resize", {1: np.zeros(0, np.float32), 2: scales}, ("scales", "mode"), sets
+    return f"{op} changed before opset 11"
+
+
+def _conversions(model: ir.Model, version: int) -> list:
+    """What raising the standard domain to ``version`` does to each node that changed: a list of
+    (node, how), how being "axes"/"softmax"/a _old_form tuple; raises UsageError (one line, naming
+    the op and node) for a node that cannot be carried over exactly. Changes nothing."""
+    opsets = opsets_of(model)
+    old = opsets[""]
     if old >= version:
         return []
+    if old < MIN_OPSET:
+        raise UsageError(f"cannot raise the opset from {old} to {version}: opsets below {MIN_OPSET} are not "
+                         f"converted (convert the model with onnx.version_converter first)")
     plans = []
     ranks: dict[str, int] | None = None
 
@@ -921,49 +1092,98 @@ def raise_opset(model: ir.Model, version: int = 13) -> list[str]:
             a, b = _since(node.op_type, old), _since(node.op_type, version)
             if a == b:
                 continue
-            if node.op_type in _AXES_TO_INPUT or node.op_type == "Dropout":
-                plans.append(node)
+            if node.op_type in _OLD_FORMS and a is not None and a < _OLD_FORMS[node.op_type]:
+                how = _old_form(node, old, opsets)
+                if isinstance(how, str):
+                    raise UsageError(f"cannot raise the opset from {old} to {version}: {node.op_type} "
+                                     f"{node.name!r}: {how} (convert the model to opset 11 first)")
+                plans.append((node, how))
+            elif node.op_type in _AXES_TO_INPUT or node.op_type == "Dropout":
+                plans.append((node, "axes"))
             elif node.op_type in _LAST_AXIS_ONLY:
                 axis = node.attributes.get("axis")
                 axis = 1 if axis is None else int(axis.value)
                 rank = rank_of(node.inputs[0])
                 if not (axis == -1 or (rank is not None and axis in (rank - 1, -1))):
-                    plans.append(node)  # Flatten(axis) -> op(axis=1) -> Reshape(Shape(x)): the old meaning
+                    plans.append((node, "softmax"))  # Flatten(axis) -> op(axis=1) -> Reshape(Shape(x))
             elif node.op_type not in _TYPES_ONLY:
                 raise UsageError(f"cannot raise the opset from {old} to {version}: {node.op_type} {node.name!r} "
                                  f"changed in between")
+    return plans
+
+
+def _const_input(node: ir.Node, slot: int, array: np.ndarray, suffix: str) -> None:
+    """Set ``node``'s input ``slot`` to a new initializer holding ``array`` (inputs before it that
+    are missing become empty)."""
+    graph = node.graph
+    base = f"{node.name or node.op_type}_{suffix}"
+    taken = set(graph.initializers) | {v.name for n in graph for v in n.outputs if v is not None} \
+        | {v.name for v in graph.inputs}
+    name, k = base, 0
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
+                     const_value=ir.Tensor(array, name=name))
+    graph.register_initializer(value)
+    if len(node.inputs) <= slot:
+        node.resize_inputs(slot + 1)
+    node.replace_input_with(slot, value)
+
+
+def opset_refusal(model: ir.Model, version: int = 13) -> str | None:
+    """Why :func:`raise_opset` would refuse ``model`` (a one-line reason), or None; changes
+    nothing. Lets a caller refuse before calibrating."""
+    try:
+        _conversions(model, version)
+    except UsageError as exc:
+        return str(exc)
+    return None
+
+
+def raise_opset(model: ir.Model, version: int = 13) -> list[str]:
+    """Raise the standard domain's import to ``version`` (>= the current one) in place, carrying
+    over the ops whose definition changed (Squeeze/Unsqueeze/ReduceSum axes and Split's split become
+    inputs; Softmax family only along the last axis; Dropout's ratio attribute becomes its input;
+    below opset 11: Pad-2's pads/value, Clip-6's min/max, Slice-1's starts/ends/axes and TopK-1's k
+    become inputs, Scatter becomes ScatterElements, BatchNormalization-7 loses spatial=1, Resize-10
+    and Upsample with constant scales become Resize-11 with asymmetric coordinates (nearest: only
+    upscaling, floor)). Value names are kept. Returns the op types converted; raises UsageError,
+    before changing anything, where a node cannot be carried over exactly (opsets below 7 are
+    refused)."""
+    old = opsets_of(model)[""]
+    if old >= version:
+        return []
+    plans = _conversions(model, version)
     converted = []
-    for node in plans:
+    for node, how in plans:
         op = node.op_type
-        if op in _LAST_AXIS_ONLY:
+        if how == "softmax":
             _coerced_softmax(node)
+            converted.append(op)
+            continue
+        if isinstance(how, tuple):
+            new_op, inputs, drop, sets = how
+            for name in drop:
+                node.attributes.pop(name, None)
+            for name, v in sets.items():
+                node.attributes[name] = ir.AttrString(name, v)
+            if op in ("Resize", "Upsample") and len(node.inputs) > 1:
+                node.resize_inputs(1)  # (the scales move to slot 2)
+            for slot, array in sorted(inputs.items()):
+                _const_input(node, slot, array, _SLOT_NAMES.get(new_op, {}).get(slot, f"input{slot}"))
+            node.op_type = new_op
             converted.append(op)
             continue
         attr_name = "ratio" if op == "Dropout" else _AXES_TO_INPUT[op]
         attr = node.attributes.pop(attr_name, None)
         if attr is None:
             continue
-        graph = node.graph
         if op == "Dropout":
             array = np.array(attr.value, dtype=np.float32)
         else:
             array = np.array(list(attr.value), dtype=np.int64)
-        name = f"{node.name or op}_{attr_name}"
-        taken = {v.name for v in graph.initializers.values()}
-        k = 0
-        while name in taken:
-            k += 1
-            name = f"{node.name or op}_{attr_name}_{k}"
-        value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
-                         const_value=ir.Tensor(array, name=name))
-        graph.register_initializer(value)
-        inputs = list(node.inputs)
-        slot = 1
-        while len(inputs) <= slot:
-            inputs.append(None)
-        inputs[slot] = value
-        node.resize_inputs(len(inputs))
-        node.replace_input_with(slot, value)
+        _const_input(node, 1, array, attr_name)
         converted.append(op)
     model.opset_imports[""] = version
     model.opset_imports.pop("ai.onnx", None)
@@ -995,12 +1215,7 @@ def apply_plan(model: ir.Model, plan: QuantPlan, *, strict: bool | None = None, 
     for i, node in enumerate(model.graph):
         node.metadata_props[qdq.PLAN_KEY] = node_key(node, i)
     old_opset = opsets_of(model)[""]
-    try:
-        converted = raise_opset(model, plan.rules.opset)
-    except UsageError:
-        if plan.rules.per_channel:
-            raise
-        converted = []  # per-tensor QDQ is valid from opset 10
+    converted = raise_opset(model, plan.rules.opset) if _needs_opset(plan.rules, old_opset, not plan.empty) else []
     qdq.quantize_graph_inputs(model, plan)
     result = pipeline.run(model, qdq.QDQ_RULES, options={"quant_plan": plan, **qdq.options_for(model, plan)},
                           strict=strict_default(strict))
