@@ -294,3 +294,9 @@ def test_an_output_may_not_replace_a_calibration_file(tmp_path):
 def test_unknown_quantize_options_of_optimize_are_usage_errors():
     with pytest.raises(UsageError, match="bogus"):
         onnxopt.optimize(_cnn(), quantize={"calibration": _feeds(5), "bogus": 1})
+
+
+def test_an_exclude_that_matches_nothing_is_a_warning():
+    _, report = onnxopt.quantize(_cnn(), _feeds(6), keep_float="never", fidelity=None, exclude=["NoSuchNode"],
+                                 return_report=True)
+    assert any("NoSuchNode" in w for w in report.warnings)

@@ -254,6 +254,9 @@ def _quantize(model, calibration, output, method, per_channel, target, exclude, 
             progress("quantizing")
             first = requantize()
             quant_ir, plan, stats, quant_proto = made[frozenset()]
+            if plan.unmatched_exclude:
+                warnings.append(f"--exclude: {', '.join(plan.unmatched_exclude)} matched no node name, op type or "
+                                "source node name")
             seconds["quantize"] = time.perf_counter() - t2
 
             # 6. fidelity and the fallback
@@ -261,6 +264,8 @@ def _quantize(model, calibration, output, method, per_channel, target, exclude, 
             progress("measuring fidelity")
             fallback = None
             out_sqnr = output_sqnr(float_path, first, held_feeds)
+            if not out_sqnr:
+                warnings.append("the model has no float output: fidelity (output SQNR) not measured, no fallback")
             if fidelity is not None and not _worst(out_sqnr) >= fidelity:  # (NaN: below any target)
                 fallback = run_fallback(float_path, requantize, held_feeds, fidelity,
                                               candidates=sorted(plan.nodes), progress=progress)
