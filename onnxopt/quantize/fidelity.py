@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
@@ -489,6 +490,7 @@ def fallback(float_model, requantize: Callable[[frozenset[str]], onnx.ModelProto
     rejected: set[str] = set()
     misses = 0  # trials in a row that did not raise the SQNR
     damage: dict[str, float] | None = None
+    readers = _readers(float_model, set(order))
     while True:
         if progress is not None:
             progress(f"fidelity: {len(excluded)} node(s) float, min output SQNR {_json_db(worst)} dB "
@@ -511,6 +513,17 @@ def fallback(float_model, requantize: Callable[[frozenset[str]], onnx.ModelProto
         rounds.append({"excluded_before": len(excluded), "min_output_db": _json_db(worst),
                        "trial_db": _json_db(t_worst), "accepted": accepted, "forced": forced,
                        "chosen": [{"node": n, "damage_nsr": _json_nsr(damage.get(n, 0.0))} for n in chosen]})
+        wider = [r for n in chosen for r in readers.get(n, ()) if r not in set(excluded) | set(chosen)]
+        if not accepted and wider:  # their outputs stayed quantized for their readers: those go float too
+            chosen = chosen + list(dict.fromkeys(wider))
+            trial = requantize(frozenset(excluded + chosen))
+            t_outs = output_sqnr(float_model, trial, feeds, provider=provider, threads=threads)
+            t_worst = _min_db(t_outs)
+            history.append((len(excluded) + len(chosen), t_worst))
+            accepted = t_worst > worst
+            rounds.append({"excluded_before": len(excluded), "min_output_db": _json_db(worst),
+                           "trial_db": _json_db(t_worst), "accepted": accepted, "forced": False, "with_readers": True,
+                           "chosen": [{"node": n, "damage_nsr": _json_nsr(damage.get(n, 0.0))} for n in chosen]})
         if accepted:  # the trial is the new model; the next batch is twice as large
             excluded += chosen
             current, outs, worst = trial, t_outs, t_worst
@@ -520,6 +533,26 @@ def fallback(float_model, requantize: Callable[[frozenset[str]], onnx.ModelProto
         else:  # returning these to float did not help (their neighbours' requantization stays): try others
             rejected.update(chosen)
             misses += 1
+
+
+def _readers(float_model, names: set[str]) -> dict[str, list[str]]:
+    """For each node named in ``names``: the nodes among ``names`` that read its outputs, in model
+    order (from the float model: a path or an onnx.ModelProto; other forms give none)."""
+    if isinstance(float_model, (str, os.PathLike)):
+        if not os.path.isfile(float_model):
+            return {}
+        proto = onnx.load(str(float_model), load_external_data=False)
+    elif isinstance(float_model, onnx.ModelProto):
+        proto = float_model
+    else:
+        return {}
+    by_input: dict[str, list[str]] = {}
+    for node in proto.graph.node:
+        for x in node.input:
+            if x and node.name in names:
+                by_input.setdefault(x, []).append(node.name)
+    return {node.name: [r for y in node.output for r in by_input.get(y, ())]
+            for node in proto.graph.node if node.name in names}
 
 
 MAX_MISSES = 8
