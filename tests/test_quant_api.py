@@ -300,3 +300,17 @@ def test_an_exclude_that_matches_nothing_is_a_warning():
     _, report = onnxopt.quantize(_cnn(), _feeds(6), keep_float="never", fidelity=None, exclude=["NoSuchNode"],
                                  return_report=True)
     assert any("NoSuchNode" in w for w in report.warnings)
+
+
+def test_a_graph_output_from_a_quantized_conv_keeps_its_type_and_shape():
+    """The output's DequantizeLinear takes its name: it keeps the declared shape (onnx's checker
+    requires one; PP-OCRv4 rec's output failed it)."""
+    rng = np.random.default_rng(1)
+    m = model([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1])],
+              [tinfo("x", [1, 3, 16, 16])], [tinfo("y", [1, 8, 16, 16])],
+              [init("w", (rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32))])
+    feeds = [{"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)} for _ in range(6)]
+    q = onnxopt.quantize(m, feeds, keep_float="never", target="portable", fidelity=None)
+    onnx.checker.check_model(q, full_check=True)
+    y = q.graph.output[0]
+    assert [d.dim_value for d in y.type.tensor_type.shape.dim] == [1, 8, 16, 16]

@@ -246,6 +246,7 @@ def _quantize(model, calibration, output, method, per_channel, target, exclude, 
                     quant = cleaned.clone()
                     plan = make_plan(quant, ranges, rules, exclude=[*exclude, *sorted(excluded)])
                     stats = apply_plan(quant, plan, strict=strict, keep_plan_keys=True)
+                    _keep_output_types(quant, cleaned)
                     made.clear()  # (keep one: models are big)
                     made[excluded] = (quant, plan, stats, _write_temp(quant, Path(tmp) / f"q{len(tried)}.onnx"))
                     tried.append(excluded)
@@ -334,6 +335,20 @@ def _quantize(model, calibration, output, method, per_channel, target, exclude, 
                   "fallback": None if fallback is None else _as_dict(fallback, skip=("model",))},
         coverage=cover.as_dict(), latency=latency, nodes=nodes, seconds=seconds, warnings=warnings)
     return out, report
+
+
+def _keep_output_types(quant: ir.Model, cleaned: ir.Model) -> None:
+    """The graph outputs keep the type and shape they had: a rule's DequantizeLinear that takes an
+    output's name is a new value, without the shape (onnx's checker requires one)."""
+    before = {v.name: v for v in cleaned.graph.outputs}
+    for value in quant.graph.outputs:
+        old = before.get(value.name)
+        if old is None:
+            continue
+        if value.type is None and old.type is not None:
+            value.type = old.type
+        if value.shape is None and old.shape is not None:
+            value.shape = ir.Shape(old.shape)
 
 
 def _calibration_files(calibration) -> list:
