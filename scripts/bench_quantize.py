@@ -25,7 +25,8 @@ Tools (``--tools``; a group name selects its members):
         ``/work/quark-venv/bin/python`` (``--quark-python``); absent or failing: the one-line reason
   onnxopt-minmax onnxopt-percentile onnxopt-entropy onnxopt-mse    ``onnxopt.quantize(...,
         keep_float="never")``; onnxopt-auto: keep_float="auto" with the best of those methods;
-        onnxopt-hifi: the best method with fidelity=30 dB (more layers fall back to float)
+        onnxopt-hifi: the best method with fidelity=30 dB (more layers fall back to float);
+        onnxopt-nofallback: the best method with fidelity=None (no layer falls back)
 Every quantization runs in its own process (a crash is that row's error); "quantize s" is that
 process's wall time (interpreter start and imports included, for every tool alike); the JSON also
 has the time of the call itself where the tool is called from Python.
@@ -93,7 +94,7 @@ ORT_METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percenti
 ONNXOPT_METHODS = ("minmax", "percentile", "entropy", "mse")
 QUARK_VARIANTS = ("a8w8", "cle", "adaround")
 TOOLS = ([f"ort-{m}" for m in ORT_METHODS] + [f"quark-{v}" for v in QUARK_VARIANTS]
-         + [f"onnxopt-{m}" for m in ONNXOPT_METHODS] + ["onnxopt-auto", "onnxopt-hifi"])
+         + [f"onnxopt-{m}" for m in ONNXOPT_METHODS] + ["onnxopt-auto", "onnxopt-hifi", "onnxopt-nofallback"])
 HIFI_DB = 30.0  # onnxopt-hifi: the best method with --fidelity 30 (more layers fall back to float)
 GROUPS = {"ort": [t for t in TOOLS if t.startswith("ort-")], "quark": [t for t in TOOLS if t.startswith("quark-")],
           "onnxopt": [t for t in TOOLS if t.startswith("onnxopt-")]}
@@ -320,6 +321,8 @@ def quantize_worker(args) -> int:
                 method, keep = args.method or "minmax", "auto"
             elif method == "hifi":
                 method, fidelity = args.method or "minmax", str(HIFI_DB)
+            elif method == "nofallback":
+                method, fidelity = args.method or "minmax", "none"
             res = _onnxopt_quantize(model, calib, out, method, keep, fidelity)
         else:
             raise SystemExit(f"unknown tool {tool}")
@@ -583,8 +586,9 @@ def phase_fidelity(task: Task, tools: list[str], *, n_eval: int, n_calib: int, w
     for tool in tools:
         out = mdir / f"{tool}.onnx"
         method = None
-        if tool in ("onnxopt-auto", "onnxopt-hifi"):
-            method = (choose(rows, "onnxopt-", ("onnxopt-auto", "onnxopt-hifi")) or "onnxopt-minmax")[8:]
+        if tool in ("onnxopt-auto", "onnxopt-hifi", "onnxopt-nofallback"):
+            method = (choose(rows, "onnxopt-", ("onnxopt-auto", "onnxopt-hifi", "onnxopt-nofallback"))
+                      or "onnxopt-minmax")[8:]
         log(f"{task.name}: quantizing with {tool}")
         row = run_quantizer(tool, task.path, calib, out, timeout=timeout, quark_python=quark_python,
                             onnxopt_method=method, fidelity=onnxopt_fidelity, quark_script=quark_script)
@@ -609,7 +613,8 @@ def phase_fidelity(task: Task, tools: list[str], *, n_eval: int, n_calib: int, w
         rows[chosen]["chosen"] = True
     data = {"model": task.name, "phase": "fidelity", "machine": machine_info(), "eval_count": n_eval,
             "calib_count": n_calib, "data": task.data, "metric": METRIC_NAMES[task.kind], "ort_chosen": chosen,
-            "onnxopt_best": choose(rows, "onnxopt-", ("onnxopt-auto", "onnxopt-hifi")), "tools": rows,
+            "onnxopt_best": choose(rows, "onnxopt-", ("onnxopt-auto", "onnxopt-hifi", "onnxopt-nofallback")),
+            "tools": rows,
             "date": datetime.date.today().isoformat()}
     if any(t.startswith("quark-") for t in tools):
         data["quark_version"] = quark_version(quark_python)
@@ -633,7 +638,9 @@ def phase_latency(task: Task, *, work: Path, out_dir: Path, runs: int, budget_s:
             models[tool] = str(p)
     feeds = task.latency_feeds()
     log(f"{task.name}: timing {len(models)} models ({', '.join(models)})")
-    res = measure_latency(models, feeds, runs=runs, warmup=warmup, budget_s=budget_s)
+    # spin=False: a dozen sessions take turns on 2 cores; the idle ones' spinning thread pools would
+    # take the cores from the one timed (resnet50 fp32: 20.6 ms alone, 67-84 ms among 12 spinning ones)
+    res = measure_latency(models, feeds, runs=runs, warmup=warmup, budget_s=budget_s, spin=False)
     ref_ort = fid.get("ort_chosen") or ("ort-minmax" if "ort-minmax" in res["results"] else None)
     out_rows = {}
     fp = res["results"].get(FP32, {}).get("median_ms")

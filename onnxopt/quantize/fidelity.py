@@ -637,7 +637,12 @@ def latency_check(float_model, quant_model, feeds, *, min_speedup: float = 0.03,
     if feed is None:
         raise UsageError("latency check: no feeds")
     if measure is None:
-        from ..verify.runtime import measure_latency as measure
+        import functools
+
+        from ..verify.runtime import measure_latency
+
+        # thread pools that sleep between runs: the idle session's spinning pool would slow the other
+        measure = functools.partial(measure_latency, spin=False)
     fm = _ort_model(float_model, "float model")
     qm = _ort_model(quant_model, "quantized model")
     try:

@@ -146,12 +146,16 @@ EXACT_CUDA_OPTIONS = {"use_tf32": "0"}
 
 
 def session(model, provider: str = "cpu", *, profile_prefix: str | None = None, threads: int = 0,
-            optimization: str | None = None, exact: bool = False):
+            optimization: str | None = None, exact: bool = False, spin: bool = True):
     """An onnxruntime session on one provider (CUDA sessions fall back to CPU for what CUDA lacks);
-    ``exact``: CUDA without TF32 (for comparing outputs; latency runs with the defaults)."""
+    ``exact``: CUDA without TF32 (for comparing outputs; latency runs with the defaults);
+    ``spin=False``: its thread pool sleeps instead of spinning between runs (sessions timed in
+    turn in one process would otherwise take the cores from the one running)."""
     ort = _ort()
     so = ort.SessionOptions()
     so.log_severity_level = 4  # fatal only: failures come back as exceptions, reported in one line
+    if not spin:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if threads:
         so.intra_op_num_threads = threads
     if profile_prefix:
@@ -225,14 +229,16 @@ def run_profiled(model, feeds: Mapping[str, np.ndarray], provider: str = "cpu", 
 def measure_latency(models: dict[str, object], inputs: Mapping[str, np.ndarray], *, provider: str = "cpu",
                     runs: int = 50, warmup: int = 5, budget_s: float = 120.0, min_rounds: int = 5,
                     gap_s: float = 0.002, threads: int = 0,
-                    progress: Callable[[int, int], None] | None = None) -> dict:
+                    progress: Callable[[int, int], None] | None = None, spin: bool = True) -> dict:
     """One session per entry, warmed up, then ``runs`` interleaved rounds (fewer when the rounds
     would pass ``budget_s``, but at least ``min_rounds``); each round times one run of every
-    session, the order rotated by one per round."""
+    session, the order rotated by one per round. ``spin=False``: the sessions' thread pools sleep
+    between runs (see :func:`session`): with many sessions on few cores, spinning idle pools slow
+    the one running."""
     sessions, feeds, errors = {}, {}, {}
     for name, model in models.items():
         try:
-            sess = session(model, provider, threads=threads)
+            sess = session(model, provider, threads=threads, spin=spin)
             feeds[name] = {i.name: inputs[i.name] for i in sess.get_inputs()}
             sessions[name] = sess
         except Exception as exc:  # noqa: BLE001 - one broken model must not stop the others
