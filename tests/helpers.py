@@ -61,3 +61,28 @@ def feeds_for(m: onnx.ModelProto, seed=0) -> dict:
         else:
             out[vi.name] = rng.integers(0, 5, dims).astype(dtype)
     return out
+
+
+def minmax(proto: onnx.ModelProto, tensors, feeds) -> dict[str, tuple[float, float]]:
+    """Each tensor's (min, max) over ``feeds``: onnxruntime CPU, graph optimizations off, with the
+    tensors exposed as outputs (the quantizer tests' ranges, independent of onnxopt's calibration)."""
+    import onnxruntime as ort
+
+    m = onnx.ModelProto()
+    m.CopyFrom(proto)
+    have = {o.name for o in m.graph.output}
+    for t in tensors:
+        if t not in have:
+            m.graph.output.append(helper.make_tensor_value_info(t, TensorProto.FLOAT, None))
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    ranges: dict[str, tuple[float, float]] = {}
+    for feed in feeds:
+        outs = dict(zip(names, sess.run(None, feed)))
+        for t in tensors:
+            lo, hi = float(outs[t].min()), float(outs[t].max())
+            ranges[t] = (min(ranges[t][0], lo), max(ranges[t][1], hi)) if t in ranges else (lo, hi)
+    return ranges

@@ -15,6 +15,8 @@ from onnxopt import io
 from onnxopt.errors import UsageError
 from onnxopt.quantize import plan as qplan
 
+from helpers import minmax
+
 ort = pytest.importorskip("onnxruntime")
 
 
@@ -29,22 +31,6 @@ def _run(proto, feed):
     return dict(zip([o.name for o in s.get_outputs()], s.run(None, feed)))
 
 
-def _minmax(proto: onnx.ModelProto, tensors, feeds) -> dict[str, tuple[float, float]]:
-    m = onnx.ModelProto()
-    m.CopyFrom(proto)
-    have = {o.name for o in m.graph.output}
-    for t in tensors:
-        if t not in have:
-            m.graph.output.append(helper.make_tensor_value_info(t, TensorProto.FLOAT, None))
-    ranges: dict[str, tuple[float, float]] = {}
-    for feed in feeds:
-        outs = _run(m, feed)
-        for t in tensors:
-            lo, hi = float(outs[t].min()), float(outs[t].max())
-            ranges[t] = (min(ranges[t][0], lo), max(ranges[t][1], hi)) if t in ranges else (lo, hi)
-    return ranges
-
-
 def _sqnr(ref, test) -> float:
     ref, test = np.asarray(ref, np.float64), np.asarray(test, np.float64)
     return float(10 * np.log10(np.sum(ref * ref) / max(np.sum((ref - test) ** 2), 1e-30)))
@@ -55,7 +41,7 @@ def _plan_apply(proto, feeds, *, per_channel=True, target="portable", dtypes=Non
     rules = qplan.target_rules(target, per_channel=per_channel, use_costs=False)
     kw = {"dtypes": dtypes} if dtypes is not None else {}
     tensors = qplan.calibration_tensors(model, rules, exclude=exclude, **kw)
-    plan = qplan.make_plan(model, _minmax(proto, tensors, feeds), rules, exclude=exclude, **kw)
+    plan = qplan.make_plan(model, minmax(proto, tensors, feeds), rules, exclude=exclude, **kw)
     stats = qplan.apply_plan(model, plan, strict=True)
     return plan, stats, io.to_proto(model)
 
@@ -303,7 +289,7 @@ def test_unmatched_exclude_entries():
     model = io.to_ir(m)
     rules = qplan.target_rules("portable", use_costs=False)
     tensors = qplan.calibration_tensors(model, rules)
-    ranges = _minmax(m, tensors, _feeds())
+    ranges = minmax(m, tensors, _feeds())
     plan = qplan.make_plan(model, ranges, rules, exclude=["conv2", "Relu", "Pad", "no_such_node"])
     assert plan.unmatched_exclude == ["Relu", "no_such_node"]
     assert plan.skipped["conv2"] == "excluded by the user"

@@ -25,6 +25,8 @@ from onnxopt import io
 from onnxopt.errors import UsageError
 from onnxopt.quantize import plan as qplan
 
+from helpers import minmax
+
 ort = pytest.importorskip("onnxruntime")
 
 FLOAT_KERNELS = {"Conv", "FusedConv", "NhwcFusedConv", "Gemm", "FusedGemm", "MatMul", "FusedMatMul"}
@@ -40,25 +42,6 @@ def _session(proto: onnx.ModelProto, level=None, optimized: Path | None = None):
     if optimized is not None:
         so.optimized_model_filepath = str(optimized)
     return ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
-
-
-def minmax(proto: onnx.ModelProto, tensors, feeds) -> dict[str, tuple[float, float]]:
-    """Each tensor's (min, max) over ``feeds``, running onnxruntime with the tensors exposed."""
-    m = onnx.ModelProto()
-    m.CopyFrom(proto)
-    have = {o.name for o in m.graph.output}
-    for t in tensors:
-        if t not in have:
-            m.graph.output.append(helper.make_tensor_value_info(t, TensorProto.FLOAT, None))
-    sess = _session(m, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
-    names = [o.name for o in sess.get_outputs()]
-    ranges: dict[str, tuple[float, float]] = {}
-    for feed in feeds:
-        outs = dict(zip(names, sess.run(None, feed)))
-        for t in tensors:
-            lo, hi = float(outs[t].min()), float(outs[t].max())
-            ranges[t] = (min(ranges[t][0], lo), max(ranges[t][1], hi)) if t in ranges else (lo, hi)
-    return ranges
 
 
 def quantize(proto: onnx.ModelProto, feeds, *, per_channel=True, exclude=(), reduce_range=None):

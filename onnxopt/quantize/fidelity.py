@@ -260,6 +260,17 @@ def _float_values(proto: onnx.ModelProto) -> set[str]:
     return {x.name for x in g.input} | {o for n in g.node for o in n.output if o}
 
 
+def _qdq_graph(float_model, quant_model) -> _QdqGraph:
+    """The QDQ model's structure, its quantized tensors matched to the float model's values."""
+    fm = _ort_model(float_model, "float model")
+    qm = _ort_model(quant_model, "quantized model")
+    try:
+        return _QdqGraph(qm.proto, _float_values(fm.proto))
+    finally:
+        fm.close()
+        qm.close()
+
+
 def layer_sqnr(float_model, quant_model, tensors: Sequence[str] | None, feeds, *, provider: str = "cpu",
                threads: int = 0) -> dict[str, float]:
     """SQNR in dB of each quantized activation: for every float tensor T that the QDQ model
@@ -271,13 +282,7 @@ def layer_sqnr(float_model, quant_model, tensors: Sequence[str] | None, feeds, *
     differs by rounding of the int32 accumulator's requantization). ``tensors``: the float tensor
     names to measure (a name the QDQ model does not quantize is an error), None for all, in
     model order."""
-    fm = _ort_model(float_model, "float model")
-    qm = _ort_model(quant_model, "quantized model")
-    try:
-        g = _QdqGraph(qm.proto, _float_values(fm.proto))
-    finally:
-        fm.close()
-        qm.close()
+    g = _qdq_graph(float_model, quant_model)
     if tensors is None:
         names = list(g.quantized)
     else:
@@ -356,13 +361,7 @@ def node_damage(float_model, quant_model, feeds, *, excluded: Iterable[str] = ()
     ``candidates``: the nodes that can be returned to float (None: all); the damage of another node
     (a Relu whose range the QuantizeLinear after it absorbs) is charged to the candidate whose value
     it reads (through up to 3 such nodes), else to the quantized readers of its output."""
-    fm = _ort_model(float_model, "float model")
-    qm = _ort_model(quant_model, "quantized model")
-    try:
-        g = _QdqGraph(qm.proto, _float_values(fm.proto))
-    finally:
-        fm.close()
-        qm.close()
+    g = _qdq_graph(float_model, quant_model)
     nodes = [n for n in g.compute_nodes() if n.name]
     # a node's name as the caller's plan knows it: the plan key the quantizer leaves in the QDQ
     # model's node metadata (its rules rename what they rewrite), else the node's own name
