@@ -210,7 +210,8 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
         result = pipeline.run(loaded.model, chosen, max_rewrites=max_rewrites, graph_passes=graph_passes,
                               stop_after=stop_after, keep_log=stop_after is not None, strict=strict, progress=progress,
                               options={"fold_size_limit": int(fold_size_limit),
-                                       "fold_input_limit": int(fold_input_limit), "exact": bool(exact)})
+                                       "fold_input_limit": int(fold_input_limit), "exact": bool(exact),
+                                       "target": targets.normalize(target)})
         after = node_counts(loaded.model)
         t2 = time.perf_counter()
         verification = None

@@ -444,6 +444,9 @@ class Rule:
     priority: int = 0
     targets: frozenset[str] = frozenset(_targets.TARGETS)
     exact: bool | None = None  # see the module docstring; None: undeclared (not run under exact mode)
+    # A key of the measured benefit table (``onnxopt.benefit``): where a fusion helps on one target and
+    # hurts on another, the table (written by a benchmark script) says per target whether it runs.
+    benefit: str | None = None
 
     def __post_init__(self):
         if self.exact is not None and not isinstance(self.exact, bool):
