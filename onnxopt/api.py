@@ -37,6 +37,10 @@ class Report:
     log: list[dict] = dataclasses.field(default_factory=list)  # the rewrites in order (with stop_after)
     verification: dict | None = None  # verify.verify()'s report, with verify=
     settings: dict = dataclasses.field(default_factory=dict)  # what shaped the result: target, exact, input_shapes
+    # rules left out for the target, with the reason (registry.select): not valid there, or the measured
+    # benefit table says the fusion does not pay there
+    skipped: list[dict] = dataclasses.field(default_factory=list)
+    advice: dict | None = None  # for ort-cuda: provider options that pay, CPU islands (onnxopt.advice)
 
     @property
     def fired(self) -> dict[str, int]:
@@ -56,6 +60,8 @@ class Report:
             "warnings": self.warnings,
             "errors": self.errors,
             "settings": self.settings,
+            "skipped": self.skipped,
+            **({"advice": self.advice} if self.advice is not None else {}),
             **({"log": self.log} if self.log else {}),
             **({"verification": self.verification} if self.verification is not None else {}),
         }
@@ -180,7 +186,9 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
     if rules is not None:  # onnxscript's rules made Rules once, for the run, the warning and a bisect
         rules = registry.as_rules(rules)
     extra_rules = registry.as_rules(extra_rules, "extra_rules")
-    chosen, graph_passes = registry.resolve(rules, extra_rules, disable, target, graph_passes, exact=exact)
+    skipped: list[dict] = []
+    chosen, graph_passes = registry.resolve(rules, extra_rules, disable, target, graph_passes, exact=exact,
+                                            skipped=skipped)
     if verify and exact:  # exact mode's promise, checked as made: no tolerance unless one is given
         verify_options = {**(verify_options or {})}
         verify_options.update({k: 0.0 for k in ("rtol", "atol") if verify_options.get(k) is None})
@@ -213,6 +221,10 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
                                        "fold_input_limit": int(fold_input_limit), "exact": bool(exact),
                                        "target": targets.normalize(target)})
         after = node_counts(loaded.model)
+        advice = None
+        if return_report and targets.normalize(target) == targets.ORT_CUDA:
+            from .advice import advise
+            advice = advise(loaded.model, targets.ORT_CUDA)
         t2 = time.perf_counter()
         verification = None
         if verify:
@@ -252,7 +264,8 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
     report = Report(before, after, result.rules, result.rewrites, seconds, result.cycles, result.hit_limit,
                     warnings, [bug.as_dict() for bug in result.errors], log=result.log, verification=verification,
                     settings={"target": targets.normalize(target), "exact": bool(exact),
-                              "input_shapes": {name: list(dims) for name, dims in input_shapes.items()}})
+                              "input_shapes": {name: list(dims) for name, dims in input_shapes.items()}},
+                    skipped=skipped, advice=advice)
     return out, report
 
 

@@ -87,17 +87,19 @@ def _is_rewrite_rule(obj) -> bool:
 
 
 def resolve(rules: Sequence[Rule] | None = None, extra_rules: Sequence[Rule] = (), disable: Iterable[str] = (),
-            target: str | None = None, graph_passes: Iterable[str] | None = None, exact: bool = False
-            ) -> tuple[list[Rule], list[str]]:
+            target: str | None = None, graph_passes: Iterable[str] | None = None, exact: bool = False,
+            skipped: list[dict] | None = None) -> tuple[list[Rule], list[str]]:
     """The rules and whole-graph passes one optimization runs: ``rules`` (default: the built-in
     library) plus ``extra_rules``, less those ``disable`` names (rules or passes), those not valid
     for ``target`` and, with ``exact``, those not declared exact; the passes named (default: all of
     them with the built-in library, none with an explicit rule list) less the disabled ones (and,
-    with ``exact``, those not declared exact)."""
+    with ``exact``, those not declared exact). ``skipped``: a list :func:`select` records the rules
+    left out for the target in (see there)."""
     disable = list(disable)
     base = builtin_rules() if rules is None else as_rules(rules)
     chosen = select([*base, *as_rules(extra_rules, "extra_rules")],
-                    disable=[d for d in disable if d not in passes.BY_NAME], target=target, exact=exact)
+                    disable=[d for d in disable if d not in passes.BY_NAME], target=target, exact=exact,
+                    skipped=skipped)
     if graph_passes is None:
         graph_passes = passes.NAMES if rules is None else ()
     return chosen, [name for name in graph_passes if name not in disable and (not exact or _exact_pass(name))]
@@ -109,17 +111,47 @@ def _exact_pass(name: str) -> bool:
 
 
 def select(rules: Sequence[Rule], *, disable: Iterable[str] = (), target: str | None = None,
-           exact: bool = False) -> list[Rule]:
+           exact: bool = False, skipped: list[dict] | None = None, table=None) -> list[Rule]:
     """Drop disabled rules (unknown names are an error), rules not valid for ``target``
-    (``onnxopt.targets``: portable by default; cpu and cuda are aliases of ort-cpu and ort-cuda)
-    and, with ``exact``, rules not declared exact (``Rule.exact`` False or undeclared)."""
+    (``onnxopt.targets``: portable by default; cpu and cuda are aliases of ort-cpu and ort-cuda),
+    rules whose ``benefit`` key the measured benefit table (``onnxopt.benefit``; ``table``, default
+    the one in effect) says does not pay on ``target`` and, with ``exact``, rules not declared exact
+    (``Rule.exact`` False or undeclared).
+
+    ``skipped``: a list to record the rules left out for the target in, one dict each:
+    ``{"rule", "why": "target", "reason"}`` for a rule not valid there, ``{"rule", "why": "benefit",
+    "key", "reason", "evidence"}`` for one the table leaves out (the reason cites the measurement).
+    A rule with a ``benefit`` key the table has not measured for the target runs."""
+    from . import benefit as _benefit
+
     names = {r.name for r in rules}
     disable = set(disable)
     unknown = sorted(disable - names)
     if unknown:
         raise UsageError(f"unknown rule(s) to disable: {', '.join(unknown)} (see --list-rules)")
     target = _targets.normalize(target)
-    return [r for r in rules if r.name not in disable and target in r.targets and (not exact or r.exact is True)]
+    table = table or _benefit.current()
+    chosen = []
+    for r in rules:
+        if r.name in disable:
+            continue
+        if target not in r.targets:
+            if skipped is not None:
+                valid = ", ".join(t for t in _targets.TARGETS if t in r.targets)
+                skipped.append({"rule": r.name, "why": "target",
+                                "reason": f"{r.name}: not valid for {target} (valid for {valid})"})
+            continue
+        if exact and r.exact is not True:
+            continue
+        if r.benefit is not None:
+            d = table.decide(r.benefit, target)
+            if not d.apply:
+                if skipped is not None:
+                    skipped.append({"rule": r.name, "why": "benefit", "key": r.benefit,
+                                    "reason": f"{r.name}: skipped for {target}: {d.reason}", "evidence": d.evidence})
+                continue
+        chosen.append(r)
+    return chosen
 
 
 def undeclared(rules: Iterable[Rule]) -> list[str]:

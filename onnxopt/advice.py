@@ -1,0 +1,227 @@
+"""Session advice for a target, read from the optimized model: the provider options it benefits
+from (each with the measured evidence of the benefit table, ``onnxopt.benefit``), and for
+``ort-cuda`` the nodes onnxruntime's CUDA provider would leave on the CPU (the "CPU islands"),
+counted statically so that users see them without a GPU.
+
+The island count mirrors onnxruntime's placement (``GetCpuPreferredNodes`` in
+``onnxruntime/core/framework/fallback_cpu_capability.cc``): a node without a CUDA kernel runs on
+the CPU; the outputs of Shape and Size (whose CUDA kernels write to host memory) and of nodes
+placed on the CPU are CPU tensors; a node that reads one of them (other than where its CUDA
+kernel takes that input in host memory, as Reshape's shape), and otherwise only small
+initializers (<= 100 elements) or graph inputs, and no float16/bfloat16 input, is placed on the
+CPU too. It is an estimate: kernel availability is by op type (onnxruntime's OperatorKernels.md,
+not every type constraint), and subgraphs of If/Loop/Scan are not looked into. The verifier's
+by-provider kernel count on a GPU is the measurement.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from collections.abc import Mapping
+
+import numpy as np
+import onnx_ir as ir
+
+from . import benefit as _benefit
+from . import targets as _targets
+from .irutil import constant_tensor
+
+SMALL_INITIALIZER = 100  # elements (onnxruntime's kSmallInitializerThreshold)
+
+# CUDA kernels whose outputs are in host memory
+CPU_OUTPUT_OPS = {"Shape", "Size"}
+
+# CUDA kernels that take these inputs in host memory (InputMemoryType(OrtMemTypeCPUInput, i)):
+# a CPU tensor read there does not pull the node onto the CPU
+CPU_INPUTS: dict[str, tuple[int, ...]] = {
+    "Reshape": (1,), "Expand": (1,), "Slice": (1, 2, 3, 4), "Tile": (1,), "ConstantOfShape": (0,),
+    "Range": (0, 1, 2), "Resize": (1, 2, 3), "Upsample": (1,), "TopK": (1,), "Pad": (1, 2, 3),
+    "Squeeze": (1,), "Unsqueeze": (1,), "Split": (1,), "OneHot": (1,), "Clip": (1, 2), "Dropout": (1, 2),
+    "Trilu": (1,), "CumSum": (1,), "NonMaxSuppression": (2, 3, 4), "If": (0,), "Loop": (0, 1),
+    "ReduceSum": (1,), "ReduceMean": (1,), "ReduceMax": (1,), "ReduceMin": (1,), "ReduceProd": (1,),
+    "ReduceL1": (1,), "ReduceL2": (1,), "ReduceLogSum": (1,), "ReduceLogSumExp": (1,), "ReduceSumSquare": (1,),
+}
+
+# ai.onnx ops onnxruntime's CUDA provider has no kernel for (OperatorKernels.md, onnxruntime 1.2x-1.3x)
+NO_CUDA_ONNX = {
+    "StringNormalizer", "TfIdfVectorizer", "Unique", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul",
+    "ConvInteger", "LpNormalization", "LpPool", "GlobalLpPool", "MaxRoiPool", "MaxUnpool", "Det", "STFT",
+    "MelWeightMatrix", "HannWindow", "HammingWindow", "BlackmanWindow", "ImageDecoder", "RegexFullMatch",
+    "StringConcat", "StringSplit", "Col2Im", "AffineGrid", "Bernoulli", "Hardmax", "Celu", "Optional",
+    "OptionalGetElement", "OptionalHasElement", "SequenceMap", "CenterCropPad", "DFT",
+}
+# com.microsoft ops with a CUDA kernel (the transformer fusions onnxopt and onnxruntime emit, and others)
+CUDA_CONTRIB = {
+    "Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention", "PackedMultiHeadAttention",
+    "DecoderMaskedMultiHeadAttention", "DecoderMaskedSelfAttention", "SparseAttention", "RotaryEmbedding",
+    "SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization",
+    "LayerNormalization", "EmbedLayerNormalization", "Gelu", "FastGelu", "BiasGelu", "QuickGelu", "BiasAdd",
+    "BiasSplitGelu", "BiasSoftmax", "BiasDropout", "FusedMatMul", "FusedConv", "NhwcConv", "GemmFastGelu",
+    "MatMulNBits", "MatMulBnb4", "GroupNorm", "SkipGroupNorm", "RelativePositionBias",
+    "GatedRelativePositionBias", "RemovePadding", "RestorePadding", "BeamSearch", "GreedySearch", "Sampling",
+    "WhisperBeamSearch", "Inverse", "GridSample", "ComplexMul", "ComplexMulConj", "Rfft", "Irfft",
+    "QuantizeLinear", "DequantizeLinear", "MoE", "QMoE", "Trilu", "TransposeMatMul", "ConvTransposeWithDynamicPads",
+    "DynamicTimeWarping", "UnfoldTensor", "GemmFloat8", "SkipLayerNorm", "BitmaskDropout", "Crop",
+}
+# ops whose output shape depends on the input data: CUDA graph capture needs the same shapes every run
+DATA_DEPENDENT = {"NonZero", "NonMaxSuppression", "Unique", "Compress", "If", "Loop", "Scan"}
+CONTROL_FLOW = {"If", "Loop", "Scan"}
+LOW_FLOAT = {ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
+
+
+def has_cuda_kernel(node: ir.Node) -> bool:
+    """Whether onnxruntime's CUDA provider has a kernel for ``node`` (by op type; string tensors never)."""
+    if any(v is not None and v.dtype == ir.DataType.STRING for v in (*node.inputs, *node.outputs)):
+        return False
+    domain = node.domain or ""
+    if domain in ("", "ai.onnx"):
+        return node.op_type not in NO_CUDA_ONNX
+    if domain == "com.microsoft":
+        return node.op_type in CUDA_CONTRIB
+    return False  # ai.onnx.ml and custom domains: CPU kernels only
+
+
+def _small_constant(value: ir.Value) -> bool:
+    t = constant_tensor(value)
+    if t is None:
+        return False
+    return int(np.prod(t.shape.numpy() if hasattr(t.shape, "numpy") else tuple(t.shape))) <= SMALL_INITIALIZER
+
+
+def _dims(value: ir.Value) -> list:
+    if value.shape is None:
+        return ["?"]
+    return [d if isinstance(d, int) else (str(d.value) if getattr(d, "value", None) is not None else "?")
+            for d in value.shape]
+
+
+def cuda_placement(model: ir.Model, *, examples: int = 12) -> dict:
+    """The nodes of ``model``'s main graph that onnxruntime's CUDA provider would run on the CPU
+    (a static estimate, see the module docstring): ``cpu_nodes``, by op type, by reason ("no CUDA
+    kernel", "shape arithmetic": reads a CPU tensor such as Shape's output), the first
+    ``examples`` of them, the graph inputs with dynamic dimensions, and whether every node runs on
+    CUDA at static shapes (``all_on_cuda_static``)."""
+    graph = model.graph
+    nodes = list(graph)
+    order = {id(n): i for i, n in enumerate(nodes)}
+    graph_inputs = {id(v) for v in graph.inputs}
+    cuda = {id(n): has_cuda_kernel(n) for n in nodes}
+    cpu_values: set[int] = set()
+    heap: list[tuple[int, int]] = []
+
+    def push_consumers(node: ir.Node) -> None:
+        for out in node.outputs:
+            for use in out.uses():
+                user = use.node if hasattr(use, "node") else use[0]
+                if id(user) in order:
+                    heapq.heappush(heap, (order[id(user)], id(user)))
+
+    by_id = {id(n): n for n in nodes}
+    for n in nodes:
+        if cuda[id(n)] and n.op_type in CPU_OUTPUT_OPS and (n.domain or "") in ("", "ai.onnx"):
+            cpu_values.update(id(o) for o in n.outputs)
+            push_consumers(n)
+    placed: dict[int, str] = {}
+    visited: set[int] = set()
+    while heap:
+        _, nid = heapq.heappop(heap)
+        if nid in visited:
+            continue
+        visited.add(nid)
+        n = by_id[nid]
+        if not cuda[nid]:
+            cpu_values.update(id(o) for o in n.outputs)
+            push_consumers(n)
+            continue
+        on_cpu = True
+        cpu_slots = CPU_INPUTS.get(n.op_type, ()) if (n.domain or "") in ("", "ai.onnx") else ()
+        for i, v in enumerate(n.inputs):
+            if v is None:
+                on_cpu = False
+                break
+            if v.dtype in LOW_FLOAT:
+                on_cpu = False
+                break
+            if id(v) in graph_inputs or _small_constant(v):
+                continue
+            if id(v) not in cpu_values or i in cpu_slots:
+                on_cpu = False
+                break
+        if on_cpu:
+            placed[nid] = "shape arithmetic"
+            cpu_values.update(id(o) for o in n.outputs)
+            push_consumers(n)
+    for n in nodes:
+        if not cuda[id(n)]:
+            placed[id(n)] = "no CUDA kernel"
+    cpu = [n for n in nodes if id(n) in placed]
+    dynamic = {v.name: _dims(v) for v in graph.inputs
+               if v.shape is None or any(not isinstance(d, int) for d in v.shape)}
+    control = sum(1 for n in nodes if n.op_type in CONTROL_FLOW and (n.domain or "") in ("", "ai.onnx"))
+    data_dep = sorted({n.op_type for n in nodes if n.op_type in DATA_DEPENDENT and (n.domain or "") in ("", "ai.onnx")})
+    return {
+        "nodes": len(nodes),
+        "cpu_nodes": len(cpu),
+        "by_op": dict(Counter(f"{n.domain}.{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
+                              for n in cpu).most_common()),
+        "by_reason": dict(Counter(placed[id(n)] for n in cpu).most_common()),
+        "examples": [{"node": n.name, "op": n.op_type, "reason": placed[id(n)]} for n in cpu[:examples]],
+        "dynamic_inputs": dynamic,
+        "control_flow": control,
+        "data_dependent_ops": data_dep,
+        "all_on_cuda_static": not cpu and not dynamic and not control and not data_dep,
+        "method": "static estimate of onnxruntime's CUDA placement (onnxopt.advice); the verifier's by-provider "
+                  "kernel count on a GPU measures it",
+    }
+
+
+def _option(key: str, option: str, value: str, why: str, table: _benefit.Table) -> dict:
+    d = table.decide(key, _targets.ORT_CUDA)
+    return {"provider": "cuda", "option": option, "value": value, "key": key, "why": why, "advised": d.apply,
+            "measured": d.measured,
+            "evidence": d.reason if d.measured else f"not measured yet ({key}: scripts/bench_benefit.py --advice on "
+                                                    "a GPU); try it with verify --provider-option",
+            "flag": f"--provider-option cuda:{option}={value}"}
+
+
+def advise(model: ir.Model, target: str, table: _benefit.Table | None = None) -> dict | None:
+    """Session advice for ``target`` (``ort-cuda`` only; None for the others): ``provider_options``
+    (each: option, value, why, advised per the benefit table, measured, evidence, the verify flag),
+    ``not_advised`` (options considered and why they do not apply), ``cpu_islands``
+    (:func:`cuda_placement`)."""
+    if _targets.normalize(target) != _targets.ORT_CUDA:
+        return None
+    table = table or _benefit.current()
+    placement = cuda_placement(model)
+    options, not_advised = [], []
+    convs = sum(1 for n in model.graph if n.op_type == "Conv" and (n.domain or "") in ("", "ai.onnx")
+                and n.inputs and n.inputs[0] is not None and (n.inputs[0].shape is None or len(n.inputs[0].shape) == 4))
+    if convs:
+        opt = _option("cuda_prefer_nhwc", "prefer_nhwc", "1", f"{convs} 2-D Conv node(s) in NCHW", table)
+        (options if opt["advised"] else not_advised).append(opt)
+    else:
+        not_advised.append({"option": "prefer_nhwc", "why": "no 2-D Conv"})
+    if placement["all_on_cuda_static"]:
+        opt = _option("cuda_graph", "enable_cuda_graph", "1",
+                      "every node runs on CUDA at static shapes (static estimate)", table)
+        (options if opt["advised"] else not_advised).append(opt)
+    else:
+        why = []
+        if placement["dynamic_inputs"]:
+            why.append("dynamic input dims: " + ", ".join(f"{k} {v}" for k, v in placement["dynamic_inputs"].items())
+                       + " (fix them with --input-shape)")
+        if placement["cpu_nodes"]:
+            why.append(f"{placement['cpu_nodes']} node(s) would run on the CPU")
+        if placement["control_flow"]:
+            why.append(f"{placement['control_flow']} control-flow node(s)")
+        if placement["data_dependent_ops"]:
+            why.append("data-dependent output shapes: " + ", ".join(placement["data_dependent_ops"]))
+        not_advised.append({"option": "enable_cuda_graph", "why": "; ".join(why)})
+    return {"target": _targets.ORT_CUDA, "provider_options": options, "not_advised": not_advised,
+            "cpu_islands": placement}
+
+
+def provider_options_flags(advice: Mapping | None) -> list[str]:
+    """The ``verify --provider-option`` flags of the advised options."""
+    return [o["flag"] for o in (advice or {}).get("provider_options", ()) if o.get("advised")]
