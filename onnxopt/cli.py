@@ -140,6 +140,9 @@ def _add_verify_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--warmup", type=int, default=5, metavar="N", help="warm-up runs per session (default 5)")
     g.add_argument("--threads", type=int, default=0, metavar="N",
                    help="onnxruntime intra-op threads (default: onnxruntime's)")
+    g.add_argument("--provider-option", action="append", default=[], metavar="PROVIDER:NAME=VALUE",
+                   help="an execution provider option for both models' sessions, e.g. cuda:prefer_nhwc=1 or "
+                        "cuda:enable_cuda_graph=1 (repeatable; the advice of --target ort-cuda names them)")
 
 
 def _status(args) -> Status:
@@ -150,7 +153,8 @@ def _status(args) -> Status:
 def _verify_options(args, progress: Status) -> dict:
     return {"inputs": args.inputs, "int_ranges": verify.parse_int_ranges(args.int_range), "seed": args.seed,
             "rtol": args.rtol, "atol": args.atol, "runs": args.runs, "warmup": args.warmup, "threads": args.threads,
-            "progress": progress}
+            "progress": progress, **({"provider_options": verify.parse_provider_options(args.provider_option)}
+                                     if args.provider_option else {})}
 
 
 def _verify_parser() -> argparse.ArgumentParser:

@@ -112,6 +112,9 @@ def format_optimize(report, src: str, dst: str, sizes: tuple[int | None, int | N
                             f"{st.seconds * 1e3:.1f}") for name, st in fired],
                           ("rule", "tried", "fired", "refused", *(["errors"] if errors else []), "ms"))]
     idle = [st for st in report.rules.values() if st.tried and not (st.fired or st.errors)]
+    out += format_skipped(getattr(report, "skipped", None) or [], d.get("settings", {}).get("target", ""))
+    if getattr(report, "advice", None):
+        out += ["", format_advice(report.advice)]
     out += [""] + [Styled(f"warning: {w}", "yellow") for w in report.warnings]
     pct = f", {100 * (n1 - n0) / n0:+.1f}%" if n0 else ""
     ran = (f"{report.rewrites} rewrites by {len(fired)} rule{'s' * (len(fired) != 1)}" if fired
@@ -122,6 +125,49 @@ def format_optimize(report, src: str, dst: str, sizes: tuple[int | None, int | N
     size = f" ({_size(sizes[0])} -> {_size(sizes[1])})" if None not in sizes else ""
     out.append(f"wrote {dst}{size} in {s['total']:.2f} s: load {s['load']:.2f} s, rewrite {s['rewrite']:.2f} s"
                + (f", verify {s['verify']:.2f} s" if "verify" in s else "") + f", save {s['save']:.2f} s")
+    return Doc(out)
+
+
+def format_skipped(skipped: Sequence[Mapping], target: str) -> list:
+    """The rules left out for the target (``Report.skipped``): those the measured benefit table
+    leaves out, one line each with its reason and evidence; those not valid for the target, on one
+    line."""
+    out = []
+    benefit = [s for s in skipped if s.get("why") == "benefit"]
+    other = [s["rule"] for s in skipped if s.get("why") == "target"]
+    if benefit:
+        out += ["", Styled(f"skipped for {target} by the measured benefit table (onnxopt/data/benefit.json):", "bold")]
+        out += [f"  {s['reason']}" for s in benefit]
+    if other:
+        shown = ", ".join(other[:8]) + (f", ... ({len(other) - 8} more in the JSON report)" if len(other) > 8 else "")
+        out += [Styled(f"{len(other)} rule{'s' * (len(other) != 1)} not valid for {target}: {shown}", "dim")]
+    return out
+
+
+def format_advice(advice: Mapping) -> Doc:
+    """Session advice (``onnxopt.advice.advise``): the provider options the model benefits from,
+    with the evidence, those that do not apply and why, and the CPU islands."""
+    out = [Styled(f"session advice for {advice['target']}:", "bold")]
+    for o in advice.get("provider_options", ()):
+        tag = "measured" if o.get("measured") else "not measured"
+        out.append(Styled(f"  {o['option']}={o['value']} ({o['why']}; {tag}): {o['evidence']}", "green"))
+    opts = [o["flag"] for o in advice.get("provider_options", ()) if o.get("advised")]
+    if opts:
+        out.append(f"  see it: onnxopt verify ORIGINAL OPTIMIZED --providers cuda {' '.join(opts)}")
+    for o in advice.get("not_advised", ()):
+        out.append(Styled(f"  not {o['option']}: {o.get('evidence') or o.get('why')}", "dim"))
+    isl = advice.get("cpu_islands") or {}
+    if isl:
+        if isl.get("cpu_nodes"):
+            ops = ", ".join(f"{op} {n}" for op, n in list(isl["by_op"].items())[:8])
+            why = ", ".join(f"{r} {n}" for r, n in isl["by_reason"].items())
+            out.append(Styled(f"  CPU islands: {isl['cpu_nodes']} of {isl['nodes']} nodes would run on the CPU under "
+                              f"onnxruntime's CUDA provider ({why}): {ops}", "yellow"))
+            if isl.get("dynamic_inputs"):
+                out.append("  fixing the dynamic inputs (--input-shape) lets onnxopt fold the shape arithmetic")
+        else:
+            out.append(f"  CPU islands: none of {isl['nodes']} nodes would run on the CPU under onnxruntime's CUDA "
+                       "provider (static estimate)")
     return Doc(out)
 
 
@@ -223,6 +269,9 @@ def format_verification(report: dict) -> Doc:
                     + (f", {v['range'][0]}..{v['range'][1]}" if "range" in v else "") + ")"
                     for k, v in report["inputs"].items())
     lines.append(f"inputs (seed {report['seed']}): {ins or 'none'}")
+    if report.get("provider_options"):
+        lines.append("provider options: " + "; ".join(f"{p}: " + ", ".join(f"{k}={v}" for k, v in o.items())
+                                                      for p, o in report["provider_options"].items()))
     if report.get("int8"):
         lines.append(f"int8 model against its float model: {report['int8']['criterion']} (the elementwise figures, at "
                      f"rtol {LOW_PRECISION[0]}, atol {LOW_PRECISION[1]}, for information)")

@@ -26,13 +26,13 @@ from .compare import (INT8_MIN_SQNR_DB, LOW_PRECISION, TOLERANCES, check_toleran
 from .culprit import find_culprit
 from .inputs import inputs_for, make_inputs, parse_input_shapes, parse_int_ranges
 from .runtime import (PROVIDERS, OrtModel, VerifyUnavailable, check_providers, count_kernels, measure_latency,
-                      parse_providers, run_profiled, session)
+                      parse_provider_options, parse_providers, run_profiled, session)
 
 __all__ = [
     "INT8_MIN_SQNR_DB", "LOW_PRECISION", "PROVIDERS", "TOLERANCES", "Progress", "VerificationError",
     "VerifyUnavailable", "bisect_command", "check_providers", "check_settings", "check_tolerances", "compare",
     "compare_all", "compare_value", "compare_int8", "count_kernels", "find_culprit", "is_low_precision",
-    "is_quantized", "make_inputs", "measure_latency", "parse_input_shapes", "parse_int_ranges", "parse_providers",
+    "is_quantized", "make_inputs", "measure_latency", "parse_input_shapes", "parse_int_ranges", "parse_provider_options", "parse_providers",
     "problem_text", "run_profiled", "session", "sqnr_db", "tolerance", "verify",
 ]
 
@@ -59,7 +59,7 @@ class Progress:
 
 def check_settings(providers: str | Sequence[str] = "cpu", *, runs: int = 20, warmup: int = 5, threads: int = 0,
                    rtol: float | None = None, atol: float | None = None, min_sqnr: float | None = None,
-                   **_) -> list[str]:
+                   provider_options=None, **_) -> list[str]:
     """Refuse bad verification settings (UsageError, one line) before any work; the providers parsed."""
     providers = parse_providers(providers)
     check_providers(providers)
@@ -70,6 +70,10 @@ def check_settings(providers: str | Sequence[str] = "cpu", *, runs: int = 20, wa
     if not 0 <= threads <= 2**31 - 1:
         raise UsageError(f"--threads {threads}: must be 0 (onnxruntime's choice) or a positive 32-bit number")
     check_tolerances(rtol, atol)
+    unused = sorted(set(parse_provider_options(provider_options)) - set(providers))
+    if unused:
+        raise UsageError(f"provider options for {', '.join(unused)}, which this verification does not run "
+                         f"(--providers {','.join(providers)})")
     if min_sqnr is not None and not np.isfinite(min_sqnr):
         raise UsageError(f"--min-sqnr {min_sqnr}: must be a finite number of dB")
     return providers
@@ -80,7 +84,7 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
            int_ranges: Mapping[str, tuple[int, int]] | None = None, seed: int = 0, rtol: float | None = None,
            atol: float | None = None, runs: int = 20, warmup: int = 5, latency: bool = True, culprit: bool = True,
            threads: int = 0, progress: Progress | None = None, bisect_options: Sequence[str] | None = None,
-           min_sqnr: float | None = None) -> dict:
+           min_sqnr: float | None = None, provider_options=None) -> dict:
     """Verify ``optimized`` against ``original`` on each provider; returns the report (a dict
     that ``onnxopt.report.format_verification`` prints); ``report["ok"]`` is False when an
     output differs.
@@ -98,9 +102,14 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
     elementwise tolerance int8 cannot meet; the elementwise statistics are reported beside it, and
     ``rtol``/``atol``, when given, apply instead. Culprit search and bisect are skipped there (every
     quantized value differs from float by design). Two float models, or two quantized ones, are
-    compared as ever."""
+    compared as ever.
+
+    ``provider_options``: ``{provider: {option: value}}`` or ``["cuda:prefer_nhwc=1", ...]`` (see
+    ``runtime.parse_provider_options``), given to both models' sessions of that provider (outputs,
+    kernels and latency); the report records them (``report["provider_options"]``)."""
     providers = check_settings(providers, runs=runs, warmup=warmup, threads=threads, rtol=rtol, atol=atol,
-                               min_sqnr=min_sqnr)
+                               min_sqnr=min_sqnr, provider_options=provider_options)
+    provider_options = parse_provider_options(provider_options)
     progress = progress or Progress()
     before = after = None
     try:
@@ -110,7 +119,7 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
         if rtol is None and atol is None and is_quantized(after.proto) and not is_quantized(before.proto):
             int8 = INT8_MIN_SQNR_DB if min_sqnr is None else float(min_sqnr)
         report = _verify(before, after, providers, feeds, inputs, input_shapes, int_ranges, seed, rtol, atol, runs,
-                         warmup, latency, culprit and int8 is None, threads, progress, int8)
+                         warmup, latency, culprit and int8 is None, threads, progress, int8, provider_options)
         if not report["ok"] and int8 is None:
             report["bisect_command"] = bisect_command(
                 original, next(p for p, e in report["providers"].items() if not e["ok"]), inputs=inputs,
@@ -125,11 +134,14 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
 
 
 def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_shapes, int_ranges, seed, rtol, atol,
-            runs, warmup, latency, culprit, threads, progress, int8: float | None = None) -> dict:
+            runs, warmup, latency, culprit, threads, progress, int8: float | None = None,
+            provider_options: dict | None = None) -> dict:
     feeds, how = inputs_for(before, feeds, inputs, input_shapes, int_ranges, seed)
     low = is_low_precision(before.proto)
     report: dict = {"original": before.name, "optimized": after.name,
                     "seed": seed, "inputs": how, "low_precision": low, "providers": {}}
+    if provider_options:
+        report["provider_options"] = provider_options
     if int8 is not None:
         report["int8"] = {"min_sqnr_db": int8, "criterion": f"each float output: SQNR >= {int8:g} dB against the "
                                                             "float model"}
@@ -142,7 +154,8 @@ def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_s
         for label, model in (("before", before), ("after", after)):
             progress(f"{p}: running the {'original' if label == 'before' else 'optimized'} model", step, steps)
             try:
-                got[label], kernels, init_s = run_profiled(model.source(), feeds, p, threads=threads)
+                got[label], kernels, init_s = run_profiled(model.source(), feeds, p, threads=threads,
+                                                           provider_options=provider_options)
             except Exception as exc:  # noqa: BLE001 - onnxruntime refusing a model is a result
                 if label == "before":  # the reference itself does not run: bad input
                     raise InvalidModelError(f"onnxruntime ({p}) cannot run the original model: {io.first_line(exc, 300)}") \
@@ -165,6 +178,7 @@ def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_s
             t0 = time.perf_counter()
             lat = measure_latency({"before": before.source(), "after": after.source()}, feeds, provider=p,
                                   runs=runs, warmup=warmup, threads=threads, min_rounds=min(runs, 5),
+                                  provider_options=provider_options,
                                   progress=lambda d, t, p=p, s=step: progress(f"{p}: latency {d}/{t}", s, steps))
             res = lat["results"]
             entry["latency"] = {"rounds": lat["rounds"], "warmup": warmup,

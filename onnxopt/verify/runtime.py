@@ -131,6 +131,37 @@ def parse_providers(text: str | Sequence[str] | bool | None) -> list[str]:
     return out
 
 
+def parse_provider_options(items: Sequence[str] | Mapping | None) -> dict[str, dict[str, str]]:
+    """Provider options as given on the command line (``cuda:prefer_nhwc=1``, repeatable) or as a
+    mapping (``{"cuda": {"prefer_nhwc": 1}}``), as ``{provider: {option: text}}``; a malformed item or an
+    unknown provider is a UsageError."""
+    out: dict[str, dict[str, str]] = {}
+    if not items:
+        return out
+    if isinstance(items, Mapping):
+        for prov, opts in items.items():
+            key = parse_providers([str(prov)])[0]
+            if not isinstance(opts, Mapping):
+                raise UsageError(f"provider options for {prov}: expected a mapping of option to value, not "
+                                 f"{type(opts).__name__}")
+            out.setdefault(key, {}).update({str(k): _option_text(v) for k, v in opts.items()})
+        return out
+    if isinstance(items, str):
+        items = [items]
+    for item in items:
+        prov, sep, rest = str(item).partition(":")
+        name, eq, value = rest.partition("=")
+        if not sep or not eq or not name.strip() or not prov.strip():
+            raise UsageError(f"--provider-option {item!r}: expected PROVIDER:NAME=VALUE, e.g. cuda:prefer_nhwc=1")
+        key = parse_providers([prov])[0]
+        out.setdefault(key, {})[name.strip()] = value.strip()
+    return out
+
+
+def _option_text(v) -> str:
+    return ("1" if v else "0") if isinstance(v, bool) else str(v)
+
+
 def check_providers(providers: Sequence[str]) -> None:
     available = _ort().get_available_providers()
     for p in providers:
@@ -146,9 +177,12 @@ EXACT_CUDA_OPTIONS = {"use_tf32": "0"}
 
 
 def session(model, provider: str = "cpu", *, profile_prefix: str | None = None, threads: int = 0,
-            optimization: str | None = None, exact: bool = False, spin: bool = True):
+            optimization: str | None = None, exact: bool = False, spin: bool = True,
+            provider_options: Mapping[str, Mapping[str, str]] | None = None):
     """An onnxruntime session on one provider (CUDA sessions fall back to CPU for what CUDA lacks);
     ``exact``: CUDA without TF32 (for comparing outputs; latency runs with the defaults);
+    ``provider_options``: ``{provider: {option: value}}`` (:func:`parse_provider_options`), the options
+    of this session's provider (``exact``'s use_tf32=0 unless they set use_tf32);
     ``spin=False``: its thread pool sleeps instead of spinning between runs (sessions timed in
     turn in one process would otherwise take the cores from the one running)."""
     ort = _ort()
@@ -164,8 +198,10 @@ def session(model, provider: str = "cpu", *, profile_prefix: str | None = None, 
     if optimization == "disable":
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     names = [PROVIDERS[provider]] + (["CPUExecutionProvider"] if provider != "cpu" else [])
-    if provider == "cuda" and exact:
-        names = [(names[0], dict(EXACT_CUDA_OPTIONS)), *names[1:]]
+    opts = {**(EXACT_CUDA_OPTIONS if provider == "cuda" and exact else {}),
+            **{str(k): str(v) for k, v in ((provider_options or {}).get(provider) or {}).items()}}
+    if opts:
+        names = [(names[0], opts), *names[1:]]
     return ort.InferenceSession(model, so, providers=names)
 
 
@@ -178,9 +214,10 @@ def host_value(v):
     return None if v is None else np.asarray(v)
 
 
-def run_outputs(model, feeds: Mapping[str, np.ndarray], provider: str) -> list[tuple[str, np.ndarray]]:
+def run_outputs(model, feeds: Mapping[str, np.ndarray], provider: str,
+                provider_options: Mapping | None = None) -> list[tuple[str, np.ndarray]]:
     """The outputs of one run by name, compared as :func:`run_profiled`'s are (CUDA without TF32)."""
-    sess = session(model, provider, exact=True)
+    sess = session(model, provider, exact=True, provider_options=provider_options)
     outs = sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()})
     return [(o.name, host_value(v)) for o, v in zip(sess.get_outputs(), outs)]
 
@@ -210,11 +247,13 @@ def count_kernels(events: list[dict]) -> dict:
 
 
 def run_profiled(model, feeds: Mapping[str, np.ndarray], provider: str = "cpu", warmup: int = 1,
-                 threads: int = 0) -> tuple[list[tuple[str, np.ndarray]], dict, float]:
+                 threads: int = 0, provider_options: Mapping | None = None
+                 ) -> tuple[list[tuple[str, np.ndarray]], dict, float]:
     """Outputs, kernel counts of one profiled run (after ``warmup`` runs) and session-creation seconds."""
     with tempfile.TemporaryDirectory(prefix="onnxopt-prof-") as tmp:
         t0 = time.perf_counter()
-        sess = session(model, provider, profile_prefix=os.path.join(tmp, "p"), threads=threads, exact=True)
+        sess = session(model, provider, profile_prefix=os.path.join(tmp, "p"), threads=threads, exact=True,
+                       provider_options=provider_options)
         init_s = time.perf_counter() - t0
         feeds = {i.name: feeds[i.name] for i in sess.get_inputs()}
         for _ in range(max(0, warmup)):
@@ -229,16 +268,20 @@ def run_profiled(model, feeds: Mapping[str, np.ndarray], provider: str = "cpu", 
 def measure_latency(models: dict[str, object], inputs: Mapping[str, np.ndarray], *, provider: str = "cpu",
                     runs: int = 50, warmup: int = 5, budget_s: float = 120.0, min_rounds: int = 5,
                     gap_s: float = 0.002, threads: int = 0,
-                    progress: Callable[[int, int], None] | None = None, spin: bool = True) -> dict:
+                    progress: Callable[[int, int], None] | None = None, spin: bool = True,
+                    provider_options: Mapping | None = None, entry_options: Mapping | None = None) -> dict:
     """One session per entry, warmed up, then ``runs`` interleaved rounds (fewer when the rounds
     would pass ``budget_s``, but at least ``min_rounds``); each round times one run of every
     session, the order rotated by one per round. ``spin=False``: the sessions' thread pools sleep
     between runs (see :func:`session`): with many sessions on few cores, spinning idle pools slow
-    the one running."""
+    the one running. ``provider_options``: ``{provider: {option: value}}`` for every session;
+    ``entry_options``: ``{name: {provider: {...}}}``, an entry's own (to time one model with and
+    without an option)."""
     sessions, feeds, errors = {}, {}, {}
     for name, model in models.items():
         try:
-            sess = session(model, provider, threads=threads, spin=spin)
+            opts = (entry_options or {}).get(name, provider_options)
+            sess = session(model, provider, threads=threads, spin=spin, provider_options=opts)
             feeds[name] = {i.name: inputs[i.name] for i in sess.get_inputs()}
             sessions[name] = sess
         except Exception as exc:  # noqa: BLE001 - one broken model must not stop the others
