@@ -135,8 +135,8 @@ def load_models(names: list[str], paths: list[str], batch: int, sequence: int, c
                 continue
             try:
                 feeds = spec.inputs(where)
-                feeds = {k: np.ascontiguousarray(v[:batch, :sequence] if v.ndim == 2 and v.dtype.kind == "i" else v[:batch])
-                         for k, v in feeds.items()}
+                feeds = {k: np.ascontiguousarray(v[:batch, :sequence] if v.ndim == 2 and v.dtype.kind == "i"
+                                                 else v[:batch]) for k, v in feeds.items()}
                 out[n] = {"path": where, "feeds": feeds}
             except Exception as exc:  # noqa: BLE001 - a row, not a crash
                 out[n] = {"error": _first_line(exc)}
@@ -371,7 +371,8 @@ def summary(results: dict) -> str:
                     lines.append(f"{key:<24}  {target:<8}  {m:<15}  {fired!s:>5}  {row['without_ms']:>10.3f}  "
                                  f"{row['with_ms']:>7.3f}  {row['ratio']:>6.3f}  {ok}")
                 else:
-                    lines.append(f"{key:<24}  {target:<8}  {m:<15}  {row.get('error') or row.get('why') or 'not exercised'}")
+                    what = row.get("error") or row.get("why") or "not exercised"
+                    lines.append(f"{key:<24}  {target:<8}  {m:<15}  {what}")
             if "apply" in r:
                 lines.append(f"{'':<24}  {'':<8}  => {'apply' if r['apply'] else 'SKIP'} (geometric mean ratio "
                              f"{r['ratio']:.3f})")
@@ -382,10 +383,13 @@ def summary(results: dict) -> str:
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--keys", nargs="+", metavar="KEY", help="benefit keys to measure (default: every key the rules use)")
-    p.add_argument("--targets", nargs="+", default=["ort-cpu"], choices=sorted(PROVIDER), help="default ort-cpu")
+    p.add_argument("--keys", nargs="+", metavar="KEY",
+                   help="benefit keys to measure (default: every key the rules use)")
+    p.add_argument("--targets", nargs="+", default=["ort-cpu"], choices=sorted(PROVIDER),
+                   help="default ort-cpu")
     p.add_argument("--models", nargs="*", default=None, metavar="NAME",
-                   help=f"zoo models (default: {' '.join(TEXT_MODELS)}; with --advice: the Conv and fixed-shape models)")
+                   help=f"zoo models (default: {' '.join(TEXT_MODELS)}; with --advice: the Conv and fixed-shape "
+                        "models)")
     p.add_argument("--model", action="append", default=[], metavar="NAME=PATH", help="another model file (repeatable)")
     p.add_argument("--rules-file", help="extra rules (a Python file with RULES), e.g. rules under development")
     p.add_argument("--advice", action="store_true", help="measure the session options of the advice (ort-cuda)")
@@ -402,7 +406,8 @@ def parse_args(argv):
     p.add_argument("--merge", nargs="+", metavar="JSON", help="merge these run files instead of measuring")
     p.add_argument("--keep", action="store_true", help="with --merge/--into: an existing entry wins")
     p.add_argument("-o", "--output", type=Path, help="write the run's table here")
-    p.add_argument("--into", type=Path, help="merge the run's table into this table file (e.g. onnxopt/data/benefit.json)")
+    p.add_argument("--into", type=Path,
+                   help="merge the run's table into this table file (e.g. onnxopt/data/benefit.json)")
     return p.parse_args(argv)
 
 

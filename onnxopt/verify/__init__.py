@@ -32,7 +32,8 @@ __all__ = [
     "INT8_MIN_SQNR_DB", "LOW_PRECISION", "PROVIDERS", "TOLERANCES", "Progress", "VerificationError",
     "VerifyUnavailable", "bisect_command", "check_providers", "check_settings", "check_tolerances", "compare",
     "compare_all", "compare_value", "compare_int8", "count_kernels", "find_culprit", "is_low_precision",
-    "is_quantized", "make_inputs", "measure_latency", "parse_input_shapes", "parse_int_ranges", "parse_provider_options", "parse_providers",
+    "is_quantized", "make_inputs", "measure_latency", "parse_input_shapes", "parse_int_ranges",
+    "parse_provider_options", "parse_providers",
     "problem_text", "run_profiled", "session", "sqnr_db", "tolerance", "verify",
 ]
 

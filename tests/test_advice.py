@@ -1,0 +1,187 @@
+"""Session advice for ort-cuda (onnxopt.advice): provider options with the benefit table's evidence,
+the static count of nodes onnxruntime's CUDA provider would leave on the CPU, and verify's provider
+options."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from onnx import TensorProto, helper
+
+from onnxopt import benefit, optimize, verify
+from onnxopt.advice import advise, cuda_placement, provider_options_flags
+from onnxopt.errors import UsageError
+from onnxopt.models import zoo
+from onnxopt.report import format_advice, format_optimize
+
+ort = pytest.importorskip("onnxruntime")
+
+
+def _m(nodes, inputs, outputs, inits=(), opset=17, extra_opsets=()):
+    g = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    return ir.from_proto(helper.make_model(g, ir_version=10, opset_imports=[helper.make_opsetid("", opset),
+                                                                            *extra_opsets]))
+
+
+def _shape_model(dtype=TensorProto.FLOAT, dims=("b", "s", 8)):
+    """x -> Shape -> Gather(1) -> Unsqueeze -> Concat([s, -1]) -> Reshape(x): the shape arithmetic of an export."""
+    i64 = lambda name, v: helper.make_tensor(name, TensorProto.INT64, [len(v)], v)  # noqa: E731
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "zero"], ["b"], axis=0),
+             helper.make_node("Unsqueeze", ["b", "ax0"], ["bu"]),
+             helper.make_node("Concat", ["bu", "tail"], ["shape"], axis=0),  # [s, -1]
+             helper.make_node("Reshape", ["x", "shape"], ["y"]),
+             helper.make_node("Relu", ["y"], ["z"])]
+    inits = [helper.make_tensor("zero", TensorProto.INT64, [], [1]), i64("ax0", [0]), i64("tail", [-1])]
+    return _m(nodes, [helper.make_tensor_value_info("x", dtype, list(dims))],
+              [helper.make_tensor_value_info("z", dtype, [dims[1], "n"])], inits)
+
+
+def test_shape_arithmetic_is_counted_as_cpu_islands():
+    p = cuda_placement(_shape_model())
+    assert p["cpu_nodes"] == 3 and p["by_op"] == {"Gather": 1, "Unsqueeze": 1, "Concat": 1}
+    assert p["by_reason"] == {"shape arithmetic": 3}  # Shape and Reshape (shape read in host memory) stay on CUDA
+    assert p["dynamic_inputs"] == {"x": ["b", "s", 8]} and not p["all_on_cuda_static"]
+
+
+def test_float16_reader_and_ops_without_a_cuda_kernel():
+    # a node reading a float16 tensor stays on the GPU, as onnxruntime decides
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Cast", ["s"], ["sf"], to=TensorProto.FLOAT16),
+             helper.make_node("Mul", ["sf", "x2"], ["y"])]
+    p = cuda_placement(_m(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+                                  helper.make_tensor_value_info("x2", TensorProto.FLOAT16, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [2])]))
+    assert p["by_op"] == {"Cast": 1}
+    # Unique has no CUDA kernel: on the CPU; what reads it stays on CUDA (onnxruntime pulls readers onto the CPU
+    # only from Shape/Size outputs and the nodes placed so)
+    nodes = [helper.make_node("Unique", ["x"], ["u"]), helper.make_node("Neg", ["u"], ["y"])]
+    p = cuda_placement(_m(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], opset=17))
+    assert p["by_reason"] == {"no CUDA kernel": 1} and p["by_op"] == {"Unique": 1}
+    assert p["data_dependent_ops"] == ["Unique"]
+
+
+def _conv_model(batch="n"):
+    w = helper.make_tensor("w", TensorProto.FLOAT, [4, 3, 3, 3], np.zeros(108, np.float32))
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])]
+    return _m(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 8, 8])],
+              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 4, 8, 8])], [w])
+
+
+def test_advice_names_measured_options_with_their_evidence():
+    a = advise(_conv_model(), "ort-cuda")
+    (nhwc,) = a["provider_options"]
+    assert nhwc["option"] == "prefer_nhwc" and nhwc["advised"] and nhwc["measured"]
+    assert "1 2-D Conv" in nhwc["why"] and "faster" in nhwc["evidence"] and "resnet50" in nhwc["evidence"]
+    assert nhwc["flag"] == "--provider-option cuda:prefer_nhwc=1"
+    graph = next(o for o in a["not_advised"] if o["option"] == "enable_cuda_graph")
+    assert "dynamic input dims: x" in graph["why"] and "--input-shape" in graph["why"]
+    # static shapes, every node on CUDA: CUDA graphs, not measured yet (no entry in the table)
+    a = advise(_conv_model(batch=2), "cuda")
+    g = next(o for o in a["provider_options"] if o["option"] == "enable_cuda_graph")
+    assert not g["measured"] and "not measured yet" in g["evidence"]
+    assert provider_options_flags(a) == ["--provider-option cuda:prefer_nhwc=1",
+                                         "--provider-option cuda:enable_cuda_graph=1"]
+    text = format_advice(a)
+    assert "prefer_nhwc=1" in text and "CPU islands: none of 2 nodes" in text
+    assert "--providers cuda --provider-option cuda:prefer_nhwc=1" in text
+    # where the table says an option does not pay, it is not advised, and why
+    with benefit.using({"entries": {"cuda_prefer_nhwc": {"ort-cuda": {"apply": False, "evidence": {
+            "ratio": 1.1, "source": {"command": "x", "date": "d"}}}}}}):
+        a = advise(_conv_model(), "ort-cuda")
+        assert a["provider_options"] == [] and "1.10x slower" in a["not_advised"][0]["evidence"]
+    assert advise(_conv_model(), "ort-cpu") is None and advise(_conv_model(), "portable") is None
+
+
+def test_optimize_reports_advice_for_ort_cuda_only():
+    proto = ir.to_proto(_shape_model())
+    _, rep = optimize(proto, target="ort-cuda", return_report=True)
+    assert rep.advice["cpu_islands"]["cpu_nodes"] == 3
+    assert "CPU islands: 3 of" in format_optimize(rep, "a", "b")
+    _, rep = optimize(proto, target="ort-cuda", return_report=True, input_shapes={"x": [2, 5, 8]})
+    assert rep.as_dict()["advice"]["cpu_islands"]["cpu_nodes"] == 0
+    _, rep = optimize(proto, target="ort-cpu", return_report=True)
+    assert rep.advice is None and "advice" not in rep.as_dict()
+
+
+@pytest.fixture(scope="module")
+def zoo_path():
+    def get(name):
+        spec = zoo.get(name)
+        if not spec.path().exists():
+            pytest.skip(f"{name} is not in the zoo cache (python -m onnxopt.models build --only {name})")
+        return spec.path()
+    return get
+
+
+@pytest.mark.parametrize("name", ["bert-legacy", "gpt2-legacy", "bert-dynamo", "gpt2-dynamo"])
+def test_fixed_shapes_leave_no_cpu_islands_on_zoo_transformers(zoo_path, name):
+    path = zoo_path(name)
+    model = ir.load(str(path))
+    assert cuda_placement(model)["cpu_nodes"] > 0  # the export's shape arithmetic
+    shapes = {v.name: [1, 128] for v in model.graph.inputs}
+    out, rep = optimize(model, target="ort-cuda", input_shapes=shapes, return_report=True)
+    isl = rep.advice["cpu_islands"]
+    assert isl["cpu_nodes"] == 0 and isl["all_on_cuda_static"], isl["by_op"]
+    assert not [n.op_type for n in out.graph if n.op_type in ("Shape", "Size")]
+    assert any(o["option"] == "enable_cuda_graph" for o in rep.advice["provider_options"])
+
+
+# ---------------------------------------------------------------------------------------------
+# verify's provider options
+
+
+def test_parse_provider_options():
+    assert verify.parse_provider_options(["cuda:prefer_nhwc=1", "CUDA:enable_cuda_graph = 1"]) == {
+        "cuda": {"prefer_nhwc": "1", "enable_cuda_graph": "1"}}
+    assert verify.parse_provider_options({"cuda": {"prefer_nhwc": True, "device_id": 0}}) == {
+        "cuda": {"prefer_nhwc": "1", "device_id": "0"}}
+    assert verify.parse_provider_options(None) == {}
+    for bad in ("prefer_nhwc=1", "cuda:prefer_nhwc", "tpu:x=1", "cuda:=1"):
+        with pytest.raises(UsageError):
+            verify.parse_provider_options([bad])
+
+
+def _relu_file(tmp_path):
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    p = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, ir_version=10, opset_imports=[helper.make_opsetid("", 17)]), p)
+    return p
+
+
+def test_verify_gives_provider_options_to_every_session(tmp_path, monkeypatch):
+    seen = []
+    real = ort.InferenceSession
+
+    def spy(model, so=None, providers=None, **kw):
+        seen.append(providers)
+        return real(model, so, providers=providers, **kw)
+
+    monkeypatch.setattr(ort, "InferenceSession", spy)
+    p = _relu_file(tmp_path)
+    report = verify.verify(p, p, runs=2, warmup=1, provider_options=["cpu:use_arena=0"])
+    assert report["ok"] and report["provider_options"] == {"cpu": {"use_arena": "0"}}
+    assert len(seen) >= 4 and all(pr[0] == ("CPUExecutionProvider", {"use_arena": "0"}) for pr in seen)
+    with pytest.raises(UsageError, match="provider options for cuda, which this verification does not run"):
+        verify.verify(p, p, provider_options={"cuda": {"prefer_nhwc": "1"}})
+    seen.clear()
+    _, rep = optimize(str(p), output=str(tmp_path / "o.onnx"), verify="cpu", return_report=True,
+                      verify_options={"runs": 1, "provider_options": {"cpu": {"use_arena": "0"}}})
+    assert rep.verification["provider_options"] == {"cpu": {"use_arena": "0"}}
+    assert seen and all(pr[0] == ("CPUExecutionProvider", {"use_arena": "0"}) for pr in seen)
+
+
+def test_cli_verify_provider_option(tmp_path, capsys):
+    from onnxopt.cli import main
+
+    p = _relu_file(tmp_path)
+    assert main(["verify", str(p), str(p), "--runs", "1", "--provider-option", "cpu:use_arena=0"]) == 0
+    assert "provider options: cpu: use_arena=0" in capsys.readouterr().out
+    assert main(["verify", str(p), str(p), "--provider-option", "cuda:prefer_nhwc=1"]) == 2
+    assert "provider options for cuda" in capsys.readouterr().err
+    assert main(["verify", str(p), str(p), "--provider-option", "prefer_nhwc=1"]) == 2
+    assert "PROVIDER:NAME=VALUE" in capsys.readouterr().err
