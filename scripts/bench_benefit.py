@@ -165,6 +165,17 @@ def load_models(names: list[str], paths: list[str], batch: int, sequence: int, c
 # Fusion keys
 
 
+def provider_missing(target: str) -> str | None:
+    """Why ``target``'s provider cannot be timed here (onnxruntime would fall back to the CPU silently)."""
+    import onnxruntime
+
+    name = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}[PROVIDER[target]]
+    if name not in onnxruntime.get_available_providers():
+        return (f"{name} is not available in this onnxruntime ({', '.join(onnxruntime.get_available_providers())}): "
+                "no entry written")
+    return None
+
+
 def _optimize(src: Path, dst: Path, *, target, base, extra, disable, table, input_shapes):
     from onnxopt import benefit, optimize
 
@@ -428,11 +439,13 @@ def main(argv: list[str] | None = None) -> int:
             work = Path(tmp)
             if args.advice:
                 names = args.models if args.models is not None else sorted(set(NHWC_MODELS + GRAPH_MODELS))
-                models = load_models(names, args.model, args.batch, args.sequence, args.cache)
+                missing = provider_missing("ort-cuda")
+                models = load_models(names, args.model, args.batch, args.sequence, args.cache) if not missing else {}
                 for key, option in (("cuda_prefer_nhwc", "prefer_nhwc"), ("cuda_graph", "enable_cuda_graph")):
                     if args.keys and key not in args.keys:
                         continue
-                    results.setdefault(key, {})["ort-cuda"] = bench_option(key, option, "1", models, args, work)
+                    results.setdefault(key, {})["ort-cuda"] = {"skipped": missing} if missing else \
+                        bench_option(key, option, "1", models, args, work)
             else:
                 base, extra, keys = rules_by_key(args.rules_file)
                 chosen = args.keys or sorted(keys)
@@ -443,8 +456,9 @@ def main(argv: list[str] | None = None) -> int:
                 models = load_models(names, args.model, args.batch, args.sequence, args.cache)
                 for key in [k for k in chosen if k in keys]:
                     for target in args.targets:
-                        results.setdefault(key, {})[target] = bench_key(key, keys[key], target, models, args, base,
-                                                                        extra, work)
+                        missing = provider_missing(target)
+                        results.setdefault(key, {})[target] = {"skipped": missing} if missing else \
+                            bench_key(key, keys[key], target, models, args, base, extra, work)
         table = to_table(results, source, settings)
         table.meta["results"] = results
         print(summary(results))

@@ -162,7 +162,20 @@ def test_bench_benefit_a_model_without_a_match_or_broken_is_a_row(tmp_path):
     rules = tmp_path / "rules.py"
     rules.write_text(RULES_FILE)
     p = _script("--model", f"plain={model}", "--model", f"broken={tmp_path / 'broken.onnx'}", "--rules-file", rules,
-                "--runs", 2, "--warmup", 1)
+                "--runs", 2, "--warmup", 1, "--targets", "ort-cpu", "ort-cuda")
     assert p.returncode == 0, p.stderr
+    import onnxruntime
+
+    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():  # never timed on a CPU fallback
+        assert "ort-cuda  CUDAExecutionProvider is not available in this onnxruntime" in p.stdout
     assert "plain            not exercised" in p.stdout
     assert "broken" in p.stdout and "no model exercised the rules" in p.stdout
+
+
+def test_the_table_ships_in_the_package():
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    assert "data/benefit.json" in cfg["options.package_data"]["onnxopt"].split()
+    assert benefit.DEFAULT_PATH == ROOT / "onnxopt" / "data" / "benefit.json"
