@@ -3,6 +3,11 @@ from (each with the measured evidence of the benefit table, ``onnxopt.benefit``)
 ``ort-cuda`` the nodes onnxruntime's CUDA provider would leave on the CPU (the "CPU islands"),
 counted statically so that users see them without a GPU.
 
+onnxruntime folds constants and merges common subexpressions before it places nodes (its basic
+optimizations: a node whose inputs are all constants, Shape/Size of a value of static shape, a node
+repeating an earlier one on the same inputs); the count does so first (``folded_by_onnxruntime``,
+``merged_by_onnxruntime``) and places what remains.
+
 The island count mirrors onnxruntime's placement (``GetCpuPreferredNodes`` in
 ``onnxruntime/core/framework/fallback_cpu_capability.cc``): a node without a CUDA kernel runs on
 the CPU; the outputs of Shape and Size (whose CUDA kernels write to host memory) and of nodes
@@ -89,11 +94,102 @@ def _small_constant(value: ir.Value) -> bool:
     return int(np.prod(t.shape.numpy() if hasattr(t.shape, "numpy") else tuple(t.shape))) <= SMALL_INITIALIZER
 
 
+def _few(value: ir.Value) -> bool:
+    return value.shape is not None and all(isinstance(d, int) for d in value.shape) and \
+        int(np.prod(tuple(value.shape))) <= SMALL_INITIALIZER
+
+
 def _dims(value: ir.Value) -> list:
     if value.shape is None:
         return ["?"]
     return [d if isinstance(d, int) else (str(d.value) if getattr(d, "value", None) is not None else "?")
             for d in value.shape]
+
+
+NOT_FOLDED = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
+              "QuantizeLinear", "DequantizeLinear"}
+SMALL_TYPES = {ir.DataType.INT64, ir.DataType.INT32, ir.DataType.BOOL}
+
+
+def _static_shapes(model: ir.Model, nodes: list[ir.Node]) -> dict[str, tuple[int, ...]]:
+    """Static shapes of the values Shape/Size read, by name: declared, else from onnx's inference
+    over a copy (``onnxopt.passes.infer_model``; the model itself is not touched)."""
+    wanted, out = [], {}
+    for n in nodes:
+        if n.op_type in ("Shape", "Size") and n.inputs and n.inputs[0] is not None:
+            v = n.inputs[0]
+            if v.shape is not None and all(isinstance(d, int) for d in v.shape):
+                out[v.name] = tuple(v.shape)
+            else:
+                wanted.append(v.name)
+    if wanted:
+        try:
+            from .passes import infer_model
+
+            proto = infer_model(model)
+            for vi in [*proto.graph.value_info, *proto.graph.output, *proto.graph.input]:
+                dims = vi.type.tensor_type.shape.dim
+                if vi.name in wanted and vi.type.tensor_type.HasField("shape") and \
+                        all(d.HasField("dim_value") for d in dims):
+                    out[vi.name] = tuple(d.dim_value for d in dims)
+        except Exception:  # noqa: BLE001 - an estimate: without inference, Shape is not folded
+            pass
+    return out
+
+
+def _folded_by_onnxruntime(model: ir.Model, nodes: list[ir.Node]) -> tuple[set[int], set[int]]:
+    """What onnxruntime's basic optimizations (constant folding, before it places nodes) fold away:
+    nodes whose inputs are all constants, and Shape/Size of a value of static shape. Returns the ids
+    of the folded nodes and of the values they leave as (small) constants."""
+    static = _static_shapes(model, nodes)
+    const_values: set[int] = set()
+    folded: set[int] = set()
+    for n in nodes:
+        if (n.domain or "") not in ("", "ai.onnx") or n.op_type in NOT_FOLDED or any(
+                a.type == ir.AttributeType.GRAPH or a.type == ir.AttributeType.GRAPHS for a in n.attributes.values()):
+            continue
+        if n.op_type in ("Shape", "Size"):
+            ok = bool(n.inputs) and n.inputs[0] is not None and n.inputs[0].name in static
+        else:
+            ok = all(v is None or id(v) in const_values or constant_tensor(v) is not None for v in n.inputs)
+        if ok:
+            folded.add(id(n))
+            const_values.update(id(o) for o in n.outputs)
+    return folded, const_values
+
+
+def _attr_key(a) -> tuple:
+    v = a.value
+    if isinstance(v, (list, tuple)):
+        v = tuple(v)
+    elif hasattr(v, "numpy"):
+        v = ("tensor", np.asarray(v.numpy()).tobytes())
+    return (a.name, repr(v))
+
+
+def _merged_by_onnxruntime(nodes: list[ir.Node], outputs: set[int] = frozenset()) -> dict[int, int]:
+    """onnxruntime's common-subexpression elimination (a basic optimization, before placement): a node
+    computing what an earlier one does from the same inputs goes. Returns {id of a removed node's
+    output value: id of the value that stands for it}."""
+    rep: dict[int, int] = {}
+    seen: dict[tuple, ir.Node] = {}
+    for n in nodes:
+        if n.op_type in NOT_FOLDED or any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+                                          for a in n.attributes.values()):
+            continue
+        try:
+            key = (n.domain or "", n.op_type, tuple(None if v is None else rep.get(id(v), id(v)) for v in n.inputs),
+                   tuple(sorted(_attr_key(a) for a in n.attributes.values())), len(n.outputs))
+        except Exception:  # noqa: BLE001 - an attribute we cannot key: never merged
+            continue
+        first = seen.get(key)
+        if first is None or any(id(o) in outputs for o in n.outputs):  # (a graph output keeps its node)
+            seen.setdefault(key, n)
+            continue
+        for mine, theirs in zip(n.outputs, first.outputs):
+            rep[id(mine)] = id(theirs)
+        rep[id(n)] = id(first)
+    return rep
 
 
 def cuda_placement(model: ir.Model, *, examples: int = 12) -> dict:
@@ -103,19 +199,26 @@ def cuda_placement(model: ir.Model, *, examples: int = 12) -> dict:
     ``examples`` of them, the graph inputs with dynamic dimensions, and whether every node runs on
     CUDA at static shapes (``all_on_cuda_static``)."""
     graph = model.graph
-    nodes = list(graph)
+    every = list(graph)
+    folded, folded_values = _folded_by_onnxruntime(model, every)
+    merged = _merged_by_onnxruntime([n for n in every if id(n) not in folded], {id(v) for v in graph.outputs})
+    nodes = [n for n in every if id(n) not in folded and id(n) not in merged]
     order = {id(n): i for i, n in enumerate(nodes)}
     graph_inputs = {id(v) for v in graph.inputs}
     cuda = {id(n): has_cuda_kernel(n) for n in nodes}
     cpu_values: set[int] = set()
     heap: list[tuple[int, int]] = []
 
+    readers: dict[int, list[ir.Node]] = {}  # value id (a merged one's representative) -> the nodes reading it
+    for n in nodes:
+        for v in n.inputs:
+            if v is not None:
+                readers.setdefault(merged.get(id(v), id(v)), []).append(n)
+
     def push_consumers(node: ir.Node) -> None:
         for out in node.outputs:
-            for use in out.uses():
-                user = use.node if hasattr(use, "node") else use[0]
-                if id(user) in order:
-                    heapq.heappush(heap, (order[id(user)], id(user)))
+            for user in readers.get(id(out), ()):
+                heapq.heappush(heap, (order[id(user)], id(user)))
 
     by_id = {id(n): n for n in nodes}
     for n in nodes:
@@ -140,12 +243,14 @@ def cuda_placement(model: ir.Model, *, examples: int = 12) -> dict:
             if v is None:
                 on_cpu = False
                 break
+            vid = merged.get(id(v), id(v))
             if v.dtype in LOW_FLOAT:
                 on_cpu = False
                 break
-            if id(v) in graph_inputs or _small_constant(v):
+            if id(v) in graph_inputs or _small_constant(v) or (
+                    id(v) in folded_values and (v.dtype in SMALL_TYPES or _few(v))):
                 continue
-            if id(v) not in cpu_values or i in cpu_slots:
+            if vid not in cpu_values or i in cpu_slots:
                 on_cpu = False
                 break
         if on_cpu:
@@ -162,6 +267,8 @@ def cuda_placement(model: ir.Model, *, examples: int = 12) -> dict:
     data_dep = sorted({n.op_type for n in nodes if n.op_type in DATA_DEPENDENT and (n.domain or "") in ("", "ai.onnx")})
     return {
         "nodes": len(nodes),
+        "folded_by_onnxruntime": len(folded),
+        "merged_by_onnxruntime": sum(1 for n in every if id(n) in merged),
         "cpu_nodes": len(cpu),
         "by_op": dict(Counter(f"{n.domain}.{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
                               for n in cpu).most_common()),

@@ -50,7 +50,7 @@ def test_float16_reader_and_ops_without_a_cuda_kernel():
     # a node reading a float16 tensor stays on the GPU, as onnxruntime decides
     nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Cast", ["s"], ["sf"], to=TensorProto.FLOAT16),
              helper.make_node("Mul", ["sf", "x2"], ["y"])]
-    p = cuda_placement(_m(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+    p = cuda_placement(_m(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3]),
                                   helper.make_tensor_value_info("x2", TensorProto.FLOAT16, [2])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [2])]))
     assert p["by_op"] == {"Cast": 1}
@@ -61,6 +61,22 @@ def test_float16_reader_and_ops_without_a_cuda_kernel():
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], opset=17))
     assert p["by_reason"] == {"no CUDA kernel": 1} and p["by_op"] == {"Unique": 1}
     assert p["data_dependent_ops"] == ["Unique"]
+
+
+def test_what_onnxruntime_folds_before_placing_is_not_counted():
+    # x of static shape: Shape is a constant for onnxruntime, and the arithmetic on it is folded
+    p = cuda_placement(_shape_model(dims=(2, 5, 8)))
+    assert p["cpu_nodes"] == 0 and p["folded_by_onnxruntime"] == 4 and p["all_on_cuda_static"]
+    # two Shape chains on the same value: onnxruntime merges the second (common subexpressions)
+    i64 = lambda name, v: helper.make_tensor(name, TensorProto.INT64, [len(v)], v)  # noqa: E731
+    nodes = [helper.make_node("Shape", ["x"], ["s1"]), helper.make_node("Shape", ["x"], ["s2"]),
+             helper.make_node("Concat", ["s1", "minus1"], ["t1"], axis=0),
+             helper.make_node("Concat", ["s2", "minus1"], ["t2"], axis=0),
+             helper.make_node("Reshape", ["x", "t1"], ["y1"]), helper.make_node("Reshape", ["x", "t2"], ["y2"])]
+    p = cuda_placement(_m(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+                          [helper.make_tensor_value_info(y, TensorProto.FLOAT, None) for y in ("y1", "y2")],
+                          [i64("minus1", [-1])]))
+    assert p["merged_by_onnxruntime"] == 2 and p["by_op"] == {"Concat": 1}  # (Reshape y2 is a graph output)
 
 
 def _conv_model(batch="n"):
