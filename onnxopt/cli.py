@@ -488,8 +488,9 @@ def _optimize_main(args) -> int:
     files: dict = {}
     base, extra = _rule_sets(args, files)
     if args.list_rules:
-        show(format_rules(*registry.resolve(base, extra, args.disable, args.target, exact=args.exact),
-                          _families(files), targets.normalize(args.target)))
+        skipped: list[dict] = []
+        show(format_rules(*registry.resolve(base, extra, args.disable, args.target, exact=args.exact, skipped=skipped),
+                          _families(files), targets.normalize(args.target), skipped))
         return EXIT_OK
     if not args.input:
         return _fail(f"no model given: onnxopt MODEL -o OUTPUT optimizes one; {_OTHER_COMMANDS} (see --help)")

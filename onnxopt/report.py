@@ -181,10 +181,11 @@ def _exactness(thing) -> str:
 
 
 def format_rules(rules: Sequence[Rule], graph_passes: Sequence[str], families: Mapping[int, str],
-                 target: str) -> Doc:
+                 target: str, skipped: Sequence[Mapping] = ()) -> Doc:
     """``--list-rules``: a header, the rules grouped by family (``families``: ``id(rule)`` -> the
     file it comes from, in the order to show them), each with its root op type, priority, targets
-    and exactness, then the whole-graph passes."""
+    and exactness, then the whole-graph passes; ``skipped`` (``registry.select``'s record): the rules
+    the measured benefit table leaves out for the target, with why."""
     groups: dict[str, list[Rule]] = {}
     for rule in rules:
         groups.setdefault(families.get(id(rule), "other rules"), []).append(rule)
@@ -204,6 +205,10 @@ def format_rules(rules: Sequence[Rule], graph_passes: Sequence[str], families: M
                  _exactness(passes.BY_NAME[name]), passes.BY_NAME[name].doc) for name in graph_passes]
         out += ["", Table(("pass", "runs", "exactness", "does"),
                           [(Styled("graph passes (onnxopt/passes.py)", "bold cyan"), rows)], "llll")]
+    benefit = [s for s in skipped if s.get("why") == "benefit"]
+    if benefit:
+        out += ["", Styled(f"left out for {target} by the measured benefit table (onnxopt/data/benefit.json):", "bold")]
+        out += [f"  {s['reason']}" for s in benefit]
     return Doc(out)
 
 

@@ -106,3 +106,19 @@ def test_builtin_rules_with_a_benefit_key_use_known_keys():
         if r.benefit is not None:
             assert r.benefit in keys, f"{r.name}: benefit key {r.benefit!r} is not one of the table's keys"
             assert "portable" not in r.targets, f"{r.name}: a fusion with a benefit key is for onnxruntime targets"
+
+
+def test_list_rules_names_what_the_table_leaves_out(tmp_path, capsys):
+    from onnxopt.cli import main
+
+    f = tmp_path / "rules.py"
+    f.write_text("import numpy as np\nfrom onnxopt import Op, Rule\n"
+                 "RULES = [Rule('sln_test', Op('Relu', 'x'), replacement=lambda m, b: b.op('Max', m['x'], "
+                 "b.const(np.zeros((), np.float32))), targets=('ort-cpu', 'ort-cuda'), exact=False, "
+                 "benefit='skip_layer_normalization', doc='test')]\n")
+    assert main(["--list-rules", "--target", "cpu", "--rules", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert "left out for ort-cpu by the measured benefit table" in out and "sln_test: skipped for ort-cpu" in out
+    assert main(["--list-rules", "--target", "cuda", "--rules", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert "sln_test" in out and "left out for" not in out
