@@ -172,7 +172,8 @@ def evidence_text(evidence: Mapping, apply: bool | None = None) -> str:
     elif isinstance(ratio, (int, float)) and math.isfinite(ratio) and ratio > 0:
         what = f"measured {_fmt_ratio(ratio)}"
         per = [f"{name} {_fmt_ratio(m['ratio'])}" for name, m in models.items()
-               if isinstance(m, Mapping) and isinstance(m.get("ratio"), (int, float)) and m["ratio"] > 0]
+               if isinstance(m, Mapping) and isinstance(m.get("ratio"), (int, float)) and m["ratio"] > 0
+               and m.get("isolated", True)]  # (a model where the runtime fuses it itself is not counted)
         if per:
             what += f" ({', '.join(per[:4])}{', ...' if len(per) > 4 else ''})"
         parts.append(what)

@@ -15,7 +15,9 @@ table in effect, that key's entry for the target set aside so they run) and *wit
 nowhere is recorded as not exercised. Both are run on the same inputs (outputs compared) and timed
 interleaved (``onnxopt.verify.runtime.measure_latency``: median, p10, p90). The key's verdict for
 the target: applied unless, over the models that exercised it, the geometric mean of the with/without
-median ratios is above 1 + ``onnxopt.benefit.NOISE`` (slower by more than noise).
+median ratios is above 1 + ``onnxopt.benefit.NOISE`` (slower by more than noise). A model where
+onnxruntime's own session-time fusions already make at least half as many of the fused ops in the
+unfused model (its profile counts them) does not isolate the key: reported, not counted.
 
 ``--advice`` measures the session options the advice names (keys ``cuda_prefer_nhwc``:
 ``prefer_nhwc=1`` on models with Conv; ``cuda_graph``: ``enable_cuda_graph=1`` on models that run
@@ -214,8 +216,11 @@ def bench_key(key: str, rules: list, target: str, models: dict, args, base, extr
                 refusals = {n: rep.rules[n].as_dict()["top_refusals"] for n in names if n in rep.rules}
                 rows[mname] = {"exercised": False, "fired": {}, "top_refusals": refusals}
                 continue
-            _optimize(m["path"], without_p, target=target, base=None, extra=extra, disable=names, table=forced,
-                      input_shapes=shapes)
+            rep_without = _optimize(m["path"], without_p, target=target, base=None, extra=extra, disable=names,
+                                    table=forced, input_shapes=shapes)
+            # the op types the key's rules made (more of them with than without)
+            made = {op.rsplit(".", 1)[-1]: n - rep_without.after.get(op, 0) for op, n in rep.after.items()
+                    if n > rep_without.after.get(op, 0)}
             feeds = m["feeds"]
             out_with, k_with, _ = run_profiled(str(with_p), feeds, provider, threads=args.threads)
             out_without, k_without, _ = run_profiled(str(without_p), feeds, provider, threads=args.threads)
@@ -229,7 +234,13 @@ def bench_key(key: str, rules: list, target: str, models: dict, args, base, extr
                     f"{k}: {v}" for k, v in lat["errors"].items()) or "no latency"}
                 continue
             w, wo = _stats(res["with"]["times_ms"]), _stats(res["without"]["times_ms"])
-            rows[mname] = {"exercised": True, "fired": fired, "with_ms": w["median_ms"], "without_ms": wo["median_ms"],
+            # onnxruntime may make the same fusions itself at session time (where shapes are known): then the
+            # unfused model runs them too, and the pair measures only the difference
+            already = {op: k_without["by_op"].get(op, 0) for op in made if k_without["by_op"].get(op, 0)}
+            isolated = sum(already.values()) * 2 < sum(made.values())
+            rows[mname] = {"exercised": True, "isolated": isolated, "made": made,
+                           "runtime_fuses_without": already,
+                           "fired": fired, "with_ms": w["median_ms"], "without_ms": wo["median_ms"],
                            "ratio": round(w["median_ms"] / wo["median_ms"], 4), "with": w, "without": wo,
                            "rounds": lat["rounds"], "kernels_with": k_with["kernels"],
                            "kernels_without": k_without["kernels"],
@@ -244,10 +255,12 @@ def bench_key(key: str, rules: list, target: str, models: dict, args, base, extr
 def verdict(key: str, target: str, rows: dict, names: list[str]) -> dict:
     from onnxopt.benefit import NOISE
 
-    timed = {m: r for m, r in rows.items() if isinstance(r.get("ratio"), float) and r.get("outputs_ok", True)}
+    timed = {m: r for m, r in rows.items() if isinstance(r.get("ratio"), float) and r.get("outputs_ok", True)
+             and r.get("isolated", True)}
     out = {"rules": names, "models": rows}
     if not timed:
-        out["skipped"] = "no model exercised the rules (or none could be timed): no entry written"
+        out["skipped"] = ("no model exercised the rules apart from what onnxruntime fuses itself (or none could be "
+                          "timed): no entry written")
         return out
     ratio = _gm([r["ratio"] for r in timed.values()])
     out["ratio"] = round(ratio, 4)
@@ -345,7 +358,8 @@ def to_table(results: dict, source: dict, settings: dict):
             if "apply" not in r:
                 continue
             models = {m: {k: row[k] for k in ("without_ms", "with_ms", "ratio", "fired", "kernels_with",
-                                                 "kernels_without", "max_abs_diff", "outputs_ok") if k in row}
+                                                 "kernels_without", "max_abs_diff", "outputs_ok", "isolated",
+                                                 "runtime_fuses_without") if k in row}
                       for m, row in r["models"].items() if "ratio" in row}
             t.set(key, target, r["apply"], {"ratio": r["ratio"], "models": models, "settings": settings,
                                             **({"rules": r["rules"]} if r.get("rules") else {}),
@@ -379,6 +393,9 @@ def summary(results: dict) -> str:
                 if "ratio" in row:
                     fired = sum(row.get("fired", {}).values()) if row.get("fired") else "-"
                     ok = "ok" if row.get("outputs_ok", True) else "DIFFER"
+                    if row.get("isolated") is False:
+                        ok += (" (not counted: onnxruntime fuses " + ", ".join(
+                            f"{n} {op}" for op, n in row["runtime_fuses_without"].items()) + " itself without)")
                     lines.append(f"{key:<24}  {target:<8}  {m:<15}  {fired!s:>5}  {row['without_ms']:>10.3f}  "
                                  f"{row['with_ms']:>7.3f}  {row['ratio']:>6.3f}  {ok}")
                 else:
@@ -432,6 +449,8 @@ def main(argv: list[str] | None = None) -> int:
         results = None
     else:
         source = provenance(argv)
+        if args.output:
+            source["file"] = str(args.output)
         settings = {"batch": args.batch, "sequence": args.sequence, "fix_shapes": args.fix_shapes, "runs": args.runs,
                     "warmup": args.warmup, "threads": args.threads}
         results: dict[str, dict] = {}
