@@ -139,7 +139,7 @@ def _poly(value, graph, state, max_degree, root=False) -> dict[int, float]:
         return {0: c}
     node = value.producer()
     expandable = node is not None and node.graph is graph and node.domain in ("", "ai.onnx") \
-        and node.op_type in ("Add", "Sub", "Mul", "Div", "Pow", "Neg") and (root or private(value, graph)) \
+        and node.op_type in ("Add", "Sub", "Mul", "Div", "Pow", "Neg") and private(value, graph) \
         and value is not state["x"]
     if expandable:
         try:
@@ -235,3 +235,15 @@ def dtype_of(value: ir.Value | None, opsets) -> ir.DataType | None:
     if value.type is None:
         infer(value, opsets)
     return value.type.dtype if isinstance(value.type, ir.TensorType) else None
+
+
+def typed(new: ir.Value, like: ir.Value, m) -> ir.Value:
+    """``new`` takes the element type and shape of ``like`` (an output onnx cannot infer: a contrib
+    op's, so that the rules after it still see its shape)."""
+    dtype = dtype_of(like, m.opsets)
+    if dtype is not None:
+        new.type = ir.TensorType(dtype)
+    shape = infer(like, m.opsets)
+    if shape is not None:
+        new.shape = ir.Shape(list(shape))
+    return new

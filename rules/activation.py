@@ -26,7 +26,7 @@ import onnx_ir as ir
 from onnxopt.pattern import Const, Match, Op, Rule
 from onnxopt.targets import ORT_CPU, ORT_CUDA
 
-from ._semantic import add_import, close, dtype_of, factors, kernel, poly, private, scalar
+from ._semantic import add_import, close, dtype_of, factors, kernel, poly, private, scalar, typed
 
 ORT = (ORT_CPU, ORT_CUDA)
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -129,9 +129,9 @@ def _gelu_condition(m: Match):
 def _gelu_replace(m: Match, b):
     form, x = m.plan
     if form == "std":
-        return b.op("Gelu", x)
+        return typed(b.op("Gelu", x), x, m)
     add_import(m, "com.microsoft")
-    return b.op("Gelu", x, domain="com.microsoft")
+    return typed(b.op("Gelu", x, domain="com.microsoft"), x, m)
 
 
 def _fast_gelu_condition(m: Match):
@@ -145,7 +145,7 @@ def _fast_gelu_condition(m: Match):
 
 def _fast_gelu_replace(m: Match, b):
     add_import(m, "com.microsoft")
-    return b.op("FastGelu", m.plan, domain="com.microsoft")
+    return typed(b.op("FastGelu", m.plan, domain="com.microsoft"), m.plan, m)
 
 
 def _bias_condition(op: str):
@@ -167,11 +167,11 @@ def _bias_condition(op: str):
 
 def _bias_gelu_replace(m: Match, b):
     add_import(m, "com.microsoft")
-    return b.op("BiasGelu", m["y"], m["bias"], domain="com.microsoft")
+    return typed(b.op("BiasGelu", m["y"], m["bias"], domain="com.microsoft"), m["y"], m)
 
 
 def _fast_gelu_bias_replace(m: Match, b):
-    return b.op("FastGelu", m["y"], m["bias"], domain="com.microsoft")
+    return typed(b.op("FastGelu", m["y"], m["bias"], domain="com.microsoft"), m["y"], m)
 
 
 def _biased():
