@@ -188,7 +188,7 @@ RULES = [
     Rule("bias_gelu", Op("Gelu", _biased(), domain="com.microsoft"), _bias_gelu_replace,
          condition=_bias_condition("BiasGelu"), targets=ORT, benefit="bias_gelu", exact=False,
          doc="com.microsoft Gelu of x + a 1-D constant along the last axis becomes com.microsoft BiasGelu."),
-    Rule("bias_gelu_std", Op("Gelu", _biased(), attrs={"approximate": "none"}), _bias_gelu_replace,
+    Rule("bias_gelu_std", Op("Gelu", _biased(), attrs={"approximate": lambda v: v in ("none", b"none")}), _bias_gelu_replace,
          condition=_bias_condition("BiasGelu"), targets=ORT, benefit="bias_gelu", exact=False,
          doc="The standard Gelu (opset 20) of x + a 1-D constant along the last axis becomes com.microsoft BiasGelu."),
     Rule("fast_gelu_bias", Op("FastGelu", _biased(), domain="com.microsoft"), _fast_gelu_bias_replace,
