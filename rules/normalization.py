@@ -280,20 +280,20 @@ def _skip_condition(m: Match):
     graph, ln, add = m.graph, m.node("ln"), m.node("add")
     for out in ln.outputs[1:]:
         if out.uses() or out.is_graph_output():
-            return "LayerNormalization's mean or inverse deviation outputs are used"
+            return "the normalization's mean or inverse deviation outputs are used"
     if m.attr("ln", "stash_type", 1) != 1:
-        return "LayerNormalization with stash_type 0"
+        return "stash_type 0 (statistics in the input's type)"
     total = add.outputs[0]
     ranks = [len(d) for d in (_dims(m["a"], m), _dims(m["b"], m)) if d is not None]
     rank = max(ranks) if ranks else None
     axis = m.attr("ln", "axis", -1)
     if axis != -1 and (rank is None or axis != rank - 1):
-        return f"LayerNormalization over axis {axis}, not the last"
-    h = None
+        return f"normalizes from axis {axis}, not the last"
     gamma, beta = m.const("gamma"), m.const("beta")
     for what, p in (("scale", gamma), ("shift", beta)):
-        if p is not None and (p.ndim != 1 or (h is not None and p.shape[0] != h)):
-            return f"LayerNormalization's {what} is not 1-D along the last axis"
+        if p is not None and (p.ndim != 1 or p.shape[0] != gamma.shape[0]):
+            return f"the normalization's {what} is not 1-D along the last axis"
+    h = gamma.shape[0]
     # a bias added to one operand first: (a + bias) + b
     a, b_, bias, bias_node = m["a"], m["b"], None, None
     for first, second in ((a, b_), (b_, a)):
@@ -302,7 +302,7 @@ def _skip_condition(m: Match):
             continue
         for i in (0, 1):
             arr = const_array(inner.inputs[i])
-            if arr is not None and arr.ndim == 1 and h is not None and arr.shape[0] == h \
+            if arr is not None and arr.ndim == 1 and arr.shape[0] == h \
                     and constant_free(inner.inputs[1 - i]):
                 bias, bias_node = inner.inputs[i], inner
                 a, b_ = inner.inputs[1 - i], second
@@ -315,18 +315,16 @@ def _skip_condition(m: Match):
     if not _fits(da, db):
         a, b_, da, db = b_, a, db, da
         if not _fits(da, db):
-            return "the operands broadcast in a way SkipLayerNormalization does not take"
-    if h is None and isinstance(da[-1], int):
-        h = da[-1]
-    for what, p in (("scale", gamma), ("shift", beta)):
-        if p is not None and h is not None and p.shape[0] != h:
-            return f"LayerNormalization's {what} has {p.shape[0]} values, the last dimension is {h}"
+            return "the operands broadcast in a way the fused op does not take"
+    if isinstance(da[-1], int) and da[-1] != h:
+        return f"the normalization's scale has {h} values, the last dimension is {da[-1]}"
     dtype = dtype_of(a, m.opsets)
     if dtype not in FLOATS or dtype_of(b_, m.opsets) != dtype:
         return "the operands are not of one float type"
     target = _target(m)
-    if kernel("SkipLayerNormalization", "com.microsoft", 1, target, dtype) is False and target == ORT_CPU:
-        return f"no SkipLayerNormalization kernel for {dtype.name.lower()} on {target}"
+    op = "SkipLayerNormalization" if m.root.op_type == "LayerNormalization" else "SkipSimplifiedLayerNormalization"
+    if kernel(op, "com.microsoft", 1, target, dtype) is False and target == ORT_CPU:
+        return f"no {op} kernel for {dtype.name.lower()} on {target}"
     # the sum is read elsewhere: the fused node's fourth output gives it, and it must be computed
     # before its first reader (the new node goes where the LayerNormalization is)
     readers = {u.node for u in total.uses()} - {ln}
@@ -337,7 +335,7 @@ def _skip_condition(m: Match):
                 break
             before.add(node)
         if readers & before:
-            return "the sum is read before the LayerNormalization"
+            return "the sum is read before the normalization"
         m.outputs = [ln.outputs[0], total]
     if bias_node is not None:
         m.nodes = tuple(dict.fromkeys((*m.nodes, bias_node)))
@@ -354,15 +352,70 @@ def _skip_replace(m: Match, b):
     beta = m["beta"]
     add_import(m, "com.microsoft")
     eps = float(m.attr("ln", "epsilon", 1e-5))
-    ins = [a, skip, gamma, beta, bias]
+    if m.root.op_type == "LayerNormalization":
+        op, ins = "SkipLayerNormalization", [a, skip, gamma, beta, bias]
+    else:
+        op, ins = "SkipSimplifiedLayerNormalization", [a, skip, gamma, bias]
     while ins[-1] is None:
         ins.pop()
     if len(getattr(m, "outputs", ())) == 2:
-        y, _, _, total = b.op("SkipLayerNormalization", *ins, domain="com.microsoft", outputs=4, epsilon=eps)
+        y, _, _, total = b.op(op, *ins, domain="com.microsoft", outputs=4, epsilon=eps)
         typed(y, a, m)
         typed(total, a, m)
         return [y, total]
-    return typed(b.op("SkipLayerNormalization", *ins, domain="com.microsoft", epsilon=eps), a, m)
+    return typed(b.op(op, *ins, domain="com.microsoft", epsilon=eps), a, m)
+
+
+# --- a scale or shift after the fused node (an exporter's Cast between them went later) --------------
+
+
+def _fold_condition(m: Match):
+    norm, graph = m.root, m.graph
+    for out in norm.outputs[1:]:
+        if out.uses() or out.is_graph_output():
+            return "the normalization's statistics outputs are used"
+    dims = _dims(m["x"], m)
+    rank = None if dims is None else len(dims)
+    axis = m.attr("norm", "axis", -1)
+    if axis != -1 and (rank is None or axis != rank - 1):
+        return f"normalizes from axis {axis}, not the last"
+    scale = m.const("scale")
+    if scale.ndim != 1:
+        return "the scale is not 1-D"
+    layer = norm.op_type == "LayerNormalization"
+    nxt = _consumer(norm.outputs[0], graph)
+    if nxt is None or nxt.op_type not in (("Mul", "Add") if layer else ("Mul",)) or len(nxt.inputs) != 2:
+        return "not followed by a Mul (or Add) by a constant"
+    c = const_array(_other(nxt, norm.outputs[0]))
+    if c is None:
+        return "not followed by a Mul (or Add) by a constant"
+    vec = _per_channel(c, rank, scale.shape[0], "the constant")
+    if isinstance(vec, str):
+        return vec
+    if vec.dtype != scale.dtype:
+        return "the constant differs from the scale in type"
+    bias = m.const("bias") if layer else None
+    with np.errstate(over="ignore", invalid="ignore"):
+        if nxt.op_type == "Mul":
+            new_scale = (scale.astype(np.float64) * vec).astype(scale.dtype)
+            new_bias = None if bias is None else (bias.astype(np.float64) * vec).astype(scale.dtype)
+        else:
+            new_scale = scale
+            new_bias = ((0 if bias is None else bias.astype(np.float64)) + vec.astype(np.float64)).astype(scale.dtype)
+    if not all(np.all(np.isfinite(a)) for a in (new_scale, new_bias) if a is not None):
+        return "the folded constants overflow"
+    m.nodes = tuple(dict.fromkeys((*m.nodes, nxt)))
+    m.outputs = [nxt.outputs[0]]
+    return new_scale, new_bias
+
+
+def _fold_replace(m: Match, b):
+    new_scale, new_bias = m.plan
+    norm = m.root
+    ins = [m["x"], b.const(new_scale, name="norm_scale")]
+    if new_bias is not None:
+        ins.append(b.const(new_bias, name="norm_bias"))
+    return typed(b.op(norm.op_type, *ins, domain=norm.domain, attrs=list(norm.attributes.values())), m["x"], m)
 
 
 RULES = [
@@ -380,4 +433,22 @@ RULES = [
          _skip_replace, condition=_skip_condition, targets=ORT, benefit="skip_layer_normalization", exact=False,
          doc="LayerNormalization over the last axis of a + b (+ a 1-D bias) becomes com.microsoft "
              "SkipLayerNormalization; its fourth output gives the sum where the sum is read elsewhere."),
+    Rule("skip_simplified_layer_normalization",
+         Op("SimplifiedLayerNormalization", Op("Add", "a", "b", name="add", shared=True), Const("gamma"),
+            Opt(Const("beta")), name="ln"),
+         _skip_replace, condition=_skip_condition, targets=ORT, benefit="skip_layer_normalization", exact=False,
+         doc="onnxruntime's SimplifiedLayerNormalization (RMS) over the last axis of a + b (+ a 1-D bias) becomes "
+             "com.microsoft SkipSimplifiedLayerNormalization (fourth output as skip_layer_normalization's)."),
+    Rule("layer_normalization_affine_fold",
+         Op("LayerNormalization", "x", Const("scale"), Opt(Const("bias")), name="norm"),
+         _fold_replace, condition=_fold_condition, targets=ORT, benefit="layer_normalization", exact=False,
+         doc="LayerNormalization followed by a Mul or Add by a constant along the last axis takes it into its "
+             "scale and bias."),
+    Rule("rms_normalization_scale_fold", Op("SimplifiedLayerNormalization", "x", Const("scale"), name="norm"),
+         _fold_replace, condition=_fold_condition, targets=ORT, benefit="rms_normalization", exact=False,
+         doc="SimplifiedLayerNormalization followed by a Mul by a constant along the last axis takes it into its "
+             "scale."),
+    Rule("rms_normalization_std_scale_fold", Op("RMSNormalization", "x", Const("scale"), name="norm"),
+         _fold_replace, condition=_fold_condition, targets=ORT, benefit="rms_normalization", exact=False,
+         doc="RMSNormalization followed by a Mul by a constant along the last axis takes it into its scale."),
 ]
