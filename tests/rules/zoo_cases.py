@@ -32,12 +32,14 @@ def feeds(name: str, proto: onnx.ModelProto, batch: int, seq: int) -> dict:
     return inputs.text_inputs(batch, seq, vocab, **kw)(proto, 0)
 
 
-def assert_close(name: str, before: onnx.ModelProto, after: onnx.ModelProto, rtol: float = 1e-4) -> None:
+def assert_close(name: str, before: onnx.ModelProto, after: onnx.ModelProto, rtol: float = 1e-4, *,
+                 ort_optimize: bool = False) -> None:
     """onnxruntime CPU gives ``after`` the outputs of ``before`` within ``rtol`` of each output's
-    largest magnitude, at two batch sizes and sequence lengths (padded rows included)."""
+    largest magnitude, at two batch sizes and sequence lengths (padded rows included); graph
+    optimizations off (``ort_optimize``: on, for ``after``)."""
     for batch, seq in ((2, 16), (1, 7)):
         f = feeds(name, before, batch, seq)
-        for a, b in zip(run_ort(before, f), run_ort(after, f), strict=True):
+        for a, b in zip(run_ort(before, f), run_ort(after, f, optimize=ort_optimize), strict=True):
             assert a.shape == b.shape
             scale = max(float(np.abs(a).max()), 1e-30)
             np.testing.assert_allclose(b, a, rtol=rtol, atol=rtol * scale)
