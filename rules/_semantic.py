@@ -21,6 +21,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxopt.irutil import constant_tensor, use_count
+from onnxopt.pattern import Refuse
 from onnxopt.shapes import infer
 
 _PROVIDERS = {"ort-cpu": "CPUExecutionProvider", "ort-cuda": "CUDAExecutionProvider"}
@@ -217,10 +218,14 @@ def kernel(op: str, domain: str, opset: int, target: str, dtype: ir.DataType | N
 
 
 def add_import(m, domain: str, version: int = 1) -> None:
-    """The model (the graph being rewritten) imports ``domain``."""
+    """The model imports ``domain`` (added to the main graph's imports; a subgraph's imports are not
+    the model's: there the model must import it already, else the rewrite is refused)."""
     imports = m.graph.opset_imports
-    if domain not in imports:
-        imports[domain] = version
+    if domain in m.opsets or domain in imports:
+        return
+    if "" not in imports and "ai.onnx" not in imports:
+        raise Refuse(f"the model does not import {domain} and a subgraph cannot add it")
+    imports[domain] = version
 
 
 def last_dim(m, name: str) -> int | None:

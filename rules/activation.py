@@ -45,8 +45,10 @@ def _dtype_ok(m: Match, op: str, domain: str, dtype, opset: int = 1) -> str | No
     return None if ok else f"no {op} kernel for {dtype.name.lower()} on {target}"
 
 
-def _top_of_product(value: ir.Value, graph: ir.Graph) -> ir.Value:
-    """Climb from ``value`` through the Mul (and Div by a constant) nodes that alone read it."""
+def _products(value: ir.Value, graph: ir.Graph) -> list[ir.Value]:
+    """The products above ``value``: climbing through the Mul (and Div by a constant) nodes that
+    alone read it, each one's output, lowest first."""
+    out = []
     while private(value, graph):
         use = next(iter(value.uses()))
         node = use.node
@@ -54,9 +56,10 @@ def _top_of_product(value: ir.Value, graph: ir.Graph) -> ir.Value:
             break
         if node.op_type == "Mul" or (node.op_type == "Div" and use.idx == 0 and scalar(node.inputs[1])):
             value = node.outputs[0]
+            out.append(value)
         else:
             break
-    return value
+    return out
 
 
 def _gelu_match(m: Match, kind: str):
@@ -74,9 +77,22 @@ def _gelu_match(m: Match, kind: str):
     one_plus = add.outputs[0]
     if not private(one_plus, graph):
         return f"1 + {root.op_type.lower()} is read by several nodes"
-    top = _top_of_product(one_plus, graph)
-    if top is one_plus:
+    tops = _products(one_plus, graph)
+    if not tops:
         return f"1 + {root.op_type.lower()} is not multiplied by x / 2"
+    # the lowest product that is the GELU (a product above it scales the GELU: gelu(x) * 2)
+    reasons = []
+    for top in tops:
+        got = _gelu_at(m, kind, top, one_plus, add)
+        if not isinstance(got, str):
+            return got
+        reasons.append(got)
+    inner = [r for r in reasons if r.startswith(("erf's", "tanh's", "the Erf", "the Tanh"))]
+    return (inner or reasons)[-1]
+
+
+def _gelu_at(m: Match, kind: str, top: ir.Value, one_plus: ir.Value, add: ir.Node):
+    root, graph = m.root, m.graph
     k, fs, mul_nodes = factors(top, graph)
     if one_plus not in fs or fs.count(one_plus) != 1:
         return f"1 + {root.op_type.lower()} is not a factor of the product"

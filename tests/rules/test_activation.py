@@ -93,6 +93,13 @@ def test_gelu_inside_a_graph():
     assert ops(out) == {"Relu": 1, "com.microsoft:Gelu": 1, "Add": 1}
 
 
+def test_gelu_scaled_after():
+    """gelu(x) * 3: the product above the GELU's stays a Mul reading the fused Gelu."""
+    nodes = gelu_legacy(y="g") + [n("Mul", ["g", "c_three"], "y")]
+    out, _ = fires("gelu", build(nodes, {**GELU_CONSTS, "c_three": 3.0}), tol=TOL, **CPU)
+    assert ops(out) == {"com.microsoft:Gelu": 1, "Mul": 1}
+
+
 def test_gelu_opset20_standard():
     """At opset 20 the installed onnxruntime (1.2x) has the standard Gelu's CPU kernel: it is used."""
     out, _ = fires("gelu", build(gelu_legacy(), GELU_CONSTS, opset=20), tol=TOL, **CPU)

@@ -292,3 +292,68 @@ def test_zoo_skip_layer_normalization(name):
     assert report.rules["skip_layer_normalization"].fired == SKIP[kind]
     zoo_cases.assert_close(name, src, out)
     zoo_cases.assert_close(name, src, out, ort_optimize=True)
+
+
+# --- torch's own exports of the decompositions ------------------------------------------------------
+
+def _torch_block():
+    torch = pytest.importorskip("torch", reason="torch exports the decompositions")
+
+    class Block(torch.nn.Module):
+        """A hand-written LayerNorm (as older BERT code has it), GELU (erf), Llama's RMSNorm (its
+        forward as transformers writes it: to float32, pow, mean, rsqrt, back, * weight), GELU (tanh)."""
+
+        def __init__(self):
+            super().__init__()
+            g = torch.Generator().manual_seed(0)
+            self.g = torch.nn.Parameter(torch.rand(H, generator=g) + 0.5)
+            self.b = torch.nn.Parameter(torch.rand(H, generator=g))
+            self.w = torch.nn.Parameter(torch.rand(H, generator=g) + 0.5)
+            self.gelu = torch.nn.GELU()
+            self.fast = torch.nn.GELU(approximate="tanh")
+
+        def forward(self, x):
+            u = x.mean(-1, keepdim=True)
+            v = (x - u).pow(2).mean(-1, keepdim=True)
+            h = self.g * ((x - u) / torch.sqrt(v + 1e-12)) + self.b
+            h = self.gelu(h) * 2.0 + x  # (a product above the GELU's: the lowest one is the GELU)
+            f = h.to(torch.float32)
+            f = f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + 1e-6)
+            h = self.w * f.to(h.dtype)
+            return self.fast(h)
+
+    return torch, Block().eval()
+
+
+@pytest.mark.parametrize("exporter", ["legacy", "dynamo"])
+def test_torch_exports(tmp_path, exporter):
+    """torch.onnx's decompositions (opset 17 legacy, 18 dynamo) of a LayerNorm, GELU, RMSNorm and
+    tanh-GELU each fuse on ort-cpu; outputs within 1e-5."""
+    import warnings
+
+    torch, block = _torch_block()
+    x = torch.randn(2, 5, H)
+    path = tmp_path / f"block-{exporter}.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if exporter == "legacy":
+            torch.onnx.export(block, (x,), str(path), input_names=["x"], output_names=["y"], opset_version=17,
+                              dynamic_axes={"x": {0: "b", 1: "s"}}, dynamo=False)
+        else:
+            pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript")
+            dim = torch.export.Dim
+            torch.onnx.export(block, (x,), str(path), input_names=["x"], output_names=["y"], opset_version=18,
+                              dynamic_shapes=({0: dim("b"), 1: dim("s")},), dynamo=True)
+    src = onnx.load(str(path))
+    out, report = optimize(src, target="ort-cpu", return_report=True)
+    counts = ops(out)
+    assert counts["LayerNormalization"] == 1 and counts["com.microsoft:Gelu"] == 1, counts
+    # (the RMSNorm reads gelu(h) * 2 + x: the Add becomes its skip input)
+    assert counts["com.microsoft:SkipSimplifiedLayerNormalization"] == 1, counts
+    assert counts["com.microsoft:FastGelu"] == 1, counts
+    assert not counts["ReduceMean"] and not counts["Erf"] and not counts["Tanh"], counts
+    from conftest import run_ort
+
+    feeds = {"x": np.random.default_rng(1).standard_normal((3, 7, H)).astype(np.float32)}
+    for a, b in zip(run_ort(src, feeds), run_ort(out, feeds), strict=True):
+        np.testing.assert_allclose(b, a, rtol=TOL, atol=TOL)
