@@ -66,6 +66,8 @@ def _gelu_match(m: Match, kind: str):
     """The plan (x, nodes, output) of the GELU around the root Erf/Tanh, or the reason it is not one."""
     root, graph = m.root, m.graph
     act = root.outputs[0]
+    if act.is_graph_output():
+        return f"the {root.op_type} output is a graph output"
     if not private(act, graph):
         return f"{root.op_type} output is read by several nodes"
     add = next(iter(act.uses())).node

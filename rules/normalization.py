@@ -85,7 +85,9 @@ def _affine(value: ir.Value, graph: ir.Graph, op: str):
 
 def _per_channel(array: np.ndarray, rank: int | None, h: int | None, what: str):
     """``array`` as a 1-D vector along the last axis of an input of ``rank`` dims and ``h`` channels."""
-    if rank is None or array.ndim > rank:
+    if rank is None:
+        return "the input's rank is unknown"
+    if array.ndim > rank:
         return f"{what} has more dimensions than the input"
     if any(d != 1 for d in array.shape[:-1]):
         return f"{what} varies along another axis than the last"
