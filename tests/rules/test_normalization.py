@@ -357,3 +357,59 @@ def test_torch_exports(tmp_path, exporter):
     feeds = {"x": np.random.default_rng(1).standard_normal((3, 7, H)).astype(np.float32)}
     for a, b in zip(run_ort(src, feeds), run_ort(out, feeds), strict=True):
         np.testing.assert_allclose(b, a, rtol=TOL, atol=TOL)
+
+
+@pytest.mark.parametrize("exporter", ["legacy", "dynamo"])
+def test_llama_rms_normalization(tmp_path, exporter):
+    """A small transformers Llama (2 layers, random weights): its 5 RMSNorms fuse, the 4 after a
+    residual Add into SkipSimplifiedLayerNormalization, the first (on the embeddings) into
+    SimplifiedLayerNormalization; logits within 1e-4 of their range, padded rows included."""
+    import warnings
+
+    torch = pytest.importorskip("torch", reason="torch exports the model")
+    pytest.importorskip("transformers", reason="transformers builds the model")
+    if exporter == "dynamo":
+        pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript")
+    from conftest import run_ort
+
+    from onnxopt.models.transformers_models import import_transformers
+
+    transformers = import_transformers()
+    cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    llama = transformers.LlamaForCausalLM(cfg).eval()
+
+    class Logits(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.llama = llama
+
+        def forward(self, ids, mask):
+            return self.llama(input_ids=ids, attention_mask=mask, use_cache=False).logits
+
+    ids, mask = torch.randint(0, 512, (2, 16)), torch.ones(2, 16, dtype=torch.int64)
+    path = tmp_path / f"llama-{exporter}.onnx"
+    names = dict(input_names=["input_ids", "attention_mask"], output_names=["logits"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if exporter == "legacy":
+            axes = {0: "b", 1: "s"}
+            torch.onnx.export(Logits(), (ids, mask), str(path), opset_version=17, dynamo=False,
+                              dynamic_axes={"input_ids": axes, "attention_mask": axes}, **names)
+        else:
+            b, s = torch.export.Dim("b"), torch.export.Dim("s", min=2, max=64)
+            torch.onnx.export(Logits(), (ids, mask), str(path), opset_version=18, dynamo=True,
+                              dynamic_shapes=({0: b, 1: s}, {0: b, 1: s}), **names)
+    src = onnx.load(str(path))
+    out = optimize(src, target="ort-cpu")
+    counts = ops(out)
+    assert counts["com.microsoft:SkipSimplifiedLayerNormalization"] == 4, counts
+    assert counts["SimplifiedLayerNormalization"] == 1 and not counts["ReduceMean"], counts
+    rng = np.random.default_rng(0)
+    for batch, seq in ((2, 16), (1, 9)):
+        m = np.ones((batch, seq), np.int64)
+        m[1:, seq // 2:] = 0
+        feeds = {"input_ids": rng.integers(0, 512, (batch, seq)).astype(np.int64), "attention_mask": m}
+        for a, o in zip(run_ort(src, feeds), run_ort(out, feeds), strict=True):
+            np.testing.assert_allclose(o, a, rtol=1e-4, atol=1e-4 * float(np.abs(a).max()))
