@@ -24,7 +24,7 @@ from . import zoo_cases
 from .check import fires, refuses
 
 TOL = 1e-5
-CPU = {"target": "ort-cpu"}
+CPU = zoo_cases.ORT_CPU
 SQRT2 = math.sqrt(2.0)
 K = math.sqrt(2.0 / math.pi)
 H = 8
@@ -237,7 +237,7 @@ def test_zoo_gelu(name):
     are zero, folded away); the outputs agree within 1e-4 of their range at two shapes."""
     src = zoo_cases.load(name)
     kind = name.split("-")[0]
-    out, report = optimize(src, target="ort-cpu", return_report=True,
+    out, report = optimize(src, **CPU, return_report=True,
                            disable=["skip_layer_normalization", "layer_normalization", "rms_normalization"])
     counts = ops(out)
     assert counts[FUSED[kind]] == zoo_cases.LAYERS[kind], counts

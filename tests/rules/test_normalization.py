@@ -26,7 +26,7 @@ from . import zoo_cases
 from .check import fires, refuses
 
 TOL = 1e-5
-CPU = {"target": "ort-cpu"}
+CPU = zoo_cases.ORT_CPU
 H = 8
 RNG = np.random.default_rng(0)
 GAMMA = RNG.uniform(0.5, 1.5, H).astype(np.float32)
@@ -285,7 +285,7 @@ def test_zoo_skip_layer_normalization(name):
     their range at two shapes, and with onnxruntime's own optimizations on too."""
     src = zoo_cases.load(name)
     kind = name.split("-")[0]
-    out, report = optimize(src, target="ort-cpu", return_report=True)
+    out, report = optimize(src, **CPU, return_report=True)
     counts = ops(out)
     assert counts["com.microsoft:SkipLayerNormalization"] == SKIP[kind], counts
     assert counts["LayerNormalization"] == 0, counts
@@ -345,7 +345,7 @@ def test_torch_exports(tmp_path, exporter):
             torch.onnx.export(block, (x,), str(path), input_names=["x"], output_names=["y"], opset_version=18,
                               dynamic_shapes=({0: dim("b"), 1: dim("s")},), dynamo=True)
     src = onnx.load(str(path))
-    out, report = optimize(src, target="ort-cpu", return_report=True)
+    out, report = optimize(src, **CPU, return_report=True)
     counts = ops(out)
     assert counts["LayerNormalization"] == 1 and counts["com.microsoft:Gelu"] == 1, counts
     # (the RMSNorm reads gelu(h) * 2 + x: the Add becomes its skip input)
@@ -402,7 +402,7 @@ def test_llama_rms_normalization(tmp_path, exporter):
             torch.onnx.export(Logits(), (ids, mask), str(path), opset_version=18, dynamo=True,
                               dynamic_shapes=({0: b, 1: s}, {0: b, 1: s}), **names)
     src = onnx.load(str(path))
-    out = optimize(src, target="ort-cpu")
+    out = optimize(src, **CPU)
     counts = ops(out)
     assert counts["com.microsoft:SkipSimplifiedLayerNormalization"] == 4, counts
     assert counts["SimplifiedLayerNormalization"] == 1 and not counts["ReduceMean"], counts
