@@ -21,6 +21,7 @@ import onnx
 import pytest
 
 import onnxopt
+from onnxopt.targets import TARGETS
 import onnxopt.passes
 import onnxopt.rules
 from onnxopt import optimize, verify
@@ -247,7 +248,8 @@ def test_list_rules_by_family_with_targets_and_exactness(tmp_path, capsys):
         assert [row.split()[0] for row in rows] == [r.name for r in module.RULES]
         for r, row in zip(module.RULES, rows):
             exact = getattr(r, "exact", None)
-            assert row.split()[1:5] == [r.pattern.op_type, str(r.priority), "all",
+            where = "all" if set(r.targets) == set(TARGETS) else ",".join(t for t in TARGETS if t in r.targets)
+            assert row.split()[1:5] == [r.pattern.op_type, str(r.priority), where,
                                         "?" if exact is None else "exact" if exact else "tolerance"]
     header, _, row = blocks[f"{cuda_rules}: 1 rule"]
     assert row.split()[:5] == ["relu_on_cuda", "Relu", "0", "ort-cuda", "?"]
@@ -260,18 +262,20 @@ def test_list_rules_by_family_with_targets_and_exactness(tmp_path, capsys):
     assert "relu_on_cuda" not in listed_rules(proc.stdout) and f"{cuda_rules}" not in proc.stdout
 
 
-def _default_families() -> list[str]:
+def _default_families(target: str | None = None) -> list[str]:
     """The rule families in the default library: every rules/ file whose RULES is not empty (the
-    qdq family exports none there: its rules run only under onnxopt quantize)."""
+    qdq family exports none there: its rules run only under onnxopt quantize); with ``target``,
+    those with a rule valid there (the onnxruntime fusions are not listed for portable)."""
     stems = sorted(p.stem for p in Path(onnxopt.rules.__file__).parent.glob("[!_]*.py"))
-    return [s for s in stems if __import__(f"onnxopt.rules.{s}", fromlist=["RULES"]).RULES]
+    return [s for s in stems
+            if any(target is None or target in r.targets for r in __import__(f"onnxopt.rules.{s}", fromlist=["RULES"]).RULES)]
 
 
 def test_list_rules_on_a_terminal_is_a_table_per_family():
     code, out, err = run_on_terminal("--list-rules")
     assert code == 0, err
     plain = unstyled(out)
-    families = _default_families()
+    families = _default_families("portable")
     assert "cast (rules/cast.py): 3 rules" in plain
     assert len(re.findall(r"^rule\s+matches\s+priority\s+targets\s+exactness\s+does", plain, re.M)) == len(families)
     assert COLOUR.search(out) and "─" in out

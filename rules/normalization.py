@@ -1,0 +1,456 @@
+"""Normalization fusions for onnxruntime (targets ort-cpu and ort-cuda only; ``portable`` never sees
+them).
+
+Matched by what the nodes compute. ``layer_normalization`` and ``rms_normalization`` are rooted at
+the Sqrt of the variance and read the expression around it:
+
+- ``layer_normalization``: d = x - mean(x); d / sqrt(mean(d^2) + eps) (d^2 as Pow(d, 2) or d * d;
+  the division as Div, or Mul by Reciprocal(Sqrt) or by Div(1, Sqrt)), optionally * gamma and
+  + beta (constants along the last axis, either operand order), the means over the last axis
+  -> LayerNormalization (opset >= 17).
+- ``rms_normalization``: x / sqrt(mean(x^2) + eps) (the same forms), optionally * weight -> the
+  standard RMSNormalization where the model imports opset >= 23 and onnxruntime has the kernel,
+  else onnxruntime's SimplifiedLayerNormalization (which onnxruntime registers in the ONNX domain:
+  the ONNX checker does not know it, onnxruntime runs it; onnxruntime's own transformers optimizer
+  writes the same node).
+- ``skip_layer_normalization``: LayerNormalization(a + b [+ bias]) over the last axis, a and b of
+  the shapes com.microsoft SkipLayerNormalization takes -> SkipLayerNormalization; where the sum
+  is read elsewhere too (a pre-LN transformer's residual stream) its fourth output gives it.
+
+Not exact (``exact=False``): the kernels accumulate in their own order; fp32 outputs agree within
+1e-5 relative on the zoo models.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxopt.pattern import Const, Match, Op, Opt, Rule
+from onnxopt.shapes import infer
+from onnxopt.targets import ORT_CPU, ORT_CUDA
+
+from ._semantic import FLOATS, add_import, const_array, dtype_of, kernel, private, producer, scalar, typed
+
+ORT = (ORT_CPU, ORT_CUDA)
+
+
+def _dims(value: ir.Value, m: Match) -> list | None:
+    shape = infer(value, m.opsets)
+    return None if shape is None else [d if isinstance(d, int) else d for d in shape]
+
+
+def _axes(node: ir.Node, m: Match) -> list[int] | None:
+    """The axes a ReduceMean reduces (None: all, or not known)."""
+    if m.opset("") >= 18:
+        if len(node.inputs) < 2 or node.inputs[1] is None:
+            return None
+        axes = const_array(node.inputs[1])
+        return None if axes is None else [int(a) for a in axes.ravel()]
+    attr = node.attributes.get("axes")
+    return None if attr is None else [int(a) for a in attr.value]
+
+
+def _last_axis_mean(node: ir.Node, rank: int | None, m: Match) -> str | None:
+    if node.attributes.get("keepdims") is not None and node.attributes["keepdims"].value != 1:
+        return "a mean does not keep its dimensions"
+    axes = _axes(node, m)
+    if axes is None:
+        return "a mean's axes are not known"
+    if axes == [-1] or (rank is not None and axes == [rank - 1]):
+        return None
+    return f"a mean is over axes {axes}, not the last one"
+
+
+def _consumer(value: ir.Value, graph: ir.Graph) -> ir.Node | None:
+    if not private(value, graph):
+        return None
+    node = next(iter(value.uses())).node
+    return node if node.graph is graph and node.domain in ("", "ai.onnx") else None
+
+
+def _other(node: ir.Node, value: ir.Value) -> ir.Value | None:
+    a, b = node.inputs[0], node.inputs[1]
+    return b if a is value else a if b is value else None
+
+
+def _affine(value: ir.Value, graph: ir.Graph, op: str):
+    """The constant ``value`` is multiplied (added) by when a Mul (Add) alone reads it: (node, array)."""
+    node = _consumer(value, graph)
+    if node is None or node.op_type != op or len(node.inputs) != 2 or node.inputs[0] is node.inputs[1]:
+        return None
+    array = const_array(_other(node, value))
+    return None if array is None else (node, array)
+
+
+def _per_channel(array: np.ndarray, rank: int | None, h: int | None, what: str):
+    """``array`` as a 1-D vector along the last axis of an input of ``rank`` dims and ``h`` channels."""
+    if rank is None:
+        return "the input's rank is unknown"
+    if array.ndim > rank:
+        return f"{what} has more dimensions than the input"
+    if any(d != 1 for d in array.shape[:-1]):
+        return f"{what} varies along another axis than the last"
+    vec = array.reshape(-1)
+    if vec.size == 1:
+        if h is None:
+            return f"{what} is one number and the last dimension is unknown"
+        vec = np.full((h,), vec[0], dtype=array.dtype)
+    elif h is not None and vec.size != h:
+        return f"{what} has {vec.size} values, the last dimension is {h}"
+    return vec
+
+
+def _norm_match(m: Match):
+    """(kind, x, eps, gamma, beta, nodes, output) around the root Sqrt, or the reason it is not a
+    normalization; kind is "layer" or "rms"."""
+    sqrt, graph = m.root, m.graph
+    var, eps, nodes = sqrt.inputs[0], 0.0, [sqrt]
+    add = producer(var, graph, "Add")
+    if add is not None:
+        for i in (0, 1):
+            e = scalar(add.inputs[i])
+            if e is not None:
+                eps, var = e, add.inputs[1 - i]
+                nodes.append(add)
+                break
+    red = producer(var, graph, "ReduceMean")
+    if red is None:
+        return "Sqrt does not take a mean (+ epsilon)"
+    nodes.append(red)
+    sq = producer(red.inputs[0], graph, "Pow", "Mul")
+    if sq is None:
+        return "the mean under the Sqrt is not of a square"
+    if sq.op_type == "Pow":
+        if not (scalar(sq.inputs[1]) == 2.0):
+            return "the mean under the Sqrt is not of a square"
+    elif sq.inputs[0] is not sq.inputs[1]:
+        return "the mean under the Sqrt is not of a square"
+    d = sq.inputs[0]
+    nodes.append(sq)
+    # The normalization: d / sqrt(...), or d * (1 / sqrt(...)).
+    s = sqrt.outputs[0]
+    top = _consumer(s, graph)
+    if top is None:
+        return "the Sqrt is read by several nodes"
+    if top.op_type == "Div" and top.inputs[1] is s and top.inputs[0] is d:
+        normed = top.outputs[0]
+    else:
+        if top.op_type == "Reciprocal" or (top.op_type == "Div" and top.inputs[1] is s and close_one(top.inputs[0])):
+            nodes.append(top)
+            mul = _consumer(top.outputs[0], graph)
+            if mul is None or mul.op_type != "Mul" or _other(mul, top.outputs[0]) is not d:
+                return "1 / Sqrt does not multiply the centred input"
+            top = mul
+            normed = mul.outputs[0]
+        else:
+            return f"the Sqrt is read by {top.op_type}, not a division of the input"
+    nodes.append(top)
+    # Layer norm (d = x - mean(x)) or RMS (d = x).
+    kind, x = "rms", d
+    sub = producer(d, graph, "Sub", only_use=False)
+    if sub is not None and sub.inputs[0] is not None:
+        mean = producer(sub.inputs[1], graph, "ReduceMean")
+        if mean is not None and mean.inputs[0] is sub.inputs[0]:
+            kind, x = "layer", sub.inputs[0]
+            # d goes with the rewrite: read by the square and the division alone
+            readers = {u.node for u in d.uses()}
+            if d.is_graph_output() or readers - {sq, top}:
+                return "the centred input is read elsewhere"
+            nodes += [sub, mean]
+    rank = None
+    dims = _dims(x, m)
+    if dims is not None:
+        rank = len(dims)
+    for r in [red] + ([nodes[-1]] if kind == "layer" else []):
+        if reason := _last_axis_mean(r, rank, m):
+            return reason
+    h = dims[-1] if dims and isinstance(dims[-1], int) else None
+    out, gamma, beta = normed, None, None
+    scaled = _affine(out, graph, "Mul")
+    if scaled is not None:
+        gamma = _per_channel(scaled[1], rank, h, "the scale")
+        if isinstance(gamma, str):
+            return gamma
+        nodes.append(scaled[0])
+        out = scaled[0].outputs[0]
+        shifted = _affine(out, graph, "Add") if kind == "layer" else None
+        if shifted is not None:
+            beta = _per_channel(shifted[1], rank, h, "the shift")
+            if isinstance(beta, str):
+                return beta
+            nodes.append(shifted[0])
+            out = shifted[0].outputs[0]
+    if gamma is None and h is None:
+        return "the last dimension is unknown (for a scale of ones)"
+    dtype = dtype_of(x, m.opsets)
+    if dtype not in FLOATS:
+        return f"the input's type {dtype} is not a float type"
+    for vec in (gamma, beta):
+        if vec is not None and vec.dtype != dtype.numpy():
+            return "the scale or shift differs from the input in type"
+    if gamma is None:
+        gamma = np.ones((h,), dtype=dtype.numpy())
+    m.nodes = tuple(dict.fromkeys(nodes))
+    m.outputs = [out]
+    return kind, x, eps, gamma, beta, dtype
+
+
+def close_one(value) -> bool:
+    return scalar(value) == 1.0
+
+
+def _target(m: Match) -> str:
+    return m.options.get("target", ORT_CPU)
+
+
+def _layer_condition(m: Match):
+    plan = _norm_match(m)
+    if isinstance(plan, str):
+        return plan
+    if plan[0] != "layer":
+        return "no mean is subtracted (rms_normalization's form)"
+    if m.opset("") < 17:
+        return f"LayerNormalization needs opset 17 (the model imports {m.opset('')})"
+    if kernel("LayerNormalization", "", m.opset(""), _target(m), plan[5]) is False and _target(m) == ORT_CPU:
+        return f"no LayerNormalization kernel for {plan[5].name.lower()} on {_target(m)}"
+    return plan
+
+
+def _layer_replace(m: Match, b):
+    _, x, eps, gamma, beta, _ = m.plan
+    ins = [x, b.const(gamma, name="ln_scale")]
+    if beta is not None:
+        ins.append(b.const(beta, name="ln_bias"))
+    return typed(b.op("LayerNormalization", *ins, axis=-1, epsilon=float(eps)), x, m)
+
+
+def _rms_condition(m: Match):
+    plan = _norm_match(m)
+    if isinstance(plan, str):
+        return plan
+    if plan[0] != "rms":
+        return "a mean is subtracted (layer_normalization's form)"
+    target, dtype, opset = _target(m), plan[5], m.opset("")
+    if opset >= 23 and kernel("RMSNormalization", "", opset, target, dtype):
+        return ("std",) + plan[1:]
+    if kernel("SimplifiedLayerNormalization", "", 1, target, dtype) is False and target == ORT_CPU:
+        return f"no SimplifiedLayerNormalization kernel for {dtype.name.lower()} on {target}"
+    return ("ort",) + plan[1:]
+
+
+def _rms_replace(m: Match, b):
+    form, x, eps, gamma, _, _ = m.plan
+    scale = b.const(gamma, name="rms_scale")
+    op = "RMSNormalization" if form == "std" else "SimplifiedLayerNormalization"
+    return typed(b.op(op, x, scale, axis=-1, epsilon=float(eps)), x, m)
+
+
+# --- SkipLayerNormalization ------------------------------------------------------------------
+
+
+def _equal_dims(x, y) -> bool | None:
+    """True: the same; False: different or one broadcasts; None: not known (taken as the same)."""
+    if isinstance(x, int) and isinstance(y, int):
+        return x == y
+    if not isinstance(x, int) and not isinstance(y, int) and x is not None and y is not None \
+            and getattr(x, "value", None) is not None and x.value == getattr(y, "value", None):
+        return True
+    if x == 1 or y == 1:  # one is 1 and the other unknown: it may broadcast
+        return False
+    return None
+
+
+def _fits(inp, skip) -> bool:
+    """SkipLayerNormalization takes ``inp`` as its input and ``skip`` as its skip: input (B, S, H)
+    or (T, H); skip of the same shape, or (1, S, H) or (S, H) for a 3-D input. Dimensions of
+    unknown size (a dynamic axis neither side names) are taken as the same: a residual stream's
+    operands share their batch and sequence axes."""
+    if len(inp) not in (2, 3):
+        return False
+    if len(skip) != len(inp) and not (len(inp) == 3 and len(skip) == 2):
+        return False
+    for i in range(1, len(skip) + 1):
+        if i == 3 and skip[-i] == 1:
+            continue  # (1, S, H): broadcast over the batch
+        if _equal_dims(inp[-i], skip[-i]) is False:
+            return False
+    return True
+
+
+def _skip_condition(m: Match):
+    graph, ln, add = m.graph, m.node("ln"), m.node("add")
+    for out in ln.outputs[1:]:
+        if out.uses() or out.is_graph_output():
+            return "the normalization's mean or inverse deviation outputs are used"
+    if m.attr("ln", "stash_type", 1) != 1:
+        return "stash_type 0 (statistics in the input's type)"
+    total = add.outputs[0]
+    ranks = [len(d) for d in (_dims(m["a"], m), _dims(m["b"], m)) if d is not None]
+    rank = max(ranks) if ranks else None
+    axis = m.attr("ln", "axis", -1)
+    if axis != -1 and (rank is None or axis != rank - 1):
+        return f"normalizes from axis {axis}, not the last"
+    gamma, beta = m.const("gamma"), m.const("beta")
+    for what, p in (("scale", gamma), ("shift", beta)):
+        if p is not None and (p.ndim != 1 or p.shape[0] != gamma.shape[0]):
+            return f"the normalization's {what} is not 1-D along the last axis"
+    h = gamma.shape[0]
+    # a bias added to one operand first: (a + bias) + b
+    a, b_, bias, bias_node = m["a"], m["b"], None, None
+    for first, second in ((a, b_), (b_, a)):
+        inner = producer(first, graph, "Add")
+        if inner is None:
+            continue
+        for i in (0, 1):
+            arr = const_array(inner.inputs[i])
+            if arr is not None and arr.ndim == 1 and arr.shape[0] == h \
+                    and constant_free(inner.inputs[1 - i]):
+                bias, bias_node = inner.inputs[i], inner
+                a, b_ = inner.inputs[1 - i], second
+                break
+        if bias is not None:
+            break
+    da, db = _dims(a, m), _dims(b_, m)
+    if da is None or db is None:
+        return "an operand's rank is unknown"
+    if not _fits(da, db):
+        a, b_, da, db = b_, a, db, da
+        if not _fits(da, db):
+            return "the operands broadcast in a way the fused op does not take"
+    if isinstance(da[-1], int) and da[-1] != h:
+        return f"the normalization's scale has {h} values, the last dimension is {da[-1]}"
+    dtype = dtype_of(a, m.opsets)
+    if dtype not in FLOATS or dtype_of(b_, m.opsets) != dtype:
+        return "the operands are not of one float type"
+    target = _target(m)
+    op = "SkipLayerNormalization" if m.root.op_type == "LayerNormalization" else "SkipSimplifiedLayerNormalization"
+    if kernel(op, "com.microsoft", 1, target, dtype) is False and target == ORT_CPU:
+        return f"no {op} kernel for {dtype.name.lower()} on {target}"
+    # the sum is read elsewhere: the fused node's fourth output gives it, and it must be computed
+    # before its first reader (the new node goes where the LayerNormalization is)
+    readers = {u.node for u in total.uses()} - {ln}
+    if total.is_graph_output() or readers:
+        before = set()
+        for node in graph:
+            if node is ln:
+                break
+            before.add(node)
+        if readers & before:
+            return "the sum is read before the normalization"
+        m.outputs = [ln.outputs[0], total]
+    if bias_node is not None:
+        m.nodes = tuple(dict.fromkeys((*m.nodes, bias_node)))
+    return a, b_, bias
+
+
+def constant_free(value) -> bool:
+    return const_array(value) is None
+
+
+def _skip_replace(m: Match, b):
+    a, skip, bias = m.plan
+    gamma = m["gamma"]
+    beta = m["beta"]
+    add_import(m, "com.microsoft")
+    eps = float(m.attr("ln", "epsilon", 1e-5))
+    if m.root.op_type == "LayerNormalization":
+        op, ins = "SkipLayerNormalization", [a, skip, gamma, beta, bias]
+    else:
+        op, ins = "SkipSimplifiedLayerNormalization", [a, skip, gamma, bias]
+    while ins[-1] is None:
+        ins.pop()
+    if len(getattr(m, "outputs", ())) == 2:
+        y, _, _, total = b.op(op, *ins, domain="com.microsoft", outputs=4, epsilon=eps)
+        typed(y, a, m)
+        typed(total, a, m)
+        return [y, total]
+    return typed(b.op(op, *ins, domain="com.microsoft", epsilon=eps), a, m)
+
+
+# --- a scale or shift after the fused node (an exporter's Cast between them went later) --------------
+
+
+def _fold_condition(m: Match):
+    norm, graph = m.root, m.graph
+    for out in norm.outputs[1:]:
+        if out.uses() or out.is_graph_output():
+            return "the normalization's statistics outputs are used"
+    dims = _dims(m["x"], m)
+    rank = None if dims is None else len(dims)
+    axis = m.attr("norm", "axis", -1)
+    if axis != -1 and (rank is None or axis != rank - 1):
+        return f"normalizes from axis {axis}, not the last"
+    scale = m.const("scale")
+    if scale.ndim != 1:
+        return "the scale is not 1-D"
+    layer = norm.op_type == "LayerNormalization"
+    nxt = _consumer(norm.outputs[0], graph)
+    if nxt is None or nxt.op_type not in (("Mul", "Add") if layer else ("Mul",)) or len(nxt.inputs) != 2:
+        return "not followed by a Mul (or Add) by a constant"
+    c = const_array(_other(nxt, norm.outputs[0]))
+    if c is None:
+        return "not followed by a Mul (or Add) by a constant"
+    vec = _per_channel(c, rank, scale.shape[0], "the constant")
+    if isinstance(vec, str):
+        return vec
+    if vec.dtype != scale.dtype:
+        return "the constant differs from the scale in type"
+    bias = m.const("bias") if layer else None
+    with np.errstate(over="ignore", invalid="ignore"):
+        if nxt.op_type == "Mul":
+            new_scale = (scale.astype(np.float64) * vec).astype(scale.dtype)
+            new_bias = None if bias is None else (bias.astype(np.float64) * vec).astype(scale.dtype)
+        else:
+            new_scale = scale
+            new_bias = ((0 if bias is None else bias.astype(np.float64)) + vec.astype(np.float64)).astype(scale.dtype)
+    if not all(np.all(np.isfinite(a)) for a in (new_scale, new_bias) if a is not None):
+        return "the folded constants overflow"
+    m.nodes = tuple(dict.fromkeys((*m.nodes, nxt)))
+    m.outputs = [nxt.outputs[0]]
+    return new_scale, new_bias
+
+
+def _fold_replace(m: Match, b):
+    new_scale, new_bias = m.plan
+    norm = m.root
+    ins = [m["x"], b.const(new_scale, name="norm_scale")]
+    if new_bias is not None:
+        ins.append(b.const(new_bias, name="norm_bias"))
+    return typed(b.op(norm.op_type, *ins, domain=norm.domain, attrs=list(norm.attributes.values())), m["x"], m)
+
+
+RULES = [
+    Rule("layer_normalization", Op("Sqrt", "v"), _layer_replace, condition=_layer_condition, targets=ORT,
+         benefit="layer_normalization", exact=False,
+         doc="(x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps) [* gamma] [+ beta] over the last axis becomes "
+             "LayerNormalization (opset >= 17)."),
+    Rule("rms_normalization", Op("Sqrt", "v"), _rms_replace, condition=_rms_condition, targets=ORT,
+         benefit="rms_normalization", exact=False,
+         doc="x / sqrt(mean(x^2) + eps) [* weight] over the last axis becomes RMSNormalization (opset >= 23 with "
+             "onnxruntime's kernel) or onnxruntime's SimplifiedLayerNormalization."),
+    Rule("skip_layer_normalization",
+         Op("LayerNormalization", Op("Add", "a", "b", name="add", shared=True), Const("gamma"), Opt(Const("beta")),
+            name="ln"),
+         _skip_replace, condition=_skip_condition, targets=ORT, benefit="skip_layer_normalization", exact=False,
+         doc="LayerNormalization over the last axis of a + b (+ a 1-D bias) becomes com.microsoft "
+             "SkipLayerNormalization; its fourth output gives the sum where the sum is read elsewhere."),
+    Rule("skip_simplified_layer_normalization",
+         Op("SimplifiedLayerNormalization", Op("Add", "a", "b", name="add", shared=True), Const("gamma"),
+            Opt(Const("beta")), name="ln"),
+         _skip_replace, condition=_skip_condition, targets=ORT, benefit="skip_layer_normalization", exact=False,
+         doc="onnxruntime's SimplifiedLayerNormalization (RMS) over the last axis of a + b (+ a 1-D bias) becomes "
+             "com.microsoft SkipSimplifiedLayerNormalization (fourth output as skip_layer_normalization's)."),
+    Rule("layer_normalization_affine_fold",
+         Op("LayerNormalization", "x", Const("scale"), Opt(Const("bias")), name="norm"),
+         _fold_replace, condition=_fold_condition, targets=ORT, benefit="layer_normalization", exact=False,
+         doc="LayerNormalization followed by a Mul or Add by a constant along the last axis takes it into its "
+             "scale and bias."),
+    Rule("rms_normalization_scale_fold", Op("SimplifiedLayerNormalization", "x", Const("scale"), name="norm"),
+         _fold_replace, condition=_fold_condition, targets=ORT, benefit="rms_normalization", exact=False,
+         doc="SimplifiedLayerNormalization followed by a Mul by a constant along the last axis takes it into its "
+             "scale."),
+    Rule("rms_normalization_std_scale_fold", Op("RMSNormalization", "x", Const("scale"), name="norm"),
+         _fold_replace, condition=_fold_condition, targets=ORT, benefit="rms_normalization", exact=False,
+         doc="RMSNormalization followed by a Mul by a constant along the last axis takes it into its scale."),
+]

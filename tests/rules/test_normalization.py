@@ -1,0 +1,415 @@
+"""rules/normalization.py: LayerNormalization and RMS normalization from their decompositions,
+SkipLayerNormalization (and SkipSimplifiedLayerNormalization) from Add (+ bias) + the
+normalization, and the folds of a scale or shift after a fused node.
+
+Each decomposition the exporters write (torch.onnx legacy at opset < 17 writes LayerNorm as
+ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div/Mul/Add; hand-written LayerNorms; Llama's RMSNorm as
+Pow/ReduceMean/Add/Sqrt/Reciprocal-or-Div/Mul/Mul), in either operand order, fuses, checked with
+onnxruntime CPU before and after (fp32, rtol = atol = 1e-5); each refusal names its reason. The
+zoo's BERT, GPT-2 and MiniLM (both exporters) fuse every LayerNormalization with the residual Add
+before it into SkipLayerNormalization (2 per layer + the embeddings' one, + GPT-2's final one)
+with the same outputs (1e-4 of their range) at two shapes."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import onnx
+import pytest
+from helpers import init, model, tinfo
+from onnx import TensorProto, helper
+
+from onnxopt import optimize
+
+from . import zoo_cases
+from .check import fires, refuses
+
+TOL = 1e-5
+CPU = zoo_cases.ORT_CPU
+H = 8
+RNG = np.random.default_rng(0)
+GAMMA = RNG.uniform(0.5, 1.5, H).astype(np.float32)
+BETA = RNG.standard_normal(H).astype(np.float32)
+
+
+def n(op, ins, out, **kw):
+    return helper.make_node(op, ins, [out], name=f"{op}_{out}", **kw)
+
+
+def build(nodes, consts, *, opset=17, dtype=TensorProto.FLOAT, shape=("b", "s", H), extra_inputs=(), ms=False):
+    np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
+    inits = [init(k, np.asarray(v).astype(np_dtype) if np.asarray(v).dtype.kind == "f" else np.asarray(v))
+             for k, v in consts.items()]
+    ins = [tinfo("x", list(shape), dtype)] + [tinfo(name, list(s), dtype) for name, s in extra_inputs]
+    m = model(nodes, ins, [tinfo("y", len(shape), dtype)], inits, opset=opset)
+    if ms:
+        m.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return m
+
+
+def ops(m) -> collections.Counter:
+    return collections.Counter(f"{x.domain}:{x.op_type}" if x.domain else x.op_type for x in m.graph.node)
+
+
+def mean(x, out, opset, axes=(-1,)):
+    """ReduceMean over ``axes``, keepdims: axes as an attribute before opset 18, an input from 18."""
+    if opset >= 18:
+        return [n("ReduceMean", [x, "axes"], out)]
+    return [n("ReduceMean", [x], out, axes=list(axes))]
+
+
+# --- LayerNormalization ----------------------------------------------------------------------------
+
+def ln_nodes(*, opset=17, square="pow", divide="div", affine=True, swap=False, axes=(-1,), eps=True):
+    """torch.onnx legacy's LayerNorm (opset < 17), in the variants other exporters and hand-written
+    models use: d * d for the square, Mul by Reciprocal(Sqrt) or by Div(1, Sqrt), operands swapped."""
+    nodes = mean("x", "mu", opset, axes) + [n("Sub", ["x", "mu"], "d")]
+    nodes += [n("Pow", ["d", "two"], "sq")] if square == "pow" else [n("Mul", ["d", "d"], "sq")]
+    nodes += mean("sq", "var", opset, axes)
+    if eps:
+        nodes += [n("Add", ["eps", "var"] if swap else ["var", "eps"], "ve"), n("Sqrt", ["ve"], "sd")]
+    else:
+        nodes += [n("Sqrt", ["var"], "sd")]
+    if divide == "div":
+        nodes += [n("Div", ["d", "sd"], "nd")]
+    elif divide == "reciprocal":
+        nodes += [n("Reciprocal", ["sd"], "r"), n("Mul", ["r", "d"] if swap else ["d", "r"], "nd")]
+    else:
+        nodes += [n("Div", ["one", "sd"], "r"), n("Mul", ["d", "r"], "nd")]
+    if affine:
+        nodes += [n("Mul", ["gamma", "nd"] if swap else ["nd", "gamma"], "sc"),
+                  n("Add", ["beta", "sc"] if swap else ["sc", "beta"], "y")]
+    else:
+        nodes += [n("Identity", ["nd"], "y")]
+    return nodes
+
+
+LN_CONSTS = {"two": 2.0, "eps": 1e-5, "one": 1.0, "gamma": GAMMA, "beta": BETA, "axes": np.array([-1])}
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(square="mul"), dict(divide="reciprocal"), dict(divide="one-div"),
+                                dict(swap=True, divide="reciprocal"), dict(affine=False), dict(opset=18),
+                                dict(eps=False)],
+                         ids=["legacy", "d*d", "reciprocal", "1/sqrt", "swapped", "no-affine", "opset18",
+                              "no-eps"])
+def test_layer_normalization_forms(kw):
+    m = build(ln_nodes(**kw), LN_CONSTS, opset=kw.get("opset", 17))
+    out, _ = fires("layer_normalization", m, tol=TOL, **CPU)
+    counts = ops(out)
+    assert counts["LayerNormalization"] == 1 and not counts["ReduceMean"] and not counts["Sqrt"], counts
+
+
+def test_layer_normalization_positive_axis():
+    """Axes [2] on a rank-3 input is the last axis."""
+    m = build(ln_nodes(axes=(2,)), LN_CONSTS)
+    out, _ = fires("layer_normalization", m, tol=TOL, **CPU)
+    assert ops(out)["LayerNormalization"] == 1
+
+
+def test_layer_normalization_portable_untouched():
+    m = build(ln_nodes(), LN_CONSTS)
+    assert "LayerNormalization" not in ops(optimize(m))
+
+
+@pytest.mark.parametrize("kw,reason", [
+    (dict(opset=16), "LayerNormalization needs opset 17 (the model imports 16)"),
+    (dict(axes=(1,)), "a mean is over axes [1], not the last one"),
+])
+def test_layer_normalization_refuses(kw, reason):
+    m = build(ln_nodes(**kw), LN_CONSTS, opset=kw.get("opset", 17), shape=("b", 3, H))
+    refuses("layer_normalization", m, reason, **CPU)
+
+
+def test_layer_normalization_refuses_per_row_scale():
+    m = build(ln_nodes(), {**LN_CONSTS, "gamma": RNG.uniform(0.5, 1.5, (3, 1)).astype(np.float32)},
+              shape=("b", 3, H))
+    refuses("layer_normalization", m, "the scale varies along another axis than the last", **CPU)
+
+
+def test_layer_normalization_refuses_shared_centred_input():
+    nodes = ln_nodes(affine=False)[:-1] + [n("Add", ["nd", "d"], "y")]
+    refuses("layer_normalization", build(nodes, LN_CONSTS), "the centred input is read elsewhere", **CPU)
+
+
+def test_layer_normalization_refuses_not_a_square():
+    nodes = [n("Pow", ["x", "three"], "c"), *mean("c", "v", 17), n("Sqrt", ["v"], "s"), n("Div", ["x", "s"], "y")]
+    refuses("layer_normalization", build(nodes, {"three": 3.0}), "the mean under the Sqrt is not of a square", **CPU)
+    refuses("layer_normalization", build([n("Sqrt", ["x"], "s"), n("Div", ["x", "s"], "y")], {}),
+            "Sqrt does not take a mean", **CPU)
+
+
+# --- RMS normalization ----------------------------------------------------------------------------
+
+def rms_nodes(*, form="reciprocal", opset=17, weight=True, swap=False):
+    """Llama's RMSNorm: x * rsqrt(mean(x^2) + eps) * w (torch.onnx dynamo: Reciprocal(Sqrt); legacy:
+    Div(1, Sqrt)); also x / sqrt(...)."""
+    nodes = [n("Pow", ["x", "two"], "sq"), *mean("sq", "var", opset), n("Add", ["var", "eps"], "ve"),
+             n("Sqrt", ["ve"], "sd")]
+    if form == "reciprocal":
+        nodes += [n("Reciprocal", ["sd"], "r"), n("Mul", ["r", "x"] if swap else ["x", "r"], "nd")]
+    elif form == "one-div":
+        nodes += [n("Div", ["one", "sd"], "r"), n("Mul", ["x", "r"], "nd")]
+    else:
+        nodes += [n("Div", ["x", "sd"], "nd")]
+    nodes += [n("Mul", ["w", "nd"] if swap else ["nd", "w"], "y")] if weight else [n("Identity", ["nd"], "y")]
+    return nodes
+
+
+RMS_CONSTS = {"two": 2.0, "eps": 1e-6, "one": 1.0, "w": GAMMA, "axes": np.array([-1])}
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(form="one-div"), dict(form="div"), dict(swap=True),
+                                dict(weight=False), dict(opset=18)],
+                         ids=["dynamo", "legacy", "div", "swapped", "no-weight", "opset18"])
+def test_rms_normalization_forms(kw):
+    m = build(rms_nodes(**kw), RMS_CONSTS, opset=kw.get("opset", 17))
+    out, _ = fires("rms_normalization", m, tol=TOL, check=False, **CPU)
+    counts = ops(out)
+    assert counts["SimplifiedLayerNormalization"] == 1 and set(counts) <= {"SimplifiedLayerNormalization", "Identity"}
+
+
+def test_rms_normalization_opset23_standard():
+    """At opset 23 the installed onnxruntime (1.2x) has the standard RMSNormalization's CPU kernel."""
+    out, _ = fires("rms_normalization", build(rms_nodes(opset=23), RMS_CONSTS, opset=23), tol=TOL, **CPU)
+    assert ops(out) == {"RMSNormalization": 1}
+
+
+def test_rms_normalization_refuses():
+    refuses("rms_normalization", build(ln_nodes(), LN_CONSTS), "a mean is subtracted (layer_normalization's form)",
+            **CPU)
+    refuses("layer_normalization", build(rms_nodes(), RMS_CONSTS), "no mean is subtracted", **CPU)
+
+
+def test_rms_normalization_refuses_unknown_hidden_size():
+    m = build(rms_nodes(weight=False), RMS_CONSTS, shape=("b", "s", "h"))
+    refuses("rms_normalization", m, "the last dimension is unknown", **CPU)
+
+
+# --- the folds after a fused node -------------------------------------------------------------------
+
+def test_scale_folds():
+    w2 = RNG.uniform(0.5, 1.5, H).astype(np.float32)
+    ln = build([n("LayerNormalization", ["x", "gamma", "beta"], "l", axis=-1), n("Mul", ["l", "w2"], "m"),
+                n("Add", ["bb", "m"], "y")], {"gamma": GAMMA, "beta": BETA, "w2": w2, "bb": BETA})
+    out, _ = fires("layer_normalization_affine_fold", ln, times=2, tol=TOL, **CPU)
+    assert ops(out) == {"LayerNormalization": 1}
+    sln = build([n("SimplifiedLayerNormalization", ["x", "gamma"], "l", axis=-1, epsilon=1e-6),
+                 n("Mul", ["w2", "l"], "y")], {"gamma": GAMMA, "w2": w2})
+    out, _ = fires("rms_normalization_scale_fold", sln, tol=TOL, check=False, **CPU)
+    assert ops(out) == {"SimplifiedLayerNormalization": 1}
+    rms = build([n("RMSNormalization", ["x", "gamma"], "l", axis=-1), n("Mul", ["l", "w2"], "y")],
+                {"gamma": GAMMA, "w2": w2}, opset=23)
+    out, _ = fires("rms_normalization_std_scale_fold", rms, tol=TOL, **CPU)
+    assert ops(out) == {"RMSNormalization": 1}
+
+
+def test_scale_fold_refusals():
+    ln = build([n("LayerNormalization", ["x", "gamma", "beta"], "l", axis=-1), n("Mul", ["l", "x"], "y")],
+               {"gamma": GAMMA, "beta": BETA})
+    refuses("layer_normalization_affine_fold", ln, "not followed by a Mul (or Add) by a constant", **CPU)
+    sln = build([n("SimplifiedLayerNormalization", ["x", "gamma"], "l", axis=-1), n("Add", ["l", "b"], "y")],
+                {"gamma": GAMMA, "b": BETA})
+    refuses("rms_normalization_scale_fold", sln, "not followed by a Mul", check=False, **CPU)
+    rms = build([n("RMSNormalization", ["x", "gamma"], "l", axis=-1),
+                 n("Mul", ["l", "w2"], "y")], {"gamma": GAMMA, "w2": RNG.uniform(1, 2, (3, 1))}, opset=23,
+                shape=("b", 3, H))
+    refuses("rms_normalization_std_scale_fold", rms, "the constant varies along another axis", **CPU)
+
+
+# --- SkipLayerNormalization -------------------------------------------------------------------------
+
+def skip_model(*, bias=True, shared=False, skip_shape=("b", "s", H), rms=False, swap=False):
+    """y = LN((x + bias) + r) [+ the sum, as a pre-LN residual stream reads it]."""
+    nodes = []
+    a = "x"
+    if bias:
+        nodes.append(n("Add", ["bias", "x"] if swap else ["x", "bias"], "xb"))
+        a = "xb"
+    nodes.append(n("Add", ["r", a] if swap else [a, "r"], "s"))
+    if rms:
+        nodes.append(n("SimplifiedLayerNormalization", ["s", "gamma"], "l", axis=-1, epsilon=1e-6))
+    else:
+        nodes.append(n("LayerNormalization", ["s", "gamma", "beta"], "l", axis=-1, epsilon=1e-5))
+    nodes.append(n("Add", ["l", "s"], "y") if shared else n("Identity", ["l"], "y"))
+    return build(nodes, {"bias": BETA, "gamma": GAMMA, "beta": BETA}, extra_inputs=[("r", skip_shape)])
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(bias=False), dict(shared=True), dict(swap=True),
+                                dict(skip_shape=(1, "s", H)), dict(skip_shape=("s", H))],
+                         ids=["bias", "no-bias", "residual-read", "swapped", "skip-1SH", "skip-SH"])
+def test_skip_layer_normalization(kw):
+    out, _ = fires("skip_layer_normalization", skip_model(**kw), tol=TOL, **CPU)
+    counts = ops(out)
+    assert counts["com.microsoft:SkipLayerNormalization"] == 1 and not counts["LayerNormalization"], counts
+    assert counts["Add"] == (1 if kw.get("shared") else 0), counts
+    node = next(x for x in out.graph.node if x.op_type == "SkipLayerNormalization")
+    assert len(node.input) == (5 if kw.get("bias", True) else 4)
+
+
+def test_skip_simplified_layer_normalization():
+    out, _ = fires("skip_simplified_layer_normalization", skip_model(rms=True, shared=True), tol=TOL, check=False,
+                   **CPU)
+    assert ops(out)["com.microsoft:SkipSimplifiedLayerNormalization"] == 1
+
+
+def test_skip_layer_normalization_refuses():
+    refuses("skip_layer_normalization", skip_model(skip_shape=("b", 1, H)),
+            "the operands broadcast in a way the fused op does not take", **CPU)
+    refuses("skip_simplified_layer_normalization", skip_model(rms=True, skip_shape=("b", 1, H)),
+            "the operands broadcast in a way", check=False, **CPU)
+    m = skip_model(bias=False)
+    m.graph.node[-2].attribute.append(helper.make_attribute("stash_type", 0))
+    refuses("skip_layer_normalization", m, "stash_type 0", **CPU)
+
+
+def test_skip_layer_normalization_refuses_sum_read_first():
+    """The sum is read by a node placed before the LayerNormalization: the fused node, which takes
+    the LayerNormalization's place, would compute it too late."""
+    nodes = [n("Add", ["x", "r"], "s"), n("Relu", ["s"], "early"),
+             n("LayerNormalization", ["s", "gamma", "beta"], "l", axis=-1), n("Add", ["l", "early"], "y")]
+    m = build(nodes, {"gamma": GAMMA, "beta": BETA}, extra_inputs=[("r", ("b", "s", H))])
+    refuses("skip_layer_normalization", m, "the sum is read before the normalization", **CPU)
+
+
+# --- the zoo ---------------------------------------------------------------------------------------
+
+SKIP = {"bert": 2 * 4 + 1, "gpt2": 2 * 4 + 1, "minilm": 2 * 6 + 1}
+
+
+@pytest.mark.parametrize("name", zoo_cases.TRANSFORMERS)
+def test_zoo_skip_layer_normalization(name):
+    """Every LayerNormalization of the exports (opset 17/18 exports write LayerNormalization, not
+    its decomposition) takes the residual Add before it: 2 per layer, + the embeddings' sum, +
+    GPT-2's final one (GPT-2's first is the embeddings' sum). The outputs agree within 1e-4 of
+    their range at two shapes, and with onnxruntime's own optimizations on too."""
+    src = zoo_cases.load(name)
+    kind = name.split("-")[0]
+    out, report = optimize(src, **CPU, return_report=True)
+    counts = ops(out)
+    assert counts["com.microsoft:SkipLayerNormalization"] == SKIP[kind], counts
+    assert counts["LayerNormalization"] == 0, counts
+    assert report.rules["skip_layer_normalization"].fired == SKIP[kind]
+    zoo_cases.assert_close(name, src, out)
+    zoo_cases.assert_close(name, src, out, ort_optimize=True)
+
+
+# --- torch's own exports of the decompositions ------------------------------------------------------
+
+def _torch_block():
+    torch = pytest.importorskip("torch", reason="torch exports the decompositions")
+
+    class Block(torch.nn.Module):
+        """A hand-written LayerNorm (as older BERT code has it), GELU (erf), Llama's RMSNorm (its
+        forward as transformers writes it: to float32, pow, mean, rsqrt, back, * weight), GELU (tanh)."""
+
+        def __init__(self):
+            super().__init__()
+            g = torch.Generator().manual_seed(0)
+            self.g = torch.nn.Parameter(torch.rand(H, generator=g) + 0.5)
+            self.b = torch.nn.Parameter(torch.rand(H, generator=g))
+            self.w = torch.nn.Parameter(torch.rand(H, generator=g) + 0.5)
+            self.gelu = torch.nn.GELU()
+            self.fast = torch.nn.GELU(approximate="tanh")
+
+        def forward(self, x):
+            u = x.mean(-1, keepdim=True)
+            v = (x - u).pow(2).mean(-1, keepdim=True)
+            h = self.g * ((x - u) / torch.sqrt(v + 1e-12)) + self.b
+            h = self.gelu(h) * 2.0 + x  # (a product above the GELU's: the lowest one is the GELU)
+            f = h.to(torch.float32)
+            f = f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + 1e-6)
+            h = self.w * f.to(h.dtype)
+            return self.fast(h)
+
+    return torch, Block().eval()
+
+
+@pytest.mark.parametrize("exporter", ["legacy", "dynamo"])
+def test_torch_exports(tmp_path, exporter):
+    """torch.onnx's decompositions (opset 17 legacy, 18 dynamo) of a LayerNorm, GELU, RMSNorm and
+    tanh-GELU each fuse on ort-cpu; outputs within 1e-5."""
+    import warnings
+
+    torch, block = _torch_block()
+    x = torch.randn(2, 5, H)
+    path = tmp_path / f"block-{exporter}.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if exporter == "legacy":
+            torch.onnx.export(block, (x,), str(path), input_names=["x"], output_names=["y"], opset_version=17,
+                              dynamic_axes={"x": {0: "b", 1: "s"}}, dynamo=False)
+        else:
+            pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript")
+            dim = torch.export.Dim
+            torch.onnx.export(block, (x,), str(path), input_names=["x"], output_names=["y"], opset_version=18,
+                              dynamic_shapes=({0: dim("b"), 1: dim("s")},), dynamo=True)
+    src = onnx.load(str(path))
+    out, report = optimize(src, **CPU, return_report=True)
+    counts = ops(out)
+    assert counts["LayerNormalization"] == 1 and counts["com.microsoft:Gelu"] == 1, counts
+    # (the RMSNorm reads gelu(h) * 2 + x: the Add becomes its skip input)
+    assert counts["com.microsoft:SkipSimplifiedLayerNormalization"] == 1, counts
+    assert counts["com.microsoft:FastGelu"] == 1, counts
+    assert not counts["ReduceMean"] and not counts["Erf"] and not counts["Tanh"], counts
+    from conftest import run_ort
+
+    feeds = {"x": np.random.default_rng(1).standard_normal((3, 7, H)).astype(np.float32)}
+    for a, b in zip(run_ort(src, feeds), run_ort(out, feeds), strict=True):
+        np.testing.assert_allclose(b, a, rtol=TOL, atol=TOL)
+
+
+@pytest.mark.parametrize("exporter", ["legacy", "dynamo"])
+def test_llama_rms_normalization(tmp_path, exporter):
+    """A small transformers Llama (2 layers, random weights): its 5 RMSNorms fuse, the 4 after a
+    residual Add into SkipSimplifiedLayerNormalization, the first (on the embeddings) into
+    SimplifiedLayerNormalization; logits within 1e-4 of their range, padded rows included."""
+    import warnings
+
+    torch = pytest.importorskip("torch", reason="torch exports the model")
+    pytest.importorskip("transformers", reason="transformers builds the model")
+    if exporter == "dynamo":
+        pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript")
+    from conftest import run_ort
+
+    from onnxopt.models.transformers_models import import_transformers
+
+    transformers = import_transformers()
+    cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    llama = transformers.LlamaForCausalLM(cfg).eval()
+
+    class Logits(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.llama = llama
+
+        def forward(self, ids, mask):
+            return self.llama(input_ids=ids, attention_mask=mask, use_cache=False).logits
+
+    ids, mask = torch.randint(0, 512, (2, 16)), torch.ones(2, 16, dtype=torch.int64)
+    path = tmp_path / f"llama-{exporter}.onnx"
+    names = dict(input_names=["input_ids", "attention_mask"], output_names=["logits"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if exporter == "legacy":
+            axes = {0: "b", 1: "s"}
+            torch.onnx.export(Logits(), (ids, mask), str(path), opset_version=17, dynamo=False,
+                              dynamic_axes={"input_ids": axes, "attention_mask": axes}, **names)
+        else:
+            b, s = torch.export.Dim("b"), torch.export.Dim("s", min=2, max=64)
+            torch.onnx.export(Logits(), (ids, mask), str(path), opset_version=18, dynamo=True,
+                              dynamic_shapes=({0: b, 1: s}, {0: b, 1: s}), **names)
+    src = onnx.load(str(path))
+    out = optimize(src, **CPU)
+    counts = ops(out)
+    assert counts["com.microsoft:SkipSimplifiedLayerNormalization"] == 4, counts
+    assert counts["SimplifiedLayerNormalization"] == 1 and not counts["ReduceMean"], counts
+    rng = np.random.default_rng(0)
+    for batch, seq in ((2, 16), (1, 9)):
+        m = np.ones((batch, seq), np.int64)
+        m[1:, seq // 2:] = 0
+        feeds = {"input_ids": rng.integers(0, 512, (batch, seq)).astype(np.int64), "attention_mask": m}
+        for a, o in zip(run_ort(src, feeds), run_ort(out, feeds), strict=True):
+            np.testing.assert_allclose(o, a, rtol=1e-4, atol=1e-4 * float(np.abs(a).max()))
