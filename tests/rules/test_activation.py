@@ -21,6 +21,7 @@ from onnx import TensorProto, helper
 from onnxopt import optimize
 
 from . import zoo_cases
+from .zoo_cases import every_fusion  # noqa: F401 (a fixture)
 from .check import fires, refuses
 
 TOL = 1e-5
@@ -224,6 +225,9 @@ def test_bias_refuses_unknown_last_dim():
     m = ms_model("Gelu")
     m.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "h"
     refuses("bias_gelu", m, "the last dimension of the input is unknown", **CPU)
+
+
+pytestmark = pytest.mark.usefixtures("every_fusion")
 
 
 # --- the zoo -------------------------------------------------------------------------------------

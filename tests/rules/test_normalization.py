@@ -23,6 +23,7 @@ from onnx import TensorProto, helper
 from onnxopt import optimize
 
 from . import zoo_cases
+from .zoo_cases import every_fusion  # noqa: F401 (a fixture)
 from .check import fires, refuses
 
 TOL = 1e-5
@@ -270,6 +271,9 @@ def test_skip_layer_normalization_refuses_sum_read_first():
              n("LayerNormalization", ["s", "gamma", "beta"], "l", axis=-1), n("Add", ["l", "early"], "y")]
     m = build(nodes, {"gamma": GAMMA, "beta": BETA}, extra_inputs=[("r", ("b", "s", H))])
     refuses("skip_layer_normalization", m, "the sum is read before the normalization", **CPU)
+
+
+pytestmark = pytest.mark.usefixtures("every_fusion")
 
 
 # --- the zoo ---------------------------------------------------------------------------------------

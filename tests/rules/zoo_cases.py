@@ -14,6 +14,17 @@ from conftest import run_ort
 # place to ask for it anyway, so that the rule itself is still tested.)
 ORT_CPU = {"target": "ort-cpu"}
 
+
+@pytest.fixture
+def every_fusion():
+    """The whole library on the target, whatever the shipped benefit table says (it leaves out on
+    ort-cpu what measured slower there, tests/test_benefit.py checks that): these tests check the
+    rules themselves."""
+    from onnxopt import benefit
+
+    with benefit.using(None):
+        yield
+
 TRANSFORMERS = ["bert-legacy", "bert-dynamo", "gpt2-legacy", "gpt2-dynamo", "minilm-legacy", "minilm-dynamo"]
 LAYERS = {"bert": 4, "gpt2": 4, "minilm": 6}
 
