@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 import onnx_ir as ir
 
 from . import evaluate, io, pipeline, registry, targets
+from . import precision as precisions
 from . import verify as verifier
 from .bisect import bisect_failure
 from .errors import bug_warnings, strict_default
@@ -37,6 +38,7 @@ class Report:
     log: list[dict] = dataclasses.field(default_factory=list)  # the rewrites in order (with stop_after)
     verification: dict | None = None  # verify.verify()'s report, with verify=
     settings: dict = dataclasses.field(default_factory=dict)  # what shaped the result: target, exact, input_shapes
+    precision: dict | None = None  # precision.Fp16Report.as_dict(), with precision="fp16"
 
     @property
     def fired(self) -> dict[str, int]:
@@ -58,6 +60,7 @@ class Report:
             "settings": self.settings,
             **({"log": self.log} if self.log else {}),
             **({"verification": self.verification} if self.verification is not None else {}),
+            **({"precision": self.precision} if self.precision is not None else {}),
         }
 
 
@@ -86,6 +89,7 @@ def optimize(
     exact: bool = False,
     progress=None,
     quantize: dict | None = None,
+    precision: str = "fp32",
 ):
     """Rewrite ``model`` with the rules until nothing more applies.
 
@@ -156,7 +160,21 @@ def optimize(
             ``strict``, ``return_report`` (then a ``QuantizeReport``) and ``progress`` are taken from
             this call. It cannot be combined with custom rules, ``verify``, ``exact`` or
             ``stop_after``.
+        precision: "fp32" (the default: types as they are) or "fp16": after the rules' fixpoint,
+            float32 weights and compute become float16 with precision-sensitive ops kept in float32
+            and the model's input and output types kept (``onnxopt.precision.convert_fp16``, for
+            ``target``); ``Report.precision`` says what was converted and why the rest was not. A
+            model already in float16 or quantized is refused. With ``verify``, each output is judged
+            by fp16 fidelity against the original (cosine, max error over the output's range, top-1
+            agreement for logits; ``onnxopt.verify.compare_fp16``).
     """
+    if precision not in ("fp32", "fp16"):
+        from .errors import UsageError
+        raise UsageError(f"precision {precision!r}: choose fp32 or fp16")
+    if precision == "fp16" and (exact or quantize is not None):
+        from .errors import UsageError
+        raise UsageError(f"precision fp16 cannot be combined with {'exact' if exact else 'quantize'}: float16 "
+                         f"changes every value")
     if quantize is not None:
         return _optimize_quantized(model, quantize, rules=rules, extra_rules=extra_rules, disable=disable,
                                    target=target, output=output, external_data=external_data, check=check,
@@ -168,13 +186,13 @@ def optimize(
                          check, inplace, return_report, fold_size_limit, graph_passes, fold_input_limit,
                          stop_after, verify, verify_options, outputs,
                          strict_default(strict), normalize_input_shapes(input_shapes), exact,
-                         progress or verifier.Progress())
+                         progress or verifier.Progress(), precision)
 
 
 def _optimize(model, rules, extra_rules, disable, target, output, external_data, max_rewrites, check,
               inplace, return_report, fold_size_limit=evaluate.DEFAULT_SIZE_LIMIT, graph_passes=None,
               fold_input_limit=evaluate.DEFAULT_INPUT_LIMIT, stop_after=None, verify=False, verify_options=None,
-              outputs=None, strict=False, input_shapes=None, exact=False, progress=None):
+              outputs=None, strict=False, input_shapes=None, exact=False, progress=None, precision="fp32"):
     t0 = time.perf_counter()
     disable = list(disable)
     if rules is not None:  # onnxscript's rules made Rules once, for the run, the warning and a bisect
@@ -189,6 +207,8 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
         providers = verifier.check_settings(verify, **(verify_options or {}))
     progress(f"loading {model}" if isinstance(model, (str, os.PathLike)) else "loading the model")
     loaded = io.load(model, check=check, copy_ir=not inplace)
+    if precision == "fp16":
+        precisions.check_convertible(loaded.model)  # before the work: one line
     # what the verifier runs as the original: the input as given (a path, bytes, a proto, an IR
     # model left untouched, a graphsurgeon Graph's export), or for an IR model rewritten in place,
     # a clone taken now (tensors are shared: rules make new initializers rather than change them)
@@ -211,13 +231,17 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
                               stop_after=stop_after, keep_log=stop_after is not None, strict=strict, progress=progress,
                               options={"fold_size_limit": int(fold_size_limit),
                                        "fold_input_limit": int(fold_input_limit), "exact": bool(exact),
-                                       "target": targets.normalize(target)})
+                                       "target": targets.normalize(target), "precision": precision})
+        fp16 = None
+        if precision == "fp16":  # after the fusion fixpoint: the fused ops convert whole
+            progress("converting to float16")
+            fp16 = precisions.convert_fp16(loaded.model, target=target)
         after = node_counts(loaded.model)
         t2 = time.perf_counter()
         verification = None
         if verify:
             verification = verifier.verify(original, loaded.model, providers=providers, **(verify_options or {}))
-            if not verification["ok"]:  # bisect names the rewrite, when that is quick enough
+            if not verification["ok"] and fp16 is None:  # bisect names the rewrite, when that is quick enough
                 verification["bisect"] = bisect_failure(
                     original, verification, seconds=time.perf_counter() - t0, rewrites=result.rewrites,
                     verify_options=verify_options, rules=rules, extra_rules=extra_rules, disable=disable,
@@ -252,7 +276,9 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
     report = Report(before, after, result.rules, result.rewrites, seconds, result.cycles, result.hit_limit,
                     warnings, [bug.as_dict() for bug in result.errors], log=result.log, verification=verification,
                     settings={"target": targets.normalize(target), "exact": bool(exact),
-                              "input_shapes": {name: list(dims) for name, dims in input_shapes.items()}})
+                              "input_shapes": {name: list(dims) for name, dims in input_shapes.items()},
+                              **({"precision": precision} if precision != "fp32" else {})},
+                    precision=fp16.as_dict() if fp16 is not None else None)
     return out, report
 
 
