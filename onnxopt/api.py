@@ -166,7 +166,10 @@ def optimize(
             ``target``); ``Report.precision`` says what was converted and why the rest was not. A
             model already in float16 or quantized is refused. With ``verify``, each output is judged
             by fp16 fidelity against the original (cosine, max error over the output's range, top-1
-            agreement for logits; ``onnxopt.verify.compare_fp16``).
+            agreement for logits; ``onnxopt.verify.compare_fp16``), and the conversion is measured
+            first on the verifier's inputs: where it misses those bounds, the fewest heavy nodes
+            that meet them stay float32 (``onnxopt.precision.convert_fp16_checked``;
+            ``Report.precision["fallback"]``).
     """
     if precision not in ("fp32", "fp16"):
         from .errors import UsageError
@@ -235,7 +238,15 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
         fp16 = None
         if precision == "fp16":  # after the fusion fixpoint: the fused ops convert whole
             progress("converting to float16")
-            fp16 = precisions.convert_fp16(loaded.model, target=target)
+            if verify:  # measured on the verifier's inputs: the fewest float32 nodes that meet the bounds
+                vo = verify_options or {}
+                feeds = vo.get("feeds")
+                if feeds is None:
+                    feeds = verifier.make_inputs(original, shapes=vo.get("input_shapes"), npz=vo.get("inputs"),
+                                                 int_ranges=vo.get("int_ranges"), seed=vo.get("seed") or 0)[0]
+                fp16 = precisions.convert_fp16_checked(loaded.model, feeds, target=target, progress=progress)
+            else:
+                fp16 = precisions.convert_fp16(loaded.model, target=target)
         after = node_counts(loaded.model)
         t2 = time.perf_counter()
         verification = None

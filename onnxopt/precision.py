@@ -112,6 +112,7 @@ class Fp16Report:
     weight_bytes_after: int = 0
     keep_io_types: bool = True
     target: str = targets.PORTABLE
+    fallback: dict | None = None  # convert_fp16_checked: the fidelity measured, the nodes kept in float32
 
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -215,7 +216,9 @@ class _Plan:
 
 
 class _Converter:
-    def __init__(self, model: ir.Model, keep_io_types: bool, block_ops: frozenset, target: str):
+    def __init__(self, model: ir.Model, keep_io_types: bool, block_ops: frozenset, target: str,
+                 keep_nodes: frozenset = frozenset()):
+        self.keep_nodes = keep_nodes
         self.model, self.graph = model, model.graph
         self.keep_io = keep_io_types
         self.block = block_ops
@@ -306,6 +309,8 @@ class _Converter:
                 return _Plan("fp16", light=True, conv_out=frozenset(f_out))
         if op in self.block:
             return fp32("block list")
+        if node.name in self.keep_nodes:
+            return fp32("kept in float32 by name (keep_nodes)")
         if op in NORMALIZATION_OPS and self.target == targets.PORTABLE:
             return fp32("normalization statistics (portable target; ort-* targets convert it)")
         formal = self._schema(node)
@@ -637,20 +642,141 @@ def _remove_dead(graph: ir.Graph) -> None:
 
 
 def convert_fp16(model: ir.Model, *, keep_io_types: bool = True, block_ops: Iterable[str] | None = None,
-                 target: str | None = None) -> Fp16Report:
+                 target: str | None = None, keep_nodes: Iterable[str] = ()) -> Fp16Report:
     """Convert ``model`` (in place) from float32 to float16 compute and weights; returns what was done.
 
     ``keep_io_types``: graph inputs and outputs keep float32 (Casts at the edges); else float32
     inputs and outputs become float16. ``block_ops``: op types kept in float32 (default
     :data:`DEFAULT_BLOCK_OPS`). ``target``: ``portable`` keeps the normalization ops in float32
     too; ``ort-cpu``/``ort-cuda`` (whose kernels compute their statistics in float32) convert them.
+    ``keep_nodes``: names of nodes kept in float32 (see :func:`fidelity_fallback`).
     Raises ``UsageError`` for a model already in float16/bfloat16 or quantized."""
     check_convertible(model)
     target = targets.normalize(target)
-    conv = _Converter(model, keep_io_types, frozenset(DEFAULT_BLOCK_OPS if block_ops is None else block_ops), target)
+    conv = _Converter(model, keep_io_types, frozenset(DEFAULT_BLOCK_OPS if block_ops is None else block_ops), target,
+                      frozenset(keep_nodes))
     conv.plan()
     return conv.apply()
 
 
+# --------------------------------------------------------------------------------------------
+# Fidelity fallback
+
+MAX_CANDIDATES = 400  # heavy nodes ranked one by one at most (one onnxruntime session each)
+
+
+def _badness(ref: list, got: list) -> float:
+    """The worst output's distance to the fidelity bounds: <= 1 when every float output meets them
+    (cosine, max abs error over the range, top-1 for logits; onnxopt.verify.compare_fp16)."""
+    from .verify.compare import FP16_MAX_ERROR, FP16_MIN_COSINE, FP16_MIN_TOP1, compare_fp16
+
+    worst = 0.0
+    for (name, a), (_, b) in zip(ref, got):
+        if not isinstance(a, np.ndarray) or a.dtype.kind != "f":
+            continue
+        row = compare_fp16(a, b, name)
+        cos = row.get("cosine")
+        parts = [row.get("error_of_range", float("inf")) / FP16_MAX_ERROR,
+                 float("inf") if cos is None else (1 - cos) / (1 - FP16_MIN_COSINE)]
+        if "top1_agreement" in row:
+            parts.append((1 - row["top1_agreement"]) / (1 - FP16_MIN_TOP1))
+        worst = max(worst, *parts)
+    return worst
+
+
+def convert_fp16_checked(model: ir.Model, feeds, *, keep_io_types: bool = True, block_ops: Iterable[str] | None = None,
+                         target: str | None = None, max_kept: float = 0.25, progress=None) -> Fp16Report:
+    """:func:`convert_fp16`, measured: the float32 ``model`` and its conversion run on onnxruntime's
+    CPU provider on ``feeds`` (one dict of inputs, or a list of them); when an output misses the
+    fidelity bounds (``onnxopt.verify.compare_fp16``), each heavy float16 node (MatMul, Conv, ...) is
+    kept in float32 alone and ranked by the fidelity that gives, and the fewest top-ranked nodes that
+    bring every output within the bounds (at most ``max_kept`` of them) stay float32. Where no such
+    set exists the plain conversion is kept. ``Report.fallback`` has the figures either way."""
+    import onnxruntime as ort
+
+    check_convertible(model)
+    target = targets.normalize(target)
+    block = frozenset(DEFAULT_BLOCK_OPS if block_ops is None else block_ops)
+    feeds_list = [feeds] if isinstance(feeds, dict) else list(feeds)
+    progress = progress or (lambda step, done=0, total=0: None)
+    for k, node in enumerate(model.graph):  # candidates are kept by name
+        if not node.name:
+            node.name = f"node_{k}_{node.op_type}"
+    fp32 = ir.serde.serialize_model(model).SerializeToString()
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+
+    def run(data: bytes) -> list:
+        sess = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+        names = [o.name for o in sess.get_outputs()]
+        return [list(zip(names, sess.run(None, f))) for f in feeds_list]
+
+    def attempt(keep: frozenset):
+        m = ir.serde.deserialize_model(onnx.load_from_string(fp32))
+        conv = _Converter(m, keep_io_types, block, target, keep)
+        conv.plan()
+        rep = conv.apply()
+        got = run(ir.serde.serialize_model(m).SerializeToString())
+        return max(_badness(r, g) for r, g in zip(ref, got)), rep, conv
+
+    progress("fp16: measuring fidelity")
+    ref = run(fp32)
+    bad0, _, conv0 = attempt(frozenset())
+    runs = 1
+    info = {"feeds": len(feeds_list), "badness_before": round(bad0, 4), "kept": [], "runs": runs}
+    keep: frozenset = frozenset()
+    if bad0 > 1:
+        cands = [n.name for n, p in conv0.plans.items() if p.kind == "fp16" and not p.light]
+        info["candidates"] = len(cands)
+        if len(cands) > MAX_CANDIDATES:
+            info["skipped"] = f"{len(cands)} candidate nodes (more than {MAX_CANDIDATES})"
+        else:
+            scores = []
+            for i, name in enumerate(cands):
+                progress("fp16: ranking nodes by fidelity", i, len(cands))
+                scores.append((attempt(frozenset({name}))[0], i, name))
+            runs += len(cands)
+            ranked = [name for _, _, name in sorted(scores)]
+            limit = max(1, int(max_kept * len(cands)))
+            found = None
+            k = 1
+            while k <= limit:  # doubling, then bisection, on the number of top-ranked nodes kept
+                runs += 1
+                if attempt(frozenset(ranked[:k]))[0] <= 1:
+                    found = k
+                    break
+                k *= 2
+            if found is None and k // 2 < limit:
+                runs += 1
+                if attempt(frozenset(ranked[:limit]))[0] <= 1:
+                    found, k = limit, limit
+            if found is not None:
+                lo = k // 2 + 1 if k > 1 else 1
+                hi = found
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    runs += 1
+                    if attempt(frozenset(ranked[:mid]))[0] <= 1:
+                        hi = mid
+                    else:
+                        lo = mid + 1
+                keep = frozenset(ranked[:hi])
+            else:
+                info["gave_up"] = f"no set of up to {limit} float32 nodes meets the bounds; plain conversion kept"
+    conv = _Converter(model, keep_io_types, block, target, keep)
+    conv.plan()
+    rep = conv.apply()
+    if keep:
+        got = run(ir.serde.serialize_model(model).SerializeToString())
+        info["badness_after"] = round(max(_badness(r, g) for r, g in zip(ref, got)), 4)
+        runs += 1
+    else:
+        info["badness_after"] = info["badness_before"]
+    info.update(kept=sorted(keep), runs=runs, ok=info["badness_after"] <= 1)
+    rep.fallback = info
+    return rep
+
+
 __all__ = ["DEFAULT_BLOCK_OPS", "FP16_MAX", "FP16_MIN_NORMAL", "Fp16Report", "LIGHT_OPS", "NORMALIZATION_OPS",
-           "check_convertible", "convert_fp16"]
+           "check_convertible", "convert_fp16",
+           "convert_fp16_checked"]

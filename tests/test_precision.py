@@ -247,6 +247,36 @@ def test_cli_precision(tmp_path, capsys):
     assert "already computes in float16" in err and len(err.splitlines()) == 1
 
 
+def _sensitive():
+    # probs = Softmax(x @ Wl): Wl = 50 + fine detail that float16 (spacing 0.03 at 50) rounds away;
+    # beside it a benign MLP branch, whose MatMuls are the other candidates
+    nodes = [helper.make_node("MatMul", ["x", "wl"], ["l"], name="logits_mm"),
+             helper.make_node("Softmax", ["l"], ["probs"], axis=-1),
+             helper.make_node("MatMul", ["x", "w1"], ["h1"], name="mm1"), helper.make_node("Relu", ["h1"], ["r1"]),
+             helper.make_node("MatMul", ["r1", "w2"], ["h2"], name="mm2"), helper.make_node("Relu", ["h2"], ["r2"]),
+             helper.make_node("MatMul", ["r2", "w3"], ["h3"], name="mm3"), helper.make_node("Relu", ["h3"], ["r3"]),
+             helper.make_node("MatMul", ["r3", "w4"], ["y"], name="mm4")]
+    r = np.random.default_rng(1)
+    wl = (50 + r.standard_normal((16, 64)) * 0.05).astype(np.float32)
+    return model(nodes, [tinfo("x", [8, 16])], [tinfo("probs", [8, 64]), tinfo("y", [8, 16])],
+                 [init("wl", wl), init("w1", _w(16, 16)), init("w2", _w(16, 16)), init("w3", _w(16, 16)),
+                  init("w4", _w(16, 16))])
+
+
+def test_fidelity_fallback_keeps_the_sensitive_node_fp32():
+    src = _sensitive()
+    feeds = {"x": np.random.default_rng(2).standard_normal((8, 16)).astype(np.float32)}
+    plain = verify(src, optimize(src, precision="fp16"), feeds=feeds, runs=0)
+    assert not plain["ok"]  # float16 rounds Wl's detail away
+    out, rep = optimize(src, precision="fp16", return_report=True, verify="cpu",
+                        verify_options={"feeds": feeds, "runs": 0})
+    fb = rep.precision["fallback"]
+    assert fb["ok"] and fb["kept"] == ["logits_mm"] and fb["badness_before"] > 1 >= fb["badness_after"], fb
+    assert rep.verification["ok"]
+    assert rep.precision["kept_fp32"]["MatMul: kept in float32 by name (keep_nodes)"] == 1
+    assert {i.name: i.data_type for i in out.graph.initializer}["w1"] == F16
+
+
 # --------------------------------------------------------------------------------------------
 # The verifier's fp16 criterion
 
