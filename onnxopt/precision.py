@@ -615,7 +615,15 @@ def _merge_cast_pairs(graph: ir.Graph) -> int:
         src = inner.inputs[0]
         a, b = src.dtype if src.type is not None else None, ir.DataType(inner.attributes["to"].value)
         c = ir.DataType(node.attributes["to"].value)
-        if a is None or not _composes(a, b, c):
+        if a is None:
+            continue
+        if b == F16 and c == F32 and (a in _INTS or a == ir.DataType.BOOL):
+            # an integer made float16 (for float16 readers), read in float32: cast the integer
+            # directly, as the original did (float16 would round integers above 2048)
+            node.replace_input_with(0, src)
+            merged += 1
+            continue
+        if not _composes(a, b, c):
             continue
         out = node.outputs[0]
         if a == c:

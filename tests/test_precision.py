@@ -172,16 +172,37 @@ def test_casts_from_integers_become_fp16_and_casts_to_integers_read_fp16():
 
 
 def test_cast_pairs_merged():
-    # an fp32 reader of a float16 value that the model already Casts back: fp16 -> fp32 -> fp16 cancels
+    # ids -> float read by a float32 reader (Mul with a ReduceSum) and a float16 one (MatMul):
+    # the float32 reader casts the integers directly (int -> fp16 -> fp32 would round above 2048)
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
              helper.make_node("ReduceSum", ["h", "ax"], ["s"]),  # fp32 (block list)
              helper.make_node("Cast", ["ids"], ["f"], to=TensorProto.FLOAT),
-             helper.make_node("Mul", ["s", "f"], ["y"])]
-    src = model(nodes, [tinfo("x", [2, 4]), tinfo("ids", [2, 1], TensorProto.INT64)], [tinfo("y", [2, 1])],
-                [init("w", _w(4, 4)), init("ax", np.array([1], np.int64))], opset=13)
+             helper.make_node("Mul", ["s", "f"], ["y"]),
+             helper.make_node("MatMul", ["f", "w2"], ["z"])]
+    src = model(nodes, [tinfo("x", [2, 4]), tinfo("ids", [2, 1], TensorProto.INT64)],
+                [tinfo("y", [2, 1]), tinfo("z", [2, 4])],
+                [init("w", _w(4, 4)), init("ax", np.array([1], np.int64)), init("w2", _w(1, 4))], opset=13)
     out, rep = _convert(src)
-    _close(src, out, {"x": _w(2, 4, scale=1), "ids": np.array([[2], [3]], np.int64)})
-    assert rep.casts <= 3
+    assert rep.casts_merged == 1
+    ids_casts = [n for n in _node(out, "Cast") if n.input[0] == "ids"]
+    assert sorted(n.attribute[0].i for n in ids_casts) == [TensorProto.FLOAT, F16]
+    feeds = {"x": _w(2, 4, scale=1), "ids": np.array([[4097], [3]], np.int64)}
+    a, b = run_ort(src, feeds), run_ort(out, feeds)
+    np.testing.assert_allclose(b[0], a[0], rtol=1e-2)
+
+
+def test_subgraph_readers_get_float32():
+    then_g = helper.make_graph([helper.make_node("Relu", ["h"], ["t"])], "then", [], [tinfo("t", [2, 4])])
+    else_g = helper.make_graph([helper.make_node("Neg", ["h"], ["e"])], "else", [], [tinfo("e", [2, 4])])
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g)]
+    src = model(nodes, [tinfo("x", [2, 4]), tinfo("c", [], TensorProto.BOOL)], [tinfo("y", [2, 4])],
+                [init("w", _w(4, 4))])
+    out, rep = _convert(src)
+    assert rep.kept_fp32 == {"If: has subgraphs": 1}
+    for c in (True, False):
+        feeds = {"x": _w(2, 4, scale=1), "c": np.array(c)}
+        np.testing.assert_allclose(run_ort(out, feeds)[0], run_ort(src, feeds)[0], rtol=1e-2, atol=1e-3)
 
 
 def test_normalization_converts_on_ort_targets_only():
@@ -227,6 +248,9 @@ def test_optimize_precision_and_report():
     assert rep.precision["nodes_fp16"] == len(out.graph.node) - 2  # all but the two Casts (MatMul+Add fused)
     assert rep.as_dict()["precision"]["casts"] == 2
     assert is_fp16(out)
+    assert any("slower there" in w for w in rep.warnings)  # float16 is for GPUs
+    _, rep = optimize(src, precision="fp16", target="ort-cuda", return_report=True)
+    assert not rep.warnings
     _, rep32 = optimize(src, return_report=True)
     assert rep32.precision is None and "precision" not in rep32.settings
 
