@@ -281,8 +281,8 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
     if fp16 is not None and targets.normalize(target) != targets.ORT_CUDA:
         warnings.append(f"precision fp16 for target {targets.normalize(target)}: onnxruntime's CPU provider has "
                         "float16 kernels for few ops and runs the rest in float32 behind Casts it inserts, so the "
-                        "model is half the size but slower there (1 thread: bert 38 -> 47 ms, resnet50 49 -> 65 ms on this "
-                        "project's CPU); fp16 is for GPUs (target ort-cuda)")
+                        "model is half the size but slower there (1 thread: bert 38 -> 47 ms, resnet50 49 -> 65 ms "
+                        "on this project's CPU); fp16 is for GPUs (target ort-cuda)")
     if fp16 is not None and (fp16.fallback or {}).get("kept"):
         warnings.append(f"precision fp16: {len(fp16.fallback['kept'])} node(s) kept in float32 to meet the fidelity "
                         f"bounds on the verifier's inputs: {', '.join(fp16.fallback['kept'][:5])}")

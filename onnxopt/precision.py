@@ -12,10 +12,10 @@
      accumulate, Exp/Pow/Log, Softmax's input, Range, Cumsum, ...; on the ``portable`` target also
      the normalization ops, whose statistics other runtimes may compute in float16 -- onnxruntime's
      kernels take float16 and compute them in float32, so on ``ort-cpu``/``ort-cuda`` they
-     convert), a constant input beyond float16's range (|x| > 65504: masks of ``finfo(float32).min``)
-     or a constant whose largest magnitude is below float16's smallest normal (epsilons such as
-     1e-12), an op without float16 in its type constraint, a custom domain, a node with subgraphs,
-     an input of unknown type.
+     convert), a constant input beyond float16's range (|x| > 65504) or a constant whose largest
+     magnitude is below float16's smallest normal (epsilons such as 1e-12), an op without
+     float16 in its type constraint, a custom domain, a node with subgraphs, an input of unknown
+     type, a node named in ``keep_nodes``.
    - *any*: reads float of either width and writes no float (Shape, Size, Cast to an integer):
      it takes whatever its input is, so it never needs a Cast.
 
@@ -27,9 +27,16 @@
 
 3. Casts go at region edges: a value read in the other precision gets one Cast per precision
    needed, shared by all its readers. Constants are converted, not cast (a weight read in both
-   precisions is kept in both). With ``keep_io_types`` (the default) graph inputs and outputs keep
-   float32 and their names. Cast pairs that compose exactly (float16 -> float32 -> float16, an
-   integer -> float32 -> float16, float16 -> float32 -> an integer) are merged or cancelled.
+   precisions is kept in both). On ``ort-cuda``, float32 sentinels (|x| >= 1e30: masks of
+   ``finfo(float32).min``) become float16's +-65504 rather than +-inf (see :data:`SENTINEL`).
+   With ``keep_io_types`` (the default) graph inputs and outputs keep float32 and their names.
+   Cast pairs that compose exactly (float16 -> float32 -> float16, an integer -> float32 ->
+   float16, float16 -> float32 -> an integer) are merged or cancelled, and an integer made
+   float16 for float16 readers is cast from the integer directly for its float32 readers.
+
+4. With measurements (:func:`convert_fp16_checked`, which ``optimize(precision="fp16",
+   verify=...)`` uses on the verifier's inputs), the fewest heavy nodes that bring every output
+   within the fidelity bounds stay float32.
 
 Refused with a one-line ``UsageError``: a model that already computes in float16/bfloat16, and a
 quantized one (its float parts are scales, not compute).
@@ -52,6 +59,15 @@ from .irutil import constant_tensor, opset_of, subgraphs
 
 FP16_MAX = 65504.0
 FP16_MIN_NORMAL = 2.0 ** -14  # 6.1e-5
+# float32 values this large are sentinels ("minus infinity" masks of finfo(float32).min), not data.
+# With clamp_sentinels (the default on ort-cuda) they become float16's +-65504, as onnxruntime's
+# own converter clamps them: masked attention then converts whole (a fused attention's bias stays
+# finite). Float16 arithmetic absorbs a score into -65504 as float32 absorbs it into finfo.min, so
+# a fully masked row stays uniform on the GPU; a runtime that adds in float32 (onnxruntime's CPU
+# provider) keeps a trace of the scores there (GPT-2 dynamo, left-padded: 1.2% of the range at the
+# padded positions, the others unchanged). Without it, their readers stay float32 (the default on
+# ort-cpu and portable: exact masks, a few more Casts).
+SENTINEL = 1e30
 
 F32, F16 = ir.DataType.FLOAT, ir.DataType.FLOAT16
 
@@ -70,11 +86,10 @@ NORMALIZATION_OPS = frozenset({
     "LpNormalization", "MeanVarianceNormalization",
 })
 # Ops that take their input's precision: float16 where it is, float32 where float32 reaches them.
-# Softmax, by measurement (tests/test_precision.py::test_softmax_follows_its_input): in float16 on
-# the zoo's BERT/GPT-2/MiniLM exports it keeps the same fidelity (cosine 1.0, max error 0.07% of
-# the range, like float32) with a quarter of the Casts (BERT: 3 instead of 11); but an additive mask
-# of finfo(float32).min (kept float32: beyond float16's range) would become -inf in float16 and a
-# fully masked row NaN, so where the mask reaches it in float32, Softmax stays float32.
+# Softmax, by measurement: in float16 on the zoo's BERT/GPT-2/MiniLM exports it keeps the same
+# fidelity as in float32 (cosine 1.0, max error 0.02-0.07% of the range either way) with a quarter
+# of the Casts (BERT legacy: 3 instead of 11); but where a value that float16 cannot hold reaches it
+# (a constant beyond 65504 keeps its reader float32), it stays float32 too.
 FOLLOW_OPS = frozenset({"Softmax"})
 # Cheap ops, flipped between precisions to minimize Casts.
 LIGHT_OPS = frozenset({
@@ -217,8 +232,10 @@ class _Plan:
 
 class _Converter:
     def __init__(self, model: ir.Model, keep_io_types: bool, block_ops: frozenset, target: str,
-                 keep_nodes: frozenset = frozenset()):
+                 keep_nodes: frozenset = frozenset(), clamp_sentinels: bool | None = None):
         self.keep_nodes = keep_nodes
+        self.sentinel = SENTINEL if (target == targets.ORT_CUDA if clamp_sentinels is None else clamp_sentinels) \
+            else float("inf")
         self.model, self.graph = model, model.graph
         self.keep_io = keep_io_types
         self.block = block_ops
@@ -304,7 +321,7 @@ class _Converter:
             if op == "ConstantOfShape":
                 a = node.attributes.get("value")
                 t = a.value.numpy() if a is not None else np.zeros(1, np.float32)
-                if not _fits(t):
+                if not _fits(t, self.sentinel):
                     return fp32("value beyond float16's range")
                 return _Plan("fp16", light=True, conv_out=frozenset(f_out))
         if op in self.block:
@@ -341,7 +358,7 @@ class _Converter:
         for j in conv_in:
             t = constant_tensor(node.inputs[j])
             if t is not None:
-                why = _range_problem(t.numpy())
+                why = _range_problem(t.numpy(), self.sentinel)
                 if why:
                     return fp32(why)
         return _Plan("fp16", light=light, conv_in=frozenset(conv_in), conv_out=frozenset(conv_out))
@@ -450,7 +467,7 @@ class _Converter:
             half = [(n, i) for n, i in uses if self.need(n, i) == F16]
             if not half:
                 continue
-            arr = v.const_value.numpy().astype(np.float16)
+            arr = _half(v.const_value.numpy(), self.sentinel)
             full = [(n, i) for n, i in uses if self.need(n, i) != F16]
             if not full and not v.is_graph_output():
                 v.const_value = ir.tensor(arr, name=v.name)
@@ -473,7 +490,7 @@ class _Converter:
             if t is None or t.dtype != F32 or not half:
                 continue
             new = ir.Value(name=fresh(f"{v.name}_fp16"), type=ir.TensorType(F16), shape=v.shape,
-                           const_value=ir.tensor(t.numpy().astype(np.float16), name=None))
+                           const_value=ir.tensor(_half(t.numpy(), self.sentinel), name=None))
             new.const_value.name = new.name
             graph.register_initializer(new)
             for n, i in half:
@@ -487,7 +504,7 @@ class _Converter:
             elif node.op_type == "ConstantOfShape":
                 a = node.attributes.get("value")
                 t = a.value.numpy() if a is not None else np.zeros(1, np.float32)
-                node.attributes["value"] = ir.AttrTensor("value", ir.tensor(t.astype(np.float16)))
+                node.attributes["value"] = ir.AttrTensor("value", ir.tensor(_half(t, self.sentinel)))
         # 3. values: new types, Casts where readers need the other precision
         values = [v for v in graph.inputs if self.dt(v) == F32]
         values += [v for n in self.nodes for v in n.outputs if self.dt(v) == F32]
@@ -558,19 +575,32 @@ _DTYPE_OF_STR = {f"tensor({name})": dt for name, dt in (
     ("int8", ir.DataType.INT8), ("uint8", ir.DataType.UINT8), ("string", ir.DataType.STRING))}
 
 
-def _fits(a: np.ndarray) -> bool:
+def _half(a: np.ndarray, sentinel: float = SENTINEL) -> np.ndarray:
+    """float32 -> float16, sentinels (|x| >= ``sentinel``) to +-65504 rather than +-inf."""
+    a = np.asarray(a)
+    big = np.isfinite(a) & (np.abs(a) >= sentinel)
+    if big.any():
+        a = np.where(big, np.sign(a) * FP16_MAX, a)
+    return a.astype(np.float16)
+
+
+def _fits(a: np.ndarray, sentinel: float = SENTINEL) -> bool:
     a = np.asarray(a, np.float64)
-    finite = a[np.isfinite(a)]
-    return not finite.size or float(np.abs(finite).max()) <= FP16_MAX
+    finite = np.abs(a[np.isfinite(a)])
+    finite = finite[finite < sentinel]
+    return not finite.size or float(finite.max()) <= FP16_MAX
 
 
-def _range_problem(a: np.ndarray) -> str | None:
+def _range_problem(a: np.ndarray, sentinel: float = SENTINEL) -> str | None:
     """Why a float32 constant cannot be float16, or None."""
     a = np.asarray(a, np.float64)
     finite = np.abs(a[np.isfinite(a)])
     if not finite.size:
         return None
-    top = float(finite.max())
+    data = finite[finite < sentinel]  # sentinels (masks) become +-65504: see _half
+    if not data.size:
+        return None
+    top = float(data.max())
     if top > FP16_MAX:
         return "a constant beyond float16's range (|x| > 65504)"
     if 0 < top < FP16_MIN_NORMAL:
@@ -650,19 +680,23 @@ def _remove_dead(graph: ir.Graph) -> None:
 
 
 def convert_fp16(model: ir.Model, *, keep_io_types: bool = True, block_ops: Iterable[str] | None = None,
-                 target: str | None = None, keep_nodes: Iterable[str] = ()) -> Fp16Report:
+                 target: str | None = None, keep_nodes: Iterable[str] = (),
+                 clamp_sentinels: bool | None = None) -> Fp16Report:
     """Convert ``model`` (in place) from float32 to float16 compute and weights; returns what was done.
 
     ``keep_io_types``: graph inputs and outputs keep float32 (Casts at the edges); else float32
     inputs and outputs become float16. ``block_ops``: op types kept in float32 (default
     :data:`DEFAULT_BLOCK_OPS`). ``target``: ``portable`` keeps the normalization ops in float32
     too; ``ort-cpu``/``ort-cuda`` (whose kernels compute their statistics in float32) convert them.
-    ``keep_nodes``: names of nodes kept in float32 (see :func:`fidelity_fallback`).
+    ``keep_nodes``: names of nodes kept in float32 (see :func:`convert_fp16_checked`).
+    ``clamp_sentinels``: float32 constants of magnitude >= 1e30 (``finfo(float32).min`` masks)
+    become +-65504 instead of keeping their readers in float32 (default: on for ``ort-cuda`` only;
+    see :data:`SENTINEL`).
     Raises ``UsageError`` for a model already in float16/bfloat16 or quantized."""
     check_convertible(model)
     target = targets.normalize(target)
     conv = _Converter(model, keep_io_types, frozenset(DEFAULT_BLOCK_OPS if block_ops is None else block_ops), target,
-                      frozenset(keep_nodes))
+                      frozenset(keep_nodes), clamp_sentinels)
     conv.plan()
     return conv.apply()
 
@@ -693,7 +727,8 @@ def _badness(ref: list, got: list) -> float:
 
 
 def convert_fp16_checked(model: ir.Model, feeds, *, keep_io_types: bool = True, block_ops: Iterable[str] | None = None,
-                         target: str | None = None, max_kept: float = 0.25, progress=None) -> Fp16Report:
+                         target: str | None = None, max_kept: float = 0.25, progress=None,
+                         clamp_sentinels: bool | None = None) -> Fp16Report:
     """:func:`convert_fp16`, measured: the float32 ``model`` and its conversion run on onnxruntime's
     CPU provider on ``feeds`` (one dict of inputs, or a list of them); when an output misses the
     fidelity bounds (``onnxopt.verify.compare_fp16``), each heavy float16 node (MatMul, Conv, ...) is
@@ -721,7 +756,7 @@ def convert_fp16_checked(model: ir.Model, feeds, *, keep_io_types: bool = True, 
 
     def attempt(keep: frozenset):
         m = ir.serde.deserialize_model(onnx.load_from_string(fp32))
-        conv = _Converter(m, keep_io_types, block, target, keep)
+        conv = _Converter(m, keep_io_types, block, target, keep, clamp_sentinels)
         conv.plan()
         rep = conv.apply()
         got = run(ir.serde.serialize_model(m).SerializeToString())
@@ -771,7 +806,7 @@ def convert_fp16_checked(model: ir.Model, feeds, *, keep_io_types: bool = True, 
                 keep = frozenset(ranked[:hi])
             else:
                 info["gave_up"] = f"no set of up to {limit} float32 nodes meets the bounds; plain conversion kept"
-    conv = _Converter(model, keep_io_types, block, target, keep)
+    conv = _Converter(model, keep_io_types, block, target, keep, clamp_sentinels)
     conv.plan()
     rep = conv.apply()
     if keep:

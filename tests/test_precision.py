@@ -113,9 +113,7 @@ def test_block_list_reductions_stay_fp32_with_their_reason():
     _close(src, out, feeds_for(src))
 
 
-def test_large_constant_mask_keeps_softmax_fp32():
-    # scores + (1 - mask) * finfo(float32).min: the mask is beyond float16's range, so its Mul and
-    # the Softmax it reaches stay float32 (in float16 a fully masked row would be NaN)
+def _masked_attention(big):
     nodes = [helper.make_node("MatMul", ["q", "k"], ["s"]),
              helper.make_node("Cast", ["mask"], ["mf"], to=TensorProto.FLOAT),
              helper.make_node("Sub", ["one", "mf"], ["inv"]),
@@ -123,16 +121,40 @@ def test_large_constant_mask_keeps_softmax_fp32():
              helper.make_node("Add", ["s", "bias"], ["sb"]),
              helper.make_node("Softmax", ["sb"], ["p"], axis=-1),
              helper.make_node("MatMul", ["p", "v"], ["y"])]
-    src = model(nodes, [tinfo("q", [2, 4, 4]), tinfo("mask", [2, 1, 4], TensorProto.INT64)],
-                [tinfo("y", [2, 4, 4])],
-                [init("k", _w(4, 4)), init("one", np.float32(1)), init("big", np.float32(np.finfo(np.float32).min)),
-                 init("v", _w(4, 4))])
-    out, rep = _convert(src)
+    return model(nodes, [tinfo("q", [2, 4, 4]), tinfo("mask", [2, 1, 4], TensorProto.INT64)],
+                 [tinfo("y", [2, 4, 4])],
+                 [init("k", _w(4, 4)), init("one", np.float32(1)), init("big", np.float32(big)), init("v", _w(4, 4))])
+
+
+_MASK_FEEDS = {"q": _w(2, 4, 4, scale=1), "mask": np.array([[[1, 1, 0, 0]], [[0, 0, 0, 0]]], np.int64)}
+
+
+def test_sentinel_mask_converts_to_fp16_max_on_cuda():
+    # scores + (1 - mask) * finfo(float32).min: on ort-cuda the sentinel becomes -65504 (not -inf:
+    # a fully masked row stays finite, as in float32), and the whole attention runs in float16
+    src = _masked_attention(np.finfo(np.float32).min)
+    _, rep = _convert(src, target="ort-cpu")  # exact masks: the readers stay float32
+    assert rep.kept_fp32["Mul: a constant beyond float16's range (|x| > 65504)"] == 1
+    out, rep = _convert(src, target="ort-cuda")
+    assert rep.nodes_fp32 == 0 and rep.casts == 3  # q in, y out, and the mask's Cast made float16
+    big = [i for i in out.graph.initializer if i.name == "big"][0]
+    assert big.data_type == F16 and float(onnx.numpy_helper.to_array(big)) == -65504.0
+    before, after = run_ort(src, _MASK_FEEDS), run_ort(out, _MASK_FEEDS)
+    assert np.isfinite(after[0]).all()
+    # rows with a key to attend agree; a fully masked row (batch 1) is uniform in float32
+    # (score + finfo.min == finfo.min), and score - 65504 in float16 keeps a trace of the scores
+    # where the runtime adds in float32 (onnxruntime's CPU provider): finite, not equal
+    np.testing.assert_allclose(after[0][0], before[0][0], rtol=1e-2, atol=1e-3)
+
+
+def test_large_constant_keeps_its_reader_and_softmax_fp32():
+    # a value beyond float16's range that is data (not a sentinel): its reader stays float32, and
+    # the Softmax it reaches too (its input would not survive float16)
+    src = _masked_attention(-1e6)
+    out, rep = _convert(src, target="ort-cuda")
     assert rep.kept_fp32["Mul: a constant beyond float16's range (|x| > 65504)"] == 1
     assert any(k.startswith("Softmax: its input is float32") for k in rep.kept_fp32)
-    feeds = {"q": _w(2, 4, 4, scale=1), "mask": np.array([[[1, 1, 0, 0]], [[0, 0, 0, 0]]], np.int64)}
-    before, after = run_ort(src, feeds), run_ort(out, feeds)
-    assert np.isfinite(after[0]).all()  # the fully masked row stays finite, as in float32
+    before, after = run_ort(src, _MASK_FEEDS), run_ort(out, _MASK_FEEDS)
     np.testing.assert_allclose(after[0], before[0], rtol=1e-2, atol=1e-3)
 
 

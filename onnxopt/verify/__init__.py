@@ -199,8 +199,8 @@ def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_s
             if p == "cpu":
                 continue
             report["cross_provider"][f"cpu-vs-{p}"] = {
-                label: compare_all(outputs["cpu"][label], outputs[p][label], low_precision=low or (fp16 and label == "after"),
-                                   rtol=rtol, atol=atol)
+                label: compare_all(outputs["cpu"][label], outputs[p][label], rtol=rtol, atol=atol,
+                                   low_precision=low or (fp16 and label == "after"))
                 for label in ("before", "after")}
     report["ok"] = all(e["ok"] for e in report["providers"].values())
     return report
