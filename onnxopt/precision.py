@@ -368,8 +368,8 @@ class _Converter:
         """The dtype ``v`` will have (for float32 values), None for a constant (converted freely)."""
         p = v.producer()
         if p is None:
-            if v.is_graph_input():
-                return F32 if self.keep_io else F16
+            if v.is_graph_input():  # (an overridable initializer keeps its float32 default)
+                return F32 if self.keep_io or v.is_initializer() else F16
             if v.const_value is not None:
                 return None
             return F32

@@ -89,6 +89,15 @@ def test_keep_io_types_false_makes_inputs_and_outputs_fp16():
     assert out.graph.input[0].type.tensor_type.elem_type == F16
     assert out.graph.output[0].type.tensor_type.elem_type == F16
     assert rep.casts == 0
+    # an initializer that is also a graph input (a default the caller may override) keeps float32
+    src = _mlp()
+    src.graph.input.append(tinfo("b1", [16]))
+    out, rep = _convert(src, keep_io_types=False)
+    assert {i.name: i.data_type for i in out.graph.initializer}["b1"] == TensorProto.FLOAT
+    assert rep.casts <= 2  # (float32 from b1 spreads through Add and Relu to the next MatMul)
+    x = feeds_for(src)["x"]
+    np.testing.assert_allclose(run_ort(out, {"x": x.astype(np.float16)})[0], run_ort(src, {"x": x})[0],
+                               rtol=2e-2, atol=2e-3)
 
 
 def test_block_list_reductions_stay_fp32_with_their_reason():
