@@ -21,8 +21,8 @@
 
 2. Cheap ops (element-wise arithmetic, data movement, Cast from an integer) are *light*: they
    start in float16 unless one of their computed inputs is float32 (float32 spreads forward
-   through them to the next heavy op), and then each is flipped, one at a time, wherever that
-   lowers the number of Casts the graph needs, until no flip does. Heavy ops (MatMul, Conv,
+   through them to the next heavy op), and then each is flipped, alone or with a light reader of
+   the same precision, wherever that lowers the number of Casts the graph needs, until no flip does. Heavy ops (MatMul, Conv,
    Gemm, attention, normalization, ...) stay where step 1 put them: they are the point of fp16.
 
 3. Casts go at region edges: a value read in the other precision gets one Cast per precision
@@ -425,24 +425,43 @@ class _Converter:
                 if follow:
                     plan.forced = True
                     plan.reason = f"{node.op_type}: its input is float32 (a mask beyond float16's range upstream)"
-        # then flip light ops wherever that saves Casts
+        # then flip light ops, one at a time or two neighbours together, wherever that saves Casts
         light = [n for n in self.nodes if (p := self.plans.get(n)) is not None and p.light and not p.forced
                  and (p.conv_in or p.conv_out)]
+        flippable = set(light)
         for _ in range(64):
             changed = False
             for node in light:
-                plan = self.plans[node]
-                touched = {v for v in (*node.inputs, *node.outputs) if v is not None and self.dt(v) == F32}
-                before = sum(self.casts_on(v) for v in touched)
-                plan.kind = "fp32" if plan.kind == "fp16" else "fp16"
-                after = sum(self.casts_on(v) for v in touched)
-                if after < before:
+                if self._try_flip((node,)):
                     changed = True
-                    self.report.flips += 1
-                else:
-                    plan.kind = "fp32" if plan.kind == "fp16" else "fp16"
+                    continue
+                kind = self.plans[node].kind
+                for out in node.outputs:
+                    for reader, _ in out.uses():
+                        if reader in flippable and reader is not node and self.plans[reader].kind == kind \
+                                and self._try_flip((node, reader)):
+                            changed = True
+                            break
+                    else:
+                        continue
+                    break
             if not changed:
                 break
+
+    def _try_flip(self, nodes: tuple) -> bool:
+        """Flip the light ``nodes`` to the other precision if that lowers the Casts around them."""
+        touched = {v for n in nodes for v in (*n.inputs, *n.outputs) if v is not None and self.dt(v) == F32}
+        before = sum(self.casts_on(v) for v in touched)
+        for n in nodes:
+            plan = self.plans[n]
+            plan.kind = "fp32" if plan.kind == "fp16" else "fp16"
+        if sum(self.casts_on(v) for v in touched) < before:
+            self.report.flips += len(nodes)
+            return True
+        for n in nodes:
+            plan = self.plans[n]
+            plan.kind = "fp32" if plan.kind == "fp16" else "fp16"
+        return False
 
     # -- rewriting ------------------------------------------------------------------------------
     def apply(self) -> Fp16Report:
