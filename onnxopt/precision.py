@@ -359,7 +359,7 @@ class _Converter:
             t = constant_tensor(node.inputs[j])
             if t is not None:
                 why = _range_problem(t.numpy(), self.sentinel)
-                if why:
+                if why and (why != _TINY or _guards_division(node)):
                     return fp32(why)
         return _Plan("fp16", light=light, conv_in=frozenset(conv_in), conv_out=frozenset(conv_out))
 
@@ -610,6 +610,17 @@ def _fits(a: np.ndarray, sentinel: float = SENTINEL) -> bool:
     return not finite.size or float(finite.max()) <= FP16_MAX
 
 
+_TINY = "a constant below float16's smallest normal (|x| < 6.1e-5), guarding a division or root"
+_DIVIDING = {"Sqrt": (0,), "Reciprocal": (0,), "Div": (1,), "Log": (0,), "Pow": (0,)}
+
+
+def _guards_division(node: ir.Node) -> bool:
+    """A tiny constant in ``node`` is an epsilon that matters: its output is a denominator, a root's
+    or a log's argument (``var + 1e-12`` before Sqrt/Div). Elsewhere (a bias that happens to be
+    tiny) float16 flushing it changes nothing the other operand does not dwarf."""
+    return any(i in _DIVIDING.get(reader.op_type, ()) for out in node.outputs for reader, i in out.uses())
+
+
 def _range_problem(a: np.ndarray, sentinel: float = SENTINEL) -> str | None:
     """Why a float32 constant cannot be float16, or None."""
     a = np.asarray(a, np.float64)
@@ -623,7 +634,7 @@ def _range_problem(a: np.ndarray, sentinel: float = SENTINEL) -> str | None:
     if top > FP16_MAX:
         return "a constant beyond float16's range (|x| > 65504)"
     if 0 < top < FP16_MIN_NORMAL:
-        return "a constant below float16's smallest normal (|x| < 6.1e-5)"
+        return _TINY
     return None
 
 

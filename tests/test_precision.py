@@ -119,7 +119,7 @@ def test_block_list_reductions_stay_fp32_with_their_reason():
     out, rep = _convert(src)
     assert rep.kept_fp32["ReduceMean: block list"] == 2
     assert rep.kept_fp32["Pow: block list"] == 1
-    assert any("smallest normal" in k for k in rep.kept_fp32)  # eps 1e-12 underflows float16
+    assert any("smallest normal" in k and "guarding" in k for k in rep.kept_fp32)  # eps 1e-12 underflows
     # no Cast storm: into the statistics, out of them, and the I/O
     assert rep.casts <= 5, rep.as_dict()
     _close(src, out, feeds_for(src))
@@ -157,6 +157,22 @@ def test_sentinel_mask_converts_to_fp16_max_on_cuda():
     # (score + finfo.min == finfo.min), and score - 65504 in float16 keeps a trace of the scores
     # where the runtime adds in float32 (onnxruntime's CPU provider): finite, not equal
     np.testing.assert_allclose(after[0][0], before[0][0], rtol=1e-2, atol=1e-3)
+
+
+def test_tiny_bias_converts_tiny_epsilon_does_not():
+    # a bias that happens to be tiny is flushed harmlessly; an epsilon before a root is kept float32
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "tiny"], ["hb"]),
+             helper.make_node("MatMul", ["hb", "w"], ["y"])]
+    src = model(nodes, [tinfo("x", [2, 4])], [tinfo("y", [2, 4])],
+                [init("w", _w(4, 4)), init("tiny", np.full(4, 1e-6, np.float32))])
+    out, rep = _convert(src)
+    assert rep.nodes_fp32 == 0 and rep.casts == 2
+    _close(src, out, feeds_for(src))
+    nodes[2] = helper.make_node("Sqrt", ["hb"], ["y"])
+    src = model(nodes, [tinfo("x", [2, 4])], [tinfo("y", [2, 4])],
+                [init("w", _w(4, 4)), init("tiny", np.full(4, 1e-6, np.float32))])
+    _, rep = _convert(src)
+    assert "Add: a constant below float16's smallest normal (|x| < 6.1e-5), guarding a division or root" in rep.kept_fp32
 
 
 def test_large_constant_keeps_its_reader_and_softmax_fp32():
