@@ -359,8 +359,9 @@ class _Converter:
             t = constant_tensor(node.inputs[j])
             if t is not None:
                 why = _range_problem(t.numpy(), self.sentinel)
-                if why and (why != _TINY or _guards_division(node)):
-                    return fp32(why)
+                if why and not (why == _TINY and op in ("Add", "Sub") and not _guards_division(node)):
+                    return fp32(why if why != _TINY or op not in ("Add", "Sub") else why + ", guarding a division "
+                                "or root")
         return _Plan("fp16", light=light, conv_in=frozenset(conv_in), conv_out=frozenset(conv_out))
 
     # -- precision of values, what readers need -----------------------------------------------
@@ -610,14 +611,15 @@ def _fits(a: np.ndarray, sentinel: float = SENTINEL) -> bool:
     return not finite.size or float(finite.max()) <= FP16_MAX
 
 
-_TINY = "a constant below float16's smallest normal (|x| < 6.1e-5), guarding a division or root"
+_TINY = "a constant below float16's smallest normal (|x| < 6.1e-5)"
 _DIVIDING = {"Sqrt": (0,), "Reciprocal": (0,), "Div": (1,), "Log": (0,), "Pow": (0,)}
 
 
 def _guards_division(node: ir.Node) -> bool:
-    """A tiny constant in ``node`` is an epsilon that matters: its output is a denominator, a root's
-    or a log's argument (``var + 1e-12`` before Sqrt/Div). Elsewhere (a bias that happens to be
-    tiny) float16 flushing it changes nothing the other operand does not dwarf."""
+    """A tiny constant added in ``node`` is an epsilon that matters: its output is a denominator, a
+    root's or a log's argument (``var + 1e-12`` before Sqrt/Div). Elsewhere (a bias that happens to
+    be tiny) float16 flushing it changes nothing the other operand does not dwarf. (A tiny factor,
+    in Mul or Div, always keeps its reader float32: float16 keeps few of its digits.)"""
     return any(i in _DIVIDING.get(reader.op_type, ()) for out in node.outputs for reader, i in out.uses())
 
 
