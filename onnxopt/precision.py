@@ -85,6 +85,9 @@ NORMALIZATION_OPS = frozenset({
     "SkipSimplifiedLayerNormalization", "RMSNormalization", "GroupNormalization", "InstanceNormalization",
     "LpNormalization", "MeanVarianceNormalization",
 })
+# Ops kept float32 on ort-cuda: onnxruntime's CUDA provider has no float16 kernel for them (FusedConv
+# in float16 falls back to the CPU with Memcpy nodes: measured with onnxruntime-gpu 1.31.1, H200).
+CUDA_FP32_OPS = frozenset({"FusedConv"})
 # Ops that take their input's precision: float16 where it is, float32 where float32 reaches them.
 # Softmax, by measurement: in float16 on the zoo's BERT/GPT-2/MiniLM exports it keeps the same
 # fidelity as in float32 (cosine 1.0, max error 0.02-0.07% of the range either way) with a quarter
@@ -328,6 +331,8 @@ class _Converter:
             return fp32("block list")
         if node.name in self.keep_nodes:
             return fp32("kept in float32 by name (keep_nodes)")
+        if op in CUDA_FP32_OPS and self.target == targets.ORT_CUDA:
+            return fp32("no float16 kernel on onnxruntime's CUDA provider")
         if op in NORMALIZATION_OPS and self.target == targets.PORTABLE:
             return fp32("normalization statistics (portable target; ort-* targets convert it)")
         formal = self._schema(node)
