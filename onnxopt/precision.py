@@ -22,8 +22,9 @@
 2. Cheap ops (element-wise arithmetic, data movement, Cast from an integer) are *light*: they
    start in float16 unless one of their computed inputs is float32 (float32 spreads forward
    through them to the next heavy op), and then each is flipped, alone or with a light reader of
-   the same precision, wherever that lowers the number of Casts the graph needs, until no flip does. Heavy ops (MatMul, Conv,
-   Gemm, attention, normalization, ...) stay where step 1 put them: they are the point of fp16.
+   the same precision, wherever that lowers the number of Casts the graph needs, until no flip
+   does. Heavy ops (MatMul, Conv, Gemm, attention, normalization, ...) stay where step 1 put
+   them: they are the point of fp16.
 
 3. Casts go at region edges: a value read in the other precision gets one Cast per precision
    needed, shared by all its readers. Constants are converted, not cast (a weight read in both
