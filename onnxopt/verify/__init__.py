@@ -100,7 +100,14 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
     elementwise tolerance int8 cannot meet; the elementwise statistics are reported beside it, and
     ``rtol``/``atol``, when given, apply instead. Culprit search and bisect are skipped there (every
     quantized value differs from float by design). Two float models, or two quantized ones, are
-    compared as ever."""
+    compared as ever.
+
+    A float16 ``optimized`` (float16 weights or Casts to it) against a float32 ``original``, the
+    result of ``optimize(precision="fp16")``, is judged by fp16 fidelity (``compare_fp16``): each
+    float output passes when its cosine is at least FP16_MIN_COSINE (0.999), its max abs error at
+    most FP16_MAX_ERROR (1%) of the original output's range, and, for logits, its top-1 agreement at
+    least FP16_MIN_TOP1 (99%); ``rtol``/``atol``, when given, apply instead. ``report["fp16"]`` states
+    the criterion; culprit search and bisect are skipped (every value differs by design)."""
     providers = check_settings(providers, runs=runs, warmup=warmup, threads=threads, rtol=rtol, atol=atol,
                                min_sqnr=min_sqnr)
     progress = progress or Progress()
