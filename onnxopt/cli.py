@@ -80,6 +80,9 @@ def _parser() -> argparse.ArgumentParser:
     ext.add_argument("--external-data", metavar="NAME", nargs="?", const=True,
                      help="save weights to an external data file (default name: OUTPUT.data)")
     ext.add_argument("--single-file", action="store_true", help="save weights inside the model file")
+    p.add_argument("--precision", choices=("fp32", "fp16"), default="fp32",
+                   help="fp16: after the rules, float32 weights and compute become float16 (precision-sensitive "
+                        "ops stay float32, input and output types are kept); default fp32")
     p.add_argument("--verify", metavar="PROVIDERS",
                    help="before writing, verify the result against the input on onnxruntime (cpu, cuda or "
                         "cpu,cuda): on a difference, exit 1 and write nothing")
@@ -510,7 +513,8 @@ def _optimize_main(args) -> int:
                 args.input, rules=base, extra_rules=extra, disable=args.disable, target=args.target,
                 output=args.output, external_data=external, max_rewrites=args.max_rewrites, return_report=True,
                 strict=args.strict, input_shapes=input_shapes.parse(args.input_shape), exact=args.exact,
-                fold_size_limit=args.fold_size_limit, outputs=outputs, progress=progress, **verify_args,
+                fold_size_limit=args.fold_size_limit, outputs=outputs, progress=progress, precision=args.precision,
+                **verify_args,
             )
         except VerificationError as exc:  # the evidence (and its JSON), then the one-line verdict (exit 1)
             _stage_json(outputs, args.json, {"input": args.input, "output": None, "verification": exc.report})

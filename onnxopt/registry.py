@@ -94,15 +94,12 @@ def resolve(rules: Sequence[Rule] | None = None, extra_rules: Sequence[Rule] = (
     for ``target`` and, with ``exact``, those not declared exact; the passes named (default: all of
     them with the built-in library, none with an explicit rule list) less the disabled ones (and,
     with ``exact``, those not declared exact). ``skipped``: a list :func:`select` records the rules
-    left out for the target in (see there). The measured benefit table chooses among the built-in
-    library's rules; a rule list given explicitly runs as given (on the targets its rules are valid for)."""
-    from . import benefit as _benefit
-
+    left out for the target in (see there)."""
     disable = list(disable)
     base = builtin_rules() if rules is None else as_rules(rules)
     chosen = select([*base, *as_rules(extra_rules, "extra_rules")],
                     disable=[d for d in disable if d not in passes.BY_NAME], target=target, exact=exact,
-                    skipped=skipped, table=None if rules is None else _benefit.Table())
+                    skipped=skipped)
     if graph_passes is None:
         graph_passes = passes.NAMES if rules is None else ()
     return chosen, [name for name in graph_passes if name not in disable and (not exact or _exact_pass(name))]

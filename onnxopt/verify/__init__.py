@@ -21,8 +21,9 @@ import numpy as np
 
 from .. import io
 from ..errors import InvalidModelError, OnnxoptError, UsageError
-from .compare import (INT8_MIN_SQNR_DB, LOW_PRECISION, TOLERANCES, check_tolerances, compare, compare_all,
-                      compare_int8, compare_value, is_low_precision, is_quantized, problem_text, sqnr_db, tolerance)
+from .compare import (FP16_MAX_ERROR, FP16_MIN_COSINE, FP16_MIN_TOP1, INT8_MIN_SQNR_DB, LOW_PRECISION, TOLERANCES,
+                      check_tolerances, compare, compare_all, compare_fp16, compare_int8, compare_value, is_fp16,
+                      is_logits, is_low_precision, is_quantized, problem_text, sqnr_db, tolerance)
 from .culprit import find_culprit
 from .inputs import inputs_for, make_inputs, parse_input_shapes, parse_int_ranges
 from .runtime import (PROVIDERS, OrtModel, VerifyUnavailable, check_providers, count_kernels, measure_latency,
@@ -31,9 +32,9 @@ from .runtime import (PROVIDERS, OrtModel, VerifyUnavailable, check_providers, c
 __all__ = [
     "INT8_MIN_SQNR_DB", "LOW_PRECISION", "PROVIDERS", "TOLERANCES", "Progress", "VerificationError",
     "VerifyUnavailable", "bisect_command", "check_providers", "check_settings", "check_tolerances", "compare",
-    "compare_all", "compare_value", "compare_int8", "count_kernels", "find_culprit", "is_low_precision",
-    "is_quantized", "make_inputs", "measure_latency", "parse_input_shapes", "parse_int_ranges",
-    "parse_provider_options", "parse_providers",
+    "compare_all", "compare_value", "compare_int8", "compare_fp16", "is_fp16", "is_logits", "count_kernels",
+    "find_culprit", "is_low_precision", "is_quantized", "make_inputs", "measure_latency", "parse_input_shapes",
+    "parse_int_ranges", "parse_provider_options", "parse_providers",
     "problem_text", "run_profiled", "session", "sqnr_db", "tolerance", "verify",
 ]
 
@@ -107,7 +108,14 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
 
     ``provider_options``: ``{provider: {option: value}}`` or ``["cuda:prefer_nhwc=1", ...]`` (see
     ``runtime.parse_provider_options``), given to both models' sessions of that provider (outputs,
-    kernels and latency); the report records them (``report["provider_options"]``)."""
+    kernels and latency); the report records them (``report["provider_options"]``).
+
+    A float16 ``optimized`` (float16 weights or Casts to it) against a float32 ``original``, the
+    result of ``optimize(precision="fp16")``, is judged by fp16 fidelity (``compare_fp16``): each
+    float output passes when its cosine is at least FP16_MIN_COSINE (0.999), its max abs error at
+    most FP16_MAX_ERROR (1%) of the original output's range, and, for logits, its top-1 agreement at
+    least FP16_MIN_TOP1 (99%); ``rtol``/``atol``, when given, apply instead. ``report["fp16"]`` states
+    the criterion; culprit search and bisect are skipped (every value differs by design)."""
     providers = check_settings(providers, runs=runs, warmup=warmup, threads=threads, rtol=rtol, atol=atol,
                                min_sqnr=min_sqnr, provider_options=provider_options)
     provider_options = parse_provider_options(provider_options)
@@ -119,9 +127,13 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
         int8 = None
         if rtol is None and atol is None and is_quantized(after.proto) and not is_quantized(before.proto):
             int8 = INT8_MIN_SQNR_DB if min_sqnr is None else float(min_sqnr)
+        # a float16 model against its float32 original: judged by fp16 fidelity (compare_fp16)
+        fp16 = int8 is None and rtol is None and atol is None and is_fp16(after.proto) and \
+            not is_low_precision(before.proto)
         report = _verify(before, after, providers, feeds, inputs, input_shapes, int_ranges, seed, rtol, atol, runs,
-                         warmup, latency, culprit and int8 is None, threads, progress, int8, provider_options)
-        if not report["ok"] and int8 is None:
+                         warmup, latency, culprit and int8 is None and not fp16, threads, progress, int8, provider_options,
+                         fp16)
+        if not report["ok"] and int8 is None and not fp16:
             report["bisect_command"] = bisect_command(
                 original, next(p for p, e in report["providers"].items() if not e["ok"]), inputs=inputs,
                 input_shapes=input_shapes, int_ranges=int_ranges, seed=seed, rtol=rtol, atol=atol,
@@ -136,7 +148,7 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
 
 def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_shapes, int_ranges, seed, rtol, atol,
             runs, warmup, latency, culprit, threads, progress, int8: float | None = None,
-            provider_options: dict | None = None) -> dict:
+            provider_options: dict | None = None, fp16: bool = False) -> dict:
     feeds, how = inputs_for(before, feeds, inputs, input_shapes, int_ranges, seed)
     low = is_low_precision(before.proto)
     report: dict = {"original": before.name, "optimized": after.name,
@@ -146,6 +158,10 @@ def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_s
     if int8 is not None:
         report["int8"] = {"min_sqnr_db": int8, "criterion": f"each float output: SQNR >= {int8:g} dB against the "
                                                             "float model"}
+    if fp16:
+        report["fp16"] = {"criterion": f"each float output: cosine >= {FP16_MIN_COSINE:g}, max abs error <= "
+                                       f"{FP16_MAX_ERROR:.0%} of the original's range, top-1 agreement >= "
+                                       f"{FP16_MIN_TOP1:.0%} for logits"}
     outputs: dict[str, dict[str, list]] = {}
     steps = len(providers) * (2 + (1 if latency and runs else 0))
     step = 0
@@ -172,6 +188,7 @@ def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_s
             continue
         outputs[p] = got
         entry["outputs"] = (_compare_int8(got["before"], got["after"], int8) if int8 is not None else
+                            _compare_fp16(got["before"], got["after"]) if fp16 else
                             compare_all(got["before"], got["after"], low_precision=low, rtol=rtol, atol=atol))
         entry["ok"] = all(r["ok"] for r in entry["outputs"])
         if latency and runs:
@@ -204,7 +221,8 @@ def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_s
             if p == "cpu":
                 continue
             report["cross_provider"][f"cpu-vs-{p}"] = {
-                label: compare_all(outputs["cpu"][label], outputs[p][label], low_precision=low, rtol=rtol, atol=atol)
+                label: compare_all(outputs["cpu"][label], outputs[p][label], rtol=rtol, atol=atol,
+                                   low_precision=low or (fp16 and label == "after"))
                 for label in ("before", "after")}
     report["ok"] = all(e["ok"] for e in report["providers"].values())
     return report
@@ -217,6 +235,15 @@ def _compare_int8(before, after, min_db: float) -> list[dict]:
     for i, (name, value) in enumerate(before):
         if i < len(after) and after[i][0] == name:
             rows[i] = {"name": name, **compare_int8(value, after[i][1], min_db)}
+    return rows
+
+
+def _compare_fp16(before, after) -> list[dict]:
+    """compare_all's rows, each output found at its place judged by :func:`compare_fp16`."""
+    rows = compare_all(before, after, low_precision=True)
+    for i, (name, value) in enumerate(before):
+        if i < len(after) and after[i][0] == name:
+            rows[i] = {"name": name, **compare_fp16(value, after[i][1], name)}
     return rows
 
 

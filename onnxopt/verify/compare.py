@@ -89,6 +89,72 @@ def compare_int8(before, after, min_db: float = INT8_MIN_SQNR_DB) -> dict:
     return row
 
 
+# A float16 model (onnxopt's --precision fp16) against its float32 original: each float output
+# passes when its cosine similarity is at least FP16_MIN_COSINE, its largest absolute error at most
+# FP16_MAX_ERROR of the original output's range (max - min), and, for logits (a name with "logit",
+# or a [batch, classes] output of 1000 or more classes), the top-1 class along the last axis agrees
+# at FP16_MIN_TOP1 of the positions or more (next-token agreement for a language model).
+FP16_MIN_COSINE = 0.999
+FP16_MAX_ERROR = 0.01
+FP16_MIN_TOP1 = 0.99
+
+
+def is_logits(name: str, value) -> bool:
+    """Whether an output is scores over classes or a vocabulary, whose top-1 agreement is judged."""
+    if not isinstance(value, np.ndarray) or _kind(value.dtype) != "float" or value.ndim < 2 or value.shape[-1] < 2:
+        return False
+    return "logit" in name.lower() or (value.ndim == 2 and value.shape[-1] >= 1000)
+
+
+@np.errstate(all="ignore")
+def compare_fp16(before, after, name: str = "") -> dict:
+    """One output of a float16 model against its float32 original's: :func:`compare_value`'s
+    statistics at the low-precision tolerances (informational) and the fidelity verdict: cosine
+    >= FP16_MIN_COSINE, max abs error <= FP16_MAX_ERROR x the original's range, top-1 agreement
+    >= FP16_MIN_TOP1 for logits (``error_of_range``, ``top1_agreement`` in the row)."""
+    row = compare_value(before, after, low_precision=True)
+    if not (_value_kind(before) == _value_kind(after) == "tensor" and _kind(before.dtype) == "float"
+            and before.shape == after.shape and before.dtype == after.dtype):
+        return row
+    a = before.astype(np.float64)
+    finite = a[np.isfinite(a)]
+    span = float(finite.max() - finite.min()) if finite.size else 0.0
+    max_abs = row.get("max_abs", 0.0)
+    frac = 0.0 if max_abs == 0 else (max_abs / span if span > 0 else float("inf"))
+    if frac != frac:  # NaN: a non-finite mismatch
+        frac = float("inf")
+    cosine = row.get("cosine")
+    problems = []
+    if cosine is None or cosine < FP16_MIN_COSINE:
+        problems.append(f"cosine {short_number(cosine, 6)} < {FP16_MIN_COSINE:g}")
+    if frac > FP16_MAX_ERROR:
+        problems.append(f"max abs error {frac:.3%} of the range > {FP16_MAX_ERROR:.0%}")
+    criterion = f"fp16 model: cosine >= {FP16_MIN_COSINE:g}, max abs error <= {FP16_MAX_ERROR:.0%} of the range"
+    row["error_of_range"] = frac
+    if is_logits(name, before) and before.size:
+        agree = float(np.mean(np.argmax(before, axis=-1) == np.argmax(after, axis=-1)))
+        row["top1_agreement"] = agree
+        criterion += f", top-1 >= {FP16_MIN_TOP1:.0%}"
+        if agree < FP16_MIN_TOP1:
+            problems.append(f"top-1 agreement {agree:.2%} < {FP16_MIN_TOP1:.0%}")
+    row.update(ok=not problems, tolerance=criterion)
+    if problems:
+        row["problem"] = "; ".join(problems)
+    else:
+        row.pop("problem", None)
+    return row
+
+
+def is_fp16(proto: onnx.ModelProto) -> bool:
+    """The model computes in float16 (weights of that type or Casts to it) and is not quantized."""
+    if any(n.op_type in _QUANT_OPS for n in proto.graph.node):
+        return False
+    if any(i.data_type == onnx.TensorProto.FLOAT16 for i in proto.graph.initializer):
+        return True
+    return any(n.op_type == "Cast" and any(a.name == "to" and a.i == onnx.TensorProto.FLOAT16 for a in n.attribute)
+               for n in proto.graph.node)
+
+
 def is_low_precision(proto: onnx.ModelProto) -> bool:
     """The model computes in fp16/bf16 or int8: weights of those types (initializers or Constant
     nodes), Casts to them (mixed-precision exports) or quantization ops."""
