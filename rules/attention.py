@@ -31,7 +31,10 @@ What it becomes:
 - ``com.microsoft Attention`` (one packed QKV GEMM) where Q, K and V are projections of one input:
   a Split of ``MatMul(x, W[H_in, 3H]) (+ b)`` (GPT-2's c_attn) or three ``MatMul(x, W_i) (+ b_i)``
   of the same x with constant weights (BERT): the weights are concatenated;
-- ``com.microsoft MultiHeadAttention`` (query, key, value [B, S, H]) otherwise.
+- ``com.microsoft MultiHeadAttention`` (query, key, value [B, S, H]) otherwise;
+- the standard ``Attention`` (opset 23, 3-D Q/K/V, ``q_num_heads``/``kv_num_heads``) instead, when the
+  model already imports opset 23 or more and the installed onnxruntime runs that op for the target's
+  provider and the dtype (tried once on a tiny model, cached: ``standard_attention_runs``).
 
 GPT-2's causal mask is taken as the model computes it (in the additive bias), not as
 ``unidirectional=1``: the bias already holds causal and padding together, so any causal variant
@@ -45,7 +48,7 @@ import math
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.irutil import constant_tensor, use_count
+from onnxopt.irutil import constant_tensor
 from onnxopt.pattern import Match, Op, Rule
 from onnxopt.shapes import infer, same_symbol, shape_elements
 
@@ -232,7 +235,7 @@ def _scalar(value: ir.Value) -> float | None:
     if t is None:
         return None
     a = t.numpy()
-    if a.size != 1 or a.dtype.kind != "f":
+    if a.size != 1 or a.ndim > 1 or a.dtype.kind != "f":  # (a [1,1,1,1] factor could raise the rank)
         return None
     return float(a.reshape(-1)[0])
 
@@ -516,8 +519,8 @@ def _mask_plan(m: Match, ctx: _Ctx, mask: ir.Value, xq: ir.Value, xk: ir.Value, 
     """False when the mask is already [B|1, N|1, S, T]; True when it must be Expanded to S, T;
     a reason string when it cannot be used."""
     dims = _dims(mask, m.opsets)
-    if mask.type is not None and mask.type.dtype != xq.type.dtype:
-        return "the mask's type differs from the scores'"
+    if mask.type is None or mask.type.dtype != xq.type.dtype:
+        return "the mask's type is not the scores'"
     if dims is None:
         return "the mask's rank is unknown"
     if len(dims) != 4:
@@ -613,6 +616,12 @@ def attention_replacement(m: Match, b):
         t = b.op("Shape", plan["xk"], start=1, end=2)
         attention_bias = b.op("Expand", attention_bias, b.op("Concat", lead, s, t, axis=0))
     n, scale = int(plan["num_heads"]), float(np.float32(plan["scale"]))
+    dtype = plan["xq"].type.dtype
+    if m.opset("") >= 23 and standard_attention_runs(m.options.get("target"), dtype):
+        inputs = [plan["xq"], plan["xk"], plan["xv"], attention_bias]
+        while inputs[-1] is None:
+            inputs.pop()
+        return _out(m, b, b.op("Attention", *inputs, q_num_heads=n, kv_num_heads=n, scale=scale))
     packed = _packed(plan)
     if packed is not None:
         x, w, bias = packed
@@ -629,6 +638,47 @@ def attention_replacement(m: Match, b):
     while inputs[-1] is None:
         inputs.pop()
     return _out(m, b, b.op("MultiHeadAttention", *inputs, domain=_MS, num_heads=n, scale=scale))
+
+
+_PROVIDERS = {"ort-cpu": "CPUExecutionProvider", "ort-cuda": "CUDAExecutionProvider"}
+_STANDARD: dict[tuple, bool] = {}
+
+
+def standard_attention_runs(target: str | None, dtype: ir.DataType) -> bool:
+    """The installed onnxruntime runs the standard (opset 23) Attention for ``target``'s provider and
+    ``dtype``: tried once on a tiny model (3-D Q/K/V, an additive [B,1,S,T] mask), the answer cached."""
+    key = (target, dtype)
+    if key not in _STANDARD:
+        _STANDARD[key] = _try_standard(_PROVIDERS.get(target), dtype)
+    return _STANDARD[key]
+
+
+def _try_standard(provider: str | None, dtype: ir.DataType) -> bool:
+    try:
+        import onnxruntime as ort
+        from onnx import helper
+    except ImportError:
+        return False
+    if provider is None or provider not in ort.get_available_providers():
+        return False
+    elem, npd = int(dtype), dtype.numpy()
+    b, s, n, d = 2, 3, 2, 4
+    graph = helper.make_graph(
+        [helper.make_node("Attention", ["q", "k", "v", "m"], ["y"], q_num_heads=n, kv_num_heads=n, scale=0.5)], "probe",
+        [helper.make_tensor_value_info(x, elem, [b, s, n * d]) for x in "qkv"]
+        + [helper.make_tensor_value_info("m", elem, [b, 1, s, s])], [helper.make_tensor_value_info("y", elem, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)], ir_version=11)
+    try:
+        so = ort.SessionOptions()
+        so.log_severity_level = 4
+        sess = ort.InferenceSession(model.SerializeToString(), so, providers=[provider])
+        rng = np.random.default_rng(0)
+        feeds = {x: rng.standard_normal((b, s, n * d)).astype(npd) for x in "qkv"}
+        feeds["m"] = np.zeros((b, 1, s, s), npd)
+        y = sess.run(None, feeds)[0]
+    except Exception:  # noqa: BLE001 - no kernel, or one that fails: the contrib ops are used
+        return False
+    return y.shape == (b, s, n * d) and bool(np.all(np.isfinite(y)))
 
 
 def _out(m: Match, b, y: ir.Value) -> ir.Value:

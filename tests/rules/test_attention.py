@@ -25,7 +25,10 @@ from helpers import init, model
 from helpers import tinfo as _tinfo
 from onnx import TensorProto, helper
 
+import onnx_ir as ir
+
 from onnxopt import optimize
+from onnxopt.rules.attention import standard_attention_runs
 
 from .check import fires, refuses
 
@@ -37,7 +40,7 @@ CPU = {"target": "ort-cpu"}
 
 def attention_model(*, proj="bert", key="bnds", scale="qk", mask="bias4", guard=True, out="merge",
                     softmax_axis=-1, mask_then_scale=False, q_heads="nd", dtype=TensorProto.FLOAT, seed=0,
-                    static=False):
+                    static=False, opset=17):
     """One attention block on x [b, s, H] (and y [b, t, H] for proj="cross"); ``static``: the
     inputs' dimensions are numbers (B, S, T)."""
     rng = np.random.default_rng(seed)
@@ -138,7 +141,9 @@ def attention_model(*, proj="bert", key="bnds", scale="qk", mask="bias4", guard=
         node("Transpose", ["o4"], "o_t", perm=[0, 2, 3, 1])
         node("Reshape", ["o_t", c("merged", [0, 0, H])], "o")
     node("MatMul", ["o", w("w_o", (H, H))], "y_out")
-    return model(nodes, inputs, [_tinfo("y_out", 2 if out == "flat" else 3, dtype)], inits)
+    m = model(nodes, inputs, [_tinfo("y_out", 2 if out == "flat" else 3, dtype)], inits, opset=opset)
+    m.ir_version = max(m.ir_version, 11 if opset >= 23 else 0)
+    return m
 
 
 def feeds(m: onnx.ModelProto, seed=0) -> dict:
@@ -201,9 +206,21 @@ def test_mask_is_expanded_only_where_its_shape_is_unproven():
     assert "Expand" not in {n.op_type for n in out.graph.node}
 
 
+@pytest.mark.parametrize("form", [dict(proj="bert"), dict(proj="cross", mask="pad", static=True)],
+                         ids=["self", "cross"])
+def test_standard_attention_at_opset_23(form):
+    """A model at opset 23 gets the standard Attention where the installed onnxruntime runs it."""
+    if not standard_attention_runs("ort-cpu", ir.DataType.FLOAT):
+        pytest.skip("the installed onnxruntime has no CPU kernel for the standard Attention")
+    m = attention_model(opset=23, **form)
+    out, _ = fires(RULE, m, feeds=feeds(m), tol=1e-4, **CPU)
+    assert not fused(out)
+    assert [n.op_type for n in out.graph.node if n.domain in ("", "ai.onnx")].count("Attention") == 1
+
+
 def test_not_for_portable():
     m = attention_model()
-    out, report = optimize(m, target="portable", return_report=True)
+    out = optimize(m, target="portable")
     assert not fused(out)
 
 
