@@ -571,24 +571,38 @@ def _projection(x: ir.Value):
     return node.inputs[0], w, bias
 
 
+def _split_sizes(split: ir.Node) -> list[int] | None:
+    """A Split's sizes (input or attribute), None when it splits equally; its axis must be the last (2)."""
+    axis = split.attributes.get("axis")
+    if (0 if axis is None else axis.value) not in (-1, 2):
+        return [-1]  # (no fit)
+    sizes = constant_tensor(split.inputs[1]) if len(split.inputs) > 1 and split.inputs[1] is not None else None
+    if sizes is not None:
+        return sizes.numpy().reshape(-1).tolist()
+    return list(split.attributes["split"].value) if "split" in split.attributes else None
+
+
 def _packed(plan) -> tuple[ir.Value, np.ndarray, np.ndarray | None] | None:
     """(input, packed W [H_in, 3H], packed bias) when Q, K and V are projections of one input."""
     xq, xk, xv = plan["xq"], plan["xk"], plan["xv"]
     if len({xq, xk, xv}) != 3:
         return None
-    # GPT-2: Split(MatMul(x, W) + b) into three equal parts on the last axis
-    split = xq.producer()
-    if (split is not None and split.op_type == "Split" and split.domain in ("", "ai.onnx")
-            and list(split.outputs) == [xq, xk, xv] and all(_only_use(v) for v in (xq, xk, xv))):
-        axis = split.attributes.get("axis")
-        axis = 0 if axis is None else axis.value
+    # GPT-2: Split(MatMul(x, W) + b) into three equal parts on the last axis (Q, K, V: outputs 0, 1, 2;
+    # the dynamo export may take them from two Splits of the one packed value)
+    splits = [v.producer() for v in (xq, xk, xv)]
+    if all(sp is not None and sp.op_type == "Split" and sp.domain in ("", "ai.onnx") for sp in splits):
+        packed = splits[0].inputs[0]
         h = xq.shape[-1] if xq.shape is not None else None
-        sizes = constant_tensor(split.inputs[1]) if len(split.inputs) > 1 and split.inputs[1] is not None else None
-        sizes = sizes.numpy().tolist() if sizes is not None else (
-            list(split.attributes["split"].value) if "split" in split.attributes else None)
-        if axis in (-1, 2) and isinstance(h, int) and (sizes is None or sizes == [h] * 3):
-            packed = split.inputs[0]
-            proj = _projection(packed) if _only_use(packed) else None
+        ok = isinstance(h, int) and all(_only_use(v) for v in (xq, xk, xv))
+        for k, (sp, v) in enumerate(zip(splits, (xq, xk, xv))):
+            ok = ok and sp.inputs[0] is packed and len(sp.outputs) == 3 and sp.outputs[k] is v \
+                and _split_sizes(sp) in (None, [h] * 3)
+        # every reader of the packed value is one of these Splits, and only Q, K and V are read from them
+        readers = {n for n, _ in packed.uses()}
+        ok = ok and not packed.is_graph_output() and readers <= set(splits) and all(
+            not o.uses() or o in (xq, xk, xv) for sp in readers for o in sp.outputs)
+        if ok:
+            proj = _projection(packed)
             if proj is not None and proj[1].shape[1] == 3 * h:
                 return proj
         return None

@@ -65,10 +65,14 @@ def attention_model(*, proj="bert", key="bnds", scale="qk", mask="bias4", guard=
         nodes.append(helper.make_node(op, ins, [out], **attrs))
         return out
 
-    if proj == "gpt2":
+    if proj in ("gpt2", "gpt2-two-splits"):
         node("MatMul", ["x", w("w_qkv", (H, 3 * H))], "qkv_mm")
         node("Add", ["qkv_mm", w("b_qkv", (3 * H,))], "qkv")
-        nodes.append(helper.make_node("Split", ["qkv", c("split", [H, H, H])], ["q", "k", "v"], axis=2))
+        if proj == "gpt2":
+            nodes.append(helper.make_node("Split", ["qkv", c("split", [H, H, H])], ["q", "k", "v"], axis=2))
+        else:  # the dynamo export: Q from one Split, K and V from another of the same value
+            nodes.append(helper.make_node("Split", ["qkv", c("split", [H, H, H])], ["q", "q_k", "q_v"], axis=2))
+            nodes.append(helper.make_node("Split", ["qkv", "split"], ["k_q", "k", "v"], axis=2))
     else:
         kv_src = "x"
         if proj == "cross":
@@ -184,6 +188,7 @@ FORMS = [
     dict(proj="cross", mask="pad", guard=False),
     dict(proj="bert", key="t4", scale="div", mask=None),
     dict(proj="gpt2", key="3d", mask="pad"),
+    dict(proj="gpt2-two-splits", mask="where", guard=False),
     dict(proj="bert", key="3d", scale="none", out="flat"),
 ]
 
