@@ -88,9 +88,58 @@ class _Ctx:
         return [tuple(a for a in g if self.size(a) != 1) for g in groups]
 
 
-def _dims(value: ir.Value, opsets) -> list | None:
+# contrib ops whose first output has their first input's shape (onnx's inference knows none of them)
+_SAME_SHAPE = frozenset({"SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization",
+                         "LayerNormalization", "Gelu", "FastGelu", "BiasGelu", "QuickGelu", "BiasAdd"})
+
+
+def _dims(value: ir.Value, opsets, depth: int = 0) -> list | None:
+    """value's dimensions (inferred), looking through the contrib ops other fusions make."""
     shape = infer(value, opsets)
-    return None if shape is None else list(shape)
+    if shape is not None:
+        return list(shape)
+    node = value.producer()
+    if node is None or depth > 6:
+        return None
+    if node.domain == _MS and node.op_type in _SAME_SHAPE and value is node.outputs[0]:
+        return _dims(node.inputs[0], opsets, depth + 1)
+    if node.domain not in ("", "ai.onnx"):
+        return None
+    if node.op_type == "MatMul":  # x @ W, W constant 2-D
+        w = constant_tensor(node.inputs[1])
+        dims = _dims(node.inputs[0], opsets, depth + 1)
+        if w is not None and len(w.shape) == 2 and dims is not None and len(dims) >= 2:
+            return dims[:-1] + [int(w.shape[1])]
+    if node.op_type == "Add" and len(node.inputs) == 2:  # + a 1-D constant bias
+        a, c = node.inputs
+        for v, bias in ((a, c), (c, a)):
+            t = constant_tensor(bias)
+            if t is not None and len(t.shape) <= 1:
+                return _dims(v, opsets, depth + 1)
+    sizes = _split_sizes(node) if node.op_type == "Split" else [-1]
+    if sizes != [-1] and (sizes is None or len(set(sizes)) == 1):  # equal parts of the last axis
+        dims = _dims(node.inputs[0], opsets, depth + 1)
+        if dims is not None and isinstance(dims[-1], int) and dims[-1] % len(node.outputs) == 0:
+            return dims[:-1] + [dims[-1] // len(node.outputs)]
+    return None
+
+
+def _dtype(value: ir.Value, opsets, depth: int = 0) -> ir.DataType | None:
+    """value's element type (inferred), looking through the contrib ops other fusions make and
+    taking a projection's from its constant weight."""
+    if value.type is None:
+        infer(value, opsets)
+    if isinstance(value.type, ir.TensorType):
+        return value.type.dtype
+    node = value.producer()
+    if node is None or depth > 6 or not (node.domain in ("", "ai.onnx") and node.op_type in ("MatMul", "Add", "Split")
+                                         or node.domain == _MS and node.op_type in _SAME_SHAPE):
+        return None
+    for v in node.inputs:
+        t = constant_tensor(v)
+        if t is not None and node.op_type != "Split":
+            return t.dtype
+    return _dtype(node.inputs[0], opsets, depth + 1)
 
 
 def _prime_shapes(value: ir.Value | None, opsets, depth: int = 0) -> None:
@@ -491,17 +540,16 @@ def attention_condition(m: Match):
                 return f"the attention output is not merged into [B,S,N*D] (it is {_show(layout)})"
     except _NoFit as exc:
         return str(exc)
-    for x in (xq, xk, xv):
-        infer(x, m.opsets)
-        if x.type is None or x.type.dtype not in floats:
-            return f"type {x.type.dtype if x.type else 'unknown'} has no fused kernel on {target}"
+    dtype = _dtype(xq, m.opsets)
+    if dtype not in floats or _dtype(xk, m.opsets) != dtype or _dtype(xv, m.opsets) != dtype:
+        return f"type {dtype or 'unknown'} has no fused kernel on {target}"
     scale *= sq * sk
     bias = None
     if mask is not None:
         bias = _mask_plan(m, ctx, mask, xq, xk, t)
         if isinstance(bias, str):
             return bias
-    return {"xq": xq, "xk": xk, "xv": xv, "scale": scale, "mask": mask, "expand": bias,
+    return {"xq": xq, "xk": xk, "xv": xv, "dtype": dtype, "scale": scale, "mask": mask, "expand": bias,
             "num_heads": ctx.size("N"), "head": ctx.size("D"), "guarded": guarded, "reshape": reshape}
 
 
@@ -519,7 +567,7 @@ def _mask_plan(m: Match, ctx: _Ctx, mask: ir.Value, xq: ir.Value, xk: ir.Value, 
     """False when the mask is already [B|1, N|1, S, T]; True when it must be Expanded to S, T;
     a reason string when it cannot be used."""
     dims = _dims(mask, m.opsets)
-    if mask.type is None or mask.type.dtype != xq.type.dtype:
+    if _dtype(mask, m.opsets) != _dtype(xq, m.opsets):
         return "the mask's type is not the scores'"
     if dims is None:
         return "the mask's rank is unknown"
@@ -582,7 +630,7 @@ def _split_sizes(split: ir.Node) -> list[int] | None:
     return list(split.attributes["split"].value) if "split" in split.attributes else None
 
 
-def _packed(plan) -> tuple[ir.Value, np.ndarray, np.ndarray | None] | None:
+def _packed(plan, opsets) -> tuple[ir.Value, np.ndarray, np.ndarray | None] | None:
     """(input, packed W [H_in, 3H], packed bias) when Q, K and V are projections of one input."""
     xq, xk, xv = plan["xq"], plan["xk"], plan["xv"]
     if len({xq, xk, xv}) != 3:
@@ -592,7 +640,8 @@ def _packed(plan) -> tuple[ir.Value, np.ndarray, np.ndarray | None] | None:
     splits = [v.producer() for v in (xq, xk, xv)]
     if all(sp is not None and sp.op_type == "Split" and sp.domain in ("", "ai.onnx") for sp in splits):
         packed = splits[0].inputs[0]
-        h = xq.shape[-1] if xq.shape is not None else None
+        dims = xq.shape if xq.shape is not None else _dims(xq, opsets)
+        h = dims[-1] if dims else None
         ok = isinstance(h, int) and all(_only_use(v) for v in (xq, xk, xv))
         for k, (sp, v) in enumerate(zip(splits, (xq, xk, xv))):
             ok = ok and sp.inputs[0] is packed and len(sp.outputs) == 3 and sp.outputs[k] is v \
@@ -630,13 +679,13 @@ def attention_replacement(m: Match, b):
         t = b.op("Shape", plan["xk"], start=1, end=2)
         attention_bias = b.op("Expand", attention_bias, b.op("Concat", lead, s, t, axis=0))
     n, scale = int(plan["num_heads"]), float(np.float32(plan["scale"]))
-    dtype = plan["xq"].type.dtype
+    dtype = plan["dtype"]
     if m.opset("") >= 23 and standard_attention_runs(m.options.get("target"), dtype):
         inputs = [plan["xq"], plan["xk"], plan["xv"], attention_bias]
         while inputs[-1] is None:
             inputs.pop()
         return _out(m, b, b.op("Attention", *inputs, q_num_heads=n, kv_num_heads=n, scale=scale))
-    packed = _packed(plan)
+    packed = _packed(plan, m.opsets)
     if packed is not None:
         x, w, bias = packed
         dims = _dims(x, m.opsets)
@@ -703,12 +752,12 @@ def _out(m: Match, b, y: ir.Value) -> ir.Value:
     shape = infer(root, m.opsets)
     xq = m.plan["xq"]
     if m.plan["reshape"]:
-        y.type = xq.type
+        y.type = ir.TensorType(m.plan["dtype"])
         qs = infer(xq, m.opsets)
         if qs is not None and len(qs) == 3:
             y.shape = ir.Shape([qs[0], qs[1], m.plan["num_heads"] * m.plan["head"]])
         y = b.op("Reshape", y, m["shape"], attrs=list(m.node("out").attributes.values()))
-    y.type = root.type if root.type is not None else xq.type
+    y.type = root.type if root.type is not None else ir.TensorType(m.plan["dtype"])
     if shape is not None:
         y.shape = ir.Shape(list(shape))
     return y

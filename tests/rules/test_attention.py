@@ -40,7 +40,7 @@ CPU = {"target": "ort-cpu"}
 
 def attention_model(*, proj="bert", key="bnds", scale="qk", mask="bias4", guard=True, out="merge",
                     softmax_axis=-1, mask_then_scale=False, q_heads="nd", dtype=TensorProto.FLOAT, seed=0,
-                    static=False, opset=17):
+                    static=False, opset=17, pre=None):
     """One attention block on x [b, s, H] (and y [b, t, H] for proj="cross"); ``static``: the
     inputs' dimensions are numbers (B, S, T)."""
     rng = np.random.default_rng(seed)
@@ -65,8 +65,14 @@ def attention_model(*, proj="bert", key="bnds", scale="qk", mask="bias4", guard=
         nodes.append(helper.make_node(op, ins, [out], **attrs))
         return out
 
+    src = "x"
+    if pre == "skip_layer_norm":  # a contrib op before the projections: onnx's shape inference knows it not
+        inputs.append(tinfo("skip", ["b", "s", H], dtype))
+        nodes.append(helper.make_node("SkipLayerNormalization", ["x", "skip", w("gamma", (H,)), w("beta", (H,))],
+                                      ["xn"], domain="com.microsoft", epsilon=1e-5))
+        src = "xn"
     if proj in ("gpt2", "gpt2-two-splits"):
-        node("MatMul", ["x", w("w_qkv", (H, 3 * H))], "qkv_mm")
+        node("MatMul", [src, w("w_qkv", (H, 3 * H))], "qkv_mm")
         node("Add", ["qkv_mm", w("b_qkv", (3 * H,))], "qkv")
         if proj == "gpt2":
             nodes.append(helper.make_node("Split", ["qkv", c("split", [H, H, H])], ["q", "k", "v"], axis=2))
@@ -74,12 +80,12 @@ def attention_model(*, proj="bert", key="bnds", scale="qk", mask="bias4", guard=
             nodes.append(helper.make_node("Split", ["qkv", c("split", [H, H, H])], ["q", "q_k", "q_v"], axis=2))
             nodes.append(helper.make_node("Split", ["qkv", "split"], ["k_q", "k", "v"], axis=2))
     else:
-        kv_src = "x"
+        kv_src = src
         if proj == "cross":
             inputs.append(tinfo("y", ["b", "t", H], dtype))
             kv_src = "y"
-        for name, src in (("q", "x"), ("k", kv_src), ("v", kv_src)):
-            node("MatMul", [src, w(f"w_{name}", (H, H))], f"{name}_mm")
+        for name, x in (("q", src), ("k", kv_src), ("v", kv_src)):
+            node("MatMul", [x, w(f"w_{name}", (H, H))], f"{name}_mm")
             node("Add", [f"{name}_mm", w(f"b_{name}", (H,))], name)
     heads = c("heads", [0, 0, N, -1])
     if q_heads == "nd":
@@ -146,6 +152,8 @@ def attention_model(*, proj="bert", key="bnds", scale="qk", mask="bias4", guard=
         node("Reshape", ["o_t", c("merged", [0, 0, H])], "o")
     node("MatMul", ["o", w("w_o", (H, H))], "y_out")
     m = model(nodes, inputs, [_tinfo("y_out", 2 if out == "flat" else 3, dtype)], inits, opset=opset)
+    if pre is not None:
+        m.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     m.ir_version = max(m.ir_version, 11 if opset >= 23 else 0)
     return m
 
@@ -157,6 +165,8 @@ def feeds(m: onnx.ModelProto, seed=0) -> dict:
     names = {vi.name: vi for vi in m.graph.input}
     dtype = helper.tensor_dtype_to_np_dtype(names["x"].type.tensor_type.elem_type)
     out = {"x": rng.standard_normal((B, S, H)).astype(dtype)}
+    if "skip" in names:
+        out["skip"] = rng.standard_normal((B, S, H)).astype(dtype)
     t = S
     if "y" in names:
         out["y"] = rng.standard_normal((B, T, H)).astype(dtype)
@@ -179,7 +189,8 @@ def feeds(m: onnx.ModelProto, seed=0) -> dict:
 
 
 def fused(m: onnx.ModelProto) -> Counter:
-    return Counter(n.op_type for n in m.graph.node if n.domain == "com.microsoft")
+    return Counter(n.op_type for n in m.graph.node
+                   if n.domain == "com.microsoft" and n.op_type in ("Attention", "MultiHeadAttention"))
 
 
 FORMS = [
@@ -189,6 +200,8 @@ FORMS = [
     dict(proj="bert", key="t4", scale="div", mask=None),
     dict(proj="gpt2", key="3d", mask="pad"),
     dict(proj="gpt2-two-splits", mask="where", guard=False),
+    dict(proj="gpt2", mask="where", pre="skip_layer_norm"),
+    dict(proj="bert", mask="bias4", pre="skip_layer_norm"),
     dict(proj="bert", key="3d", scale="none", out="flat"),
 ]
 
