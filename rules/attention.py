@@ -50,11 +50,12 @@ import onnx_ir as ir
 
 from onnxopt.irutil import constant_tensor
 from onnxopt.pattern import Match, Op, Rule
-from onnxopt.shapes import infer, same_symbol, shape_elements
+from onnxopt.shapes import SMALL_CONST, infer, infer_node_outputs, same_symbol, shape_elements, small_tensor_proto
 
 _MS = "com.microsoft"
 _FLOATS = {"ort-cpu": (ir.DataType.FLOAT,), "ort-cuda": (ir.DataType.FLOAT, ir.DataType.FLOAT16)}
 _MAX_VIEWS = 8  # Reshape/Transpose/scale nodes followed on one path
+_MAX_LOOKUP = 4096  # values one shape question may look at (see _dims)
 
 
 class _NoFit(Exception):
@@ -93,35 +94,54 @@ _SAME_SHAPE = frozenset({"SkipLayerNormalization", "SkipSimplifiedLayerNormaliza
                          "LayerNormalization", "Gelu", "FastGelu", "BiasGelu", "QuickGelu", "BiasAdd"})
 
 
-def _dims(value: ir.Value, opsets, depth: int = 0) -> list | None:
-    """value's dimensions (inferred), looking through the contrib ops other fusions make."""
+def _dims(value: ir.Value, opsets, seen: set | None = None) -> list | None:
+    """value's dimensions (inferred), looking through the contrib ops other fusions make (onnx's
+    inference knows none of them, nor then anything after one: a layer's projections read a
+    SkipLayerNormalization). What is found that way is recorded on the values as inference records
+    its findings (the pipeline drops inferred shapes at the end), so that shape_elements can read
+    Shape nodes of them."""
     shape = infer(value, opsets)
     if shape is not None:
         return list(shape)
+    seen = set() if seen is None else seen
+    if value in seen or len(seen) > _MAX_LOOKUP:
+        return None
+    seen.add(value)
     node = value.producer()
-    if node is None or depth > 6:
+    if node is None:
         return None
     if node.domain == _MS and node.op_type in _SAME_SHAPE and value is node.outputs[0]:
-        return _dims(node.inputs[0], opsets, depth + 1)
-    if node.domain not in ("", "ai.onnx"):
+        dims = _dims(node.inputs[0], opsets, seen)
+        if dims is not None:
+            value.shape = ir.Shape(dims)
+            if value.type is None:
+                value.type = node.inputs[0].type
+        return dims
+    if node.domain not in ("", "ai.onnx") or any(
+            a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values()):
         return None
-    if node.op_type == "MatMul":  # x @ W, W constant 2-D
-        w = constant_tensor(node.inputs[1])
-        dims = _dims(node.inputs[0], opsets, depth + 1)
-        if w is not None and len(w.shape) == 2 and dims is not None and len(dims) >= 2:
-            return dims[:-1] + [int(w.shape[1])]
-    if node.op_type == "Add" and len(node.inputs) == 2:  # + a 1-D constant bias
-        a, c = node.inputs
-        for v, bias in ((a, c), (c, a)):
-            t = constant_tensor(bias)
-            if t is not None and len(t.shape) <= 1:
-                return _dims(v, opsets, depth + 1)
-    sizes = _split_sizes(node) if node.op_type == "Split" else [-1]
-    if sizes != [-1] and (sizes is None or len(set(sizes)) == 1):  # equal parts of the last axis
-        dims = _dims(node.inputs[0], opsets, depth + 1)
-        if dims is not None and isinstance(dims[-1], int) and dims[-1] % len(node.outputs) == 0:
-            return dims[:-1] + [dims[-1] // len(node.outputs)]
-    return None
+    # a standard node: its inputs first, then onnx's inference for it once more
+    types, data = {}, {}
+    for v in node.inputs:
+        if v is None or v.name is None:
+            continue
+        tensor = constant_tensor(v)
+        if tensor is None and v.shape is None and _dims(v, opsets, seen) is None:
+            return None
+        if v.type is not None:
+            types[v.name] = ir.serde.serialize_value(v).type
+        if tensor is not None and tensor.size <= SMALL_CONST:
+            data[v.name] = small_tensor_proto(tensor, v.name)
+    out = infer_node_outputs(ir.serde.serialize_node(node), opsets, types, data)
+    for v in node.outputs:
+        tp = (out or {}).get(v.name)
+        if tp is None:
+            continue
+        if v.type is None:
+            v.type = ir.serde.deserialize_type_proto_for_type(tp)
+        if v.shape is None:
+            v.shape = ir.serde.deserialize_type_proto_for_shape(tp)
+    return None if value.shape is None else list(value.shape)
 
 
 def _dtype(value: ir.Value, opsets, depth: int = 0) -> ir.DataType | None:
@@ -150,7 +170,7 @@ def _prime_shapes(value: ir.Value | None, opsets, depth: int = 0) -> None:
     if node is None:
         return
     if node.op_type == "Shape" and node.inputs[0] is not None:
-        infer(node.inputs[0], opsets)
+        _dims(node.inputs[0], opsets)
         return
     for v in node.inputs:
         _prime_shapes(v, opsets, depth + 1)
@@ -372,19 +392,29 @@ def _follow(ctx: _Ctx, located, b: str, s: str, want: list[tuple], what: str) ->
         raise _NoFit(f"{what} does not reach the MatMul as {_show(want)}")
 
 
+def _small_const(value: ir.Value | None) -> bool:
+    t = constant_tensor(value)
+    return t is not None and len(t.shape) <= 1
+
+
 def _ancestors(x: ir.Value, opsets) -> list[ir.Value]:
     """x and the values whose first two dimensions are x's: through Split, Add/Mul/Sub/Div of a
-    constant, MatMul (x @ W) and LayerNormalization (a few steps up)."""
+    constant of rank <= 1, MatMul (x @ W), LayerNormalization and the contrib normalizations (a few
+    steps up)."""
     out = [x]
     for _ in range(4):
         node = x.producer()
-        if node is None or node.domain not in ("", "ai.onnx"):
+        if node is None:
             break
-        if node.op_type in ("Split", "MatMul", "LayerNormalization"):
+        if node.domain == _MS and node.op_type in _SAME_SHAPE and x is node.outputs[0]:
+            nxt = node.inputs[0]
+        elif node.domain not in ("", "ai.onnx"):
+            break
+        elif node.op_type in ("Split", "MatMul", "LayerNormalization"):
             nxt = node.inputs[0]
         elif node.op_type in ("Add", "Sub", "Mul", "Div") and len(node.inputs) == 2:
-            a, c = node.inputs
-            nxt = a if constant_tensor(c) is not None else c if constant_tensor(a) is not None else None
+            a, c = node.inputs  # (a constant of rank <= 1 cannot add dimensions)
+            nxt = a if _small_const(c) else c if _small_const(a) else None
         else:
             break
         if nxt is None:
