@@ -701,17 +701,11 @@ def _packed(plan, opsets) -> tuple[ir.Value, np.ndarray, np.ndarray | None] | No
 
 def attention_replacement(m: Match, b):
     plan = m.plan
-    attention_bias = plan["mask"]
-    if attention_bias is not None and plan["expand"]:
-        # [B|1, N|1, S, T]: the mask's own first two dimensions, S of the query, T of the key
-        lead = b.op("Shape", attention_bias, start=0, end=2)
-        s = b.op("Shape", plan["xq"], start=1, end=2)
-        t = b.op("Shape", plan["xk"], start=1, end=2)
-        attention_bias = b.op("Expand", attention_bias, b.op("Concat", lead, s, t, axis=0))
     n, scale = int(plan["num_heads"]), float(np.float32(plan["scale"]))
     dtype = plan["dtype"]
+    name = m.node("out").name or "attention"
     if m.opset("") >= 23 and standard_attention_runs(m.options.get("target"), dtype):
-        inputs = [plan["xq"], plan["xk"], plan["xv"], attention_bias]
+        inputs = [plan["xq"], plan["xk"], plan["xv"], _bias(m, b, plan["xq"], plan["xk"])]
         while inputs[-1] is None:
             inputs.pop()
         return _out(m, b, b.op("Attention", *inputs, q_num_heads=n, kv_num_heads=n, scale=scale))
@@ -720,17 +714,29 @@ def attention_replacement(m: Match, b):
         x, w, bias = packed
         dims = _dims(x, m.opsets)
         if dims is not None and len(dims) == 3:
-            wv = b.const(w, name=f"{m.node('out').name or 'attention'}_qkv_weight")
-            bv = b.const(bias if bias is not None else np.zeros(w.shape[1], w.dtype),
-                         name=f"{m.node('out').name or 'attention'}_qkv_bias")
-            inputs = [x, wv, bv, None, None, attention_bias]
+            wv = b.const(w, name=f"{name}_qkv_weight")
+            bv = b.const(bias if bias is not None else np.zeros(w.shape[1], w.dtype), name=f"{name}_qkv_bias")
+            # (the mask's lengths read from x: reading Q or K would keep their projection alive)
+            inputs = [x, wv, bv, None, None, _bias(m, b, x, x)]
             while inputs[-1] is None:
                 inputs.pop()
             return _out(m, b, b.op("Attention", *inputs, domain=_MS, num_heads=n, scale=scale))
-    inputs = [plan["xq"], plan["xk"], plan["xv"], None, None, attention_bias]
+    inputs = [plan["xq"], plan["xk"], plan["xv"], None, None, _bias(m, b, plan["xq"], plan["xk"])]
     while inputs[-1] is None:
         inputs.pop()
     return _out(m, b, b.op("MultiHeadAttention", *inputs, domain=_MS, num_heads=n, scale=scale))
+
+
+def _bias(m: Match, b, s_of: ir.Value, t_of: ir.Value) -> ir.Value | None:
+    """The attention_bias: the additive mask, Expanded to [B|1, N|1, S, T] where its shape is not
+    proven (its own first two dimensions, S and T read as dimension 1 of ``s_of`` and ``t_of``)."""
+    mask = m.plan["mask"]
+    if mask is None or not m.plan["expand"]:
+        return mask
+    lead = b.op("Shape", mask, start=0, end=2)
+    s = b.op("Shape", s_of, start=1, end=2)
+    t = s if t_of is s_of else b.op("Shape", t_of, start=1, end=2)
+    return b.op("Expand", mask, b.op("Concat", lead, s, t, axis=0))
 
 
 _PROVIDERS = {"ort-cpu": "CPUExecutionProvider", "ort-cuda": "CUDAExecutionProvider"}

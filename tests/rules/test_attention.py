@@ -300,6 +300,9 @@ def test_zoo_fused_dynamic(kind, exporter):
     assert report.fired.get(RULE, 0) == LAYERS[kind]
     assert fused(out)["Attention"] == LAYERS[kind]
     assert "Softmax" not in {n.op_type for n in out.graph.node}
+    # nothing of the unfused attention stays alive: the MatMuls/Gemms left are the layers' three others
+    # (attention output, feed-forward in and out) and GPT-2's language-model head or BERT's pooler
+    assert sum(n.op_type in ("MatMul", "Gemm") for n in out.graph.node) == 3 * LAYERS[kind] + 1
     for batch, seq in ((3, 16), (2, 7)):
         _same(src, out, _padded(kind, proto, batch, seq))
 
