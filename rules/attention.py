@@ -579,7 +579,11 @@ def attention_condition(m: Match):
         bias = _mask_plan(m, ctx, mask, xq, xk, t)
         if isinstance(bias, str):
             return bias
-    return {"xq": xq, "xk": xk, "xv": xv, "dtype": dtype, "scale": scale, "mask": mask, "expand": bias,
+    # torch's NaN guard zeroes the rows where every key is masked with -inf; the fused ops give NaN
+    # there (which the next layer spreads to every row, 0 * NaN), so the guard is kept around them
+    keep_guard = guarded and mask is not None and not _finite_mask(mask)
+    return {"xq": xq, "xk": xk, "xv": xv, "dtype": dtype, "scale": scale, "keep_guard": keep_guard,
+            "mask": mask, "expand": bias,
             "num_heads": ctx.size("N"), "head": ctx.size("D"), "guarded": guarded, "reshape": reshape}
 
 
@@ -591,6 +595,18 @@ def _zeros_fit(elements, allowzero, before, ctx) -> bool:
     mine = ctx.norm([("B",), ("S",), ("N", "D")])
     return all(not (isinstance(e, int) and e == 0) or (i < 2 and before[i] == mine[i])
                for i, e in enumerate(elements))
+
+
+def _finite_mask(mask: ir.Value) -> bool:
+    """The additive mask holds no -inf: a finite constant, or Where(c, a, b) of finite constants."""
+    t = constant_tensor(mask)
+    if t is not None:
+        return bool(np.all(np.isfinite(t.numpy())))
+    node = mask.producer()
+    if node is None or node.op_type != "Where" or node.domain not in ("", "ai.onnx"):
+        return False
+    arrays = [constant_tensor(v) for v in node.inputs[1:]]
+    return all(a is not None and bool(np.all(np.isfinite(a.numpy()))) for a in arrays)
 
 
 def _mask_plan(m: Match, ctx: _Ctx, mask: ir.Value, xq: ir.Value, xk: ir.Value, t: str):
@@ -731,6 +747,9 @@ def _bias(m: Match, b, s_of: ir.Value, t_of: ir.Value) -> ir.Value | None:
     """The attention_bias: the additive mask, Expanded to [B|1, N|1, S, T] where its shape is not
     proven (its own first two dimensions, S and T read as dimension 1 of ``s_of`` and ``t_of``)."""
     mask = m.plan["mask"]
+    if mask is not None and m.plan["keep_guard"]:  # -inf -> the lowest finite value: no NaN rows
+        lowest = np.array(np.finfo(m.plan["dtype"].numpy()).min, m.plan["dtype"].numpy())
+        mask = b.op("Max", mask, b.const(lowest, name="attention_mask_floor"))
     if mask is None or not m.plan["expand"]:
         return mask
     lead = b.op("Shape", mask, start=0, end=2)
@@ -780,6 +799,27 @@ def _try_standard(provider: str | None, dtype: ir.DataType) -> bool:
     return y.shape == (b, s, n * d) and bool(np.all(np.isfinite(y)))
 
 
+def _zero_masked_rows(m: Match, b, y: ir.Value, lead: list) -> ir.Value:
+    """y [B, S, N*D] with the rows (query, head) whose keys are all masked with -inf set to 0, as the
+    NaN guard after the Softmax does: y * (max over keys of the mask > -inf)."""
+    dt = m.plan["dtype"].numpy()
+    n, d = int(m.plan["num_heads"]), int(m.plan["head"])
+    mask = m.plan["mask"]
+    if m.opset("") >= 18:
+        top = b.op("ReduceMax", mask, b.const(np.array([-1], np.int64), name="attention_keys_axis"), keepdims=1)
+    else:
+        top = b.op("ReduceMax", mask, axes=[-1], keepdims=1)
+    any_key = b.op("Cast", b.op("Greater", top, b.const(np.array(-np.inf, dt), name="attention_ninf")),
+                   to=int(m.plan["dtype"]))  # [B|1, N|1, S, 1]
+    per_row = b.op("Transpose", any_key, perm=[0, 2, 1, 3])  # [B|1, S, N|1, 1]
+    y4 = b.op("Reshape", y, b.const(np.array([0, 0, n, d], np.int64), name="attention_heads"))
+    zeroed = b.op("Mul", y4, per_row)
+    merged = b.op("Reshape", zeroed, b.const(np.array([0, 0, n * d], np.int64), name="attention_merged"))
+    for v, dims in ((y4, lead + [n, d]), (zeroed, lead + [n, d]), (merged, lead + [n * d])):
+        v.type, v.shape = ir.TensorType(m.plan["dtype"]), ir.Shape(dims)  # (the next layers' shapes need them)
+    return merged
+
+
 def _out(m: Match, b, y: ir.Value) -> ir.Value:
     """The fused op's output (reshaped as the root was, where it flattened further), with the root's
     type and shape: onnx's shape inference knows no contrib op, and the layers after this one need
@@ -787,6 +827,13 @@ def _out(m: Match, b, y: ir.Value) -> ir.Value:
     root = m.root.outputs[0]
     shape = infer(root, m.opsets)
     xq = m.plan["xq"]
+    if m.plan["keep_guard"]:
+        qs = _dims(xq, m.opsets)
+        lead = qs[:2] if qs is not None and len(qs) == 3 else [None, None]
+        n, d = int(m.plan["num_heads"]), int(m.plan["head"])
+        y.type = ir.TensorType(m.plan["dtype"])
+        y.shape = ir.Shape(lead + [n * d])
+        y = _zero_masked_rows(m, b, y, lead)
     if m.plan["reshape"]:
         y.type = ir.TensorType(m.plan["dtype"])
         qs = infer(xq, m.opsets)

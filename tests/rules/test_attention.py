@@ -216,6 +216,23 @@ def test_fires(form):
     assert "Softmax" not in {n.op_type for n in out.graph.node}
 
 
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+def test_rows_with_every_key_masked_stay_zero(static):
+    """Left padding with a causal -inf mask: the first query of a padded row sees no key. torch's
+    NaN guard makes its output 0; the fused ops alone would give NaN there (and the next layer would
+    spread it to every row): the fusion keeps the guard's zeros."""
+    m = attention_model(proj="gpt2", mask="where", static=static)
+    f = feeds(m)
+    causal = np.tril(np.ones((S, S), bool))
+    lengths = [S, S - 2, 1]
+    keys = np.arange(S)[None, :] >= (S - np.array(lengths))[:, None]  # left padding
+    f["keep"] = (causal[None] & keys[:, None, :])[:, None]
+    assert not f["keep"].any(-1).all(), "some query must see no key"
+    out, _ = fires(RULE, m, feeds=f, tol=1e-4, **CPU)
+    y = run_ort(out, f)[0]
+    assert np.isfinite(y).all()
+
+
 def test_mask_is_expanded_only_where_its_shape_is_unproven():
     m = attention_model(mask="pad", static=True)  # [B, 1, 1, S]: onnxruntime wants [B, 1, S, S]
     out, _ = fires(RULE, m, feeds=feeds(m), tol=1e-4, **CPU)
