@@ -1,0 +1,858 @@
+"""Scaled dot-product attention -> onnxruntime's com.microsoft Attention / MultiHeadAttention.
+
+Targets ``ort-cpu`` and ``ort-cuda`` only (``portable`` emits standard ops). The match is semantic,
+not one exporter's node sequence: the rule is rooted at the Reshape that merges the heads of the
+attention output (``Reshape(Transpose(...))``) and the condition walks back from it:
+
+    out = merge_heads(Softmax(scale * Q @ K^T + mask) @ V)
+
+- the views: every Reshape and Transpose between a projection ``X`` ([B, S, H]) and the MatMuls,
+  and between the second MatMul and the root, is followed as a *layout*: the tensor's dimensions
+  as groups of the atoms B, S (query length), T (key length), N (heads), D (head size). A Reshape's
+  target is read as numbers, 0s (copy), -1 and dimensions read back through Shape/Gather/Slice/
+  Concat arithmetic (``onnxopt.shapes.shape_elements``), so dynamic-shape exports (the legacy
+  exporter's Shape->Gather->Concat, the dynamo exporter's 4-D -> 3-D -> transpose -> 4-D key) and
+  folded fixed-shape ones are one case. Q must reach the first MatMul as [B,N,S,D], K as [B,N,D,T],
+  V the second as [B,N,T,D], and the root's output must be [B,S,N*D]: a view that breaks this is
+  refused with its reason.
+- the scale: Mul/Div by scalar constants on Q, on K, or on the scores; their product is the fused
+  op's ``scale`` (no scale is ``scale=1``, not the ops' default 1/sqrt(D)).
+- the mask: an additive mask (Add on the scores, before Softmax: GPT-2's causal-and-padding
+  ``Where(mask, 0, -inf)`` and BERT's padding mask of transformers 5 are both this) becomes the
+  fused op's ``attention_bias``. onnxruntime wants it as [B or 1, N or 1, S, T]; where the model's
+  shapes do not prove its last two dimensions are S and T it is Expanded to them (at fixed
+  ``input_shapes`` they are proven and no Expand is added).
+- Softmax over the last axis, optionally guarded by ``Where(IsNaN(p), 0, p)`` (torch's safe softmax
+  in sdpa exports): the guard only changes rows where every key is masked (all -inf scores); there
+  the fused op gives NaN (with -inf masks) or a uniform average (with finite ones) instead of 0.
+  Right-padded and causal masks never mask a whole row.
+
+What it becomes:
+- ``com.microsoft Attention`` (one packed QKV GEMM) where Q, K and V are projections of one input:
+  a Split of ``MatMul(x, W[H_in, 3H]) (+ b)`` (GPT-2's c_attn) or three ``MatMul(x, W_i) (+ b_i)``
+  of the same x with constant weights (BERT): the weights are concatenated;
+- ``com.microsoft MultiHeadAttention`` (query, key, value [B, S, H]) otherwise;
+- the standard ``Attention`` (opset 23, 3-D Q/K/V, ``q_num_heads``/``kv_num_heads``) instead, when the
+  model already imports opset 23 or more and the installed onnxruntime runs that op for the target's
+  provider and the dtype (tried once on a tiny model, cached: ``standard_attention_runs``).
+
+GPT-2's causal mask is taken as the model computes it (in the additive bias), not as
+``unidirectional=1``: the bias already holds causal and padding together, so any causal variant
+(sliding windows, left padding) fuses the same way.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxopt.irutil import constant_tensor
+from onnxopt.pattern import Match, Op, Rule
+from onnxopt.shapes import SMALL_CONST, infer, infer_node_outputs, same_symbol, shape_elements, small_tensor_proto
+
+_MS = "com.microsoft"
+_FLOATS = {"ort-cpu": (ir.DataType.FLOAT,), "ort-cuda": (ir.DataType.FLOAT, ir.DataType.FLOAT16)}
+_MAX_VIEWS = 8  # Reshape/Transpose/scale nodes followed on one path
+_MAX_LOOKUP = 4096  # values one shape question may look at (see _dims)
+
+
+class _NoFit(Exception):
+    """A layout question with no answer; the message is the reason (short, no node names)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Layouts: a tensor's dimensions as groups of atoms ("B", "S", "T", "N", "D"); a group's size is
+# the product of its atoms' sizes (an empty group is a dimension of size 1). Atoms of size 1 are
+# dropped: they do not change where an element lies.
+
+
+class _Ctx:
+    def __init__(self, m: Match):
+        self.m = m
+        self.sizes: dict[str, int | None] = {}
+        self.layouts: dict[ir.Value, list[tuple]] = {}  # every value whose layout is known
+        self.sources: dict[ir.Value, tuple[str, str]] = {}  # projection -> (batch atom, length atom)
+
+    def size(self, atom: str) -> int | None:
+        return self.sizes.get(atom)
+
+    def set_size(self, atom: str, size: int | None) -> None:
+        old = self.sizes.get(atom)
+        if old is not None and size is not None and old != size:
+            raise _NoFit(f"{atom} is {old} in one place and {size} in another")
+        if size is not None or atom not in self.sizes:
+            self.sizes[atom] = size
+
+    def norm(self, groups) -> list[tuple]:
+        return [tuple(a for a in g if self.size(a) != 1) for g in groups]
+
+
+# contrib ops whose first output has their first input's shape (onnx's inference knows none of them)
+_SAME_SHAPE = frozenset({"SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization",
+                         "LayerNormalization", "Gelu", "FastGelu", "BiasGelu", "QuickGelu", "BiasAdd"})
+
+
+def _dims(value: ir.Value, opsets, seen: set | None = None) -> list | None:
+    """value's dimensions (inferred), looking through the contrib ops other fusions make (onnx's
+    inference knows none of them, nor then anything after one: a layer's projections read a
+    SkipLayerNormalization). What is found that way is recorded on the values as inference records
+    its findings (the pipeline drops inferred shapes at the end), so that shape_elements can read
+    Shape nodes of them."""
+    shape = infer(value, opsets)
+    if shape is not None:
+        return list(shape)
+    seen = set() if seen is None else seen
+    if value in seen or len(seen) > _MAX_LOOKUP:
+        return None
+    seen.add(value)
+    node = value.producer()
+    if node is None:
+        return None
+    if node.domain == _MS and node.op_type in _SAME_SHAPE and value is node.outputs[0]:
+        dims = _dims(node.inputs[0], opsets, seen)
+        if dims is not None:
+            value.shape = ir.Shape(dims)
+            if value.type is None:
+                value.type = node.inputs[0].type
+        return dims
+    if node.domain not in ("", "ai.onnx") or any(
+            a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values()):
+        return None
+    # a standard node: its inputs first, then onnx's inference for it once more
+    types, data = {}, {}
+    for v in node.inputs:
+        if v is None or v.name is None:
+            continue
+        tensor = constant_tensor(v)
+        if tensor is None and v.shape is None and _dims(v, opsets, seen) is None:
+            return None
+        if v.type is not None:
+            types[v.name] = ir.serde.serialize_value(v).type
+        if tensor is not None and tensor.size <= SMALL_CONST:
+            data[v.name] = small_tensor_proto(tensor, v.name)
+    out = infer_node_outputs(ir.serde.serialize_node(node), opsets, types, data)
+    for v in node.outputs:
+        tp = (out or {}).get(v.name)
+        if tp is None:
+            continue
+        if v.type is None:
+            v.type = ir.serde.deserialize_type_proto_for_type(tp)
+        if v.shape is None:
+            v.shape = ir.serde.deserialize_type_proto_for_shape(tp)
+    return None if value.shape is None else list(value.shape)
+
+
+def _dtype(value: ir.Value, opsets, depth: int = 0) -> ir.DataType | None:
+    """value's element type (inferred), looking through the contrib ops other fusions make and
+    taking a projection's from its constant weight."""
+    if value.type is None:
+        infer(value, opsets)
+    if isinstance(value.type, ir.TensorType):
+        return value.type.dtype
+    node = value.producer()
+    if node is None or depth > 6 or not (node.domain in ("", "ai.onnx") and node.op_type in ("MatMul", "Add", "Split")
+                                         or node.domain == _MS and node.op_type in _SAME_SHAPE):
+        return None
+    for v in node.inputs:
+        t = constant_tensor(v)
+        if t is not None and node.op_type != "Split":
+            return t.dtype
+    return _dtype(node.inputs[0], opsets, depth + 1)
+
+
+def _prime_shapes(value: ir.Value | None, opsets, depth: int = 0) -> None:
+    """Infer the shapes the Shape nodes feeding a shape vector read (shape_elements needs ranks)."""
+    if value is None or depth > 8:
+        return
+    node = value.producer()
+    if node is None:
+        return
+    if node.op_type == "Shape" and node.inputs[0] is not None:
+        _dims(node.inputs[0], opsets)
+        return
+    for v in node.inputs:
+        _prime_shapes(v, opsets, depth + 1)
+
+
+def _group_of_dim(ctx: _Ctx, ref) -> tuple:
+    """The group a ("dim", value, k) reference stands for."""
+    _, value, k = ref
+    layout = ctx.layouts.get(value)
+    if layout is not None and -len(layout) <= k < len(layout):
+        return layout[k]
+    if value in ctx.sources:  # dimension k of a projection [B, S, H]
+        b, s = ctx.sources[value]
+        if k in (0, -3):
+            return (b,)
+        if k in (1, -2):
+            return (s,)
+        return ("N", "D")
+    raise _NoFit("a reshape reads the shape of a value outside the attention")
+
+
+def _take(ctx: _Ctx, atoms: list, want: int, reverse: bool) -> tuple[tuple, list]:
+    """Atoms from one end of ``atoms`` whose sizes multiply to ``want``."""
+    taken, rest = [], list(atoms)
+    prod = 1
+    while prod != want:
+        if not rest:
+            raise _NoFit(f"a reshape dimension {want} does not fit the heads")
+        atom = rest.pop() if reverse else rest.pop(0)
+        size = ctx.size(atom)
+        if size is None:
+            raise _NoFit(f"a reshape dimension {want} meets a dimension of unknown size")
+        prod *= size
+        taken.append(atom)
+        if prod > want or want % prod:
+            raise _NoFit(f"a reshape dimension {want} does not fit the heads")
+    return (tuple(reversed(taken)) if reverse else tuple(taken)), rest
+
+
+def _reshape(ctx: _Ctx, layout: list[tuple], node: ir.Node) -> list[tuple]:
+    shape_value = node.inputs[1] if len(node.inputs) > 1 else None
+    _prime_shapes(shape_value, ctx.m.opsets)
+    elements = shape_elements(shape_value)
+    if elements is None:
+        raise _NoFit("a reshape target is not readable")
+    allowzero = node.attributes.get("allowzero")
+    allowzero = allowzero is not None and allowzero.value == 1
+    tokens = []
+    for i, e in enumerate(elements):
+        if isinstance(e, int):
+            if e == 0 and not allowzero:
+                if i >= len(layout):
+                    raise _NoFit("a reshape copies a dimension its input lacks")
+                tokens.append(("group", layout[i]))
+            elif e == -1:
+                tokens.append(("rest",))
+            elif e < 0:
+                raise _NoFit("a reshape target is negative")
+            else:
+                tokens.append(("int", e))
+        else:
+            tokens.append(("group", ctx.norm([_group_of_dim(ctx, e)])[0]))
+    if sum(1 for t in tokens if t[0] == "rest") > 1:
+        raise _NoFit("a reshape target has two -1")
+    atoms = [a for g in layout for a in g]
+
+    def fill(toks, atoms, reverse):
+        out = []
+        for t in (reversed(toks) if reverse else toks):
+            if t[0] == "group":
+                g = t[1]
+                n = len(g)
+                part = atoms[len(atoms) - n:] if reverse else atoms[:n]
+                if tuple(part) != g:
+                    raise _NoFit("a reshape moves data across heads")
+                atoms = atoms[:len(atoms) - n] if reverse else atoms[n:]
+                out.append(g)
+            else:
+                g, atoms = _take(ctx, atoms, t[1], reverse)
+                out.append(g)
+        return (out[::-1] if reverse else out), atoms
+
+    if ("rest",) in tokens:
+        k = tokens.index(("rest",))
+        left, atoms = fill(tokens[:k], atoms, False)
+        right, atoms = fill(tokens[k + 1:], atoms, True)
+        return left + [tuple(atoms)] + right
+    out, atoms = fill(tokens, atoms, False)
+    if atoms:
+        raise _NoFit("a reshape target does not cover its input")
+    return out
+
+
+def _split_heads(ctx: _Ctx, x: ir.Value, node: ir.Node, b: str, s: str) -> list[tuple]:
+    """The first Reshape of a projection x [B, S, H] into [B, S, N, D] (or its 3-D flattenings)."""
+    dims = _dims(x, ctx.m.opsets)
+    if dims is None or len(dims) != 3 or not isinstance(dims[2], int):
+        raise _NoFit("a projection is not [B, S, H] with H known")
+    h = dims[2]
+    ctx.set_size(b, dims[0] if isinstance(dims[0], int) else None)
+    ctx.set_size(s, dims[1] if isinstance(dims[1], int) else None)
+    shape_value = node.inputs[1] if len(node.inputs) > 1 else None
+    _prime_shapes(shape_value, ctx.m.opsets)
+    elements = shape_elements(shape_value)
+    if elements is None or len(elements) != 4:
+        raise _NoFit("the heads are not split by a 4-D reshape")
+    allowzero = node.attributes.get("allowzero")
+    allowzero = allowzero is not None and allowzero.value == 1
+    for i, atom in ((0, b), (1, s)):
+        e = elements[i]
+        ok = (e == 0 and not allowzero) or (isinstance(e, int) and e > 0 and e == ctx.size(atom)) \
+            or (not isinstance(e, int) and ctx.norm([_group_of_dim(ctx, e)])[0] == ctx.norm([(atom,)])[0])
+        if not ok and e == -1 and all(isinstance(v, int) and v > 0 for v in elements[1:]):
+            ok = i == 0 and ctx.size(s) in (elements[1],) and elements[2] * elements[3] == h
+        if not ok:
+            raise _NoFit("the heads' reshape does not keep batch and sequence")
+    n, d = elements[2], elements[3]
+    if n == -1 and isinstance(d, int) and d > 0 and h % d == 0:
+        n = h // d
+    elif d == -1 and isinstance(n, int) and n > 0 and h % n == 0:
+        d = h // n
+    if not (isinstance(n, int) and isinstance(d, int) and n > 0 and d > 0 and n * d == h):
+        raise _NoFit("the heads' reshape does not split H into N x D")
+    ctx.set_size("N", n)
+    ctx.set_size("D", d)
+    return ctx.norm([(b,), (s,), ("N",), ("D",)])
+
+
+def _scalar(value: ir.Value) -> float | None:
+    t = constant_tensor(value)
+    if t is None:
+        return None
+    a = t.numpy()
+    if a.size != 1 or a.ndim > 1 or a.dtype.kind != "f":  # (a [1,1,1,1] factor could raise the rank)
+        return None
+    return float(a.reshape(-1)[0])
+
+
+def _view_step(node: ir.Node, value: ir.Value) -> tuple[ir.Value, float] | None:
+    """(the input, the factor) of a view node Reshape/Transpose or scale Mul/Div by a scalar."""
+    if node.domain not in ("", "ai.onnx"):
+        return None
+    if node.op_type in ("Reshape", "Transpose"):
+        return node.inputs[0], 1.0
+    if node.op_type in ("Mul", "Div") and len(node.inputs) == 2:
+        a, c = node.inputs
+        f = _scalar(c)
+        if f is None and node.op_type == "Mul":
+            a, c = c, a
+            f = _scalar(c)
+        if f is None or f == 0 or not math.isfinite(f):
+            return None
+        return a, (f if node.op_type == "Mul" else 1.0 / f)
+    return None
+
+
+def _only_use(value: ir.Value, allowed: int = 1) -> bool:
+    """value is read once by the chain (readers that are Shape nodes do not count: they die with it)."""
+    if value.is_graph_output():
+        return False
+    others = [n for n, _ in value.uses() if n.op_type != "Shape"]
+    return len(others) <= allowed
+
+
+def _chain_back(value: ir.Value) -> tuple[list[ir.Node], ir.Value, float]:
+    """The view/scale nodes producing ``value`` (first to last), the value they start from, the scale."""
+    nodes, scale = [], 1.0
+    while len(nodes) < _MAX_VIEWS:
+        node = value.producer()
+        if node is None:
+            break
+        step = _view_step(node, value)
+        if step is None:
+            break
+        if not _only_use(value):
+            break
+        nodes.append(node)
+        value, f = step
+        scale *= f
+    nodes.reverse()
+    return nodes, value, scale
+
+
+def _apply(ctx: _Ctx, layout, node: ir.Node) -> list[tuple]:
+    if node.op_type == "Transpose":
+        perm = node.attributes.get("perm")
+        perm = list(perm.value) if perm is not None else list(range(len(layout)))[::-1]
+        if sorted(perm) != list(range(len(layout))):
+            raise _NoFit("a transpose does not fit the heads' rank")
+        return [layout[p] for p in perm]
+    if node.op_type == "Reshape":
+        return _reshape(ctx, layout, node)
+    return layout  # a scale
+
+
+def _locate(value: ir.Value, opsets):
+    """(the view nodes, the projection they start from, the scale on the way) for a MatMul input."""
+    nodes, start, scale = _chain_back(value)
+    # the projection is the input of the first Reshape that splits a [B, S, H] tensor into heads
+    while nodes and not (nodes[0].op_type == "Reshape" and _is_split(nodes[0], opsets)):
+        if nodes[0].op_type in ("Mul", "Div"):  # a scale on the projection itself: it stays there
+            scale /= _view_step(nodes[0], nodes[0].outputs[0])[1]
+        start = nodes[0].outputs[0]
+        nodes = nodes[1:]
+    return nodes, start, scale
+
+
+def _follow(ctx: _Ctx, located, b: str, s: str, want: list[tuple], what: str) -> None:
+    """Prove the located chain gives a projection's heads in layout ``want``."""
+    nodes, start, _ = located
+    if not nodes:
+        raise _NoFit(f"{what} is not a reshape of a projection into heads")
+    layout = _split_heads(ctx, start, nodes[0], b, s)
+    ctx.layouts[nodes[0].outputs[0]] = layout
+    for node in nodes[1:]:
+        layout = _apply(ctx, layout, node)
+        ctx.layouts[node.outputs[0]] = layout
+    if layout != ctx.norm(want):
+        raise _NoFit(f"{what} does not reach the MatMul as {_show(want)}")
+
+
+def _small_const(value: ir.Value | None) -> bool:
+    t = constant_tensor(value)
+    return t is not None and len(t.shape) <= 1
+
+
+def _ancestors(x: ir.Value, opsets) -> list[ir.Value]:
+    """x and the values whose first two dimensions are x's: through Split, Add/Mul/Sub/Div of a
+    constant of rank <= 1, MatMul (x @ W), LayerNormalization and the contrib normalizations (a few
+    steps up)."""
+    out = [x]
+    for _ in range(4):
+        node = x.producer()
+        if node is None:
+            break
+        if node.domain == _MS and node.op_type in _SAME_SHAPE and x is node.outputs[0]:
+            nxt = node.inputs[0]
+        elif node.domain not in ("", "ai.onnx"):
+            break
+        elif node.op_type in ("Split", "MatMul", "LayerNormalization"):
+            nxt = node.inputs[0]
+        elif node.op_type in ("Add", "Sub", "Mul", "Div") and len(node.inputs) == 2:
+            a, c = node.inputs  # (a constant of rank <= 1 cannot add dimensions)
+            nxt = a if _small_const(c) else c if _small_const(a) else None
+        else:
+            break
+        if nxt is None:
+            break
+        dims = _dims(nxt, opsets)
+        if dims is None or len(dims) != 3:
+            break
+        out.append(nxt)
+        x = nxt
+    return out
+
+
+def _is_split(node: ir.Node, opsets) -> bool:
+    """node reshapes a rank-3 tensor into a rank-4 one."""
+    dims = _dims(node.inputs[0], opsets)
+    if dims is None or len(dims) != 3 or len(node.inputs) < 2:
+        return False
+    target = node.inputs[1]
+    _prime_shapes(target, opsets)
+    elements = shape_elements(target)
+    if elements is not None:
+        return len(elements) == 4
+    shape = infer(target, opsets)
+    return shape is not None and len(shape) == 1 and shape[0] == 4
+
+
+def _show(groups) -> str:
+    return "[" + ",".join("*".join(g) or "1" for g in groups) + "]"
+
+
+# --------------------------------------------------------------------------------------------
+# The condition
+
+
+def _probs(value: ir.Value) -> tuple[ir.Node, bool] | None:
+    """(the Softmax, guarded) when value is Softmax(...) or Where(IsNaN(p), 0, p) of one."""
+    node = value.producer()
+    if node is None or node.domain not in ("", "ai.onnx"):
+        return None
+    if node.op_type == "Softmax":
+        return (node, False) if _only_use(value) else None
+    if node.op_type == "Where" and len(node.inputs) == 3:
+        cond, zero, p = node.inputs
+        c = cond.producer() if cond is not None else None
+        sm = p.producer() if p is not None else None
+        if (c is not None and c.op_type == "IsNaN" and c.inputs[0] is p and sm is not None
+                and sm.op_type == "Softmax" and _scalar(zero) == 0.0 and _only_use(cond)
+                and not p.is_graph_output() and len(p.uses()) == 2):
+            return sm, True
+    return None
+
+
+def _leads_to_matmul(value: ir.Value) -> bool:
+    for _ in range(3):
+        node = value.producer()
+        if node is None:
+            return False
+        if node.op_type == "MatMul" and node.domain in ("", "ai.onnx"):
+            return True
+        step = _view_step(node, value)
+        if step is None or node.op_type not in ("Mul", "Div"):
+            return False
+        value = step[0]
+    return False
+
+
+def attention_condition(m: Match):
+    target = m.options.get("target")
+    floats = _FLOATS.get(target)
+    if floats is None:
+        return f"not for target {target}"
+    # the output: MatMul(P, V) -> views -> root; walk back from the root's input
+    views = [m.node("out"), m.node("tr")]
+    value = m["x"]
+    while True:
+        node = value.producer()
+        if node is None or len(views) > _MAX_VIEWS:
+            return "not an attention output"
+        if node.op_type == "MatMul" and node.domain in ("", "ai.onnx"):
+            break
+        if node.op_type not in ("Reshape", "Transpose") or node.domain not in ("", "ai.onnx") \
+                or not _only_use(value):
+            return "not an attention output"
+        views.append(node)
+        value = node.inputs[0]
+    pv = node
+    if not _only_use(pv.outputs[0]):
+        return "the attention output has other readers"
+    probs = _probs(pv.inputs[0])
+    if probs is None:
+        return "not an attention output (no Softmax before the MatMul)"
+    softmax, guarded = probs
+    rank_axis = softmax.attributes.get("axis")
+    axis = -1 if rank_axis is None and m.opset("") >= 13 else (rank_axis.value if rank_axis is not None else 1)
+    if axis not in (-1, 3):
+        return "Softmax is not over the last axis"
+    if not _only_use(softmax.inputs[0]):
+        return "the scores have other readers"
+    # scores: [Mul/Div scale] [Add mask] [Mul/Div scale] MatMul(q, k)
+    scale, mask, value = 1.0, None, softmax.inputs[0]
+    for _ in range(4):
+        node = value.producer()
+        if node is None or node.domain not in ("", "ai.onnx"):
+            return "the scores are not a MatMul"
+        if node.op_type == "MatMul":
+            break
+        if node is not softmax.inputs[0].producer() and not _only_use(value):
+            return "the scores have other readers"
+        if node.op_type == "Add" and mask is None:
+            if scale != 1.0:
+                return "the mask is added before a scale"
+            a, c = node.inputs
+            value, mask = (a, c) if _leads_to_matmul(a) or not _leads_to_matmul(c) else (c, a)
+            continue
+        step = _view_step(node, value)
+        if step is None or node.op_type not in ("Mul", "Div"):
+            return f"the scores come from {node.op_type}"
+        value, f = step
+        scale *= f
+    else:
+        return "the scores are not a MatMul"
+    qk = node
+    if not _only_use(qk.outputs[0]):
+        return "the scores have other readers"
+    ctx = _Ctx(m)
+    try:
+        lq, lk, lv = (_locate(v, m.opsets) for v in (qk.inputs[0], qk.inputs[1], pv.inputs[1]))
+        xq, xk, xv = lq[1], lk[1], lv[1]
+        sq, sk, sv = lq[2], lk[2], lv[2]
+        # self-attention (the key's projection and the query's read one input): one length atom
+        qa = _ancestors(xq, m.opsets)
+        ka = _ancestors(xk, m.opsets)
+        t = "S" if set(qa) & set(ka) else "T"
+        for atom, anc in (("S", qa), (t, ka), (t, _ancestors(xv, m.opsets))):
+            for a in anc:
+                ctx.sources.setdefault(a, ("B", atom))
+        _follow(ctx, lq, "B", "S", [("B",), ("N",), ("S",), ("D",)], "Q")
+        _follow(ctx, lk, "B", t, [("B",), ("N",), ("D",), (t,)], "K")
+        _follow(ctx, lv, "B", t, [("B",), ("N",), (t,), ("D",)], "V")
+        if sv != 1.0:
+            raise _NoFit("V is scaled")
+        layout = ctx.norm([("B",), ("N",), ("S",), ("D",)])
+        ctx.layouts[pv.outputs[0]] = layout
+        for node in reversed(views):
+            layout = _apply(ctx, layout, node)
+            ctx.layouts[node.outputs[0]] = layout
+        reshape = layout != ctx.norm([("B",), ("S",), ("N", "D")])
+        if reshape:  # merged and then flattened further ([B*S, N*D] for a Gemm): the fused op, reshaped
+            before = ctx.layouts[m.node("tr").outputs[0]]
+            elements = shape_elements(m["shape"])
+            if [a for g in layout for a in g] != [a for g in ctx.norm([("B",), ("S",), ("N", "D")]) for a in g] \
+                    or elements is None or not _zeros_fit(elements, m.attr("out", "allowzero", 0), before, ctx):
+                return f"the attention output is not merged into [B,S,N*D] (it is {_show(layout)})"
+    except _NoFit as exc:
+        return str(exc)
+    dtype = _dtype(xq, m.opsets)
+    if dtype not in floats or _dtype(xk, m.opsets) != dtype or _dtype(xv, m.opsets) != dtype:
+        return f"type {dtype or 'unknown'} has no fused kernel on {target}"
+    scale *= sq * sk
+    bias = None
+    if mask is not None:
+        bias = _mask_plan(m, ctx, mask, xq, xk, t)
+        if isinstance(bias, str):
+            return bias
+    # torch's NaN guard zeroes the rows where every key is masked with -inf; the fused ops give NaN
+    # there (which the next layer spreads to every row, 0 * NaN), so the guard is kept around them
+    keep_guard = guarded and mask is not None and not _finite_mask(mask)
+    return {"xq": xq, "xk": xk, "xv": xv, "dtype": dtype, "scale": scale, "keep_guard": keep_guard,
+            "mask": mask, "expand": bias,
+            "num_heads": ctx.size("N"), "head": ctx.size("D"), "guarded": guarded, "reshape": reshape}
+
+
+def _zeros_fit(elements, allowzero, before, ctx) -> bool:
+    """A 0 in the root's target copies a dimension of its input; the fused op's output [B, S, N*D]
+    must have the same one there."""
+    if allowzero:
+        return True
+    mine = ctx.norm([("B",), ("S",), ("N", "D")])
+    return all(not (isinstance(e, int) and e == 0) or (i < 2 and before[i] == mine[i])
+               for i, e in enumerate(elements))
+
+
+def _finite_mask(mask: ir.Value) -> bool:
+    """The additive mask holds no -inf: a finite constant, or Where(c, a, b) of finite constants."""
+    t = constant_tensor(mask)
+    if t is not None:
+        return bool(np.all(np.isfinite(t.numpy())))
+    node = mask.producer()
+    if node is None or node.op_type != "Where" or node.domain not in ("", "ai.onnx"):
+        return False
+    arrays = [constant_tensor(v) for v in node.inputs[1:]]
+    return all(a is not None and bool(np.all(np.isfinite(a.numpy()))) for a in arrays)
+
+
+def _mask_plan(m: Match, ctx: _Ctx, mask: ir.Value, xq: ir.Value, xk: ir.Value, t: str):
+    """False when the mask is already [B|1, N|1, S, T]; True when it must be Expanded to S, T;
+    a reason string when it cannot be used."""
+    dims = _dims(mask, m.opsets)
+    if _dtype(mask, m.opsets) != _dtype(xq, m.opsets):
+        return "the mask's type is not the scores'"
+    if dims is None:
+        return "the mask's rank is unknown"
+    if len(dims) != 4:
+        return f"the mask has rank {len(dims)}, not 4"
+
+    def same(k, atom, x):
+        d, size = dims[k], ctx.size(atom)
+        if isinstance(d, int):
+            return size is not None and d == size
+        return d is not None and same_symbol(mask, k, x, 1)
+
+    proven = same(2, "S", xq) and same(3, t, xk)
+    for d, atom in ((dims[0], "B"), (dims[1], "N")):
+        if isinstance(d, int) and d != 1 and d != ctx.size(atom):
+            return "the mask does not broadcast to the scores"
+    if not proven and m.opset("") < 15:
+        return "the mask's shape is not proven [.., S, T] (opset < 15: no Shape start/end to expand it)"
+    return not proven
+
+
+# --------------------------------------------------------------------------------------------
+# The replacement
+
+
+def _projection(x: ir.Value):
+    """(input, weight, bias or None) when x = MatMul(input, W) (+ b), W and b constant, read once."""
+    node = x.producer()
+    bias = None
+    if node is not None and node.op_type == "Add" and node.domain in ("", "ai.onnx"):
+        a, c = node.inputs
+        for mm, b in ((a, c), (c, a)):
+            if constant_tensor(b) is not None and mm.producer() is not None and mm.producer().op_type == "MatMul":
+                bias, x = constant_tensor(b).numpy(), mm
+                break
+        else:
+            return None
+        if not _only_use(x):
+            return None
+        node = x.producer()
+    if node is None or node.op_type != "MatMul" or node.domain not in ("", "ai.onnx"):
+        return None
+    w = constant_tensor(node.inputs[1])
+    if w is None or w.numpy().ndim != 2:
+        return None
+    w = w.numpy()
+    if bias is not None and bias.shape != (w.shape[1],):
+        return None
+    return node.inputs[0], w, bias
+
+
+def _split_sizes(split: ir.Node) -> list[int] | None:
+    """A Split's sizes (input or attribute), None when it splits equally; its axis must be the last (2)."""
+    axis = split.attributes.get("axis")
+    if (0 if axis is None else axis.value) not in (-1, 2):
+        return [-1]  # (no fit)
+    sizes = constant_tensor(split.inputs[1]) if len(split.inputs) > 1 and split.inputs[1] is not None else None
+    if sizes is not None:
+        return sizes.numpy().reshape(-1).tolist()
+    return list(split.attributes["split"].value) if "split" in split.attributes else None
+
+
+def _packed(plan, opsets) -> tuple[ir.Value, np.ndarray, np.ndarray | None] | None:
+    """(input, packed W [H_in, 3H], packed bias) when Q, K and V are projections of one input."""
+    xq, xk, xv = plan["xq"], plan["xk"], plan["xv"]
+    if len({xq, xk, xv}) != 3:
+        return None
+    # GPT-2: Split(MatMul(x, W) + b) into three equal parts on the last axis (Q, K, V: outputs 0, 1, 2;
+    # the dynamo export may take them from two Splits of the one packed value)
+    splits = [v.producer() for v in (xq, xk, xv)]
+    if all(sp is not None and sp.op_type == "Split" and sp.domain in ("", "ai.onnx") for sp in splits):
+        packed = splits[0].inputs[0]
+        dims = xq.shape if xq.shape is not None else _dims(xq, opsets)
+        h = dims[-1] if dims else None
+        ok = isinstance(h, int) and all(_only_use(v) for v in (xq, xk, xv))
+        for k, (sp, v) in enumerate(zip(splits, (xq, xk, xv))):
+            ok = ok and sp.inputs[0] is packed and len(sp.outputs) == 3 and sp.outputs[k] is v \
+                and _split_sizes(sp) in (None, [h] * 3)
+        # every reader of the packed value is one of these Splits, and only Q, K and V are read from them
+        readers = {n for n, _ in packed.uses()}
+        ok = ok and not packed.is_graph_output() and readers <= set(splits) and all(
+            not o.uses() or o in (xq, xk, xv) for sp in readers for o in sp.outputs)
+        if ok:
+            proj = _projection(packed)
+            if proj is not None and proj[1].shape[1] == 3 * h:
+                return proj
+        return None
+    # BERT: three MatMuls of one input
+    projs = [_projection(v) if _only_use(v) else None for v in (xq, xk, xv)]
+    if any(p is None for p in projs) or len({p[0] for p in projs}) != 1:
+        return None
+    ws = [p[1] for p in projs]
+    if len({w.shape for w in ws}) != 1 or len({w.dtype for w in ws}) != 1:
+        return None
+    w = np.concatenate(ws, axis=1)
+    if all(p[2] is None for p in projs):
+        return projs[0][0], w, None
+    bias = np.concatenate([p[2] if p[2] is not None else np.zeros(ws[0].shape[1], ws[0].dtype) for p in projs])
+    return projs[0][0], w, bias.astype(w.dtype)
+
+
+def attention_replacement(m: Match, b):
+    plan = m.plan
+    n, scale = int(plan["num_heads"]), float(np.float32(plan["scale"]))
+    dtype = plan["dtype"]
+    name = m.node("out").name or "attention"
+    if m.opset("") >= 23 and standard_attention_runs(m.options.get("target"), dtype):
+        inputs = [plan["xq"], plan["xk"], plan["xv"], _bias(m, b, plan["xq"], plan["xk"])]
+        while inputs[-1] is None:
+            inputs.pop()
+        return _out(m, b, b.op("Attention", *inputs, q_num_heads=n, kv_num_heads=n, scale=scale))
+    packed = _packed(plan, m.opsets)
+    if packed is not None:
+        x, w, bias = packed
+        dims = _dims(x, m.opsets)
+        if dims is not None and len(dims) == 3:
+            wv = b.const(w, name=f"{name}_qkv_weight")
+            bv = b.const(bias if bias is not None else np.zeros(w.shape[1], w.dtype), name=f"{name}_qkv_bias")
+            # (the mask's lengths read from x: reading Q or K would keep their projection alive)
+            inputs = [x, wv, bv, None, None, _bias(m, b, x, x)]
+            while inputs[-1] is None:
+                inputs.pop()
+            return _out(m, b, b.op("Attention", *inputs, domain=_MS, num_heads=n, scale=scale))
+    inputs = [plan["xq"], plan["xk"], plan["xv"], None, None, _bias(m, b, plan["xq"], plan["xk"])]
+    while inputs[-1] is None:
+        inputs.pop()
+    return _out(m, b, b.op("MultiHeadAttention", *inputs, domain=_MS, num_heads=n, scale=scale))
+
+
+def _bias(m: Match, b, s_of: ir.Value, t_of: ir.Value) -> ir.Value | None:
+    """The attention_bias: the additive mask, Expanded to [B|1, N|1, S, T] where its shape is not
+    proven (its own first two dimensions, S and T read as dimension 1 of ``s_of`` and ``t_of``)."""
+    mask = m.plan["mask"]
+    if mask is not None and m.plan["keep_guard"]:  # -inf -> the lowest finite value: no NaN rows
+        lowest = np.array(np.finfo(m.plan["dtype"].numpy()).min, m.plan["dtype"].numpy())
+        mask = b.op("Max", mask, b.const(lowest, name="attention_mask_floor"))
+    if mask is None or not m.plan["expand"]:
+        return mask
+    lead = b.op("Shape", mask, start=0, end=2)
+    s = b.op("Shape", s_of, start=1, end=2)
+    t = s if t_of is s_of else b.op("Shape", t_of, start=1, end=2)
+    return b.op("Expand", mask, b.op("Concat", lead, s, t, axis=0))
+
+
+_PROVIDERS = {"ort-cpu": "CPUExecutionProvider", "ort-cuda": "CUDAExecutionProvider"}
+_STANDARD: dict[tuple, bool] = {}
+
+
+def standard_attention_runs(target: str | None, dtype: ir.DataType) -> bool:
+    """The installed onnxruntime runs the standard (opset 23) Attention for ``target``'s provider and
+    ``dtype``: tried once on a tiny model (3-D Q/K/V, an additive [B,1,S,T] mask), the answer cached."""
+    key = (target, dtype)
+    if key not in _STANDARD:
+        _STANDARD[key] = _try_standard(_PROVIDERS.get(target), dtype)
+    return _STANDARD[key]
+
+
+def _try_standard(provider: str | None, dtype: ir.DataType) -> bool:
+    try:
+        import onnxruntime as ort
+        from onnx import helper
+    except ImportError:
+        return False
+    if provider is None or provider not in ort.get_available_providers():
+        return False
+    elem, npd = int(dtype), dtype.numpy()
+    b, s, n, d = 2, 3, 2, 4
+    graph = helper.make_graph(
+        [helper.make_node("Attention", ["q", "k", "v", "m"], ["y"], q_num_heads=n, kv_num_heads=n, scale=0.5)], "probe",
+        [helper.make_tensor_value_info(x, elem, [b, s, n * d]) for x in "qkv"]
+        + [helper.make_tensor_value_info("m", elem, [b, 1, s, s])], [helper.make_tensor_value_info("y", elem, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)], ir_version=11)
+    try:
+        so = ort.SessionOptions()
+        so.log_severity_level = 4
+        sess = ort.InferenceSession(model.SerializeToString(), so, providers=[provider])
+        rng = np.random.default_rng(0)
+        feeds = {x: rng.standard_normal((b, s, n * d)).astype(npd) for x in "qkv"}
+        feeds["m"] = np.zeros((b, 1, s, s), npd)
+        y = sess.run(None, feeds)[0]
+    except Exception:  # noqa: BLE001 - no kernel, or one that fails: the contrib ops are used
+        return False
+    return y.shape == (b, s, n * d) and bool(np.all(np.isfinite(y)))
+
+
+def _zero_masked_rows(m: Match, b, y: ir.Value, lead: list) -> ir.Value:
+    """y [B, S, N*D] with the rows (query, head) whose keys are all masked with -inf set to 0, as the
+    NaN guard after the Softmax does: y * (max over keys of the mask > -inf)."""
+    dt = m.plan["dtype"].numpy()
+    n, d = int(m.plan["num_heads"]), int(m.plan["head"])
+    mask = m.plan["mask"]
+    if m.opset("") >= 18:
+        top = b.op("ReduceMax", mask, b.const(np.array([-1], np.int64), name="attention_keys_axis"), keepdims=1)
+    else:
+        top = b.op("ReduceMax", mask, axes=[-1], keepdims=1)
+    any_key = b.op("Cast", b.op("Greater", top, b.const(np.array(-np.inf, dt), name="attention_ninf")),
+                   to=int(m.plan["dtype"]))  # [B|1, N|1, S, 1]
+    per_row = b.op("Transpose", any_key, perm=[0, 2, 1, 3])  # [B|1, S, N|1, 1]
+    y4 = b.op("Reshape", y, b.const(np.array([0, 0, n, d], np.int64), name="attention_heads"))
+    zeroed = b.op("Mul", y4, per_row)
+    merged = b.op("Reshape", zeroed, b.const(np.array([0, 0, n * d], np.int64), name="attention_merged"))
+    for v, dims in ((y4, lead + [n, d]), (zeroed, lead + [n, d]), (merged, lead + [n * d])):
+        v.type, v.shape = ir.TensorType(m.plan["dtype"]), ir.Shape(dims)  # (the next layers' shapes need them)
+    return merged
+
+
+def _out(m: Match, b, y: ir.Value) -> ir.Value:
+    """The fused op's output (reshaped as the root was, where it flattened further), with the root's
+    type and shape: onnx's shape inference knows no contrib op, and the layers after this one need
+    their shapes to fuse."""
+    root = m.root.outputs[0]
+    shape = infer(root, m.opsets)
+    xq = m.plan["xq"]
+    if m.plan["keep_guard"]:
+        qs = _dims(xq, m.opsets)
+        lead = qs[:2] if qs is not None and len(qs) == 3 else [None, None]
+        n, d = int(m.plan["num_heads"]), int(m.plan["head"])
+        y.type = ir.TensorType(m.plan["dtype"])
+        y.shape = ir.Shape(lead + [n * d])
+        y = _zero_masked_rows(m, b, y, lead)
+    if m.plan["reshape"]:
+        y.type = ir.TensorType(m.plan["dtype"])
+        qs = infer(xq, m.opsets)
+        if qs is not None and len(qs) == 3:
+            y.shape = ir.Shape([qs[0], qs[1], m.plan["num_heads"] * m.plan["head"]])
+        y = b.op("Reshape", y, m["shape"], attrs=list(m.node("out").attributes.values()))
+    y.type = root.type if root.type is not None else ir.TensorType(m.plan["dtype"])
+    if shape is not None:
+        y.shape = ir.Shape(list(shape))
+    return y
+
+
+RULES = [
+    Rule("attention_fusion",
+         Op("Reshape", Op("Transpose", "x", name="tr"), "shape", name="out"),
+         attention_replacement, condition=attention_condition, priority=5,
+         targets=("ort-cpu", "ort-cuda"), benefit="attention", exact=False,
+         doc="Scaled dot-product attention (Q/K/V heads through any Reshape/Transpose views, scalar scales, an "
+             "additive padding/causal mask, Softmax with or without the NaN guard) becomes com.microsoft Attention "
+             "(packed QKV weights, where Q, K and V project one input) or MultiHeadAttention; the mask is the "
+             "fused op's attention_bias."),
+]

@@ -1,0 +1,412 @@
+"""rules/attention.py: scaled dot-product attention -> com.microsoft Attention / MultiHeadAttention.
+
+Small onnx-helper models cover each form the rule reads (packed QKV through a Split as GPT-2's
+c_attn, three projections of one input as BERT, cross-attention into MultiHeadAttention; the key
+transposed 4-D, as [B,S,N,D] -> [B,N,D,S], or through 3-D as the dynamo exporter does; scales on
+Q and K or on the scores; additive masks [B,1,S,S] and [B,1,1,S] (expanded), Where(mask, 0, -inf);
+torch's NaN guard after Softmax; the output flattened further for a Gemm) and each refusal with its
+reason. Then the zoo's bert/gpt2/minilm from both exporters: every layer fused (count == layers),
+onnxruntime CPU gives the original's outputs on padded batches (rows with different
+attention-mask lengths), relative to each output's largest magnitude within 1e-4, with dynamic
+shapes and with fixed input_shapes.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from conftest import run_ort
+from helpers import init, model
+from helpers import tinfo as _tinfo
+from onnx import TensorProto, helper
+
+import onnx_ir as ir
+
+from onnxopt import optimize
+from onnxopt.rules.attention import standard_attention_runs
+
+from .check import fires, refuses
+
+B, S, T, N, D = 3, 5, 4, 2, 8
+H = N * D
+RULE = "attention_fusion"
+CPU = {"target": "ort-cpu"}
+
+
+def attention_model(*, proj="bert", key="bnds", scale="qk", mask="bias4", guard=True, out="merge",
+                    softmax_axis=-1, mask_then_scale=False, q_heads="nd", dtype=TensorProto.FLOAT, seed=0,
+                    static=False, opset=17, pre=None):
+    """One attention block on x [b, s, H] (and y [b, t, H] for proj="cross"); ``static``: the
+    inputs' dimensions are numbers (B, S, T)."""
+    rng = np.random.default_rng(seed)
+    sizes = {"b": B, "s": S, "t": T}
+
+    def tinfo(name, shape, dt):
+        return _tinfo(name, [sizes.get(d, d) for d in shape] if static and not isinstance(shape, int) else shape, dt)
+
+    npd = helper.tensor_dtype_to_np_dtype(dtype)
+    nodes, inits = [], []
+    inputs = [tinfo("x", ["b", "s", H], dtype)]
+
+    def c(name, value, dt=None):
+        inits.append(init(name, np.asarray(value, dtype=dt or np.int64)))
+        return name
+
+    def w(name, shape):
+        inits.append(init(name, (rng.standard_normal(shape) * 0.3).astype(npd)))
+        return name
+
+    def node(op, ins, out, **attrs):
+        nodes.append(helper.make_node(op, ins, [out], **attrs))
+        return out
+
+    src = "x"
+    if pre == "skip_layer_norm":  # a contrib op before the projections: onnx's shape inference knows it not
+        inputs.append(tinfo("skip", ["b", "s", H], dtype))
+        nodes.append(helper.make_node("SkipLayerNormalization", ["x", "skip", w("gamma", (H,)), w("beta", (H,))],
+                                      ["xn"], domain="com.microsoft", epsilon=1e-5))
+        src = "xn"
+    if proj in ("gpt2", "gpt2-two-splits"):
+        node("MatMul", [src, w("w_qkv", (H, 3 * H))], "qkv_mm")
+        node("Add", ["qkv_mm", w("b_qkv", (3 * H,))], "qkv")
+        if proj == "gpt2":
+            nodes.append(helper.make_node("Split", ["qkv", c("split", [H, H, H])], ["q", "k", "v"], axis=2))
+        else:  # the dynamo export: Q from one Split, K and V from another of the same value
+            nodes.append(helper.make_node("Split", ["qkv", c("split", [H, H, H])], ["q", "q_k", "q_v"], axis=2))
+            nodes.append(helper.make_node("Split", ["qkv", "split"], ["k_q", "k", "v"], axis=2))
+    else:
+        kv_src = src
+        if proj == "cross":
+            inputs.append(tinfo("y", ["b", "t", H], dtype))
+            kv_src = "y"
+        for name, x in (("q", src), ("k", kv_src), ("v", kv_src)):
+            node("MatMul", [x, w(f"w_{name}", (H, H))], f"{name}_mm")
+            node("Add", [f"{name}_mm", w(f"b_{name}", (H,))], name)
+    heads = c("heads", [0, 0, N, -1])
+    if q_heads == "nd":
+        node("Reshape", ["q", heads], "q_r")
+        node("Transpose", ["q_r"], "q4", perm=[0, 2, 1, 3])
+    else:  # heads split the wrong way round: [B, S, D, N] taken as [B, N, S, D]
+        node("Reshape", ["q", c("heads_dn", [0, 0, D, -1])], "q_r")
+        node("Transpose", ["q_r"], "q4", perm=[0, 3, 1, 2])
+    node("Reshape", ["k", heads], "k_r")
+    if key == "bnds":
+        node("Transpose", ["k_r"], "kt", perm=[0, 2, 3, 1])
+    elif key == "t4":
+        node("Transpose", ["k_r"], "k4", perm=[0, 2, 1, 3])
+        node("Transpose", ["k4"], "kt", perm=[0, 1, 3, 2])
+    else:  # "3d": the dynamo exporter's [B,N,T,D] -> [B*N,T,D] -> [B*N,D,T] -> [B,N,D,T]
+        node("Transpose", ["k_r"], "k4", perm=[0, 2, 1, 3])
+        node("Shape", ["k4"], "k4_lead", start=0, end=2)
+        node("Shape", ["k4"], "k4_t", start=2, end=3)
+        node("Concat", [c("m1", [-1]), "k4_t", c("dd", [D])], "k3_shape", axis=0)
+        node("Reshape", ["k4", "k3_shape"], "k3")
+        node("Transpose", ["k3"], "k3t", perm=[0, 2, 1])
+        node("Concat", ["k4_lead", c("dd2", [D]), "k4_t"], "kt_shape", axis=0)
+        node("Reshape", ["k3t", "kt_shape"], "kt")
+    node("Reshape", ["v", heads], "v_r")
+    node("Transpose", ["v_r"], "v4", perm=[0, 2, 1, 3])
+    q, k = "q4", "kt"
+    if scale == "qk":
+        f = c("qk_scale", D ** -0.25, npd)
+        q, k = node("Mul", [q, f], "q_s"), node("Mul", [k, f], "k_s")
+    scores = node("MatMul", [q, k], "scores")
+    if scale == "div":
+        scores = node("Div", [scores, c("sqrt_d", D ** 0.5, npd)], "scores_s")
+    feeds_mask = {}
+    t_dim = "t" if proj == "cross" else "s"
+    if mask is not None:
+        if mask == "bias4":
+            inputs.append(tinfo("mask", ["b", 1, "s", t_dim], dtype))
+            m = "mask"
+        elif mask == "pad":
+            inputs.append(tinfo("mask", ["b", 1, 1, t_dim], dtype))
+            m = "mask"
+        elif mask == "rank2":
+            inputs.append(tinfo("mask", ["s", t_dim], dtype))
+            m = "mask"
+        else:  # "where": Where(keep, 0, -inf) of a bool mask
+            inputs.append(tinfo("keep", ["b", 1, "s", t_dim], TensorProto.BOOL))
+            m = node("Where", ["keep", c("zero", 0.0, npd), c("ninf", -np.inf, npd)], "mask_add")
+        scores = node("Add", [scores, m], "scores_m")
+        if mask_then_scale:
+            scores = node("Mul", [scores, c("late", 0.5, npd)], "scores_late")
+    probs = node("Softmax", [scores], "probs", axis=softmax_axis)
+    if guard:
+        node("IsNaN", [probs], "nan")
+        probs = node("Where", ["nan", c("zero_p", 0.0, npd), probs], "probs_g")
+    node("MatMul", [probs, "v4"], "o4")
+    if out == "merge":
+        node("Transpose", ["o4"], "o_t", perm=[0, 2, 1, 3])
+        node("Reshape", ["o_t", c("merged", [0, 0, H])], "o")
+    elif out == "flat":
+        node("Transpose", ["o4"], "o_t", perm=[0, 2, 1, 3])
+        node("Reshape", ["o_t", c("flat", [-1, H])], "o")
+    else:  # "wrong": heads and head size swapped in the merge
+        node("Transpose", ["o4"], "o_t", perm=[0, 2, 3, 1])
+        node("Reshape", ["o_t", c("merged", [0, 0, H])], "o")
+    node("MatMul", ["o", w("w_o", (H, H))], "y_out")
+    m = model(nodes, inputs, [_tinfo("y_out", 2 if out == "flat" else 3, dtype)], inits, opset=opset)
+    if pre is not None:
+        m.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    m.ir_version = max(m.ir_version, 11 if opset >= 23 else 0)
+    return m
+
+
+def feeds(m: onnx.ModelProto, seed=0) -> dict:
+    """x (and y) normal; masks that keep a prefix of each row's keys (right padding: every row keeps
+    at least its first key)."""
+    rng = np.random.default_rng(seed)
+    names = {vi.name: vi for vi in m.graph.input}
+    dtype = helper.tensor_dtype_to_np_dtype(names["x"].type.tensor_type.elem_type)
+    out = {"x": rng.standard_normal((B, S, H)).astype(dtype)}
+    if "skip" in names:
+        out["skip"] = rng.standard_normal((B, S, H)).astype(dtype)
+    t = S
+    if "y" in names:
+        out["y"] = rng.standard_normal((B, T, H)).astype(dtype)
+        t = T
+    lengths = np.array([t] + [max(1, t - 1 - i) for i in range(B - 1)])
+    keep = np.arange(t)[None, :] < lengths[:, None]  # [B, t]
+    if "keep" in names:
+        out["keep"] = np.broadcast_to(keep[:, None, None, :], (B, 1, S, t)).copy()
+    if "mask" in names:
+        rank = len(names["mask"].type.tensor_type.shape.dim)
+        bias = np.where(keep, 0.0, -1e9).astype(dtype)
+        if rank == 2:
+            out["mask"] = np.where(np.tril(np.ones((S, t), bool)), 0.0, -1e9).astype(dtype)
+        elif names["mask"].type.tensor_type.shape.dim[2].dim_value == 1:
+            out["mask"] = bias[:, None, None, :]
+        else:
+            out["mask"] = (np.broadcast_to(bias[:, None, None, :], (B, 1, S, t))
+                           + rng.standard_normal((B, 1, S, t)) * 0.1).astype(dtype)
+    return out
+
+
+def fused(m: onnx.ModelProto) -> Counter:
+    return Counter(n.op_type for n in m.graph.node
+                   if n.domain == "com.microsoft" and n.op_type in ("Attention", "MultiHeadAttention"))
+
+
+FORMS = [
+    dict(proj="bert"),
+    dict(proj="gpt2", mask="where"),
+    dict(proj="cross", mask="pad", guard=False),
+    dict(proj="bert", key="t4", scale="div", mask=None),
+    dict(proj="gpt2", key="3d", mask="pad"),
+    dict(proj="gpt2-two-splits", mask="where", guard=False),
+    dict(proj="gpt2", mask="where", pre="skip_layer_norm"),
+    dict(proj="bert", mask="bias4", pre="skip_layer_norm"),
+    dict(proj="bert", key="3d", scale="none", out="flat"),
+]
+
+
+@pytest.mark.parametrize("form", FORMS, ids=["-".join(f"{v}" for v in f.values()) for f in FORMS])
+def test_fires(form):
+    m = attention_model(**form)
+    out, _ = fires(RULE, m, feeds=feeds(m), tol=1e-4, **CPU)
+    want = "MultiHeadAttention" if form["proj"] == "cross" else "Attention"
+    assert fused(out) == Counter({want: 1})
+    assert "Softmax" not in {n.op_type for n in out.graph.node}
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+def test_rows_with_every_key_masked_stay_zero(static):
+    """Left padding with a causal -inf mask: the first query of a padded row sees no key. torch's
+    NaN guard makes its output 0; the fused ops alone would give NaN there (and the next layer would
+    spread it to every row): the fusion keeps the guard's zeros."""
+    m = attention_model(proj="gpt2", mask="where", static=static)
+    f = feeds(m)
+    causal = np.tril(np.ones((S, S), bool))
+    lengths = [S, S - 2, 1]
+    keys = np.arange(S)[None, :] >= (S - np.array(lengths))[:, None]  # left padding
+    f["keep"] = (causal[None] & keys[:, None, :])[:, None]
+    assert not f["keep"].any(-1).all(), "some query must see no key"
+    out, _ = fires(RULE, m, feeds=f, tol=1e-4, **CPU)
+    y = run_ort(out, f)[0]
+    assert np.isfinite(y).all()
+
+
+def test_mask_is_expanded_only_where_its_shape_is_unproven():
+    m = attention_model(mask="pad", static=True)  # [B, 1, 1, S]: onnxruntime wants [B, 1, S, S]
+    out, _ = fires(RULE, m, feeds=feeds(m), tol=1e-4, **CPU)
+    assert "Expand" in {n.op_type for n in out.graph.node}
+    m = attention_model(mask="bias4", static=True)
+    out, _ = fires(RULE, m, feeds=feeds(m), tol=1e-4, **CPU)
+    assert "Expand" not in {n.op_type for n in out.graph.node}
+
+
+@pytest.mark.parametrize("form", [dict(proj="bert"), dict(proj="cross", mask="pad", static=True)],
+                         ids=["self", "cross"])
+def test_standard_attention_at_opset_23(form):
+    """A model at opset 23 gets the standard Attention where the installed onnxruntime runs it."""
+    if not standard_attention_runs("ort-cpu", ir.DataType.FLOAT):
+        pytest.skip("the installed onnxruntime has no CPU kernel for the standard Attention")
+    m = attention_model(opset=23, **form)
+    out, _ = fires(RULE, m, feeds=feeds(m), tol=1e-4, **CPU)
+    assert not fused(out)
+    assert [n.op_type for n in out.graph.node if n.domain in ("", "ai.onnx")].count("Attention") == 1
+
+
+def test_not_for_portable():
+    m = attention_model()
+    out = optimize(m, target="portable")
+    assert not fused(out)
+
+
+REFUSALS = [
+    (dict(softmax_axis=2), "Softmax is not over the last axis"),
+    (dict(mask_then_scale=True), "the mask is added before a scale"),
+    (dict(q_heads="dn"), "Q does not reach the MatMul"),
+    (dict(out="wrong"), "the attention output is not merged"),
+    (dict(mask="rank2"), "the mask has rank 2"),
+    (dict(dtype=TensorProto.DOUBLE), "has no fused kernel on ort-cpu"),
+]
+
+
+@pytest.mark.parametrize("form,reason", REFUSALS, ids=[r for _, r in REFUSALS])
+def test_refuses(form, reason):
+    m = attention_model(**form)
+    refuses(RULE, m, reason, feeds=feeds(m), **CPU)
+
+
+# --------------------------------------------------------------------------------------------
+# The zoo's transformers
+
+ZOO = Path(os.environ.get("ONNXOPT_CACHE", Path.home() / ".cache" / "onnxopt")) / "models"
+LAYERS = {"bert": 4, "gpt2": 4, "minilm": 6}
+VOCAB = {"bert": 8192, "gpt2": 8192, "minilm": 30522}
+CASES = [(k, e) for k in LAYERS for e in ("legacy", "dynamo")]
+
+
+def _zoo(kind, exporter) -> Path:
+    path = ZOO / f"{kind}-{exporter}.onnx"
+    if not path.exists():
+        pytest.skip(f"{path.name} is not in the zoo cache (python -m onnxopt.models build --only {path.stem})")
+    return path
+
+
+def _padded(kind, proto, batch, seq, seed=0):
+    from onnxopt.models import inputs
+
+    feeds = inputs.text_inputs(batch, seq, VOCAB[kind], pad_id=VOCAB[kind] - 1 if kind == "gpt2" else 0)(proto, seed)
+    lengths = feeds["attention_mask"].sum(1)
+    assert len(set(lengths.tolist())) > 1, "the batch must have rows of different lengths"
+    return feeds
+
+
+def _same(src: Path, out: onnx.ModelProto, feeds, rtol=1e-4):
+    a = run_ort(onnx.load(str(src)), feeds)
+    b = run_ort(out, feeds)
+    for x, y in zip(a, b, strict=True):
+        assert x.shape == y.shape
+        assert float(np.abs(x - y).max()) <= rtol * max(float(np.abs(x).max()), 1e-30)
+
+
+@pytest.mark.parametrize("kind,exporter", CASES, ids=[f"{k}-{e}" for k, e in CASES])
+def test_zoo_fused_dynamic(kind, exporter):
+    src = _zoo(kind, exporter)
+    proto = onnx.load(str(src), load_external_data=False)
+    out, report = optimize(proto, target="ort-cpu", return_report=True)
+    assert report.fired.get(RULE, 0) == LAYERS[kind]
+    assert fused(out)["Attention"] == LAYERS[kind]
+    assert "Softmax" not in {n.op_type for n in out.graph.node}
+    # nothing of the unfused attention stays alive: the MatMuls/Gemms left are the layers' three others
+    # (attention output, feed-forward in and out) and GPT-2's language-model head or BERT's pooler
+    assert sum(n.op_type in ("MatMul", "Gemm") for n in out.graph.node) == 3 * LAYERS[kind] + 1
+    for batch, seq in ((3, 16), (2, 7)):
+        _same(src, out, _padded(kind, proto, batch, seq))
+
+
+@pytest.mark.parametrize("kind,exporter", [("gpt2", "legacy"), ("bert", "dynamo"), ("minilm", "legacy")])
+def test_zoo_fused_fixed_shapes(kind, exporter):
+    src = _zoo(kind, exporter)
+    proto = onnx.load(str(src), load_external_data=False)
+    names = [vi.name for vi in proto.graph.input]
+    out, report = optimize(proto, target="ort-cpu", return_report=True, input_shapes={n: [2, 16] for n in names})
+    assert report.fired.get(RULE, 0) == LAYERS[kind]
+    ops = Counter(n.op_type for n in out.graph.node)
+    assert ops["Attention"] == LAYERS[kind] and ops["Expand"] == 0  # the mask's shape is proven at fixed shapes
+    _same(src, out, _padded(kind, proto, 2, 16))
+
+
+# --------------------------------------------------------------------------------------------
+# Exports with each attention implementation (built here, small configs; the legacy exporter)
+
+SMALL = {
+    "bert": dict(vocab_size=1024, hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256,
+                 max_position_embeddings=128, type_vocab_size=2),
+    "gpt2": dict(vocab_size=1024, n_embd=128, n_layer=2, n_head=4, n_positions=128, bos_token_id=1023,
+                 eos_token_id=1023),
+    "llama": dict(vocab_size=1024, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=128, bos_token_id=1, eos_token_id=2, pad_token_id=0),
+}
+
+
+def _export(kind: str, attn: str, path: Path) -> Path:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from onnxopt.models import inputs, transformers_models as tm
+
+    tf = tm.import_transformers()
+    torch.manual_seed(0)
+    if kind == "bert":
+        module = tf.BertModel(tf.BertConfig(**SMALL[kind], attn_implementation=attn))
+    elif kind == "gpt2":
+        module = tf.GPT2LMHeadModel(tf.GPT2Config(**SMALL[kind], use_cache=False, attn_implementation=attn))
+    else:
+        module = tf.LlamaForCausalLM(tf.LlamaConfig(**SMALL[kind], use_cache=False, attn_implementation=attn))
+    module.config.use_cache = False
+    assert module.config._attn_implementation == attn
+    wrapped = tm.wrap("bert" if kind == "bert" else "gpt2", module.eval())
+    names = list(tm.INPUT_NAMES["bert" if kind == "bert" else "gpt2"])
+    feeds = inputs.text_feeds(names, 2, 16, 1024)
+    args = tuple(torch.from_numpy(feeds[n]) for n in names)
+    axes = {n: {0: "batch", 1: "sequence"} for n in names}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (tracer warnings of every export)
+        torch.onnx.export(wrapped, args, str(path), dynamo=False, opset_version=17, input_names=names,
+                          dynamic_axes=axes)
+    return path
+
+
+@pytest.mark.parametrize("kind,attn", [("bert", "sdpa"), ("gpt2", "sdpa"), ("gpt2", "eager")])
+def test_exports_by_attention_implementation(tmp_path, kind, attn):
+    src = _export(kind, attn, tmp_path / f"{kind}-{attn}.onnx")
+    proto = onnx.load(str(src))
+    out, report = optimize(proto, target="ort-cpu", return_report=True)
+    assert report.fired.get(RULE, 0) == 2 and fused(out)["Attention"] == 2
+    from onnxopt.models import inputs
+
+    feeds = inputs.text_inputs(3, 16, 1024, pad_id=1023 if kind == "gpt2" else 0)(proto, 0)
+    _same(src, out, feeds)
+
+
+def test_llama_rotary_attention_is_refused_with_its_reason(tmp_path):
+    """Not fused yet: rotary embeddings sit between the heads' split and the scores' MatMul (and the
+    keys are repeated for grouped-query attention); the report says so."""
+    src = _export("llama", "sdpa", tmp_path / "llama.onnx")
+    out, report = optimize(onnx.load(str(src)), target="ort-cpu", return_report=True)
+    assert report.fired.get(RULE, 0) == 0
+    assert any("Q is not a reshape of a projection into heads" in r for r in report.rules[RULE].reasons)
+
+
+@pytest.mark.parametrize("exporter", ["legacy", "dynamo"])
+def test_zoo_gpt2_left_padding(exporter):
+    """Batched generation pads on the left: a padded row's first queries see no key. The fused model
+    gives the original's outputs there too (no NaN spreading from those rows)."""
+    src = _zoo("gpt2", exporter)
+    proto = onnx.load(str(src), load_external_data=False)
+    out = optimize(proto, target="ort-cpu")
+    feeds = _padded("gpt2", proto, 3, 16)
+    mask = feeds["attention_mask"]
+    feeds["attention_mask"] = np.ascontiguousarray(mask[:, ::-1])  # the same lengths, padded on the left
+    feeds["input_ids"] = np.ascontiguousarray(feeds["input_ids"][:, ::-1])
+    assert np.isfinite(run_ort(out, feeds)[0]).all()
+    _same(src, out, feeds)
