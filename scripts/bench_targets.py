@@ -1141,6 +1141,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="the same for vision/OCR models (default on ort-cuda: default prefer_nhwc=1)")
     p.add_argument("--runs", type=int, default=100)
     p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--min-rounds", type=int, default=10, help="latency rounds at least, whatever the budget")
     p.add_argument("--latency-budget", type=float, default=60.0, help="seconds of timed runs per batch, at most")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads of CPU sessions (0: onnxruntime's)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per subprocess (tool run, evaluation)")
@@ -1213,7 +1214,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.list:
         for m in models:
-            print(f"{m.name:<26} {m.family:<8} weight {m.weight:<4} batches {','.join(map(str, m.batches))}  "
+            print(f"{m.name:<26} {m.family:<8} weight {m.weight:<4.2g} batches {','.join(map(str, m.batches))}  "
                   f"{m.description}")
         return 0
     if not models:
@@ -1228,6 +1229,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     opts = Options(target=args.target, precisions=precisions, batches=batches, option_sets=sets,
                    vision_option_sets=vsets, runs=max(1, args.runs), warmup=max(1, args.warmup),
+                   min_rounds=max(1, args.min_rounds),
                    latency_budget=args.latency_budget, threads=max(0, args.threads), timeout=args.timeout,
                    jobs=max(1, args.jobs), tiny=args.tiny, force=args.force,
                    gap=0.002 if provider == "cpu" else 0.0)
