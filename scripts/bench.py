@@ -264,7 +264,8 @@ def _json_default(o):
     return repr(o)
 
 
-def run_job(job: dict, work: Path, timeout: float, pythonpath: str | None = None, script: str | Path | None = None) -> dict:
+def run_job(job: dict, work: Path, timeout: float, pythonpath: str | None = None,
+            script: str | Path | None = None) -> dict:
     """Run one job in a fresh interpreter (``script --child JOB``, default this script); returns its
     result, or {"ok": False, "error": ...}."""
     work.mkdir(parents=True, exist_ok=True)

@@ -222,3 +222,19 @@ def test_cli_parts_and_merge(tmp_path):
     bad = subprocess.run([sys.executable, str(SCRIPT), "--models", "nope"], capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode == 2 and "no benchmark model 'nope'" in bad.stderr
+
+
+def test_advised_options_table():
+    """Vision models measured under several option sets: the fp16 rows of each set against the fp32
+    original with the defaults."""
+    lat = lambda ms: {"latency": {"median_ms": ms}, "fidelity": {"ok": True}}  # noqa: E731
+    res = {"family": "vision", "batches": [32],
+           "option_sets": [{"label": "default", "options": {}}, {"label": "prefer_nhwc=1", "options": {}}],
+           "variants": {"original": {"tool": "original", "precision": "fp32"},
+                        "onnxopt/fp16": {"tool": "onnxopt", "precision": "fp16"}},
+           "measurements": {"32|default": {"batch": 32, "options": "default",
+                                           "rows": {"original": lat(9.2), "onnxopt/fp16": lat(7.3)}},
+                            "32|prefer_nhwc=1": {"batch": 32, "options": "prefer_nhwc=1",
+                                                 "rows": {"original": lat(8.0), "onnxopt/fp16": lat(6.6)}}}}
+    rows = bt.advised_rows({"resnet50-legacy": res})
+    assert [(r["options"], round(r["speedup"], 2)) for r in rows] == [("default", 1.26), ("prefer_nhwc=1", 1.39)]
