@@ -1106,8 +1106,8 @@ def render_markdown(report: dict) -> str:
             L.append(f"- `{v}`: {bench._cell_text(row.get('error', '?'), 200)}")
         if errs:
             L.append("")
-        L.append("| tool | optimize s | nodes | fused / fired |")
-        L.append("|---|---:|---:|---|")
+        L.append("| tool | optimize s | nodes | com.microsoft ops | the tool's fusion counts (onnxopt: rules fired) |")
+        L.append("|---|---:|---:|---|---|")
         for v, row in variants.items():
             if row.get("status") != "ok":
                 continue
@@ -1115,8 +1115,10 @@ def render_markdown(report: dict) -> str:
             fused = info.get("fused") or info.get("fusions") or info.get("fired") or {}
             fused_s = ", ".join(f"{k} {n}" for k, n in sorted(fused.items(), key=lambda kv: -kv[1])[:8])
             secs = row.get("optimize_s") or {}
+            contrib = ", ".join(f"{k.split('.', 2)[-1]} {n}" for k, n in sorted((row.get("op_types") or {}).items())
+                                if k.startswith("com.microsoft."))
             L.append(f"| {v} | {_ms(max(secs.values())) if secs else '—'} | {row.get('nodes', '')} | "
-                     f"{bench._cell_text(fused_s, 160)} |")
+                     f"{bench._cell_text(contrib, 120)} | {bench._cell_text(fused_s, 160)} |")
         L.append("")
         for key, m in res["measurements"].items():
             L.append(f"**batch {m['batch']}, provider options: {m['options']}**"

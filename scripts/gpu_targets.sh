@@ -21,7 +21,7 @@ if [[ ${1:-} == */* ]]; then
 fi
 python3 -c "import onnxruntime.transformers.optimizer, onnxscript.rewriter.ort_fusions; print('peers importable')" \
   || echo "WARNING: a peer does not import; its rows will show the error"
-timeout --signal=INT "${LIMIT:-540}" python3 scripts/bench_targets.py --target ort-cuda "${sel[@]}" \
+timeout --signal=INT "${LIMIT:-540}" python3 scripts/bench_targets.py --target ort-cuda ${sel[@]+"${sel[@]}"} \
   --cache "$ONNXOPT_CACHE" --work /tmp/bench-targets --jobs "${JOBS:-6}" --timeout 300 \
   --deadline "${DEADLINE:-300}" --runs 100 --warmup 20 --latency-budget 20 \
   --json "$OUT/targets-$tag.json" --markdown "$OUT/targets-$tag.md" "$@" 2>&1 | tee "$OUT/targets-$tag.log"
