@@ -38,6 +38,16 @@ agreement for logits (real tokens only), against the bounds of issue 15 (fp16: c
 
 Every tool call, evaluation and latency run is a subprocess with a timeout (``bench.run_job``): a tool
 that fails on a model is a row with its one-line error, never a crash.
+
+On the GPU machine, one part per command: ``bash scripts/gpu_targets.sh N/M`` (installs the carried
+onnxruntime-gpu; ``--jobs 6``: tools and evaluations run side by side, latency alone; no model started
+after ``--deadline``; the JSON is rewritten after each model). ``--list --part N/M`` shows a part's models;
+``--set full`` adds the other attention/exporter combinations and minilm-dynamo.
+
+JSON: ``runs`` (date, command, machine, GPU, versions, options) and ``models[name]``: ``build`` (seconds per
+file, or cached), ``variants["tool/precision"]`` (status or one-line error, optimize seconds, nodes, op
+types, the tool's fusion counts), ``measurements["batch|options"]["rows"][variant]`` (kernels,
+by_provider, memcpy, latency median/p10/p90 with x_original and x_best_peer, fidelity), ``best_peer``.
 """
 
 from __future__ import annotations
@@ -805,6 +815,10 @@ def bench_one(bm: BenchModel, tools: list[BTool], opts: Options, cache: Path, wo
                 log(f"  {bm.name} / {v}: evaluation FAILED: {r['error']}")
                 continue
             row["nodes"], row["op_types"] = r["nodes"], r["op_types"]
+            if r["errors"] and not r["kernels"]:  # onnxruntime refused it everywhere
+                row.update(status="error", error=next(iter(r["errors"].values())))
+                log(f"  {bm.name} / {v}: {row['error']}")
+                continue
             evaluated[v] = (job, r)
     meas = res["measurements"]
     for b in batches:
@@ -1203,9 +1217,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="measure every tool under each set, in the same run: 'default' or KEY=VALUE[,KEY=VALUE]")
     p.add_argument("--vision-option-sets", nargs="+", default=None, metavar="SET",
                    help="the same for vision/OCR models (default on ort-cuda: default prefer_nhwc=1)")
-    p.add_argument("--runs", type=int, default=100)
-    p.add_argument("--warmup", type=int, default=20)
-    p.add_argument("--min-rounds", type=int, default=10, help="latency rounds at least, whatever the budget")
+    p.add_argument("--runs", type=int, default=None, help="interleaved latency rounds (default: cuda 100, cpu 30)")
+    p.add_argument("--warmup", type=int, default=None, help="warm-up runs per session (default: cuda 20, cpu 3)")
+    p.add_argument("--min-rounds", type=int, default=None,
+                   help="latency rounds at least, whatever the budget (default: cuda 10, cpu 5)")
     p.add_argument("--latency-budget", type=float, default=60.0, help="seconds of timed runs per batch, at most")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads of CPU sessions (0: onnxruntime's)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per subprocess (tool run, evaluation)")
@@ -1222,6 +1237,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("-o", "--output", type=Path, default=None, help="with --merge: the merged JSON")
     p.add_argument("--list", action="store_true", help="list the models (of --part) and exit")
     return p.parse_args(argv)
+
+
+def _default(value, provider: str, cuda, cpu):
+    return value if value is not None else (cuda if provider == "cuda" else cpu)
 
 
 def select_models(args) -> list[BenchModel]:
@@ -1292,8 +1311,9 @@ def main(argv: list[str] | None = None) -> int:
                   "available)", file=sys.stderr)
             return 2
     opts = Options(target=args.target, precisions=precisions, batches=batches, option_sets=sets,
-                   vision_option_sets=vsets, runs=max(1, args.runs), warmup=max(1, args.warmup),
-                   min_rounds=max(1, args.min_rounds),
+                   vision_option_sets=vsets, runs=max(1, _default(args.runs, provider, 100, 30)),
+                   warmup=max(1, _default(args.warmup, provider, 20, 3)),
+                   min_rounds=max(1, _default(args.min_rounds, provider, 10, 5)),
                    latency_budget=args.latency_budget, threads=max(0, args.threads), timeout=args.timeout,
                    jobs=max(1, args.jobs), tiny=args.tiny, force=args.force,
                    gap=0.002 if provider == "cpu" else 0.0)

@@ -14,6 +14,7 @@
 # the outer `timeout` (LIMIT, default 540 s).
 set -uo pipefail
 . "$(dirname "$0")/gpu_env.sh"  # onnxruntime-gpu, onnxopt on the path, the zoo cache
+rm -rf /tmp/bench-targets  # the previous part's optimized models (the model cache stays)
 sel=()
 tag=custom
 if [[ ${1:-} == */* ]]; then
