@@ -109,7 +109,7 @@ class BenchModel:
     fixed_batch: bool = False  # exported at each batch (the model has no batch axis)
     model_type: str | None = None  # onnxruntime.transformers model_type; None: not a transformer
     weight: float = 1.0  # relative cost on the GPU, for --part
-    sets: tuple[str, ...] = ("full",)  # "core" and/or "full"; () for test-only models
+    sets: tuple[str, ...] = ("full",)  # "core", "full", "zoo"; () for test-only models
     kind: str | None = None  # transformers_models.BENCH_KINDS entry (--tiny uses TINY[kind])
 
     @property
@@ -168,6 +168,9 @@ def _link(src: Path, dst: Path) -> None:
 
 
 def _zoo_text(name: str, weight: float, sets) -> BenchModel:
+    """A transformer of the zoo (minilm: real weights; bert, gpt2: its small configs)."""
+    kind = name.rsplit("-", 1)[0]
+
     def build(path: Path, batch, tiny: bool) -> None:
         from onnxopt.models import zoo
 
@@ -180,11 +183,18 @@ def _zoo_text(name: str, weight: float, sets) -> BenchModel:
         from onnxopt.models.inputs import text_feeds
 
         tm = _tm()
-        return text_feeds(tm.INPUT_NAMES["minilm"], batch, SEQ, tm.MINILM_VOCAB, seed=seed, low=999, cls_id=101,
-                          sep_id=102)
+        if kind == "minilm":
+            return text_feeds(tm.INPUT_NAMES["minilm"], batch, SEQ, tm.MINILM_VOCAB, seed=seed, low=999, cls_id=101,
+                              sep_id=102)
+        pad = tm.GPT2_CONFIG["eos_token_id"] if kind == "gpt2" else 0
+        return text_feeds(tm.INPUT_NAMES[kind], batch, SEQ, tm.VOCAB_SIZE[kind], seed=seed, pad_id=pad)
 
-    return BenchModel(name, "encoder", f"all-MiniLM-L6-v2, real weights (the zoo's {name}); sequence {SEQ}",
-                      build, feeds, (1, 8), model_type="bert", weight=weight, sets=sets)
+    from onnxopt.models import zoo
+
+    what = ("all-MiniLM-L6-v2, real weights" if kind == "minilm" else zoo.get(name).description.split(", legacy")[0]
+            .split(", dynamo")[0])
+    return BenchModel(name, "decoder" if kind == "gpt2" else "encoder", f"{what} (the zoo's {name}); sequence {SEQ}",
+                      build, feeds, (1, 8), model_type="gpt2" if kind == "gpt2" else "bert", weight=weight, sets=sets)
 
 
 def _vision(net: str, batches, weight: float, sets) -> BenchModel:
@@ -270,11 +280,14 @@ def _models() -> list[BenchModel]:
     for attn, exporter in (("sdpa", "legacy"), ("sdpa", "dynamo"), ("eager", "legacy"), ("eager", "dynamo")):
         sets = core if attn == "sdpa" else full
         out.append(_transformer("llama", attn, exporter, 1.0, sets))
-    out.append(_zoo_text("minilm-legacy", 0.7, core))
-    out.append(_zoo_text("minilm-dynamo", 0.7, full))
-    out.append(_vision("resnet50", (1, 32), 1.5, core))
-    out.append(_vision("mobilenet_v2", (1, 32), 1.0, core))
-    out.append(_ppocr(1.0, core))
+    zoo_set = ("zoo",)
+    for name in ("bert-legacy", "bert-dynamo", "gpt2-legacy", "gpt2-dynamo"):
+        out.append(_zoo_text(name, 0.5, zoo_set))
+    out.append(_zoo_text("minilm-legacy", 0.7, core + zoo_set))
+    out.append(_zoo_text("minilm-dynamo", 0.7, full + zoo_set))
+    out.append(_vision("resnet50", (1, 32), 1.5, core + zoo_set))
+    out.append(_vision("mobilenet_v2", (1, 32), 1.0, core + zoo_set))
+    out.append(_ppocr(1.0, core + zoo_set))
     out.append(_tiny_conv())
     return out
 
@@ -1206,7 +1219,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python scripts/bench_targets.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", choices=sorted(TARGET_PROVIDER), default="ort-cpu")
     p.add_argument("--models", nargs="+", metavar="NAME")
-    p.add_argument("--set", choices=("core", "full"), default="core", help="models when --models is not given")
+    p.add_argument("--set", choices=("core", "full", "zoo"), default="core",
+                   help="models when --models is not given: core (the issue's list), full (all attention/exporter "
+                        "combinations), zoo (the zoo's small transformers, MiniLM, the vision and OCR models: for "
+                        "a small CPU)")
     p.add_argument("--part", default=None, metavar="N/M", help="the N-th of M parts of about equal cost (1-based)")
     p.add_argument("--tools", nargs="+", metavar="T", help=f"default all: {', '.join(t.name for t in TOOLS)}")
     p.add_argument("--batches", default=None, help="comma-separated (default: each model's, e.g. 1,8; vision 1,32)")

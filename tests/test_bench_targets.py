@@ -140,6 +140,9 @@ def test_parts_cover_every_model_once():
     assert {"bert-base-eager-legacy", "gpt2-small-eager-legacy", "gpt2-past-eager-legacy", "resnet50-legacy",
             "minilm-legacy", "ppocrv4-det", "mobilenet_v2-legacy"} <= set(core)
     assert any(n.startswith("llama-") for n in core) and any("sdpa-dynamo" in n for n in core)
+    zoo = [m.name for m in bt.MODELS if "zoo" in m.sets]
+    assert {"bert-legacy", "gpt2-dynamo", "minilm-legacy", "resnet50-legacy"} <= set(zoo)
+    assert not any(m.startswith(("bert-base", "gpt2-small")) for m in zoo)  # small enough for a small CPU
 
 
 def test_provider_options():
