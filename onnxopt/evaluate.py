@@ -64,6 +64,7 @@ import onnx_ir as ir
 from onnx.reference import ReferenceEvaluator
 
 from .io import first_line, onnxruntime_module  # noqa: E402
+from .kernels import kernel_defs  # noqa: E402
 from .irutil import constant_tensor, nbytes, use_count  # noqa: E402
 from .purity import RANDOM_OPS  # noqa: E402  (one list: what is never folded, merged or assumed fixed)
 from .shapes import SMALL_CONST, infer, infer_node_outputs, slice_positions, small_tensor_proto  # noqa: E402
@@ -251,15 +252,13 @@ def _session(runtime, proto: onnx.NodeProto, opset: int, arrays: list):
 def _kernels(runtime) -> dict[tuple[str, str], list[tuple[int, int, frozenset[str]]]] | None:
     """(domain, op) -> onnxruntime's CPU kernels for it: opset range and the types it takes, or
     None when this onnxruntime does not list its kernels."""
-    try:
-        defs = runtime.capi.onnxruntime_pybind11_state.get_all_opkernel_def()
-    except Exception:
+    defs = kernel_defs()  # (read safely: on a GPU build the listing can crash the process)
+    if defs is None:
         return None
     out: dict[tuple[str, str], list[tuple[int, int, frozenset[str]]]] = {}
-    for d in defs:
-        if d.provider == "CPUExecutionProvider":
-            types = frozenset(t for ts in d.type_constraints.values() for t in ts)
-            out.setdefault(("" if d.domain == "ai.onnx" else d.domain, d.op_name), []).append((*d.version_range, types))
+    for op, domain, lo, hi, provider, types in defs:
+        if provider == "CPUExecutionProvider":
+            out.setdefault((domain, op), []).append((lo, hi, frozenset(types)))
     return out
 
 

@@ -21,6 +21,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxopt.irutil import constant_tensor, use_count
+from onnxopt.kernels import kernel_defs
 from onnxopt.pattern import Refuse
 from onnxopt.shapes import infer
 
@@ -194,13 +195,8 @@ def _expand(node, graph, state, max_degree) -> dict[int, float]:
 
 @functools.lru_cache(maxsize=1)
 def _kernel_defs():
-    try:
-        from onnxruntime.capi import onnxruntime_pybind11_state as C
-
-        return tuple((k.op_name, k.domain, tuple(k.version_range), k.provider,
-                      tuple(t for ts in k.type_constraints.values() for t in ts)) for k in C.get_all_opkernel_def())
-    except Exception:  # noqa: BLE001 - onnxruntime absent, or a build without this function
-        return None
+    defs = kernel_defs()  # onnxopt.kernels: read in a child process where the listing can crash
+    return None if defs is None else tuple((op, dom, (lo, hi), prov, types) for op, dom, lo, hi, prov, types in defs)
 
 
 def kernel(op: str, domain: str, opset: int, target: str, dtype: ir.DataType | None) -> bool | None:
