@@ -3,7 +3,7 @@
     python scripts/bench_benefit.py [--keys KEY ...] [--targets ort-cpu] [--models bert-legacy ...]
                                     [--model NAME=PATH ...] [--rules-file FILE] [--batch 1] [--sequence 128]
                                     [--fix-shapes] [--runs 30] [--warmup 5] [--threads 1]
-                                    [-o scripts/results/benefit-cpu.json] [--into onnxopt/data/benefit.json]
+                                    [-o scripts/results/benefit/benefit-cpu.json] [--into onnxopt/data/benefit.json]
     python scripts/bench_benefit.py --advice --targets ort-cuda [--models resnet50-legacy bert-legacy ...]
                                     [--batch 32] [--precision fp16]
     python scripts/bench_benefit.py --merge a.json b.json [-o all.json] [--into onnxopt/data/benefit.json]

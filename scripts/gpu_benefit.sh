@@ -26,7 +26,7 @@ mkdir -p "$ONNXOPT_CACHE"
 [ -d .gpu/zoo ] && cp -n .gpu/zoo/* "$ONNXOPT_CACHE"/ 2>/dev/null
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import onnxruntime as o; print('ort', o.__version__, o.get_available_providers())"
-python3 scripts/bench_benefit.py --targets ort-cuda --rules-file scripts/benefit_standin_rules.py \
+python3 scripts/bench_benefit.py --targets ort-cuda --models ${BENEFIT_MODELS:-bert-legacy gpt2-legacy minilm-legacy} \
   --runs 100 --warmup 10 --threads 0 --cache "$ONNXOPT_CACHE" -o "$OUT/benefit-cuda.json" "$@" 2>&1 \
   | tee "$OUT/benefit-cuda.log"
 python3 scripts/bench_benefit.py --advice --targets ort-cuda --runs 100 --warmup 10 --cache "$ONNXOPT_CACHE" \

@@ -29,7 +29,7 @@ def test_the_shipped_table_cites_every_entry():
     # the measured facts of issue 15: SkipLayerNormalization does not pay on onnxruntime's CPU ...
     d = t.decide("skip_layer_normalization", "cpu")
     assert d.measured and not d.apply
-    assert "slower" in d.reason and "scripts/results/benefit-cpu.json" in d.reason
+    assert "slower" in d.reason and "scripts/results/benefit/benefit-cpu.json" in d.reason
     assert d.evidence["models"]["bert-legacy"]["ratio"] > 1.05 and d.evidence["models"]["minilm-legacy"]["ratio"] > 1.05
     assert "bert-dynamo" not in d.reason  # onnxruntime fuses it there itself: not counted
     earlier = d.evidence["earlier"][0]  # the measurement issue 15 cites, kept
