@@ -132,14 +132,25 @@ class Table:
 
     def merge(self, other: Table | Mapping, *, overwrite: bool = True) -> list[tuple[str, str]]:
         """Take ``other``'s entries (a Table or a table's dict): per key and target, the newer run
-        replaces this one's (``overwrite``) or is taken only where this table has none. Returns
-        the (key, target) pairs taken."""
+        replaces this one's (``overwrite``) or is taken only where this table has none; a replaced
+        entry is kept in the new one's ``evidence["earlier"]`` (its verdict, ratio and source, first),
+        so the table keeps the history of what was measured. Returns the (key, target) pairs taken."""
         other = other if isinstance(other, Table) else Table.from_dict(other)
         taken = []
         for key, by_target in other.entries.items():
             for target, e in by_target.items():
-                if overwrite or self.entry(key, target) is None:
-                    self.set(key, target, e["apply"], e["evidence"])
+                old = self.entry(key, target)
+                if overwrite or old is None:
+                    evidence = dict(e["evidence"])
+                    if old is not None and old["evidence"].get("source") != evidence.get("source"):
+                        before = old["evidence"]
+                        history = [{"apply": old["apply"], "ratio": before.get("ratio"),
+                                    "source": before.get("source")}, *before.get("earlier", [])]
+                        seen = {json.dumps(h.get("source"), sort_keys=True) for h in evidence.get("earlier", [])}
+                        evidence["earlier"] = [*evidence.get("earlier", []),
+                                               *(h for h in history if json.dumps(h.get("source"), sort_keys=True)
+                                                 not in seen)]
+                    self.set(key, target, e["apply"], evidence)
                     taken.append((key, target))
         return taken
 

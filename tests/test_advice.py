@@ -94,10 +94,10 @@ def test_advice_names_measured_options_with_their_evidence():
     assert nhwc["flag"] == "--provider-option cuda:prefer_nhwc=1"
     graph = next(o for o in a["not_advised"] if o["option"] == "enable_cuda_graph")
     assert "dynamic input dims: x" in graph["why"] and "--input-shape" in graph["why"]
-    # static shapes, every node on CUDA: CUDA graphs, not measured yet (no entry in the table)
+    # static shapes, every node on CUDA: CUDA graphs, with the H100 measurement behind them
     a = advise(_conv_model(batch=2), "cuda")
     g = next(o for o in a["provider_options"] if o["option"] == "enable_cuda_graph")
-    assert not g["measured"] and "not measured yet" in g["evidence"]
+    assert g["measured"] and "faster" in g["evidence"] and "benefit-cuda-advice.json" in g["evidence"]
     assert provider_options_flags(a) == ["--provider-option cuda:prefer_nhwc=1",
                                          "--provider-option cuda:enable_cuda_graph=1"]
     text = format_advice(a)

@@ -29,16 +29,18 @@ def test_the_shipped_table_cites_every_entry():
     # the measured facts of issue 15: SkipLayerNormalization does not pay on onnxruntime's CPU ...
     d = t.decide("skip_layer_normalization", "cpu")
     assert d.measured and not d.apply
-    assert "slower" in d.reason and "scripts/results/benefit/benefit-cpu.json" in d.reason
+    assert "slower" in d.reason and "scripts/results/benefit/benefit-cpu" in d.reason
     assert d.evidence["models"]["bert-legacy"]["ratio"] > 1.05 and d.evidence["models"]["minilm-legacy"]["ratio"] > 1.05
     assert "bert-dynamo" not in d.reason  # onnxruntime fuses it there itself: not counted
-    earlier = d.evidence["earlier"][0]  # the measurement issue 15 cites, kept
-    assert earlier["source"]["file"] == "scripts/results/input-shapes-cpu.json" and earlier["ratio"] > 1.05
+    earlier = [e for e in d.evidence["earlier"]  # the measurement issue 15 cites, kept
+               if e["source"]["file"] == "scripts/results/input-shapes-cpu.json"]
+    assert earlier and earlier[0]["ratio"] > 1.05
     # ... prefer_nhwc pays on CUDA (resnet50, H200/H100)
     d = t.decide("cuda_prefer_nhwc", "ort-cuda")
     assert d.measured and d.apply and "faster" in d.reason
-    assert d.evidence["models"]["resnet50 fp32 batch 32"] == {"without_ms": 7.04, "with_ms": 5.86, "ratio": 0.8324,
-                                                              "gpu": "NVIDIA H200"}
+    seeded = next(e for e in d.evidence["earlier"] if "README" in str(e["source"]) or "gpu" in str(e["source"]).lower())
+    assert seeded["apply"] and seeded["ratio"] < 1
+    assert "resnet50-legacy" in d.evidence["models"]  # the H100 run that replaced the seeded figures
 
 
 def test_unmeasured_keys_apply_and_say_so():
