@@ -42,6 +42,7 @@ class Report:
     # benefit table says the fusion does not pay there
     skipped: list[dict] = dataclasses.field(default_factory=list)
     advice: dict | None = None  # for ort-cuda: provider options that pay, CPU islands (onnxopt.advice)
+    fusions: dict = dataclasses.field(default_factory=dict)  # fusion rule -> hits, misses and why (below)
     precision: dict | None = None  # precision.Fp16Report.as_dict(), with precision="fp16"
 
     @property
@@ -63,6 +64,7 @@ class Report:
             "errors": self.errors,
             "settings": self.settings,
             "skipped": self.skipped,
+            **({"fusions": self.fusions} if self.fusions else {}),
             **({"advice": self.advice} if self.advice is not None else {}),
             **({"log": self.log} if self.log else {}),
             **({"verification": self.verification} if self.verification is not None else {}),
@@ -312,9 +314,22 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
                     settings={"target": targets.normalize(target), "exact": bool(exact),
                               "input_shapes": {name: list(dims) for name, dims in input_shapes.items()},
                               **({"precision": precision} if precision != "fp32" else {})},
-                    skipped=skipped, advice=advice,
+                    skipped=skipped, advice=advice, fusions=_fusions(chosen, result.rules),
                     precision=fp16.as_dict() if fp16 is not None else None)
     return out, report
+
+
+def _fusions(chosen, stats) -> dict:
+    """The fusions that ran (rules with a measured-benefit key): hits, and the candidates they
+    missed with the reasons (a condition's refusals; pattern mismatches are not candidates)."""
+    out = {}
+    for r in chosen:
+        st = stats.get(r.name)
+        if r.benefit is None or st is None:
+            continue
+        out[r.name] = {"key": r.benefit, "hits": st.fired, "missed": st.refused,
+                       "reasons": dict(st.reasons.most_common(5)) if st.refused else {}}
+    return out
 
 
 def _optimize_quantized(model, options, *, rules, extra_rules, disable, target, output, external_data, check, inplace,

@@ -113,6 +113,9 @@ def format_optimize(report, src: str, dst: str, sizes: tuple[int | None, int | N
                           ("rule", "tried", "fired", "refused", *(["errors"] if errors else []), "ms"))]
     idle = [st for st in report.rules.values() if st.tried and not (st.fired or st.errors)]
     out += format_skipped(getattr(report, "skipped", None) or [], d.get("settings", {}).get("target", ""))
+    out += format_fusions(getattr(report, "fusions", None) or {})
+    if getattr(report, "precision", None):
+        out += ["", format_precision(report.precision)]
     if getattr(report, "advice", None):
         out += ["", format_advice(report.advice)]
     out += [""] + [Styled(f"warning: {w}", "yellow") for w in report.warnings]
@@ -126,6 +129,33 @@ def format_optimize(report, src: str, dst: str, sizes: tuple[int | None, int | N
     out.append(f"wrote {dst}{size} in {s['total']:.2f} s: load {s['load']:.2f} s, rewrite {s['rewrite']:.2f} s"
                + (f", verify {s['verify']:.2f} s" if "verify" in s else "") + f", save {s['save']:.2f} s")
     return Doc(out)
+
+
+def format_fusions(fusions: Mapping[str, Mapping]) -> list:
+    """One line per fusion that had candidates: hits, misses and the reasons it missed."""
+    lines = []
+    for name, f in sorted(fusions.items()):
+        if not (f["hits"] or f["missed"]):
+            continue
+        why = "; ".join(f"{reason} ({n})" for reason, n in f["reasons"].items())
+        lines.append(f"  {name}: {f['hits']} fused" + (f", {f['missed']} missed: {why}" if f["missed"] else ""))
+    return ["", "fusions:", *lines] if lines else []
+
+
+def format_precision(p: Mapping) -> str:
+    """The float16 conversion in one paragraph: nodes converted and kept, Casts, weight bytes."""
+    kept = sorted(p.get("kept_fp32", {}).items(), key=lambda kv: -kv[1])[:4]
+    mib = 1 << 20
+    text = (f"float16: {p.get('nodes_fp16', 0)} nodes converted, {p.get('nodes_fp32', 0)} kept float32"
+            + (" (" + ", ".join(f"{k} x{n}" for k, n in kept) + ")" if kept else "")
+            + f"; {p.get('casts', 0)} Casts; weights {p.get('weight_bytes_before', 0) / mib:.1f} -> "
+            f"{p.get('weight_bytes_after', 0) / mib:.1f} MiB; input and output types "
+            + ("kept" if p.get("keep_io_types", True) else "float16"))
+    fb = p.get("fallback")
+    if fb:
+        text += f"; fidelity fallback: {fb}" if not isinstance(fb, Mapping) else \
+            f"; fidelity fallback kept {len(fb.get('kept', fb.get('nodes', [])))} more node(s) float32"
+    return text
 
 
 def format_skipped(skipped: Sequence[Mapping], target: str) -> list:

@@ -122,3 +122,18 @@ def test_list_rules_names_what_the_table_leaves_out(tmp_path, capsys):
     assert main(["--list-rules", "--target", "cuda", "--rules", str(f)]) == 0
     out = capsys.readouterr().out
     assert "sln_test" in out and "left out for" not in out
+
+
+def test_the_report_lists_each_fusion_with_hits_and_misses_and_the_fp16_summary():
+    from onnxopt.models import zoo
+
+    path = zoo.get("gpt2-legacy").path()
+    if not path.exists():
+        pytest.skip("the zoo's gpt2-legacy is not built (python -m onnxopt.models build)")
+    _, rep = optimize(onnx.load(str(path)), target="ort-cuda", precision="fp16", return_report=True)
+    assert rep.fusions["attention_fusion"]["hits"] == 4 and rep.fusions["fast_gelu"]["hits"] == 4
+    assert rep.fusions["skip_layer_normalization"]["hits"] == 9
+    assert rep.as_dict()["fusions"]["attention_fusion"]["key"] == "attention"
+    text = format_optimize(rep, "in.onnx", "out.onnx")
+    assert "fusions:" in text and "attention_fusion: 4 fused" in text
+    assert "float16:" in text and "input and output types kept" in text
