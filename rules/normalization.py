@@ -250,7 +250,8 @@ def _rms_replace(m: Match, b):
 
 
 def _equal_dims(x, y) -> bool | None:
-    """True: the same; False: different or one broadcasts; None: not known (taken as the same)."""
+    """True: the same (equal sizes, or the same named symbol); False: different or one broadcasts;
+    None: not known."""
     if isinstance(x, int) and isinstance(y, int):
         return x == y
     if not isinstance(x, int) and not isinstance(y, int) and x is not None and y is not None \
@@ -263,9 +264,9 @@ def _equal_dims(x, y) -> bool | None:
 
 def _fits(inp, skip) -> bool:
     """SkipLayerNormalization takes ``inp`` as its input and ``skip`` as its skip: input (B, S, H)
-    or (T, H); skip of the same shape, or (1, S, H) or (S, H) for a 3-D input. Dimensions of
-    unknown size (a dynamic axis neither side names) are taken as the same: a residual stream's
-    operands share their batch and sequence axes."""
+    or (T, H); skip of the same shape, or (1, S, H) or (S, H) for a 3-D input. Each dimension must
+    be proven equal (the same size, or the same named symbol): the kernel refuses a skip that would
+    broadcast, where the Add it replaces did not (two differently named dynamic axes may differ)."""
     if len(inp) not in (2, 3):
         return False
     if len(skip) != len(inp) and not (len(inp) == 3 and len(skip) == 2):
@@ -273,7 +274,7 @@ def _fits(inp, skip) -> bool:
     for i in range(1, len(skip) + 1):
         if i == 3 and skip[-i] == 1:
             continue  # (1, S, H): broadcast over the batch
-        if _equal_dims(inp[-i], skip[-i]) is False:
+        if _equal_dims(inp[-i], skip[-i]) is not True:
             return False
     return True
 
