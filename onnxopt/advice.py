@@ -285,8 +285,13 @@ def cuda_placement(model: ir.Model, *, examples: int = 12) -> dict:
 
 def _option(key: str, option: str, value: str, why: str, table: _benefit.Table) -> dict:
     d = table.decide(key, _targets.ORT_CUDA)
+    models = (d.evidence or {}).get("models", {}) if d.measured else {}
+    slower = sorted(m for m, e in models.items() if isinstance(e, dict) and (e.get("ratio") or 0) > 1.0)
     return {"provider": "cuda", "option": option, "value": value, "key": key, "why": why, "advised": d.apply,
             "measured": d.measured,
+            # a verdict over several models: where some measured slower, say so; verify shows it for this one
+            **({"caveat": f"measured slower on {', '.join(slower)}: check this model with the verify command"}
+               if d.apply and slower else {}),
             "evidence": d.reason if d.measured else f"not measured yet ({key}: scripts/bench_benefit.py --advice on "
                                                     "a GPU); try it with verify --provider-option",
             "flag": f"--provider-option cuda:{option}={value}"}

@@ -503,6 +503,10 @@ def _optimize_main(args) -> int:
                      f"({shlex.join(['onnxopt', args.input, '-o', str(suggested)])}; the input is never "
                      f"overwritten); {_OTHER_COMMANDS}")
     external = False if args.single_file else args.external_data
+    if args.provider_option:  # (checked whether or not it is used)
+        verify.parse_provider_options(args.provider_option)
+        if args.verify is None:
+            return _fail("--provider-option sets the sessions of --verify: add --verify PROVIDERS (e.g. --verify cuda)")
     with _outputs(args, args.input, data_files=False) as outputs, _status(args) as progress:
         verify_args = {}
         if args.verify is not None:

@@ -785,7 +785,7 @@ def convert_fp16_checked(model: ir.Model, feeds, *, keep_io_types: bool = True, 
             node.name = f"node_{k}_{node.op_type}"
     fp32 = ir.serde.serialize_model(model).SerializeToString()
     so = ort.SessionOptions()
-    so.log_severity_level = 3
+    so.log_severity_level = 4  # (a refusal is reported once, as a one-line error)
 
     def run(data: bytes) -> list:
         sess = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
@@ -801,7 +801,13 @@ def convert_fp16_checked(model: ir.Model, feeds, *, keep_io_types: bool = True, 
         return max(_badness(r, g) for r, g in zip(ref, got)), rep, conv
 
     progress("fp16: measuring fidelity")
-    ref = run(fp32)
+    try:
+        ref = run(fp32)
+    except Exception as exc:  # noqa: BLE001 - onnxruntime refuses the model or the inputs: the user's to fix
+        from .io import first_line
+
+        raise UsageError(f"onnxruntime (cpu) cannot run the original model on the verification inputs, so the "
+                         f"float16 conversion cannot be measured: {first_line(exc, 300)}") from None
     bad0, _, conv0 = attempt(frozenset())
     runs = 1
     info = {"feeds": len(feeds_list), "badness_before": round(bad0, 4), "kept": [], "runs": runs}

@@ -181,6 +181,8 @@ def format_advice(advice: Mapping) -> Doc:
     for o in advice.get("provider_options", ()):
         tag = "measured" if o.get("measured") else "not measured"
         out.append(Styled(f"  {o['option']}={o['value']} ({o['why']}; {tag}): {o['evidence']}", "green"))
+        if o.get("caveat"):
+            out.append(Styled(f"    but {o['caveat']}", "yellow"))
     opts = [o["flag"] for o in advice.get("provider_options", ()) if o.get("advised")]
     if opts:
         out.append(f"  see it: onnxopt verify ORIGINAL OPTIMIZED --providers cuda {' '.join(opts)}")
@@ -246,14 +248,19 @@ def _output_rows(rows: list[dict]) -> list[tuple]:
     out = []
     for r in rows:
         sqnr = f"SQNR {r['sqnr_db']:.1f} dB" if isinstance(r.get("sqnr_db"), float) else ""
+        if "error_of_range" in r:  # a float16 model against its float32 original: its own criterion
+            sqnr = f"error {r['error_of_range']:.2%} of range" + (
+                f", top-1 {r['top1_agreement']:.1%}" if r.get("top1_agreement") is not None else "")
         status = (Styled(f"ok ({sqnr})" if sqnr else "ok", "green") if r["ok"] else
                   Styled(f"DIFFERS ({r['problem']})" if r.get("problem") else "DIFFERS", "bold red"))
         shape = (dims_text(r["shape_after"]) if "shape_after" in r else
                  f"seq[{r['length']}]" if "length" in r else r.get("kind", "-"))
         out.append((r["name"], shape, r.get("dtype_after", "-"),
                     short_number(r.get("max_abs")), short_number(r.get("max_rel")), short_number(r.get("p99_abs")),
-                    short_number(r.get("cosine"), 7), f"{r.get('out_of_tolerance', '-')}/{r.get('elements', '-')}",
-                    f"{short_number(r.get('rtol'))}/{short_number(r.get('atol'))}", status))
+                    short_number(r.get("cosine"), 7),
+                    "-" if "error_of_range" in r else f"{r.get('out_of_tolerance', '-')}/{r.get('elements', '-')}",
+                    "fp16 bounds" if "error_of_range" in r else f"{short_number(r.get('rtol'))}/{short_number(r.get('atol'))}",
+                    status))
     return out
 
 
@@ -310,6 +317,8 @@ def format_verification(report: dict) -> Doc:
     if report.get("int8"):
         lines.append(f"int8 model against its float model: {report['int8']['criterion']} (the elementwise figures, at "
                      f"rtol {LOW_PRECISION[0]}, atol {LOW_PRECISION[1]}, for information)")
+    elif report.get("fp16"):
+        lines.append(f"float16 model against its float32 original: {report['fp16']['criterion']}")
     elif report.get("low_precision"):
         lines.append(f"fp16/bf16/int8 model: float32 outputs compared at rtol {LOW_PRECISION[0]}, atol "
                      f"{LOW_PRECISION[1]}")

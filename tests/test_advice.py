@@ -201,3 +201,12 @@ def test_cli_verify_provider_option(tmp_path, capsys):
     assert "provider options for cuda" in capsys.readouterr().err
     assert main(["verify", str(p), str(p), "--provider-option", "prefer_nhwc=1"]) == 2
     assert "PROVIDER:NAME=VALUE" in capsys.readouterr().err
+
+
+def test_advice_from_an_average_names_the_models_measured_slower():
+    table = benefit.Table.from_dict({"entries": {"cuda_prefer_nhwc": {"ort-cuda": {"apply": True, "evidence": {
+        "ratio": 0.98, "models": {"resnet50": {"ratio": 0.93}, "ppocr": {"ratio": 1.02}},
+        "source": {"file": "x.json", "date": "2026-11-23"}}}}}})
+    (nhwc,) = advise(_conv_model(), "ort-cuda", table)["provider_options"]
+    assert nhwc["advised"] and nhwc["caveat"].startswith("measured slower on ppocr")
+    assert "but measured slower on ppocr" in format_advice(advise(_conv_model(), "ort-cuda", table))

@@ -462,3 +462,16 @@ def test_zoo_fp16(name, target):
     # 4 per attention layer + 6, or 6 for a CNN
     layers = sum(1 for n in src.graph.node if n.op_type == "Softmax")
     assert p["casts"] <= (4 * layers + 6 if layers else 6), p
+
+
+def test_the_checked_conversion_says_when_onnxruntime_cannot_run_the_original():
+    from onnxopt.errors import UsageError
+    from onnxopt.precision import convert_fp16_checked
+
+    g = helper.make_graph([helper.make_node("Add", ["x", "c"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])],
+                          [helper.make_tensor("c", TensorProto.FLOAT, [4], [1, 2, 3, 4])])
+    m = ir.from_proto(helper.make_model(g, ir_version=10, opset_imports=[helper.make_opsetid("", 17)]))
+    with pytest.raises(UsageError, match="cannot run the original model"):
+        convert_fp16_checked(m, {"x": np.zeros((2, 3), np.float32)})  # 3 does not broadcast with 4

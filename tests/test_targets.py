@@ -139,3 +139,36 @@ def test_the_report_lists_each_fusion_with_hits_and_misses_and_the_fp16_summary(
     text = format_optimize(rep, "in.onnx", "out.onnx")
     assert "fusions:" in text and "attention_fusion: 4 fused" in text
     assert "float16:" in text and "input and output types kept" in text
+
+
+def test_provider_options_a_provider_does_not_take_are_one_line_errors(tmp_path):
+    """onnxruntime drops an option its provider does not know without a word; verify says so instead
+    of reporting it as applied; a malformed option, or one without --verify, is refused up front."""
+    from onnxopt.cli import main
+    from onnxopt.verify import verify
+
+    m = _model()
+    with pytest.raises(UsageError, match="CPUExecutionProvider has no such option"):
+        verify(m, m, providers="cpu", runs=0, provider_options=["cpu:bogus_option=maybe"])
+    src = tmp_path / "m.onnx"
+    onnx.save(m, src)
+    assert main([str(src), "-o", str(tmp_path / "o.onnx"), "--provider-option", "garbage", "-q"]) == 2
+    assert main([str(src), "-o", str(tmp_path / "o.onnx"), "--provider-option", "cpu:x=1", "-q"]) == 2
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_the_verification_table_of_a_float16_model_shows_its_bounds():
+    from onnxopt.report import format_verification
+    from onnxopt.verify import verify
+
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
+                          [helper.make_tensor("w", TensorProto.FLOAT, [8, 8],
+                                              np.random.default_rng(0).normal(size=64).astype(np.float32))])
+    m = helper.make_model(g, ir_version=10, opset_imports=[helper.make_opsetid("", 17)])
+    half = optimize(m, target="ort-cuda", precision="fp16")
+    rep = verify(m, half, providers="cpu", runs=0)
+    text = format_verification(rep)
+    assert rep["ok"] and "float16 model against its float32 original" in text
+    assert "fp16 bounds" in text and "% of range" in text

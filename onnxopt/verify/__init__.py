@@ -173,6 +173,8 @@ def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_s
             try:
                 got[label], kernels, init_s = run_profiled(model.source(), feeds, p, threads=threads,
                                                            provider_options=provider_options)
+            except UsageError:  # (a provider option the provider does not take)
+                raise
             except Exception as exc:  # noqa: BLE001 - onnxruntime refusing a model is a result
                 if label == "before":  # the reference itself does not run: bad input
                     raise InvalidModelError(f"onnxruntime ({p}) cannot run the original model: {io.first_line(exc, 300)}") \

@@ -176,6 +176,11 @@ def check_providers(providers: Sequence[str]) -> None:
 EXACT_CUDA_OPTIONS = {"use_tf32": "0"}
 
 
+# The CPU provider's options onnxruntime's Python binding reads (it does not echo them back in
+# get_provider_options(), so they are named here).
+_CPU_OPTIONS = {"use_arena"}
+
+
 def session(model, provider: str = "cpu", *, profile_prefix: str | None = None, threads: int = 0,
             optimization: str | None = None, exact: bool = False, spin: bool = True,
             provider_options: Mapping[str, Mapping[str, str]] | None = None):
@@ -202,7 +207,18 @@ def session(model, provider: str = "cpu", *, profile_prefix: str | None = None, 
             **{str(k): str(v) for k, v in ((provider_options or {}).get(provider) or {}).items()}}
     if opts:
         names = [(names[0], opts), *names[1:]]
-    return ort.InferenceSession(model, so, providers=names)
+    sess = ort.InferenceSession(model, so, providers=names)
+    asked = {str(k) for k in ((provider_options or {}).get(provider) or {})}
+    if asked and PROVIDERS[provider] in sess.get_providers():
+        # onnxruntime drops an option its provider does not know, silently: say so instead
+        taken = set((sess.get_provider_options() or {}).get(PROVIDERS[provider], {})) | \
+            (_CPU_OPTIONS if provider == "cpu" else set())
+        unknown = sorted(asked - taken)
+        if unknown:
+            raise UsageError(f"--provider-option {provider}:{unknown[0]}: onnxruntime's {PROVIDERS[provider]} has no "
+                             f"such option" + (f" (it takes: {', '.join(sorted(taken))})" if taken else
+                                               " (it takes none)"))
+    return sess
 
 
 def host_value(v):
