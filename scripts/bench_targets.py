@@ -81,7 +81,7 @@ import bench  # noqa: E402  (scripts/bench.py: subprocess jobs, node counts, mac
 peers = bench.peers  # scripts/_peers.py: save_proto, model_type, load_setup
 
 from onnxopt.verify import count_kernels  # noqa: E402
-from onnxopt.verify.runtime import EXACT_CUDA_OPTIONS, PROVIDERS  # noqa: E402
+from onnxopt.verify.runtime import PROVIDERS  # noqa: E402
 
 ORIGINAL = "original"
 PRECISIONS = ("fp32", "fp16")
@@ -456,30 +456,12 @@ def get_tool(name: str) -> BTool:
 
 def make_session(model: str, provider: str, options: dict | None = None, *, profile_prefix: str | None = None,
                  exact: bool = False, spin: bool = True, threads: int = 0):
-    """An onnxruntime session as onnxopt.verify.runtime.session makes one, with provider options:
-    ``options`` for the provider (CUDA: also ``use_tf32=0`` when ``exact``)."""
-    import onnxruntime as ort
+    """An onnxruntime session (onnxopt.verify.runtime.session) with ``options`` for the provider
+    (CUDA: also ``use_tf32=0`` when ``exact``, unless ``options`` set it)."""
+    from onnxopt.verify.runtime import session
 
-    opts = dict(options or {})
-    if provider == "cuda" and exact:
-        opts.update(EXACT_CUDA_OPTIONS)
-    if not opts:
-        from onnxopt.verify.runtime import session
-
-        return session(model, provider, profile_prefix=profile_prefix, exact=exact, spin=spin, threads=threads)
-    so = ort.SessionOptions()
-    so.log_severity_level = 4
-    if not spin:
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    if threads:
-        so.intra_op_num_threads = threads
-    if profile_prefix:
-        so.enable_profiling = True
-        so.profile_file_prefix = profile_prefix
-    names = [(PROVIDERS[provider], {k: str(v) for k, v in opts.items()})]
-    if provider != "cpu":
-        names.append("CPUExecutionProvider")
-    return ort.InferenceSession(model, so, providers=names)
+    return session(model, provider, profile_prefix=profile_prefix, exact=exact, spin=spin, threads=threads,
+                   provider_options={provider: dict(options)} if options else None)
 
 
 def _kernels_of_run(events: list[dict], run_index: int) -> dict:
