@@ -192,8 +192,6 @@ def export(kind: str, path: str | Path, exporter: str = "legacy", *, seed: int =
     """Export ``kind`` to the single file ``path`` with dynamic ``batch`` and ``sequence`` axes;
     ``attn`` chooses the attention implementation; benchmark kinds (``BENCH_KINDS``) go to
     ``export_bench`` (``config`` overrides their config entries)."""
-    import torch
-
     if kind in BENCH_KINDS:
         return export_bench(kind, path, exporter, attn=attn, seed=seed, opset=opset, config=config)
     if config:
@@ -204,22 +202,42 @@ def export(kind: str, path: str | Path, exporter: str = "legacy", *, seed: int =
     model = wrap(kind, build_module(kind, seed, cache, attn=attn))
     args = example_inputs(kind, seed=seed)
     names, outs = list(INPUT_NAMES[kind]), list(OUTPUT_NAMES[kind])
+    return _export_torch(model, args, path, exporter, opset, names, outs, _text_axes, _text_shapes)
+
+
+def _text_axes(names, outs) -> dict:
+    """Legacy dynamic axes: batch and sequence, the pooler's batch only."""
+    axes = {n: {0: "batch", 1: "sequence"} for n in names}
+    axes.update({n: {0: "batch", 1: "sequence"} if n != "pooler_output" else {0: "batch"} for n in outs})
+    return axes
+
+
+def _text_shapes(names):
+    """Dynamo dynamic shapes: batch and sequence on every input."""
+    import torch
+
+    batch, seq = torch.export.Dim("batch", min=1, max=1024), torch.export.Dim("sequence", min=1, max=512)
+    return {n: {0: batch, 1: seq} for n in names}
+
+
+def _export_torch(model, args, path, exporter: str, opset: int, names: list, outs: list, axes, shapes) -> Path:
+    """Export ``model`` on ``args`` to the single file ``path`` with the legacy exporter
+    (``axes(names, outs)``: its dynamic axes, constant folding on) or dynamo (``shapes(names)``: its
+    dynamic shapes, not optimized), the IR version capped for onnxruntime."""
+    import torch
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with torch.no_grad(), warnings.catch_warnings():
         # tracer and deprecation warnings from every export: noise in `python -m onnxopt.models build`
         warnings.simplefilter("ignore")
         if exporter == "legacy":
-            axes = {n: {0: "batch", 1: "sequence"} for n in names}
-            axes.update({n: {0: "batch", 1: "sequence"} if n != "pooler_output" else {0: "batch"} for n in outs})
             torch.onnx.export(model, args, str(path), dynamo=False, opset_version=opset,
                               do_constant_folding=True, input_names=names, output_names=outs,
-                              dynamic_axes=axes)
+                              dynamic_axes=axes(names, outs))
         else:
-            batch, seq = torch.export.Dim("batch", min=1, max=1024), torch.export.Dim("sequence", min=1, max=512)
-            shapes = {n: {0: batch, 1: seq} for n in names}
             program = torch.onnx.export(model, args, dynamo=True, optimize=False, opset_version=opset, verbose=False,
-                                        input_names=names, output_names=outs, dynamic_shapes=shapes)
+                                        input_names=names, output_names=outs, dynamic_shapes=shapes(names))
             program.save(str(path), external_data=False)
     cap_ir_version(path)
     return path
@@ -343,46 +361,30 @@ def export_bench(kind: str, path: str | Path, exporter: str = "legacy", *, attn:
     """Export benchmark model ``kind`` to the single file ``path``: dynamic ``batch`` and ``sequence``
     axes (gpt2-past: ``batch`` and ``past_sequence``, ``total_sequence`` = past + 1 for the mask and
     the presents; the new token's axis is 1), IR version <= 13."""
-    import torch
-
     if exporter not in EXPORTERS:
         raise ValueError(f"unknown exporter {exporter!r}")
     opset = opset or OPSET[exporter]
     model = wrap_bench(kind, build_bench_module(kind, attn=attn, seed=seed, config=config))
     args = _bench_example_inputs(kind, config, seed)
     names, outs = (list(x) for x in bench_io_names(kind, config))
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    decode = kind == "gpt2-past"
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        if exporter == "legacy":
-            if decode:
-                axes = {"input_ids": {0: "batch"}, "attention_mask": {0: "batch", 1: "total_sequence"},
-                        "logits": {0: "batch"}}
-                axes.update({n: {0: "batch", 2: "past_sequence"} for n in names[2:]})
-                axes.update({n: {0: "batch", 2: "total_sequence"} for n in outs[1:]})
-            else:
-                axes = {n: {0: "batch", 1: "sequence"} for n in names}
-                axes.update({n: {0: "batch", 1: "sequence"} if n != "pooler_output" else {0: "batch"}
-                             for n in outs})
-            torch.onnx.export(model, args, str(path), dynamo=False, opset_version=opset,
-                              do_constant_folding=True, input_names=names, output_names=outs,
-                              dynamic_axes=axes)
-        else:
-            batch = torch.export.Dim("batch", min=1, max=1024)
-            if decode:
-                past = torch.export.Dim("past_sequence", min=2, max=1000)
-                shapes = ({0: batch}, {0: batch, 1: past + 1},
-                          tuple({0: batch, 2: past} for _ in names[2:]))
-            else:
-                seq = torch.export.Dim("sequence", min=1, max=512)
-                shapes = {n: {0: batch, 1: seq} for n in names}
-            program = torch.onnx.export(model, args, dynamo=True, optimize=False, opset_version=opset, verbose=False,
-                                        input_names=names, output_names=outs, dynamic_shapes=shapes)
-            program.save(str(path), external_data=False)
-    cap_ir_version(path)
-    return path
+    axes, shapes = (_decode_axes, _decode_shapes) if kind == "gpt2-past" else (_text_axes, _text_shapes)
+    return _export_torch(model, args, path, exporter, opset, names, outs, axes, shapes)
+
+
+def _decode_axes(names, outs) -> dict:
+    """Legacy dynamic axes of the decode step: one new token, the past and the total sequence."""
+    axes = {"input_ids": {0: "batch"}, "attention_mask": {0: "batch", 1: "total_sequence"}, "logits": {0: "batch"}}
+    axes.update({n: {0: "batch", 2: "past_sequence"} for n in names[2:]})
+    axes.update({n: {0: "batch", 2: "total_sequence"} for n in outs[1:]})
+    return axes
+
+
+def _decode_shapes(names):
+    """Dynamo dynamic shapes of the decode step (positional: ids, mask, the past keys/values)."""
+    import torch
+
+    batch, past = torch.export.Dim("batch", min=1, max=1024), torch.export.Dim("past_sequence", min=2, max=1000)
+    return ({0: batch}, {0: batch, 1: past + 1}, tuple({0: batch, 2: past} for _ in names[2:]))
 
 
 def main(argv=None) -> int:

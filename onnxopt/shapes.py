@@ -59,6 +59,13 @@ def _infer_node(node: ir.Node, opsets: Mapping[str, int]) -> None:
     node.meta[_TRIED] = True
     if any(attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for attr in node.attributes.values()):
         return
+    infer_outputs(node, opsets)
+
+
+def infer_outputs(node: ir.Node, opsets: Mapping[str, int]) -> None:
+    """onnx's inference for one node from its inputs' types and small constant values, recorded on
+    its outputs where they have no type or shape yet (every time it is called; :func:`infer` asks
+    once per node)."""
     types, data = {}, {}
     for value in node.inputs:
         if value is None or value.name is None:

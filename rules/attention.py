@@ -50,7 +50,7 @@ import onnx_ir as ir
 
 from onnxopt.irutil import constant_tensor
 from onnxopt.pattern import Match, Op, Rule
-from onnxopt.shapes import SMALL_CONST, infer, infer_node_outputs, same_symbol, shape_elements, small_tensor_proto
+from onnxopt.shapes import infer, infer_outputs, same_symbol, shape_elements
 
 _MS = "com.microsoft"
 _FLOATS = {"ort-cpu": (ir.DataType.FLOAT,), "ort-cuda": (ir.DataType.FLOAT, ir.DataType.FLOAT16)}
@@ -121,26 +121,12 @@ def _dims(value: ir.Value, opsets, seen: set | None = None) -> list | None:
             a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values()):
         return None
     # a standard node: its inputs first, then onnx's inference for it once more
-    types, data = {}, {}
     for v in node.inputs:
         if v is None or v.name is None:
             continue
-        tensor = constant_tensor(v)
-        if tensor is None and v.shape is None and _dims(v, opsets, seen) is None:
+        if constant_tensor(v) is None and v.shape is None and _dims(v, opsets, seen) is None:
             return None
-        if v.type is not None:
-            types[v.name] = ir.serde.serialize_value(v).type
-        if tensor is not None and tensor.size <= SMALL_CONST:
-            data[v.name] = small_tensor_proto(tensor, v.name)
-    out = infer_node_outputs(ir.serde.serialize_node(node), opsets, types, data)
-    for v in node.outputs:
-        tp = (out or {}).get(v.name)
-        if tp is None:
-            continue
-        if v.type is None:
-            v.type = ir.serde.deserialize_type_proto_for_type(tp)
-        if v.shape is None:
-            v.shape = ir.serde.deserialize_type_proto_for_shape(tp)
+    infer_outputs(node, opsets)
     return None if value.shape is None else list(value.shape)
 
 
