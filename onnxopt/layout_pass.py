@@ -490,6 +490,7 @@ class Plan:
     steps: list[Step]
     merge: ir.Node | None  # the Transpose the last carried one merges with
     delta: Cost
+    merges: dict = dataclasses.field(default_factory=dict)  # several outputs: output index -> Transpose
 
 
 def _readers(value: ir.Value) -> list[ir.Node]:
@@ -498,6 +499,16 @@ def _readers(value: ir.Value) -> list[ir.Node]:
         if node not in seen:
             seen.append(node)
     return seen
+
+
+def _sole_transpose_reader(y: ir.Value) -> ir.Node | None:
+    if y.is_graph_output():
+        return None
+    readers = _readers(y)
+    if len(readers) == 1 and readers[0].op_type == "Transpose" and readers[0].domain in ("", "ai.onnx") \
+            and readers[0].graph is y.graph:
+        return readers[0]
+    return None
 
 
 def plan_chain(t: ir.Node, opsets, max_steps: int = _MAX_STEPS) -> Plan | str:
@@ -551,11 +562,17 @@ def plan_chain(t: ir.Node, opsets, max_steps: int = _MAX_STEPS) -> Plan | str:
             steps.pop()
             reason = "output shape unknown"
             break
-        end = cum
-        for y, yd, q in outs:
-            end = end + transpose_cost(pre_shape(yd, q), q)
+        end, merges = cum, {}
+        for k, (y, yd, q) in enumerate(outs):
+            z = _sole_transpose_reader(y) if len(outs) > 1 else None
+            if z is not None:
+                zp = perm_of(z, len(q))
+                end = end + transpose_cost(pre_shape(yd, q), compose(q, zp)) - transpose_cost(yd, zp)
+                merges[k] = z
+            else:
+                end = end + transpose_cost(pre_shape(yd, q), q)
         if best is None or end < best.delta:
-            best = Plan(t, list(steps), None, end)
+            best = Plan(t, list(steps), None, end, merges)
         if len(outs) != 1:
             reason = "several outputs"
             break
@@ -616,7 +633,7 @@ class _Apply:
         old outputs redirected to Transposes of them."""
         o = step.node
         hint = (o.name or o.op_type).split("::")[0]
-        inputs = list(o.inputs)
+        inputs = list(o.inputs) + [None] * (max([*step.arrays, 0]) + 1 - len(o.inputs))
         for i in step.carried:
             inputs[i] = pre
         for i, how in step.others.items():
@@ -667,10 +684,12 @@ class _Apply:
         for step in plan.steps:
             outs = self.step(step, pre)
             pre = outs[0]
+        merges = dict(plan.merges)
         if plan.merge is not None:
-            last = plan.steps[-1]
-            z = plan.merge
-            q = last.out_perms[0]
+            merges[0] = plan.merge
+        for k, z in merges.items():
+            pre = outs[k]
+            q = plan.steps[-1].out_perms[k]
             composed = compose(q, perm_of(z, len(q)))
             y = z.outputs[0]
             t = self.transpose(z, pre, composed, (z.name or "transpose").split("::")[0])

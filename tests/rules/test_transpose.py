@@ -109,3 +109,225 @@ def test_a_transpose_of_a_constant_is_folded():
     out = optimize(m)
     assert op_types(out) == ["Add"]
     same_outputs(m, out)
+
+
+# --- the pass: transpose_optimization ---------------------------------------------------------------
+
+
+def _run_pass(m, **options):
+    """The pass alone (and the transpose rules the driver runs around it)."""
+    from onnxopt import benefit
+
+    from .check import RULES
+    rules = [RULES["transpose_pair"], RULES["transpose_elimination"], RULES["transpose_to_reshape"]]
+    with benefit.using(None):
+        return optimize(m, rules=rules, graph_passes=["transpose_optimization"], return_report=True, **options)
+
+
+def _transpose_count(m):
+    return op_types(m).count("Transpose")
+
+
+def _cost(m):
+    return graph_cost(ir.serde.deserialize_model(m))
+
+
+def test_a_push_through_three_ops_that_pays_only_at_the_third():
+    """T -> Add(w) -> Mul(u) -> Relu -> T^-1, with w and u activations of shape [1, C, 1, 1]: each
+    of the first two pushes adds a Transpose of w (u) and raises the cost; the third meets the
+    inverse Transpose and cancels both."""
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=NHWC_TO_NCHW),
+             helper.make_node("Add", ["t", "w"], ["a"]),
+             helper.make_node("Mul", ["a", "u"], ["b"]),
+             helper.make_node("Relu", ["b"], ["c"]),
+             helper.make_node("Transpose", ["c"], ["y"], perm=NCHW_TO_NHWC)]
+    m = model(nodes, [tinfo("x", [1, 8, 8, 16]), tinfo("w", [1, 16, 1, 1]), tinfo("u", [1, 16, 1, 1])],
+              [tinfo("y", [1, 8, 8, 16])])
+    g = ir.serde.deserialize_model(m)
+    t = next(n for n in g.graph if n.op_type == "Transpose")
+    plan = plan_chain(t, opsets_of(g))
+    assert not isinstance(plan, str), plan
+    assert len(plan.steps) == 3 and plan.merge is not None
+    assert plan.delta == -numel([1, 8, 8, 16]) - numel([1, 8, 8, 16])  # w, u: size-1 moves, free
+    plan_two = plan_chain(t, opsets_of(g), max_steps=2)
+    assert isinstance(plan_two, str)  # two pushes alone never pay
+    out, report = _run_pass(m)
+    assert _transpose_count(out) == 0, op_types(out)
+    assert report.rules["transpose_optimization"].fired == 1
+    same_outputs(m, out)
+
+
+def test_a_push_whose_end_does_not_pay_is_not_committed():
+    """T -> Add(w full size) -> T^-1: moving T costs a Transpose of w as large as the pair saves... no:
+    the pair (2N) becomes one Transpose of w (N): it pays. With two full-size operands it does not."""
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=NHWC_TO_NCHW),
+             helper.make_node("Add", ["t", "w"], ["a"]),
+             helper.make_node("Mul", ["a", "u"], ["b"]),
+             helper.make_node("Transpose", ["b"], ["y"], perm=NCHW_TO_NHWC)]
+    m = model(nodes, [tinfo("x", [1, 4, 4, 8]), tinfo("w", [1, 8, 4, 4]), tinfo("u", [1, 8, 4, 4])],
+              [tinfo("y", [1, 4, 4, 8])])
+    out, report = _run_pass(m)
+    assert op_types(out) == op_types(m)
+    assert report.rules["transpose_optimization"].fired == 0
+    same_outputs(m, out)
+
+
+def test_cost_is_symbolic_where_dimensions_are_not_numbers():
+    assert numel(["n", 3, 4]) == Cost.of({1: 12})
+    assert Cost.of({1: 1}).sign() > 0 and Cost.of({1: 1, 0: -1000}).sign() > 0
+    assert Cost.of({0: 1000}) < Cost.of({1: 1})
+
+
+def _chain(op_nodes, x_shape, y_shape, inits=(), inputs=(), opset=17, dtype=TensorProto.FLOAT, out_dtype=None,
+           perm_in=NHWC_TO_NCHW, perm_out=NCHW_TO_NHWC):
+    """x -> Transpose(perm_in) -> op_nodes (reading "t", writing "o") -> Transpose(perm_out) -> y."""
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=perm_in), *op_nodes,
+             helper.make_node("Transpose", ["o"], ["y"], perm=perm_out)]
+    ins = [tinfo("x", x_shape, dtype), *inputs]
+    return model(nodes, ins, [tinfo("y", y_shape, out_dtype or dtype)], inits, opset=opset)
+
+
+R = np.random.default_rng(0)
+
+
+def _f(*shape):
+    return R.standard_normal(shape).astype(np.float32)
+
+
+X = [2, 5, 6, 4]  # NHWC; the op sees NCHW [2, 4, 5, 6]
+CASES = {
+    "relu": ([helper.make_node("Relu", ["t"], ["o"])], X, {}),
+    "cast": ([helper.make_node("Cast", ["t"], ["o"], to=TensorProto.DOUBLE)], X, {"out_dtype": TensorProto.DOUBLE}),
+    "leakyrelu": ([helper.make_node("LeakyRelu", ["t"], ["o"], alpha=0.2)], X, {}),
+    "clip": ([helper.make_node("Clip", ["t", "lo", "hi"], ["o"])], X,
+             {"inits": [init("lo", np.float32(-0.5)), init("hi", np.float32(0.5))]}),
+    "add-const-c": ([helper.make_node("Add", ["t", "b"], ["o"])], X, {"inits": [init("b", _f(4, 1, 1))]}),
+    "mul-const-full": ([helper.make_node("Mul", ["b", "t"], ["o"])], X, {"inits": [init("b", _f(2, 4, 5, 6))]}),
+    "sub-const-lower-rank": ([helper.make_node("Sub", ["t", "b"], ["o"])], X, {"inits": [init("b", _f(6))]}),
+    "add-activation": ([helper.make_node("Add", ["t", "w"], ["o"])], X, {"inputs": [tinfo("w", [1, 4, 1, 1])]}),
+    "add-activation-lower-rank": ([helper.make_node("Add", ["t", "w"], ["o"])], X, {"inputs": [tinfo("w", [4, 1, 1])]}),
+    "where": ([helper.make_node("Where", ["c", "t", "b"], ["o"])], X,
+              {"inits": [init("b", _f(4, 1, 1))], "inputs": [tinfo("c", [1, 1, 6], TensorProto.BOOL)]}),
+    "prelu": ([helper.make_node("PRelu", ["t", "s"], ["o"])], X, {"inits": [init("s", _f(4, 1, 1))]}),
+    "softmax": ([helper.make_node("Softmax", ["t"], ["o"], axis=1)], X, {}),
+    "logsoftmax-neg": ([helper.make_node("LogSoftmax", ["t"], ["o"], axis=-1)], X, {}),
+    "pad": ([helper.make_node("Pad", ["t", "pads"], ["o"])], X,
+            {"inits": [i64("pads", [0, 0, 1, 2, 0, 1, 0, 3])], "y": [2, 6, 11, 5]}),
+    "pad-axes": ([helper.make_node("Pad", ["t", "pads", "", "axes"], ["o"], mode="reflect")], X,
+                 {"inits": [i64("pads", [1, 2, 1, 0]), i64("axes", [2, 3])], "y": [2, 7, 8, 4], "opset": 18}),
+    "slice": ([helper.make_node("Slice", ["t", "st", "en", "ax"], ["o"])], X,
+              {"inits": [i64("st", [1, 0]), i64("en", [3, -1]), i64("ax", [1, -1])], "y": [2, 5, 5, 2]}),
+    "slice-no-axes": ([helper.make_node("Slice", ["t", "st", "en"], ["o"])], X,
+                      {"inits": [i64("st", [1, 1]), i64("en", [2, 3])], "y": [1, 5, 6, 2]}),
+    "resize": ([helper.make_node("Resize", ["t", "", "sc"], ["o"], mode="nearest")], X,
+               {"inits": [init("sc", np.array([1, 1, 2, 2], np.float32))], "y": [2, 10, 12, 4]}),
+    "resize-linear-sizes": ([helper.make_node("Resize", ["t", "", "", "sz"], ["o"], mode="linear")], X,
+                            {"inits": [i64("sz", [2, 4, 10, 3])], "y": [2, 10, 3, 4]}),
+    "qdq-per-axis": ([helper.make_node("QuantizeLinear", ["t", "qs", "zp"], ["q"], axis=1),
+                      helper.make_node("DequantizeLinear", ["q", "qs", "zp"], ["o"], axis=1)], X,
+                     {"inits": [init("qs", np.array([0.1, 0.2, 0.05, 0.3], np.float32)),
+                                init("zp", np.array([0, 3, -2, 1], np.int8))]}),
+    "qdq-per-tensor": ([helper.make_node("QuantizeLinear", ["t", "qs", "zp"], ["q"]),
+                        helper.make_node("DequantizeLinear", ["q", "qs", "zp"], ["o"])], X,
+                       {"inits": [init("qs", np.float32(0.1)), init("zp", np.int8(2))]}),
+    "concat": ([helper.make_node("Concat", ["t", "w"], ["o"], axis=1)], X,
+               {"y": [2, 5, 6, 8], "inputs": [tinfo("w", [2, 4, 5, 6])]}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_pass_pushes_through(case):
+    nodes, x_shape, kw = CASES[case]
+    kw = dict(kw)
+    y = kw.pop("y", X)
+    m = _chain(nodes, x_shape, y, **kw)
+    onnx.checker.check_model(m, full_check=True)
+    out, report = _run_pass(m)
+    assert report.rules["transpose_optimization"].fired >= 1, report.rules["transpose_optimization"]
+    assert _transpose_count(out) < _transpose_count(m), op_types(out)
+    onnx.checker.check_model(out, full_check=True)
+    same_outputs(m, out, tol=1e-6 if case.startswith(("resize", "softmax", "logsoftmax")) else None)
+
+
+def test_the_pass_pushes_through_split_into_the_transposes_of_each_output():
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=NHWC_TO_NCHW),
+             helper.make_node("Split", ["t", "sp"], ["s0", "s1"], axis=1),
+             helper.make_node("Transpose", ["s0"], ["y0"], perm=NCHW_TO_NHWC),
+             helper.make_node("Transpose", ["s1"], ["y1"], perm=NCHW_TO_NHWC)]
+    m = model(nodes, [tinfo("x", X)], [tinfo("y0", [2, 5, 6, 2]), tinfo("y1", [2, 5, 6, 2])], [i64("sp", [2, 2])])
+    out, report = _run_pass(m)
+    assert op_types(out) == ["Split"]
+    same_outputs(m, out)
+
+
+def _tail(op_nodes, y_shape, inits=(), opset=17, y_dtype=TensorProto.FLOAT):
+    """x (NHWC [2, 5, 6, 4]) -> Transpose to NCHW -> op_nodes (reading "t", writing "y"): the ops shrink
+    what the Transpose moves, so the push pays with no Transpose after."""
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=NHWC_TO_NCHW), *op_nodes]
+    return model(nodes, [tinfo("x", X)], [tinfo("y", y_shape, y_dtype)], inits, opset=opset)
+
+
+TAILS = {
+    "reducemean-keepdims": ([helper.make_node("ReduceMean", ["t"], ["y"], axes=[2, 3])], [2, 4, 1, 1], {}),
+    "reducesum-13-axes-input": ([helper.make_node("ReduceSum", ["t", "ax"], ["y"], keepdims=0)], [2, 4],
+                                {"inits": [i64("ax", [-1, 2])], "opset": 13}),
+    "reducemax-18-axes-input": ([helper.make_node("ReduceMax", ["t", "ax"], ["y"], keepdims=0)], [2, 6],
+                                {"inits": [i64("ax", [1, 2])], "opset": 18}),
+    "reduce-all": ([helper.make_node("ReduceL2", ["t"], ["y"], keepdims=1)], [1, 1, 1, 1], {}),
+    "argmax": ([helper.make_node("ArgMax", ["t"], ["y"], axis=1, keepdims=0)], [2, 5, 6],
+               {"y_dtype": TensorProto.INT64}),
+    "gather-scalar": ([helper.make_node("Gather", ["t", "i"], ["y"], axis=1)], [2, 5, 6],
+                      {"inits": [init("i", np.array(2, np.int64))]}),
+    "gather-2d": ([helper.make_node("Gather", ["t", "i"], ["y"], axis=3)], [2, 4, 5, 1, 2],
+                  {"inits": [init("i", np.array([[0, 5]], np.int64))]}),
+    "slice-then-squeeze": ([helper.make_node("Slice", ["t", "st", "en", "ax"], ["s"]),
+                            helper.make_node("Squeeze", ["s", "ax"], ["y"])], [2, 5, 6],
+                           {"inits": [i64("st", [1]), i64("en", [2]), i64("ax", [1])]}),
+    "squeeze-11": ([helper.make_node("Slice", ["t", "st", "en", "ax"], ["s"]),
+                    helper.make_node("Squeeze", ["s"], ["y"], axes=[1])], [2, 5, 6],
+                   {"inits": [i64("st", [1]), i64("en", [2]), i64("ax", [1])], "opset": 11}),
+    "reshape-squeeze-like": ([helper.make_node("ReduceMean", ["t"], ["r"], axes=[2]),
+                              helper.make_node("Reshape", ["r", "s"], ["y"])], [2, 4, 6],
+                             {"inits": [i64("s", [2, 4, 6])]}),
+}
+
+
+@pytest.mark.parametrize("case", list(TAILS))
+def test_the_pass_pushes_into_ops_that_shrink(case):
+    nodes, y, kw = TAILS[case]
+    m = _tail(nodes, y, **kw)
+    onnx.checker.check_model(m, full_check=True)
+    before = _cost(m)
+    out, report = _run_pass(m)
+    assert report.rules["transpose_optimization"].fired >= 1, report.rules["transpose_optimization"]
+    onnx.checker.check_model(out, full_check=True)
+    assert _cost(out)[1] < before[1], (op_types(out), _cost(out), before)
+    same_outputs(m, out, tol=1e-6 if "reduce" in case else None, depends=case != "argmax")
+
+
+def test_unsqueeze_is_pushed_through():
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=NHWC_TO_NCHW),
+             helper.make_node("Unsqueeze", ["t", "ax"], ["u"]),
+             helper.make_node("Transpose", ["u"], ["y"], perm=[0, 1, 3, 4, 2])]
+    m = model(nodes, [tinfo("x", X)], [tinfo("y", [2, 1, 5, 6, 4])], [i64("ax", [1])])
+    out, _ = _run_pass(m)
+    assert _transpose_count(out) == 0, op_types(out)
+    same_outputs(m, out)
+
+
+@pytest.mark.parametrize("case,reason", [("softmax-11", "before opset 13"), ("fan-out", "read by several nodes"),
+                                         ("graph-output", "no prefix lowers the cost")])
+def test_the_pass_refuses(case, reason):
+    if case == "softmax-11":
+        m = _chain([helper.make_node("Softmax", ["t"], ["o"], axis=1)], X, X, opset=11)
+    elif case == "fan-out":
+        m = _chain([helper.make_node("Relu", ["t"], ["r"]), helper.make_node("Add", ["t", "r"], ["o"])], X, X)
+    else:
+        m = _tail([helper.make_node("Relu", ["t"], ["y"])], [2, 4, 5, 6])
+    g = ir.serde.deserialize_model(m)
+    t = next(n for n in g.graph if n.op_type == "Transpose")
+    plan = plan_chain(t, opsets_of(g))
+    assert isinstance(plan, str) and reason in plan, plan
+    out, report = _run_pass(m)
+    assert report.rules["transpose_optimization"].fired == 0
+    assert op_types(out) == op_types(m)
