@@ -167,7 +167,7 @@ def graph_cost(model: ir.Model) -> tuple[int, Cost, int | None]:
             if any(k > 0 for k, _ in c.terms) or x.type is None:
                 nbytes = None
             elif c.terms:
-                nbytes += c.terms[0][1] * x.type.dtype.itemsize
+                nbytes += int(c.terms[0][1] * x.type.dtype.itemsize)
     return count, total, nbytes
 
 

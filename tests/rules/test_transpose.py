@@ -14,6 +14,7 @@ from onnx import TensorProto, helper
 import onnx_ir as ir
 
 from onnxopt import optimize
+from onnxopt.models.nhwc import keras_like
 from onnxopt.layout_pass import Cost, graph_cost, numel, plan_chain
 from onnxopt.shapes import opsets_of
 
@@ -336,37 +337,9 @@ def test_the_pass_refuses(case, reason):
 # --- NHWC graphs as tf2onnx writes them: Transposes around every Conv --------------------------------
 
 
-def keras_like(batch=1, size=16, c=8):
-    """x (NHWC) -> [T -> Conv -> T] -> Relu -> residual [T -> Conv 1x1 -> T] -> Add -> Mul by a
-    channels-last constant -> [T -> Conv -> T] -> Sigmoid -> ReduceMean over H, W (global pooling, NHWC)."""
-    rng = np.random.default_rng(1)
-    nodes, inits = [], []
-
-    def conv(x, y, name, cin, cout, k):
-        inits.append(init(f"{name}.w", (rng.standard_normal((cout, cin, k, k)) * 0.3).astype(np.float32)))
-        inits.append(init(f"{name}.b", (rng.standard_normal(cout) * 0.1).astype(np.float32)))
-        nodes.extend([helper.make_node("Transpose", [x], [f"{name}.in"], perm=NHWC_TO_NCHW),
-                      helper.make_node("Conv", [f"{name}.in", f"{name}.w", f"{name}.b"], [f"{name}.out"],
-                                       pads=[k // 2] * 4),
-                      helper.make_node("Transpose", [f"{name}.out"], [y], perm=NCHW_TO_NHWC)])
-
-    conv("x", "c1", "conv1", 3, c, 3)
-    nodes.append(helper.make_node("Relu", ["c1"], ["r1"]))
-    conv("r1", "c2", "conv2", c, c, 1)
-    nodes.append(helper.make_node("Add", ["r1", "c2"], ["a"]))
-    inits.append(init("gamma", rng.uniform(0.5, 1.5, c).astype(np.float32)))
-    nodes.append(helper.make_node("Mul", ["a", "gamma"], ["m"]))
-    conv("m", "c3", "conv3", c, c, 3)
-    nodes.append(helper.make_node("Sigmoid", ["c3"], ["s"]))
-    inits.append(i64("hw", [1, 2]))
-    nodes.append(helper.make_node("ReduceMean", ["s", "hw"], ["y"], keepdims=0))
-    n = batch if isinstance(batch, int) else "N"
-    return model(nodes, [tinfo("x", [n, size, size, 3])], [tinfo("y", [n, c])], inits, opset=18)
-
-
 @pytest.mark.parametrize("batch", [1, "N"], ids=["static", "symbolic-batch"])
 def test_a_keras_like_nhwc_graph_keeps_only_the_input_transpose(batch):
-    m = keras_like(batch)
+    m = keras_like(1, batch)
     before = _cost(m)
     out = optimize(m)
     after = _cost(out)
