@@ -488,9 +488,8 @@ def _other_costs(step: Step, opsets) -> Cost:
 class Plan:
     transpose: ir.Node
     steps: list[Step]
-    merge: ir.Node | None  # the Transpose the last carried one merges with
     delta: Cost
-    merges: dict = dataclasses.field(default_factory=dict)  # several outputs: output index -> Transpose
+    merges: list = dataclasses.field(default_factory=list)  # (output index, Transpose reading it)
 
 
 def _readers(value: ir.Value) -> list[ir.Node]:
@@ -526,21 +525,29 @@ def plan_chain(t: ir.Node, opsets, max_steps: int = _MAX_STEPS) -> Plan | str:
     shape = td  # the carried value's shape, in the transposed layout
     reason = "no reader to push into"
     for _ in range(max_steps):
-        if v.is_graph_output():
-            reason = "a graph output"
-            break
         readers = _readers(v)
-        if len(readers) != 1 or readers[0].graph is not t.graph:
-            reason = "read by several nodes" if readers else "not read"
+        is_transpose = [r.op_type == "Transpose" and r.domain in ("", "ai.onnx") and r.graph is t.graph
+                        for r in readers]
+        if v.is_graph_output() or len(readers) != 1 or is_transpose[0]:
+            # the chain ends: the Transposes reading the carried one merge with it, and the carried
+            # one stays for the other readers (a graph output among them)
+            if steps:
+                end, merges = cum, []
+                if v.is_graph_output() or not all(is_transpose):
+                    end = end + transpose_cost(pre_shape(shape, p), p)
+                for r, tr in zip(readers, is_transpose):
+                    if tr:
+                        z = perm_of(r, len(p))
+                        end = end + transpose_cost(pre_shape(shape, p), compose(p, z)) - transpose_cost(shape, z)
+                        merges.append((0, r))
+                if best is None or end < best.delta:
+                    best = Plan(t, list(steps), end, merges)
+            reason = ("a graph output" if v.is_graph_output() else "read by several nodes" if len(readers) > 1
+                      else "meets a Transpose" if readers else "not read")
             break
         o = readers[0]
-        if o.op_type == "Transpose" and o.domain in ("", "ai.onnx"):
-            if steps:
-                z = perm_of(o, len(p))
-                end = cum + transpose_cost(pre_shape(shape, p), compose(p, z)) - transpose_cost(shape, z)
-                if best is None or end < best.delta:
-                    best = Plan(t, list(steps), o, end)
-            reason = "meets a Transpose"
+        if o.graph is not t.graph:
+            reason = "read in a subgraph"
             break
         carried = [i for i, inp in enumerate(o.inputs) if inp is v]
         try:
@@ -562,17 +569,17 @@ def plan_chain(t: ir.Node, opsets, max_steps: int = _MAX_STEPS) -> Plan | str:
             steps.pop()
             reason = "output shape unknown"
             break
-        end, merges = cum, {}
+        end, merges = cum, []
         for k, (y, yd, q) in enumerate(outs):
             z = _sole_transpose_reader(y) if len(outs) > 1 else None
             if z is not None:
                 zp = perm_of(z, len(q))
                 end = end + transpose_cost(pre_shape(yd, q), compose(q, zp)) - transpose_cost(yd, zp)
-                merges[k] = z
+                merges.append((k, z))
             else:
                 end = end + transpose_cost(pre_shape(yd, q), q)
         if best is None or end < best.delta:
-            best = Plan(t, list(steps), None, end, merges)
+            best = Plan(t, list(steps), end, merges)
         if len(outs) != 1:
             reason = "several outputs"
             break
@@ -684,10 +691,7 @@ class _Apply:
         for step in plan.steps:
             outs = self.step(step, pre)
             pre = outs[0]
-        merges = dict(plan.merges)
-        if plan.merge is not None:
-            merges[0] = plan.merge
-        for k, z in merges.items():
+        for k, z in plan.merges:
             pre = outs[k]
             q = plan.steps[-1].out_perms[k]
             composed = compose(q, perm_of(z, len(q)))

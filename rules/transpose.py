@@ -28,6 +28,9 @@ def transpose_pair_replacement(m: Match, b):
     perm = [first[i] for i in second]
     if perm == list(range(len(perm))):
         return m["x"]
+    inner = m.node("inner").outputs[0]
+    if inner.is_graph_output() or len(inner.uses()) > 1:
+        raise Refuse("the inner Transpose has other readers and the pair does not cancel")
     return b.op("Transpose", m["x"], perm=perm)
 
 
@@ -72,8 +75,9 @@ def transpose_to_reshape_replacement(m: Match, b):
 
 
 RULES = [
-    Rule("transpose_pair", Op("Transpose", Op("Transpose", "x", name="inner"), name="outer"),
-         transpose_pair_replacement, exact=True, doc="Two Transposes are one (or none when they cancel)."),
+    Rule("transpose_pair", Op("Transpose", Op("Transpose", "x", name="inner", shared=True), name="outer"),
+         transpose_pair_replacement, exact=True,
+         doc="Two Transposes are one, or none when they cancel (then also where the inner one has other readers)."),
     Rule("transpose_elimination", Op("Transpose", "x", name="transpose"), _x,
          condition=transpose_elimination_condition, exact=True, doc="Transpose by the identity permutation is x."),
     Rule("transpose_to_reshape", Op("Transpose", "x", name="transpose"), transpose_to_reshape_replacement,

@@ -148,7 +148,7 @@ def test_a_push_through_three_ops_that_pays_only_at_the_third():
     t = next(n for n in g.graph if n.op_type == "Transpose")
     plan = plan_chain(t, opsets_of(g))
     assert not isinstance(plan, str), plan
-    assert len(plan.steps) == 3 and plan.merge is not None
+    assert len(plan.steps) == 3 and len(plan.merges) == 1
     assert plan.delta == -numel([1, 8, 8, 16]) - numel([1, 8, 8, 16])  # w, u: size-1 moves, free
     plan_two = plan_chain(t, opsets_of(g), max_steps=2)
     assert isinstance(plan_two, str)  # two pushes alone never pay
@@ -347,3 +347,36 @@ def test_a_keras_like_nhwc_graph_keeps_only_the_input_transpose(batch):
     assert after[1] < before[1]
     feeds = {"x": np.random.default_rng(2).standard_normal((2 if batch == "N" else 1, 16, 16, 3)).astype(np.float32)}
     same_outputs(m, out, feeds, tol=1e-5)
+
+
+def _shared(outer):
+    nodes = [helper.make_node("Neg", ["x"], ["n"]),
+             helper.make_node("Transpose", ["n"], ["a"], perm=[0, 2, 1]),
+             helper.make_node("Transpose", ["a"], ["b"], perm=outer),
+             helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("Add", ["b", "x"], ["y0"]),
+             helper.make_node("Identity", ["r"], ["y1"])]
+    return model(nodes, [tinfo("x", [3, 3, 3])], [tinfo("y0", [3, 3, 3]), tinfo("y1", [3, 3, 3])])
+
+
+def test_transpose_pair_cancels_where_the_inner_transpose_has_other_readers():
+    out, _ = fires("transpose_pair", _shared([0, 2, 1]))
+    assert op_types(out).count("Transpose") == 1
+
+
+def test_transpose_pair_refuses_to_merge_where_the_inner_transpose_has_other_readers():
+    refuses("transpose_pair", _shared([1, 0, 2]), "other readers and the pair does not cancel")
+
+
+def test_a_chain_ending_where_a_transpose_and_another_op_read_it():
+    """T -> Relu -> {T^-1 -> y0, Sigmoid -> y1}: the pushed Transpose stays for Sigmoid and the
+    inverse one cancels: one Transpose fewer."""
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=NHWC_TO_NCHW),
+             helper.make_node("Relu", ["t"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["y0"], perm=NCHW_TO_NHWC),
+             helper.make_node("Sigmoid", ["r"], ["y1"])]
+    m = model(nodes, [tinfo("x", X)], [tinfo("y0", X), tinfo("y1", [2, 4, 5, 6])])
+    out, report = _run_pass(m)
+    assert report.rules["transpose_optimization"].fired == 1
+    assert _transpose_count(out) == 1, op_types(out)
+    same_outputs(m, out)
