@@ -193,6 +193,7 @@ class Step:
     out_perms: list = dataclasses.field(default_factory=list)
     cost: Cost = ZERO
     others: dict = dataclasses.field(default_factory=dict)  # idx -> ("const", array) / ("compose", x, perm) / ("new", k)
+    sources: list = dataclasses.field(default_factory=list)  # (Transpose read through a composed one, its cost)
 
 
 UNARY = frozenset("""Abs Acos Acosh Asin Asinh Atan Atanh BitwiseNot Cast Ceil Celu Cos Cosh Elu Erf Exp Floor Gelu
@@ -471,8 +472,8 @@ def _other_costs(step: Step, opsets) -> Cost:
             rperm = perm_of(producer, None if xd is None else len(xd))
             if xd is not None and rperm is not None:
                 composed = compose(rperm, inv)
-                sole = use_count(w) == 1 and not w.is_graph_output()
-                total += transpose_cost(xd, composed) - (transpose_cost(xd, rperm) if sole else ZERO)
+                total += transpose_cost(xd, composed)  # (the producer's cost goes if it dies: plan_chain)
+                step.sources.append((producer, transpose_cost(xd, rperm)))
                 step.others[i] = ("compose", producer.inputs[0], composed)
                 continue
         total += transpose_cost([1] * k + list(d), inv)
@@ -511,7 +512,26 @@ def _sole_transpose_reader(y: ir.Value) -> ir.Node | None:
 
 
 def plan_chain(t: ir.Node, opsets, max_steps: int = _MAX_STEPS) -> Plan | str:
-    """The best prefix of the chain of pushes starting at Transpose ``t``, or why there is none."""
+    """The best prefix of a chain of pushes starting at Transpose ``t``, or why there is none. Where
+    several nodes read ``t``, a chain starts at each of them (``t`` stays for the others unless the
+    chain comes to read it through them all, as SiLU's Mul(x, Sigmoid(x)) does)."""
+    readers = _readers(t.outputs[0])
+    firsts = [None] if len(readers) <= 1 or t.outputs[0].is_graph_output() else \
+        [r for r in readers if not (r.op_type == "Transpose" and r.domain in ("", "ai.onnx"))]
+    best: Plan | str = "no reader to push into"
+    reasons = []
+    for first in firsts:
+        plan = _walk(t, opsets, max_steps, first)
+        if isinstance(plan, str):
+            reasons.append(plan)
+        elif isinstance(best, str) or plan.delta < best.delta:
+            best = plan
+    if isinstance(best, str):
+        best = reasons[0] if reasons else best
+    return best
+
+
+def _walk(t: ir.Node, opsets, max_steps: int, first: ir.Node | None) -> Plan | str:
     x, v = t.inputs[0], t.outputs[0]
     xd, td = _dims(x, opsets), _dims(v, opsets)
     if xd is None or td is None:
@@ -519,7 +539,18 @@ def plan_chain(t: ir.Node, opsets, max_steps: int = _MAX_STEPS) -> Plan | str:
     p = perm_of(t, len(xd))
     if p is None or len(p) != len(xd):
         return "perm unknown"
-    cum = -transpose_cost(xd, p)
+    cum = ZERO  # the cost of the Transposes added so far, less those of the merged ones
+    sources = {t: transpose_cost(xd, p)}  # Transposes that go once every reader is pushed
+    pushed: set[ir.Node] = set()
+
+    def dead() -> Cost:
+        total = ZERO
+        for node, cost in sources.items():
+            out = node.outputs[0]
+            if not out.is_graph_output() and all(r in pushed for r in _readers(out)):
+                total += cost
+        return total
+
     steps: list[Step] = []
     best: Plan | None = None
     shape = td  # the carried value's shape, in the transposed layout
@@ -528,24 +559,27 @@ def plan_chain(t: ir.Node, opsets, max_steps: int = _MAX_STEPS) -> Plan | str:
         readers = _readers(v)
         is_transpose = [r.op_type == "Transpose" and r.domain in ("", "ai.onnx") and r.graph is t.graph
                         for r in readers]
-        if v.is_graph_output() or len(readers) != 1 or is_transpose[0]:
-            # the chain ends: the Transposes reading the carried one merge with it, and the carried
-            # one stays for the other readers (a graph output among them)
-            if steps:
-                end, merges = cum, []
-                if v.is_graph_output() or not all(is_transpose):
-                    end = end + transpose_cost(pre_shape(shape, p), p)
-                for r, tr in zip(readers, is_transpose):
-                    if tr:
-                        z = perm_of(r, len(p))
-                        end = end + transpose_cost(pre_shape(shape, p), compose(p, z)) - transpose_cost(shape, z)
-                        merges.append((0, r))
-                if best is None or end < best.delta:
-                    best = Plan(t, list(steps), end, merges)
-            reason = ("a graph output" if v.is_graph_output() else "read by several nodes" if len(readers) > 1
-                      else "meets a Transpose" if readers else "not read")
-            break
-        o = readers[0]
+        if steps or first is None:
+            if v.is_graph_output() or len(readers) != 1 or is_transpose[0]:
+                # the chain ends: the Transposes reading the carried one merge with it, and the
+                # carried one stays for the other readers (a graph output among them)
+                if steps:
+                    end, merges = cum - dead(), []
+                    if v.is_graph_output() or not all(is_transpose):
+                        end = end + transpose_cost(pre_shape(shape, p), p)
+                    for r, tr in zip(readers, is_transpose):
+                        if tr:
+                            z = perm_of(r, len(p))
+                            end = end + transpose_cost(pre_shape(shape, p), compose(p, z)) - transpose_cost(shape, z)
+                            merges.append((0, r))
+                    if best is None or end < best.delta:
+                        best = Plan(t, list(steps), end, merges)
+                reason = ("a graph output" if v.is_graph_output() else "read by several nodes" if len(readers) > 1
+                          else "meets a Transpose" if readers else "not read")
+                break
+            o = readers[0]
+        else:
+            o = first
         if o.graph is not t.graph:
             reason = "read in a subgraph"
             break
@@ -556,8 +590,6 @@ def plan_chain(t: ir.Node, opsets, max_steps: int = _MAX_STEPS) -> Plan | str:
         except _Skip as exc:
             reason = str(exc)
             break
-        cum = cum + step.cost
-        steps.append(step)
         outs = []
         for y, q in zip(o.outputs, step.out_perms):
             yd = _dims(y, opsets)
@@ -566,10 +598,14 @@ def plan_chain(t: ir.Node, opsets, max_steps: int = _MAX_STEPS) -> Plan | str:
                 break
             outs.append((y, yd, q))
         if outs is None:
-            steps.pop()
             reason = "output shape unknown"
             break
-        end, merges = cum, []
+        cum = cum + step.cost
+        steps.append(step)
+        pushed.add(o)
+        for producer, cost in step.sources:
+            sources.setdefault(producer, cost)
+        end, merges = cum - dead(), []
         for k, (y, yd, q) in enumerate(outs):
             z = _sole_transpose_reader(y) if len(outs) > 1 else None
             if z is not None:

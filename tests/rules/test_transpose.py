@@ -316,13 +316,15 @@ def test_unsqueeze_is_pushed_through():
     same_outputs(m, out)
 
 
-@pytest.mark.parametrize("case,reason", [("softmax-11", "before opset 13"), ("fan-out", "read by several nodes"),
+@pytest.mark.parametrize("case,reason", [("softmax-11", "before opset 13"), ("fan-out", "no prefix lowers the cost"),
                                          ("graph-output", "no prefix lowers the cost")])
 def test_the_pass_refuses(case, reason):
     if case == "softmax-11":
         m = _chain([helper.make_node("Softmax", ["t"], ["o"], axis=1)], X, X, opset=11)
-    elif case == "fan-out":
-        m = _chain([helper.make_node("Relu", ["t"], ["r"]), helper.make_node("Add", ["t", "r"], ["o"])], X, X)
+    elif case == "fan-out":  # Relu's branch ends at a graph output; the Transpose stays for the Conv
+        m = _chain([helper.make_node("Relu", ["t"], ["r"]), helper.make_node("Conv", ["t", "w"], ["o"])], X, [2, 5, 6, 3],
+                   inits=[init("w", _f(3, 4, 1, 1))])
+        m.graph.output.append(tinfo("r", [2, 4, 5, 6]))
     else:
         m = _tail([helper.make_node("Relu", ["t"], ["y"])], [2, 4, 5, 6])
     g = ir.serde.deserialize_model(m)
@@ -380,3 +382,34 @@ def test_a_chain_ending_where_a_transpose_and_another_op_read_it():
     assert report.rules["transpose_optimization"].fired == 1
     assert _transpose_count(out) == 1, op_types(out)
     same_outputs(m, out)
+
+
+def test_silu_reading_the_transpose_twice_is_pushed_through():
+    """T -> {Sigmoid, Mul(t, Sigmoid(t))} -> T^-1 (SiLU, as EfficientNet converted from Keras has it):
+    the push into Sigmoid keeps T for Mul and raises the cost; the push into Mul reads T through a
+    cancelled Transpose, T goes, and the inverse Transpose cancels."""
+    m = _chain([helper.make_node("Sigmoid", ["t"], ["s"]), helper.make_node("Mul", ["t", "s"], ["o"])], X, X)
+    out, report = _run_pass(m)
+    assert report.rules["transpose_optimization"].fired == 1
+    assert _transpose_count(out) == 0, op_types(out)
+    same_outputs(m, out)
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v2-legacy", "resnet50-legacy", "efficientnet_b0-legacy"])
+def test_zoo_cnns_written_channels_last_keep_only_the_input_transpose(name):
+    """A zoo CNN rewritten as tf2onnx writes Keras models (models/nhwc.py: NHWC activations, Transposes
+    around every Conv, pooling and per-channel op: 213 to 295 of them) comes back to one Transpose, at
+    the input, with the outputs of the NCHW model on the transposed input."""
+    from onnxopt.models.nhwc import to_nhwc_style
+
+    from .zoo_cases import load
+
+    nchw = load(name)
+    m = to_nhwc_style(nchw)
+    out = optimize(m)
+    assert _cost(m)[0] > 200 and _cost(out)[0] == 1
+    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    from conftest import run_ort
+    want = run_ort(nchw, {nchw.graph.input[0].name: x})[0]
+    got = run_ort(out, {out.graph.input[0].name: np.ascontiguousarray(x.transpose(0, 2, 3, 1))})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
