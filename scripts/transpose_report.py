@@ -1,7 +1,7 @@
 """Transposes before and after onnxopt, and the bytes they move per inference (from shapes), with
 onnxruntime's offline optimizer (basic level: its transpose optimizer) beside it.
 
-    python scripts/transpose_report.py [--zoo NAME ...] [--blocks N ...]
+    python scripts/transpose_report.py [--zoo NAME ...] [--nhwc-zoo NAME ...] [--blocks N ...]
 
 The NHWC graphs are models/nhwc.py's keras_like (Transposes around every Conv, as tf2onnx writes
 Keras models with its optimizer off); zoo models come from the zoo cache. Bytes are "-" where a
@@ -49,19 +49,24 @@ def row(name: str, m: onnx.ModelProto) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--zoo", nargs="*", default=[], help="zoo models (from the cache)")
+    p.add_argument("--zoo", nargs="*", default=[], help="zoo models (from the cache), as they are")
+    p.add_argument("--nhwc-zoo", nargs="*", default=["mobilenet_v2-legacy", "resnet50-legacy", "efficientnet_b0-legacy"],
+                   help="zoo CNNs rewritten channels-last as tf2onnx writes Keras models (models/nhwc.py)")
     p.add_argument("--blocks", nargs="*", type=int, default=[1, 4])
     args = p.parse_args(argv)
     print("model | original: Transposes / elements / bytes | onnxopt | onnxruntime basic")
     for blocks in args.blocks:
         print(row(f"keras_like({blocks} blocks, batch 1, 56x56x32)", keras_like(blocks, 1, 56, 32)))
         print(row(f"keras_like({blocks} blocks, batch N, 56x56x32)", keras_like(blocks, "N", 56, 32)))
-    if args.zoo:
-        from onnxopt.models import zoo
+    from onnxopt.models import zoo
+    from onnxopt.models.nhwc import to_nhwc_style
 
-        for name in args.zoo:
-            path = zoo.path(name) if hasattr(zoo, "path") else Path.home() / ".cache/onnxopt/models" / f"{name}.onnx"
-            print(row(name, onnx.load(str(path))))
+    for name in args.nhwc_zoo:
+        path = zoo.get(name).path()
+        if path.exists():
+            print(row(f"{name} channels-last (tf2onnx style)", to_nhwc_style(onnx.load(str(path)))))
+    for name in args.zoo:
+        print(row(name, onnx.load(str(zoo.get(name).path()))))
     return 0
 
 
