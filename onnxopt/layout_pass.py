@@ -33,12 +33,13 @@ round differently in onnxruntime's kernels (the element-wise pushes are bit-iden
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import onnx_ir as ir
 
-from .irutil import constant_tensor, opset_of, redirect, use_count
+from .irutil import REPLACED_KEY, RULE_KEY, constant_tensor, inherit_metadata, opset_of, redirect, use_count
 from .shapes import DECLARED, infer, opsets_of
 
 _MAX_STEPS = 12  # ops one chain pushes through
@@ -652,7 +653,6 @@ class _Apply:
         name = self.namer(f"{hint}::transpose_push")
         outs = outputs or [self._value(f"{name}_out") for _ in range(n_out)]
         node = ir.Node("", op, inputs, attributes=list(attrs), outputs=outs, name=name)
-        node.metadata_props["onnxopt.rule"] = "transpose_optimization"
         self.graph.insert_before(before, node)
         self.new_nodes.append(node)
         return node
@@ -675,6 +675,7 @@ class _Apply:
         """Rewrite ``step.node`` to read ``pre``; returns its new outputs (in the new layout), the
         old outputs redirected to Transposes of them."""
         o = step.node
+        start = len(self.new_nodes)
         hint = (o.name or o.op_type).split("::")[0]
         inputs = list(o.inputs) + [None] * (max([*step.arrays, 0]) + 1 - len(o.inputs))
         for i in step.carried:
@@ -706,9 +707,6 @@ class _Apply:
                 new.shape = ir.Shape(pre_shape(list(y.shape), q))
         node = ir.Node(o.domain, o.op_type, inputs, attributes=list(attrs.values()), outputs=outs,
                        name=self.namer(f"{hint}::transpose_push"), overload=o.overload)
-        for key, val in o.metadata_props.items():
-            node.metadata_props[key] = val
-        node.metadata_props["onnxopt.rule"] = "transpose_optimization"
         self.graph.insert_before(o, node)
         self.new_nodes.append(node)
         for y, q, new in zip(o.outputs, step.out_perms, outs):
@@ -718,6 +716,11 @@ class _Apply:
                 if DECLARED in y.meta:
                     t.meta[DECLARED] = y.meta[DECLARED]
             redirect(y, t)
+        replaced = json.dumps([o.name or o.op_type])
+        for made in self.new_nodes[start:]:
+            inherit_metadata(made, [o])
+            made.metadata_props[RULE_KEY] = "transpose_optimization"
+            made.metadata_props[REPLACED_KEY] = replaced
         self.lost += [v for v in o.inputs if v is not None]
         self.graph.remove(o, safe=True)
         return outs
@@ -735,6 +738,11 @@ class _Apply:
             t = self.transpose(z, pre, composed, (z.name or "transpose").split("::")[0])
             if t is pre and (y.is_graph_output() and not _can_take(pre)):
                 t = self._node(z, "Identity", [pre], hint=z.name or "identity").outputs[0]
+            if t is not pre and t.producer() is not None and t.producer() in self.new_nodes:
+                made = t.producer()
+                inherit_metadata(made, [z])
+                made.metadata_props[RULE_KEY] = "transpose_optimization"
+                made.metadata_props[REPLACED_KEY] = json.dumps([z.name or z.op_type])
             redirect(y, t)
             self.lost += [v for v in z.inputs if v is not None]
             self.graph.remove(z, safe=True)

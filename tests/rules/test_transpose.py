@@ -413,3 +413,10 @@ def test_zoo_cnns_written_channels_last_keep_only_the_input_transpose(name):
     want = run_ort(nchw, {nchw.graph.input[0].name: x})[0]
     got = run_ort(out, {out.graph.input[0].name: np.ascontiguousarray(x.transpose(0, 2, 3, 1))})[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+
+
+def test_the_nodes_the_pass_makes_say_so():
+    out, _ = _run_pass(_chain([helper.make_node("Relu", ["t"], ["o"], name="act")], X, X))
+    relu = next(n for n in out.graph.node if n.op_type == "Relu")
+    props = {p.key: p.value for p in relu.metadata_props}
+    assert props["onnxopt.rule"] == "transpose_optimization" and props["onnxopt.replaced"] == '["act"]'
