@@ -420,3 +420,65 @@ def test_the_nodes_the_pass_makes_say_so():
     relu = next(n for n in out.graph.node if n.op_type == "Relu")
     props = {p.key: p.value for p in relu.metadata_props}
     assert props["onnxopt.rule"] == "transpose_optimization" and props["onnxopt.replaced"] == '["act"]'
+
+
+def _random_chain(seed):
+    """x [2, 3, 4, 5] -> Transpose(random perm) -> 1 to 4 random layout-agnostic ops -> Transpose
+    (the inverse perm, or another) -> y: shapes from onnx's inference."""
+    rng = np.random.default_rng(seed)
+    perm = [int(p) for p in rng.permutation(4)]
+    nodes = [helper.make_node("Transpose", ["x"], ["v0"], perm=perm)]
+    inits, inputs = [], [tinfo("x", [2, 3, 4, 5])]
+    shape = [[2, 3, 4, 5][p] for p in perm]
+    cur = "v0"
+    for k in range(int(rng.integers(1, 5))):
+        nxt = f"v{k + 1}"
+        kind = rng.choice(["relu", "addc", "mulact", "softmax", "slice", "pad", "reducekeep", "concat"])
+        axis = int(rng.integers(0, 4))
+        if kind == "relu":
+            nodes.append(helper.make_node("Relu", [cur], [nxt]))
+        elif kind == "addc":
+            cshape = [s if rng.random() < 0.5 else 1 for s in shape][int(rng.integers(0, 4)):]
+            inits.append(init(f"c{k}", rng.standard_normal(cshape).astype(np.float32)))
+            nodes.append(helper.make_node("Add", [cur, f"c{k}"], [nxt]))
+        elif kind == "mulact":
+            inputs.append(tinfo(f"w{k}", [s if rng.random() < 0.5 else 1 for s in shape]))
+            nodes.append(helper.make_node("Mul", [f"w{k}", cur], [nxt]))
+        elif kind == "softmax":
+            nodes.append(helper.make_node("Softmax", [cur], [nxt], axis=axis - 4 * int(rng.integers(0, 2))))
+        elif kind == "slice":
+            if shape[axis] < 2:
+                nodes.append(helper.make_node("Neg", [cur], [nxt]))
+            else:
+                inits += [i64(f"st{k}", [1]), i64(f"en{k}", [shape[axis]]), i64(f"ax{k}", [axis])]
+                nodes.append(helper.make_node("Slice", [cur, f"st{k}", f"en{k}", f"ax{k}"], [nxt]))
+                shape[axis] -= 1
+        elif kind == "pad":
+            pads = [int(a) for a in rng.integers(0, 2, 8)]
+            inits.append(i64(f"p{k}", pads))
+            nodes.append(helper.make_node("Pad", [cur, f"p{k}"], [nxt]))
+            shape = [s + pads[i] + pads[4 + i] for i, s in enumerate(shape)]
+        elif kind == "reducekeep":
+            nodes.append(helper.make_node("ReduceSum", [cur, f"r{k}"], [nxt], keepdims=1))
+            inits.append(i64(f"r{k}", [axis]))
+            shape[axis] = 1
+        else:
+            inputs.append(tinfo(f"w{k}", shape[:axis] + [2] + shape[axis + 1:]))
+            nodes.append(helper.make_node("Concat", [cur, f"w{k}"], [nxt], axis=axis))
+            shape[axis] += 2
+        cur = nxt
+    out_perm = inverse_perm = [perm.index(i) for i in range(4)]
+    if rng.random() < 0.3:
+        out_perm = [int(p) for p in rng.permutation(4)]
+    nodes.append(helper.make_node("Transpose", [cur], ["y"], perm=out_perm))
+    del inverse_perm
+    m = model(nodes, inputs, [tinfo("y", [shape[p] for p in out_perm])], inits)
+    return onnx.shape_inference.infer_shapes(m, strict_mode=True)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_chains_keep_their_outputs(seed):
+    m = _random_chain(seed)
+    out = optimize(m)
+    assert _cost(out)[1] < _cost(m)[1] or _cost(out)[1] == _cost(m)[1]
+    same_outputs(m, out, tol=1e-5)
