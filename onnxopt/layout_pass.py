@@ -7,18 +7,20 @@ moves only size-1 dimensions costs nothing (it is a Reshape, rule ``transpose_to
 dimension that is not a number counts as a parameter ``s``: a cost is a polynomial in ``s``,
 compared as ``s`` grows (``2s`` is more than ``1000``, ``s - 8`` is more than ``0``).
 
-For each Transpose ``T`` (perm ``p``) whose output has one reader (not a graph output), the pass
-walks the chain ``T -> O1 -> O2 -> ...``: a push through ``O`` makes ``O`` read ``T``'s input
-directly, in ``T``'s input layout (axes attributes and per-axis constants remapped), transposes
-``O``'s other layout-following inputs the other way (constants are permuted in place; a value
-made by a Transpose takes a composed one; any other value gets a new Transpose, extended to the
-output's rank by an Unsqueeze for a broadcasting operand of lower rank), and puts a Transpose
-after ``O``'s outputs. Every prefix of the chain is scored: after ``k`` pushes the graph holds the
-Transposes added for other inputs and the one carried on ``Ok``'s output (merged with the
-Transpose that reads it, when one does). The pass commits the prefix with the lowest total when
-that total is lower than the graph's: a sequence whose single steps raise the cost but whose end
-lowers it is found, and a committed sequence never raises it. It repeats until no chain pays
-(``_MAX_ROUNDS``).
+For each Transpose ``T`` (perm ``p``) the pass walks the chain ``T -> O1 -> O2 -> ...``: a push
+through ``O`` makes ``O`` read ``T``'s input directly, in ``T``'s input layout (axes attributes and
+per-axis constants remapped), transposes ``O``'s other layout-following inputs the other way
+(constants are permuted; a value made by a Transpose takes a composed one, which cancels when the
+two are inverse; any other value gets a new Transpose, after an Unsqueeze to the output's rank for
+a broadcasting operand of lower rank), and puts a Transpose after ``O``'s outputs. Where several
+nodes read ``T``, a chain starts at each of them in turn (``T`` stays for the others, and goes once
+the chain has pushed every one of its readers: SiLU's ``Mul(x, Sigmoid(x))``). A chain goes on
+while the carried Transpose has one reader; it ends where it has several (those that are
+Transposes merge with it, the others keep it), at a graph output, or at an op it cannot pass.
+Every prefix of the chain is scored: the Transposes added, less those merged and those left with
+no reader. The pass commits the prefix with the lowest total when that total is below zero: a
+sequence whose single steps raise the cost but whose end lowers it is found, and a committed
+sequence never raises it. It repeats until no chain pays (``_MAX_ROUNDS``).
 
 Ops pushed through (``_handler``): element-wise unary ops and Cast, Clip, broadcasting binaries
 (and Where, PRelu), Concat, Split, Reduce*, ArgMax/ArgMin, Softmax/LogSoftmax/Hardmax (opset 13+),
