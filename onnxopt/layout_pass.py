@@ -425,13 +425,24 @@ def _handler(node: ir.Node, carried: list[int], p: list[int], opsets) -> Step:
         return step
     if op == "Reshape":
         t = _dims(node.inputs[0], opsets)
-        out = node.outputs[0].shape
+        out = _dims(node.outputs[0], opsets)
         if t is None or out is None or not all(isinstance(d, int) for d in t) or \
                 not all(isinstance(d, int) for d in out):
             raise _Skip("Reshape shapes not static")
-        out = [int(d) for d in out]
-        if [d for d in t if d != 1] != [d for d in out if d != 1] or 0 in t:
-            raise _Skip("Reshape does more than insert or remove size-1 dimensions")
+        if 0 in t:
+            raise _Skip("Reshape of an empty tensor")
+        if [d for d in t if d != 1] != [d for d in out if d != 1]:
+            groups = _merge_groups(t, out)
+            if groups is None:
+                raise _Skip("Reshape does more than merge dimensions or insert or remove size-1 ones")
+            for g in groups:
+                xs = [p[a] for a in g]
+                if xs != list(range(xs[0], xs[0] + len(xs))):
+                    raise _Skip("Reshape merges dimensions that are not adjacent, in order, before the Transpose")
+            order = sorted(range(len(groups)), key=lambda j: p[groups[j][0]])
+            step.arrays[1] = np.array([out[j] for j in order], dtype=np.int64)
+            step.out_perms = [_from_labels(list(range(len(out))), order)]
+            return step
         labels = [p[a] for a in range(r) if t[a] != 1]  # the non-1 dims of t, by their x axis
         xs = sorted(labels)
         pre = pre_shape(t, p)
@@ -451,6 +462,24 @@ def _handler(node: ir.Node, carried: list[int], p: list[int], opsets) -> Step:
         step.out_perms = [_from_labels(old, new)]
         return step
     raise _Skip(f"no push through {op}")
+
+
+def _merge_groups(t: list[int], out: list[int]) -> list[list[int]] | None:
+    """The axes of ``t`` each dimension of ``out`` merges (consecutive runs), when the Reshape
+    only merges dimensions (no size-1 ones on either side); else None."""
+    if 1 in t or 1 in out:
+        return None
+    groups, i = [], 0
+    for d in out:
+        g, prod = [], 1
+        while prod < d and i < len(t):
+            prod *= t[i]
+            g.append(i)
+            i += 1
+        if prod != d or not g:
+            return None
+        groups.append(g)
+    return groups if i == len(t) else None
 
 
 def _other_costs(step: Step, opsets) -> Cost:

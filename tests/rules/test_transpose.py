@@ -482,3 +482,23 @@ def test_random_chains_keep_their_outputs(seed):
     out = optimize(m)
     assert _cost(out)[1] < _cost(m)[1] or _cost(out)[1] == _cost(m)[1]
     same_outputs(m, out, tol=1e-5)
+
+
+@pytest.mark.parametrize("shape,perm_out,pays", [([2, 30, 4], [0, 2, 1], True), ([2, 5, 24], [0, 2, 1], False)],
+                         ids=["merges-h-w", "merges-w-c"])
+def test_reshape_merging_dimensions_adjacent_before_the_transpose(shape, perm_out, pays):
+    """x [2, 4, 5, 6] -> T to NHWC -> Reshape [2, 30, 4] (H, W merged: adjacent in NCHW too) -> T:
+    Reshape [2, 4, 30] and one Transpose, cancelled here. W and C merged are not adjacent in NCHW."""
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=NCHW_TO_NHWC),
+             helper.make_node("Reshape", ["t", "s"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["y"], perm=perm_out)]
+    m = model(nodes, [tinfo("x", [2, 4, 5, 6])], [tinfo("y", [shape[p] for p in perm_out])], [i64("s", shape)])
+    g = ir.serde.deserialize_model(m)
+    plan = plan_chain(next(n for n in g.graph if n.op_type == "Transpose"), opsets_of(g))
+    out, report = _run_pass(m)
+    if pays:
+        assert op_types(out) == ["Reshape"], op_types(out)
+    else:
+        assert isinstance(plan, str) and "not adjacent" in plan, plan
+        assert op_types(out) == op_types(m)
+    same_outputs(m, out)
