@@ -432,9 +432,17 @@ def _handler(node: ir.Node, carried: list[int], p: list[int], opsets) -> Step:
         if 0 in t:
             raise _Skip("Reshape of an empty tensor")
         if [d for d in t if d != 1] != [d for d in out if d != 1]:
+            splits = _merge_groups(out, t)  # each axis of t split into a run of out's
+            if splits is not None:
+                inv = inverse(p)
+                old = [(a, k) for a, g in enumerate(splits) for k in range(len(g))]
+                new = [(inv[l], k) for l in range(r) for k in range(len(splits[inv[l]]))]
+                step.arrays[1] = np.array([out[splits[a][k]] for a, k in new], dtype=np.int64)
+                step.out_perms = [_from_labels(old, new)]
+                return step
             groups = _merge_groups(t, out)
             if groups is None:
-                raise _Skip("Reshape does more than merge dimensions or insert or remove size-1 ones")
+                raise _Skip("Reshape does more than merge or split dimensions or insert or remove size-1 ones")
             for g in groups:
                 xs = [p[a] for a in g]
                 if xs != list(range(xs[0], xs[0] + len(xs))):

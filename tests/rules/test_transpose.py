@@ -502,3 +502,15 @@ def test_reshape_merging_dimensions_adjacent_before_the_transpose(shape, perm_ou
         assert isinstance(plan, str) and "not adjacent" in plan, plan
         assert op_types(out) == op_types(m)
     same_outputs(m, out)
+
+
+def test_reshape_splitting_a_dimension_is_pushed_through():
+    """x [2, 30, 4] -> T (0, 2, 1) -> [2, 4, 30] -> Reshape [2, 4, 5, 6] -> T to NHWC: Reshape [2, 5, 6, 4], no
+    Transpose (the split commutes with any permutation)."""
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1]),
+             helper.make_node("Reshape", ["t", "s"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["y"], perm=NCHW_TO_NHWC)]
+    m = model(nodes, [tinfo("x", [2, 30, 4])], [tinfo("y", [2, 5, 6, 4])], [i64("s", [2, 4, 5, 6])])
+    out, _ = _run_pass(m)
+    assert op_types(out) == ["Reshape"], op_types(out)
+    same_outputs(m, out)
