@@ -315,6 +315,14 @@ class Pass:
 
 LIFT, DEDUP, CSE, SHAPES = "constant_lifting", "initializer_deduplication", "common_subexpression_elimination", \
     "shape_completion"
+TRANSPOSES = "transpose_optimization"
+
+
+def _optimize_transposes(model: ir.Model, touched: Touched | None = None) -> int:
+    from .layout_pass import optimize_transposes
+
+    return optimize_transposes(model, touched)
+
 PASSES = (
     Pass(LIFT, lift_constants, "first",
          "Constant nodes become initializers, in one sweep before matching (onnx_ir's pass).", exact=True),
@@ -325,6 +333,9 @@ PASSES = (
     Pass(SHAPES, complete_shapes, "first",
          "Consistent symbolic shapes (onnx inference, data propagation) for the rules; not written out.",
          annotates=True, exact=False),
+    Pass(TRANSPOSES, _optimize_transposes, "between",
+         "Transposes pushed down through layout-agnostic ops where a whole chain lowers the elements they move "
+         "(onnxopt.layout_pass).", exact=False),
 )
 BY_NAME = {p.name: p for p in PASSES}
 NAMES = tuple(BY_NAME)  # in the order reports and --list-rules show them

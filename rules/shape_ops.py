@@ -1,4 +1,5 @@
-"""Shape and data-movement ops that change nothing, chains of them, and shapes that can be constants.
+"""Shape and data-movement ops that change nothing, chains of them, and shapes that can be constants
+(Transposes have their own family, rules/transpose.py).
 
 Exact: each rule keeps every value and every output's shape and dtype. Reshape targets built from
 the input's own Shape (``Shape -> Gather -> Unsqueeze -> Concat -> Reshape``) are read back with
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnxopt.pattern import Const, Match, Op, Opt, Refuse, Rule, forward
+from onnxopt.pattern import Const, Match, Op, Opt, Rule, forward
 from onnxopt.shapes import is_dim_of, same_symbol, shape_elements
 
 _x = forward("x")
@@ -157,34 +158,6 @@ def unsqueeze_chain_replacement(m: Match, b):
     return b.op("Unsqueeze", m["x"], axes=m.plan)
 
 
-# --- Transpose ------------------------------------------------------------------------------------
-
-
-def transpose_pair_replacement(m: Match, b):
-    first = m.attr("inner", "perm")
-    if first is None:
-        dims = m.dims("x")
-        if dims is None:
-            raise Refuse("rank unknown")
-        first = list(reversed(range(len(dims))))
-    first = [int(p) for p in first]
-    second = m.attr("outer", "perm")
-    second = list(reversed(range(len(first)))) if second is None else [int(p) for p in second]
-    if len(first) != len(second):
-        raise Refuse("ranks differ")
-    perm = [first[i] for i in second]
-    if perm == list(range(len(perm))):
-        return m["x"]
-    return b.op("Transpose", m["x"], perm=perm)
-
-
-def transpose_elimination_condition(m: Match):
-    perm = m.attr("transpose", "perm")
-    if perm is None or [int(p) for p in perm] != list(range(len(perm))):
-        return "not the identity permutation"
-    return None
-
-
 # --- Expand, Slice, Pad, Concat, Split ----------------------------------------------------------------
 
 
@@ -272,10 +245,6 @@ RULES = [
     Rule("unsqueeze_chain", Op("Unsqueeze", Op("Unsqueeze", "x", Opt(Const("a1")), name="inner"), Opt(Const("a2")),
                                name="outer"), unsqueeze_chain_replacement, condition=unsqueeze_chain_condition,
          exact=True, doc="Unsqueeze(Unsqueeze(x, a1), a2) is one Unsqueeze with both sets of axes."),
-    Rule("transpose_pair", Op("Transpose", Op("Transpose", "x", name="inner"), name="outer"),
-         transpose_pair_replacement, exact=True, doc="Two Transposes are one (or none when they cancel)."),
-    Rule("transpose_elimination", Op("Transpose", "x", name="transpose"), _x,
-         condition=transpose_elimination_condition, exact=True, doc="Transpose by the identity permutation is x."),
     Rule("expand_elimination", Op("Expand", "x", Const("shape")), _x, condition=expand_elimination_condition,
          exact=True, doc="Expand to a shape x already covers is x."),
     Rule("slice_elimination", Op("Slice", "x", Const("starts"), Const("ends"), Opt(Const("axes")), Opt(Const("steps"))),

@@ -236,7 +236,7 @@ def test_list_rules_by_family_with_targets_and_exactness(tmp_path, capsys):
     text = proc.stdout
     rules = onnxopt.default_rules()
     families = _default_families()
-    assert text.splitlines()[0] == (f"{len(rules) + 1} rules in {len(families) + 1} families and 4 graph passes, "
+    assert text.splitlines()[0] == (f"{len(rules) + 1} rules in {len(families) + 1} families and {len(onnxopt.passes.NAMES)} graph passes, "
                                     "for target ort-cuda (--target portable|ort-cpu|ort-cuda)")
     blocks = {b.splitlines()[0]: b.splitlines()[1:] for b in text.split("\n\n")}
     for family in families:

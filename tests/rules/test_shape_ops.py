@@ -301,49 +301,6 @@ def test_unsqueeze_chain_refuses_an_input_of_unknown_rank():
     refuses("unsqueeze_chain", m, "axes or rank unknown")
 
 
-# --- Transpose ----------------------------------------------------------------------------------
-
-
-def test_transpose_pair_cancels_and_merges():
-    nodes = [helper.make_node("Transpose", ["x"], ["a"], perm=[0, 2, 1]),
-             helper.make_node("Transpose", ["a"], ["b"], perm=[0, 2, 1]),
-             helper.make_node("Transpose", ["b"], ["c"], perm=[1, 0, 2]),
-             helper.make_node("Transpose", ["c"], ["y"], perm=[2, 0, 1])]
-    m = model(nodes, [tinfo("x", [2, 3, 4])], [tinfo("y", [4, 3, 2])])
-    out = optimize(m)
-    assert op_types(out) == ["Transpose"]
-    assert_same_outputs(m, out, feeds_for(m))
-    out, _ = fires("transpose_pair", m, times=2)  # the first pair cancels, the second merges
-    assert op_types(out) == ["Transpose"]
-
-
-def _transposes(inner, outer, hide=False):
-    nodes = [helper.make_node("Neg", ["x"], ["n"]), *([opaque("n", "h")] if hide else []),
-             helper.make_node("Transpose", ["h" if hide else "n"], ["a"], **({"perm": inner} if inner else {})),
-             helper.make_node("Transpose", ["a"], ["y"], **({"perm": outer} if outer else {}))]
-    return x_model(nodes, [2, 3, 4], 3)
-
-
-def test_transpose_pair_fires_without_perms():
-    out, _ = fires("transpose_pair", _transposes(None, [1, 0, 2]))  # the default reverses the axes
-    assert op_types(out) == ["Neg", "Transpose"]
-
-
-def test_transpose_pair_refuses_a_default_perm_of_unknown_rank():
-    refuses("transpose_pair", _transposes(None, [1, 0, 2], hide=True), "rank unknown")
-
-
-def test_transpose_elimination_fires_on_the_identity_permutation():
-    out, _ = fires("transpose_elimination", _after_neg("Transpose", [2, 3, 4], [2, 3, 4], perm=[0, 1, 2]))
-    assert op_types(out) == ["Neg"]
-
-
-@pytest.mark.parametrize("perm", [[1, 0, 2], None])
-def test_transpose_elimination_refuses_a_permutation(perm):
-    m = _after_neg("Transpose", [2, 3, 4], 3, **({"perm": perm} if perm else {}))
-    refuses("transpose_elimination", m, "not the identity permutation")
-
-
 # --- Expand, Slice, Pad, Concat, Split ----------------------------------------------------------------
 
 

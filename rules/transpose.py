@@ -1,0 +1,86 @@
+"""Transposes: pairs merged or cancelled, the identity removed, and those that move only size-1
+dimensions turned into a Reshape (a view: no element moves).
+
+Pushing Transposes through the ops that do not care about layout is a whole-graph decision (a
+chain of pushes may pay only at its end): the pass ``transpose_optimization``
+(``onnxopt.layout_pass``) makes it, by a cost in elements moved. A Transpose of a constant is
+folded by constant folding (rules/folding.py). All rules here are exact: they move no value.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from onnxopt.layout_pass import moves_data, perm_of
+from onnxopt.pattern import Match, Op, Refuse, Rule, forward
+
+_x = forward("x")
+
+
+def transpose_pair_replacement(m: Match, b):
+    dims = m.dims("x")
+    first = perm_of(m.node("inner"), None if dims is None else len(dims))
+    if first is None:
+        raise Refuse("rank unknown")
+    second = perm_of(m.node("outer"), len(first))
+    if len(first) != len(second):
+        raise Refuse("ranks differ")
+    perm = [first[i] for i in second]
+    if perm == list(range(len(perm))):
+        return m["x"]
+    inner = m.node("inner").outputs[0]
+    if inner.is_graph_output() or len(inner.uses()) > 1:
+        raise Refuse("the inner Transpose has other readers and the pair does not cancel")
+    return b.op("Transpose", m["x"], perm=perm)
+
+
+def transpose_elimination_condition(m: Match):
+    perm = m.attr("transpose", "perm")
+    if perm is None or [int(p) for p in perm] != list(range(len(perm))):
+        return "not the identity permutation"
+    return None
+
+
+def transpose_to_reshape_condition(m: Match):
+    """The plan: the Reshape's target (0 copies a dimension left in place, one -1 stands for one
+    moved dimension that is not a number)."""
+    dims = m.dims("x")
+    if dims is None:
+        return "rank unknown"
+    perm = perm_of(m.node("transpose"), len(dims))
+    if len(perm) != len(dims) or sorted(perm) != list(range(len(dims))):
+        return "not a permutation of x's axes"
+    if perm == list(range(len(perm))):
+        return "the identity permutation (transpose_elimination)"
+    if moves_data([d if d is not None else "s" for d in dims], perm):
+        return "moves a dimension that is not size 1"
+    if 0 in dims:
+        return "a dimension of size 0"
+    target = []
+    for j, p in enumerate(perm):
+        d = dims[p]
+        if d is not None:
+            target.append(d)
+        elif p == j:
+            target.append(0)
+        else:
+            target.append(-1)
+    if target.count(-1) > 1:
+        return "more than one moved dimension is not a number"
+    return target
+
+
+def transpose_to_reshape_replacement(m: Match, b):
+    return b.op("Reshape", m["x"], b.const(np.array(m.plan, dtype=np.int64), name="shape"))
+
+
+RULES = [
+    Rule("transpose_pair", Op("Transpose", Op("Transpose", "x", name="inner", shared=True), name="outer"),
+         transpose_pair_replacement, exact=True,
+         doc="Two Transposes are one, or none when they cancel (then also where the inner one has other readers)."),
+    Rule("transpose_elimination", Op("Transpose", "x", name="transpose"), _x,
+         condition=transpose_elimination_condition, exact=True, doc="Transpose by the identity permutation is x."),
+    Rule("transpose_to_reshape", Op("Transpose", "x", name="transpose"), transpose_to_reshape_replacement,
+         condition=transpose_to_reshape_condition, exact=True,
+         doc="A Transpose that moves only size-1 dimensions (the others keep their order) is a Reshape."),
+]
