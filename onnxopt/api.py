@@ -252,7 +252,7 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
             model if loaded.exported is None else loaded.exported
     if edges and verify:  # the reference: the original with the same edges, nothing folded
         original = loaded.model.clone()
-        layouts.apply(original, edges, fold=False)
+        layouts.apply(original, edges)
         if edges.preprocess:  # raw pixels take the whole 0..255, unless the caller says otherwise
             vo = {**(verify_options or {})}
             vo["int_ranges"] = {**{name: (0, 255) for name in edges.preprocess}, **(vo.get("int_ranges") or {})}
@@ -275,6 +275,8 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
                               options={"fold_size_limit": int(fold_size_limit),
                                        "fold_input_limit": int(fold_input_limit), "exact": bool(exact),
                                        "target": targets.normalize(target), "precision": precision})
+        if edited and not exact and stop_after is None:  # (folding changes the rounding: not exact)
+            layouts.fold(loaded.model, edited)
         fp16 = None
         if precision == "fp16":  # after the fusion fixpoint: the fused ops convert whole
             progress("converting to float16")

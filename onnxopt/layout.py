@@ -15,12 +15,13 @@ batch dimension, as OpenCV and PIL decode it), ``NHWC``, ``CHW`` or ``NCHW``; th
 ``(x * scale - mean) / std`` per channel itself (``mean``/``std`` are in the model's channel order, one
 value or one per channel), after reversing the channel order first with ``bgr`` (OpenCV's order).
 Inserted after the layout Transpose (which so moves 1 byte per element, not 4): Cast to float,
-then, where every reader of the input is a Conv with constant weights and group 1, the
-normalization and the channel swap are folded into those Convs: all of it into weights and bias
-when the Convs have no padding; with padding only the per-channel factor and the swap (a zero pad
-of ``a*z`` is ``a`` times a zero pad of ``z``), and an Add of ``b/a`` stays before them (a zero pad
-of the normalized input is not a zero pad of the raw one). Otherwise Gather (swap), Mul and Add
-stay as element-wise ops.
+Gather (the swap), Mul and Add (:func:`apply`). After the rules (:func:`fold`), where every
+reader of the normalized input is a Conv (directly or through a zero Pad of the spatial
+dimensions) with float32 constant weights and bias and group 1, the swap and normalization go
+into those Convs: all of it into weights and bias when nothing pads; with padding only the
+per-channel factor and the swap (a zero pad of ``a*z`` is ``a`` times a zero pad of ``z``), and an
+Add of ``b/a`` stays before them (a zero pad of the normalized input is not a zero pad of the raw
+one). Otherwise Gather, Mul and Add stay as element-wise ops.
 
 Grammar (command line and API text): ``--input-layout x=NHWC`` (or just ``NHWC``: every input of a
 matching rank), ``--output-layout y=NHWC``, ``--input-preprocess
@@ -283,27 +284,58 @@ class _Names:
         return name
 
 
-def _conv_readers(value: ir.Value):
-    """The Convs reading ``value`` if every reader is a Conv that takes it as its data input with
-    float32 constant weights (and bias), group 1 and the channel count as weights' axis 1; else None."""
+def _zero_pad(node: ir.Node, rank: int) -> bool:
+    """``node`` is a constant-mode Pad by zeros of the spatial dimensions only (batch and channels
+    not padded), with constant pads."""
     from .irutil import constant_tensor
 
+    mode = node.attributes.get("mode")
+    if mode is not None and mode.as_string() != "constant":
+        return False
+    if len(node.inputs) < 2 or len(node.inputs) > 3 and node.inputs[3] is not None:
+        return False  # (axes: not taken)
+    pads = constant_tensor(node.inputs[1])
+    if pads is None or pads.numpy().size != 2 * rank:
+        return False
+    p = pads.numpy().reshape(2, rank)
+    if np.any(p[:, :2] != 0) or np.any(p < 0):
+        return False
+    if len(node.inputs) > 2 and node.inputs[2] is not None:
+        value = constant_tensor(node.inputs[2])
+        if value is None or np.any(value.numpy() != 0):
+            return False
+    return True
+
+
+def _conv_readers(value: ir.Value, rank: int):
+    """``(reason, readers)``: the Convs reading ``value`` (directly, or through a zero Pad of the
+    spatial dimensions) as ``(conv, weights, bias, padded)`` when every reader is one with float32
+    constant weights (and bias) and group 1; else a reason and None."""
+    from .irutil import constant_tensor, use_count
+
+    if value.is_graph_output():
+        return "the normalized input is an output of the model", None
     convs = []
     for node, index in value.uses():
+        padded = False
+        if node.op_type == "Pad" and node.domain in ("", "ai.onnx") and index == 0 and _zero_pad(node, rank) \
+                and use_count(node.outputs[0]) == 1 and not node.outputs[0].is_graph_output():
+            node, index = node.outputs[0].uses()[0]
+            padded = True
         if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or index != 0:
-            return None
+            return f"the normalized input is read by {node.op_type}, not only by Convs", None
         w = constant_tensor(node.inputs[1]) if len(node.inputs) > 1 else None
-        b = constant_tensor(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else None
-        if w is None or w.dtype != ir.DataType.FLOAT or (len(node.inputs) > 2 and node.inputs[2] is not None
-                                                           and (b is None or b.dtype != ir.DataType.FLOAT)):
-            return None
+        has_b = len(node.inputs) > 2 and node.inputs[2] is not None
+        b = constant_tensor(node.inputs[2]) if has_b else None
+        if w is None or w.dtype != ir.DataType.FLOAT or (has_b and (b is None or b.dtype != ir.DataType.FLOAT)):
+            return "the first Conv's weights or bias are not float32 constants", None
         group = node.attributes.get("group")
         if group is not None and group.as_int() != 1:
-            return None
-        convs.append((node, w, b))
-    if value.is_graph_output() or not convs:
-        return None
-    return convs
+            return "the first Conv is grouped", None
+        convs.append((node, w, b, padded or not _unpadded(node)))
+    if not convs:
+        return "nothing reads the normalized input", None
+    return None, convs
 
 
 def _unpadded(node: ir.Node) -> bool:
@@ -344,10 +376,12 @@ def _channel_vector(values: tuple[float, ...], c: int, what: str, name: str) -> 
     return np.asarray(values, dtype=np.float64)
 
 
-def apply(model: ir.Model, spec: Spec, *, fold: bool = True) -> dict:
+def apply(model: ir.Model, spec: Spec) -> dict:
     """Give ``model`` (in place) the layouts and preprocessing of ``spec``; returns what was done,
-    by input and output name. ``fold=False`` leaves the normalization as element-wise ops even
-    where it could go into the first Convs (the verifier's reference). UsageError (one line): an
+    by input and output name (JSON-able; :func:`fold` takes it). The normalization is inserted as
+    element-wise ops; :func:`fold` puts it into the first Convs once the rules have made their
+    weights and biases constants (a bias the exporter computes, BatchNormalization folded into the
+    Conv). UsageError (one line): an
     unknown name, a rank that has no such layout, a channel count that does not fit."""
     if not spec:
         return {}
@@ -390,7 +424,7 @@ def apply(model: ir.Model, spec: Spec, *, fold: bool = True) -> dict:
             continue
         if value.is_graph_output():
             raise UsageError(f"--input-layout {name}: {name} is also an output of the model")
-        done["inputs"][name] = _edit_input(graph, names, opset, value, layout, pre, fold)
+        done["inputs"][name] = _edit_input(graph, names, opset, value, layout, pre)
     for name, value in list(outputs.items()):
         layout = layout_for(name, value, spec.outputs, "--output-layout")
         if layout is None or layout in CHANNELS_FIRST.values():
@@ -399,7 +433,7 @@ def apply(model: ir.Model, spec: Spec, *, fold: bool = True) -> dict:
     return done
 
 
-def _edit_input(graph, names, opset, old: ir.Value, layout: str, pre: Preprocess | None, fold: bool) -> dict:
+def _edit_input(graph, names, opset, old: ir.Value, layout: str, pre: Preprocess | None) -> dict:
     name, rank = old.name, len(old.shape)
     dims = list(old.shape)
     if pre is not None and not isinstance(dims[1], int):
@@ -442,7 +476,7 @@ def _edit_input(graph, names, opset, old: ir.Value, layout: str, pre: Preprocess
             raise UsageError(f"--input-preprocess {name}: {name} is {float_type}, preprocessing makes float32 inputs")
         x = _node("Cast", [x], names(f"{name}_float"), nodes, dtype=ir.DataType.FLOAT, shape=shape,
                   to=int(ir.DataType.FLOAT))
-        x, more = _normalize(graph, names, name, old, x, nodes, shape, pre, fold)
+        x, more = _normalize(graph, names, name, x, nodes, shape, pre)
         record.update(more)
     if nodes:
         old.replace_all_uses_with(x)
@@ -454,58 +488,133 @@ def _edit_input(graph, names, opset, old: ir.Value, layout: str, pre: Preprocess
     return record
 
 
-def _normalize(graph, names, name, old, x, nodes, shape, pre: Preprocess, fold: bool) -> tuple[ir.Value, dict]:
-    """Channel swap and ``(x*scale - mean)/std`` as ``x*a + b`` on the float value ``x`` (the
-    model's layout); folded into the Convs reading ``old`` where they can take it. Appends to
-    ``nodes``; returns the value ``old``'s readers are to read, and what was done."""
-    c = shape[1]
-    a = pre.scale / _channel_vector(pre.std, c, "std", name)
-    b = -_channel_vector(pre.mean, c, "mean", name) / _channel_vector(pre.std, c, "std", name)
+def _coefficients(pre: Preprocess, c: int, name: str):
+    """``(a, b, swap)``: the model's input is ``x[:, swap] * a + b`` per channel (model order)."""
+    std = _channel_vector(pre.std, c, "std", name)
+    a = pre.scale / std
+    b = -_channel_vector(pre.mean, c, "mean", name) / std
     if pre.bgr and c != 3:
         raise UsageError(f"--input-preprocess {name}: bgr needs 3 channels, the input has {c}")
     swap = np.arange(c)[::-1].copy() if pre.bgr else np.arange(c)  # model channel k reads input channel swap[k]
-    convs = _conv_readers(old) if fold else None
-    record = {"cast": True, "bgr": pre.bgr, "scale": pre.scale, "mean": list(pre.mean), "std": list(pre.std)}
-    bshape = [1, c] + [1] * (len(shape) - 2)
-    if convs is not None:
-        unpadded = all(_unpadded(node) for node, _, _ in convs)
-        # in the input's channel order: input channel j feeds model channel inv[j]
-        inv = np.argsort(swap)
-        a_in, b_in = a[inv], b[inv]
-        if not unpadded and np.any(b_in != 0):  # x*a + b = a*(x + b/a): the Add stays, a goes into the weights
-            off = _const(graph, names, f"{name}_offset", (b_in / a_in).astype(np.float32).reshape(bshape))
-            x = _node("Add", [x, off], names(f"{name}_offset"), nodes, dtype=ir.DataType.FLOAT, shape=shape)
-        for node, w, bias in convs:
-            wa = w.numpy().astype(np.float64)
-            w_in = wa[:, swap]  # weights per input channel (the swap moves into them)
-            new_w = w_in * a_in.reshape([1, c] + [1] * (wa.ndim - 2))
-            new_b = None if bias is None else bias.numpy().astype(np.float64)
-            if unpadded and np.any(b_in != 0):
-                shift = (w_in * b_in.reshape([1, c] + [1] * (wa.ndim - 2))).sum(axis=tuple(range(1, wa.ndim)))
-                new_b = shift if new_b is None else new_b + shift
-            node.replace_input_with(1, _const(graph, names, f"{node.name or 'conv'}_W_preprocessed",
-                                              new_w.astype(np.float32)))
-            if new_b is not None:
-                bv = _const(graph, names, f"{node.name or 'conv'}_B_preprocessed", new_b.astype(np.float32))
-                if len(node.inputs) > 2:
-                    node.replace_input_with(2, bv)
-                else:
-                    node.resize_inputs(3)
-                    node.replace_input_with(2, bv)
-            node.metadata_props[PROVENANCE] = "input preprocessing folded into the weights"
-        record["folded"] = "weights and bias" if unpadded else "weights (an Add of the offset stays: the Conv pads)"
-        return x, record
-    if pre.bgr:
-        idx = _const(graph, names, f"{name}_channel_order", swap.astype(np.int64))
-        x = _node("Gather", [x, idx], names(f"{name}_rgb"), nodes, dtype=ir.DataType.FLOAT, shape=shape, axis=1)
+    return a, b, swap
+
+
+def _elementwise(a, b, swap, bshape):
+    """The element-wise chain as ``[(op, constant), ...]``."""
+    chain = []
+    if np.any(swap != np.arange(len(swap))):
+        chain.append(("Gather", swap.astype(np.int64)))
     if np.any(a != 1):
-        av = _const(graph, names, f"{name}_scale", a.astype(np.float32).reshape(bshape))
-        x = _node("Mul", [x, av], names(f"{name}_scaled"), nodes, dtype=ir.DataType.FLOAT, shape=shape)
+        chain.append(("Mul", a.astype(np.float32).reshape(bshape)))
     if np.any(b != 0):
-        bv = _const(graph, names, f"{name}_shift", b.astype(np.float32).reshape(bshape))
-        x = _node("Add", [x, bv], names(f"{name}_normalized"), nodes, dtype=ir.DataType.FLOAT, shape=shape)
-    record["folded"] = None
+        chain.append(("Add", b.astype(np.float32).reshape(bshape)))
+    return chain
+
+
+def _normalize(graph, names, name, x, nodes, shape, pre: Preprocess) -> tuple[ir.Value, dict]:
+    """Channel swap and ``(x*scale - mean)/std`` as Gather, Mul, Add on the float value ``x`` (the
+    model's layout), appended to ``nodes``; returns the value the model's readers are to read,
+    and what was done. :func:`fold` puts them into the first Convs after the rules."""
+    c = shape[1]
+    a, b, swap = _coefficients(pre, c, name)
+    record = {"cast": True, "bgr": pre.bgr, "scale": pre.scale, "mean": list(pre.mean), "std": list(pre.std),
+              "float": x.name, "folded": None}
+    suffix = {"Gather": "rgb", "Mul": "scaled", "Add": "normalized"}
+    const = {"Gather": "channel_order", "Mul": "scale", "Add": "shift"}
+    for op, array in _elementwise(a, b, swap, [1, c] + [1] * (len(shape) - 2)):
+        cv = _const(graph, names, f"{name}_{const[op]}", array)
+        x = _node(op, [x, cv], names(f"{name}_{suffix[op]}"), nodes, dtype=ir.DataType.FLOAT, shape=shape,
+                  **({"axis": 1} if op == "Gather" else {}))
     return x, record
+
+
+def fold(model: ir.Model, done: dict) -> None:
+    """After the rules: fold each preprocessed input's channel swap and normalization (the chain
+    :func:`apply` inserted after the Cast) into the Convs reading it, where they all can take it
+    (module docstring). Updates ``done``'s records: ``folded`` says what went where, or
+    ``not_folded`` why nothing did."""
+    for name, rec in done.get("inputs", {}).items():
+        if "float" in rec:
+            how, why = _fold_one(model.graph, name, rec)
+            rec["folded"] = how
+            if why:
+                rec["not_folded"] = why
+
+
+def _fold_one(graph: ir.Graph, name: str, rec: dict):
+    from .irutil import constant_tensor, use_count
+
+    start = next((o for node in graph for o in node.outputs if o.name == rec["float"]), None)
+    if start is None or start.shape is None or not isinstance(start.shape[1], int):
+        return None, "the rules rewrote the Cast"
+    rank, c = len(start.shape), start.shape[1]
+    pre = Preprocess(layout="NCHW", scale=rec["scale"], mean=tuple(rec["mean"]), std=tuple(rec["std"]), bgr=rec["bgr"])
+    a, b, swap = _coefficients(pre, c, name)
+    bshape = [1, c] + [1] * (rank - 2)
+    want = _elementwise(a, b, swap, bshape)
+    chain, v = [], start
+    for op, array in want:
+        uses = v.uses()
+        if len(uses) != 1 or v.is_graph_output():
+            break
+        node, index = uses[0]
+        const = constant_tensor(node.inputs[1]) if len(node.inputs) == 2 else None
+        if node.op_type != op or index != 0 or PROVENANCE not in node.metadata_props or const is None \
+                or not np.array_equal(const.numpy(), array):
+            break
+        chain.append(node)
+        v = node.outputs[0]
+    if len(chain) != len(want):
+        return None, "the rules rewrote the normalization"
+    if not chain:
+        return "nothing to fold", None
+    why, convs = _conv_readers(v, rank)
+    if convs is None:
+        return None, why
+    names = _Names(graph)
+    inv = np.argsort(swap)  # in the input's channel order: input channel j feeds model channel inv[j]
+    a_in, b_in = a[inv], b[inv]
+    padded = any(p for *_, p in convs)
+    x, new = start, []
+    if padded and np.any(b_in != 0):  # x*a + b = a*(x + b/a): the Add stays, a goes into the weights
+        off = _const(graph, names, f"{name}_offset", (b_in / a_in).astype(np.float32).reshape(bshape))
+        x = _node("Add", [x, off], names(f"{name}_offset"), new, dtype=ir.DataType.FLOAT, shape=list(start.shape))
+    old_consts = []
+    for node, w, bias, _ in convs:
+        wa = w.numpy().astype(np.float64)
+        w_in = wa[:, swap]  # weights per input channel (the swap moves into them)
+        scale = [1, c] + [1] * (wa.ndim - 2)
+        new_w = w_in * a_in.reshape(scale)
+        new_b = None if bias is None else bias.numpy().astype(np.float64)
+        if not padded and np.any(b_in != 0):
+            shift = (w_in * b_in.reshape(scale)).sum(axis=tuple(range(1, wa.ndim)))
+            new_b = shift if new_b is None else new_b + shift
+        old_consts.append(node.inputs[1])
+        node.replace_input_with(1, _const(graph, names, f"{node.name or 'conv'}_W_preprocessed",
+                                          new_w.astype(np.float32)))
+        if new_b is not None:
+            if len(node.inputs) > 2 and node.inputs[2] is not None:
+                old_consts.append(node.inputs[2])
+            else:
+                node.resize_inputs(3)
+            node.replace_input_with(2, _const(graph, names, f"{node.name or 'conv'}_B_preprocessed",
+                                              new_b.astype(np.float32)))
+        node.metadata_props[PROVENANCE] = "input preprocessing folded into the weights"
+    v.replace_all_uses_with(x)
+    if new:
+        graph.insert_after(start.producer(), new)
+    for node in reversed(chain):
+        old_consts.append(node.inputs[1])
+        graph.remove(node, safe=True)
+    for value in old_consts:  # the replaced weights and the chain's constants, where nothing else reads them
+        if value is not None and use_count(value) == 0 and value.is_initializer() and not value.is_graph_input() \
+                and graph.initializers.get(value.name) is value:
+            del graph.initializers[value.name]
+        elif value is not None and use_count(value) == 0 and value.producer() is not None \
+                and value.producer().op_type == "Constant" and all(use_count(o) == 0 for o in value.producer().outputs):
+            graph.remove(value.producer(), safe=True)
+    return ("weights and bias" if not padded else
+            "weights (an Add of the offset stays before the padding)" if np.any(b_in != 0) else "weights"), None
 
 
 def _edit_output(graph, names, old: ir.Value, layout: str) -> dict:

@@ -173,6 +173,38 @@ def test_not_foldable_stays_elementwise(case):
     _check_preprocessed(proto, f"uint8,NHWC,{IMAGENET},bgr", present=("Gather", "Mul", "Add"))
 
 
+def test_pad_before_conv_keeps_an_add_before_the_pad():
+    w = RNG.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Pad", ["x", "pads"], ["p"], mode="constant"),
+             helper.make_node("Conv", ["p", "W"], ["y"], kernel_shape=[3, 3])]
+    proto = model(nodes, [tinfo("x", [1, 3, 8, 8])], [tinfo("y", 4)],
+                  [init("W", w), init("pads", np.array([0, 0, 1, 1, 0, 0, 1, 1], dtype=np.int64))])
+    out = _check_preprocessed(proto, f"uint8,NHWC,{IMAGENET},bgr", absent=("Gather", "Mul"),
+                              disable=["pad_into_conv"])
+    assert _ops(out) == ["Transpose", "Cast", "Add", "Pad", "Conv"]
+    # a reflect pad is not a zero pad: nothing folds
+    proto.graph.node[0].attribute[0].s = b"reflect"
+    _check_preprocessed(proto, f"uint8,NHWC,{IMAGENET},bgr", present=("Gather", "Mul", "Add"), disable=["pad_into_conv"])
+
+
+def test_fold_waits_for_the_rules_and_drops_the_old_weights():
+    # the bias is computed (Expand) and a BatchNormalization follows: constant only after the rules
+    c = 4
+    w = RNG.standard_normal((c, 3, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Expand", ["b0", "bshape"], ["b"]),
+             helper.make_node("Conv", ["x", "W", "b"], ["c"], kernel_shape=[3, 3]),
+             helper.make_node("BatchNormalization", ["c", "s", "beta", "m", "v"], ["y"])]
+    inits = [init("W", w), init("b0", np.float32([0.5])), init("bshape", np.int64([c])),
+             *(init(n, RNG.uniform(0.5, 1.5, c).astype(np.float32)) for n in ("s", "beta", "m", "v"))]
+    proto = model(nodes, [tinfo("x", [1, 3, 8, 8])], [tinfo("y", 4)], inits)
+    out = _check_preprocessed(proto, f"uint8,NHWC,{IMAGENET},bgr", absent=("Gather", "Mul", "Add", "Expand"))
+    assert _ops(out) == ["Transpose", "Cast", "Conv"]
+    sizes = sorted(tuple(t.dims) for t in out.graph.initializer)
+    assert sizes == [(c,), (c, 3, 3, 3)]  # one weight tensor and one bias: the replaced ones are gone
+    # exact: folding changes the rounding, so the element-wise ops stay
+    out = _check_preprocessed(proto, f"uint8,NHWC,{IMAGENET},bgr", present=("Gather", "Mul", "Add"), exact=True)
+
+
 def test_two_convs_share_the_input_and_weights_elsewhere_unchanged():
     w = RNG.standard_normal((3, 3, 1, 1)).astype(np.float32)
     nodes = [helper.make_node("Conv", ["x", "W"], ["a"], kernel_shape=[1, 1]),
@@ -306,7 +338,7 @@ def _zoo(name):
     return onnx.load(str(path))
 
 
-@pytest.mark.parametrize("name", ["resnet50-legacy", "mobilenet_v2-legacy"])
+@pytest.mark.parametrize("name", ["resnet50-legacy", "mobilenet_v2-legacy", "mobilenet_v2-dynamo"])
 @pytest.mark.parametrize("pixels", ["NHWC", "HWC,bgr"])
 def test_zoo_raw_images_match_the_nchw_model(name, pixels):
     proto = _zoo(name)
