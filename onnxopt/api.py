@@ -277,6 +277,10 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
                                        "target": targets.normalize(target), "precision": precision})
         if edited and not exact and stop_after is None:  # (folding changes the rounding: not exact)
             layouts.fold(loaded.model, edited)
+        elif edited:
+            for rec in edited["inputs"].values():
+                rec.setdefault("not_folded", "exact: folding into the weights changes the rounding" if exact else
+                               "stop_after: rewrites are being bisected")
         fp16 = None
         if precision == "fp16":  # after the fusion fixpoint: the fused ops convert whole
             progress("converting to float16")

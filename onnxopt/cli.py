@@ -545,6 +545,10 @@ def _optimize_main(args) -> int:
         _stage_json(outputs, args.json, {"input": args.input, "output": args.output, **report.as_dict()})
     if not args.quiet:
         show(format_optimize(report, args.input, args.output, (_total_bytes(args.input), _total_bytes(args.output))))
+        if report.layout:
+            from .layout import summary
+
+            show("\n".join(f"layout: {line}" for line in summary(report.layout)))
         if report.verification is not None:
             show("")
             show(format_verification(report.verification))

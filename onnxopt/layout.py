@@ -250,9 +250,10 @@ def spec(input_layout=None, output_layout=None, input_preprocess=None) -> Spec:
     s = Spec(parse_layouts(input_layout, "--input-layout"), parse_layouts(output_layout, "--output-layout"),
              parse_preprocess(input_preprocess))
     for name, pre in s.preprocess.items():
-        given = s.inputs.get(name)
-        if given is not None and given.endswith("C") != pre.channels_last:
-            raise UsageError(f"--input-layout {name}={given} and --input-preprocess {name} (pixels {pre.layout}) "
+        given = s.inputs.get(name, s.inputs.get(ALL))
+        if given is not None and len(given) == 4 and given.endswith("C") != pre.channels_last:
+            raise UsageError(f"--input-layout {given if name not in s.inputs else f'{name}={given}'} and "
+                             f"--input-preprocess {name} (pixels {pre.layout}) "
                              "disagree on where the channels are")
     return s
 
@@ -634,14 +635,31 @@ def _edit_output(graph, names, old: ir.Value, layout: str) -> dict:
     return {"layout": layout, "transpose": perm}
 
 
-def input_feed(array: np.ndarray, layout: str | None = None, preprocess: Preprocess | None = None) -> np.ndarray:
-    """What the changed model takes for ``array``, an input of the original model (NCHW float):
-    the transposed array, or for preprocessing, nothing to compute (the raw pixels are what the
-    user has) -- see :func:`reference_input`."""
+def input_feed(array: np.ndarray, layout: str | None = None) -> np.ndarray:
+    """What the model with input ``layout`` takes for ``array``, an input of the original model
+    (channels-first): the array transposed to channels-last when ``layout`` is. (For raw images
+    the other way round: :func:`reference_input`.)"""
     rank = array.ndim
     if layout is not None and layout.endswith("C"):
         return np.ascontiguousarray(np.transpose(array, _perm_to_last(rank)))
     return array
+
+
+def summary(done: dict) -> list[str]:
+    """One line per changed input and output, for the terminal report."""
+    lines = []
+    for name, rec in done.get("inputs", {}).items():
+        if "cast" in rec:
+            pix = "x".join(map(str, rec["shape"]))
+            how = rec.get("folded") or f"left element-wise ({rec.get('not_folded', 'nothing to fold')})"
+            lines.append(f"input {name}: uint8 {pix}{' BGR' if rec['bgr'] else ''} "
+                         f"{'-> Transpose ' if 'transpose' in rec else ''}-> Cast; normalization: {how}")
+        else:
+            lines.append(f"input {name}: {rec['layout']} {'x'.join(map(str, rec['shape']))}, a Transpose to the "
+                         "model's layout")
+    for name, rec in done.get("outputs", {}).items():
+        lines.append(f"output {name}: {rec['layout']}, a Transpose from the model's layout")
+    return lines
 
 
 def reference_input(pixels: np.ndarray, pre: Preprocess) -> np.ndarray:

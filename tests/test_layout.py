@@ -75,6 +75,7 @@ def test_parse_preprocess():
     ({"input_preprocess": ["uint8,HWC"]}, "expected NAME=uint8"),
     ({"input_preprocess": {"x": {"layout": "HWC", "colour": 1}}}, "unknown setting(s) colour"),
     ({"input_layout": ["x=NCHW"], "input_preprocess": ["x=uint8,HWC"]}, "disagree"),
+    ({"input_layout": "NHWC", "input_preprocess": ["x=uint8,NCHW"]}, "--input-layout NHWC and --input-preprocess x"),
 ])
 def test_bad_specs_are_usage_errors(kwargs, words):
     with pytest.raises(UsageError) as exc:
@@ -302,9 +303,12 @@ def test_verify_compares_with_the_same_edges():
 def test_cli(tmp_path, capsys):
     src, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
     onnx.save(_conv_model(), src)
-    code = cli.main([str(src), "-o", str(out), "-q", "--input-preprocess", f"x=uint8,HWC,{IMAGENET},bgr",
+    code = cli.main([str(src), "-o", str(out), "--input-preprocess", f"x=uint8,HWC,{IMAGENET},bgr",
                      "--output-layout", "y=NHWC"])
-    assert code == 0, capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "layout: input x: uint8 8x8x3 BGR -> Transpose -> Cast; normalization: weights and bias" in captured.out
+    assert "layout: output y: NHWC" in captured.out
     m = onnx.load(out)
     assert m.graph.input[0].type.tensor_type.elem_type == TensorProto.UINT8
     assert _ops(m)[-1] == "Transpose"
