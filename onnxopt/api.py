@@ -186,7 +186,7 @@ def optimize(
         input_layout: inputs the model is to take channels-last, ``{"x": "NHWC"}`` (or ``"NHWC"``
             for every input of rank 4; text as ``--input-layout`` takes it): the input keeps its
             name and takes the new shape, and a Transpose at it gives the model what it computed
-            on (``onnxopt.layout``).
+            on (``onnxopt.layout``). ``input_shapes`` are given in the model's own layout.
         output_layout: likewise for outputs, ``{"y": "NHWC"}``: a Transpose before the output.
         input_preprocess: inputs that become raw images, ``{"x": "uint8,HWC,scale=1/255,mean=
             0.485,0.456,0.406,std=0.229,0.224,0.225,bgr"}`` (or a dict of those settings): the

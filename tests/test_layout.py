@@ -226,6 +226,29 @@ def test_plain_preprocessing_without_conv():
     assert _ops(out) == ["Cast", "Mul", "Relu"]
 
 
+@pytest.mark.parametrize("opset", [11, 13])
+def test_hwc_unsqueeze_by_opset(opset):
+    proto = _conv_model(pads=(1, 1, 1, 1))
+    proto.opset_import[0].version = opset
+    out = _check_preprocessed(proto, f"uint8,HWC,{IMAGENET}")
+    unsqueeze = out.graph.node[1]
+    assert unsqueeze.op_type == "Unsqueeze" and len(unsqueeze.input) == (1 if opset < 13 else 2)
+
+
+def test_same_result_twice():
+    proto = _conv_model(pads=(1, 1, 1, 1))
+    runs = [optimize(proto, input_preprocess={"x": f"uint8,HWC,{IMAGENET},bgr"}, output_layout="NHWC")
+            for _ in range(2)]
+    assert runs[0].SerializeToString() == runs[1].SerializeToString()
+
+
+def test_input_also_an_output_is_refused():
+    proto = model([helper.make_node("Relu", ["x"], ["y"])], [tinfo("x", [1, 3, 4, 4])],
+                  [tinfo("y", [1, 3, 4, 4]), tinfo("x", [1, 3, 4, 4])])
+    with pytest.raises(UsageError, match="also an output"):
+        optimize(proto, input_layout="NHWC")
+
+
 def test_hwc_fixes_a_symbolic_batch_and_refuses_a_larger_one():
     proto = _conv_model(batch="N")
     out = _check_preprocessed(proto, "uint8,HWC,scale=1/255")
