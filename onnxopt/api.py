@@ -302,7 +302,8 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
         verification = None
         if verify:
             verification = verifier.verify(original, loaded.model, providers=providers, **(verify_options or {}))
-            if not verification["ok"] and fp16 is None and not edges:  # bisect names the rewrite, when that is quick enough
+            # bisect names the rewrite, when that is quick enough (it replays the rules without the edges)
+            if not verification["ok"] and fp16 is None and not edges:
                 verification["bisect"] = bisect_failure(
                     original, verification, seconds=time.perf_counter() - t0, rewrites=result.rewrites,
                     verify_options=verify_options, rules=rules, extra_rules=extra_rules, disable=disable,

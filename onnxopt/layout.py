@@ -173,7 +173,8 @@ def _preprocess_fields(fields: Mapping, where: str) -> Preprocess:
     mean, std = numbers("mean", 0.0), numbers("std", 1.0)
     if scale[0] == 0 or any(s == 0 for s in std):
         raise UsageError(f"{where}: scale and std must not be 0")
-    return Preprocess(layout=layout, dtype=dtype, scale=scale[0], mean=mean, std=std, bgr=bool(fields.get("bgr", False)))
+    return Preprocess(layout=layout, dtype=dtype, scale=scale[0], mean=mean, std=std,
+                      bgr=bool(fields.get("bgr", False)))
 
 
 def _parse_preprocess_text(text: str, where: str) -> Preprocess:
@@ -398,6 +399,12 @@ def apply(model: ir.Model, spec: Spec) -> dict:
                 raise UsageError(f"{flag} {name}: the model has no {'output' if 'output' in flag else 'input'} "
                                  f"{name!r} (its {'outputs' if 'output' in flag else 'inputs'}: "
                                  f"{', '.join(known) or 'none'})")
+    for flag, table, values in (("--input-layout", spec.inputs, inputs), ("--output-layout", spec.outputs, outputs)):
+        rank = len(table.get(ALL, ""))
+        if rank and not any(v.shape is not None and len(v.shape) == rank for v in values.values()):
+            what = "input" if flag == "--input-layout" else "output"
+            ranks = ", ".join(f"{n} rank {len(v.shape) if v.shape is not None else '?'}" for n, v in values.items())
+            raise UsageError(f"{flag} {table[ALL]}: the model has no {what} of rank {rank} (its {what}s: {ranks})")
     done: dict = {"inputs": {}, "outputs": {}}
 
     def layout_for(name, value, table, flag):

@@ -185,7 +185,8 @@ def test_pad_before_conv_keeps_an_add_before_the_pad():
     assert _ops(out) == ["Transpose", "Cast", "Add", "Pad", "Conv"]
     # a reflect pad is not a zero pad: nothing folds
     proto.graph.node[0].attribute[0].s = b"reflect"
-    _check_preprocessed(proto, f"uint8,NHWC,{IMAGENET},bgr", present=("Gather", "Mul", "Add"), disable=["pad_into_conv"])
+    _check_preprocessed(proto, f"uint8,NHWC,{IMAGENET},bgr", present=("Gather", "Mul", "Add"),
+                        disable=["pad_into_conv"])
 
 
 def test_fold_waits_for_the_rules_and_drops_the_old_weights():
@@ -295,6 +296,7 @@ def test_layout_for_every_input_of_the_rank():
     ({"output_layout": {"nope": "NHWC"}}, "the model has no output 'nope'"),
     ({"input_layout": {"x": "NDHWC"}}, "x has rank 4, NDHWC is for rank 5"),
     ({"input_preprocess": {"x": "uint8,HWC,mean=1,2"}}, "mean has 2 values but the input has 3 channels"),
+    ({"output_layout": "NWC"}, "--output-layout NWC: the model has no output of rank 3 (its outputs: y rank 4)"),
     ({"input_preprocess": {"x": "uint8,HWC"}, "quantize": {"calibration": "x"}}, "quantize"),
 ])
 def test_model_mismatches_are_usage_errors(kwargs, words):
