@@ -392,3 +392,21 @@ def test_zoo_nhwc_input_only():
     (ref,) = run_ort(proto, {"input": x})
     _close(got, ref)
     assert _ops(out).count("Transpose") == 1
+
+
+def test_zoo_ppocrv4_det_on_a_bgr_page():
+    # the text detector as rapidocr feeds it (BGR from OpenCV, (x/255 - 0.5)/0.5), at 320x320
+    from onnxopt.models.printed_text import page_image
+
+    proto = _zoo("ppocrv4-det")
+    name = proto.graph.input[0].name
+    text = "uint8,HWC,scale=1/255,mean=0.5,std=0.5,bgr"
+    out = _apply(proto, input_preprocess={name: text})
+    assert _ops(out).count("Transpose") == 1 and _ops(out)[0] == "Transpose"
+    pre = layout.parse_preprocess({name: text})[name]
+    rgb = (page_image(320, 320, np.random.default_rng(0)) * 255).round().astype(np.uint8)
+    pix = np.ascontiguousarray(rgb[..., ::-1])
+    (got,) = run_ort(out, {name: pix})
+    (ref,) = run_ort(proto, {name: layout.reference_input(pix, pre)})
+    assert (ref > 0.3).mean() > 0.01  # the page has text the detector sees
+    _close(got, ref)
