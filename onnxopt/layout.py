@@ -420,6 +420,7 @@ def apply(model: ir.Model, spec: Spec) -> dict:
             raise UsageError(f"{flag} {name}={layout}: {name} has rank {rank}, {layout} is for rank {len(layout)}")
         return layout
 
+    edits = []
     for name, value in list(inputs.items()):
         pre = spec.preprocess.get(name)
         layout = layout_for(name, value, spec.inputs, "--input-layout")
@@ -432,24 +433,38 @@ def apply(model: ir.Model, spec: Spec) -> dict:
             continue
         if value.is_graph_output():
             raise UsageError(f"--input-layout {name}: {name} is also an output of the model")
-        done["inputs"][name] = _edit_input(graph, names, opset, value, layout, pre)
+        if pre is not None:
+            _check_preprocess(name, value, pre)
+        edits.append((name, value, layout, pre))
+    out_edits = []
     for name, value in list(outputs.items()):
         layout = layout_for(name, value, spec.outputs, "--output-layout")
-        if layout is None or layout in CHANNELS_FIRST.values():
-            continue
+        if layout is not None and layout not in CHANNELS_FIRST.values():
+            out_edits.append((name, value, layout))
+    for name, value, layout, pre in edits:  # (everything checked first: a refusal leaves the model as it was)
+        done["inputs"][name] = _edit_input(graph, names, opset, value, layout, pre)
+    for name, value, layout in out_edits:
         done["outputs"][name] = _edit_output(graph, names, value, layout)
     return done
+
+
+def _check_preprocess(name: str, value: ir.Value, pre: Preprocess) -> None:
+    """UsageError (one line) where ``pre`` does not fit the input ``value``."""
+    dims = list(value.shape)
+    if value.dtype != ir.DataType.FLOAT:
+        raise UsageError(f"--input-preprocess {name}: {name} is {value.dtype}, preprocessing makes float32 inputs")
+    if not isinstance(dims[1], int):
+        raise UsageError(f"--input-preprocess {name}: the channel count (dimension 1) is not static ({dims[1]})")
+    if not pre.batched and isinstance(dims[0], int) and dims[0] != 1:
+        raise UsageError(f"--input-preprocess {name}: pixels {pre.layout} are one image, but {name} has a batch "
+                         f"of {dims[0]} (use N{pre.layout})")
+    _coefficients(pre, dims[1], name)
 
 
 def _edit_input(graph, names, opset, old: ir.Value, layout: str, pre: Preprocess | None) -> dict:
     name, rank = old.name, len(old.shape)
     dims = list(old.shape)
-    if pre is not None and not isinstance(dims[1], int):
-        raise UsageError(f"--input-preprocess {name}: the channel count (dimension 1) is not static ({dims[1]})")
     if pre is not None and not pre.batched:
-        if isinstance(dims[0], int) and dims[0] != 1:
-            raise UsageError(f"--input-preprocess {name}: pixels {pre.layout} are one image, but {name} has a batch "
-                             f"of {dims[0]} (use N{pre.layout})")
         dims[0] = 1
     channels_last = layout.endswith("C")
     outer = [dims[0], *dims[2:], dims[1]] if channels_last else list(dims)
@@ -479,9 +494,6 @@ def _edit_input(graph, names, opset, old: ir.Value, layout: str, pre: Preprocess
         else:
             x = _node("Unsqueeze", [x], names(f"{name}_batched"), nodes, dtype=dtype, shape=shape, axes=[0])
     if pre is not None:
-        float_type = old.dtype
-        if float_type != ir.DataType.FLOAT:
-            raise UsageError(f"--input-preprocess {name}: {name} is {float_type}, preprocessing makes float32 inputs")
         x = _node("Cast", [x], names(f"{name}_float"), nodes, dtype=ir.DataType.FLOAT, shape=shape,
                   to=int(ir.DataType.FLOAT))
         x, more = _normalize(graph, names, name, x, nodes, shape, pre)

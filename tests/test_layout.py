@@ -310,6 +310,23 @@ def test_bgr_needs_three_channels():
         optimize(_conv_model(c=4), input_preprocess={"x": "uint8,HWC,bgr"})
 
 
+def test_a_refusal_leaves_the_model_as_it_was():
+    import onnx_ir as ir
+
+    proto = model([helper.make_node("Add", ["a", "b"], ["y"])], [tinfo("a", [1, 3, 4, 4]), tinfo("b", [1, 4, 4, 4])],
+                  [tinfo("y", [1, 4, 4, 4])])
+    m = ir.from_proto(proto)
+    with pytest.raises(UsageError, match="mean has 3 values but the input has 4 channels"):
+        layout.apply(m, layout.spec(input_preprocess={"a": "uint8,HWC,mean=1,2,3", "b": "uint8,HWC,mean=1,2,3"}))
+    assert ir.to_proto(m).SerializeToString() == ir.to_proto(ir.from_proto(proto)).SerializeToString()
+    with pytest.raises(UsageError, match="y has rank 4, NWC is for rank 3"):
+        layout.apply(m, layout.spec(input_layout="NHWC", output_layout={"y": "NWC"}))
+    assert ir.to_proto(m).SerializeToString() == ir.to_proto(ir.from_proto(proto)).SerializeToString()
+    with pytest.raises(UsageError, match="is INT64, preprocessing makes float32"):
+        proto.graph.input[0].type.tensor_type.elem_type = TensorProto.INT64
+        optimize(proto, input_preprocess={"a": "uint8,NHWC"})
+
+
 def test_verify_compares_with_the_same_edges():
     proto = _conv_model(pads=(1, 1, 1, 1))
     out, report = optimize(proto, input_preprocess={"x": f"uint8,HWC,{IMAGENET},bgr"}, output_layout={"y": "NHWC"},
