@@ -38,6 +38,7 @@ import numpy as np
 import onnx_ir as ir
 
 from .errors import UsageError
+from .irutil import RULE_KEY
 
 CHANNELS_FIRST = {3: "NCW", 4: "NCHW", 5: "NCDHW"}
 CHANNELS_LAST = {3: "NWC", 4: "NHWC", 5: "NDHWC"}
@@ -49,7 +50,7 @@ PREPROCESS_FORM = ("NAME=uint8,LAYOUT[,scale=S][,mean=M[,M2,...]][,std=S[,S2,...
                    f"{'/'.join(PIXEL_LAYOUTS)}, e.g. x=uint8,HWC,scale=1/255,mean=0.485,0.456,0.406,"
                    "std=0.229,0.224,0.225")
 LAYOUT_FORM = f"NAME=LAYOUT or LAYOUT with LAYOUT one of {', '.join(LAYOUTS)}"
-PROVENANCE = "onnxopt.layout"  # metadata key of the nodes inserted here
+PROVENANCE = "onnxopt.layout"  # metadata key of the nodes inserted here (and of the Convs folded into)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -361,6 +362,7 @@ def _const(graph: ir.Graph, names: _Names, base: str, array: np.ndarray) -> ir.V
 def _node(op: str, inputs, out_name: str, nodes: list, *, dtype, shape, **attrs) -> ir.Value:
     node = ir.node(op, inputs, attributes=attrs, name=out_name)
     node.metadata_props[PROVENANCE] = "input/output layout and preprocessing (onnxopt.layout)"
+    node.metadata_props[RULE_KEY] = "layout"
     out = node.outputs[0]
     out.name = out_name
     out.type = ir.TensorType(dtype)
@@ -620,6 +622,7 @@ def _fold_one(graph: ir.Graph, name: str, rec: dict):
             node.replace_input_with(2, _const(graph, names, f"{node.name or 'conv'}_B_preprocessed",
                                               new_b.astype(np.float32)))
         node.metadata_props[PROVENANCE] = "input preprocessing folded into the weights"
+        node.metadata_props[RULE_KEY] = "layout"
     v.replace_all_uses_with(x)
     if new:
         graph.insert_after(start.producer(), new)
@@ -644,6 +647,7 @@ def _edit_output(graph, names, old: ir.Value, layout: str) -> dict:
     shape = None if old.shape is None else [old.shape[p] for p in perm]
     node = ir.node("Transpose", [old], attributes={"perm": perm}, name=names(f"{name}_to_{layout.lower()}"))
     node.metadata_props[PROVENANCE] = "output layout (onnxopt.layout)"
+    node.metadata_props[RULE_KEY] = "layout"
     out = node.outputs[0]
     out.name = name
     out.type = old.type
