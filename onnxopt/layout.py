@@ -26,6 +26,13 @@ one). Otherwise Gather, Mul and Add stay as element-wise ops.
 Grammar (command line and API text): ``--input-layout x=NHWC`` (or just ``NHWC``: every input of a
 matching rank), ``--output-layout y=NHWC``, ``--input-preprocess
 x=uint8,HWC,scale=1/255,mean=0.485,0.456,0.406,std=0.229,0.224,0.225,bgr``.
+
+Limits: the Transposes stay where they are inserted (moving and cancelling them is the transpose
+rule family's work); only uint8 pixels, for float32 4-D inputs (``bgr`` for 3 channels); ``HWC``
+makes the input's batch 1 (the model's other declared shapes keep their symbol); nothing folds
+under ``exact`` (the rounding changes) or into grouped Convs; ``input_shapes`` are given in the
+model's own layout; ``optimize(verify=...)`` compares with the original given the same edges
+(unfolded), so the edges themselves are checked by the tests against numpy, not by the verifier.
 """
 
 from __future__ import annotations
