@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 
 import onnx_ir as ir
 
-from . import evaluate, io, pipeline, registry, targets
+from . import evaluate, io, layout as layouts, pipeline, registry, targets
 from . import precision as precisions
 from . import verify as verifier
 from .bisect import bisect_failure
@@ -44,6 +44,7 @@ class Report:
     advice: dict | None = None  # for ort-cuda: provider options that pay, CPU islands (onnxopt.advice)
     fusions: dict = dataclasses.field(default_factory=dict)  # fusion rule -> hits, misses and why (below)
     precision: dict | None = None  # precision.Fp16Report.as_dict(), with precision="fp16"
+    layout: dict | None = None  # onnxopt.layout.apply's record: inputs/outputs whose layout or preprocessing changed
 
     @property
     def fired(self) -> dict[str, int]:
@@ -69,6 +70,7 @@ class Report:
             **({"log": self.log} if self.log else {}),
             **({"verification": self.verification} if self.verification is not None else {}),
             **({"precision": self.precision} if self.precision is not None else {}),
+            **({"layout": self.layout} if self.layout is not None else {}),
         }
 
 
@@ -98,6 +100,9 @@ def optimize(
     progress=None,
     quantize: dict | None = None,
     precision: str = "fp32",
+    input_layout=None,
+    output_layout=None,
+    input_preprocess=None,
 ):
     """Rewrite ``model`` with the rules until nothing more applies.
 
@@ -178,6 +183,18 @@ def optimize(
             first on the verifier's inputs: where it misses those bounds, the fewest heavy nodes
             that meet them stay float32 (``onnxopt.precision.convert_fp16_checked``;
             ``Report.precision["fallback"]``).
+        input_layout: inputs the model is to take channels-last, ``{"x": "NHWC"}`` (or ``"NHWC"``
+            for every input of rank 4; text as ``--input-layout`` takes it): the input keeps its
+            name and takes the new shape, and a Transpose at it gives the model what it computed
+            on (``onnxopt.layout``). ``input_shapes`` are given in the model's own layout.
+        output_layout: likewise for outputs, ``{"y": "NHWC"}``: a Transpose before the output.
+        input_preprocess: inputs that become raw images, ``{"x": "uint8,HWC,scale=1/255,mean=
+            0.485,0.456,0.406,std=0.229,0.224,0.225,bgr"}`` (or a dict of those settings): the
+            input is uint8 pixels, the model casts, swaps channels and normalizes them itself,
+            folded into the first Convs where they take it (``onnxopt.layout``). With any of
+            the three, ``verify`` compares with the original given the same edges (the original's
+            inputs transposed and preprocessed alike, without the folding), and a failure is not
+            bisected.
     """
     if precision not in ("fp32", "fp16"):
         from .errors import UsageError
@@ -186,6 +203,10 @@ def optimize(
         from .errors import UsageError
         raise UsageError(f"precision fp16 cannot be combined with {'exact' if exact else 'quantize'}: float16 "
                          f"changes every value")
+    edges = layouts.spec(input_layout, output_layout, input_preprocess)  # one line on a bad spec
+    if edges and quantize is not None:
+        from .errors import UsageError
+        raise UsageError("input/output layouts and preprocessing cannot be combined with quantize yet")
     if quantize is not None:
         return _optimize_quantized(model, quantize, rules=rules, extra_rules=extra_rules, disable=disable,
                                    target=target, output=output, external_data=external_data, check=check,
@@ -197,13 +218,13 @@ def optimize(
                          check, inplace, return_report, fold_size_limit, graph_passes, fold_input_limit,
                          stop_after, verify, verify_options, outputs,
                          strict_default(strict), normalize_input_shapes(input_shapes), exact,
-                         progress or verifier.Progress(), precision)
+                         progress or verifier.Progress(), precision, edges)
 
 
 def _optimize(model, rules, extra_rules, disable, target, output, external_data, max_rewrites, check,
               inplace, return_report, fold_size_limit=evaluate.DEFAULT_SIZE_LIMIT, graph_passes=None,
               fold_input_limit=evaluate.DEFAULT_INPUT_LIMIT, stop_after=None, verify=False, verify_options=None,
-              outputs=None, strict=False, input_shapes=None, exact=False, progress=None, precision="fp32"):
+              outputs=None, strict=False, input_shapes=None, exact=False, progress=None, precision="fp32", edges=None):
     t0 = time.perf_counter()
     disable = list(disable)
     if rules is not None:  # onnxscript's rules made Rules once, for the run, the warning and a bisect
@@ -229,8 +250,17 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
     if verify:
         original = loaded.model.clone() if loaded.kind == "ir" and inplace else \
             model if loaded.exported is None else loaded.exported
+    if edges and verify:  # the reference: the original with the same edges, nothing folded
+        original = loaded.model.clone()
+        layouts.apply(original, edges)
+        if edges.preprocess:  # raw pixels take the whole 0..255, unless the caller says otherwise
+            vo = {**(verify_options or {})}
+            vo["int_ranges"] = {**{name: (0, 255) for name in edges.preprocess}, **(vo.get("int_ranges") or {})}
+            verify_options = vo
     if input_shapes:
         fix_input_shapes(loaded.model, input_shapes)
+    edited = layouts.apply(loaded.model, edges) if edges else None
+    if input_shapes:
         if verify and "feeds" not in (verify_options or {}):  # the original runs at the shapes fixed
             verify_options = {**(verify_options or {}), "input_shapes": run_shapes(
                 loaded.model, (verify_options or {}).get("input_shapes"), (verify_options or {}).get("inputs"))}
@@ -245,6 +275,12 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
                               options={"fold_size_limit": int(fold_size_limit),
                                        "fold_input_limit": int(fold_input_limit), "exact": bool(exact),
                                        "target": targets.normalize(target), "precision": precision})
+        if edited and not exact and stop_after is None:  # (folding changes the rounding: not exact)
+            layouts.fold(loaded.model, edited)
+        elif edited:
+            for rec in edited["inputs"].values():
+                rec.setdefault("not_folded", "exact: folding into the weights changes the rounding" if exact else
+                               "stop_after: rewrites are being bisected")
         fp16 = None
         if precision == "fp16":  # after the fusion fixpoint: the fused ops convert whole
             progress("converting to float16")
@@ -266,7 +302,8 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
         verification = None
         if verify:
             verification = verifier.verify(original, loaded.model, providers=providers, **(verify_options or {}))
-            if not verification["ok"] and fp16 is None:  # bisect names the rewrite, when that is quick enough
+            # bisect names the rewrite, when that is quick enough (it replays the rules without the edges)
+            if not verification["ok"] and fp16 is None and not edges:
                 verification["bisect"] = bisect_failure(
                     original, verification, seconds=time.perf_counter() - t0, rewrites=result.rewrites,
                     verify_options=verify_options, rules=rules, extra_rules=extra_rules, disable=disable,
@@ -313,9 +350,10 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
                     warnings, [bug.as_dict() for bug in result.errors], log=result.log, verification=verification,
                     settings={"target": targets.normalize(target), "exact": bool(exact),
                               "input_shapes": {name: list(dims) for name, dims in input_shapes.items()},
-                              **({"precision": precision} if precision != "fp32" else {})},
+                              **({"precision": precision} if precision != "fp32" else {}),
+                              **(edges.as_dict() if edges else {})},
                     skipped=skipped, advice=advice, fusions=_fusions(chosen, result.rules),
-                    precision=fp16.as_dict() if fp16 is not None else None)
+                    precision=fp16.as_dict() if fp16 is not None else None, layout=edited)
     return out, report
 
 

@@ -86,6 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--verify", metavar="PROVIDERS",
                    help="before writing, verify the result against the input on onnxruntime (cpu, cuda or "
                         "cpu,cuda): on a difference, exit 1 and write nothing")
+    _add_layout_args(p)
     _add_verify_args(p)
     _add_report_args(p, quiet="print nothing on success")
     p.add_argument("--version", action="version", version=f"onnxopt {__version__}")
@@ -111,6 +112,19 @@ def _add_rule_args(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--fold-size-limit", type=int, metavar="BYTES", default=evaluate.DEFAULT_SIZE_LIMIT,
                    help="constant folding creates a larger tensor only in place of at least as many bytes of "
                         "constants that become unused (default 1 MiB)")
+
+
+def _add_layout_args(parser: argparse.ArgumentParser) -> None:
+    p = parser.add_argument_group("layout")
+    p.add_argument("--input-layout", metavar="NAME=LAYOUT", action="append", default=[],
+                   help="an input the model is to take channels-last, e.g. x=NHWC (or NHWC: every 4-D input); "
+                        "a Transpose at the input gives the model its NCHW (repeatable)")
+    p.add_argument("--output-layout", metavar="NAME=LAYOUT", action="append", default=[],
+                   help="an output the model is to return channels-last, e.g. y=NHWC (repeatable)")
+    p.add_argument("--input-preprocess", metavar="NAME=SPEC", action="append", default=[],
+                   help="an input that becomes raw images, e.g. x=uint8,HWC,scale=1/255,mean=0.485,0.456,0.406,"
+                        "std=0.229,0.224,0.225[,bgr]: the model casts, swaps channels and normalizes itself (folded "
+                        "into the first Conv where it can be) (repeatable)")
 
 
 def _add_report_args(p: argparse.ArgumentParser, quiet: str) -> None:
@@ -518,7 +532,8 @@ def _optimize_main(args) -> int:
                 output=args.output, external_data=external, max_rewrites=args.max_rewrites, return_report=True,
                 strict=args.strict, input_shapes=input_shapes.parse(args.input_shape), exact=args.exact,
                 fold_size_limit=args.fold_size_limit, outputs=outputs, progress=progress, precision=args.precision,
-                **verify_args,
+                input_layout=args.input_layout, output_layout=args.output_layout,
+                input_preprocess=args.input_preprocess, **verify_args,
             )
         except VerificationError as exc:  # the evidence (and its JSON), then the one-line verdict (exit 1)
             _stage_json(outputs, args.json, {"input": args.input, "output": None, "verification": exc.report})
@@ -530,6 +545,10 @@ def _optimize_main(args) -> int:
         _stage_json(outputs, args.json, {"input": args.input, "output": args.output, **report.as_dict()})
     if not args.quiet:
         show(format_optimize(report, args.input, args.output, (_total_bytes(args.input), _total_bytes(args.output))))
+        if report.layout:
+            from .layout import summary
+
+            show("\n".join(f"layout: {line}" for line in summary(report.layout)))
         if report.verification is not None:
             show("")
             show(format_verification(report.verification))
