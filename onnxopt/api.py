@@ -17,6 +17,7 @@ from .errors import bug_warnings, strict_default
 from .input_shapes import fix as fix_input_shapes, normalize as normalize_input_shapes
 from .stats import RuleStats
 from .irutil import gc_paused, node_counts
+from .layout_pass import transpose_summary
 from .pattern import Rule
 from .report import summary_line
 from .verify.inputs import run_shapes
@@ -45,6 +46,9 @@ class Report:
     fusions: dict = dataclasses.field(default_factory=dict)  # fusion rule -> hits, misses and why (below)
     precision: dict | None = None  # precision.Fp16Report.as_dict(), with precision="fp16"
     layout: dict | None = None  # onnxopt.layout.apply's record: inputs/outputs whose layout or preprocessing changed
+    # Transposes of the main graph before and after, and what they move per inference
+    # (onnxopt.layout_pass.transpose_summary); None where neither has one
+    transposes: dict | None = None
 
     @property
     def fired(self) -> dict[str, int]:
@@ -71,6 +75,7 @@ class Report:
             **({"verification": self.verification} if self.verification is not None else {}),
             **({"precision": self.precision} if self.precision is not None else {}),
             **({"layout": self.layout} if self.layout is not None else {}),
+            **({"transposes": self.transposes} if self.transposes is not None else {}),
         }
 
 
@@ -192,9 +197,10 @@ def optimize(
             0.485,0.456,0.406,std=0.229,0.224,0.225,bgr"}`` (or a dict of those settings): the
             input is uint8 pixels, the model casts, swaps channels and normalizes them itself,
             folded into the first Convs where they take it (``onnxopt.layout``). With any of
-            the three, ``verify`` compares with the original given the same edges (the original's
-            inputs transposed and preprocessed alike, without the folding), and a failure is not
-            bisected.
+            the three, the model records its edges (metadata ``onnxopt.io_layout``) and the
+            verifier (here and ``python -m onnxopt verify``) feeds the original the same data in
+            its own layout (raw pixels preprocessed in numpy), compares the outputs in the
+            original's layout, and a failure is not bisected.
     """
     if precision not in ("fp32", "fp16"):
         from .errors import UsageError
@@ -250,15 +256,12 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
     if verify:
         original = loaded.model.clone() if loaded.kind == "ir" and inplace else \
             model if loaded.exported is None else loaded.exported
-    if edges and verify:  # the reference: the original with the same edges, nothing folded
-        original = loaded.model.clone()
-        layouts.apply(original, edges)
-        if edges.preprocess:  # raw pixels take the whole 0..255, unless the caller says otherwise
-            vo = {**(verify_options or {})}
-            vo["int_ranges"] = {**{name: (0, 255) for name in edges.preprocess}, **(vo.get("int_ranges") or {})}
-            verify_options = vo
+    # (with edges the verifier feeds the original the same data in its own layout, preprocessed in
+    # numpy, and compares the outputs in its layout: onnxopt.layout.edge_feeds, outputs_back)
     if input_shapes:
         fix_input_shapes(loaded.model, input_shapes)
+    # the Transposes the model had (before its edges changed) and what they move, for the report
+    transposes = {"before": transpose_summary(loaded.model)} if return_report else None
     edited = layouts.apply(loaded.model, edges) if edges else None
     if input_shapes:
         if verify and "feeds" not in (verify_options or {}):  # the original runs at the shapes fixed
@@ -290,10 +293,17 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
                 if feeds is None:
                     feeds = verifier.make_inputs(original, shapes=vo.get("input_shapes"), npz=vo.get("inputs"),
                                                  int_ranges=vo.get("int_ranges"), seed=vo.get("seed") or 0)[0]
+                if edited:  # the model being converted takes the edited edges' inputs
+                    feeds = layouts.edge_feeds(layouts.edges_of(loaded.model.metadata_props), feeds,
+                                               vo.get("seed") or 0)[1]
                 fp16 = precisions.convert_fp16_checked(loaded.model, feeds, target=target, progress=progress)
             else:
                 fp16 = precisions.convert_fp16(loaded.model, target=target)
         after = node_counts(loaded.model)
+        if transposes is not None:
+            transposes["after"] = transpose_summary(loaded.model)
+            if not (transposes["before"]["count"] or transposes["after"]["count"]):
+                transposes = None
         advice = None
         if return_report and targets.normalize(target) == targets.ORT_CUDA:
             from .advice import advise
@@ -353,7 +363,7 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
                               **({"precision": precision} if precision != "fp32" else {}),
                               **(edges.as_dict() if edges else {})},
                     skipped=skipped, advice=advice, fusions=_fusions(chosen, result.rules),
-                    precision=fp16.as_dict() if fp16 is not None else None, layout=edited)
+                    precision=fp16.as_dict() if fp16 is not None else None, layout=edited, transposes=transposes)
     return out, report
 
 

@@ -31,13 +31,18 @@ Limits: the Transposes stay where they are inserted (moving and cancelling them 
 rule family's work); only uint8 pixels, for float32 4-D inputs (``bgr`` for 3 channels); ``HWC``
 makes the input's batch 1 (the model's other declared shapes keep their symbol); nothing folds
 under ``exact`` (the rounding changes) or into grouped Convs; ``input_shapes`` are given in the
-model's own layout; ``optimize(verify=...)`` compares with the original given the same edges
-(unfolded), so the edges themselves are checked by the tests against numpy, not by the verifier.
+model's own layout.
+
+Verification: the edited model records its edges in its metadata (``EDGES_KEY``); the verifier
+(:func:`edge_feeds`, :func:`outputs_back`) gives it channels-last arrays or random raw pixels and
+the original the same data transposed, or preprocessed in numpy as a user would
+(:func:`reference_input`), and compares outputs in the original's layout.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections.abc import Iterable, Mapping
 
@@ -58,6 +63,9 @@ PREPROCESS_FORM = ("NAME=uint8,LAYOUT[,scale=S][,mean=M[,M2,...]][,std=S[,S2,...
                    "std=0.229,0.224,0.225")
 LAYOUT_FORM = f"NAME=LAYOUT or LAYOUT with LAYOUT one of {', '.join(LAYOUTS)}"
 PROVENANCE = "onnxopt.layout"  # metadata key of the nodes inserted here (and of the Convs folded into)
+# model metadata: the edges a model was given (:func:`edges_of`), so that ``verify`` can feed the
+# original model what the edited one takes and compare their outputs in one layout
+EDGES_KEY = "onnxopt.io_layout"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -454,6 +462,11 @@ def apply(model: ir.Model, spec: Spec) -> dict:
         done["inputs"][name] = _edit_input(graph, names, opset, value, layout, pre)
     for name, value, layout in out_edits:
         done["outputs"][name] = _edit_output(graph, names, value, layout)
+    if edits or out_edits:
+        record = {"inputs": {name: {"layout": layout, **({"preprocess": dataclasses.asdict(pre)} if pre else {})}
+                             for name, _, layout, pre in edits},
+                  "outputs": {name: {"layout": layout} for name, _, layout in out_edits}}
+        model.metadata_props[EDGES_KEY] = json.dumps(record, sort_keys=True)
     return done
 
 
@@ -706,3 +719,82 @@ def reference_input(pixels: np.ndarray, pre: Preprocess) -> np.ndarray:
     mean = _channel_vector(pre.mean, c, "mean", "x").astype(np.float32).reshape(1, c, 1, 1)
     std = _channel_vector(pre.std, c, "std", "x").astype(np.float32).reshape(1, c, 1, 1)
     return np.ascontiguousarray((x * np.float32(pre.scale) - mean) / std, dtype=np.float32)
+
+
+# --------------------------------------------------------------------------------------------
+# The verifier's side: the original and the edited model compared on the same data
+
+
+def edges_of(metadata: Mapping[str, str] | None) -> dict | None:
+    """The edges :func:`apply` recorded in a model's metadata (``EDGES_KEY``), or None."""
+    text = (metadata or {}).get(EDGES_KEY)
+    if not text:
+        return None
+    try:
+        record = json.loads(text)
+        for rec in record.get("inputs", {}).values():
+            if "preprocess" in rec:
+                rec["preprocess"] = Preprocess(**{k: tuple(v) if isinstance(v, list) else v
+                                                  for k, v in rec["preprocess"].items()})
+        return record
+    except (ValueError, TypeError) as exc:
+        raise UsageError(f"the model's metadata {EDGES_KEY} is not what onnxopt writes: {exc}") from None
+
+
+def edge_feeds(edges: dict, feeds: Mapping[str, np.ndarray], seed: int = 0) -> tuple[dict, dict]:
+    """``(original's feeds, edited model's feeds)`` from ``feeds`` made for the original: a
+    channels-last input gets the array transposed; a raw-image input gets seeded random pixels
+    (0..255, shaped as the original's array in the pixel layout) and the original its
+    :func:`reference_input` of them (what a user's numpy preprocessing computes)."""
+    before, after = dict(feeds), dict(feeds)
+    rng = np.random.default_rng(seed + 7919)
+    for name, rec in edges.get("inputs", {}).items():
+        if name not in feeds:
+            continue
+        x = np.asarray(feeds[name])
+        pre = rec.get("preprocess")
+        if pre is None:
+            after[name] = input_feed(x, rec["layout"])
+            continue
+        if not pre.batched and x.shape[0] != 1:
+            raise UsageError(f"input {name}: takes one {pre.layout} image; the original's input has a batch of "
+                             f"{x.shape[0]}")
+        shape = list(x.shape)
+        if pre.channels_last:
+            shape = [shape[0], *shape[2:], shape[1]]
+        if not pre.batched:
+            shape = shape[1:]
+        pixels = rng.integers(0, 256, size=shape, dtype=np.uint8)
+        after[name] = pixels
+        before[name] = reference_input(pixels, pre)
+    return before, after
+
+
+def outputs_back(edges: dict, outputs: list[tuple[str, object]]) -> list[tuple[str, object]]:
+    """The edited model's outputs ``[(name, array), ...]`` in the original's layouts (a
+    channels-last output transposed back to channels-first)."""
+    changed = edges.get("outputs", {})
+    back = []
+    for name, value in outputs:
+        rec = changed.get(name)
+        if rec is not None and isinstance(value, np.ndarray) and rec["layout"].endswith("C") and value.ndim > 2:
+            value = np.ascontiguousarray(np.transpose(value, _perm_to_first(value.ndim)))
+        back.append((name, value))
+    return back
+
+
+def describe_edges(edges: dict) -> list[str]:
+    """What the verifier did at the edges, one line per input/output, for its report."""
+    lines = []
+    for name, rec in edges.get("inputs", {}).items():
+        pre = rec.get("preprocess")
+        if pre is None:
+            lines.append(f"input {name}: the optimized model takes it {rec['layout']}; the original the same "
+                         "values transposed")
+        else:
+            lines.append(f"input {name}: the optimized model takes random uint8 {pre.layout} pixels"
+                         f"{' (BGR)' if pre.bgr else ''}; the original them preprocessed in numpy "
+                         f"(scale {pre.scale:g}, mean {list(pre.mean)}, std {list(pre.std)})")
+    for name, rec in edges.get("outputs", {}).items():
+        lines.append(f"output {name}: the optimized model returns it {rec['layout']}; compared transposed back")
+    return lines

@@ -174,6 +174,13 @@ def graph_cost(model: ir.Model) -> tuple[int, Cost, int | None]:
     return count, total, nbytes
 
 
+def transpose_summary(model: ir.Model) -> dict:
+    """:func:`graph_cost` for reports: ``{"count", "elements" (text, ``s`` a symbolic dimension),
+    "bytes" (None where a moved shape is not static)}``."""
+    count, elements, nbytes = graph_cost(model)
+    return {"count": count, "elements": str(elements), "bytes": nbytes}
+
+
 # --------------------------------------------------------------------------------------------
 # What a push through one op does
 

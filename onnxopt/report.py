@@ -114,6 +114,8 @@ def format_optimize(report, src: str, dst: str, sizes: tuple[int | None, int | N
     idle = [st for st in report.rules.values() if st.tried and not (st.fired or st.errors)]
     out += format_skipped(getattr(report, "skipped", None) or [], d.get("settings", {}).get("target", ""))
     out += format_fusions(getattr(report, "fusions", None) or {})
+    if getattr(report, "transposes", None):
+        out += ["", format_transposes(report.transposes)]
     if getattr(report, "precision", None):
         out += ["", format_precision(report.precision)]
     if getattr(report, "advice", None):
@@ -129,6 +131,16 @@ def format_optimize(report, src: str, dst: str, sizes: tuple[int | None, int | N
     out.append(f"wrote {dst}{size} in {s['total']:.2f} s: load {s['load']:.2f} s, rewrite {s['rewrite']:.2f} s"
                + (f", verify {s['verify']:.2f} s" if "verify" in s else "") + f", save {s['save']:.2f} s")
     return Doc(out)
+
+
+def format_transposes(t: Mapping) -> str:
+    """One line: the main graph's Transposes before and after, and the bytes (or elements, where a
+    shape is symbolic) they move per inference."""
+    def moved(side):
+        return _size(side["bytes"]) if side.get("bytes") is not None else f"{side['elements']} elements"
+    b, a = t["before"], t["after"]
+    note = " (s: the symbolic dimensions)" if None in (b.get("bytes"), a.get("bytes")) else ""
+    return f"transposes: {b['count']} -> {a['count']}, moving {moved(b)} -> {moved(a)} per inference{note}"
 
 
 def format_fusions(fusions: Mapping[str, Mapping]) -> list:
@@ -314,6 +326,8 @@ def format_verification(report: dict) -> Doc:
     if report.get("provider_options"):
         lines.append("provider options: " + "; ".join(f"{p}: " + ", ".join(f"{k}={v}" for k, v in o.items())
                                                       for p, o in report["provider_options"].items()))
+    for line in report.get("edges") or ():  # (other input/output layouts: onnxopt.layout)
+        lines.append(line)
     if report.get("int8"):
         lines.append(f"int8 model against its float model: {report['int8']['criterion']} (the elementwise figures, at "
                      f"rtol {LOW_PRECISION[0]}, atol {LOW_PRECISION[1]}, for information)")

@@ -338,6 +338,89 @@ def test_verify_compares_with_the_same_edges():
     assert "layout" in report.as_dict()
 
 
+def test_the_model_records_its_edges_and_verify_reads_them():
+    """verify(original, optimized) with no options: the original gets the optimized model's uint8 pixels
+    preprocessed in numpy, the NHWC output is transposed back; outputs compared."""
+    from onnxopt.verify import verify
+
+    proto = _conv_model(pads=(1, 1, 1, 1))
+    out = optimize(proto, input_preprocess={"x": f"uint8,HWC,{IMAGENET},bgr"}, output_layout={"y": "NHWC"})
+    edges = layout.edges_of({p.key: p.value for p in out.metadata_props})
+    assert edges["inputs"]["x"]["preprocess"].bgr and edges["outputs"]["y"] == {"layout": "NHWC"}
+    report = verify(proto, out, runs=2, warmup=1)
+    assert report["ok"], report
+    assert any("uint8 HWC pixels (BGR)" in line for line in report["edges"])
+    assert any("compared transposed back" in line for line in report["edges"])
+    assert report["providers"]["cpu"]["outputs"][0]["shape_after"] == [1, 4, 8, 8]  # (compared as NCHW)
+    assert report["providers"]["cpu"]["latency"]["rounds"] == 2
+
+
+@pytest.mark.parametrize("tamper", ["bgr", "output"])
+def test_verify_catches_edges_that_do_not_match(tamper):
+    """The comparison is real: a model whose recorded edges say other than what it does fails."""
+    import json
+
+    from onnxopt.verify import verify
+
+    proto = _conv_model(pads=(1, 1, 1, 1))
+    out = optimize(proto, input_preprocess={"x": f"uint8,HWC,{IMAGENET},bgr"}, output_layout={"y": "NHWC"})
+    prop = next(p for p in out.metadata_props if p.key == layout.EDGES_KEY)
+    record = json.loads(prop.value)
+    if tamper == "bgr":
+        record["inputs"]["x"]["preprocess"]["bgr"] = False
+    else:
+        del record["outputs"]["y"]
+    prop.value = json.dumps(record)
+    report = verify(proto, out, runs=0)
+    assert not report["ok"]
+
+
+def test_verify_input_layout_only_and_given_shapes():
+    from onnxopt.verify import verify
+
+    proto = _conv_model(batch="N", pads=(1, 1, 1, 1))
+    out = optimize(proto, input_layout={"x": "NHWC"})
+    report = verify(proto, out, runs=0, input_shapes={"x": [3, 3, 8, 8]})  # (the original's layout)
+    assert report["ok"] and report["edges"][0].startswith("input x: the optimized model takes it NHWC")
+
+
+def test_verify_cli_on_an_edited_model(tmp_path, capsys):
+    src, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(_conv_model(), src)
+    assert cli.main([str(src), "-o", str(out), "--input-preprocess", f"x=uint8,NHWC,{IMAGENET}"]) == 0
+    capsys.readouterr()
+    code = cli.main(["verify", str(src), str(out), "--runs", "0"])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    assert "input x: the optimized model takes random uint8 NHWC pixels" in text
+
+
+def test_fp16_with_raw_image_input():
+    """precision fp16 measures its fallback on the edited model's own inputs (uint8 pixels)."""
+    proto = _conv_model(pads=(1, 1, 1, 1))
+    out, report = optimize(proto, input_preprocess={"x": f"uint8,HWC,{IMAGENET}"}, precision="fp16",
+                           target="ort-cuda", verify=True, verify_options={"runs": 0}, return_report=True)
+    assert report.verification["ok"] and report.verification.get("fp16")
+    assert out.graph.input[0].type.tensor_type.elem_type == TensorProto.UINT8
+
+
+def test_report_counts_transposes_and_bytes_moved(tmp_path, capsys):
+    from onnxopt.models.nhwc import keras_like
+
+    _, report = optimize(keras_like(4, 1, 56, 32), return_report=True)
+    t = report.as_dict()["transposes"]
+    assert (t["before"]["count"], t["after"]["count"]) == (18, 1)
+    assert t["after"]["bytes"] == 1 * 56 * 56 * 3 * 4 < t["before"]["bytes"]  # the input's Transpose only
+    _, report = optimize(keras_like(1, "N", 56, 32), return_report=True)
+    assert report.transposes["after"]["bytes"] is None and report.transposes["after"]["elements"] == "9408*s"
+    _, report = optimize(_conv_model(), return_report=True)
+    assert report.transposes is None and "transposes" not in report.as_dict()
+    src, out = tmp_path / "k.onnx", tmp_path / "o.onnx"
+    onnx.save(keras_like(4, 1, 56, 32), src)
+    assert cli.main([str(src), "-o", str(out)]) == 0
+    assert "transposes: 18 -> 1, moving 6.5 MiB -> 36.8 KiB per inference" in capsys.readouterr().out
+
+
 # ---------------------------------------------------------------------------------------------
 # Command line
 

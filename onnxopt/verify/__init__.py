@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from .. import io
+from .. import layout as layouts
 from ..errors import InvalidModelError, OnnxoptError, UsageError
 from .compare import (FP16_MAX_ERROR, FP16_MIN_COSINE, FP16_MIN_TOP1, INT8_MIN_SQNR_DB, LOW_PRECISION, TOLERANCES,
                       check_tolerances, compare, compare_all, compare_fp16, compare_int8, compare_value, is_fp16,
@@ -130,10 +131,13 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
         # a float16 model against its float32 original: judged by fp16 fidelity (compare_fp16)
         fp16 = int8 is None and rtol is None and atol is None and is_fp16(after.proto) and \
             not is_low_precision(before.proto)
+        # a model optimize gave other input/output layouts or raw-image inputs (onnxopt.layout): the
+        # original gets the same data in its own layout, the outputs are compared in the original's
+        edges = layouts.edges_of(_metadata(after.proto)) if not layouts.edges_of(_metadata(before.proto)) else None
         report = _verify(before, after, providers, feeds, inputs, input_shapes, int_ranges, seed, rtol, atol, runs,
-                         warmup, latency, culprit and int8 is None and not fp16, threads, progress, int8, provider_options,
-                         fp16)
-        if not report["ok"] and int8 is None and not fp16:
+                         warmup, latency, culprit and int8 is None and not fp16 and not edges, threads, progress, int8,
+                         provider_options, fp16, edges)
+        if not report["ok"] and int8 is None and not fp16 and not edges:
             report["bisect_command"] = bisect_command(
                 original, next(p for p, e in report["providers"].items() if not e["ok"]), inputs=inputs,
                 input_shapes=input_shapes, int_ranges=int_ranges, seed=seed, rtol=rtol, atol=atol,
@@ -146,15 +150,24 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
                 m.close()
 
 
+def _metadata(proto) -> dict[str, str]:
+    return {p.key: p.value for p in proto.metadata_props}
+
+
 def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_shapes, int_ranges, seed, rtol, atol,
             runs, warmup, latency, culprit, threads, progress, int8: float | None = None,
-            provider_options: dict | None = None, fp16: bool = False) -> dict:
+            provider_options: dict | None = None, fp16: bool = False, edges: dict | None = None) -> dict:
     feeds, how = inputs_for(before, feeds, inputs, input_shapes, int_ranges, seed)
+    model_feeds = {"before": feeds, "after": feeds}
+    if edges:
+        model_feeds["before"], model_feeds["after"] = layouts.edge_feeds(edges, feeds, seed)
     low = is_low_precision(before.proto)
     report: dict = {"original": before.name, "optimized": after.name,
                     "seed": seed, "inputs": how, "low_precision": low, "providers": {}}
     if provider_options:
         report["provider_options"] = provider_options
+    if edges:
+        report["edges"] = layouts.describe_edges(edges)
     if int8 is not None:
         report["int8"] = {"min_sqnr_db": int8, "criterion": f"each float output: SQNR >= {int8:g} dB against the "
                                                             "float model"}
@@ -171,8 +184,10 @@ def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_s
         for label, model in (("before", before), ("after", after)):
             progress(f"{p}: running the {'original' if label == 'before' else 'optimized'} model", step, steps)
             try:
-                got[label], kernels, init_s = run_profiled(model.source(), feeds, p, threads=threads,
+                got[label], kernels, init_s = run_profiled(model.source(), model_feeds[label], p, threads=threads,
                                                            provider_options=provider_options)
+                if edges and label == "after":
+                    got[label] = layouts.outputs_back(edges, got[label])
             except UsageError:  # (a provider option the provider does not take)
                 raise
             except Exception as exc:  # noqa: BLE001 - onnxruntime refusing a model is a result
@@ -198,7 +213,7 @@ def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_s
             t0 = time.perf_counter()
             lat = measure_latency({"before": before.source(), "after": after.source()}, feeds, provider=p,
                                   runs=runs, warmup=warmup, threads=threads, min_rounds=min(runs, 5),
-                                  provider_options=provider_options,
+                                  provider_options=provider_options, entry_inputs=model_feeds if edges else None,
                                   progress=lambda d, t, p=p, s=step: progress(f"{p}: latency {d}/{t}", s, steps))
             res = lat["results"]
             entry["latency"] = {"rounds": lat["rounds"], "warmup": warmup,

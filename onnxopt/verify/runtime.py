@@ -285,20 +285,23 @@ def measure_latency(models: dict[str, object], inputs: Mapping[str, np.ndarray],
                     runs: int = 50, warmup: int = 5, budget_s: float = 120.0, min_rounds: int = 5,
                     gap_s: float = 0.002, threads: int = 0,
                     progress: Callable[[int, int], None] | None = None, spin: bool = True,
-                    provider_options: Mapping | None = None, entry_options: Mapping | None = None) -> dict:
+                    provider_options: Mapping | None = None, entry_options: Mapping | None = None,
+                    entry_inputs: Mapping | None = None) -> dict:
     """One session per entry, warmed up, then ``runs`` interleaved rounds (fewer when the rounds
     would pass ``budget_s``, but at least ``min_rounds``); each round times one run of every
     session, the order rotated by one per round. ``spin=False``: the sessions' thread pools sleep
     between runs (see :func:`session`): with many sessions on few cores, spinning idle pools slow
     the one running. ``provider_options``: ``{provider: {option: value}}`` for every session;
     ``entry_options``: ``{name: {provider: {...}}}``, an entry's own (to time one model with and
-    without an option)."""
+    without an option); ``entry_inputs``: ``{name: feeds}``, an entry's own inputs (a model given
+    its inputs in another layout)."""
     sessions, feeds, errors = {}, {}, {}
     for name, model in models.items():
         try:
             opts = (entry_options or {}).get(name, provider_options)
             sess = session(model, provider, threads=threads, spin=spin, provider_options=opts)
-            feeds[name] = {i.name: inputs[i.name] for i in sess.get_inputs()}
+            given = (entry_inputs or {}).get(name, inputs)
+            feeds[name] = {i.name: given[i.name] for i in sess.get_inputs()}
             sessions[name] = sess
         except Exception as exc:  # noqa: BLE001 - one broken model must not stop the others
             errors[name] = io.first_line(exc, 300)
