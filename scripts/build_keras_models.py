@@ -42,7 +42,12 @@ versions, the opset, each file's node count, Transpose count, op histogram, inpu
 their shapes, sha256 and the seconds each step took; ``scripts/verify_keras_models.py`` (the project's
 environment) adds onnxruntime's max abs difference to Keras's prediction.
 
-Any failure is one line on stderr and exit 1; nothing is skipped.
+The same arguments give the same graph and numbers, but not always the same bytes: the names tf2onnx
+gives carry a global counter that can differ by one between runs, and its merge_duplication keeps one of
+several equal constants (the Clip bounds of each ReLU6, say) in an order that varies (sets of node objects).
+So the manifest has,
+besides each file's sha256, a ``fingerprint``: a sha256 of the nodes in order (op, domain, attributes) with
+tensors named by first use and initializers by content, which is the same for every run. Any failure is one line on stderr and exit 1; nothing is skipped.
 """
 
 from __future__ import annotations
@@ -95,6 +100,35 @@ def describe(model_proto) -> dict:
         "inputs": [{"name": i.name, "shape": _dims(i)} for i in model_proto.graph.input if i.name not in init_names],
         "outputs": [{"name": o.name, "shape": _dims(o)} for o in model_proto.graph.output],
     }
+
+
+def fingerprint(model_proto) -> str:
+    """sha256 of the top graph with tensor names replaced: by first use, initializers by their content."""
+    from onnx import numpy_helper
+
+    inits = {t.name: t for t in model_proto.graph.initializer}
+    names: dict[str, str] = {}
+
+    def name(t: str) -> str:
+        if t in names or not t:
+            return names.get(t, "")
+        if t in inits:
+            arr = numpy_helper.to_array(inits[t])
+            names[t] = "c:" + hashlib.sha256(f"{arr.dtype}{arr.shape}".encode() + arr.tobytes()).hexdigest()
+        else:
+            names[t] = f"t{len(names)}"
+        return names[t]
+
+    h = hashlib.sha256()
+    for vi in model_proto.graph.input:
+        h.update(repr((name(vi.name), vi.type.SerializeToString())).encode())
+    for node in model_proto.graph.node:
+        attrs = [a.SerializeToString(deterministic=True) for a in node.attribute]
+        h.update(repr((node.op_type, node.domain, [name(t) for t in node.input], [name(t) for t in node.output],
+                       attrs)).encode())
+    for vi in model_proto.graph.output:
+        h.update(repr((name(vi.name), vi.type.SerializeToString())).encode())
+    return h.hexdigest()
 
 
 def name_batch(model_proto, name: str = "N") -> list[str]:
@@ -201,6 +235,7 @@ def build_one(name: str, out: Path, opset: int, seed: int, keras_init: bool) -> 
             "convert_s": round(seconds, 2),
             "bytes": path.stat().st_size,
             "sha256": sha256(path),
+            "fingerprint": fingerprint(model_proto),
             **describe(model_proto),
         }
     opt, noopt = record["files"]["opt"], record["files"]["noopt"]
