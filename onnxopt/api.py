@@ -261,7 +261,7 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
     if input_shapes:
         fix_input_shapes(loaded.model, input_shapes)
     # the Transposes the model had (before its edges changed) and what they move, for the report
-    transposes = {"before": transpose_summary(loaded.model)} if return_report else None
+    transposes = {"before": _transposes(loaded.model)} if return_report else None
     edited = layouts.apply(loaded.model, edges) if edges else None
     if input_shapes:
         if verify and "feeds" not in (verify_options or {}):  # the original runs at the shapes fixed
@@ -301,7 +301,7 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
                 fp16 = precisions.convert_fp16(loaded.model, target=target)
         after = node_counts(loaded.model)
         if transposes is not None:
-            transposes["after"] = transpose_summary(loaded.model)
+            transposes["after"] = _transposes(loaded.model)
             if not (transposes["before"]["count"] or transposes["after"]["count"]):
                 transposes = None
         advice = None
@@ -365,6 +365,14 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
                     skipped=skipped, advice=advice, fusions=_fusions(chosen, result.rules),
                     precision=fp16.as_dict() if fp16 is not None else None, layout=edited, transposes=transposes)
     return out, report
+
+
+def _transposes(model: ir.Model) -> dict:
+    """transpose_summary of ``model``, taken on a clone: the shape inference it needs must not
+    change what the rules see or what is written (a report never changes the output)."""
+    if not any(n.op_type == "Transpose" for n in model.graph):
+        return {"count": 0, "elements": "0", "bytes": 0}
+    return transpose_summary(model.clone())
 
 
 def _fusions(chosen, stats) -> dict:

@@ -83,7 +83,8 @@ class Cost:
     def __str__(self) -> str:
         if not self.terms:
             return "0"
-        return " + ".join(f"{v}" if k == 0 else f"{v}*s^{k}" if k > 1 else f"{v}*s" for k, v in reversed(self.terms))
+        return " + ".join(f"{v}" if k == 0 else f"{v}*s^{k}" if k > 1 else f"{v}*s" if k == 1 else f"{v} node(s)"
+                          for k, v in reversed(self.terms))
 
 
 ZERO = Cost()
@@ -108,6 +109,16 @@ def moves_data(in_shape: Sequence, perm: Sequence[int]) -> bool:
 
 def transpose_cost(in_shape: Sequence, perm: Sequence[int]) -> Cost:
     return numel(in_shape) if moves_data(in_shape, perm) else ZERO
+
+
+NODE = Cost(((-1, 1),))  # one Transpose node: below any element count, it breaks ties between equal moves
+
+
+def _plan_cost(in_shape: Sequence, perm: Sequence[int]) -> Cost:
+    """What the planner counts for a Transpose: the elements it moves, then one node unless the
+    perm is the identity (no node is made): of two plans that move as much, the one with fewer
+    Transposes wins (a Transpose of size-1 dimensions only moves nothing but is still a node)."""
+    return transpose_cost(in_shape, perm) + (ZERO if is_identity(perm) else NODE)
 
 
 def inverse(perm: Sequence[int]) -> list[int]:
@@ -204,6 +215,9 @@ class Step:
     cost: Cost = ZERO
     others: dict = dataclasses.field(default_factory=dict)  # idx -> ("const", array) / ("compose", x, perm) / ("new", k)
     sources: list = dataclasses.field(default_factory=list)  # (Transpose read through a composed one, its cost)
+    # the second node of a diamond (the carried value read by a unary op U and by this node, which
+    # also reads U's output, as SiLU's Mul(x, Sigmoid(x))): inputs reading the value before U
+    diamond: list[int] = dataclasses.field(default_factory=list)
 
 
 UNARY = frozenset("""Abs Acos Acosh Asin Asinh Atan Atanh BitwiseNot Cast Ceil Celu Cos Cosh Elu Erf Exp Floor Gelu
@@ -497,8 +511,19 @@ def _merge_groups(t: list[int], out: list[int]) -> list[list[int]] | None:
     return groups if i == len(t) else None
 
 
-def _other_costs(step: Step, opsets) -> Cost:
-    """The cost change of bringing ``step.follow`` inputs into the new layout; fills step.others."""
+def _existing_transpose(w: ir.Value, perm: list[int], graph, avoid) -> ir.Node | None:
+    """A Transpose of ``w`` by ``perm`` the graph already has (not one of ``avoid``): reading it
+    costs nothing (a residual branch read in both layouts)."""
+    for r in _readers(w):
+        if r.op_type == "Transpose" and r.domain in ("", "ai.onnx") and r.graph is graph and r not in avoid \
+                and perm_of(r, len(perm)) == list(perm):
+            return r
+    return None
+
+
+def _other_costs(step: Step, opsets, avoid=()) -> Cost:
+    """The cost change of bringing ``step.follow`` inputs into the new layout; fills step.others.
+    ``avoid``: Transposes not to reuse (those the chain may remove)."""
     node, inv = step.node, inverse(step.p_ext)
     total = ZERO
     for i in step.follow:
@@ -519,11 +544,15 @@ def _other_costs(step: Step, opsets) -> Cost:
             rperm = perm_of(producer, None if xd is None else len(xd))
             if xd is not None and rperm is not None:
                 composed = compose(rperm, inv)
-                total += transpose_cost(xd, composed)  # (the producer's cost goes if it dies: plan_chain)
-                step.sources.append((producer, transpose_cost(xd, rperm)))
+                total += _plan_cost(xd, composed)  # (the producer's cost goes if it dies: plan_chain)
+                step.sources.append((producer, _plan_cost(xd, rperm)))
                 step.others[i] = ("compose", producer.inputs[0], composed)
                 continue
-        total += transpose_cost([1] * k + list(d), inv)
+        same = _existing_transpose(w, inv, node.graph, avoid) if k == 0 else None
+        if same is not None:
+            step.others[i] = ("reuse", same)
+            continue
+        total += _plan_cost([1] * k + list(d), inv)
         step.others[i] = ("new", k)
     return total
 
@@ -534,10 +563,13 @@ def _other_costs(step: Step, opsets) -> Cost:
 
 @dataclasses.dataclass
 class Plan:
-    transpose: ir.Node
+    transpose: ir.Node | None  # None for a branch (it starts at the chain's carried value)
     steps: list[Step]
     delta: Cost
     merges: list = dataclasses.field(default_factory=list)  # (output index, Transpose reading it)
+    # where the chain's carried value is read by several nodes: the chains pushed into some of
+    # them (each a Plan without a transpose); the others keep reading the Transpose
+    branches: list = dataclasses.field(default_factory=list)
 
 
 def _readers(value: ir.Value) -> list[ir.Node]:
@@ -555,6 +587,20 @@ def _sole_transpose_reader(y: ir.Value) -> ir.Node | None:
     if len(readers) == 1 and readers[0].op_type == "Transpose" and readers[0].domain in ("", "ai.onnx") \
             and readers[0].graph is y.graph:
         return readers[0]
+    return None
+
+
+def _diamond(v: ir.Value, readers: list[ir.Node]) -> tuple[ir.Node, ir.Node] | None:
+    """``(U, M)`` where ``v`` is read by exactly a unary element-wise ``U`` and by ``M``, and ``U``'s
+    output only by ``M`` (SiLU's ``Mul(x, Sigmoid(x))``, ``x * HardSigmoid(x)``): the chain goes
+    through both, as one element-wise op of ``v``."""
+    if len(readers) != 2:
+        return None
+    for u, m in (readers, readers[::-1]):
+        if u.op_type in UNARY and u.domain in ("", "ai.onnx") and len(u.outputs) == 1 and u.graph is m.graph \
+                and not u.outputs[0].is_graph_output() and _readers(u.outputs[0]) == [m] \
+                and m.op_type in BROADCAST and m.domain in ("", "ai.onnx"):
+            return u, m
     return None
 
 
@@ -578,16 +624,52 @@ def plan_chain(t: ir.Node, opsets, max_steps: int = _MAX_STEPS) -> Plan | str:
     return best
 
 
-def _walk(t: ir.Node, opsets, max_steps: int, first: ir.Node | None) -> Plan | str:
-    x, v = t.inputs[0], t.outputs[0]
-    xd, td = _dims(x, opsets), _dims(v, opsets)
-    if xd is None or td is None:
-        return "shape unknown"
-    p = perm_of(t, len(xd))
-    if p is None or len(p) != len(xd):
-        return "perm unknown"
+_MAX_FORK_DEPTH = 2  # branches within branches
+_MAX_FORK = 4  # readers a fork tries
+
+
+def _fork(v: ir.Value, shape: list, p: list[int], readers: list[ir.Node], is_transpose: list[bool], opsets,
+          max_steps: int, depth: int) -> tuple[Cost, list[Plan]] | None:
+    """The carried value ``v`` (in the transposed layout, its Transpose ``p`` not made yet) is read
+    by several nodes: the chains pushed into them (:func:`_walk` from ``v``), and the cost of the
+    Transpose that stays for the readers not pushed (none when every one is). Transposes among the
+    readers are merged by the caller. Returns ``(cost, branches)``, or None when no branch pays."""
+    others = [r for r, tr in zip(readers, is_transpose) if not tr]
+    if not others or len(others) > _MAX_FORK:
+        return None
+    keep = _plan_cost(pre_shape(shape, p), p)
+    plans = [_walk(None, opsets, max_steps, r, start=(v, shape, p), depth=depth + 1) for r in others]
+    found = [b for b in plans if isinstance(b, Plan)]
+    paying = [b for b in found if b.delta.sign() < 0]
+    best = None
+    if paying:  # the paying branches; the Transpose stays for the rest
+        best = (sum((b.delta for b in paying), ZERO) + (keep if len(paying) < len(others) else ZERO), paying)
+    if len(found) == len(others):  # every branch, the Transpose gone
+        every = sum((b.delta for b in found), ZERO)
+        if best is None or every < best[0]:
+            best = (every, found)
+    return best
+
+
+def _walk(t: ir.Node | None, opsets, max_steps: int, first: ir.Node | None, start=None, depth: int = 0
+          ) -> Plan | str:
+    """The best prefix of the chain from Transpose ``t`` (through ``first`` where ``t`` has several
+    readers); or, for a branch (``t`` None), from ``start = (v, shape, p)``: the carried value
+    ``v``, its shape and the perm its Transpose would have, into its reader ``first``."""
+    if t is not None:
+        x, v = t.inputs[0], t.outputs[0]
+        xd, td = _dims(x, opsets), _dims(v, opsets)
+        if xd is None or td is None:
+            return "shape unknown"
+        p = perm_of(t, len(xd))
+        if p is None or len(p) != len(xd):
+            return "perm unknown"
+        sources = {t: _plan_cost(xd, p)}  # Transposes that go once every reader is pushed
+    else:
+        v, td, p = start
+        sources = {}
+    graph = v.graph if v.producer() is None else v.producer().graph
     cum = ZERO  # the cost of the Transposes added so far, less those of the merged ones
-    sources = {t: transpose_cost(xd, p)}  # Transposes that go once every reader is pushed
     pushed: set[ir.Node] = set()
 
     def dead() -> Cost:
@@ -602,41 +684,63 @@ def _walk(t: ir.Node, opsets, max_steps: int, first: ir.Node | None) -> Plan | s
     best: Plan | None = None
     shape = td  # the carried value's shape, in the transposed layout
     reason = "no reader to push into"
+    forced = diamond_v = None
     for _ in range(max_steps):
         readers = _readers(v)
-        is_transpose = [r.op_type == "Transpose" and r.domain in ("", "ai.onnx") and r.graph is t.graph
+        is_transpose = [r.op_type == "Transpose" and r.domain in ("", "ai.onnx") and r.graph is graph
                         for r in readers]
-        if steps or first is None:
-            if v.is_graph_output() or len(readers) != 1 or is_transpose[0]:
+        if forced is not None:  # the second node of a diamond
+            o, forced = forced, None
+        elif steps or first is None:
+            pair = _diamond(v, readers) if not v.is_graph_output() and not any(is_transpose) else None
+            if pair is not None:  # push through both, U now and the node reading both next
+                o, forced, diamond_v = pair[0], pair[1], v
+            elif v.is_graph_output() or len(readers) != 1 or is_transpose[0]:
                 # the chain ends: the Transposes reading the carried one merge with it, and the
-                # carried one stays for the other readers (a graph output among them)
+                # carried one stays for the other readers (a graph output among them), unless
+                # chains pushed into them pay (a fork)
                 if steps:
                     end, merges = cum - dead(), []
                     if v.is_graph_output() or not all(is_transpose):
-                        end = end + transpose_cost(pre_shape(shape, p), p)
+                        end = end + _plan_cost(pre_shape(shape, p), p)
                     for r, tr in zip(readers, is_transpose):
                         if tr:
                             z = perm_of(r, len(p))
-                            end = end + transpose_cost(pre_shape(shape, p), compose(p, z)) - transpose_cost(shape, z)
+                            end = end + _plan_cost(pre_shape(shape, p), compose(p, z)) - _plan_cost(shape, z)
                             merges.append((0, r))
                     if best is None or end < best.delta:
                         best = Plan(t, list(steps), end, merges)
+                    fork = None if v.is_graph_output() or depth >= _MAX_FORK_DEPTH else \
+                        _fork(v, shape, p, readers, is_transpose, opsets, max_steps - len(steps), depth)
+                    if fork is not None:
+                        keep = _plan_cost(pre_shape(shape, p), p) if not all(is_transpose) else ZERO
+                        forked = end - keep + fork[0]
+                        if forked < best.delta:
+                            best = Plan(t, list(steps), forked, merges, fork[1])
                 reason = ("a graph output" if v.is_graph_output() else "read by several nodes" if len(readers) > 1
                           else "meets a Transpose" if readers else "not read")
                 break
-            o = readers[0]
+            else:
+                o = readers[0]
         else:
             o = first
-        if o.graph is not t.graph:
+        if o.graph is not graph:
             reason = "read in a subgraph"
             break
-        carried = [i for i, inp in enumerate(o.inputs) if inp is v]
+        carried = [i for i, inp in enumerate(o.inputs)
+                   if inp is v or (forced is None and diamond_v is not None and inp is diamond_v)]
         try:
             step = _handler(o, carried, p, opsets)
-            step.cost = _other_costs(step, opsets)
+            step.cost = _other_costs(step, opsets, avoid={*sources, *pushed})
         except _Skip as exc:
             reason = str(exc)
             break
+        if forced is not None and step.out_perms != [p]:
+            reason = f"{o.op_type} changes the layout"
+            break
+        if forced is None and diamond_v is not None:
+            step.diamond = [i for i, inp in enumerate(o.inputs) if inp is not None and inp is diamond_v]
+            diamond_v = None
         outs = []
         for y, q in zip(o.outputs, step.out_perms):
             yd = _dims(y, opsets)
@@ -657,11 +761,11 @@ def _walk(t: ir.Node, opsets, max_steps: int, first: ir.Node | None) -> Plan | s
             z = _sole_transpose_reader(y) if len(outs) > 1 else None
             if z is not None:
                 zp = perm_of(z, len(q))
-                end = end + transpose_cost(pre_shape(yd, q), compose(q, zp)) - transpose_cost(yd, zp)
+                end = end + _plan_cost(pre_shape(yd, q), compose(q, zp)) - _plan_cost(yd, zp)
                 merges.append((k, z))
             else:
-                end = end + transpose_cost(pre_shape(yd, q), q)
-        if best is None or end < best.delta:
+                end = end + _plan_cost(pre_shape(yd, q), q)
+        if forced is None and (best is None or end < best.delta):  # (not between a diamond's two nodes)
             best = Plan(t, list(steps), end, merges)
         if len(outs) != 1:
             reason = "several outputs"
@@ -703,6 +807,15 @@ class _Apply:
         self.new_nodes.append(node)
         return node
 
+    def _before(self, o: ir.Node) -> set[ir.Node]:
+        """The nodes before ``o`` in the graph's order."""
+        seen = set()
+        for n in self.graph:
+            if n is o:
+                return seen
+            seen.add(n)
+        return seen
+
     def _const(self, array: np.ndarray, hint: str) -> ir.Value:
         tensor = ir.Tensor(np.ascontiguousarray(array))
         v = ir.Value(name=self.namer(hint), shape=ir.Shape(tensor.shape), type=ir.TensorType(tensor.dtype),
@@ -717,21 +830,28 @@ class _Apply:
         node = self._node(before, "Transpose", [x], [ir.AttrInt64s("perm", perm)], hint=hint)
         return node.outputs[0]
 
-    def step(self, step: Step, pre: ir.Value) -> list[ir.Value]:
-        """Rewrite ``step.node`` to read ``pre``; returns its new outputs (in the new layout), the
-        old outputs redirected to Transposes of them."""
+    def step(self, step: Step, pre: ir.Value, before_pre: ir.Value | None = None) -> list[ir.Value]:
+        """Rewrite ``step.node`` to read ``pre`` (``before_pre`` at a diamond's inputs: the value the
+        step before read); returns its new outputs (in the new layout), the old outputs
+        redirected to Transposes of them."""
         o = step.node
         start = len(self.new_nodes)
         hint = (o.name or o.op_type).split("::")[0]
         inputs = list(o.inputs) + [None] * (max([*step.arrays, 0]) + 1 - len(o.inputs))
         for i in step.carried:
-            inputs[i] = pre
+            inputs[i] = before_pre if i in step.diamond else pre
         for i, how in step.others.items():
             w = o.inputs[i]
             if how[0] == "const":
                 inputs[i] = self._const(how[1], f"{w.name or 'const'}_t")
             elif how[0] == "compose":
                 inputs[i] = self.transpose(o, how[1], how[2], hint)
+            elif how[0] == "reuse":  # (moved before o where it comes later: its input is o's)
+                same = how[1]
+                if same not in self._before(o):
+                    self.graph.remove(same)
+                    self.graph.insert_before(o, same)
+                inputs[i] = same.outputs[0]
             else:
                 k = how[1]
                 if k:
@@ -771,11 +891,12 @@ class _Apply:
         self.graph.remove(o, safe=True)
         return outs
 
-    def plan(self, plan: Plan) -> None:
-        pre = plan.transpose.inputs[0]
+    def plan(self, plan: Plan, pre: ir.Value | None = None) -> None:
+        """Apply ``plan`` (a branch: from ``pre``, the carried value's new producer's output)."""
+        pre = before = plan.transpose.inputs[0] if plan.transpose is not None else pre
         for step in plan.steps:
-            outs = self.step(step, pre)
-            pre = outs[0]
+            outs = self.step(step, pre, before)
+            before, pre = pre, outs[0]
         for k, z in plan.merges:
             pre = outs[k]
             q = plan.steps[-1].out_perms[k]
@@ -792,6 +913,8 @@ class _Apply:
             redirect(y, t)
             self.lost += [v for v in z.inputs if v is not None]
             self.graph.remove(z, safe=True)
+        for branch in plan.branches:  # (each reads the last step's output in the new layout)
+            self.plan(branch, outs[0])
 
 
 def _can_take(v: ir.Value) -> bool:

@@ -514,3 +514,146 @@ def test_reshape_splitting_a_dimension_is_pushed_through():
     out, _ = _run_pass(m)
     assert op_types(out) == ["Reshape"], op_types(out)
     same_outputs(m, out)
+
+
+# --- residual branches, diamonds and forks (as tf2onnx writes ResNet and EfficientNet blocks) --------
+
+
+def test_a_residual_read_in_both_layouts_reuses_its_transpose():
+    """r (NHWC) is read by T1 -> Conv and by Add(T2(Conv...), r) -> T3 -> Conv: the push of T2 through
+    the Add reads r through the T1 the graph has (no new Transpose), and T3 cancels: only T1 stays."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["t1"], perm=NHWC_TO_NCHW),
+             helper.make_node("Conv", ["t1", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Transpose", ["c1"], ["t2"], perm=NCHW_TO_NHWC),
+             helper.make_node("Add", ["t2", "r"], ["a"]),
+             helper.make_node("Transpose", ["a"], ["t3"], perm=NHWC_TO_NCHW),
+             helper.make_node("Conv", ["t3", "w2"], ["y"])]
+    m = model(nodes, [tinfo("x", X)], [tinfo("y", [2, 3, 5, 6])],
+              [init("w1", _f(4, 4, 3, 3)), init("w2", _f(3, 4, 1, 1))])
+    out, report = _run_pass(m)
+    assert _transpose_count(out) == 1, op_types(out)
+    same_outputs(m, out, tol=1e-5)
+
+
+def test_a_diamond_in_the_middle_of_a_chain():
+    """T -> Add(const) -> {Sigmoid, Mul(a, Sigmoid(a))} -> T^-1: the chain goes through SiLU's two
+    nodes as one element-wise op; nothing is left."""
+    m = _chain([helper.make_node("Add", ["t", "c"], ["a"]), helper.make_node("Sigmoid", ["a"], ["s"]),
+                helper.make_node("Mul", ["a", "s"], ["o"])], X, X, inits=[init("c", _f(4, 1, 1))])
+    out, report = _run_pass(m)
+    assert _transpose_count(out) == 0, op_types(out)
+    same_outputs(m, out)
+
+
+def test_a_fork_pays_where_no_single_chain_does():
+    """Squeeze-and-excite in NHWC between two Transposes: v = Mul(T(x), c) is read by ReduceMean (the
+    squeeze) and by Mul(v, Sigmoid(ReduceMean(v))) (the excite), then T^-1. No chain alone pays
+    (the carried Transpose stays for the other reader); pushed into both readers it does: no
+    Transpose moving data is left."""
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=NHWC_TO_NCHW),
+             helper.make_node("Mul", ["t", "c"], ["v"]),
+             helper.make_node("ReduceMean", ["v"], ["m"], axes=[2, 3], keepdims=1),
+             helper.make_node("Sigmoid", ["m"], ["s"]),
+             helper.make_node("Mul", ["v", "s"], ["e"]),
+             helper.make_node("Transpose", ["e"], ["y"], perm=NCHW_TO_NHWC)]
+    m = model(nodes, [tinfo("x", X)], [tinfo("y", X)], [init("c", _f(4, 1, 1))])
+    g = ir.serde.deserialize_model(onnx.shape_inference.infer_shapes(m))
+    t = next(n for n in g.graph if n.op_type == "Transpose")
+    plan = plan_chain(t, opsets_of(g))
+    assert not isinstance(plan, str) and plan.branches, plan
+    out, report = _run_pass(m)
+    count, elements, _ = _cost(out)
+    assert elements == Cost() and count < 2, op_types(out)
+    same_outputs(m, out, tol=1e-6)  # (a mean over another memory layout rounds differently)
+
+
+def test_a_fork_that_does_not_pay_is_not_taken():
+    """As above, but the excite's other factor is a graph input in NCHW terms of its own: pushing
+    into the Mul needs a Transpose of a full-size tensor; the squeeze branch alone does not pay."""
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=NHWC_TO_NCHW),
+             helper.make_node("Mul", ["t", "c"], ["v"]),
+             helper.make_node("ReduceMean", ["v"], ["m"], axes=[2, 3], keepdims=1),
+             helper.make_node("Mul", ["v", "w"], ["e"]),
+             helper.make_node("Add", ["e", "m"], ["y"])]
+    m = model(nodes, [tinfo("x", X), tinfo("w", [2, 4, 5, 6])], [tinfo("y", [2, 4, 5, 6])], [init("c", _f(4, 1, 1))])
+    out, report = _run_pass(m)
+    assert _cost(out)[1] == _cost(m)[1] or _cost(out)[1] < _cost(m)[1]
+    same_outputs(m, out, tol=1e-6)
+
+
+def test_the_report_does_not_change_the_output():
+    """return_report measures the Transposes on a copy: the shapes it infers are not written."""
+    m = keras_like(2, "N", 16, 8)
+    a = optimize(m)
+    b, _ = optimize(m, return_report=True)
+    assert a.SerializeToString() == b.SerializeToString()
+
+
+def _random_nhwc_graph(seed):
+    """A random tf2onnx-style NHWC network on x [2, 6, 7, 4]: blocks of Conv between Transposes,
+    SiLU (a diamond), squeeze-and-excite (a fork), a residual Add read in both layouts, constants
+    broadcast in NHWC, ReduceMean heads; every value the next block reads is NHWC."""
+    rng = np.random.default_rng(seed)
+    nodes, inits, k = [], [], [0]
+
+    def name(base):
+        k[0] += 1
+        return f"{base}{k[0]}"
+
+    def conv(v, c=4):
+        t, o, back, w = name("t"), name("c"), name("b"), name("w")
+        inits.append(init(w, rng.standard_normal((c, 4, 1, 1)).astype(np.float32) * 0.5))
+        nodes.extend([helper.make_node("Transpose", [v], [t], perm=NHWC_TO_NCHW),
+                      helper.make_node("Conv", [t, w], [o]),
+                      helper.make_node("Transpose", [o], [back], perm=NCHW_TO_NHWC)])
+        return back
+
+    v = "x"
+    residual = None
+    for _ in range(int(rng.integers(2, 6))):
+        kind = rng.choice(["conv", "silu", "se", "residual", "const", "relu"])
+        if kind == "conv":
+            residual = v if rng.random() < 0.5 else residual
+            v = conv(v)
+        elif kind == "silu":
+            s, o = name("s"), name("m")
+            nodes += [helper.make_node("Sigmoid", [v], [s]), helper.make_node("Mul", [v, s], [o])]
+            v = o
+        elif kind == "se":
+            r, s, o = name("r"), name("s"), name("e")
+            nodes += [helper.make_node("ReduceMean", [v], [r], axes=[1, 2], keepdims=1),
+                      helper.make_node("Sigmoid", [r], [s]), helper.make_node("Mul", [v, s], [o])]
+            v = o
+        elif kind == "residual" and residual is not None:
+            o = name("a")
+            nodes.append(helper.make_node("Add", [conv(v), residual], [o]))
+            v, residual = o, None
+        elif kind == "const":
+            c, o = name("k"), name("q")
+            inits.append(init(c, rng.standard_normal([1, 1, 4][int(rng.integers(0, 3)):]).astype(np.float32)))
+            nodes.append(helper.make_node(rng.choice(["Add", "Mul"]), [v, c], [o]))
+            v = o
+        else:
+            o = name("relu")
+            nodes.append(helper.make_node("Relu", [v], [o]))
+            v = o
+    v = conv(v)
+    if rng.random() < 0.5:
+        nodes.append(helper.make_node("ReduceMean", [v], ["y"], axes=[1, 2], keepdims=0))
+        out = tinfo("y", [2, 4])
+    else:
+        nodes.append(helper.make_node("Identity", [v], ["y"]))
+        out = tinfo("y", [2, 6, 7, 4])
+    m = model(nodes, [tinfo("x", [2, 6, 7, 4])], [out], inits)
+    return onnx.shape_inference.infer_shapes(m, strict_mode=True)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_random_nhwc_networks_keep_their_outputs_and_lose_transposes(seed):
+    m = _random_nhwc_graph(seed)
+    out = optimize(m)
+    before, after = _cost(m), _cost(out)
+    assert after[1] < before[1] or after[1] == before[1], (before, after)
+    assert after[0] <= 2, op_types(out)  # the input's, and one where the head reads NHWC
+    same_outputs(m, out, tol=1e-5)
