@@ -161,7 +161,8 @@ def transpose_facts(path: str) -> dict:
     count, cost, nbytes = graph_cost(ir.serde.deserialize_model(proto))
     const = dict(cost.terms)
     return {"transposes": count, "elements": str(cost),
-            "elements_static": const.get(0) if set(const) <= {0} else None, "bytes": nbytes,
+            "elements_static": const.get(0) if set(const) <= {0} else None, "elements_s1": sum(const.values()),
+            "bytes": nbytes,
             "transposes_at_input": sum(at_input), "nodes": nodes, "op_types": ops}
 
 
@@ -564,28 +565,32 @@ class Options:
     tiny: bool = False
 
 
-def keras_models(paths: list[Path] | None, cache: Path, work: Path, tiny: bool, log) -> list[tuple[str, Path, str]]:
-    """(name, path, description): ``paths``; else ``<cache>/keras/*.onnx`` with their manifest entries;
-    else (or with ``tiny``) models/nhwc.py's stand-ins, written to ``work``."""
-    if paths:
-        return [(p.stem, p, "given on the command line") for p in paths]
+def keras_models(paths: list[Path] | None, cache: Path, work: Path, tiny: bool, log) -> list[tuple[str, Path, str, Path | None]]:
+    """(name, path, description, Keras reference npz or None): ``paths``; else ``<cache>/keras/*.onnx``
+    described by their manifest (manifest.json: ``models[m].files[opt|noopt].file``, the reference
+    ``models[m].ref.file`` with the Keras model's input and output); else (or with ``tiny``)
+    models/nhwc.py's stand-ins, written to ``work``."""
     import onnx
 
     from onnxopt.models.nhwc import keras_like, to_nhwc_style
 
     keras_dir = cache / "keras"
     found = sorted(keras_dir.glob("*.onnx")) if keras_dir.is_dir() and not tiny else []
-    if found:
-        manifest = {}
-        for mf in sorted(keras_dir.glob("*.json")):
-            try:
-                manifest[mf.name] = json.loads(mf.read_text())
-            except (OSError, ValueError):
-                pass
+    if paths or found:
         out = []
-        for p in found:
-            desc = _manifest_entry(manifest, p.name) or "tf2onnx export (no manifest entry)"
-            out.append((p.stem, p, desc if isinstance(desc, str) else json.dumps(desc)[:300]))
+        for p in paths or found:
+            manifest = {}
+            for mf in sorted(p.parent.glob("*.json")):
+                try:
+                    manifest[mf.name] = json.loads(mf.read_text())
+                except (OSError, ValueError):
+                    pass
+            desc, ref = describe_keras(manifest.get("manifest.json", {}), p.name)
+            if desc is None:
+                entry = _manifest_entry(manifest, p.name)
+                desc = ("given on the command line" if paths else "tf2onnx export") + \
+                    (f": {json.dumps(entry)[:200]}" if entry else "")
+            out.append((p.stem, p, desc, p.parent / ref if ref and (p.parent / ref).exists() else None))
         return out
     log(f"  no Keras models in {keras_dir}{' (--tiny)' if tiny else ''}: models/nhwc.py's stand-ins")
     stand = work / "standins"
@@ -594,16 +599,16 @@ def keras_models(paths: list[Path] | None, cache: Path, work: Path, tiny: bool, 
     if tiny:
         p = stand / "keras_like-2x16x8.onnx"
         onnx.save(keras_like(2, 1, 16, 8), str(p))
-        out.append((p.stem, p, "stand-in: models/nhwc.py keras_like(2 blocks, batch 1, 16x16x8)"))
+        out.append((p.stem, p, "stand-in: models/nhwc.py keras_like(2 blocks, batch 1, 16x16x8)", None))
         src = stand / "tinyconv.onnx"
         bench_targets.get_model("tinyconv").build(src, None, True)
         p = stand / "tinyconv-nhwc.onnx"
         onnx.save(to_nhwc_style(onnx.load(str(src))), str(p))
-        out.append((p.stem, p, "stand-in: bench_targets' tinyconv rewritten as tf2onnx writes Keras models"))
+        out.append((p.stem, p, "stand-in: bench_targets' tinyconv rewritten as tf2onnx writes Keras models", None))
         return out
     p = stand / "keras_like-4x56x32.onnx"
     onnx.save(keras_like(4, 1, 56, 32), str(p))
-    out.append((p.stem, p, "stand-in: models/nhwc.py keras_like(4 blocks, batch 1, 56x56x32)"))
+    out.append((p.stem, p, "stand-in: models/nhwc.py keras_like(4 blocks, batch 1, 56x56x32)", None))
     from onnxopt.models import zoo
 
     for name in ("mobilenet_v2-legacy", "resnet50-legacy"):
@@ -612,8 +617,23 @@ def keras_models(paths: list[Path] | None, cache: Path, work: Path, tiny: bool, 
             p = stand / f"{name}-nhwc.onnx"
             onnx.save(to_nhwc_style(onnx.load(str(src))), str(p))
             out.append((p.stem, p, f"stand-in: the zoo's {name} rewritten as tf2onnx writes Keras models "
-                                   "(models/nhwc.py to_nhwc_style)"))
+                                   "(models/nhwc.py to_nhwc_style)", None))
     return out
+
+
+def describe_keras(manifest: dict, filename: str) -> tuple[str | None, str | None]:
+    """(description, reference npz file name) of ``filename`` from the Keras builder's manifest."""
+    tools = manifest.get("tools", {})
+    for key, m in (manifest.get("models") or {}).items():
+        for variant, f in (m.get("files") or {}).items():
+            if f.get("file") != filename:
+                continue
+            desc = (f"{m.get('keras_class', key)} (Keras {tools.get('keras', '?')}, random weights, "
+                    f"{m.get('batchnorm_statistics', 'BN statistics as built')}), tf2onnx {tools.get('tf2onnx', '?')} "
+                    f"opset {manifest.get('opset', '?')}, its optimizers: {f.get('tf2onnx_optimizers', variant)}; "
+                    f"input {manifest.get('input', '?')}")
+            return desc, (m.get("ref") or {}).get("file")
+    return None, None
 
 
 def _manifest_entry(manifest: dict, filename: str):
@@ -681,7 +701,10 @@ def _tiny_edge_model(work: Path) -> tuple[EdgeModel, Path]:
 # Part A: Keras models
 
 
-def bench_keras(name: str, path: Path, desc: str, tools: list[LTool], opts: Options, work: Path, log) -> dict:
+def bench_keras(name: str, path: Path, desc: str, tools: list[LTool], opts: Options, work: Path, log,
+                ref: Path | None = None) -> dict:
+    """Part A on one model; ``ref``: the Keras model's own input and output (npz ``input``, ``output``):
+    the input is then the one every tool is fed, and the original's output is compared with Keras's."""
     import onnx
 
     t_start = time.perf_counter()
@@ -690,6 +713,12 @@ def bench_keras(name: str, path: Path, desc: str, tools: list[LTool], opts: Opti
     src = bench.snapshot(path, work / "original")
     proto = onnx.load(str(src), load_external_data=False)
     feeds = random_feeds(proto)
+    keras_out = None
+    if ref is not None:
+        z = bench._load_npz(str(ref))
+        if len(feeds) == 1 and "input" in z and z["input"].shape == next(iter(feeds.values())).shape:
+            feeds = {next(iter(feeds)): z["input"].astype(np.float32)}
+            keras_out = z.get("output")
     del proto
     inputs_file = work / "inputs.npz"
     np.savez(inputs_file, **feeds)
@@ -747,7 +776,11 @@ def bench_keras(name: str, path: Path, desc: str, tools: list[LTool], opts: Opti
                    "min_rounds": opts.min_rounds, "gap_s": opts.gap, "threads": opts.threads},
                   work / "jobs", max(opts.timeout, 4 * opts.latency_budget))
     res = {"path": str(path), "description": desc, "inputs": {k: list(v.shape) for k, v in feeds.items()},
+           "input_source": "the Keras reference input" if keras_out is not None else "random (standard normal)",
            "tools": [t.name for t in tools], "rows": rows}
+    if keras_out is not None and reference.exists():
+        out0 = bench._load_npz(str(reference)).get("out0")
+        res["original_vs_keras_max_rel"] = scale_rel(keras_out, out0) if out0 is not None else None
     if not lat.get("ok"):
         res["latency_error"] = lat["error"]
         log(f"  {name}: latency FAILED: {lat['error']}")
@@ -1091,8 +1124,9 @@ def _yes(x) -> str:
 def render_keras(report: dict) -> list[str]:
     L = ["## A. Keras models converted by tf2onnx: Transposes and CPU latency", ""]
     L.append("Per model, every tool in one interleaved latency run (onnxruntime CPU, default session options); "
-             "Transposes: main graph; elements/bytes: moved by them per inference (`graph_cost`, `s`: a symbolic "
-             "dimension); diff: against the original on a random input (max abs / max rel of the output's scale). "
+             "Transposes: main graph; elements/bytes: moved by them per inference (`graph_cost`; `s`: a symbolic "
+             "dimension, here the batch; bytes only where every shape is static); diff: against the original on the "
+             "Keras reference input (or a random one; max abs / max rel of the output's scale). "
              "× best peer: median over the best peer's (peers whose outputs equal the original's). "
              "Targets (onnxopt rows): fewest Transposes of all, × best peer <= 1.02 (bold: missed).")
     L.append("")
@@ -1104,18 +1138,21 @@ def render_keras(report: dict) -> list[str]:
             L.append(f"Not measured: {res.get('error', '?')}")
             L.append("")
             continue
-        L.append(f"{res.get('description', '')}; inputs {res.get('inputs')}; latency rounds: {res.get('rounds', '—')}")
+        kv = res.get("original_vs_keras_max_rel")
+        L.append(f"{res.get('description', '')}. Inputs {res.get('inputs')}, {res.get('input_source', 'random')}"
+                 + ("" if kv is None else f"; the original against Keras's own output: max rel diff {bench._sig(kv, 2)}")
+                 + f"; latency rounds: {res.get('rounds', '—')}.")
         L.append("")
-        L.append("| tool | status | Transposes | elements moved | bytes moved | nodes | CPU kernels | max abs diff | "
-                 "max rel diff | median ms | p10 | p90 | × best peer | optimize s |")
-        L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        L.append("| tool | status | Transposes | elements moved | at s=1 | bytes moved | nodes | CPU kernels | "
+                 "max abs diff | max rel diff | median ms | p10 | p90 | × best peer | optimize s |")
+        L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         ours = {d["name"] for d in report["meta"].get("tool_docs", []) if not d.get("peer")}
         for t, r in res["rows"].items():
             st = r.get("status", "?")
             if st == "error":
                 st = f"error: {bench._cell_text(r.get('error', ''), 80)}"
             lat = r.get("latency", {})
-            L.append(f"| {t} | {st} | {r.get('transposes', '')} | {r.get('elements', '')} | "
+            L.append(f"| {t} | {st} | {r.get('transposes', '')} | {r.get('elements', '')} | {r.get('elements_s1', '')} | "
                      f"{'' if r.get('bytes') is None else r['bytes']} | {r.get('nodes', '')} | "
                      f"{r.get('cpu_kernels', '')} | {'' if 'max_abs' not in r else bench._sig(r['max_abs'], 2)} | "
                      f"{'' if 'max_rel' not in r else bench._sig(r['max_rel'], 2)} | {_ms(lat.get('median_ms'))} | "
@@ -1348,10 +1385,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         meta["tool_docs"] = [{"name": t.name, "doc": t.doc, "peer": t.peer} for t in tools]
         models = keras_models([Path(m) for m in args.models] if args.models else None, cache, work, args.tiny, log)
-        for i, (name, path, desc) in enumerate(models, 1):
+        for i, (name, path, desc, ref) in enumerate(models, 1):
             log(f"[{i}/{len(models)}] {name} ...")
             try:
-                report["models"][name] = bench_keras(name, path, desc, tools, opts, work, log)
+                report["models"][name] = bench_keras(name, path, desc, tools, opts, work, log, ref)
             except Exception as exc:  # noqa: BLE001
                 report["models"][name] = {"description": desc, "error": bench.one_line(exc)}
                 log(f"  {name}: FAILED: {bench.one_line(exc)}")
