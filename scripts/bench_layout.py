@@ -491,7 +491,7 @@ def job_edge_latency(job: dict) -> dict:
     img = bench._load_npz(job["image"])["image"]
     entries = {}
     for key, spec in job["entries"].items():
-        sess = _session(spec["path"], "cpu", threads=job.get("threads", 0))
+        sess = _session(spec["path"], "cpu", threads=job.get("threads", 0), spin=job.get("spin", False))
         name = sess.get_inputs()[0].name
         pre = parse_preprocess(spec["preprocess"])
         pix = img if pre.layout in ("HWC", "CHW") else img[None]
@@ -514,7 +514,7 @@ def job_provider_latency(job: dict) -> dict:
     entries, errors = {}, {}
     for key, path, options, inputs in job["entries"]:
         try:
-            sess = _session(path, job["provider"], options, threads=job.get("threads", 0), spin=False)
+            sess = _session(path, job["provider"], options, threads=job.get("threads", 0), spin=job.get("spin", False))
             feeds_all = bench._load_npz(inputs)
             feeds = {i.name: feeds_all[i.name] for i in sess.get_inputs()}
 
@@ -529,12 +529,25 @@ def job_provider_latency(job: dict) -> dict:
     return res
 
 
+def job_latency(job: dict) -> dict:
+    """bench's latency job (onnxopt.verify's measure_latency: one session per model, interleaved
+    rounds), with the thread pools' spinning as asked."""
+    from onnxopt.verify import measure_latency
+
+    inputs = bench._load_npz(job["inputs"])
+    return measure_latency(job["models"], inputs, provider=job["provider"], runs=job["runs"], warmup=job["warmup"],
+                           budget_s=job["budget_s"], min_rounds=job["min_rounds"], gap_s=job["gap_s"],
+                           threads=job.get("threads", 0), spin=job.get("spin", False))
+
+
 def _job(job: dict) -> dict:
     kind = job["kind"]
     if kind == "optimize":
         return bench_targets.job_optimize(job)
-    if kind in ("evaluate", "latency"):
+    if kind == "evaluate":
         return bench._job(job)
+    if kind == "latency":
+        return job_latency(job)
     if kind == "t-evaluate":
         return bench_targets.job_evaluate(job)
     table = {"structure": job_structure, "nhwcconv": job_nhwcconv, "edge-check": job_edge_check,
@@ -563,6 +576,7 @@ class Options:
     timeout: float = 600.0
     tolerance: float = 1e-4
     tiny: bool = False
+    spin: bool = False  # CPU sessions' intra-op pools spin between runs (onnxruntime's default; see --spin)
 
 
 def keras_models(paths: list[Path] | None, cache: Path, work: Path, tiny: bool, log) -> list[tuple[str, Path, str, Path | None]]:
@@ -773,7 +787,7 @@ def bench_keras(name: str, path: Path, desc: str, tools: list[LTool], opts: Opti
     live = {t: p for t, p in paths.items() if rows[t].get("status") in ("ok", "baseline", "differs")}
     lat = run_job({"kind": "latency", "models": live, "inputs": str(inputs_file), "provider": "cpu",
                    "runs": opts.runs, "warmup": opts.warmup, "budget_s": opts.latency_budget,
-                   "min_rounds": opts.min_rounds, "gap_s": opts.gap, "threads": opts.threads},
+                   "min_rounds": opts.min_rounds, "gap_s": opts.gap, "threads": opts.threads, "spin": opts.spin},
                   work / "jobs", max(opts.timeout, 4 * opts.latency_budget))
     res = {"path": str(path), "description": desc, "inputs": {k: list(v.shape) for k, v in feeds.items()},
            "input_source": "the Keras reference input" if keras_out is not None else "random (standard normal)",
@@ -907,7 +921,7 @@ def bench_edge(em: EdgeModel, path: Path, pixels: list[str], opts: Options, work
     if entries:
         lat = run_job({"kind": "edge-latency", "image": str(image_file), "entries": entries, "runs": opts.runs,
                        "warmup": opts.warmup, "budget_s": opts.latency_budget, "min_rounds": opts.min_rounds,
-                       "gap_s": opts.gap, "threads": opts.threads}, work / "jobs",
+                       "gap_s": opts.gap, "threads": opts.threads, "spin": opts.spin}, work / "jobs",
                       max(opts.timeout, 4 * opts.latency_budget))
         if not lat.get("ok"):
             res["latency_error"] = lat["error"]
@@ -1065,7 +1079,7 @@ def _gpu_batch(bm, b, src, name, f_pix, f_float, pre_text, provider, target, pre
     if entries:
         lat = run_job({"kind": "provider-latency", "provider": provider, "entries": entries, "runs": opts.runs,
                        "warmup": opts.warmup, "budget_s": opts.latency_budget, "min_rounds": opts.min_rounds,
-                       "gap_s": opts.gap if provider == "cpu" else 0.0, "threads": opts.threads},
+                       "gap_s": opts.gap if provider == "cpu" else 0.0, "threads": opts.threads, "spin": opts.spin},
                       work / "jobs", max(opts.timeout, 4 * opts.latency_budget))
         if not lat.get("ok"):
             out["latency_error"] = lat["error"]
@@ -1321,6 +1335,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--latency-budget", type=float, default=60.0, help="seconds of timed runs per table, at most")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads of every CPU session (0: onnxruntime's)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per subprocess")
+    p.add_argument("--spin", action="store_true",
+                   help="let the CPU sessions' thread pools spin between runs (onnxruntime's default). Off by default: "
+                        "sessions timed in turn in one process leave idle pools spinning, which take the cores from "
+                        "the one being timed (on 2 cores resnet50 ran 90 ms instead of 31 ms)")
     p.add_argument("--tolerance", type=float, default=1e-4, help="max rel diff (of the output's scale) for 'equal'")
     p.add_argument("--cache", type=Path, default=None)
     p.add_argument("--work", type=Path, default=None)
@@ -1364,7 +1382,8 @@ def main(argv: list[str] | None = None) -> int:
     opts = Options(runs=max(1, args.runs or (100 if provider == "cuda" else 50)),
                    warmup=max(1, args.warmup or (20 if provider == "cuda" else 5)), min_rounds=max(1, args.min_rounds),
                    latency_budget=args.latency_budget, gap=0.002 if provider == "cpu" else 0.0,
-                   threads=max(0, args.threads), timeout=args.timeout, tolerance=args.tolerance, tiny=args.tiny)
+                   threads=max(0, args.threads), timeout=args.timeout, tolerance=args.tolerance, tiny=args.tiny,
+                   spin=args.spin)
     from onnxopt.models.cache import cache_dir
 
     cache = cache_dir(args.cache)

@@ -21,7 +21,7 @@ set -uo pipefail
 . "$(dirname "$0")/gpu_env.sh"  # onnxruntime-gpu, onnxopt on the path, the zoo cache
 model=${1:?usage: bash scripts/gpu_layout.sh MODEL [options...]}
 shift
-tag=$model
+tag=${TAG:-$model}  # TAG: another name for the files, e.g. when one model runs in several commands
 rm -rf "/tmp/bench-layout-$tag"  # the previous run's optimized models (the model cache stays)
 timeout --signal=INT "${LIMIT:-480}" python3 scripts/bench_layout.py gpu --provider cuda --models "$model" \
   --cache "$ONNXOPT_CACHE" --work "/tmp/bench-layout-$tag" --timeout 240 --deadline "${DEADLINE:-330}" \
