@@ -61,7 +61,6 @@ import datetime
 import json
 import os
 import shlex
-import statistics
 import sys
 import tempfile
 import time
@@ -286,7 +285,8 @@ def to_nhwc_conv(proto, *, target: str | None = "ort-cuda") -> tuple[object, dic
         inferred = onnx.shape_inference.infer_shapes(m, data_prop=True)
     except Exception:  # noqa: BLE001 - shapes are a help, not a need
         inferred = m
-    vis = {v.name: v for v in list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input)}
+    ig = inferred.graph
+    vis = {v.name: v for v in list(ig.value_info) + list(ig.output) + list(ig.input)}
     g = m.graph
     inits = {t.name: t for t in g.initializer}
     uses: dict[str, int] = {}
@@ -579,7 +579,8 @@ class Options:
     spin: bool = False  # CPU sessions' intra-op pools spin between runs (onnxruntime's default; see --spin)
 
 
-def keras_models(paths: list[Path] | None, cache: Path, work: Path, tiny: bool, log) -> list[tuple[str, Path, str, Path | None]]:
+def keras_models(paths: list[Path] | None, cache: Path, work: Path, tiny: bool,
+                 log) -> list[tuple[str, Path, str, Path | None]]:
     """(name, path, description, Keras reference npz or None): ``paths``; else ``<cache>/keras/*.onnx``
     described by their manifest (manifest.json: ``models[m].files[opt|noopt].file``, the reference
     ``models[m].ref.file`` with the Keras model's input and output); else (or with ``tiny``)
@@ -953,11 +954,18 @@ GPU_SIZES = {"ppocrv4-det": (640, 640)}
 GPU_PREPROCESS = {"ppocrv4-det": IMAGENET + ",bgr"}
 
 
-def gpu_pixels(name: str, batch: int, tiny: bool, size: tuple[int, int]) -> np.ndarray:
+def gpu_pixels(name: str, batch: int, tiny: bool, size: tuple[int, int]) -> tuple[np.ndarray, str]:
+    """(uint8 NHWC pixels, what they are): pages for the OCR detector, photographs for the others;
+    random pixels with --tiny, or where scikit-image (the photographs) is not installed."""
+    random = np.random.default_rng(batch).integers(0, 256, (batch, *size, 3), dtype=np.uint8)
     if tiny:
-        return np.random.default_rng(batch).integers(0, 256, (batch, *size, 3), dtype=np.uint8)
-    make = raw_page if name == "ppocrv4-det" else raw_photo
-    return np.stack([make(i, size) for i in range(batch)])
+        return random, "random pixels (--tiny)"
+    if name == "ppocrv4-det":
+        return np.stack([raw_page(i, size) for i in range(batch)]), "printed pages"
+    try:
+        return np.stack([raw_photo(i, size) for i in range(batch)]), "photographs (scikit-image)"
+    except ImportError as exc:
+        return random, f"random pixels ({bench.one_line(exc)})"
 
 
 def bench_gpu(bm, provider: str, batches: tuple[int, ...], precisions: tuple[str, ...], option_sets,
@@ -971,7 +979,8 @@ def bench_gpu(bm, provider: str, batches: tuple[int, ...], precisions: tuple[str
     size = (16, 16) if bm.name == "tinyconv" else GPU_SIZES.get(bm.name, (224, 224))
     pre_text = GPU_PREPROCESS.get(bm.name, IMAGENET)
     bt_opts = bench_targets.Options(tiny=opts.tiny)
-    res: dict = {"description": bm.description, "provider": provider, "target": target, "batches": list(batches),
+    desc = bm.description.replace("printed pages 736x736", f"printed pages {size[0]}x{size[1]}")
+    res: dict = {"description": desc, "provider": provider, "target": target, "batches": list(batches),
                  "size": list(size), "preprocess": f"uint8,NHWC,{pre_text}",
                  "option_sets": [{"label": k, "options": o} for k, o in option_sets], "build": {}, "batch": {}}
     originals: dict[int, Path] = {}
@@ -992,7 +1001,7 @@ def bench_gpu(bm, provider: str, batches: tuple[int, ...], precisions: tuple[str
             continue
         bw = work / f"b{b}"
         bw.mkdir(parents=True, exist_ok=True)
-        pix = gpu_pixels(bm.name, b, opts.tiny, size)
+        pix, res["images"] = gpu_pixels(bm.name, b, opts.tiny, size)
         f_pix, f_float = bw / "pixels.npz", bw / "float.npz"
         np.savez(f_pix, **{name: pix})
         np.savez(f_float, **{name: numpy_preprocess(pix, pre)})
@@ -1109,6 +1118,9 @@ def rank_gpu(variants: dict) -> None:
             mine = row.get("latency", {}).get("default")
             if ref and mine:
                 row["x_onnxopt_prefer_nhwc"] = mine["median_ms"] / ref["median_ms"]
+            plain = variants.get(f"{ORIGINAL}/fp32", {}).get("latency", {}).get("prefer_nhwc=1")
+            if plain and mine and row["precision"] == "fp32":
+                row["x_original_prefer_nhwc"] = mine["median_ms"] / plain["median_ms"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1154,7 +1166,8 @@ def render_keras(report: dict) -> list[str]:
             continue
         kv = res.get("original_vs_keras_max_rel")
         L.append(f"{res.get('description', '')}. Inputs {res.get('inputs')}, {res.get('input_source', 'random')}"
-                 + ("" if kv is None else f"; the original against Keras's own output: max rel diff {bench._sig(kv, 2)}")
+                 + ("" if kv is None else
+                    f"; the original against Keras's own output: max rel diff {bench._sig(kv, 2)}")
                  + f"; latency rounds: {res.get('rounds', '—')}.")
         L.append("")
         L.append("| tool | status | Transposes | elements moved | at s=1 | bytes moved | nodes | CPU kernels | "
@@ -1166,23 +1179,27 @@ def render_keras(report: dict) -> list[str]:
             if st == "error":
                 st = f"error: {bench._cell_text(r.get('error', ''), 80)}"
             lat = r.get("latency", {})
-            L.append(f"| {t} | {st} | {r.get('transposes', '')} | {r.get('elements', '')} | {r.get('elements_s1', '')} | "
+            x = lat.get("x_best_peer")
+            xs = _ratio(x, 1.02) if t in ours else ("" if x is None else f"{x:.3f}")
+            L.append(f"| {t} | {st} | {r.get('transposes', '')} | {r.get('elements', '')} | "
+                     f"{r.get('elements_s1', '')} | "
                      f"{'' if r.get('bytes') is None else r['bytes']} | {r.get('nodes', '')} | "
                      f"{r.get('cpu_kernels', '')} | {'' if 'max_abs' not in r else bench._sig(r['max_abs'], 2)} | "
                      f"{'' if 'max_rel' not in r else bench._sig(r['max_rel'], 2)} | {_ms(lat.get('median_ms'))} | "
                      f"{_ms(lat.get('p10_ms'))} | {_ms(lat.get('p90_ms'))} | "
-                     f"{_ratio(lat.get('x_best_peer'), 1.02) if t in ours else ('' if lat.get('x_best_peer') is None else format(lat['x_best_peer'], '.3f'))} | "
+                     f"{xs} | "
                      f"{'' if r.get('optimize_s') is None else r['optimize_s']} |")
         L.append("")
         bp = res.get("best_peer", {})
+        bt, bpl = bp.get("transposes") or {}, bp.get("latency") or {}
         for t in ("onnxopt", "onnxopt-ort-cpu"):
             r = res["rows"].get(t, {})
             tg = r.get("target")
             if tg:
                 summary.append(f"| {name} | {t} | {r.get('transposes')} | "
-                               f"{(bp.get('transposes') or {}).get('transposes', '')} ({(bp.get('transposes') or {}).get('tool', '')}) | "
+                               f"{bt.get('transposes', '')} ({bt.get('tool', '')}) | "
                                f"{_yes(tg['fewest_transposes'])} | {_ms(r.get('latency', {}).get('median_ms'))} | "
-                               f"{_ms((bp.get('latency') or {}).get('median_ms'))} ({(bp.get('latency') or {}).get('tool', '')}) | "
+                               f"{_ms(bpl.get('median_ms'))} ({bpl.get('tool', '')}) | "
                                f"{_ratio(r.get('latency', {}).get('x_best_peer'), 1.02)} |")
     if summary:
         L[4:4] = ["**Summary**", "", "| model | onnxopt | Transposes | fewest of the peers (tool) | fewest of all | "
@@ -1217,7 +1234,8 @@ def render_edge(report: dict) -> list[str]:
                 L.append(f"| {name} | {lay} | error: {bench._cell_text(row.get('error', ''), 80)} |||||||")
                 continue
             one = row.get("target_one_transpose_at_input")
-            tr = f"{row.get('transposes')} ({row.get('transposes_at_input')})" + ("" if one else " **not one at the input**")
+            tr = f"{row.get('transposes')} ({row.get('transposes_at_input')})"
+            tr += "" if one else " **not one at the input**"
             mr = row.get("max_rel") or {}
             diff = " / ".join(bench._sig(mr[k], 2) for k in ("onnxopt-nchw", ORIGINAL) if k in mr) or \
                 row.get("check_error", "")
@@ -1233,7 +1251,8 @@ def render_edge(report: dict) -> list[str]:
     for name, res in report["models"].items():
         if res.get("note") or res.get("rounds"):
             L.append(f"- {name}: {res.get('note') or ''} (input {res.get('input')}, {res.get('size')}, "
-                     f"`{res.get('preprocess')}`, images: {res.get('images')}; latency rounds {res.get('rounds', '—')})")
+                     f"`{res.get('preprocess')}`, images: {res.get('images')}; "
+                     f"latency rounds {res.get('rounds', '—')})")
     L.append("")
     return L
 
@@ -1244,8 +1263,9 @@ def render_gpu(report: dict) -> list[str]:
     L.append("Per model and batch, every (variant, provider options) in one interleaved latency run. × orig: over the "
              "fp32 original with the provider's defaults. Fidelity against the fp32 original (bench_targets' bounds: "
              "cosine / max error ÷ range). `onnxopt-nhwcconv`: onnxopt's model with its Convs as com.microsoft "
-             "NhwcConv and the Transposes between them cancelled (`to_nhwc_conv`); its × prefer_nhwc is its latency "
-             "with the defaults over onnxopt's under prefer_nhwc=1.")
+             "NhwcConv and the Transposes between them cancelled (`to_nhwc_conv`); the experiment's question is its "
+             "latency with the provider's defaults over onnxopt's (same precision) and the original's (fp32) under "
+             "prefer_nhwc=1 (in its note).")
     L.append("")
     for name, res in report["models"].items():
         L.append(f"### {name}")
@@ -1254,8 +1274,8 @@ def render_gpu(report: dict) -> list[str]:
             L.append(f"Not measured: {res.get('error', '?')}")
             L.append("")
             continue
-        L.append(f"{res.get('description', '')}; pixels `{res.get('preprocess')}` at {res.get('size')}; target "
-                 f"{res.get('target')}.")
+        L.append(f"{res.get('description', '')}; pixels `{res.get('preprocess')}` at {res.get('size')}, "
+                 f"{res.get('images', '?')}; target {res.get('target')}.")
         L.append("")
         labels = [o["label"] for o in res.get("option_sets", [])]
         for b, m in res["batch"].items():
@@ -1272,7 +1292,8 @@ def render_gpu(report: dict) -> list[str]:
             L.append("|---|---:|---:|" + "---:|---:|---:|" * len(labels) + "---|---|")
             for v, row in m["variants"].items():
                 if row["status"] != "ok":
-                    L.append(f"| {v} | error: {bench._cell_text(row.get('error', ''), 80)} |" + " |" * (2 + 3 * len(labels)))
+                    L.append(f"| {v} | error: {bench._cell_text(row.get('error', ''), 80)} |"
+                             + " |" * (2 + 3 * len(labels)))
                     continue
                 cells = []
                 for lb in labels:
@@ -1286,8 +1307,11 @@ def render_gpu(report: dict) -> list[str]:
                 if row.get("rewrite"):
                     rw = row["rewrite"]
                     note = (f"{rw['convs_rewritten']} NhwcConv, Transposes {rw['transposes_inserted']} -> "
-                            f"{rw['transposes_after']}" + (f"; × prefer_nhwc {row['x_onnxopt_prefer_nhwc']:.2f}"
-                                                          if row.get("x_onnxopt_prefer_nhwc") else "")
+                            f"{rw['transposes_after']}"
+                            + (f"; × onnxopt with prefer_nhwc {row['x_onnxopt_prefer_nhwc']:.2f}"
+                               if row.get("x_onnxopt_prefer_nhwc") else "")
+                            + (f"; × original with prefer_nhwc {row['x_original_prefer_nhwc']:.2f}"
+                               if row.get("x_original_prefer_nhwc") else "")
                             + (f"; {note}" if note else ""))
                 L.append(f"| {v} | {row.get('transposes', '')} | {row.get('nodes', '')} | " + " | ".join(cells)
                          + f" | {bench_targets._fid_cell(row.get('fidelity'))} | {note} |")

@@ -205,8 +205,9 @@ def test_tiny_end_to_end(tmp_path):
     assert "## C. resnet50 and PP-OCRv4 det on CPU" in md
 
     both = tmp_path / "all.md"
-    r = subprocess.run([sys.executable, str(SCRIPT), "render", str(tmp_path / "keras.json"), str(tmp_path / "edge.json"),
-                        str(tmp_path / "gpu.json"), "--markdown", str(both)], capture_output=True, text=True)
+    jsons = [str(tmp_path / f"{part}.json") for part in ("keras", "edge", "gpu")]
+    r = subprocess.run([sys.executable, str(SCRIPT), "render", *jsons, "--markdown", str(both)],
+                       capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     text = both.read_text()
     assert text.count("- part ") == 3 and "## A." in text and "## B." in text and "## C." in text
