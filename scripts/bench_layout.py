@@ -1243,7 +1243,8 @@ def render_edge(report: dict) -> list[str]:
                 diff = f"**{diff}**"
             n = lat.get(f"numpy({lay})+onnxopt-nchw", {})
             o = lat.get(f"numpy({lay})+{ORIGINAL}", {})
-            L.append(f"| {name} | {lay} | {tr} | {'' if row.get('bytes') is None else row['bytes']} | {diff} | "
+            moved = row.get("bytes") if row.get("bytes") is not None else f"{row.get('elements', '')} elements"
+            L.append(f"| {name} | {lay} | {tr} | {moved} | {diff} | "
                      f"{_ms(lat.get(v, {}).get('median_ms'))} | {_ms(n.get('median_ms'))} "
                      f"({_ms(n.get('part_median_ms'))}) | {_ms(o.get('median_ms'))} | "
                      f"{_ratio(row.get('x_numpy_nchw'), 1.02)} |")
