@@ -50,7 +50,12 @@ the Conv attributes unchanged (we also set ``kernel_shape``: the schema's own in
 as if W were ``[M, C/group, kH, kW]``).
 
 Every tool call, evaluation and latency run is a subprocess with a timeout: a failure is that row's
-one-line error. The JSON is rewritten after each model; ``--deadline`` stops starting models (gpu).
+one-line error. The JSON is rewritten after each model; ``--deadline`` stops starting models and batches
+(gpu). CPU sessions timed in turn do not spin between runs (``--spin`` restores onnxruntime's default):
+idle spinning pools take the cores from the session being timed (resnet50 on 2 cores: 88 ms instead of 34).
+
+On the GPU machine, one model (or batch) per command: ``bash scripts/gpu_layout.sh resnet50-legacy
+--batches 1`` (``TAG=...`` names the files), then ``render`` the JSONs together with parts A and B.
 """
 
 from __future__ import annotations
