@@ -5,6 +5,7 @@
     python scripts/bench_layout.py gpu   [--provider cuda|cpu] [--models NAME ...] [--batches 1,32]
                                          [--precisions fp32,fp16] [--deadline S] [--tiny] [common]
     python scripts/bench_layout.py render A.json [B.json ...] --markdown OUT.md
+    python scripts/bench_layout.py benefit GPU.json [...] --json OUT.json   (the NhwcConv verdict)
 
     common: [--runs N] [--warmup N] [--threads N] [--latency-budget S] [--timeout S] [--cache DIR]
             [--work DIR] [--json OUT.json] [--markdown OUT.md]
@@ -53,6 +54,12 @@ Every tool call, evaluation and latency run is a subprocess with a timeout: a fa
 one-line error. The JSON is rewritten after each model; ``--deadline`` stops starting models and batches
 (gpu). CPU sessions timed in turn do not spin between runs (``--spin`` restores onnxruntime's default):
 idle spinning pools take the cores from the session being timed (resnet50 on 2 cores: 88 ms instead of 34).
+
+**benefit**: part C's runs as a measured-benefit entry (``onnxopt.benefit``'s table, key ``nhwc_conv``,
+target ort-cuda): per model, batch and precision the NhwcConv model under the provider's defaults against
+onnxopt's model under ``prefer_nhwc=1`` (the provider's own NHWC path, which ort-cuda's advice names);
+applied only where the geometric mean of those ratios is below 1. Merge it into the shipped table with
+``python scripts/bench_benefit.py --merge OUT.json --into onnxopt/data/benefit.json``.
 
 On the GPU machine, one model (or batch) per command: ``bash scripts/gpu_layout.sh resnet50-legacy
 --batches 1`` (``TAG=...`` names the files), then ``render`` the JSONs together with parts A and B.
@@ -1347,9 +1354,44 @@ def render_markdown(reports: list[dict]) -> str:
 # CLI
 
 
+def nhwc_conv_benefit(reports: list[dict], files: list[str]) -> dict:
+    """Part C's runs as a benefit table (``onnxopt.benefit``): key ``nhwc_conv``, target ort-cuda. The
+    NhwcConv model with the provider's defaults against onnxopt's model (same precision) with
+    ``prefer_nhwc=1``, per model, batch and precision; the verdict from the geometric mean."""
+    rows, sources = {}, []
+    for rep, file in zip(reports, files):
+        meta = rep["meta"]
+        if meta.get("part") != "gpu" or meta.get("provider") != "cuda":
+            raise ValueError(f"{file}: not a part C run on CUDA")
+        sources.append({"command": meta["command"], "date": meta["date"], "machine": {**meta["machine"],
+                        "gpu": meta.get("gpu")}, "commit": meta.get("onnxopt_commit"), "versions": meta["versions"],
+                        "file": f"scripts/results/layout/{Path(file).name}"})
+        for name, m in rep["models"].items():
+            for batch, b in m.get("batch", {}).items():
+                for prec in ("fp32", "fp16"):
+                    nc, ref = b["variants"].get(f"onnxopt-nhwcconv/{prec}"), b["variants"].get(f"onnxopt/{prec}")
+                    try:
+                        with_ms = nc["latency"]["default"]["median_ms"]
+                        without_ms = ref["latency"]["prefer_nhwc=1"]["median_ms"]
+                    except (KeyError, TypeError):
+                        continue
+                    if not (nc.get("fidelity") or {}).get("ok", True):
+                        continue
+                    rows[f"{name} b{batch} {prec}"] = {"without_ms": round(without_ms, 4), "with_ms": round(with_ms, 4),
+                                                      "ratio": round(with_ms / without_ms, 4)}
+    if not rows:
+        raise ValueError("no NhwcConv row with latency under both option sets")
+    ratio = float(np.exp(np.mean([np.log(r["ratio"]) for r in rows.values()])))
+    evidence = {"ratio": round(ratio, 4), "models": rows,
+                "compared": "com.microsoft NhwcConv (provider defaults) against onnxopt's model with prefer_nhwc=1",
+                "source": sources[0] if len(sources) == 1 else {**sources[0], "file": ", ".join(
+                    s["file"] for s in sources), "command": "; ".join(s["command"] for s in sources)}}
+    return {"schema": 1, "entries": {"nhwc_conv": {"ort-cuda": {"apply": ratio < 1.0, "evidence": evidence}}}}
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python scripts/bench_layout.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("part", choices=("keras", "edge", "gpu", "render"))
+    p.add_argument("part", choices=("keras", "edge", "gpu", "render", "benefit"))
     p.add_argument("reports", nargs="*", type=Path, help="render: the JSON reports")
     p.add_argument("--models", nargs="+", default=None, help="keras: model files; edge, gpu: zoo / benchmark names")
     p.add_argument("--tools", nargs="+", default=None, help="keras: tools (default all)")
@@ -1401,6 +1443,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bench_layout: error: {bench.one_line(exc)}", file=sys.stderr)
             return 2
         print(f"wrote {args.markdown}")
+        return 0
+    if args.part == "benefit":
+        if not args.reports or not args.json:
+            print("bench_layout: error: benefit takes part C's JSON reports and --json OUT", file=sys.stderr)
+            return 2
+        try:
+            table = nhwc_conv_benefit([json.loads(p.read_text()) for p in args.reports], [str(p) for p in args.reports])
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"bench_layout: error: {bench.one_line(exc)}", file=sys.stderr)
+            return 2
+        args.json.write_text(json.dumps(table, indent=1) + "\n")
+        e = table["entries"]["nhwc_conv"]["ort-cuda"]
+        print(f"wrote {args.json}: nhwc_conv on ort-cuda {'applied' if e['apply'] else 'not applied'} "
+              f"({e['evidence']['ratio']:.3f}x onnxopt with prefer_nhwc=1)")
         return 0
     provider = args.provider if args.part == "gpu" else "cpu"
     if provider == "cuda":
