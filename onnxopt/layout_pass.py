@@ -45,6 +45,9 @@ from .irutil import REPLACED_KEY, RULE_KEY, constant_tensor, inherit_metadata, o
 from .shapes import DECLARED, infer, opsets_of
 
 _MAX_STEPS = 12  # ops one chain pushes through
+# an option the pipeline sets for its last driver round, once this pass is done (rules that wait
+# for it, such as transpose_to_reshape, then apply)
+SETTLED = "transposes_settled"
 _MAX_ROUNDS = 16
 
 

@@ -58,6 +58,8 @@ def _run(model, rules, graph_passes, max_rewrites, stop_after, keep_log, options
             early += n
             if n and keep_log:
                 early_log.append({"pass": p.name, "rewrites": n})
+    # (rules may ask which passes run: transpose_to_reshape leaves a Transpose the transpose pass cancels)
+    options = {**(options or {}), "graph_passes": tuple(p.name for p in chosen)}
     driver = Driver(model, list(rules), max_rewrites=max_rewrites, stop_after=stop_after, keep_log=keep_log,
                     options=options, strict=strict)
     driver.result.rewrites = early
@@ -80,6 +82,15 @@ def _run(model, rules, graph_passes, max_rewrites, stop_after, keep_log, options
             break
         _remove_dead(model)
         driver.run(seed=False)
+    if passes.TRANSPOSES in options["graph_passes"] and not driver.at_limit:
+        # the rules that wait for the transpose pass (transpose_to_reshape) take the Transposes it left
+        from .layout_pass import SETTLED
+
+        driver.options[SETTLED] = True
+        left = [n for n in model.graph if n.op_type == "Transpose"]
+        if left:
+            driver.touched(left, [])
+            driver.run(seed=False)
     _remove_dead(model)
     passes.forget_inferred_shapes(model)
     result.rules.update(stats)

@@ -236,13 +236,18 @@ def shape_elements(value: ir.Value | None, depth: int = 0) -> list | None:
     tensor = constant_tensor(value)
     if tensor is not None:
         arr = tensor.numpy()
-        if arr.dtype != np.int64 or arr.ndim > 1:
+        if arr.dtype not in (np.int64, np.int32) or arr.ndim > 1:  # (int32: exporters that cast shapes)
             return None
         return [int(a) for a in arr.reshape(-1)]
     node = value.producer()
     if node is None or node.domain not in ("", "ai.onnx"):
         return None
     op = node.op_type
+    if op == "Cast":  # int64 <-> int32 of shape values (tf2onnx computes shapes in int32): the same values
+        to = node.attributes.get("to")
+        if to is None or to.value not in (int(ir.DataType.INT64), int(ir.DataType.INT32)):
+            return None
+        return shape_elements(node.inputs[0], depth + 1)
     if op == "Concat":
         axis = node.attributes.get("axis")
         if axis is None or axis.value not in (0, -1):

@@ -41,20 +41,58 @@ def reshape_chain_replacement(m: Match, b):
 
 
 def reshape_elimination_condition(m: Match):
-    dims = m.static_shape("x")
+    """Every target dimension is x's own (the same number, or 0 copying it), but for one -1, which
+    then is x's dimension there too, a number or not ([-1, 6, 1, 1] of x [N, 6, 1, 1])."""
+    dims = m.dims("x")
     if dims is None:
-        return "input shape not static"
+        return "rank unknown"
     target = list(m.const("shape").reshape(-1))
     if len(target) != len(dims):
         return "rank changes"
     allowzero = m.attr("reshape", "allowzero", 0) == 1
     for t, d in zip(target, dims):
-        if t == d or (t == 0 and not allowzero):
+        if (d is not None and t == d) or (t == 0 and not allowzero):
             continue
         if t == -1 and target.count(-1) == 1:
             continue
-        return "shape changes"
+        return "input shape not static" if d is None else "shape changes"
     return None
+
+
+def reshape_to_unsqueeze_condition(m: Match):
+    """The plan: the axes an Unsqueeze inserts where the Reshape's target is x's dimensions in order
+    (a number, 0 copying x's dimension at that position, or one -1 standing for one of x's) with 1s
+    between them. Unsqueeze keeps the dimensions' symbols where a Reshape with -1 gives its output a
+    new one, which keeps onnxruntime from seeing that two branches have the same batch (it then
+    neither fuses a residual Add into a Conv nor broadcasts without Reshapes)."""
+    dims = m.dims("x")
+    if dims is None:
+        return "rank unknown"
+    target = [int(t) for t in m.const("shape").reshape(-1)]
+    if len(target) <= len(dims):
+        return "does not raise the rank"
+    if target.count(-1) > 1:
+        return "more than one -1"
+    if 0 in target and m.attr("reshape", "allowzero", 0) == 1:
+        return "allowzero with a 0"
+    axes, i = [], 0
+    for j, t in enumerate(target):
+        d = dims[i] if i < len(dims) else "end"
+        if d != "end" and ((d is not None and t == d) or (t == 0 and j == i) or t == -1):
+            i += 1
+        elif t == 1:
+            axes.append(j)
+        else:
+            return "not x's dimensions with 1s between"
+    if i != len(dims):
+        return "not x's dimensions with 1s between"
+    return axes
+
+
+def reshape_to_unsqueeze_replacement(m: Match, b):
+    if m.opset("") >= 13:
+        return b.op("Unsqueeze", m["x"], b.const(np.array(m.plan, dtype=np.int64), name="axes"))
+    return b.op("Unsqueeze", m["x"], axes=m.plan)
 
 
 def _own_dims_target(m: Match) -> list[int] | None:
@@ -228,6 +266,10 @@ RULES = [
     Rule("reshape_elimination", Op("Reshape", "x", Const("shape"), name="reshape"), _x,
          condition=reshape_elimination_condition,
          exact=True, doc="Reshape to the shape x already has (static) is x."),
+    Rule("reshape_to_unsqueeze", Op("Reshape", "x", Const("shape"), name="reshape"), reshape_to_unsqueeze_replacement,
+         condition=reshape_to_unsqueeze_condition, exact=True,
+         doc="Reshape that only inserts size-1 dimensions (x's own in order, copied by 0 or one of them "
+             "as -1) is an Unsqueeze, which keeps the dimensions' symbols."),
     Rule("reshape_shape_from_input", Op("Reshape", "x", "shape", name="reshape"), reshape_shape_from_input_replacement,
          condition=reshape_shape_from_input_condition,
          exact=False,

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnxopt.layout_pass import moves_data, perm_of
+from onnxopt.irutil import constant_tensor
+from onnxopt.layout_pass import SETTLED, moves_data, perm_of
 from onnxopt.pattern import Match, Op, Refuse, Rule, forward
 
 _x = forward("x")
@@ -56,6 +57,11 @@ def transpose_to_reshape_condition(m: Match):
         return "moves a dimension that is not size 1"
     if 0 in dims:
         return "a dimension of size 0"
+    if "transpose_optimization" in m.options.get("graph_passes", ()) and not m.options.get(SETTLED):
+        # the transpose pass cancels size-1 Transposes it pushes into others, and onnxruntime carries
+        # its NCHWc layout through Transposes, not through a Reshape: they stay Transposes until the
+        # pass is done (the pipeline's last round converts those left)
+        return "waits for the transpose pass"
     target = []
     for j, p in enumerate(perm):
         d = dims[p]
@@ -70,7 +76,37 @@ def transpose_to_reshape_condition(m: Match):
     return target
 
 
+def _unsqueezed(m: Match) -> tuple | None:
+    """``(u, axes)`` where x is ``Unsqueeze(u)`` (constant axes) and the Transpose, which moves only
+    size-1 dimensions, keeps u's dimensions in order: the Transpose is ``Unsqueeze(u, axes)``."""
+    node = m["x"].producer()
+    if node is None or node.op_type != "Unsqueeze" or node.domain not in ("", "ai.onnx"):
+        return None
+    if len(node.inputs) > 1:
+        tensor = constant_tensor(node.inputs[1])
+        axes = None if tensor is None else [int(a) for a in tensor.numpy().reshape(-1)]
+    else:
+        attr = node.attributes.get("axes")
+        axes = None if attr is None else [int(a) for a in attr.value]
+    dims = m.dims("x")
+    if axes is None or dims is None:
+        return None
+    q = len(dims)
+    axes = {a % q for a in axes}
+    perm = perm_of(m.node("transpose"), q)
+    where = [perm.index(k) for k in range(q) if k not in axes]  # u's dimensions in the output
+    if where != sorted(where):
+        return None
+    return node.inputs[0], [j for j in range(q) if j not in where]
+
+
 def transpose_to_reshape_replacement(m: Match, b):
+    unsq = _unsqueezed(m)
+    if unsq is not None:  # (an Unsqueeze keeps the dimensions' symbols; a Reshape's -1 does not)
+        u, axes = unsq
+        if m.opset("") >= 13:
+            return b.op("Unsqueeze", u, b.const(np.array(axes, dtype=np.int64), name="axes"))
+        return b.op("Unsqueeze", u, axes=axes)
     return b.op("Reshape", m["x"], b.const(np.array(m.plan, dtype=np.int64), name="shape"))
 
 
@@ -82,5 +118,6 @@ RULES = [
          condition=transpose_elimination_condition, exact=True, doc="Transpose by the identity permutation is x."),
     Rule("transpose_to_reshape", Op("Transpose", "x", name="transpose"), transpose_to_reshape_replacement,
          condition=transpose_to_reshape_condition, exact=True,
-         doc="A Transpose that moves only size-1 dimensions (the others keep their order) is a Reshape."),
+         doc="A Transpose that moves only size-1 dimensions (the others keep their order) is a Reshape "
+             "(an Unsqueeze where it reads one)."),
 ]

@@ -56,17 +56,21 @@ def test_reshape_flatten_chain_refuses_an_outer_shape_that_copies_a_dimension():
     refuses("reshape_flatten_chain", _two("Flatten", [2, 3, 4], [2, 12], None, [0, 12]), "copies dimensions (0)")
 
 
-@pytest.mark.parametrize("target", [[2, -1, 4], [0, 3, 4], [2, 3, 4]])
-def test_reshape_elimination_fires_on_the_shape_x_has(target):
-    out, _ = fires("reshape_elimination", _after_neg("Reshape", [2, 3, 4], [2, 3, 4], [("s", target)]))
+@pytest.mark.parametrize("x_shape,target", [([2, 3, 4], [2, -1, 4]), ([2, 3, 4], [0, 3, 4]), ([2, 3, 4], [2, 3, 4]),
+                                            (["n", 6, 1, 1], [-1, 6, 1, 1]), (["n", 6, "m"], [-1, 6, 0])],
+                         ids=["minus-one", "copy", "same", "symbolic-minus-one", "symbolic-copy"])
+def test_reshape_elimination_fires_on_the_shape_x_has(x_shape, target):
+    """-1 where x's only dimension that is not a number is: the others are x's, so it is that one."""
+    out, _ = fires("reshape_elimination", _after_neg("Reshape", x_shape, x_shape, [("s", target)]))
     assert op_types(out) == ["Neg"]
 
 
 @pytest.mark.parametrize("x_shape,target,reason", [([2, 6], [3, 4], "shape changes"), ([2, 6], [12], "rank changes"),
-                                                   (["n", 6], [-1, 6], "input shape not static")],
+                                                   (["n", 6], [2, -1], "input shape not static"),
+                                                   ],
                          ids=["shape", "rank", "dynamic"])
 def test_reshape_elimination_refuses(x_shape, target, reason):
-    y_shape = [3, 4] if target == [3, 4] else [12] if target == [12] else ["n", 6]
+    y_shape = [3, 4] if target == [3, 4] else [12] if target == [12] else x_shape
     refuses("reshape_elimination", _after_neg("Reshape", x_shape, y_shape, [("s", target)]), reason)
 
 
@@ -390,3 +394,35 @@ def test_range_scalar_inputs_fires_on_a_one_element_input():
 
 def test_range_scalar_inputs_refuses_scalars():
     refuses("range_scalar_inputs", _range([]), "inputs are scalars", feeds={"limit": np.array(11, np.int64)})
+
+
+@pytest.mark.parametrize("x_shape,target,y_shape,axes", [
+    ([2, 3], [2, 1, 3, 1], [2, 1, 3, 1], [1, 3]),
+    (["n", 6], [-1, 6, 1, 1], ["n", 6, 1, 1], [2, 3]),      # tf2onnx's squeeze-and-excite reshape
+    (["n", 6], [0, 1, 1, 6], ["n", 1, 1, 6], [1, 2]),       # the batch copied
+    ([1, 6], [1, 1, 6], [1, 1, 6], [1]),                     # x's own 1s: either reading is the same
+], ids=["static", "symbolic-minus-one", "symbolic-copy", "ones"])
+def test_reshape_to_unsqueeze_fires(x_shape, target, y_shape, axes):
+    """The Unsqueeze keeps the batch's symbol (a Reshape with -1 makes a new one)."""
+    out, _ = fires("reshape_to_unsqueeze", _after_neg("Reshape", x_shape, y_shape, [("s", target)]))
+    assert op_types(out) == ["Neg", "Unsqueeze"]
+    unsq = next(n for n in out.graph.node if n.op_type == "Unsqueeze")
+    got = next(onnx.numpy_helper.to_array(t) for t in out.graph.initializer if t.name == unsq.input[1])
+    assert got.tolist() == axes
+    if isinstance(x_shape[0], str):
+        assert [d.dim_param or d.dim_value for d in out.graph.output[0].type.tensor_type.shape.dim] == y_shape
+
+
+@pytest.mark.parametrize("x_shape,target,y_shape,reason", [
+    ([2, 3], [3, 2], [3, 2], "does not raise the rank"),
+    ([2, 3], [3, 1, 2], [3, 1, 2], "not x's dimensions with 1s between"),
+    ([2, 6], [2, 2, 3], [2, 2, 3], "not x's dimensions with 1s between"),
+    (["n", 6], [-1, 1, -1], ["n", 1, 6], "more than one -1"),
+], ids=["same-rank", "reordered", "split", "two-minus-ones"])
+def test_reshape_to_unsqueeze_refuses(x_shape, target, y_shape, reason):
+    if target.count(-1) > 1:  # (not a valid Reshape: the rule's guard, on the pattern alone)
+        m = _after_neg("Reshape", x_shape, y_shape, [("s", target)])
+        out, report = run_rule("reshape_to_unsqueeze", m)
+        assert reason in report.rules["reshape_to_unsqueeze"].reasons
+        return
+    refuses("reshape_to_unsqueeze", _after_neg("Reshape", x_shape, y_shape, [("s", target)]), reason)

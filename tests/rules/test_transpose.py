@@ -84,6 +84,19 @@ def test_transpose_to_reshape_fires(x_shape, perm, y_shape):
     assert op_types(out) == ["Neg", "Reshape"]
 
 
+def test_transpose_to_reshape_of_an_unsqueeze_is_an_unsqueeze():
+    """tf2onnx's squeeze-and-excite: Unsqueeze [N, C] -> [N, 1, 1, C], then the Transpose to NCHW: one
+    Unsqueeze [N, C, 1, 1], the batch's symbol kept."""
+    nodes = [helper.make_node("Neg", ["x"], ["n"]),
+             helper.make_node("Unsqueeze", ["n", "ax"], ["u"]),
+             helper.make_node("Transpose", ["u"], ["y"], perm=NHWC_TO_NCHW)]
+    m = model(nodes, [tinfo("x", ["N", 8])], [tinfo("y", ["N", 8, 1, 1])], [i64("ax", [1, 2])])
+    out, _ = fires("transpose_to_reshape", m)
+    assert op_types(out) == ["Neg", "Unsqueeze"]
+    ax = next(n for n in out.graph.node if n.op_type == "Unsqueeze").input[1]
+    assert next(onnx.numpy_helper.to_array(t) for t in out.graph.initializer if t.name == ax).tolist() == [2, 3]
+
+
 @pytest.mark.parametrize("x_shape,perm,reason", [
     ([2, 3, 4], [0, 2, 1], "moves a dimension"),
     ([2, 3, 4], [0, 1, 2], "identity"),
