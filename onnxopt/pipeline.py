@@ -83,14 +83,14 @@ def _run(model, rules, graph_passes, max_rewrites, stop_after, keep_log, options
         _remove_dead(model)
         driver.run(seed=False)
     if passes.TRANSPOSES in options["graph_passes"] and not driver.at_limit:
-        # the rules that wait for the transpose pass (transpose_to_reshape) take the Transposes it left
+        # the rules that wait for the transpose pass (transpose_to_reshape) take the Transposes it
+        # left; and every node is tried once more, since the pass moves nodes past what the
+        # worklist re-queues (a zero offset before a Transpose and a Conv whose bias came later)
         from .layout_pass import SETTLED
 
         driver.options[SETTLED] = True
-        left = [n for n in model.graph if n.op_type == "Transpose"]
-        if left:
-            driver.touched(left, [])
-            driver.run(seed=False)
+        if stats[passes.TRANSPOSES].fired or any(n.op_type == "Transpose" for n in model.graph):
+            driver.run(seed=True)
     _remove_dead(model)
     passes.forget_inferred_shapes(model)
     result.rules.update(stats)

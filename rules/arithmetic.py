@@ -29,7 +29,8 @@ def neutral_condition(m: Match):
 def zero_neutral_condition(m: Match):
     """x + 0 is x except at x = -0.0: -0.0 + 0.0 is +0.0 (and 1/x downstream then gives +inf for
     -inf). So Add(x, c) goes when c is all -0.0 (x + -0.0 is x), Sub(x, c) when c is all +0.0,
-    either when x holds no -0.0: an integer, or a MatMul/Conv result."""
+    either when x holds no -0.0 (an integer, or a MatMul/Conv result) or when what reads the sum
+    cannot tell the two zeros apart (:func:`_sign_of_zero_unseen`)."""
     reason = neutral_condition(m)
     if reason:
         return reason
@@ -39,7 +40,35 @@ def zero_neutral_condition(m: Match):
     producer = m["x"].producer()
     if producer is not None and producer.op_type in _NO_NEGATIVE_ZERO and producer.domain in ("", "ai.onnx"):
         return None
+    if _sign_of_zero_unseen(m.root.outputs[0]):
+        return None
     return f"x may be -0.0, which {m.root.op_type} with 0 turns into +0.0"
+
+
+_MOVES = frozenset({"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Identity", "Flatten"})
+
+
+def _sign_of_zero_unseen(value: ir.Value, depth: int = 0) -> bool:
+    """Every reader of ``value``, through ops that only move elements, is a Conv reading it as its
+    input with a constant bias of no zero (and finite): its sums then never depend on the sign of
+    a zero among their terms (b + (+0.0) and b + (-0.0) are b), so -0.0 and +0.0 inputs give
+    identical outputs (a Keras model's Rescaling offset of 0 before its first Conv)."""
+    if value.is_graph_output() or depth > 4 or not value.uses():
+        return False
+    for node, index in value.uses():
+        if node.domain not in ("", "ai.onnx"):
+            return False
+        if node.op_type in _MOVES and index == 0:
+            if not all(_sign_of_zero_unseen(out, depth + 1) for out in node.outputs):
+                return False
+        elif node.op_type == "Conv" and index == 0 and len(node.inputs) > 2 and node.inputs[2] is not None:
+            bias = node.inputs[2].const_value
+            arr = None if bias is None else bias.numpy()
+            if arr is None or arr.size == 0 or not np.all(np.isfinite(arr)) or np.any(arr == 0):
+                return False
+        else:
+            return False
+    return True
 
 
 def div_to_mul_condition(m: Match):

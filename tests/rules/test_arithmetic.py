@@ -269,3 +269,30 @@ def test_gemm_on_flattened_rows_kept_when_not_provably_a_linear_layer(kw, reason
     rng = np.random.default_rng(0)
     feeds = {name: rng.standard_normal((rows, 1, 4)).astype(np.float32) for name in ("x", kw.get("lead_from", "x"))}
     refuses("gemm_flatten_to_matmul", m, reason, feeds=feeds)
+
+
+def _offset_then_conv(bias):
+    """x [1, 4, 4, 3] NHWC * 1/255 + 0 (a Keras Rescaling) -> Transpose -> Conv (bias ``bias``)."""
+    nodes = [helper.make_node("Mul", ["x", "s"], ["a"]), helper.make_node("Add", ["a", "zero"], ["b"]),
+             helper.make_node("Transpose", ["b"], ["t"], perm=[0, 3, 1, 2]),
+             helper.make_node("Conv", ["t", "w", *(["bias"] if bias is not None else [])], ["y"])]
+    inits = [init("s", f32(1 / 255)), init("zero", np.zeros(3, f32)),
+             init("w", np.random.default_rng(0).standard_normal((2, 3, 1, 1)).astype(f32))]
+    if bias is not None:
+        inits.append(init("bias", np.array(bias, f32)))
+    return model(nodes, [tinfo("x", [1, 4, 4, 3])], [tinfo("y", [1, 2, 4, 4])], inits)
+
+
+def test_add_zero_before_a_conv_with_a_bias_keeps_every_bit():
+    """A Conv adds its bias to the products: b + (-0.0) and b + (+0.0) are b, so the offset of 0
+    goes, even on inputs of -0.0 (checked bit for bit)."""
+    x = np.zeros((1, 4, 4, 3), f32)
+    x[0, :2] = -0.0
+    x[0, 3] = [1.0, -2.0, 3.0]
+    fires("add_zero", _offset_then_conv([0.5, -1.0]), feeds={"x": x})
+
+
+@pytest.mark.parametrize("bias,why", [(None, "no bias"), ([0.5, 0.0], "a bias of 0")])
+def test_add_zero_before_a_conv_that_could_show_the_sign_is_kept(bias, why):
+    x = np.full((1, 4, 4, 3), -0.0, f32)
+    refuses("add_zero", _offset_then_conv(bias), "-0.0", feeds={"x": x}, depends=False)
