@@ -128,10 +128,15 @@ def pad_into_condition(m: Match):
     old, new = _merged_pads(m)
     if len(old) != n * 2 - 4:
         return "the op's pads do not match the Pad's rank"
-    if m.node("op").op_type != "AveragePool":
+    op = m.node("op").op_type
+    if op == "Conv":
         return new
-    if m.attr("op", "count_include_pad", 0) != 1:
+    if op == "AveragePool" and m.attr("op", "count_include_pad", 0) != 1:
         return "AveragePool excludes padding from the average"
+    if op == "MaxPool":
+        why = _maxpool_zero_pad_is_its_own(m)
+        if why:
+            return why
     k = n - 2
     kernel = m.attr("op", "kernel_shape") or []
     if len(kernel) != k:
@@ -151,6 +156,23 @@ def pad_into_condition(m: Match):
                     != _pool_output_size(dims[i + 2], *window, new[i], new[k + i]):
                 return "under ceil_mode, padding merged on the right changes the output size"
     return new
+
+
+def _maxpool_zero_pad_is_its_own(m: Match) -> str | None:
+    """MaxPool pads with -inf, a Pad with 0: the same maximum when every window keeps a real element
+    (each pad below the kernel, no dilation) and the real elements are >= 0 (x is a Relu's output).
+    Not exact: where a window's elements are all -0.0 the Pad's +0.0 may win the maximum, and NaN
+    meets a 0 instead of -inf. The Indices output (positions in the padded input) must be unread."""
+    producer = m["x"].producer()
+    if producer is None or producer.op_type != "Relu" or producer.domain not in ("", "ai.onnx"):
+        return "x is not a Relu's output (a zero pad is not -inf padding for negative values)"
+    node = m.node("op")
+    if len(node.outputs) > 1 and node.outputs[1] is not None and (node.outputs[1].uses()
+                                                                 or node.outputs[1].is_graph_output()):
+        return "the Indices output is read"
+    if any(int(d) != 1 for d in (m.attr("op", "dilations") or [])):
+        return "dilated MaxPool"
+    return None
 
 
 def pad_into_replacement(m: Match, b):
@@ -174,6 +196,11 @@ RULES = [
     Rule("pad_into_conv", Op("Conv", _ZERO_PAD, "w", Opt("b"), name="op"), pad_into_replacement,
          condition=pad_into_condition,
          exact=False, doc="Zero Pad of spatial axes before a Conv (auto_pad NOTSET or VALID) becomes the Conv's pads."),
+    Rule("pad_into_maxpool", Op("MaxPool", _ZERO_PAD, name="op"), pad_into_replacement,
+         condition=pad_into_condition,
+         exact=False, doc="Zero Pad of a Relu's output before a MaxPool becomes its pads (each below the kernel, no "
+             "dilation, Indices unread): every window keeps an element >= 0, so -inf padding takes the same "
+             "maximum (a Keras ResNet's ZeroPadding2D before its stem pool)."),
     Rule("pad_into_averagepool", Op("AveragePool", _ZERO_PAD, name="op"), pad_into_replacement,
          condition=pad_into_condition,
          exact=True, doc="Zero Pad before an AveragePool with count_include_pad=1 becomes its pads (each below the "

@@ -244,3 +244,33 @@ def test_averagepool_sweep_matches_onnxruntime():
         else:
             refused[ceil] += 1
     assert min(fired.values()) > 20 and refused[1] > refused[0] > 0, (fired, refused)
+
+
+def _relu_pad_maxpool(*, relu=True, pads=(0, 0, 1, 1, 0, 0, 1, 1), kernel=(3, 3), dilations=None, indices=False):
+    """x [1, 2, 7, 7] -> Relu -> zero Pad -> MaxPool (a Keras ResNet's stem: ZeroPadding2D, MaxPool VALID)."""
+    attrs = {"kernel_shape": list(kernel), "strides": [2, 2]}
+    if dilations:
+        attrs["dilations"] = list(dilations)
+    nodes = [helper.make_node("Relu" if relu else "Neg", ["x"], ["r"]), helper.make_node("Pad", ["r", "p"], ["q"]),
+             helper.make_node("MaxPool", ["q"], ["y", *(["i"] if indices else [])], **attrs)]
+    outs = [tinfo("y", 4)] + ([tinfo("i", 4, 7)] if indices else [])  # (7: int64)
+    return model(nodes, [tinfo("x", [1, 2, 7, 7])], outs, [i64("p", list(pads))])
+
+
+def test_pad_into_maxpool_after_relu():
+    """Every window keeps an element >= 0, so MaxPool's -inf padding takes the maximum the zeros did;
+    inputs all negative in places (the windows' maxima are the pad's 0 and Relu's 0 alike)."""
+    x = np.random.default_rng(3).standard_normal((1, 2, 7, 7)).astype(np.float32)
+    x[0, 0, :3] = -1.0
+    out, _ = fires("pad_into_maxpool", _relu_pad_maxpool(), feeds={"x": x})
+    assert op_types(out) == ["Relu", "MaxPool"]
+
+
+@pytest.mark.parametrize("kw,reason", [
+    ({"relu": False}, "not a Relu's output"),
+    ({"pads": (0, 0, 3, 3, 0, 0, 3, 3)}, "kernel size"),
+    ({"dilations": (2, 2)}, "dilated MaxPool"),
+    ({"indices": True}, "the Indices output is read"),
+], ids=["negative-values", "pad-reaches-kernel", "dilated", "indices"])
+def test_pad_into_maxpool_refuses(kw, reason):
+    refuses("pad_into_maxpool", _relu_pad_maxpool(**kw), reason)
