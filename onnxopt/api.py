@@ -260,13 +260,14 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
     # numpy, and compares the outputs in its layout: onnxopt.layout.edge_feeds, outputs_back)
     if input_shapes:
         fix_input_shapes(loaded.model, input_shapes)
+    if input_shapes:
+        if verify and "feeds" not in (verify_options or {}):  # the original runs at the shapes fixed
+            # (in the original's layout: taken before the edges change the inputs)
+            verify_options = {**(verify_options or {}), "input_shapes": run_shapes(
+                loaded.model, (verify_options or {}).get("input_shapes"), (verify_options or {}).get("inputs"))}
     # the Transposes the model had (before its edges changed) and what they move, for the report
     transposes = {"before": _transposes(loaded.model)} if return_report else None
     edited = layouts.apply(loaded.model, edges) if edges else None
-    if input_shapes:
-        if verify and "feeds" not in (verify_options or {}):  # the original runs at the shapes fixed
-            verify_options = {**(verify_options or {}), "input_shapes": run_shapes(
-                loaded.model, (verify_options or {}).get("input_shapes"), (verify_options or {}).get("inputs"))}
     read = [(verify_options or {}).get("inputs")] if verify else []  # (the verifier's inputs file)
     plan = io.plan_give_back(loaded, output, external_data=external_data, outputs=outputs,
                              also_read=read)  # before the work

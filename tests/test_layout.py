@@ -397,6 +397,19 @@ def test_verify_cli_on_an_edited_model(tmp_path, capsys):
     assert "input x: the optimized model takes random uint8 NHWC pixels" in text
 
 
+def test_verify_with_input_shapes_and_edges():
+    """input_shapes are in the model's own layout; the verifier runs the original at them (they were
+    taken after the edges changed the input: 'dimension 8 where the model fixes 3')."""
+    proto = _conv_model(batch="N", pads=(1, 1, 1, 1))
+    out, report = optimize(proto, input_preprocess={"x": f"uint8,NHWC,{IMAGENET}"}, output_layout={"y": "NHWC"},
+                           input_shapes={"x": [2, 3, 8, 8]}, verify=True, verify_options={"runs": 0},
+                           return_report=True)
+    assert report.verification["ok"]
+    dims = [d.dim_value for d in out.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == [2, 8, 8, 3]
+    assert report.verification["providers"]["cpu"]["outputs"][0]["shape_before"] == [2, 4, 8, 8]
+
+
 def test_fp16_with_raw_image_input():
     """precision fp16 measures its fallback on the edited model's own inputs (uint8 pixels)."""
     proto = _conv_model(pads=(1, 1, 1, 1))
