@@ -373,7 +373,20 @@ def _transposes(model: ir.Model) -> dict:
     change what the rules see or what is written (a report never changes the output)."""
     if not any(n.op_type == "Transpose" for n in model.graph):
         return {"count": 0, "elements": "0", "bytes": 0}
-    return transpose_summary(model.clone())
+    clone = model.clone()
+    weights = sum(v.const_value.nbytes for v in clone.graph.initializers.values() if v.const_value is not None)
+    if weights < _FULL_INFERENCE_BYTES:  # onnx's inference, with shape arithmetic propagated, sees further
+        import onnx
+
+        try:
+            proto = ir.serde.serialize_model(clone)
+            clone = ir.serde.deserialize_model(onnx.shape_inference.infer_shapes(proto, data_prop=True))
+        except Exception:  # noqa: BLE001 - the figures then come from onnxopt's own inference
+            clone = model.clone()
+    return transpose_summary(clone)
+
+
+_FULL_INFERENCE_BYTES = 256 << 20  # report: onnx's shape inference on models with fewer weight bytes
 
 
 def _fusions(chosen, stats) -> dict:

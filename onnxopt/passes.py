@@ -272,8 +272,11 @@ def forget_inferred_shapes(model: ir.Model) -> int:
     """Drop what the input model did not record on the main graph's node outputs (inferred
     types and shapes, those of values rules created), so the output records what the input did:
     a value declared with a type only keeps its type; graph outputs keep theirs."""
+    from .shapes import forget_tried
+
     dropped = 0
     for node in model.graph:
+        forget_tried(node)  # (else a later inference skips the node and finds no shape)
         for value in node.outputs:
             kept = value.meta.get(DECLARED)
             if kept == "shape" or value.is_graph_output():

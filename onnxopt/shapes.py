@@ -49,6 +49,11 @@ def _from_constant(value: ir.Value) -> bool:
 _TRIED = "onnxopt.shape_tried"
 
 
+def forget_tried(node: ir.Node) -> None:
+    """Let :func:`infer` try ``node`` again (its outputs' shapes were dropped)."""
+    node.meta.pop(_TRIED, None)
+
+
 def _infer_node(node: ir.Node, opsets: Mapping[str, int]) -> None:
     # Once per node: a node whose outputs stay unknown is not asked again (new nodes are).
     if node.op_type == "If" and node.domain in ("", "ai.onnx"):
