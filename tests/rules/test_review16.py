@@ -82,3 +82,56 @@ def test_review16_reused_transpose_counted_as_removed():
         g.graph.remove(t, safe=True)
     after = graph_cost(g)[1]
     assert not before < after, f"plan scored {plan.delta}, graph cost {before} -> {after}: {op_types(ir.serde.serialize_model(g))}"
+
+
+def test_review16_add_zero_conv_bias_that_the_caller_may_override():
+    """REVIEW 16 (minor, contract): _sign_of_zero_unseen reads the Conv's bias with
+    ``.const_value``, which an initializer that is also a graph input has: the caller may feed a
+    bias of 0 (or -0.0), where the argument "b + (+-0.0) is b" fails. Every other rule treats such
+    an initializer as not constant (irutil.constant_tensor); add_zero should refuse here."""
+    from .check import refuses
+    from .test_arithmetic import _offset_then_conv
+
+    m = _offset_then_conv([0.5, -1.0])
+    m.graph.input.append(tinfo("bias", [2]))
+    x = np.full((1, 4, 4, 3), -0.0, np.float32)
+    refuses("add_zero", m, "-0.0", feeds={"x": x}, depends=False)
+
+
+def test_review16_fork_branch_reusing_a_transpose_the_main_chain_merged():
+    """REVIEW 16 (bug): v = Neg(T(x)) is read by z = Transpose(v, p^-1) (-> Relu -> y1), by Relu ->
+    Abs -> Add(., v) -> T^-1 -> y2 and by that Add. The main chain merges z; the fork's branch into
+    the Relu reads v at the Add through ("reuse", z) (_existing_transpose: avoid holds only the
+    branch's own sources). _Apply.plan applies the merges first (z removed), then the branch:
+    step() calls graph.remove(z) on a node no longer in the graph: ValueError."""
+    nodes = [helper.make_node("Transpose", ["x"], ["t0"], perm=P),
+             helper.make_node("Neg", ["t0"], ["v"]),
+             helper.make_node("Transpose", ["v"], ["z"], perm=IP),
+             helper.make_node("Relu", ["z"], ["y1"]),
+             helper.make_node("Relu", ["v"], ["r"]),
+             helper.make_node("Abs", ["r"], ["q"]),
+             helper.make_node("Add", ["q", "v"], ["a"]),
+             helper.make_node("Transpose", ["a"], ["y2"], perm=IP)]
+    m = _inferred(nodes, [tinfo("x", [1, 4, 4, 4])], [tinfo("y1", [1, 4, 4, 4]), tinfo("y2", [1, 4, 4, 4])])
+    out = optimize(m)
+    same_outputs(m, out, tol=1e-6)
+
+
+def test_review16_silu_after_a_chain_end_read_by_a_transpose_too():
+    """REVIEW 16 (bug, the tf2onnx shape): v read by a Transpose (a Conv's) and by SiLU's Sigmoid and
+    Mul, the SiLU read by two Transposes. No diamond (a Transpose reads v), so a fork: the Sigmoid
+    branch goes on into the Mul and reads v there through the main chain's merged Transpose (as
+    above), and the Mul branch pushes the same Mul again (two branches, one node). Crashes."""
+    nodes = [helper.make_node("Transpose", ["x"], ["t0"], perm=P),
+             helper.make_node("Neg", ["t0"], ["v"]),
+             helper.make_node("Transpose", ["v"], ["z"], perm=IP),
+             helper.make_node("Relu", ["z"], ["y1"]),
+             helper.make_node("Sigmoid", ["v"], ["s"]),
+             helper.make_node("Mul", ["v", "s"], ["mm"]),
+             helper.make_node("Transpose", ["mm"], ["z2"], perm=IP),
+             helper.make_node("Transpose", ["mm"], ["z3"], perm=IP),
+             helper.make_node("Relu", ["z2"], ["y2"]), helper.make_node("Abs", ["z3"], ["y3"])]
+    m = _inferred(nodes, [tinfo("x", [1, 4, 4, 4])],
+                  [tinfo("y1", [1, 4, 4, 4]), tinfo("y2", [1, 4, 4, 4]), tinfo("y3", [1, 4, 4, 4])])
+    out = optimize(m)
+    same_outputs(m, out, tol=1e-6)
