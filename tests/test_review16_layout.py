@@ -31,3 +31,21 @@ def test_review16_verify_with_input_shapes_and_edges(edges):
     layouts.apply (right after fix_input_shapes)."""
     out, report = optimize(_conv_model(), verify=True, return_report=True, input_shapes={"x": [1, 3, 8, 6]}, **edges)
     assert report.verification["ok"], report.verification
+
+
+def test_review16_output_layout_on_an_output_that_is_an_input():
+    """REVIEW 16 (bug, edge case): an output that is also a graph input (a passthrough x2) given
+    --output-layout NHWC: layout._edit_output renames the value itself (old.name = "x2_nchw"), so
+    the model's *input* is renamed too and callers feeding "x2" fail (verify reports not ok).
+    apply refuses the input-side case ("is also an output of the model"); the output side should
+    refuse likewise (or skip such outputs under an ALL layout)."""
+    nodes = [helper.make_node("Relu", ["x"], ["y"])]
+    m = model(nodes, [tinfo("x", [1, 3, 4, 4]), tinfo("x2", [1, 3, 4, 4])],
+              [tinfo("y", [1, 3, 4, 4]), tinfo("x2", [1, 3, 4, 4])], opset=13)
+    from onnxopt.errors import UsageError
+    try:
+        out, report = optimize(m, output_layout="NHWC", verify=True, return_report=True)
+    except UsageError:
+        return
+    assert [i.name for i in out.graph.input] == ["x", "x2"], [i.name for i in out.graph.input]
+    assert report.verification["ok"], report.verification
