@@ -49,3 +49,22 @@ def test_review16_output_layout_on_an_output_that_is_an_input():
         return
     assert [i.name for i in out.graph.input] == ["x", "x2"], [i.name for i in out.graph.input]
     assert report.verification["ok"], report.verification
+
+
+def test_review16_edges_applied_to_an_already_edited_model():
+    """REVIEW 16 (bug): optimize(m, input_layout=NHWC) -> m1; optimize(m1, output_layout=NHWC,
+    verify=True) -> m2. layouts.apply overwrites metadata onnxopt.io_layout with the new record only
+    (m2's says nothing of x being NHWC), and the verifier ignores the edges whenever the original
+    has a record (verify: ``edges = ... if not edges_of(before) else None``): the second verify
+    reports not ok, and verify(m, m2) fails too, though m2 is right. Fix: merge the records in
+    apply (or refuse edges on a model that has them), and let the verifier apply the difference."""
+    from onnxopt.verify import verify
+
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])]
+    m = model(nodes, [tinfo("x", [1, 3, 8, 8])], [tinfo("y", [1, 4, 8, 8])],
+              [init("w", rng.standard_normal((4, 3, 3, 3)).astype(np.float32))], opset=13)
+    m1 = optimize(m, input_layout="NHWC")
+    m2, report = optimize(m1, output_layout="NHWC", verify=True, return_report=True)
+    assert report.verification["ok"], "m1 -> m2 verification"
+    assert verify(m, m2)["ok"], "m -> m2 verification"
