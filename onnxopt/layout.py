@@ -457,15 +457,25 @@ def apply(model: ir.Model, spec: Spec) -> dict:
     for name, value in list(outputs.items()):
         layout = layout_for(name, value, spec.outputs, "--output-layout")
         if layout is not None and layout not in CHANNELS_FIRST.values():
+            if value.is_graph_input():
+                raise UsageError(f"--output-layout {name}: {name} is also an input of the model")
             out_edits.append((name, value, layout))
+    earlier = edges_of(model.metadata_props) or {}
+    for side, table in (("input", [e[0] for e in edits]), ("output", [e[0] for e in out_edits])):
+        for name in table:
+            if name in earlier.get(f"{side}s", {}):
+                raise UsageError(f"--{side}-layout {name}: onnxopt already changed this {side}'s layout or "
+                                 f"preprocessing (metadata {EDGES_KEY}); give both when optimizing the original")
     for name, value, layout, pre in edits:  # (everything checked first: a refusal leaves the model as it was)
         done["inputs"][name] = _edit_input(graph, names, opset, value, layout, pre)
     for name, value, layout in out_edits:
         done["outputs"][name] = _edit_output(graph, names, value, layout)
-    if edits or out_edits:
-        record = {"inputs": {name: {"layout": layout, **({"preprocess": dataclasses.asdict(pre)} if pre else {})}
-                             for name, _, layout, pre in edits},
-                  "outputs": {name: {"layout": layout} for name, _, layout in out_edits}}
+    if edits or out_edits:  # (added to what an earlier optimize recorded)
+        old = json.loads(model.metadata_props.get(EDGES_KEY) or "{}")
+        record = {"inputs": {**old.get("inputs", {}),
+                             **{name: {"layout": layout, **({"preprocess": dataclasses.asdict(pre)} if pre else {})}
+                                for name, _, layout, pre in edits}},
+                  "outputs": {**old.get("outputs", {}), **{name: {"layout": layout} for name, _, layout in out_edits}}}
         model.metadata_props[EDGES_KEY] = json.dumps(record, sort_keys=True)
     return done
 
@@ -739,6 +749,15 @@ def edges_of(metadata: Mapping[str, str] | None) -> dict | None:
         return record
     except (ValueError, TypeError) as exc:
         raise UsageError(f"the model's metadata {EDGES_KEY} is not what onnxopt writes: {exc}") from None
+
+
+def edges_between(before: Mapping[str, str] | None, after: Mapping[str, str] | None) -> dict | None:
+    """The edges ``after``'s model has beyond ``before``'s (both models' metadata): what the
+    verifier must translate to compare them; None when there is nothing."""
+    b, a = edges_of(before) or {}, edges_of(after) or {}
+    diff = {side: {k: v for k, v in a.get(side, {}).items() if b.get(side, {}).get(k) != v}
+            for side in ("inputs", "outputs")}
+    return diff if diff["inputs"] or diff["outputs"] else None
 
 
 def edge_feeds(edges: dict, feeds: Mapping[str, np.ndarray], seed: int = 0) -> tuple[dict, dict]:

@@ -524,9 +524,10 @@ def _existing_transpose(w: ir.Value, perm: list[int], graph, avoid) -> ir.Node |
     return None
 
 
-def _other_costs(step: Step, opsets, avoid=()) -> Cost:
+def _other_costs(step: Step, opsets, avoid=(), no_compose=()) -> Cost:
     """The cost change of bringing ``step.follow`` inputs into the new layout; fills step.others.
-    ``avoid``: Transposes not to reuse (those the chain may remove)."""
+    ``avoid``: Transposes not to reuse (those the chain may remove); ``no_compose``: Transposes not
+    to read through either (those the enclosing plan removes)."""
     node, inv = step.node, inverse(step.p_ext)
     total = ZERO
     for i in step.follow:
@@ -542,7 +543,7 @@ def _other_costs(step: Step, opsets, avoid=()) -> Cost:
             continue
         producer = w.producer()
         if k == 0 and producer is not None and producer.op_type == "Transpose" and producer.domain in ("", "ai.onnx") \
-                and producer.graph is node.graph:
+                and producer.graph is node.graph and producer not in no_compose:
             xd = _dims(producer.inputs[0], opsets)
             rperm = perm_of(producer, None if xd is None else len(xd))
             if xd is not None and rperm is not None:
@@ -631,18 +632,35 @@ _MAX_FORK_DEPTH = 2  # branches within branches
 _MAX_FORK = 4  # readers a fork tries
 
 
+def _plan_nodes(plan: Plan) -> set[ir.Node]:
+    """The nodes a plan rewrites or removes (its steps, merged Transposes, branches)."""
+    out = {st.node for st in plan.steps} | {z for _, z in plan.merges}
+    for b in plan.branches:
+        out |= _plan_nodes(b)
+    return out
+
+
 def _fork(v: ir.Value, shape: list, p: list[int], readers: list[ir.Node], is_transpose: list[bool], opsets,
-          max_steps: int, depth: int) -> tuple[Cost, list[Plan]] | None:
+          max_steps: int, depth: int, avoid: set) -> tuple[Cost, list[Plan]] | None:
     """The carried value ``v`` (in the transposed layout, its Transpose ``p`` not made yet) is read
     by several nodes: the chains pushed into them (:func:`_walk` from ``v``), and the cost of the
     Transpose that stays for the readers not pushed (none when every one is). Transposes among the
-    readers are merged by the caller. Returns ``(cost, branches)``, or None when no branch pays."""
+    readers are merged by the caller: with the chain's own (``avoid``), no branch reuses or
+    composes with them. Branches are taken best first, none touching a node another takes (two
+    reductions of ``v`` meeting at one Add). Returns ``(cost, branches)``, or None when no branch pays."""
     others = [r for r, tr in zip(readers, is_transpose) if not tr]
     if not others or len(others) > _MAX_FORK:
         return None
+    avoid = set(avoid) | {r for r, tr in zip(readers, is_transpose) if tr}
     keep = _plan_cost(pre_shape(shape, p), p)
-    plans = [_walk(None, opsets, max_steps, r, start=(v, shape, p), depth=depth + 1) for r in others]
-    found = [b for b in plans if isinstance(b, Plan)]
+    plans = [_walk(None, opsets, max_steps, r, start=(v, shape, p), depth=depth + 1, avoid=avoid) for r in others]
+    found, taken = [], set()
+    for b in sorted((b for b in plans if isinstance(b, Plan)), key=lambda b: b.delta):
+        nodes = _plan_nodes(b)
+        if not nodes & taken:
+            found.append(b)
+            taken |= nodes
+    found.sort(key=lambda b: others.index(b.steps[0].node))  # (the graph's order: the same output each time)
     paying = [b for b in found if b.delta.sign() < 0]
     best = None
     if paying:  # the paying branches; the Transpose stays for the rest
@@ -654,11 +672,12 @@ def _fork(v: ir.Value, shape: list, p: list[int], readers: list[ir.Node], is_tra
     return best
 
 
-def _walk(t: ir.Node | None, opsets, max_steps: int, first: ir.Node | None, start=None, depth: int = 0
-          ) -> Plan | str:
+def _walk(t: ir.Node | None, opsets, max_steps: int, first: ir.Node | None, start=None, depth: int = 0,
+          avoid: set = frozenset()) -> Plan | str:
     """The best prefix of the chain from Transpose ``t`` (through ``first`` where ``t`` has several
     readers); or, for a branch (``t`` None), from ``start = (v, shape, p)``: the carried value
-    ``v``, its shape and the perm its Transpose would have, into its reader ``first``."""
+    ``v``, its shape and the perm its Transpose would have, into its reader ``first``. ``avoid``:
+    Transposes the enclosing plan removes, which the chain neither reuses nor composes with."""
     if t is not None:
         x, v = t.inputs[0], t.outputs[0]
         xd, td = _dims(x, opsets), _dims(v, opsets)
@@ -674,12 +693,13 @@ def _walk(t: ir.Node | None, opsets, max_steps: int, first: ir.Node | None, star
     graph = v.graph if v.producer() is None else v.producer().graph
     cum = ZERO  # the cost of the Transposes added so far, less those of the merged ones
     pushed: set[ir.Node] = set()
+    reused: set[ir.Node] = set()  # Transposes the graph has that a step reads: they stay
 
     def dead() -> Cost:
         total = ZERO
         for node, cost in sources.items():
             out = node.outputs[0]
-            if not out.is_graph_output() and all(r in pushed for r in _readers(out)):
+            if node not in reused and not out.is_graph_output() and all(r in pushed for r in _readers(out)):
                 total += cost
         return total
 
@@ -714,7 +734,8 @@ def _walk(t: ir.Node | None, opsets, max_steps: int, first: ir.Node | None, star
                     if best is None or end < best.delta:
                         best = Plan(t, list(steps), end, merges)
                     fork = None if v.is_graph_output() or depth >= _MAX_FORK_DEPTH else \
-                        _fork(v, shape, p, readers, is_transpose, opsets, max_steps - len(steps), depth)
+                        _fork(v, shape, p, readers, is_transpose, opsets, max_steps - len(steps), depth,
+                              {*avoid, *sources, *pushed, *reused})
                     if fork is not None:
                         keep = _plan_cost(pre_shape(shape, p), p) if not all(is_transpose) else ZERO
                         forked = end - keep + fork[0]
@@ -734,7 +755,7 @@ def _walk(t: ir.Node | None, opsets, max_steps: int, first: ir.Node | None, star
                    if inp is v or (forced is None and diamond_v is not None and inp is diamond_v)]
         try:
             step = _handler(o, carried, p, opsets)
-            step.cost = _other_costs(step, opsets, avoid={*sources, *pushed})
+            step.cost = _other_costs(step, opsets, avoid={*sources, *pushed, *avoid}, no_compose=avoid)
         except _Skip as exc:
             reason = str(exc)
             break
@@ -757,6 +778,7 @@ def _walk(t: ir.Node | None, opsets, max_steps: int, first: ir.Node | None, star
         cum = cum + step.cost
         steps.append(step)
         pushed.add(o)
+        reused.update(how[1] for how in step.others.values() if how[0] == "reuse")
         for producer, cost in step.sources:
             sources.setdefault(producer, cost)
         end, merges = cum - dead(), []

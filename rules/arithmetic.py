@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from onnxopt.irutil import constant_tensor
 from onnxopt.pattern import Const, Match, Op, Opt, Rule, forward
 from onnxopt.shapes import broadcast_keeps, is_dim_of, shape_elements
 
@@ -62,7 +63,7 @@ def _sign_of_zero_unseen(value: ir.Value, depth: int = 0) -> bool:
             if not all(_sign_of_zero_unseen(out, depth + 1) for out in node.outputs):
                 return False
         elif node.op_type == "Conv" and index == 0 and len(node.inputs) > 2 and node.inputs[2] is not None:
-            bias = node.inputs[2].const_value
+            bias = constant_tensor(node.inputs[2])  # (not an initializer the caller may feed)
             arr = None if bias is None else bias.numpy()
             if arr is None or arr.size == 0 or not np.all(np.isfinite(arr)) or np.any(arr == 0):
                 return False

@@ -133,7 +133,7 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
             not is_low_precision(before.proto)
         # a model optimize gave other input/output layouts or raw-image inputs (onnxopt.layout): the
         # original gets the same data in its own layout, the outputs are compared in the original's
-        edges = layouts.edges_of(_metadata(after.proto)) if not layouts.edges_of(_metadata(before.proto)) else None
+        edges = layouts.edges_between(_metadata(before.proto), _metadata(after.proto))
         report = _verify(before, after, providers, feeds, inputs, input_shapes, int_ranges, seed, rtol, atol, runs,
                          warmup, latency, culprit and int8 is None and not fp16 and not edges, threads, progress, int8,
                          provider_options, fp16, edges)

@@ -1,4 +1,4 @@
-"""REVIEW 16: failing tests for the I/O layout edges (issue 16); fail on main's HEAD 6c420b2."""
+"""Regression: failing tests for the I/O layout edges (issue 16); fail on main's HEAD 6c420b2."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ def _conv_model():
                                    {"input_preprocess": {"x": "uint8,NHWC,scale=1/255"}},
                                    {"input_preprocess": {"x": "uint8,HWC,scale=1/255"}}],
                          ids=["nhwc", "uint8-nhwc", "uint8-hwc"])
-def test_review16_verify_with_input_shapes_and_edges(edges):
-    """REVIEW 16 (bug): api._optimize computes the verifier's run shapes (run_shapes) from
+def test_verify_with_input_shapes_and_edges(edges):
+    """Regression: api._optimize computes the verifier's run shapes (run_shapes) from
     loaded.model *after* layouts.apply edited its inputs, so the original model is then asked for
     inputs of the edited layout ([1, 8, 6, 3] for x [N, 3, H, W]): UsageError "--input-shape x:
     dimension 8 where the model fixes 3" (or "rank 3" for HWC). Without verify= it works; the
@@ -33,8 +33,8 @@ def test_review16_verify_with_input_shapes_and_edges(edges):
     assert report.verification["ok"], report.verification
 
 
-def test_review16_output_layout_on_an_output_that_is_an_input():
-    """REVIEW 16 (bug, edge case): an output that is also a graph input (a passthrough x2) given
+def test_output_layout_on_an_output_that_is_an_input():
+    """Regression: an output that is also a graph input (a passthrough x2) given
     --output-layout NHWC: layout._edit_output renames the value itself (old.name = "x2_nchw"), so
     the model's *input* is renamed too and callers feeding "x2" fail (verify reports not ok).
     apply refuses the input-side case ("is also an output of the model"); the output side should
@@ -51,8 +51,8 @@ def test_review16_output_layout_on_an_output_that_is_an_input():
     assert report.verification["ok"], report.verification
 
 
-def test_review16_edges_applied_to_an_already_edited_model():
-    """REVIEW 16 (bug): optimize(m, input_layout=NHWC) -> m1; optimize(m1, output_layout=NHWC,
+def test_edges_applied_to_an_already_edited_model():
+    """Regression: optimize(m, input_layout=NHWC) -> m1; optimize(m1, output_layout=NHWC,
     verify=True) -> m2. layouts.apply overwrites metadata onnxopt.io_layout with the new record only
     (m2's says nothing of x being NHWC), and the verifier ignores the edges whenever the original
     has a record (verify: ``edges = ... if not edges_of(before) else None``): the second verify
