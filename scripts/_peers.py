@@ -113,12 +113,17 @@ def setup_onnxscript(ctx: dict):
     return run
 
 
-def setup_ort_extended(ctx: dict):
+def setup_ort_basic(ctx: dict):
+    """onnxruntime's offline optimizer at the basic level (its transpose optimizer, constant folding)."""
+    return setup_ort_extended(ctx, level="ORT_ENABLE_BASIC")
+
+
+def setup_ort_extended(ctx: dict, level: str = "ORT_ENABLE_EXTENDED"):
     import onnxruntime as ort
 
     def run(src: str, dst: str) -> None:
         so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
         so.optimized_model_filepath = dst
         so.log_severity_level = 3
         if _big(src):

@@ -108,19 +108,6 @@ def setup_onnxopt_options(ctx: dict):
     return peers.setup_onnxopt(ctx, **ctx.get("options", {}))
 
 
-def setup_ort_basic(ctx: dict):
-    import onnxruntime as ort
-
-    def run(src: str, dst: str) -> None:
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        so.optimized_model_filepath = dst
-        so.log_severity_level = 3
-        ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
-
-    return run
-
-
 @dataclasses.dataclass(frozen=True)
 class LTool:
     name: str
@@ -134,7 +121,7 @@ KERAS_TOOLS: list[LTool] = [
     LTool("onnxopt", "_peers:setup_onnxopt", "`onnxopt.optimize(src, output=dst)` (default target)", peer=False),
     LTool("onnxopt-ort-cpu", "bench_layout:setup_onnxopt_options", "`onnxopt.optimize(src, output=dst, "
           "target=\"ort-cpu\")`", peer=False, options={"target": "ort-cpu"}),
-    LTool("ort-basic", "bench_layout:setup_ort_basic", "onnxruntime's offline optimizer: a CPU session with "
+    LTool("ort-basic", "_peers:setup_ort_basic", "onnxruntime's offline optimizer: a CPU session with "
           "`ORT_ENABLE_BASIC` (its transpose optimizer is at this level) and `optimized_model_filepath=dst`"),
     LTool("ort-extended", "_peers:setup_ort_extended", "the same with `ORT_ENABLE_EXTENDED`"),
     LTool("onnxsim", "_peers:setup_onnxsim", peers.get_tool("onnxsim").timed),
