@@ -460,7 +460,7 @@ def apply(model: ir.Model, spec: Spec) -> dict:
             if value.is_graph_input():
                 raise UsageError(f"--output-layout {name}: {name} is also an input of the model")
             out_edits.append((name, value, layout))
-    earlier = edges_of(model.metadata_props) or {}
+    earlier = _record(model.metadata_props)
     for side, table in (("input", [e[0] for e in edits]), ("output", [e[0] for e in out_edits])):
         for name in table:
             if name in earlier.get(f"{side}s", {}):
@@ -471,11 +471,11 @@ def apply(model: ir.Model, spec: Spec) -> dict:
     for name, value, layout in out_edits:
         done["outputs"][name] = _edit_output(graph, names, value, layout)
     if edits or out_edits:  # (added to what an earlier optimize recorded)
-        old = json.loads(model.metadata_props.get(EDGES_KEY) or "{}")
-        record = {"inputs": {**old.get("inputs", {}),
+        record = {"inputs": {**earlier.get("inputs", {}),
                              **{name: {"layout": layout, **({"preprocess": dataclasses.asdict(pre)} if pre else {})}
                                 for name, _, layout, pre in edits}},
-                  "outputs": {**old.get("outputs", {}), **{name: {"layout": layout} for name, _, layout in out_edits}}}
+                  "outputs": {**earlier.get("outputs", {}),
+                              **{name: {"layout": layout} for name, _, layout in out_edits}}}
         model.metadata_props[EDGES_KEY] = json.dumps(record, sort_keys=True)
     return done
 
@@ -735,20 +735,33 @@ def reference_input(pixels: np.ndarray, pre: Preprocess) -> np.ndarray:
 # The verifier's side: the original and the edited model compared on the same data
 
 
-def edges_of(metadata: Mapping[str, str] | None) -> dict | None:
-    """The edges :func:`apply` recorded in a model's metadata (``EDGES_KEY``), or None."""
+def _preprocess(fields: Mapping) -> Preprocess:
+    return Preprocess(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+
+
+def _record(metadata: Mapping[str, str] | None) -> dict:
+    """The JSON record :func:`apply` wrote in a model's metadata (``EDGES_KEY``; ``{}`` without
+    one), checked; UsageError (one line) where it is not what onnxopt writes."""
     text = (metadata or {}).get(EDGES_KEY)
     if not text:
-        return None
+        return {}
     try:
         record = json.loads(text)
         for rec in record.get("inputs", {}).values():
             if "preprocess" in rec:
-                rec["preprocess"] = Preprocess(**{k: tuple(v) if isinstance(v, list) else v
-                                                  for k, v in rec["preprocess"].items()})
+                _preprocess(rec["preprocess"])
         return record
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, AttributeError) as exc:
         raise UsageError(f"the model's metadata {EDGES_KEY} is not what onnxopt writes: {exc}") from None
+
+
+def edges_of(metadata: Mapping[str, str] | None) -> dict | None:
+    """The edges :func:`apply` recorded in a model's metadata (``EDGES_KEY``), or None."""
+    record = _record(metadata)
+    for rec in record.get("inputs", {}).values():
+        if "preprocess" in rec:
+            rec["preprocess"] = _preprocess(rec["preprocess"])
+    return record or None
 
 
 def edges_between(before: Mapping[str, str] | None, after: Mapping[str, str] | None) -> dict | None:

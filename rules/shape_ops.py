@@ -89,12 +89,6 @@ def reshape_to_unsqueeze_condition(m: Match):
     return axes
 
 
-def reshape_to_unsqueeze_replacement(m: Match, b):
-    if m.opset("") >= 13:
-        return b.op("Unsqueeze", m["x"], b.const(np.array(m.plan, dtype=np.int64), name="axes"))
-    return b.op("Unsqueeze", m["x"], axes=m.plan)
-
-
 def _own_dims_target(m: Match) -> list[int] | None:
     """The Reshape's target as constants, with 0 where it copies x's own dimension at the same
     position (the same value, or one with the same named symbol); None when it is built otherwise."""
@@ -190,10 +184,16 @@ def unsqueeze_chain_condition(m: Match):
     return sorted(set(a2) | {kept[a] for a in a1})
 
 
-def unsqueeze_chain_replacement(m: Match, b):
+def unsqueeze(m: Match, b, x, axes: list[int]):
+    """Unsqueeze(x, axes): the axes an input from opset 13, an attribute before."""
     if m.opset("") >= 13:
-        return b.op("Unsqueeze", m["x"], b.const(np.array(m.plan, dtype=np.int64), name="axes"))
-    return b.op("Unsqueeze", m["x"], axes=m.plan)
+        return b.op("Unsqueeze", x, b.const(np.array(axes, dtype=np.int64), name="axes"))
+    return b.op("Unsqueeze", x, axes=axes)
+
+
+def unsqueeze_plan_replacement(m: Match, b):
+    """Unsqueeze(x, the condition's axes)."""
+    return unsqueeze(m, b, m["x"], m.plan)
 
 
 # --- Expand, Slice, Pad, Concat, Split ----------------------------------------------------------------
@@ -266,7 +266,7 @@ RULES = [
     Rule("reshape_elimination", Op("Reshape", "x", Const("shape"), name="reshape"), _x,
          condition=reshape_elimination_condition,
          exact=True, doc="Reshape to the shape x already has (static) is x."),
-    Rule("reshape_to_unsqueeze", Op("Reshape", "x", Const("shape"), name="reshape"), reshape_to_unsqueeze_replacement,
+    Rule("reshape_to_unsqueeze", Op("Reshape", "x", Const("shape"), name="reshape"), unsqueeze_plan_replacement,
          condition=reshape_to_unsqueeze_condition, exact=True,
          doc="Reshape that only inserts size-1 dimensions (x's own in order, copied by 0 or one of them "
              "as -1) is an Unsqueeze, which keeps the dimensions' symbols."),
@@ -285,7 +285,7 @@ RULES = [
                                  name="outer"), _x, condition=squeeze_unsqueeze_condition,
          exact=True, doc="Unsqueeze(Squeeze(x, axes), axes) is x (the squeezed axes had size 1)."),
     Rule("unsqueeze_chain", Op("Unsqueeze", Op("Unsqueeze", "x", Opt(Const("a1")), name="inner"), Opt(Const("a2")),
-                               name="outer"), unsqueeze_chain_replacement, condition=unsqueeze_chain_condition,
+                               name="outer"), unsqueeze_plan_replacement, condition=unsqueeze_chain_condition,
          exact=True, doc="Unsqueeze(Unsqueeze(x, a1), a2) is one Unsqueeze with both sets of axes."),
     Rule("expand_elimination", Op("Expand", "x", Const("shape")), _x, condition=expand_elimination_condition,
          exact=True, doc="Expand to a shape x already covers is x."),

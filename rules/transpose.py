@@ -15,6 +15,8 @@ from onnxopt.irutil import constant_tensor
 from onnxopt.layout_pass import SETTLED, moves_data, perm_of
 from onnxopt.pattern import Match, Op, Refuse, Rule, forward
 
+from .shape_ops import unsqueeze
+
 _x = forward("x")
 
 
@@ -103,10 +105,7 @@ def _unsqueezed(m: Match) -> tuple | None:
 def transpose_to_reshape_replacement(m: Match, b):
     unsq = _unsqueezed(m)
     if unsq is not None:  # (an Unsqueeze keeps the dimensions' symbols; a Reshape's -1 does not)
-        u, axes = unsq
-        if m.opset("") >= 13:
-            return b.op("Unsqueeze", u, b.const(np.array(axes, dtype=np.int64), name="axes"))
-        return b.op("Unsqueeze", u, axes=axes)
+        return unsqueeze(m, b, *unsq)
     return b.op("Reshape", m["x"], b.const(np.array(m.plan, dtype=np.int64), name="shape"))
 
 

@@ -1,6 +1,10 @@
-"""Small model builders for the tests."""
+"""Small model builders for the tests, and the scripts under scripts/ loaded as modules."""
 
 from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -86,3 +90,19 @@ def minmax(proto: onnx.ModelProto, tensors, feeds) -> dict[str, tuple[float, flo
             lo, hi = float(outs[t].min()), float(outs[t].max())
             ranges[t] = (min(ranges[t][0], lo), max(ranges[t][1], hi)) if t in ranges else (lo, hi)
     return ranges
+
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def load_script(file: str, name: str | None = None):
+    """scripts/``file`` imported as the module ``name`` (default: the file's stem), once: the
+    scripts import each other by those names (``_peers``, ``bench``)."""
+    name = name or Path(file).stem
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / file)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod

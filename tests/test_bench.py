@@ -2,33 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+from helpers import load_script
 from onnx import TensorProto, helper
 
 pytest.importorskip("onnxruntime")
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _load_bench():
-    name = "onnxopt_bench_script"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / "bench.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bench = _load_bench()
+bench = load_script("bench.py", "onnxopt_bench_script")
 
 
 def _chain_model(ops=("Relu", "Neg", "Abs")) -> onnx.ModelProto:

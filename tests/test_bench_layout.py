@@ -4,7 +4,6 @@ end to end with --tiny on the CPU provider (seconds)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import numpy as np
 import onnx
 import pytest
 from conftest import run_ort
+from helpers import load_script
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxopt import layout
@@ -23,17 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "bench_layout.py"
 
 
-def _load():
-    if "bench_layout" in sys.modules:
-        return sys.modules["bench_layout"]
-    spec = importlib.util.spec_from_file_location("bench_layout", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_layout"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bl = _load()
+bl = load_script("bench_layout.py")
 IMAGENET = bl.IMAGENET
 
 

@@ -3,7 +3,6 @@ and a small end-to-end run of the harness with onnxruntime's quantizer as the on
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import sys
@@ -12,25 +11,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from helpers import load_script
 from onnx import TensorProto, helper, numpy_helper
 
 pytest.importorskip("onnxruntime")
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _load(name: str, file: str):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / file)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-qd = _load("_quant_data", "_quant_data.py")
-bq = _load("onnxopt_bench_quantize_script", "bench_quantize.py")
+qd = load_script("_quant_data.py")
+bq = load_script("bench_quantize.py", "onnxopt_bench_quantize_script")
 
 
 # ---------------------------------------------------------------------------------------------

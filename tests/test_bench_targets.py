@@ -12,22 +12,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from helpers import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "bench_targets.py"
 
 
-def _load():
-    if "bench_targets" in sys.modules:
-        return sys.modules["bench_targets"]
-    spec = importlib.util.spec_from_file_location("bench_targets", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_targets"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bt = _load()
+bt = load_script("bench_targets.py")
 
 needs_torch = pytest.mark.skipif(
     importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None,
