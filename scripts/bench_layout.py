@@ -1419,6 +1419,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--child"]:
         return bench._child_main(argv[1], _job)
     args = parse_args(argv)
+    written = [p for p in (args.json, args.markdown) if p is not None]
+    clash = [p for p in written if any(p.resolve() == r.resolve() for r in args.reports)]
+    if clash:
+        print(f"bench_layout: error: {clash[0]} is one of the reports read; write elsewhere", file=sys.stderr)
+        return 2
     if args.part == "render":
         if not args.reports or not args.markdown:
             print("bench_layout: error: render takes JSON reports and --markdown OUT", file=sys.stderr)

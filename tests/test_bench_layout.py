@@ -201,3 +201,14 @@ def test_tiny_end_to_end(tmp_path):
     assert r.returncode == 0, r.stderr
     text = both.read_text()
     assert text.count("- part ") == 3 and "## A." in text and "## B." in text and "## C." in text
+
+
+@pytest.mark.parametrize("part,flag", [("render", "--markdown"), ("benefit", "--json")])
+def test_an_output_that_is_an_input_is_refused(tmp_path, part, flag):
+    report = tmp_path / "r.json"
+    report.write_text('{"meta": {}, "models": {}}')
+    before = report.read_bytes()
+    r = subprocess.run([sys.executable, str(SCRIPT), part, str(report), flag, str(report)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and "is one of the reports read" in r.stderr and len(r.stderr.splitlines()) == 1
+    assert report.read_bytes() == before
