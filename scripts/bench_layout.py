@@ -71,7 +71,6 @@ import argparse
 import dataclasses
 import datetime
 import json
-import os
 import shlex
 import sys
 import tempfile
@@ -623,8 +622,6 @@ def keras_models(paths: list[Path] | None, cache: Path, work: Path, tiny: bool,
     p = stand / "keras_like-4x56x32.onnx"
     onnx.save(keras_like(4, 1, 56, 32), str(p))
     out.append((p.stem, p, "stand-in: models/nhwc.py keras_like(4 blocks, batch 1, 56x56x32)", None))
-    from onnxopt.models import zoo
-
     for name in ("mobilenet_v2-legacy", "resnet50-legacy"):
         src = cache / f"{name}.onnx"
         if Path(src).exists():

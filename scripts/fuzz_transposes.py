@@ -3,8 +3,8 @@
 # checked on onnxruntime (outputs within 1e-5) and for byte-identical output on a second optimize.
 # Run from the repository root: PYTHONPATH=. python scripts/fuzz_transposes.py LO HI  (seeds LO..HI-1)
 import sys; sys.path[:0]=['tests','tests/rules']
-import numpy as np, onnx, itertools, traceback
-from onnx import helper, TensorProto
+import numpy as np, onnx
+from onnx import helper
 from helpers import model, tinfo, init, feeds_for
 from conftest import run_ort
 from onnxopt import optimize
@@ -157,8 +157,6 @@ def gen(seed, opset=None):
     if last!="x" and last not in outs: outs.append(last)
     if not outs:
         return None
-    # add a final T to the last output sometimes
-    shp=dict(vals)
     m=model(nodes,[tinfo("x",["N",S,S,S] if sym else [1,S,S,S])],[helper.make_tensor_value_info(n,1,None) for n in outs],inits,opset=opset)
     m=onnx.shape_inference.infer_shapes(m,strict_mode=True)
     return m

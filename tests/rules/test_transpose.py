@@ -18,7 +18,7 @@ from onnxopt.models.nhwc import keras_like
 from onnxopt.layout_pass import Cost, graph_cost, numel, plan_chain
 from onnxopt.shapes import opsets_of
 
-from .check import fires, i64, opaque, refuses, run_rule, same_outputs, x_model
+from .check import fires, i64, opaque, refuses, same_outputs, x_model
 
 NCHW_TO_NHWC = [0, 2, 3, 1]
 NHWC_TO_NCHW = [0, 3, 1, 2]

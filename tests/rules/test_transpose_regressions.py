@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx_ir as ir
-from helpers import feeds_for, init, model, op_types, tinfo
+from helpers import init, model, op_types, tinfo
 from onnx import helper
 
 from onnxopt import optimize
