@@ -10,7 +10,7 @@ a plain dict, the interface the live view (onnxopt.diff_live) takes::
      "created": [{"after": name, "rule": rule or None, "replaced": [before names]}],
      "fused":   [after names: one node made from two or more BEFORE nodes],
      "removed": [before names: nodes no AFTER node stands for],
-     "changed": [after names: same node, other attributes or constant inputs],
+     "changed": [{"before": name, "after": name}: same node, other op, attributes or constant inputs],
      "kept":    [after names: the same node in both],
      "pairs":   {after name: [before names it stands for]}}
 
@@ -187,7 +187,10 @@ def from_provenance(before: Graph, after: Graph) -> dict:
         sub = align(before, after, skip_before=used, skip_after=set(pairs))
         for n in rest:
             pairs[n.key] = sub["pairs"].get(n.key, [])
-    return _classify(before, after, pairs, rules, replaced, "provenance")
+    made = set(rules)
+    if rest:
+        made |= {c["after"] for c in sub["created"]}
+    return _classify(before, after, pairs, rules, replaced, "provenance", made)
 
 
 def _json_list(text: str | None) -> list[str]:
@@ -207,17 +210,22 @@ def _changed(b: _Node, a: _Node, before: Graph, after: Graph) -> bool:
                for vb, va in zip(b.inputs, a.inputs))
 
 
-def _classify(before: Graph, after: Graph, pairs, rules, replaced, method) -> dict:
+def _classify(before: Graph, after: Graph, pairs, rules, replaced, method, made) -> dict:
+    """Statuses from the pairs: a node in ``made`` is created unless it stands for exactly one BEFORE
+    node of its op (then changed or kept); any other node with a partner is kept or changed."""
     created, fused, changed, kept = [], [], [], []
     for n in after.nodes:
         bs = pairs.get(n.key, [])
         pairs[n.key] = bs
-        if n.key in rules or not bs or len(bs) > 1 or bs[0] != n.key and method == "provenance":
+        alone = len(bs) == 1 and before.by_key[bs[0]].op == n.op and n.key not in rules
+        if (n.key in made and not alone) or not bs:
             created.append({"after": n.key, "rule": rules.get(n.key), "replaced": replaced.get(n.key, bs)})
             if len(bs) > 1:
                 fused.append(n.key)
+        elif _changed(before.by_key[bs[0]], n, before, after):
+            changed.append({"before": bs[0], "after": n.key})
         else:
-            (changed if _changed(before.by_key[bs[0]], n, before, after) else kept).append(n.key)
+            kept.append(n.key)
     # a "fused" node is one made alone from many: several created nodes sharing their sources are a rewrite
     group = collections.Counter(tuple(sorted(pairs[k])) for k in fused)
     fused = [k for k in fused if group[tuple(sorted(pairs[k]))] == 1]
@@ -294,7 +302,6 @@ def align(before: Graph, after: Graph, *, use_names: bool = True, skip_before=fr
                 for b, a in zip(bs, as_):
                     pair(b, a)
         _propagate(before, after, b2a, a2b, pair)
-    pairs: dict[str, list[str]] = {a: [b] for a, b in a2b.items()}
     # regions of unmatched nodes, linked across the matched boundary
     parent: dict[tuple, tuple] = {}
 
@@ -311,7 +318,20 @@ def align(before: Graph, after: Graph, *, use_names: bool = True, skip_before=fr
         return _changed(before.by_key[a2b[a.key]], a, before, after)
 
     loose_a = {a.key for a in after.nodes if a.key not in skip_after and (a.key not in a2b or changed(a))}
-    loose_b = {b.key for b in before.nodes if b.key not in skip_before and b.key not in b2a}
+    # a BEFORE node equal to a matched one (same op, attributes and inputs) was merged into its partner
+    twins: dict[tuple, str] = {}
+    for b in before.nodes:
+        if b.key in b2a:
+            twins.setdefault((b.op, b.attrs, tuple(b.inputs)), b.key)
+    merged: dict[str, list[str]] = collections.defaultdict(list)
+    for b in before.nodes:
+        first = twins.get((b.op, b.attrs, tuple(b.inputs)))
+        if b.key not in b2a and b.key not in skip_before and first is not None and b.inputs:
+            merged[b2a[first]].append(b.key)
+    gone = {k for ks in merged.values() for k in ks}
+    # an unmatched Identity was eliminated (nothing takes its place), not fused into its neighbours
+    gone |= {b.key for b in before.nodes if b.op == ("", "Identity") and b.key not in b2a}
+    loose_b = {b.key for b in before.nodes if b.key not in skip_before and b.key not in b2a and b.key not in gone}
     loose_b |= {a2b[k] for k in loose_a if k in a2b}
     for a in loose_a:
         if a in a2b:
@@ -352,6 +372,7 @@ def align(before: Graph, after: Graph, *, use_names: bool = True, skip_before=fr
         members[find(("b", b))][0].append(b)
     for a in loose_a:
         members[find(("a", a))][1].append(a)
+    pairs: dict[str, list[str]] = {a: [b] + merged.get(a, []) for a, b in a2b.items()}
     order = {n.key: n.index for n in before.nodes}
     for bs, as_ in members.values():
         bs = sorted(bs, key=order.get)
@@ -360,7 +381,7 @@ def align(before: Graph, after: Graph, *, use_names: bool = True, skip_before=fr
             pairs[a] = split[a] if split else bs
     for a in after.nodes:
         pairs.setdefault(a.key, []) if a.key not in skip_after else None
-    return _classify(before, after, pairs, {}, {}, "alignment")
+    return _classify(before, after, pairs, {}, {}, "alignment", loose_a)
 
 
 def _split(before: Graph, after: Graph, bs: list[str], as_: list[str]) -> dict[str, list[str]] | None:
@@ -570,7 +591,8 @@ def html_page(before_path: str, after_path: str, m: dict, summ: dict) -> str:
         f"<td>{e(', '.join(c['replaced']))}</td><td>{e(', '.join(m['pairs'].get(c['after'], [])))}</td></tr>"
         for c in m["created"])
     removed = e(", ".join(m["removed"])) or "none"
-    changed = e(", ".join(m["changed"])) or "none"
+    changed = e(", ".join(c["after"] if c["after"] == c["before"] else f"{c['before']} -> {c['after']}"
+                          for c in m["changed"])) or "none"
     verify = ""
     for p, r in (summ.get("verification") or {}).items():
         verify += (f"<tr><td>{e(p)}</td><td>{r.get('kernels_before')}</td><td>{r.get('kernels_after')}</td>"
@@ -608,9 +630,31 @@ netron --port 8082 {e(ap)} &amp;</pre>
 """
 
 
-def run(before: str, after: str, *, html_out: str | None = None, json_out: str | None = None,
-        me_out: str | None = None, verify_report: str | dict | None = None) -> tuple[dict, dict]:
-    """Compute the mapping and summary; write what is asked. Returns (mapping, summary)."""
+def live_mapping(m: dict, summ: dict) -> dict:
+    """The mapping with the summary as onnxopt.diff_live's page reads it (its module docstring)."""
+    out = dict(m)
+    ops = summ["op_types"]
+    live = {"ops_before": {k: v[0] for k, v in ops.items() if v[0]},
+            "ops_after": {k: v[1] for k, v in ops.items() if v[1]}, "rules": summ["rules"]}
+    verification = summ.get("verification") or {}
+    if verification:
+        p = "cpu" if "cpu" in verification else next(iter(verification))
+        r = verification[p]
+        live["verify"] = {"provider": p, "kernels_before": r.get("kernels_before"),
+                          "kernels_after": r.get("kernels_after"), "latency_ms_before": r.get("median_ms_before"),
+                          "latency_ms_after": r.get("median_ms_after")}
+    out["summary"] = live
+    return out
+
+
+def run(before, after, *, html_out: str | None = None, json_out: str | None = None,
+        me_out: str | None = None, verify_report: str | dict | None = None,
+        names: tuple[str, str] | None = None) -> tuple[dict, dict]:
+    """Compute the mapping and summary; write what is asked. Returns (mapping, summary).
+    ``before``/``after``: paths or ModelProtos (``names``: what the page calls them)."""
+    if names is None:
+        names = tuple(os.fspath(x) if isinstance(x, (str, os.PathLike)) else label
+                      for x, label in ((before, "BEFORE"), (after, "AFTER")))
     b, a = Graph(load(before)), Graph(load(after))
     m = from_provenance(b, a) if has_provenance(a) else align(b, a)
     report = verify_report
@@ -619,10 +663,10 @@ def run(before: str, after: str, *, html_out: str | None = None, json_out: str |
             report = json.load(f)
     summ = summary(b, a, m, report)
     if json_out:
-        Path(json_out).write_text(json.dumps({"before": str(before), "after": str(after), "summary": summ,
+        Path(json_out).write_text(json.dumps({"before": names[0], "after": names[1], "summary": summ,
                                               "mapping": m}, indent=1) + "\n")
     if me_out:
         Path(me_out).write_text(json.dumps(model_explorer_mapping(m), indent=1) + "\n")
     if html_out:
-        Path(html_out).write_text(html_page(str(before), str(after), m, summ))
+        Path(html_out).write_text(html_page(names[0], names[1], m, summ))
     return m, summ
