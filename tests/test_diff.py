@@ -203,3 +203,15 @@ def test_optimize_diff(tmp_path):
     assert out == str(tmp_path / "o.onnx") and "conv_bn_fold" in page.read_text()
     proto, report = optimize(_conv_bn_model(), diff=str(tmp_path / "p.html"), return_report=True)
     assert isinstance(proto, onnx.ModelProto) and report.rewrites and (tmp_path / "p.html").exists()
+
+
+def test_alignment_of_a_peers_output(small):
+    """A model another tool optimized (no provenance): onnxslim folds the BatchNormalizations into the
+    Convs under its own names; the alignment finds both folds, the CSE merge and the Identity removed."""
+    onnxslim = pytest.importorskip("onnxslim", reason="onnxslim is not installed (the bench extra)")
+    before, _ = small
+    slim = onnxslim.slim(onnx.load(before))
+    m = diff.mapping(before, slim)
+    assert m["method"] == "alignment"
+    assert sorted(sorted(m["pairs"][k]) for k in m["fused"]) == [["bn0", "conv0"], ["bn1", "conv1"]]
+    assert m["pairs"]["relu0"] == ["relu0", "relu0_twin"] and m["removed"] == ["ident0"]
