@@ -34,6 +34,7 @@ import hashlib
 import html
 import json
 import os
+import shlex
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -41,6 +42,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from .errors import UsageError
 from .irutil import MERGED_KEY, OWN_PREFIX, REPLACED_KEY, RULE_KEY, SOURCES_KEY
 
 ME_SCHEMA = ("google-ai-edge/model-explorer src/ui/src/components/visualizer/common/sync_navigation.ts "
@@ -189,7 +191,7 @@ def from_provenance(before: Graph, after: Graph) -> dict:
             pairs[n.key] = sub["pairs"].get(n.key, [])
     made = set(rules)
     if rest:
-        made |= {c["after"] for c in sub["created"]}
+        made |= {c["after"] for c in sub["created"]} & {n.key for n in rest}
     return _classify(before, after, pairs, rules, replaced, "provenance", made)
 
 
@@ -380,7 +382,8 @@ def align(before: Graph, after: Graph, *, use_names: bool = True, skip_before=fr
         for a in as_:
             pairs[a] = split[a] if split else bs
     for a in after.nodes:
-        pairs.setdefault(a.key, []) if a.key not in skip_after else None
+        if a.key not in skip_after:
+            pairs.setdefault(a.key, [])
     return _classify(before, after, pairs, {}, {}, "alignment", loose_a)
 
 
@@ -614,12 +617,12 @@ tr:target{{background:#ffd}}</style></head><body>
 many&rarr;one), {counts['removed']} removed, {counts['changed']} changed, {counts['kept']} kept.</p>
 <h2>Open in Netron</h2>
 <p>Netron serves one model per process: start one for each, then open the links.</p>
-<pre>pip install netron   # or: pip install onnxopt[diff]
-netron --port 8081 {e(bp)} &amp;
-netron --port 8082 {e(ap)} &amp;</pre>
+<pre>pip install netron   # or: pip install "onnxopt[diff]"
+netron --port 8081 {e(shlex.quote(bp))} &amp;
+netron --port 8082 {e(shlex.quote(ap))} &amp;</pre>
 <p><a href="http://localhost:8081/">BEFORE in Netron (port 8081)</a> &middot;
 <a href="http://localhost:8082/">AFTER in Netron (port 8082)</a> &middot; the side-by-side live view:
-<code>python -m onnxopt diff {e(bp)} {e(ap)}</code></p>
+<code>python -m onnxopt diff {e(shlex.quote(bp))} {e(shlex.quote(ap))}</code></p>
 <h2>Summary</h2><h3>Rules fired</h3><ul>{rules}</ul>{verify}
 <h3>Op types</h3><table><tr><th>op</th><th>before</th><th>after</th><th>change</th></tr>{rows}</table>
 <h2>Created nodes</h2><table><tr><th>AFTER node</th><th>rule</th><th>replaced (as recorded)</th>
@@ -660,7 +663,12 @@ def run(before, after, *, html_out: str | None = None, json_out: str | None = No
     report = verify_report
     if isinstance(report, (str, os.PathLike)):
         with open(report) as f:
-            report = json.load(f)
+            try:
+                report = json.load(f)
+            except ValueError as exc:
+                raise UsageError(f"--verify-report {os.fspath(verify_report)}: not a JSON report ({exc})") from None
+        if not isinstance(report, dict):
+            raise UsageError(f"--verify-report {os.fspath(verify_report)}: not a verify report (an object)")
     summ = summary(b, a, m, report)
     if json_out:
         Path(json_out).write_text(json.dumps({"before": names[0], "after": names[1], "summary": summ,

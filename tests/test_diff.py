@@ -124,6 +124,9 @@ def test_alignment_agrees_with_provenance_on_zoo(name, tmp_path):
     optimize(str(spec.path()), output=str(out))
     b = diff.Graph(onnx.load(spec.path()))
     after = onnx.load(out)
+    named = {n.key for n in b.nodes}
+    for node in after.graph.node:  # every node onnxopt made says so (Netron shows it)
+        assert node.name in named or any(p.key == RULE_KEY for p in node.metadata_props), node.name
     ref = diff.from_provenance(b, diff.Graph(after))
     al = diff.align(b, diff.Graph(diff.strip_provenance(after)))
     got = diff.agreement(ref, al, [n.key for n in b.nodes])
@@ -215,3 +218,22 @@ def test_alignment_of_a_peers_output(small):
     assert m["method"] == "alignment"
     assert sorted(sorted(m["pairs"][k]) for k in m["fused"]) == [["bn0", "conv0"], ["bn1", "conv1"]]
     assert m["pairs"]["relu0"] == ["relu0", "relu0_twin"] and m["removed"] == ["ident0"]
+
+
+def test_unnamed_nodes(tmp_path):
+    """Nodes without a name are keyed by position (``#<index>``) and matched by structure."""
+    model = _conv_bn_model()
+    for node in model.graph.node:
+        if node.name in ("add0", "ident0"):
+            node.name = ""
+    before = tmp_path / "b.onnx"
+    onnx.save(model, before)
+    after = tmp_path / "a.onnx"
+    optimize(str(before), output=str(after))
+    m = diff.mapping(before, after)
+    assert m["method"] == "provenance"
+    assert "relu0" in m["kept"] and m["pairs"]["relu0"] == ["relu0", "relu0_twin"]
+    add = [n for n in onnx.load(after).graph.node if n.op_type == "Add"][0]
+    key = add.name or next(k for k in m["pairs"] if k.startswith("#"))
+    assert m["pairs"][key] == ["#4"] and "#5" in m["removed"]  # (the Add was node 4, the Identity 5)
+    assert diff.validate_model_explorer_mapping(diff.model_explorer_mapping(m)) == []
