@@ -96,6 +96,7 @@ class Graph:
         self.consts: dict[str, str] = {}  # value name -> content hash
         self.graph_inputs: set[str] = set()
         self.graph_outputs: set[str] = set()
+        self._keys: set[str] = set()
         self._walk(model.graph, "")
         self.by_key = {n.key: n for n in self.nodes}
         self.producer: dict[str, tuple[_Node, int]] = {}
@@ -119,13 +120,11 @@ class Graph:
                 self.consts.pop(v.name, None)  # an input with a default: not a constant
         if not prefix:
             self.graph_outputs.update(v.name for v in graph.output)
-        seen = set()
         for i, proto in enumerate(graph.node):
-            named = bool(proto.name) and proto.name not in seen
-            seen.add(proto.name)
+            # a name met before (in this graph or another) is no identity: the node is keyed by position
+            named = bool(proto.name) and proto.name not in self._keys
             key = proto.name if named else f"{prefix}#{i}"
-            if prefix and named and any(n.key == key for n in self.nodes[-1:]):
-                key = f"{prefix}{proto.name}"
+            self._keys.add(key)
             node = _Node(key, named, proto, len(self.nodes))
             self.nodes.append(node)
             if proto.op_type == "Constant" and proto.domain in ("", "ai.onnx") and proto.output:

@@ -237,3 +237,19 @@ def test_unnamed_nodes(tmp_path):
     key = add.name or next(k for k in m["pairs"] if k.startswith("#"))
     assert m["pairs"][key] == ["#4"] and "#5" in m["removed"]  # (the Add was node 4, the Identity 5)
     assert diff.validate_model_explorer_mapping(diff.model_explorer_mapping(m)) == []
+
+
+def test_model_explorer_web_app_reads_these_fields():
+    """Where ai-edge-model-explorer is installed, the web app it ships reads the fields we write
+    (checked on 0.1.34: no Python reader of a node mapping exists, the reader is the bundled app)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("model_explorer")  # (found, not imported: it pulls a web server)
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("ai-edge-model-explorer is not installed")
+    folder = Path(next(iter(spec.submodule_search_locations))) / "web_app"
+    bundle = "".join(p.read_text(errors="replace") for p in folder.glob("main-*.js"))
+    data = diff.model_explorer_mapping({"pairs": {"b": ["a"]}})
+    for field in [*data, "leftNodeIds", "rightNodeIds"]:
+        assert field in bundle, field
