@@ -635,6 +635,10 @@ netron --port 8082 {e(shlex.quote(ap))} &amp;</pre>
 def live_mapping(m: dict, summ: dict) -> dict:
     """The mapping with the summary as onnxopt.diff_live's page reads it (its module docstring)."""
     out = dict(m)
+    # the page marks BEFORE nodes by the names in "replaced": those it stands for in BEFORE (what a rule
+    # recorded may name nodes earlier rewrites made, which BEFORE does not hold), the record beside them
+    out["created"] = [{**c, "replaced": m["pairs"].get(c["after"], []), "recorded": c["replaced"]}
+                      for c in m["created"]]
     ops = summ["op_types"]
     live = {"ops_before": {k: v[0] for k, v in ops.items() if v[0]},
             "ops_after": {k: v[1] for k, v in ops.items() if v[1]}, "rules": summ["rules"]}

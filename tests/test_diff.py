@@ -253,3 +253,27 @@ def test_model_explorer_web_app_reads_these_fields():
     data = diff.model_explorer_mapping({"pairs": {"b": ["a"]}})
     for field in [*data, "leftNodeIds", "rightNodeIds"]:
         assert field in bundle, field
+
+
+def test_subgraphs_and_live_mapping(tmp_path):
+    """Nodes inside an If's branches are mapped too; the live view's "replaced" are BEFORE names."""
+    then = helper.make_graph([helper.make_node("Identity", ["a"], ["t"], name="inner"),
+                              helper.make_node("Relu", ["t"], ["r"], name="relu")], "then", [],
+                             [helper.make_tensor_value_info("r", TensorProto.FLOAT, [2])])
+    other = helper.make_graph([helper.make_node("Neg", ["a"], ["n"], name="neg")], "else", [],
+                              [helper.make_tensor_value_info("n", TensorProto.FLOAT, [2])])
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["a"], name="outer"),
+         helper.make_node("If", ["c"], ["y"], name="if", then_branch=then, else_branch=other)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+         helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    before, after = tmp_path / "b.onnx", tmp_path / "a.onnx"
+    onnx.save(model, before)
+    optimize(str(before), output=str(after))
+    m, summ = diff.run(before, after)
+    assert {"outer", "inner"} <= set(m["removed"]) and {"relu", "neg", "if"} <= set(m["kept"])
+    live = diff.live_mapping(m, summ)
+    for c in live["created"]:
+        assert set(c["replaced"]) <= {n.key for n in diff.Graph(onnx.load(before)).nodes}
