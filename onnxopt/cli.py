@@ -57,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="onnxopt",
         usage="onnxopt MODEL -o OUTPUT [options]\n       onnxopt verify ORIGINAL OPTIMIZED [options]\n"
               "       onnxopt bisect MODEL [options]\n       onnxopt quantize MODEL -o OUTPUT --calib DATA [options]\n"
+              "       onnxopt diff BEFORE AFTER [--html OUT] [options]\n"
               "       onnxopt --list-rules [--target TARGET] [--rules FILE]",
         description=textwrap.fill(
             "Rewrite an ONNX model with onnxopt's rules until nothing more applies, and print what changed. "
@@ -68,6 +69,7 @@ def _parser() -> argparse.ArgumentParser:
                "  onnxopt model.onnx -o model.opt.onnx --verify cpu --json report.json\n"
                "  onnxopt verify model.onnx model.opt.onnx --input-shape input=1x3x224x224\n"
                "  onnxopt bisect model.onnx --rules my_rules.py\n"
+               "  onnxopt diff model.onnx model.opt.onnx --html diff.html\n"
                "  onnxopt --list-rules --target ort-cuda\n\n" + textwrap.fill(_EXIT_CODES, 78),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
