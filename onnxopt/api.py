@@ -108,6 +108,7 @@ def optimize(
     input_layout=None,
     output_layout=None,
     input_preprocess=None,
+    diff: str | os.PathLike | None = None,
 ):
     """Rewrite ``model`` with the rules until nothing more applies.
 
@@ -201,7 +202,13 @@ def optimize(
             verifier (here and ``python -m onnxopt verify``) feeds the original the same data in
             its own layout (raw pixels preprocessed in numpy), compares the outputs in the
             original's layout, and a failure is not bisected.
+        diff: a path: write the static diff page there (``onnxopt.diff``: the node mapping from the
+            result's provenance, a summary with the verification's kernels and latency where
+            ``verify`` ran); ``model`` must be a path or an onnx.ModelProto. The live view is
+            ``python -m onnxopt diff BEFORE AFTER``.
     """
+    if diff is not None:
+        return _optimize_with_diff(model, diff, locals())
     if precision not in ("fp32", "fp16"):
         from .errors import UsageError
         raise UsageError(f"precision {precision!r}: choose fp32 or fp16")
@@ -225,6 +232,28 @@ def optimize(
                          stop_after, verify, verify_options, outputs,
                          strict_default(strict), normalize_input_shapes(input_shapes), exact,
                          progress or verifier.Progress(), precision, edges)
+
+
+def _optimize_with_diff(model, page, args: dict):
+    """optimize(), then the diff page between ``model`` and the result."""
+    import onnx
+
+    from . import diff as diffs
+    from .errors import UsageError
+
+    if not isinstance(model, (str, os.PathLike, onnx.ModelProto)):
+        raise UsageError(f"diff= needs the model as a path or an onnx.ModelProto, not {type(model).__name__}")
+    args = {k: v for k, v in args.items() if k not in ("model", "diff")}
+    want_report = args["return_report"]
+    args["return_report"] = True
+    result, report = optimize(model, **args)
+    after = os.fspath(result) if isinstance(result, (str, os.PathLike)) else result
+    if not isinstance(after, (str, onnx.ModelProto)):
+        after = ir.serde.serialize_model(result)
+    names = (os.fspath(model) if isinstance(model, (str, os.PathLike)) else "BEFORE (in memory)",
+             after if isinstance(after, str) else "AFTER (in memory)")
+    diffs.run(model, after, html_out=os.fspath(page), verify_report=report.verification, names=names)
+    return (result, report) if want_report else result
 
 
 def _optimize(model, rules, extra_rules, disable, target, output, external_data, max_rewrites, check,

@@ -4,6 +4,7 @@
     onnxopt verify ORIGINAL OPTIMIZED ...     compare two models on onnxruntime
     onnxopt bisect MODEL ...                  find the rewrite that breaks a model
     onnxopt quantize MODEL -o OUT --calib DATA  INT8 (QDQ) with calibration, for onnxruntime's CPU
+    onnxopt diff BEFORE AFTER [--html OUT]    what changed, node by node (live in Netron, or a static page)
     onnxopt --list-rules                      the rules and passes, by family
 
 Reports go to stdout (tables and colour on a terminal, plain text in a pipe: ``onnxopt.console``),
@@ -56,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="onnxopt",
         usage="onnxopt MODEL -o OUTPUT [options]\n       onnxopt verify ORIGINAL OPTIMIZED [options]\n"
               "       onnxopt bisect MODEL [options]\n       onnxopt quantize MODEL -o OUTPUT --calib DATA [options]\n"
+              "       onnxopt diff BEFORE AFTER [--html OUT] [options]\n"
               "       onnxopt --list-rules [--target TARGET] [--rules FILE]",
         description=textwrap.fill(
             "Rewrite an ONNX model with onnxopt's rules until nothing more applies, and print what changed. "
@@ -67,6 +69,7 @@ def _parser() -> argparse.ArgumentParser:
                "  onnxopt model.onnx -o model.opt.onnx --verify cpu --json report.json\n"
                "  onnxopt verify model.onnx model.opt.onnx --input-shape input=1x3x224x224\n"
                "  onnxopt bisect model.onnx --rules my_rules.py\n"
+               "  onnxopt diff model.onnx model.opt.onnx --html diff.html\n"
                "  onnxopt --list-rules --target ort-cuda\n\n" + textwrap.fill(_EXIT_CODES, 78),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -324,6 +327,70 @@ def _verify_coverage(path: str) -> dict | None:
         return {"error": str(exc)}
 
 
+def _diff_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="onnxopt diff",
+                description="What an optimizer did, node by node: the mapping between BEFORE and AFTER (from "
+                            "onnxopt's provenance, or an alignment by names, weights and structure for models "
+                            "another tool optimized), shown live with both models side by side in Netron "
+                            "(the default; needs pip install \"onnxopt[diff]\"), or as a static page (--html).",
+                epilog="exit codes: 0 ok, 2 bad input or usage, 3 internal error.")
+    p.add_argument("before", help="the model before optimization")
+    p.add_argument("after", help="the model after optimization")
+    p.add_argument("--html", metavar="OUT", help="write the static page (one offline file) and serve nothing")
+    p.add_argument("--json", metavar="MAP", help="write the mapping and summary as JSON")
+    p.add_argument("--model-explorer", metavar="MAP", dest="me_json",
+                   help="write the mapping as Model Explorer's node-mapping JSON (its split view's "
+                        "'Upload mapping from computer')")
+    p.add_argument("--verify-report", metavar="JSON",
+                   help="a report of onnxopt verify --json (or onnxopt MODEL --verify ... --json): kernels "
+                        "and latency in the summary")
+    p.add_argument("--port", type=int, help="the live view's port (default: the first free one from 8090)")
+    p.add_argument("--no-browser", action="store_true", help="serve the live view without opening a browser")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only where things went")
+    return p
+
+
+def diff_main(argv: list[str]) -> int:
+    args = _diff_parser().parse_args(argv)
+
+    def run():
+        from . import diff as diffs
+
+        for path in (args.before, args.after):
+            if not os.path.isfile(path):
+                return _fail(f"{path}: no such model file")
+        live = None
+        if not args.html:
+            try:
+                from . import diff_live as live  # (the live view: onnxopt.diff_live)
+            except ImportError:
+                live = None
+            if live is not None and live.netron_dir() is None:
+                live = None
+        page = args.html
+        if not page and live is None:  # no live view here: the static page, beside the AFTER model
+            page = str(Path(args.after).with_suffix("")) + ".diff.html"
+        m, summ = diffs.run(args.before, args.after, html_out=page, json_out=args.json, me_out=args.me_json,
+                            verify_report=args.verify_report)
+        c = summ["counts"]
+        if not args.quiet:
+            show(f"{summ['nodes_before']} -> {summ['nodes_after']} nodes ({m['method']}): {c['created']} created "
+                 f"({c['fused']} fused), {c['removed']} removed, {c['changed']} changed, {c['kept']} kept; rules: "
+                 + (", ".join(f"{r} x{n}" for r, n in summ["rules"].items()) or "none recorded"))
+        for path, what in ((page, "static page"), (args.json, "mapping"), (args.me_json, "Model Explorer mapping")):
+            if path:
+                show(f"{what}: {path}")
+        if live is None:
+            if not args.html:
+                show("live view: not available here (it needs onnxopt.diff_live and Netron: "
+                     "pip install \"onnxopt[diff]\"); open the static page above")
+            return EXIT_OK
+        return live.run(args.before, args.after, diffs.live_mapping(m, summ), port=args.port,
+                        open_browser=not args.no_browser, echo=show)
+
+    return _errors(run)
+
+
 def verify_main(argv: list[str]) -> int:
     args = _verify_parser().parse_args(argv)
 
@@ -442,8 +509,10 @@ def _main(argv: list[str]) -> int:
         return bisect_main(argv[1:])
     if argv and argv[0] == "quantize":
         return quantize_main(argv[1:])
+    if argv and argv[0] == "diff":
+        return diff_main(argv[1:])
     if argv and not argv[0].startswith("-") and not os.path.exists(argv[0]):
-        close = difflib.get_close_matches(argv[0], ["verify", "bisect", "quantize"], n=1, cutoff=0.7)
+        close = difflib.get_close_matches(argv[0], ["verify", "bisect", "quantize", "diff"], n=1, cutoff=0.7)
         if close:  # (a model path would exist, or have a suffix)
             return _fail(f"no model or command {argv[0]!r}: did you mean 'onnxopt {close[0]}'?")
     parser = _parser()
@@ -498,7 +567,7 @@ def _rule_words(args) -> list[str]:
 
 
 _OTHER_COMMANDS = ("other commands: onnxopt verify ORIGINAL OPTIMIZED, onnxopt bisect MODEL, "
-                   "onnxopt quantize MODEL -o OUT --calib DATA, onnxopt --list-rules")
+                   "onnxopt quantize MODEL -o OUT --calib DATA, onnxopt diff BEFORE AFTER, onnxopt --list-rules")
 
 
 def _optimize_main(args) -> int:

@@ -1,0 +1,683 @@
+"""What an optimizer did to a model, node by node: the mapping between BEFORE and AFTER, a summary,
+and its exports (our JSON, Model Explorer's node-mapping JSON, a self-contained static page).
+
+The mapping comes from onnxopt's provenance where AFTER carries it (``onnxopt.rule``,
+``onnxopt.replaced``, ``onnxopt.sources``, ``onnxopt.merged``: onnxopt.irutil), else from an
+alignment (``align``): node names, initializer contents (hashes), op types and neighbourhoods. It is
+a plain dict, the interface the live view (onnxopt.diff_live) takes::
+
+    {"method": "provenance" | "alignment",
+     "created": [{"after": name, "rule": rule or None, "replaced": [before names]}],
+     "fused":   [after names: one node made from two or more BEFORE nodes],
+     "removed": [before names: nodes no AFTER node stands for],
+     "changed": [{"before": name, "after": name}: same node, other op, attributes or constant inputs],
+     "kept":    [after names: the same node in both],
+     "pairs":   {after name: [before names it stands for]}}
+
+A node without a name is named ``#<index>`` (its position in its graph's node list, subgraphs as
+``<node>/<attr>#<index>``); such keys are matched by structure only, never by name.
+
+Model Explorer: ``model_explorer_mapping`` writes the sync-navigation JSON its split view uploads
+("Upload mapping from computer"): ``{"mappingEntries": [{"leftNodeIds": [...], "rightNodeIds": [...]}],
+"disableMappingFallback": true, "showDiffHighlights": true}``, the ``SyncNavigationData`` interface of
+google-ai-edge/model-explorer src/ui/src/components/visualizer/common/sync_navigation.ts (as in
+ai-edge-model-explorer 0.1.34); node ids are ONNX node names, as model-explorer-onnx 0.4.2's adapter
+makes them (``id=onnx_node.name``; it names unnamed nodes itself, so those do not map).
+
+A leaf beside report.py: onnx and numpy, no onnxruntime.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import html
+import json
+import os
+import shlex
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from .errors import UsageError
+from .irutil import MERGED_KEY, OWN_PREFIX, REPLACED_KEY, RULE_KEY, SOURCES_KEY
+
+ME_SCHEMA = ("google-ai-edge/model-explorer src/ui/src/components/visualizer/common/sync_navigation.ts "
+             "(SyncNavigationData: mappingEntries), ai-edge-model-explorer 0.1.34, model-explorer-onnx 0.4.2")
+
+
+# --------------------------------------------------------------------------------------------
+# A graph as the mapping sees it
+
+
+class _Node:
+    __slots__ = ("key", "named", "op", "attrs", "inputs", "outputs", "props", "index", "sig")
+
+    def __init__(self, key, named, proto: onnx.NodeProto, index):
+        self.key, self.named, self.index = key, named, index
+        self.op = (proto.domain if proto.domain not in ("", "ai.onnx") else "", proto.op_type)
+        self.attrs = _attr_hash(proto)
+        self.inputs = list(proto.input)
+        self.outputs = list(proto.output)
+        self.props = {p.key: p.value for p in proto.metadata_props}
+        self.sig: list[str] = []
+
+
+def _attr_hash(proto: onnx.NodeProto) -> str:
+    h = hashlib.sha1()
+    for a in sorted(proto.attribute, key=lambda a: a.name):
+        if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+            h.update(a.name.encode())  # (a subgraph's nodes are mapped themselves)
+            continue
+        h.update(a.SerializeToString(deterministic=True))
+    return h.hexdigest()[:16]
+
+
+def _tensor_hash(t: onnx.TensorProto) -> str:
+    try:
+        arr = numpy_helper.to_array(t)
+        data = np.ascontiguousarray(arr).tobytes() if arr.dtype != object else repr(arr.tolist()).encode()
+        desc = f"{arr.dtype}{arr.shape}".encode()
+    except Exception:  # noqa: BLE001 - external data not at hand: its description stands for it
+        data = t.SerializeToString(deterministic=True)
+        desc = b""
+    return hashlib.sha1(desc + data).hexdigest()[:16]
+
+
+class Graph:
+    """The nodes of a model (subgraphs included), their edges and the constants they read."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self.model = model
+        self.nodes: list[_Node] = []
+        self.consts: dict[str, str] = {}  # value name -> content hash
+        self.graph_inputs: set[str] = set()
+        self.graph_outputs: set[str] = set()
+        self._keys: set[str] = set()
+        self._walk(model.graph, "")
+        self.by_key = {n.key: n for n in self.nodes}
+        self.producer: dict[str, tuple[_Node, int]] = {}
+        self.consumers: dict[str, list[tuple[_Node, int]]] = collections.defaultdict(list)
+        for n in self.nodes:
+            for j, o in enumerate(n.outputs):
+                if o:
+                    self.producer[o] = (n, j)
+            for i, v in enumerate(n.inputs):
+                if v:
+                    self.consumers[v].append((n, i))
+
+    def _walk(self, graph: onnx.GraphProto, prefix: str) -> None:
+        inits = {t.name for t in graph.initializer}
+        for t in graph.initializer:
+            self.consts[t.name] = _tensor_hash(t)
+        for v in graph.input:
+            if v.name not in inits:
+                self.graph_inputs.add(v.name)
+            else:
+                self.consts.pop(v.name, None)  # an input with a default: not a constant
+        if not prefix:
+            self.graph_outputs.update(v.name for v in graph.output)
+        for i, proto in enumerate(graph.node):
+            # a name met before (in this graph or another) is no identity: the node is keyed by position
+            named = bool(proto.name) and proto.name not in self._keys
+            key = proto.name if named else f"{prefix}#{i}"
+            self._keys.add(key)
+            node = _Node(key, named, proto, len(self.nodes))
+            self.nodes.append(node)
+            if proto.op_type == "Constant" and proto.domain in ("", "ai.onnx") and proto.output:
+                for a in proto.attribute:
+                    if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+                        self.consts[proto.output[0]] = _tensor_hash(a.t)
+                    elif a.name != "value":
+                        self.consts[proto.output[0]] = hashlib.sha1(a.SerializeToString()).hexdigest()[:16]
+            for a in proto.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    self._walk(a.g, f"{key}/{a.name}")
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    for k, g in enumerate(a.graphs):
+                        self._walk(g, f"{key}/{a.name}{k}")
+
+    def op_counts(self) -> dict[str, int]:
+        c = collections.Counter(f"{d}.{op}" if d else op for d, op in (n.op for n in self.nodes))
+        return dict(sorted(c.items()))
+
+
+def load(model) -> onnx.ModelProto:
+    if isinstance(model, onnx.ModelProto):
+        return model
+    return onnx.load(os.fspath(model))  # (with its external data: initializer contents are compared)
+
+
+# --------------------------------------------------------------------------------------------
+# The mapping from provenance
+
+
+def has_provenance(after: Graph) -> bool:
+    return any(RULE_KEY in n.props or MERGED_KEY in n.props for n in after.nodes)
+
+
+def from_provenance(before: Graph, after: Graph) -> dict:
+    """The mapping AFTER's provenance records; AFTER nodes without it are matched by name (or, for
+    unnamed ones, by structure: ``align``)."""
+    names = {n.key for n in before.nodes if n.named}
+    pairs: dict[str, list[str]] = {}
+    rules: dict[str, str | None] = {}
+    replaced: dict[str, list[str]] = {}
+    plain = []
+    for n in after.nodes:
+        rule = n.props.get(RULE_KEY)
+        if rule is None:
+            plain.append(n)
+            continue
+        rep = _json_list(n.props.get(REPLACED_KEY))
+        src = _json_list(n.props.get(SOURCES_KEY))
+        rules[n.key] = rule
+        replaced[n.key] = rep
+        pairs[n.key] = [s for s in dict.fromkeys(src + rep) if s in names]
+    kept_named = {}
+    for n in plain:
+        if n.named and n.key in names:
+            kept_named[n.key] = [n.key] + [m for m in _json_list(n.props.get(MERGED_KEY)) if m in names]
+    pairs.update(kept_named)
+    rest = [n for n in plain if n.key not in kept_named]
+    if rest:  # unnamed or renamed nodes without provenance: by structure
+        used = {b for bs in pairs.values() for b in bs}
+        sub = align(before, after, skip_before=used, skip_after=set(pairs))
+        for n in rest:
+            pairs[n.key] = sub["pairs"].get(n.key, [])
+    made = set(rules)
+    if rest:
+        made |= {c["after"] for c in sub["created"]} & {n.key for n in rest}
+    return _classify(before, after, pairs, rules, replaced, "provenance", made)
+
+
+def _json_list(text: str | None) -> list[str]:
+    try:
+        value = json.loads(text or "[]")
+    except ValueError:
+        return []
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def _changed(b: _Node, a: _Node, before: Graph, after: Graph) -> bool:
+    """The node itself differs: op, attributes, arity, or a constant input (constant in both) with other
+    contents. (An input that became a constant by folding upstream leaves the node as it was.)"""
+    if b.op != a.op or b.attrs != a.attrs or len(b.inputs) != len(a.inputs):
+        return True
+    return any(vb in before.consts and va in after.consts and before.consts[vb] != after.consts[va]
+               for vb, va in zip(b.inputs, a.inputs))
+
+
+def _classify(before: Graph, after: Graph, pairs, rules, replaced, method, made) -> dict:
+    """Statuses from the pairs: a node in ``made`` is created unless it stands for exactly one BEFORE
+    node of its op (then changed or kept); any other node with a partner is kept or changed."""
+    created, fused, changed, kept = [], [], [], []
+    for n in after.nodes:
+        bs = pairs.get(n.key, [])
+        pairs[n.key] = bs
+        alone = len(bs) == 1 and before.by_key[bs[0]].op == n.op and n.key not in rules
+        if (n.key in made and not alone) or not bs:
+            created.append({"after": n.key, "rule": rules.get(n.key), "replaced": replaced.get(n.key, bs)})
+            if len(bs) > 1:
+                fused.append(n.key)
+        elif _changed(before.by_key[bs[0]], n, before, after):
+            changed.append({"before": bs[0], "after": n.key})
+        else:
+            kept.append(n.key)
+    # a "fused" node is one made alone from many: several created nodes sharing their sources are a rewrite
+    group = collections.Counter(tuple(sorted(pairs[k])) for k in fused)
+    fused = [k for k in fused if group[tuple(sorted(pairs[k]))] == 1]
+    mapped = {b for bs in pairs.values() for b in bs}
+    removed = [n.key for n in before.nodes if n.key not in mapped]
+    return {"method": method, "created": created, "fused": fused, "removed": removed, "changed": changed,
+            "kept": kept, "pairs": pairs}
+
+
+# --------------------------------------------------------------------------------------------
+# The mapping from an alignment (no provenance)
+
+_DEPTH = 4
+
+
+def _signatures(g: Graph) -> None:
+    """n.sig[k]: a hash of the node and what it reads, k producers deep (constants by content,
+    graph inputs and outputs by name)."""
+    for n in g.nodes:
+        h = hashlib.sha1(repr((n.op, n.attrs)).encode())
+        for v in n.inputs:
+            h.update((f"c{g.consts[v]}" if v in g.consts else f"i{v}" if v in g.graph_inputs else
+                      "-" if not v else "n").encode() + b"|")
+        for v in n.outputs:
+            if v in g.graph_outputs:
+                h.update(f"o{v}".encode())
+        n.sig = [h.hexdigest()[:16]]
+    for k in range(1, _DEPTH + 1):
+        for n in g.nodes:
+            h = hashlib.sha1(n.sig[0].encode())
+            for v in n.inputs:
+                p = g.producer.get(v)
+                if p is not None and v not in g.consts:
+                    h.update(f"{p[0].sig[k - 1]}:{p[1]}|".encode())
+            n.sig.append(h.hexdigest()[:16])
+
+
+def align(before: Graph, after: Graph, *, use_names: bool = True, skip_before=frozenset(),
+          skip_after=frozenset()) -> dict:
+    """The mapping from names, constants and structure: equal names with equal op types; then
+    nodes equal k producers deep (k = 4 .. 0), each signature shared by as many nodes on both sides
+    paired in order; then neighbours of pairs with one candidate on each side (same op, same slot).
+    What is left: an AFTER node is created, standing for the unmatched BEFORE nodes it touches
+    through the same edges (a region of unmatched nodes on each side, linked where they meet the
+    same matched node on the same input or output slot); a BEFORE node is removed."""
+    _signatures(before)
+    _signatures(after)
+    b2a: dict[str, str] = {}
+    a2b: dict[str, str] = {}
+
+    def pair(b: _Node, a: _Node) -> bool:
+        if b.key in b2a or a.key in a2b or b.key in skip_before or a.key in skip_after or b.op != a.op:
+            return False
+        b2a[b.key], a2b[a.key] = a.key, b.key
+        return True
+
+    if use_names:
+        for a in after.nodes:
+            b = before.by_key.get(a.key)
+            if a.named and b is not None and b.named:
+                pair(b, a)
+    for k in range(_DEPTH, -1, -1):
+        groups_b = collections.defaultdict(list)
+        groups_a = collections.defaultdict(list)
+        for b in before.nodes:
+            if b.key not in b2a and b.key not in skip_before:
+                groups_b[b.sig[k]].append(b)
+        for a in after.nodes:
+            if a.key not in a2b and a.key not in skip_after:
+                groups_a[a.sig[k]].append(a)
+        for s, bs in groups_b.items():
+            as_ = groups_a.get(s)
+            if as_ and len(bs) == len(as_):
+                for b, a in zip(bs, as_):
+                    pair(b, a)
+        _propagate(before, after, b2a, a2b, pair)
+    # regions of unmatched nodes, linked across the matched boundary
+    parent: dict[tuple, tuple] = {}
+
+    def find(x):
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    def union(x, y):
+        parent[find(x)] = find(y)
+
+    def changed(a: _Node) -> bool:
+        return _changed(before.by_key[a2b[a.key]], a, before, after)
+
+    loose_a = {a.key for a in after.nodes if a.key not in skip_after and (a.key not in a2b or changed(a))}
+    # a BEFORE node equal to a matched one (same op, attributes and inputs) was merged into its partner
+    twins: dict[tuple, str] = {}
+    for b in before.nodes:
+        if b.key in b2a:
+            twins.setdefault((b.op, b.attrs, tuple(b.inputs)), b.key)
+    merged: dict[str, list[str]] = collections.defaultdict(list)
+    for b in before.nodes:
+        first = twins.get((b.op, b.attrs, tuple(b.inputs)))
+        if b.key not in b2a and b.key not in skip_before and first is not None and b.inputs:
+            merged[b2a[first]].append(b.key)
+    gone = {k for ks in merged.values() for k in ks}
+    # an unmatched Identity was eliminated (nothing takes its place), not fused into its neighbours
+    gone |= {b.key for b in before.nodes if b.op == ("", "Identity") and b.key not in b2a}
+    loose_b = {b.key for b in before.nodes if b.key not in skip_before and b.key not in b2a and b.key not in gone}
+    loose_b |= {a2b[k] for k in loose_a if k in a2b}
+    for a in loose_a:
+        if a in a2b:
+            union(("a", a), ("b", a2b[a]))
+    for side, g, loose in (("a", after, loose_a), ("b", before, loose_b)):
+        fixed = _constant_like(g)
+        for n in g.nodes:
+            if n.key not in loose:
+                continue
+            find((side, n.key))
+            if all(o in fixed for o in n.outputs if o):
+                continue  # folding material joins no region through what it reads
+            for v in n.inputs:
+                p = g.producer.get(v)
+                if p is not None and p[0].key in loose and v not in fixed:
+                    union((side, n.key), (side, p[0].key))
+    # Regions that feed the same matched node's same input slot (or the same graph output) took
+    # each other's place: linked. (Regions that only read the same value are not: a removed branch
+    # and a fusion beside it share their input, not their purpose.)
+    touch = collections.defaultdict(set)
+    for side, g, loose, m in (("a", after, loose_a, a2b), ("b", before, loose_b, None)):
+        for n in g.nodes:
+            if n.key not in loose:
+                continue
+            for v in n.outputs:
+                if v in g.graph_outputs:
+                    touch[("output", v)].add(find((side, n.key)))
+                for c, i in g.consumers.get(v, ()):
+                    if c.key not in loose:
+                        touch[("in", m.get(c.key) if m is not None else c.key, i)].add(find((side, n.key)))
+    for regions in touch.values():
+        regions = list(regions)
+        if len({r[0] for r in regions}) == 2:
+            for r in regions[1:]:
+                union(regions[0], r)
+    members = collections.defaultdict(lambda: ([], []))
+    for b in loose_b:
+        members[find(("b", b))][0].append(b)
+    for a in loose_a:
+        members[find(("a", a))][1].append(a)
+    pairs: dict[str, list[str]] = {a: [b] + merged.get(a, []) for a, b in a2b.items()}
+    order = {n.key: n.index for n in before.nodes}
+    for bs, as_ in members.values():
+        bs = sorted(bs, key=order.get)
+        split = _split(before, after, bs, as_) if len(as_) > 1 else None
+        for a in as_:
+            pairs[a] = split[a] if split else bs
+    for a in after.nodes:
+        if a.key not in skip_after:
+            pairs.setdefault(a.key, [])
+    return _classify(before, after, pairs, {}, {}, "alignment", loose_a)
+
+
+def _split(before: Graph, after: Graph, bs: list[str], as_: list[str]) -> dict[str, list[str]] | None:
+    """Several rewrites side by side make one region (two Conv+BatchNormalization folds in a row):
+    where every AFTER node of the region has a BEFORE node of its op type, the k-th of each op in
+    order, each BEFORE node of the region goes to the nearest such anchor (edges within the region)."""
+    by_op_b, by_op_a = collections.defaultdict(list), collections.defaultdict(list)
+    for k in bs:
+        by_op_b[before.by_key[k].op].append(k)
+    for k in sorted(as_, key=lambda k: after.by_key[k].index):
+        by_op_a[after.by_key[k].op].append(k)
+    anchors = {}
+    for op, ks in by_op_a.items():
+        if len(by_op_b.get(op, ())) != len(ks):
+            return None
+        anchors.update(zip(by_op_b[op], ks))
+    inside = set(bs)
+    owner = dict(anchors)
+    frontier = list(anchors)
+    while frontier:  # breadth first, in BEFORE's order
+        nxt = []
+        for k in frontier:
+            n = before.by_key[k]
+            near = [before.producer[v][0].key for v in n.inputs if v in before.producer]
+            near += [c.key for v in n.outputs for c, _ in before.consumers.get(v, ())]
+            for m in near:
+                if m in inside and m not in owner:
+                    owner[m] = owner[k]
+                    nxt.append(m)
+        frontier = nxt
+    out = {a: [] for a in as_}
+    for k in bs:
+        if k in owner:
+            out[owner[k]].append(k)
+    return out
+
+
+def _constant_like(g: Graph) -> set[str]:
+    """Values computed from constants and shapes alone (what folding and static shapes remove)."""
+    fixed = set(g.consts)
+    for n in g.nodes:  # (topological order within a graph)
+        read = n.inputs[:1] if n.op == ("", "CastLike") else n.inputs  # (its second input: a type only)
+        if n.op in (("", "Shape"), ("", "Size")) or all(not v or v in fixed for v in read):
+            fixed.update(o for o in n.outputs if o)
+    return fixed
+
+
+def _propagate(before: Graph, after: Graph, b2a, a2b, pair) -> None:
+    work = list(a2b.items())
+    while work:
+        ak, bk = work.pop()
+        a, b = after.by_key[ak], before.by_key[bk]
+        found = []
+        for va, vb in zip(a.inputs, b.inputs):
+            pa, pb = after.producer.get(va), before.producer.get(vb)
+            if pa and pb and pa[1] == pb[1] and pair(pb[0], pa[0]):
+                found.append((pa[0].key, pb[0].key))
+        for va, vb in zip(a.outputs, b.outputs):
+            ca = collections.defaultdict(list)
+            cb = collections.defaultdict(list)
+            for c, i in after.consumers.get(va, ()):
+                if c.key not in a2b:
+                    ca[(c.op, i)].append(c)
+            for c, i in before.consumers.get(vb, ()):
+                if c.key not in b2a:
+                    cb[(c.op, i)].append(c)
+            for slot, cs in ca.items():
+                others = cb.get(slot, [])
+                if len(cs) == 1 and len(others) == 1 and pair(others[0], cs[0]):
+                    found.append((cs[0].key, others[0].key))
+        work.extend(found)
+
+
+# --------------------------------------------------------------------------------------------
+# The face
+
+
+def mapping(before, after, *, method: str = "auto") -> dict:
+    """The mapping between two models (paths or ModelProtos): ``method`` "provenance", "alignment" or
+    "auto" (provenance where AFTER carries it)."""
+    b, a = Graph(load(before)), Graph(load(after))
+    if method == "provenance" or method == "auto" and has_provenance(a):
+        return from_provenance(b, a)
+    return align(b, a)
+
+
+def strip_provenance(model: onnx.ModelProto, names: bool = False) -> onnx.ModelProto:
+    """A copy without onnxopt's node metadata (and, with ``names``, without node names)."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    stack = [model.graph]
+    while stack:
+        g = stack.pop()
+        for n in g.node:
+            keep = [p for p in n.metadata_props if not p.key.startswith(OWN_PREFIX)]
+            del n.metadata_props[:]
+            n.metadata_props.extend(keep)
+            if names:
+                n.name = ""
+            for a in n.attribute:
+                stack.extend([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs))
+    return model
+
+
+def agreement(reference: dict, other: dict, before_keys: Iterable[str] | None = None) -> dict:
+    """How far ``other``'s mapping agrees with ``reference``'s: an AFTER node agrees when it stands
+    for the same BEFORE nodes in both, a BEFORE node when the same AFTER nodes stand for it."""
+    rp, op = reference["pairs"], other["pairs"]
+    a_ok = sum(1 for k, v in rp.items() if set(op.get(k, [])) == set(v))
+    inv = lambda p: {b: frozenset(a for a, bs in p.items() if b in bs) for bs in p.values() for b in bs}  # noqa: E731
+    ri, oi = inv(rp), inv(op)
+    keys = set(before_keys) if before_keys is not None else set(ri) | set(oi) | set(reference["removed"])
+    b_ok = sum(1 for k in keys if ri.get(k, frozenset()) == oi.get(k, frozenset()))
+    total = len(rp) + len(keys)
+    return {"after_nodes": len(rp), "after_agree": a_ok, "before_nodes": len(keys), "before_agree": b_ok,
+            "ratio": round((a_ok + b_ok) / total, 4) if total else 1.0}
+
+
+# --------------------------------------------------------------------------------------------
+# Summary and exports
+
+
+def summary(before, after, m: dict, verify_report: dict | None = None) -> dict:
+    b, a = (x if isinstance(x, Graph) else Graph(load(x)) for x in (before, after))
+    rules = collections.Counter(c["rule"] for c in m["created"] if c.get("rule"))
+    cb, ca = b.op_counts(), a.op_counts()
+    out = {"nodes_before": len(b.nodes), "nodes_after": len(a.nodes),
+           "op_types": {op: [cb.get(op, 0), ca.get(op, 0)] for op in sorted(set(cb) | set(ca))},
+           "rules": dict(rules.most_common()), "method": m["method"],
+           "counts": {k: len(m[k]) for k in ("created", "fused", "removed", "changed", "kept")}}
+    if verify_report:
+        out["verification"] = _verify_summary(verify_report)
+    return out
+
+
+def _verify_summary(report: dict) -> dict:
+    report = report.get("verification", report)  # (an optimize --json report holds one)
+    found = {}
+    for p, entry in (report.get("providers") or {}).items():
+        row = {"ok": entry.get("ok")}
+        for label in ("before", "after"):
+            k = (entry.get("kernels") or {}).get(label) or {}
+            total = k.get("kernels", k.get("total"))
+            if total is None:
+                nums = [v for key, v in k.items() if isinstance(v, (int, float)) and key != "session_init_s"]
+                total = nums[0] if nums else None
+            row[f"kernels_{label}"] = total
+            row[f"median_ms_{label}"] = ((entry.get("latency") or {}).get(label) or {}).get("median_ms")
+        row["latency_ratio"] = (entry.get("latency") or {}).get("ratio_median")
+        found[p] = row
+    return found
+
+
+def model_explorer_mapping(m: dict) -> dict:
+    """Model Explorer's sync-navigation mapping (see the module docstring): one entry per group of
+    AFTER nodes standing for the same BEFORE nodes; node ids are node names (unnamed ones left out)."""
+    groups: dict[tuple, list[str]] = {}
+    for a, bs in m["pairs"].items():
+        if bs and not a.startswith("#") and "#" not in a:
+            groups.setdefault(tuple(sorted(b for b in bs if "#" not in b)), []).append(a)
+    entries = [{"leftNodeIds": list(bs), "rightNodeIds": sorted(as_)} for bs, as_ in sorted(groups.items()) if bs]
+    return {"mappingEntries": entries, "disableMappingFallback": True, "showDiffHighlights": True}
+
+
+def validate_model_explorer_mapping(data: dict) -> list[str]:
+    """Problems with ``data`` as a SyncNavigationData mapping (sync_navigation.ts); [] when none."""
+    problems = []
+    allowed = {"mapping", "mappingEntries", "disableMappingFallback", "relatedNodesBorderColor",
+               "relatedNodesBorderWidth", "showDiffHighlights", "deletedNodesBorderColor", "deletedNodesBorderWidth",
+               "newNodesBorderColor", "newNodesBorderWidth"}
+    if not isinstance(data, dict):
+        return ["not an object"]
+    problems += [f"unknown field {k}" for k in data if k not in allowed]
+    if "mapping" in data and not (isinstance(data["mapping"], dict) and
+                                  all(isinstance(k, str) and isinstance(v, str) for k, v in data["mapping"].items())):
+        problems.append("mapping: not Record<string, string>")
+    seen_l, seen_r = set(), set()
+    for i, e in enumerate(data.get("mappingEntries", [])):
+        if not isinstance(e, dict) or set(e) != {"leftNodeIds", "rightNodeIds"}:
+            problems.append(f"mappingEntries[{i}]: not {{leftNodeIds, rightNodeIds}}")
+            continue
+        for side, seen in (("leftNodeIds", seen_l), ("rightNodeIds", seen_r)):
+            ids = e[side]
+            if not isinstance(ids, list) or not all(isinstance(x, str) for x in ids):
+                problems.append(f"mappingEntries[{i}].{side}: not string[]")
+                continue
+            if seen & set(ids):  # "a node id ... will only appear in one SyncNavigationMappingEntry"
+                problems.append(f"mappingEntries[{i}].{side}: ids in another entry: {sorted(seen & set(ids))[:3]}")
+            seen |= set(ids)
+    for k in ("disableMappingFallback", "showDiffHighlights"):
+        if k in data and not isinstance(data[k], bool):
+            problems.append(f"{k}: not boolean")
+    for k in ("relatedNodesBorderWidth", "deletedNodesBorderWidth", "newNodesBorderWidth"):
+        if k in data and not isinstance(data[k], (int, float)):
+            problems.append(f"{k}: not number")
+    return problems
+
+
+def html_page(before_path: str, after_path: str, m: dict, summ: dict) -> str:
+    """One self-contained page (no script, no network): summary, created nodes, the mapping, and how
+    to open each model in Netron."""
+    e = html.escape
+    rows = "".join(f"<tr><td>{e(op)}</td><td>{x}</td><td>{y}</td><td>{y - x:+d}</td></tr>"
+                   for op, (x, y) in summ["op_types"].items())
+    rules = "".join(f"<li>{e(r)}: {c} node(s)</li>" for r, c in summ["rules"].items()) or "<li>none recorded</li>"
+    created = "".join(
+        f"<tr id='n-{e(c['after'])}'><td>{e(c['after'])}</td><td>{e(c['rule'] or '(alignment)')}</td>"
+        f"<td>{e(', '.join(c['replaced']))}</td><td>{e(', '.join(m['pairs'].get(c['after'], [])))}</td></tr>"
+        for c in m["created"])
+    removed = e(", ".join(m["removed"])) or "none"
+    changed = e(", ".join(c["after"] if c["after"] == c["before"] else f"{c['before']} -> {c['after']}"
+                          for c in m["changed"])) or "none"
+    verify = ""
+    for p, r in (summ.get("verification") or {}).items():
+        verify += (f"<tr><td>{e(p)}</td><td>{r.get('kernels_before')}</td><td>{r.get('kernels_after')}</td>"
+                   f"<td>{r.get('median_ms_before')}</td><td>{r.get('median_ms_after')}</td>"
+                   f"<td>{r.get('latency_ratio')}</td></tr>")
+    if verify:
+        verify = ("<h2>Verification</h2><table><tr><th>provider</th><th>kernels before</th><th>kernels after</th>"
+                  f"<th>median ms before</th><th>median ms after</th><th>ratio</th></tr>{verify}</table>")
+    bp, ap = os.path.abspath(before_path), os.path.abspath(after_path)
+    counts = summ["counts"]
+    return f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>onnxopt diff: {e(Path(before_path).name)} -> {e(Path(after_path).name)}</title>
+<style>body{{font-family:sans-serif;margin:1.5em}}table{{border-collapse:collapse;margin:.5em 0}}
+td,th{{border:1px solid #ccc;padding:2px 6px;font-size:13px;text-align:left}}code{{background:#eee;padding:1px 4px}}
+tr:target{{background:#ffd}}</style></head><body>
+<h1>onnxopt diff</h1>
+<p>BEFORE <code>{e(bp)}</code> ({summ['nodes_before']} nodes) &rarr; AFTER <code>{e(ap)}</code>
+({summ['nodes_after']} nodes). Mapping from {e(m['method'])}: {counts['created']} created ({counts['fused']} fused
+many&rarr;one), {counts['removed']} removed, {counts['changed']} changed, {counts['kept']} kept.</p>
+<h2>Open in Netron</h2>
+<p>Netron serves one model per process: start one for each, then open the links.</p>
+<pre>pip install netron   # or: pip install "onnxopt[diff]"
+netron --port 8081 {e(shlex.quote(bp))} &amp;
+netron --port 8082 {e(shlex.quote(ap))} &amp;</pre>
+<p><a href="http://localhost:8081/">BEFORE in Netron (port 8081)</a> &middot;
+<a href="http://localhost:8082/">AFTER in Netron (port 8082)</a> &middot; the side-by-side live view:
+<code>python -m onnxopt diff {e(shlex.quote(bp))} {e(shlex.quote(ap))}</code></p>
+<h2>Summary</h2><h3>Rules fired</h3><ul>{rules}</ul>{verify}
+<h3>Op types</h3><table><tr><th>op</th><th>before</th><th>after</th><th>change</th></tr>{rows}</table>
+<h2>Created nodes</h2><table><tr><th>AFTER node</th><th>rule</th><th>replaced (as recorded)</th>
+<th>BEFORE nodes it stands for</th></tr>{created}</table>
+<h2>Removed nodes</h2><p>{removed}</p><h2>Changed nodes</h2><p>{changed}</p>
+<h2>Mapping (JSON)</h2><pre id="mapping">{e(json.dumps(m, indent=1))}</pre>
+</body></html>
+"""
+
+
+def live_mapping(m: dict, summ: dict) -> dict:
+    """The mapping with the summary as onnxopt.diff_live's page reads it (its module docstring)."""
+    out = dict(m)
+    # the page marks BEFORE nodes by the names in "replaced": those it stands for in BEFORE (what a rule
+    # recorded may name nodes earlier rewrites made, which BEFORE does not hold), the record beside them
+    out["created"] = [{**c, "replaced": m["pairs"].get(c["after"], []), "recorded": c["replaced"]}
+                      for c in m["created"]]
+    ops = summ["op_types"]
+    live = {"ops_before": {k: v[0] for k, v in ops.items() if v[0]},
+            "ops_after": {k: v[1] for k, v in ops.items() if v[1]}, "rules": summ["rules"]}
+    verification = summ.get("verification") or {}
+    if verification:
+        p = "cpu" if "cpu" in verification else next(iter(verification))
+        r = verification[p]
+        live["verify"] = {"provider": p, "kernels_before": r.get("kernels_before"),
+                          "kernels_after": r.get("kernels_after"), "latency_ms_before": r.get("median_ms_before"),
+                          "latency_ms_after": r.get("median_ms_after")}
+    out["summary"] = live
+    return out
+
+
+def run(before, after, *, html_out: str | None = None, json_out: str | None = None,
+        me_out: str | None = None, verify_report: str | dict | None = None,
+        names: tuple[str, str] | None = None) -> tuple[dict, dict]:
+    """Compute the mapping and summary; write what is asked. Returns (mapping, summary).
+    ``before``/``after``: paths or ModelProtos (``names``: what the page calls them)."""
+    if names is None:
+        names = tuple(os.fspath(x) if isinstance(x, (str, os.PathLike)) else label
+                      for x, label in ((before, "BEFORE"), (after, "AFTER")))
+    b, a = Graph(load(before)), Graph(load(after))
+    m = from_provenance(b, a) if has_provenance(a) else align(b, a)
+    report = verify_report
+    if isinstance(report, (str, os.PathLike)):
+        with open(report) as f:
+            try:
+                report = json.load(f)
+            except ValueError as exc:
+                raise UsageError(f"--verify-report {os.fspath(verify_report)}: not a JSON report ({exc})") from None
+        if not isinstance(report, dict):
+            raise UsageError(f"--verify-report {os.fspath(verify_report)}: not a verify report (an object)")
+    summ = summary(b, a, m, report)
+    if json_out:
+        Path(json_out).write_text(json.dumps({"before": names[0], "after": names[1], "summary": summ,
+                                              "mapping": m}, indent=1) + "\n")
+    if me_out:
+        Path(me_out).write_text(json.dumps(model_explorer_mapping(m), indent=1) + "\n")
+    if html_out:
+        Path(html_out).write_text(html_page(names[0], names[1], m, summ))
+    return m, summ

@@ -1,0 +1,282 @@
+"""onnxopt.diff: the BEFORE/AFTER mapping (provenance and alignment), its agreement on zoo models,
+the Model Explorer mapping, the static page, ``python -m onnxopt diff`` and ``optimize(diff=)``."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxopt import cli, diff, optimize
+from onnxopt.irutil import MERGED_KEY, REPLACED_KEY, RULE_KEY
+from onnxopt.models import zoo
+
+
+def _conv_bn_model() -> onnx.ModelProto:
+    """x -> Conv -> BatchNormalization -> Relu -> Identity -> Conv -> BatchNormalization -> y, and a
+    second Relu twin (CSE merges it)."""
+    rng = np.random.default_rng(0)
+    inits = []
+
+    def const(name, shape):
+        inits.append(numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name))
+        return name
+
+    def bn(i, x, y):
+        return helper.make_node("BatchNormalization", [x, const(f"scale{i}", [4]), const(f"bias{i}", [4]),
+                                                       const(f"mean{i}", [4]), f"var{i}"], [y], name=f"bn{i}")
+    nodes = [helper.make_node("Conv", ["x", const("w0", [4, 3, 3, 3])], ["c0"], name="conv0", pads=[1, 1, 1, 1]),
+             bn(0, "c0", "n0"),
+             helper.make_node("Relu", ["n0"], ["r0"], name="relu0"),
+             helper.make_node("Relu", ["n0"], ["r0b"], name="relu0_twin"),
+             helper.make_node("Add", ["r0", "r0b"], ["s0"], name="add0"),
+             helper.make_node("Identity", ["s0"], ["i0"], name="ident0"),
+             helper.make_node("Conv", ["i0", const("w1", [4, 4, 3, 3])], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             bn(1, "c1", "y")]
+    inits += [numpy_helper.from_array(np.abs(rng.standard_normal(4)).astype(np.float32) + 1, f"var{i}")
+              for i in (0, 1)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("small")
+    before = folder / "before.onnx"
+    onnx.save(_conv_bn_model(), before)
+    after = folder / "after.onnx"
+    optimize(str(before), output=str(after))
+    return before, after
+
+
+def test_provenance_mapping(small):
+    before, after = small
+    m = diff.mapping(before, after)
+    assert m["method"] == "provenance"
+    by_after = {c["after"]: c for c in m["created"]}
+    fused = {tuple(sorted(m["pairs"][a])) for a in m["fused"]}
+    assert ("bn0", "conv0") in fused and ("bn1", "conv1") in fused
+    assert all(by_after[a]["rule"] for a in m["fused"])
+    assert "ident0" in m["removed"]  # eliminated: nothing stands for it
+    assert m["pairs"]["relu0"] == ["relu0", "relu0_twin"]  # CSE kept relu0 and merged its twin into it
+    assert "relu0" in m["kept"] and "add0" in m["kept"]
+    # every node is accounted for once: AFTER nodes by their status, BEFORE nodes mapped or removed
+    a_keys = [c["after"] for c in m["created"]] + [c["after"] for c in m["changed"]] + m["kept"]
+    assert sorted(a_keys) == sorted(m["pairs"])
+    mapped = {b for bs in m["pairs"].values() for b in bs}
+    assert mapped.isdisjoint(m["removed"])
+    assert mapped | set(m["removed"]) == {n.name for n in onnx.load(before).graph.node}
+
+
+def test_provenance_on_every_node_a_rule_or_pass_made(small):
+    """Netron shows a node's metadata_props in its properties (onnx.js, onnx.Node: ``this.metadata``);
+    every node onnxopt made carries the rule and what it replaced, a node CSE kept what it merged."""
+    before, after = small
+    names = {n.name for n in onnx.load(before).graph.node}
+    for node in onnx.load(after).graph.node:
+        props = {p.key: p.value for p in node.metadata_props}
+        if node.name not in names:
+            assert props.get(RULE_KEY) and json.loads(props[REPLACED_KEY]), node.name
+        if node.name == "relu0":
+            assert json.loads(props[MERGED_KEY]) == ["relu0_twin"]
+
+
+def test_netron_shows_node_metadata():
+    netron = pytest.importorskip("netron", reason="netron is not installed (pip install \"onnxopt[diff]\")")
+    from pathlib import Path
+
+    source = (Path(netron.__file__).parent / "onnx.js").read_text()
+    body = source[source.index("onnx.Node = class"):][:3000]
+    assert "metadata_props" in body and "this.metadata.push" in body
+
+
+def test_alignment_without_provenance(small):
+    before, after = small
+    stripped = diff.strip_provenance(onnx.load(after))
+    ref = diff.mapping(before, after)
+    for names in (True, False):
+        b = diff.Graph(onnx.load(before))
+        a = diff.Graph(diff.strip_provenance(onnx.load(after), names=not names))
+        al = diff.align(b, a, use_names=names)
+        assert al["method"] == "alignment"
+        if names:
+            assert diff.agreement(ref, al, [n.key for n in b.nodes])["ratio"] == 1.0
+        else:  # structure alone: the two folds are still told apart
+            assert sorted(sorted(al["pairs"][k]) for k in al["fused"]) == [["bn0", "conv0"], ["bn1", "conv1"]]
+    assert diff.mapping(before, stripped)["method"] == "alignment"
+
+
+ZOO = ["ppocr-mobile-cls", "mobilenet_v2-dynamo", "resnet50-dynamo"]
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_alignment_agrees_with_provenance_on_zoo(name, tmp_path):
+    spec = zoo.get(name)
+    if not spec.path().exists():
+        pytest.skip(f"{name} is not in the zoo cache (python -m onnxopt.models build --only {name})")
+    out = tmp_path / "opt.onnx"
+    optimize(str(spec.path()), output=str(out))
+    b = diff.Graph(onnx.load(spec.path()))
+    after = onnx.load(out)
+    named = {n.key for n in b.nodes}
+    for node in after.graph.node:  # every node onnxopt made says so (Netron shows it)
+        assert node.name in named or any(p.key == RULE_KEY for p in node.metadata_props), node.name
+    ref = diff.from_provenance(b, diff.Graph(after))
+    al = diff.align(b, diff.Graph(diff.strip_provenance(after)))
+    got = diff.agreement(ref, al, [n.key for n in b.nodes])
+    assert got["ratio"] >= 0.95, got
+
+
+def test_model_explorer_mapping(small, tmp_path):
+    """Model Explorer's reader of a node mapping is TypeScript (its UI): the JSON is checked against
+    the interface its source declares (SyncNavigationData, sync_navigation.ts), and its ids against
+    the ids model-explorer-onnx gives nodes (their names)."""
+    before, after = small
+    me = tmp_path / "me.json"
+    diff.run(before, after, me_out=str(me))
+    data = json.loads(me.read_text())
+    assert diff.validate_model_explorer_mapping(data) == []
+    assert data["mappingEntries"]
+    left = {n.name for n in onnx.load(before).graph.node}
+    right = {n.name for n in onnx.load(after).graph.node}
+    for e in data["mappingEntries"]:
+        assert set(e["leftNodeIds"]) <= left and set(e["rightNodeIds"]) <= right
+    assert {"leftNodeIds": ["bn0", "conv0"], "rightNodeIds": [n for n in right if "bn0" in n]} in data["mappingEntries"]
+    # the validator catches what the interface forbids
+    assert diff.validate_model_explorer_mapping({"mappingEntries": [{"leftNodeIds": "a", "rightNodeIds": []}]})
+    assert diff.validate_model_explorer_mapping({"mappingEntries": [{"leftNodeIds": ["a"], "rightNodeIds": []},
+                                                                     {"leftNodeIds": ["a"], "rightNodeIds": []}]})
+    assert diff.validate_model_explorer_mapping({"nodes": {}})
+
+
+def test_static_page_is_self_contained(small, tmp_path):
+    before, after = small
+    page = tmp_path / "diff.html"
+    report = {"providers": {"cpu": {"ok": True, "kernels": {"before": {"kernels": 9}, "after": {"kernels": 5}},
+                                    "latency": {"before": {"median_ms": 2.0}, "after": {"median_ms": 1.0},
+                                                "ratio_median": 0.5}}}}
+    m, summ = diff.run(before, after, html_out=str(page), verify_report=report)
+    text = page.read_text()
+    assert "<script" not in text and not re.search(r"""(src|href)=["']?https?://(?!localhost)""", text)
+    assert "<link" not in text  # (styles inline)
+    for c in m["created"]:
+        assert c["after"] in text and (c["rule"] or "(alignment)") in text
+    assert "netron --port 8081" in text and "conv_bn_fold" in text
+    assert summ["verification"]["cpu"]["kernels_after"] == 5 and ">0.5<" in text
+    live = diff.live_mapping(m, summ)
+    assert live["summary"]["verify"]["kernels_before"] == 9 and live["summary"]["ops_before"]["BatchNormalization"] == 2
+
+
+def test_cli_diff(small, tmp_path, capsys):
+    before, after = small
+    page, mapping, me = tmp_path / "p.html", tmp_path / "m.json", tmp_path / "me.json"
+    rc = cli.main(["diff", str(before), str(after), "--html", str(page), "--json", str(mapping),
+                   "--model-explorer", str(me)])
+    out = capsys.readouterr().out
+    assert rc == 0 and page.exists() and me.exists()
+    assert "created" in out and "static page" in out
+    data = json.loads(mapping.read_text())
+    assert data["mapping"]["method"] == "provenance" and data["summary"]["rules"]
+    assert cli.main(["diff", str(before), str(tmp_path / "missing.onnx")]) == 2
+    assert "no such model file" in capsys.readouterr().err
+
+
+def test_cli_diff_without_the_live_view(small, tmp_path, capsys, monkeypatch):
+    """Without onnxopt.diff_live (or Netron) the static page is written and the way to the live view said."""
+    before, after = small
+    import onnxopt
+
+    monkeypatch.setitem(sys.modules, "onnxopt.diff_live", None)  # import fails
+    monkeypatch.delattr(onnxopt, "diff_live", raising=False)  # (even after another test imported it)
+    rc = cli.main(["diff", str(before), str(after), "--no-browser"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert (after.parent / "after.diff.html").exists()
+    assert 'pip install "onnxopt[diff]"' in out
+
+
+def test_optimize_diff(tmp_path):
+    before = tmp_path / "m.onnx"
+    onnx.save(_conv_bn_model(), before)
+    page = tmp_path / "diff.html"
+    out = optimize(str(before), output=str(tmp_path / "o.onnx"), diff=str(page))
+    assert out == str(tmp_path / "o.onnx") and "conv_bn_fold" in page.read_text()
+    proto, report = optimize(_conv_bn_model(), diff=str(tmp_path / "p.html"), return_report=True)
+    assert isinstance(proto, onnx.ModelProto) and report.rewrites and (tmp_path / "p.html").exists()
+
+
+def test_alignment_of_a_peers_output(small):
+    """A model another tool optimized (no provenance): onnxslim folds the BatchNormalizations into the
+    Convs under its own names; the alignment finds both folds, the CSE merge and the Identity removed."""
+    onnxslim = pytest.importorskip("onnxslim", reason="onnxslim is not installed (the bench extra)")
+    before, _ = small
+    slim = onnxslim.slim(onnx.load(before))
+    m = diff.mapping(before, slim)
+    assert m["method"] == "alignment"
+    assert sorted(sorted(m["pairs"][k]) for k in m["fused"]) == [["bn0", "conv0"], ["bn1", "conv1"]]
+    assert m["pairs"]["relu0"] == ["relu0", "relu0_twin"] and m["removed"] == ["ident0"]
+
+
+def test_unnamed_nodes(tmp_path):
+    """Nodes without a name are keyed by position (``#<index>``) and matched by structure."""
+    model = _conv_bn_model()
+    for node in model.graph.node:
+        if node.name in ("add0", "ident0"):
+            node.name = ""
+    before = tmp_path / "b.onnx"
+    onnx.save(model, before)
+    after = tmp_path / "a.onnx"
+    optimize(str(before), output=str(after))
+    m = diff.mapping(before, after)
+    assert m["method"] == "provenance"
+    assert "relu0" in m["kept"] and m["pairs"]["relu0"] == ["relu0", "relu0_twin"]
+    add = [n for n in onnx.load(after).graph.node if n.op_type == "Add"][0]
+    key = add.name or next(k for k in m["pairs"] if k.startswith("#"))
+    assert m["pairs"][key] == ["#4"] and "#5" in m["removed"]  # (the Add was node 4, the Identity 5)
+    assert diff.validate_model_explorer_mapping(diff.model_explorer_mapping(m)) == []
+
+
+def test_model_explorer_web_app_reads_these_fields():
+    """Where ai-edge-model-explorer is installed, the web app it ships reads the fields we write
+    (checked on 0.1.34: no Python reader of a node mapping exists, the reader is the bundled app)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("model_explorer")  # (found, not imported: it pulls a web server)
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("ai-edge-model-explorer is not installed")
+    folder = Path(next(iter(spec.submodule_search_locations))) / "web_app"
+    bundle = "".join(p.read_text(errors="replace") for p in folder.glob("main-*.js"))
+    data = diff.model_explorer_mapping({"pairs": {"b": ["a"]}})
+    for field in [*data, "leftNodeIds", "rightNodeIds"]:
+        assert field in bundle, field
+
+
+def test_subgraphs_and_live_mapping(tmp_path):
+    """Nodes inside an If's branches are mapped too; the live view's "replaced" are BEFORE names."""
+    then = helper.make_graph([helper.make_node("Identity", ["a"], ["t"], name="inner"),
+                              helper.make_node("Relu", ["t"], ["r"], name="relu")], "then", [],
+                             [helper.make_tensor_value_info("r", TensorProto.FLOAT, [2])])
+    other = helper.make_graph([helper.make_node("Neg", ["a"], ["n"], name="neg")], "else", [],
+                              [helper.make_tensor_value_info("n", TensorProto.FLOAT, [2])])
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["a"], name="outer"),
+         helper.make_node("If", ["c"], ["y"], name="if", then_branch=then, else_branch=other)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+         helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    before, after = tmp_path / "b.onnx", tmp_path / "a.onnx"
+    onnx.save(model, before)
+    optimize(str(before), output=str(after))
+    m, summ = diff.run(before, after)
+    assert {"outer", "inner"} <= set(m["removed"]) and {"relu", "neg", "if"} <= set(m["kept"])
+    live = diff.live_mapping(m, summ)
+    for c in live["created"]:
+        assert set(c["replaced"]) <= {n.key for n in diff.Graph(onnx.load(before)).nodes}
