@@ -241,3 +241,19 @@ def test_run_stops(tmp_path):
     port = int(lines[0].split(":")[3].split("/")[0])
     with socket.socket() as s:  # the port is free again: the server stopped
         s.bind(("127.0.0.1", port))
+
+
+def test_provenance_shows_in_netron_node_properties(page):
+    """Netron (9.x) lists an ONNX node's metadata_props under "Metadata" in its node properties: the rule
+    and the replaced nodes show there for every created node (the key is a label element's value, not
+    text: hence innerHTML)."""
+    driver, mapping, _ = page
+    for created in mapping["created"]:
+        text = _frame_eval(driver, "after", f"""
+            const t = w.__view__.target;
+            let value = null;
+            for (const [k, o] of t._table.entries()) if (o && o.id === {json.dumps('node-name-' + created['after'])}) value = k;
+            w.__view__.showNodeProperties(value);
+            const h = doc.getElementById('sidebar').innerHTML; return h.slice(h.indexOf('Metadata'));""")
+        assert "onnxopt.rule" in text and created["rule"] in text, text[:500]
+        assert "onnxopt.replaced" in text and all(r in text for r in created["replaced"]), text[:500]
