@@ -134,6 +134,9 @@ function applyMarks(side) {
     }
     state.applied[side] = applied;
     state.missing[side] = missing;
+    const gone = state.missing.before.length + state.missing.after.length;
+    document.getElementById('notdrawn').textContent = gone === 0 ? '' :
+        `${gone} marked node(s) not drawn by Netron (it shows Constant nodes as their consumers' inputs; unnamed nodes have no name to find)`;
 }
 
 // Select the named nodes in one Netron view and scroll them into view (Netron's own select/scrollTo).
