@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import socket
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -100,6 +103,8 @@ def page(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("difflive")
     before, after = _small(tmp)
     mapping = stand_in_mapping(before, after)
+    # Nothing in this model is changed in place; one entry checks how the page marks a changed node.
+    mapping["changed"] = [{"before": "relu0", "after": "relu0"}]
     server = diff_live.serve(before, after, mapping)
     options = webdriver.ChromeOptions()
     options.binary_location = _chromium()
@@ -164,6 +169,7 @@ def test_marks_are_the_mapping(page):
     expect_after = {c["after"]: ("fused" if len(c["replaced"]) > 1 else "created") for c in mapping["created"]}
     expect_before = {r: "fused" for c in mapping["created"] for r in c["replaced"]}
     expect_before.update({r: "removed" for r in mapping["removed"]})
+    expect_after["relu0"] = expect_before["relu0"] = "changed"
     assert marked["after"] == expect_after
     assert marked["before"] == expect_before
     # The table lists each created node with its rule and replaced nodes.
@@ -257,3 +263,24 @@ def test_provenance_shows_in_netron_node_properties(page):
             const h = doc.getElementById('sidebar').innerHTML; return h.slice(h.indexOf('Metadata'));""")
         assert "onnxopt.rule" in text and created["rule"] in text, text[:500]
         assert "onnxopt.replaced" in text and all(r in text for r in created["replaced"]), text[:500]
+
+
+def test_ctrl_c_stops_the_server(tmp_path):
+    if diff_live.netron_dir() is None:
+        pytest.skip("netron is not installed (pip install 'onnxopt[diff]')")
+    before, after = _small(tmp_path)
+    code = ("import sys; from onnxopt import diff_live; "
+            f"sys.exit(diff_live.run({str(before)!r}, {str(after)!r}, {{}}, open_browser=False, "
+            "echo=lambda s: print(s, flush=True)))")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("onnxopt diff: http://127.0.0.1:"), line
+        port = int(line.split(":")[3].split("/")[0])
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
