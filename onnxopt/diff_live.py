@@ -1,0 +1,235 @@
+"""The live diff: one local HTTP server, one origin, with both models side by side in Netron.
+
+``python -m onnxopt diff BEFORE AFTER`` (without ``--html``) calls :func:`run`. The server serves
+
+- ``/``                      the diff page (``onnxopt/data/diff/live.html``, ``live.js``, ``live.css``);
+- ``/mapping.json``          the mapping below, with a ``summary`` filled in where the caller gave none;
+- ``/models/before.onnx``    and ``/models/after.onnx``: the two model files, as they are on disk;
+- ``/netron/...``            Netron's own web app, the static files of the installed ``netron`` package
+                             (``pip install "onnxopt[diff]"``); its ``index.html`` is served with the
+                             telemetry off (version ``0.0.0``), no build date (Netron refuses to run
+                             180 days after its build) and a ``consent`` cookie (no cookie prompt, no
+                             request to ipinfo.io: the page works offline).
+
+The page puts two iframes (``/netron/index.html?url=/models/before.onnx`` and the same for after) side by
+side. Same origin, so the page reaches into each iframe's ``window.__view__`` (Netron's ``View``): it
+marks nodes by adding a class to Netron's SVG node group (``id="node-name-<name>"``) and brings a node
+into view with the view's own ``select`` and ``scrollTo`` (what Netron's find sidebar does).
+
+The mapping (what ``onnxopt.diff`` fills; every name is an ONNX ``NodeProto.name``)::
+
+    {
+      "created": [{"after": "fused_conv_3", "rule": "conv_bn", "replaced": ["conv_3", "bn_3"]}, ...],
+      "removed": ["Identity_7", ...],            # BEFORE nodes with no counterpart in AFTER
+      "changed": [{"before": "n", "after": "n"}, ...],   # same node, other attributes/inputs
+      "pairs":   {"after_name": ["before_name", ...], ...},  # optional: every AFTER node's origin
+      "summary": {                               # optional: computed from the two models when absent
+        "ops_before": {"Conv": 53, ...}, "ops_after": {...},
+        "rules": {"conv_bn": 53, ...},           # rules fired (counted from "created" when absent)
+        "verify": {"kernels_before": 120, "kernels_after": 70,
+                   "latency_ms_before": 4.1, "latency_ms_after": 3.2}   # from --verify-report
+      }
+    }
+
+Marks: in AFTER a created node is ``created``, or ``fused`` when it replaced two nodes or more; a changed
+node ``changed``. In BEFORE a removed node is ``removed``, a node a created node replaced ``replaced``
+(``fused`` when that node fused many into one), a changed node ``changed``. A created node that replaced
+nothing (an inserted node) is ``created``.
+
+The server binds 127.0.0.1 only. Without ``port`` it takes the first free port from 8090 upward; with
+``port`` a port in use is a one-line :class:`~onnxopt.errors.UsageError`. :func:`run` blocks until
+Ctrl-C (or ``duration`` seconds) and stops the server on the way out; :func:`serve` returns a running
+:class:`DiffServer` for tests and ``with`` blocks.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import errno
+import json
+import mimetypes
+import os
+import re
+import threading
+import time
+import webbrowser
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from .errors import UsageError
+
+DEFAULT_PORT = 8090
+PORT_TRIES = 50
+ASSETS = Path(__file__).parent / "data" / "diff"
+INSTALL_HINT = 'the live view needs Netron: pip install "onnxopt[diff]" (or pip install netron)'
+
+
+def netron_dir() -> Path | None:
+    """The folder of the installed netron package's web app, or None when netron is absent."""
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("netron")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(list(spec.submodule_search_locations)[0])
+    return folder if (folder / "index.html").is_file() and (folder / "view.js").is_file() else None
+
+
+def _op_counts(path: str | os.PathLike) -> dict[str, int]:
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return dict(collections.Counter(n.op_type for n in model.graph.node).most_common())
+
+
+def complete_mapping(before, after, mapping: dict) -> dict:
+    """The mapping with every key present and a summary (op-type counts, rules fired) filled in."""
+    out = copy.deepcopy(mapping or {})
+    for key in ("created", "removed", "changed"):
+        out.setdefault(key, [])
+    out.setdefault("pairs", {})
+    summary = out.setdefault("summary", {})
+    if "ops_before" not in summary:
+        summary["ops_before"] = _op_counts(before)
+    if "ops_after" not in summary:
+        summary["ops_after"] = _op_counts(after)
+    if "rules" not in summary:
+        summary["rules"] = dict(collections.Counter(c.get("rule") or "?" for c in out["created"]).most_common())
+    out["files"] = {"before": os.path.basename(str(before)), "after": os.path.basename(str(after))}
+    return out
+
+
+def _netron_index(folder: Path) -> bytes:
+    text = (folder / "index.html").read_text(encoding="utf-8")
+    # Telemetry off (Netron reports only when its version is not 0.0.0), and no build date:
+    # Netron blocks itself with "Please update" 180 days after it.
+    text = re.sub(r'<meta name="version" content="[^"]*">', '<meta name="version" content="0.0.0">', text)
+    text = re.sub(r'<meta name="date" content="[^"]*">\s*', "", text)
+    return text.encode("utf-8")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: "_Server"
+
+    def log_message(self, format, *args):  # noqa: A002 - quiet: the command prints its own line
+        pass
+
+    def do_GET(self):  # noqa: N802
+        path = unquote(urlsplit(self.path).path)
+        srv = self.server
+        if path in ("/", "/index.html"):
+            return self._send((ASSETS / "live.html").read_bytes(), "text/html; charset=utf-8")
+        if path in ("/live.js", "/live.css"):
+            kind = "text/javascript" if path.endswith(".js") else "text/css"
+            return self._send((ASSETS / path[1:]).read_bytes(), kind + "; charset=utf-8")
+        if path == "/mapping.json":
+            return self._send(json.dumps(srv.mapping).encode("utf-8"), "application/json")
+        if path in ("/models/before.onnx", "/models/after.onnx"):
+            return self._send(Path(srv.models[path[8:-5]]).read_bytes(), "application/octet-stream")
+        if path.startswith("/netron/") and srv.netron is not None:
+            name = path[len("/netron/"):] or "index.html"
+            if "/" in name or name.startswith("."):
+                return self._send(b"not found", "text/plain", 404)
+            if name == "index.html":
+                return self._send(srv.netron_index, "text/html; charset=utf-8")
+            file = srv.netron / name
+            if file.is_file():
+                kind = mimetypes.guess_type(name)[0] or "application/octet-stream"
+                if name.endswith(".js"):
+                    kind = "text/javascript"
+                return self._send(file.read_bytes(), kind)
+        return self._send(b"not found", "text/plain", 404)
+
+    def _send(self, body: bytes, kind: str, status: int = 200):
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        # Netron asks for consent (and looks the country up on ipinfo.io) unless this cookie is set.
+        self.send_header("Set-Cookie", f"consent={int(time.time() * 1000)}; Path=/; SameSite=Strict")
+        self.end_headers()
+        self.wfile.write(body)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = False
+
+
+class DiffServer:
+    """A running diff server; ``close()`` (or leaving a ``with`` block) stops it."""
+
+    def __init__(self, httpd: _Server):
+        self._httpd = httpd
+        self.port = httpd.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self._thread = threading.Thread(target=httpd.serve_forever, name="onnxopt-diff", daemon=True)
+        self._thread.start()
+
+    def close(self):
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+            self._thread.join(5)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _bind(port: int | None) -> _Server:
+    if port is not None:
+        try:
+            return _Server(("127.0.0.1", int(port)), _Handler)
+        except OSError as exc:
+            reason = "in use" if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc)
+            raise UsageError(f"port {port} is not available ({reason}): pick another --port or leave it out") from None
+    last = None
+    for candidate in range(DEFAULT_PORT, DEFAULT_PORT + PORT_TRIES):
+        try:
+            return _Server(("127.0.0.1", candidate), _Handler)
+        except OSError as exc:
+            last = exc
+    raise UsageError(f"no free port in {DEFAULT_PORT}-{DEFAULT_PORT + PORT_TRIES - 1} ({last}): give one with --port")
+
+
+def serve(before, after, mapping: dict, *, port: int | None = None) -> DiffServer:
+    """Start the server in a background thread and return it (the caller closes it)."""
+    folder = netron_dir()
+    if folder is None:
+        raise UsageError(INSTALL_HINT)
+    for p in (before, after):
+        if not Path(p).is_file():
+            raise UsageError(f"{p}: no such model file")
+    httpd = _bind(port)
+    httpd.netron = folder
+    httpd.netron_index = _netron_index(folder)
+    httpd.models = {"before": str(before), "after": str(after)}
+    httpd.mapping = complete_mapping(before, after, mapping)
+    return DiffServer(httpd)
+
+
+def run(before, after, mapping: dict, *, port: int | None = None, open_browser: bool = True,
+        duration: float | None = None, echo=print) -> int:
+    """Serve the diff until Ctrl-C (or ``duration`` seconds), opening a browser unless told not to."""
+    server = serve(before, after, mapping, port=port)
+    try:
+        echo(f"onnxopt diff: {server.url}  (Ctrl-C stops the server)")
+        if open_browser:
+            webbrowser.open(server.url)
+        deadline = None if duration is None else time.monotonic() + duration
+        while deadline is None or time.monotonic() < deadline:
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+    return 0
