@@ -4,14 +4,16 @@
 
 - ``/``                      the diff page (``onnxopt/data/diff/live.html``, ``live.js``, ``live.css``);
 - ``/mapping.json``          the mapping below, with a ``summary`` filled in where the caller gave none;
-- ``/models/before.onnx``    and ``/models/after.onnx``: the two model files, as they are on disk;
+- ``/models/before/<file>``  and ``/models/after/<file>``: the two model files, as they are on disk, and
+                             the external data files each names (``onnxopt.io.files_read``), at their
+                             relative locations, so Netron shows weights held outside the model file;
 - ``/netron/...``            Netron's own web app, the static files of the installed ``netron`` package
                              (``pip install "onnxopt[diff]"``); its ``index.html`` is served with the
                              telemetry off (version ``0.0.0``), no build date (Netron refuses to run
                              180 days after its build) and a ``consent`` cookie (no cookie prompt, no
                              request to ipinfo.io: the page works offline).
 
-The page puts two iframes (``/netron/index.html?url=/models/before.onnx`` and the same for after) side by
+The page puts two iframes (``/netron/index.html?url=/models/before/<file>`` and the same for after) side by
 side. Same origin, so the page reaches into each iframe's ``window.__view__`` (Netron's ``View``): it
 marks nodes by adding a class to Netron's SVG node group (``id="node-name-<name>"``) and brings a node
 into view with the view's own ``select`` and ``scrollTo`` (what Netron's find sidebar does).
@@ -51,12 +53,13 @@ import json
 import mimetypes
 import os
 import re
+import shutil
 import threading
 import time
 import webbrowser
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from .errors import UsageError
 
@@ -123,14 +126,20 @@ class _Handler(BaseHTTPRequestHandler):
         path = unquote(urlsplit(self.path).path)
         srv = self.server
         if path in ("/", "/index.html"):
-            return self._send((ASSETS / "live.html").read_bytes(), "text/html; charset=utf-8")
+            page = (ASSETS / "live.html").read_text(encoding="utf-8")
+            for side, files in srv.models.items():
+                page = page.replace(f"__{side.upper()}_FILE__", quote(files[0][0]))
+            return self._send(page.encode("utf-8"), "text/html; charset=utf-8")
         if path in ("/live.js", "/live.css"):
             kind = "text/javascript" if path.endswith(".js") else "text/css"
             return self._send((ASSETS / path[1:]).read_bytes(), kind + "; charset=utf-8")
         if path == "/mapping.json":
             return self._send(json.dumps(srv.mapping).encode("utf-8"), "application/json")
-        if path in ("/models/before.onnx", "/models/after.onnx"):
-            return self._send(Path(srv.models[path[8:-5]]).read_bytes(), "application/octet-stream")
+        side, _, name = path[len("/models/"):].partition("/")
+        if path.startswith("/models/") and side in srv.models:
+            file = dict(srv.models[side]).get(name)
+            if file is not None:
+                return self._send_file(file)
         if path.startswith("/netron/") and srv.netron is not None:
             name = path[len("/netron/"):] or "index.html"
             if "/" in name or name.startswith("."):
@@ -145,20 +154,35 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(file.read_bytes(), kind)
         return self._send(b"not found", "text/plain", 404)
 
-    def _send(self, body: bytes, kind: str, status: int = 200):
+    def _head(self, kind: str, length: int, status: int = 200):
         self.send_response(status)
         self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Length", str(length))
         self.send_header("Cache-Control", "no-store")
         # Netron asks for consent (and looks the country up on ipinfo.io) unless this cookie is set.
         self.send_header("Set-Cookie", f"consent={int(time.time() * 1000)}; Path=/; SameSite=Strict")
         self.end_headers()
+
+    def _send(self, body: bytes, kind: str, status: int = 200):
+        self._head(kind, len(body), status)
         self.wfile.write(body)
+
+    def _send_file(self, path: Path):
+        """A model or weights file, streamed (a model of several GB is not read into memory)."""
+        try:
+            f = open(path, "rb")
+        except OSError:
+            return self._send(b"not found", "text/plain", 404)
+        with f:
+            self._head("application/octet-stream", os.fstat(f.fileno()).st_size)
+            shutil.copyfileobj(f, self.wfile, 1 << 20)
 
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
-    allow_reuse_address = False
+    # A restart on the same port works while the last run's connections linger in TIME_WAIT; on Linux and
+    # macOS this never lets two servers listen on one port (on Windows it would: there, left off).
+    allow_reuse_address = os.name != "nt"
 
 
 class DiffServer:
@@ -201,6 +225,16 @@ def _bind(port: int | None) -> _Server:
     raise UsageError(f"no free port in {DEFAULT_PORT}-{DEFAULT_PORT + PORT_TRIES - 1} ({last}): give one with --port")
 
 
+def _served(model) -> list[tuple[str, Path]]:
+    """``(name in the URL, file)`` for a model file (first) and each external data file it names:
+    names relative to the model's folder, as the model's ``location`` entries give them."""
+    from .io import files_read
+
+    model = Path(model)
+    files = files_read(model)
+    return [(model.name, model)] + [(f.relative_to(model.parent).as_posix(), f) for f in files[1:]]
+
+
 def serve(before, after, mapping: dict, *, port: int | None = None) -> DiffServer:
     """Start the server in a background thread and return it (the caller closes it)."""
     folder = netron_dir()
@@ -212,7 +246,7 @@ def serve(before, after, mapping: dict, *, port: int | None = None) -> DiffServe
     httpd = _bind(port)
     httpd.netron = folder
     httpd.netron_index = _netron_index(folder)
-    httpd.models = {"before": str(before), "after": str(after)}
+    httpd.models = {"before": _served(before), "after": _served(after)}
     httpd.mapping = complete_mapping(before, after, mapping)
     return DiffServer(httpd)
 

@@ -1,11 +1,12 @@
 """Screenshots of the live diff page (onnxopt.diff_live) in headless Chromium, for the README.
 
-    python scripts/diff_screenshots.py resnet50-dynamo minilm-legacy --out docs/img
+    python scripts/diff_screenshots.py resnet50-dynamo --out docs/img
+    python scripts/diff_screenshots.py minilm-legacy --target ort-cpu --out docs/img
 
 Each zoo model (~/.cache/onnxopt/models/NAME.onnx) is optimized, the page served, both Netron views
-rendered, the first fused node chosen in the table (brought into view in both graphs), and the window
-saved as NAME-diff.png. The mapping is the provenance stand-in of tests/test_diff_live.py until
-onnxopt.diff (branch d-core) is merged; then it should come from there."""
+rendered, the node standing for the most original nodes chosen in the table (brought into view in both graphs), and the window
+saved as NAME-diff.png. The mapping is onnxopt.diff's, as ``python -m onnxopt diff`` serves it. Needs
+netron, selenium and Chromium (tests/browser.py)."""
 
 from __future__ import annotations
 
@@ -18,63 +19,45 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from onnxopt import diff_live, optimize  # noqa: E402
-from tests.test_diff_live import _chromedriver, _chromium, stand_in_mapping  # noqa: E402
+from onnxopt import diff, diff_live, optimize  # noqa: E402
+from tests import browser  # noqa: E402
 
 ZOO = Path(os.path.expanduser("~/.cache/onnxopt/models"))
 
 
-def shoot(name: str, out: Path, size=(1800, 1100)) -> Path:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
+def shoot(name: str, out: Path, size=(1800, 1100), target: str | None = None) -> Path:
     before = ZOO / f"{name}.onnx"
     with tempfile.TemporaryDirectory() as tmp:
         after = Path(tmp) / f"{name}.opt.onnx"
-        optimize(str(before), output=str(after))
-        mapping = stand_in_mapping(before, after)
-        options = webdriver.ChromeOptions()
-        options.binary_location = _chromium()
-        for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                    f"--window-size={size[0]},{size[1]}"):
-            options.add_argument(arg)
-        with diff_live.serve(before, after, mapping) as server:
-            driver = webdriver.Chrome(options=options, service=Service(_chromedriver()))
-            try:
-                driver.get(server.url)
-                deadline = time.monotonic() + 120
-                while time.monotonic() < deadline:
-                    ready = driver.execute_script("return window.onnxoptDiff && window.onnxoptDiff.ready")
-                    if ready and ready["before"] and ready["after"]:
-                        break
-                    time.sleep(0.5)
-                else:
-                    raise SystemExit(f"{name}: Netron did not render both graphs")
-                time.sleep(1)
-                fused = [i for i, c in enumerate(mapping["created"]) if len(c["replaced"]) > 1]
-                if mapping["created"]:
-                    driver.execute_script("window.onnxoptDiff.choose(arguments[0])", (fused or [0])[0])
-                time.sleep(1)
-                out.mkdir(parents=True, exist_ok=True)
-                path = out / f"{name}-diff.png"
-                driver.save_screenshot(str(path))
-                state = driver.execute_script("return window.onnxoptDiff")
-                print(f"{name}: {len(mapping['created'])} created, {len(mapping['removed'])} removed; "
-                      f"marked {len(state['applied']['before'])} before, {len(state['applied']['after'])} after; "
-                      f"not drawn by Netron {len(state['missing']['before'])} before, "
-                      f"{len(state['missing']['after'])} after -> {path}")
-                return path
-            finally:
-                driver.quit()
+        optimize(str(before), output=str(after), **({"target": target} if target else {}))
+        mapping = diff.live_mapping(*diff.run(before, after))
+        with diff_live.serve(before, after, mapping) as server, browser.headless(*size) as driver:
+            driver.get(server.url)
+            browser.wait_for_diff(driver, timeout=120)
+            time.sleep(1)
+            if mapping["created"]:  # the node that stands for the most (the first of those)
+                sizes = [len(c["replaced"]) for c in mapping["created"]]
+                driver.execute_script("window.onnxoptDiff.choose(arguments[0])", sizes.index(max(sizes)))
+            time.sleep(1)
+            out.mkdir(parents=True, exist_ok=True)
+            path = out / f"{name}{'-' + target if target else ''}-diff.png"
+            driver.save_screenshot(str(path))
+            state = driver.execute_script("return window.onnxoptDiff")
+            print(f"{name}: {len(mapping['created'])} created, {len(mapping['removed'])} removed; "
+                  f"marked {len(state['applied']['before'])} before, {len(state['applied']['after'])} after; "
+                  f"not drawn by Netron {len(state['missing']['before'])} before, "
+                  f"{len(state['missing']['after'])} after -> {path}")
+            return path
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="+")
     ap.add_argument("--out", default="docs/img")
+    ap.add_argument("--target", help="optimize for this target (e.g. ort-cpu: the transformer fusions)")
     args = ap.parse_args()
     for name in args.models:
-        shoot(name, Path(args.out))
+        shoot(name, Path(args.out), target=args.target)
     return 0
 
 

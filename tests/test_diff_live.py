@@ -2,13 +2,11 @@
 the ones the mapping lists, choosing a created node brings it into view in both graphs.
 
 Needs Debian's chromium and chromium-driver, selenium and netron (``.ci/run`` installs them); skips with
-the reason otherwise. The mapping here is a minimal stand-in built from onnxopt's provenance (the real one
-is onnxopt.diff's, on the d-core branch)."""
+the reason otherwise. The mapping is onnxopt.diff's, as ``python -m onnxopt diff`` serves it."""
 
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import socket
 import subprocess
@@ -20,30 +18,16 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from onnxopt import diff_live, optimize
+from onnxopt import diff, diff_live, optimize
 from onnxopt.errors import UsageError
-from onnxopt.irutil import REPLACED_KEY, RULE_KEY
+from tests import browser
 from tests.helpers import model, tinfo
-
-
-def _chromedriver() -> str | None:
-    return shutil.which("chromedriver") or (shutil.which("chromium.chromedriver"))
-
-
-def _chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 
 def _skip_reason() -> str | None:
     if diff_live.netron_dir() is None:
         return "netron is not installed (pip install 'onnxopt[diff]')"
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        return "selenium is not installed (pip install 'onnxopt[test]')"
-    if _chromium() is None or _chromedriver() is None:
-        return "Chromium is absent (Debian: apt-get install chromium chromium-driver)"
-    return None
+    return browser.missing()
 
 
 def _small(tmp_path):
@@ -73,23 +57,9 @@ def _small(tmp_path):
     return before, after
 
 
-def stand_in_mapping(before, after) -> dict:
-    """The mapping diff_live takes, from provenance only (what onnxopt.diff does properly)."""
-    b = onnx.load(str(before)).graph.node
-    a = onnx.load(str(after)).graph.node
-    created, replaced_all, pairs = [], set(), {}
-    for n in a:
-        props = {p.key: p.value for p in n.metadata_props}
-        if RULE_KEY in props:
-            replaced = json.loads(props.get(REPLACED_KEY, "[]"))
-            created.append({"after": n.name, "rule": props[RULE_KEY], "replaced": replaced})
-            replaced_all.update(replaced)
-            pairs[n.name] = replaced
-        else:
-            pairs[n.name] = [n.name]
-    after_names = {n.name for n in a}
-    removed = [n.name for n in b if n.name not in after_names and n.name not in replaced_all]
-    return {"created": created, "removed": removed, "changed": [], "pairs": pairs}
+def real_mapping(before, after) -> dict:
+    """The mapping ``python -m onnxopt diff`` serves: onnxopt.diff's, from the provenance."""
+    return diff.live_mapping(*diff.run(before, after))
 
 
 @pytest.fixture(scope="module")
@@ -97,35 +67,15 @@ def page(tmp_path_factory):
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
     tmp = tmp_path_factory.mktemp("difflive")
     before, after = _small(tmp)
-    mapping = stand_in_mapping(before, after)
+    mapping = real_mapping(before, after)
     # Nothing in this model is changed in place; one entry checks how the page marks a changed node.
     mapping["changed"] = [{"before": "relu0", "after": "relu0"}]
-    server = diff_live.serve(before, after, mapping)
-    options = webdriver.ChromeOptions()
-    options.binary_location = _chromium()
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1600,1000"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(options=options, service=Service(_chromedriver()))
-    try:
+    with diff_live.serve(before, after, mapping) as server, browser.headless() as driver:
         driver.get(server.url)
-        deadline = time.monotonic() + 30
-        ready = None
-        while time.monotonic() < deadline:
-            ready = driver.execute_script("return window.onnxoptDiff && window.onnxoptDiff.ready")
-            if ready and ready["before"] and ready["after"]:
-                break
-            time.sleep(0.2)
-        assert ready and ready["before"] and ready["after"], f"Netron did not render both graphs: {ready}"
+        browser.wait_for_diff(driver)
         yield driver, mapping, tmp
-    finally:
-        driver.quit()
-        server.close()
 
 
 def _frame_eval(driver, side, script):
@@ -229,7 +179,7 @@ def test_port_in_use(tmp_path):
             assert 'content="0.0.0"' in body and 'name="date"' not in body
             data = json.loads(urllib.request.urlopen(two.url + "mapping.json").read())
             assert data["summary"]["ops_before"]["Conv"] == 1 and data["created"] == []
-            assert urllib.request.urlopen(two.url + "models/after.onnx").read() == after.read_bytes()
+            assert urllib.request.urlopen(two.url + "models/after/after.onnx").read() == after.read_bytes()
 
 
 def test_without_netron(monkeypatch, tmp_path):
@@ -245,8 +195,7 @@ def test_run_stops(tmp_path):
     lines = []
     assert diff_live.run(before, after, {}, open_browser=False, duration=0.3, echo=lines.append) == 0
     port = int(lines[0].split(":")[3].split("/")[0])
-    with socket.socket() as s:  # the port is free again: the server stopped
-        s.bind(("127.0.0.1", port))
+    assert _nothing_listens(port)  # the server stopped
 
 
 def test_provenance_shows_in_netron_node_properties(page):
@@ -282,5 +231,86 @@ def test_ctrl_c_stops_the_server(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+    assert _nothing_listens(port)
+
+
+def _nothing_listens(port: int) -> bool:
+    """True when no server listens on the port (connections lingering in TIME_WAIT do not count)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", port))
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+            s.listen()
+        except OSError:
+            return False
+    return True
+
+
+def _serving(proc) -> str:
+    """The URL a diff process serves, from the line it prints."""
+    for line in proc.stdout:
+        if "http://127.0.0.1:" in line:
+            return line[line.index("http://"):].split()[0]
+    raise AssertionError(f"no URL printed; exit {proc.wait(10)}")
+
+
+def test_cli_serves_the_live_view(tmp_path):
+    """python -m onnxopt diff BEFORE AFTER (no --html): the live view, with onnxopt.diff's mapping; Ctrl-C
+    stops it with status 0 and frees the port."""
+    if diff_live.netron_dir() is None:
+        pytest.skip("netron is not installed (pip install 'onnxopt[diff]')")
+    import urllib.request
+
+    before, after = _small(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "onnxopt", "diff", str(before), str(after), "--no-browser"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        url = _serving(proc)
+        served = json.loads(urllib.request.urlopen(url + "mapping.json").read())
+        expected = real_mapping(before, after)
+        assert [(c["after"], c["rule"], c["replaced"]) for c in served["created"]] == \
+            [(c["after"], c["rule"], c["replaced"]) for c in expected["created"]]
+        assert served["removed"] == expected["removed"] == ["ident0"]
+        page = urllib.request.urlopen(url).read().decode()
+        assert "url=/models/before/before.onnx" in page and "url=/models/after/after.onnx" in page
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    port = int(url.split(":")[2].split("/")[0])
+    # the same port again at once (the connections above linger in TIME_WAIT): a new server starts
+    with diff_live.serve(before, after, {}, port=port) as again:
+        assert again.port == port
+    assert _nothing_listens(port)
+
+
+def test_external_data_is_served(tmp_path):
+    """A model with its weights in a file beside it: Netron asks for that file relative to the model's
+    URL; the server gives the files the model names and nothing else."""
+    if diff_live.netron_dir() is None:
+        pytest.skip("netron is not installed (pip install 'onnxopt[diff]')")
+    import urllib.error
+    import urllib.request
+
+    before, after = _small(tmp_path)
+    (tmp_path / "ext" / "weights").mkdir(parents=True)
+    big = tmp_path / "ext" / "after big.onnx"
+    onnx.save(onnx.load(str(after)), big, save_as_external_data=True, all_tensors_to_one_file=True,
+              location="weights/after.data", size_threshold=0)
+    (tmp_path / "ext" / "secret.txt").write_text("not served")
+    with diff_live.serve(before, big, real_mapping(before, after)) as server:
+        page = urllib.request.urlopen(server.url).read().decode()
+        assert "url=/models/after/after%20big.onnx" in page
+        get = lambda p: urllib.request.urlopen(server.url + p).read()  # noqa: E731
+        assert get("models/after/after%20big.onnx") == big.read_bytes()
+        assert get("models/after/weights/after.data") == (tmp_path / "ext" / "weights" / "after.data").read_bytes()
+        for path in ("models/after/secret.txt", "models/after/../before.onnx", "models/before/after.onnx",
+                     "models/after/%2e%2e/before.onnx"):
+            with pytest.raises(urllib.error.HTTPError):
+                get(path)
+        if browser.missing() is None:
+            with browser.headless() as driver:
+                driver.get(server.url)
+                state = browser.wait_for_diff(driver)
+                assert state["applied"]["after"], state

@@ -69,7 +69,7 @@ function renderSummary(m) {
     const rules = el('table');
     rules.id = 'rules-fired';
     const rh = el('tr');
-    ['rule', 'fired'].forEach((t) => rh.appendChild(el('th', t)));
+    ['rule fired', 'nodes it made'].forEach((t) => rh.appendChild(el('th', t)));
     rules.appendChild(rh);
     for (const [rule, n] of Object.entries(s.rules || {})) {
         const tr = el('tr');
