@@ -50,7 +50,7 @@ import numpy as np
 import onnx_ir as ir
 
 from .errors import UsageError
-from .irutil import RULE_KEY
+from .irutil import REPLACED_KEY, RULE_KEY
 
 CHANNELS_FIRST = {3: "NCW", 4: "NCHW", 5: "NCDHW"}
 CHANNELS_LAST = {3: "NWC", 4: "NHWC", 5: "NDHWC"}
@@ -378,6 +378,7 @@ def _node(op: str, inputs, out_name: str, nodes: list, *, dtype, shape, **attrs)
     node = ir.node(op, inputs, attributes=attrs, name=out_name)
     node.metadata_props[PROVENANCE] = "input/output layout and preprocessing (onnxopt.layout)"
     node.metadata_props[RULE_KEY] = "layout"
+    node.metadata_props[REPLACED_KEY] = "[]"  # inserted: it replaced nothing
     out = node.outputs[0]
     out.name = out_name
     out.type = ir.TensorType(dtype)
@@ -652,7 +653,9 @@ def _fold_one(graph: ir.Graph, name: str, rec: dict):
             node.replace_input_with(2, _const(graph, names, f"{node.name or 'conv'}_B_preprocessed",
                                               new_b.astype(np.float32)))
         node.metadata_props[PROVENANCE] = "input preprocessing folded into the weights"
-        node.metadata_props[RULE_KEY] = "layout"
+        if RULE_KEY not in node.metadata_props:  # (a node a rule made keeps its own record)
+            node.metadata_props[RULE_KEY] = "layout"
+            node.metadata_props[REPLACED_KEY] = json.dumps([node.name])
     v.replace_all_uses_with(x)
     if new:
         graph.insert_after(start.producer(), new)
@@ -678,6 +681,7 @@ def _edit_output(graph, names, old: ir.Value, layout: str) -> dict:
     node = ir.node("Transpose", [old], attributes={"perm": perm}, name=names(f"{name}_to_{layout.lower()}"))
     node.metadata_props[PROVENANCE] = "output layout (onnxopt.layout)"
     node.metadata_props[RULE_KEY] = "layout"
+    node.metadata_props[REPLACED_KEY] = "[]"  # inserted: it replaced nothing
     out = node.outputs[0]
     out.name = name
     out.type = old.type

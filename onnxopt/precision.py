@@ -56,7 +56,7 @@ import onnx_ir as ir
 
 from . import targets
 from .errors import UsageError
-from .irutil import constant_tensor, opset_of, subgraphs
+from .irutil import REPLACED_KEY, RULE_KEY, constant_tensor, opset_of, subgraphs
 
 FP16_MAX = 65504.0
 FP16_MIN_NORMAL = 2.0 ** -14  # 6.1e-5
@@ -585,7 +585,8 @@ class _Converter:
         node = ir.Node("", "Cast", [v], [ir.AttrInt64("to", to.value)], outputs=[out],
                        name=fresh(f"{name}_cast"))
         node.meta[_MADE] = True
-        node.metadata_props["onnxopt.rule"] = "fp16"
+        node.metadata_props[RULE_KEY] = "fp16"
+        node.metadata_props[REPLACED_KEY] = "[]"  # inserted: it replaced nothing
         p = v.producer()
         if p is not None and p.graph is self.graph:
             self.graph.insert_after(p, node)

@@ -106,3 +106,21 @@ def load_script(file: str, name: str | None = None):
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def zoo_model(name: str, folder: Path) -> Path:
+    """A zoo model: from the zoo cache when built there, else built into ``folder`` (models fetched from
+    a wheel are skipped when not cached: no network in tests)."""
+    import pytest
+
+    from onnxopt.models import zoo
+
+    spec = zoo.get(name)
+    if spec.path().exists():
+        return spec.path()
+    if spec.family == "ocr" or spec.missing():
+        pytest.skip(f"{name} is not in the zoo cache (python -m onnxopt.models build --only {name})")
+    path = Path(folder) / f"{name}.onnx"
+    if not path.exists():
+        spec.build(path)
+    return path

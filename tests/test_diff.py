@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxopt import cli, diff, optimize
 from onnxopt.irutil import MERGED_KEY, REPLACED_KEY, RULE_KEY
-from onnxopt.models import zoo
+from helpers import zoo_model
 
 
 def _conv_bn_model() -> onnx.ModelProto:
@@ -117,12 +117,10 @@ ZOO = ["ppocr-mobile-cls", "mobilenet_v2-dynamo", "resnet50-dynamo"]
 
 @pytest.mark.parametrize("name", ZOO)
 def test_alignment_agrees_with_provenance_on_zoo(name, tmp_path):
-    spec = zoo.get(name)
-    if not spec.path().exists():
-        pytest.skip(f"{name} is not in the zoo cache (python -m onnxopt.models build --only {name})")
+    path = zoo_model(name, tmp_path)
     out = tmp_path / "opt.onnx"
-    optimize(str(spec.path()), output=str(out))
-    b = diff.Graph(onnx.load(spec.path()))
+    optimize(str(path), output=str(out))
+    b = diff.Graph(onnx.load(path))
     after = onnx.load(out)
     named = {n.key for n in b.nodes}
     for node in after.graph.node:  # every node onnxopt made says so (Netron shows it)
@@ -280,3 +278,49 @@ def test_subgraphs_and_live_mapping(tmp_path):
     live = diff.live_mapping(m, summ)
     for c in live["created"]:
         assert set(c["replaced"]) <= {n.key for n in diff.Graph(onnx.load(before)).nodes}
+
+
+@pytest.mark.parametrize("options", [
+    {"target": "ort-cuda", "precision": "fp16"},
+    {"input_layout": {"x": "NHWC"}, "input_preprocess": {"x": "uint8,NHWC,scale=1/255"}},
+    {"output_layout": {"y": "NHWC"}},
+], ids=["fp16", "uint8-input", "nhwc-output"])
+def test_provenance_of_inserted_and_folded_nodes(options, tmp_path):
+    """Nodes the fp16 pass and the layout edges insert carry the rule and an empty ``replaced``; a Conv the
+    input preprocessing is folded into stands for its original (not removed, not a stranger)."""
+    before = tmp_path / "before.onnx"
+    onnx.save(_conv_bn_model(), before)
+    after = tmp_path / "after.onnx"
+    optimize(str(before), output=str(after), **options)
+    names = {n.name for n in onnx.load(before).graph.node}
+    inserted = 0
+    for node in onnx.load(after).graph.node:
+        props = {p.key: p.value for p in node.metadata_props}
+        if node.name not in names or props.get(RULE_KEY) in ("fp16", "layout"):
+            assert props.get(RULE_KEY) and REPLACED_KEY in props, (node.name, props)
+            inserted += json.loads(props[REPLACED_KEY]) == []
+    assert inserted >= 1
+    m = diff.mapping(before, after)
+    assert m["method"] == "provenance"
+    # both Convs (each folded with its BatchNormalization) are accounted for, whatever else happened
+    mapped = {b for bs in m["pairs"].values() for b in bs}
+    assert {"conv0", "conv1", "bn0", "bn1"} <= mapped, m["removed"]
+    assert set(m["removed"]) <= {"ident0", "relu0_twin"}
+
+
+def test_a_conv_the_preprocessing_folds_into_is_its_original(tmp_path):
+    rng = np.random.default_rng(1)
+    w = numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Relu", ["c"], ["y"], name="relu")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 6, 6])], [w])
+    before, after = tmp_path / "before.onnx", tmp_path / "after.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), before)
+    optimize(str(before), output=str(after), input_layout={"x": "NHWC"},
+             input_preprocess={"x": "uint8,NHWC,scale=1/255"})
+    conv = next(n for n in onnx.load(after).graph.node if n.op_type == "Conv")
+    props = {p.key: p.value for p in conv.metadata_props}
+    assert props[RULE_KEY] == "layout" and json.loads(props[REPLACED_KEY]) == ["conv"]
+    m = diff.mapping(before, after)
+    assert m["pairs"][conv.name] == ["conv"] and m["removed"] == []

@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 import pytest
 from helpers import bn_node, bn_params, feeds_for, init, model, op_types, tinfo
+from helpers import zoo_model as zoo_path
 from onnx import helper
 
 import onnxopt
@@ -167,17 +168,7 @@ E2E = {"mobilenet_v2-dynamo": True, "gpt2-dynamo": True, "bert-legacy": False, "
 def zoo_model(tmp_path_factory):
     """A zoo model: from the zoo cache when built there, else exported into a temporary folder
     (fetched models are skipped when not cached: no network in tests)."""
-    def get(name: str) -> Path:
-        spec = zoo.get(name)
-        if spec.path().exists():
-            return spec.path()
-        if spec.family == "ocr" or spec.missing():
-            pytest.skip(f"{name} is not in the zoo cache (python -m onnxopt.models build --only {name})")
-        path = tmp_path_factory.mktemp(name) / f"{name}.onnx"
-        spec.build(path)
-        return path
-
-    return get
+    return lambda name: zoo_path(name, tmp_path_factory.mktemp(name))
 
 
 @pytest.mark.parametrize("name", list(E2E))
