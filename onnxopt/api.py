@@ -246,13 +246,18 @@ def _optimize_with_diff(model, page, args: dict):
     args = {k: v for k, v in args.items() if k not in ("model", "diff")}
     want_report = args["return_report"]
     args["return_report"] = True
-    result, report = optimize(model, **args)
-    after = os.fspath(result) if isinstance(result, (str, os.PathLike)) else result
-    if not isinstance(after, (str, onnx.ModelProto)):
-        after = ir.serde.serialize_model(result)
-    names = (os.fspath(model) if isinstance(model, (str, os.PathLike)) else "BEFORE (in memory)",
-             after if isinstance(after, str) else "AFTER (in memory)")
-    diffs.run(model, after, html_out=os.fspath(page), verify_report=report.verification, names=names)
+    with io.Outputs() as outputs:  # the page: claimed first (never an input or the output), put in place atomically
+        for path in (model, args["output"]):
+            if isinstance(path, (str, os.PathLike)):
+                outputs.protect(path)
+        outputs.claim(page, "diff=")
+        result, report = optimize(model, **args)
+        after = os.fspath(result) if isinstance(result, (str, os.PathLike)) else result
+        if not isinstance(after, (str, onnx.ModelProto)):
+            after = ir.serde.serialize_model(result)
+        names = (os.fspath(model) if isinstance(model, (str, os.PathLike)) else "BEFORE (in memory)",
+                 after if isinstance(after, str) else "AFTER (in memory)")
+        diffs.run(model, after, html_out=str(outputs.stage(page)), verify_report=report.verification, names=names)
     return (result, report) if want_report else result
 
 

@@ -92,6 +92,9 @@ def _parser() -> argparse.ArgumentParser:
     _add_layout_args(p)
     _add_verify_args(p)
     _add_report_args(p, quiet="print nothing on success")
+    p.add_argument("--diff", metavar="PAGE.html",
+                   help="also write the static diff page (what each rule did, node by node; the live view: "
+                        "onnxopt diff MODEL OUTPUT)")
     p.add_argument("--version", action="version", version=f"onnxopt {__version__}")
     return p
 
@@ -132,6 +135,7 @@ def _add_layout_args(parser: argparse.ArgumentParser) -> None:
 
 def _add_report_args(p: argparse.ArgumentParser, quiet: str) -> None:
     p.add_argument("--json", metavar="REPORT", help="also write the report as JSON to this file")
+
     p.add_argument("-q", "--quiet", action="store_true", help=f"{quiet}; no progress on stderr")
 
 
@@ -370,8 +374,19 @@ def diff_main(argv: list[str]) -> int:
         page = args.html
         if not page and live is None:  # no live view here: the static page, beside the AFTER model
             page = str(Path(args.after).with_suffix("")) + ".diff.html"
-        m, summ = diffs.run(args.before, args.after, html_out=page, json_out=args.json, me_out=args.me_json,
-                            verify_report=args.verify_report)
+        with _outputs(args, args.before, args.after) as outputs:  # (claims --json; written atomically)
+            if args.verify_report:
+                outputs.protect(args.verify_report, f"the verify report {args.verify_report}")
+            staged = {}
+            for path, what in ((page, "--html"), (args.me_json, "--model-explorer")):
+                if path:
+                    outputs.claim(path, what)
+            for path in (page, args.json, args.me_json):
+                if path:
+                    staged[path] = str(outputs.stage(path))
+            m, summ = diffs.run(args.before, args.after, html_out=staged.get(page), json_out=staged.get(args.json),
+                                me_out=staged.get(args.me_json), verify_report=args.verify_report,
+                                names=(args.before, args.after))
         c = summ["counts"]
         if not args.quiet:
             show(f"{summ['nodes_before']} -> {summ['nodes_after']} nodes ({m['method']}): {c['created']} created "
@@ -570,6 +585,18 @@ _OTHER_COMMANDS = ("other commands: onnxopt verify ORIGINAL OPTIMIZED, onnxopt b
                    "onnxopt quantize MODEL -o OUT --calib DATA, onnxopt diff BEFORE AFTER, onnxopt --list-rules")
 
 
+def _write_diff(before: str, after: str, page: str, verification: dict | None) -> None:
+    """The static diff page between the input and the optimized model (both on disk now), atomically."""
+    from . import diff as diffs
+
+    with io.Outputs() as outputs:
+        for path in (before, after):
+            for read in io.files_read(path):
+                outputs.protect(read)
+        outputs.claim(page, "--diff")
+        diffs.run(before, after, html_out=str(outputs.stage(page)), verify_report=verification, names=(before, after))
+
+
 def _optimize_main(args) -> int:
     files: dict = {}
     base, extra = _rule_sets(args, files)
@@ -591,6 +618,8 @@ def _optimize_main(args) -> int:
         if args.verify is None:
             return _fail("--provider-option sets the sessions of --verify: add --verify PROVIDERS (e.g. --verify cuda)")
     with _outputs(args, args.input, data_files=False) as outputs, _status(args) as progress:
+        if args.diff:  # claimed now (a clash is an error before any work), written after the model
+            outputs.claim(args.diff, "--diff")
         verify_args = {}
         if args.verify is not None:
             verify_args = {"verify": args.verify,
@@ -612,6 +641,8 @@ def _optimize_main(args) -> int:
                 show(format_verification(exc.report))
             raise
         _stage_json(outputs, args.json, {"input": args.input, "output": args.output, **report.as_dict()})
+    if args.diff:
+        _write_diff(args.input, args.output, args.diff, report.verification)
     if not args.quiet:
         show(format_optimize(report, args.input, args.output, (_total_bytes(args.input), _total_bytes(args.output))))
         if report.layout:

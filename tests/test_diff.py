@@ -209,6 +209,32 @@ def test_optimize_diff(tmp_path):
     assert isinstance(proto, onnx.ModelProto) and report.rewrites and (tmp_path / "p.html").exists()
 
 
+def test_diff_pages_are_written_atomically_and_never_over_an_input(small, tmp_path, capsys):
+    """diff's --html/--json/--model-explorer, the main command's --diff and optimize(diff=) are claimed
+    before any work: an input (or the optimized model) named as the page is refused in one line (exit 2),
+    the file untouched; nothing half-written is left."""
+    before, after = small
+    kept = before.read_bytes(), after.read_bytes()
+    for flag in ("--html", "--json", "--model-explorer"):
+        for target in (before, after):
+            assert cli.main(["diff", str(before), str(after), flag, str(target)]) == 2
+            assert "never overwrites what it reads" in capsys.readouterr().err
+    assert (before.read_bytes(), after.read_bytes()) == kept
+    out, page = tmp_path / "o.onnx", tmp_path / "d.html"
+    assert cli.main([str(before), "-o", str(out), "--diff", str(before), "-q"]) == 2
+    assert not out.exists() and before.read_bytes() == kept[0]
+    assert cli.main([str(before), "-o", str(out), "--diff", str(out), "-q"]) == 2
+    assert not out.exists()
+    capsys.readouterr()
+    assert cli.main([str(before), "-o", str(out), "--diff", str(page), "-q"]) == 0
+    text = page.read_text()
+    assert "conv_bn_fold" in text and str(before) in text and str(out) in text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.html", "o.onnx"]  # no staging left
+    with pytest.raises(Exception, match="never overwrites what it reads"):
+        optimize(str(before), output=str(tmp_path / "o2.onnx"), diff=str(before))
+    assert before.read_bytes() == kept[0] and not (tmp_path / "o2.onnx").exists()
+
+
 def test_alignment_of_a_peers_output(small):
     """A model another tool optimized (no provenance): onnxslim folds the BatchNormalizations into the
     Convs under its own names; the alignment finds both folds, the CSE merge and the Identity removed."""
