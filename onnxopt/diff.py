@@ -22,7 +22,8 @@ Model Explorer: ``model_explorer_mapping`` writes the sync-navigation JSON its s
 "disableMappingFallback": true, "showDiffHighlights": true}``, the ``SyncNavigationData`` interface of
 google-ai-edge/model-explorer src/ui/src/components/visualizer/common/sync_navigation.ts (as in
 ai-edge-model-explorer 0.1.34); node ids are ONNX node names, as model-explorer-onnx 0.4.2's adapter
-makes them (``id=onnx_node.name``; it names unnamed nodes itself, so those do not map).
+makes them (``id=onnx_node.name``, after onnx-ir's NameFixPass names the unnamed ones:
+``model_explorer_ids``).
 
 A leaf beside report.py: onnx and numpy, no onnxruntime.
 """
@@ -464,7 +465,8 @@ def _propagate(before: Graph, after: Graph, b2a, a2b, pair) -> None:
 def mapping(before, after, *, method: str = "auto") -> dict:
     """The mapping between two models (paths or ModelProtos): ``method`` "provenance", "alignment" or
     "auto" (provenance where AFTER carries it)."""
-    b, a = Graph(load(before)), Graph(load(after))
+    b_proto, a_proto = load(before), load(after)
+    b, a = Graph(b_proto), Graph(a_proto)
     if method == "provenance" or method == "auto" and has_provenance(a):
         return from_provenance(b, a)
     return align(b, a)
@@ -536,14 +538,34 @@ def _verify_summary(report: dict) -> dict:
     return found
 
 
-def model_explorer_mapping(m: dict) -> dict:
+def model_explorer_ids(model: onnx.ModelProto) -> dict[str, str]:
+    """The node ids model-explorer-onnx gives the main graph's nodes this module keys by position
+    (``#<i>``: unnamed, or a name met twice): it names them with onnx-ir's NameFixPass before anything
+    else, so that pass, run on a copy here, gives the same names."""
+    try:
+        import onnx_ir as ir
+        from onnx_ir.passes.common import NameFixPass
+    except ImportError:  # (an onnx-ir without the pass: those nodes are left out of the mapping)
+        return {}
+    copy = ir.serde.deserialize_model(model)
+    NameFixPass()(copy)
+    return {f"#{i}": node.name for i, node in enumerate(copy.graph)}
+
+
+def model_explorer_mapping(m: dict, ids: tuple[dict, dict] = ({}, {})) -> dict:
     """Model Explorer's sync-navigation mapping (see the module docstring): one entry per group of
-    AFTER nodes standing for the same BEFORE nodes; node ids are node names (unnamed ones left out)."""
+    AFTER nodes standing for the same BEFORE nodes; node ids are node names, and for unnamed nodes the
+    ids ``ids`` (BEFORE's, AFTER's: :func:`model_explorer_ids`) give; nodes without an id are left out."""
+    def me(key: str, side: dict) -> str | None:
+        return side.get(key) if "#" in key else key
+
     groups: dict[tuple, list[str]] = {}
     for a, bs in m["pairs"].items():
-        if bs and not a.startswith("#") and "#" not in a:
-            groups.setdefault(tuple(sorted(b for b in bs if "#" not in b)), []).append(a)
-    entries = [{"leftNodeIds": list(bs), "rightNodeIds": sorted(as_)} for bs, as_ in sorted(groups.items()) if bs]
+        right = me(a, ids[1])
+        left = tuple(sorted(x for x in (me(b, ids[0]) for b in bs) if x))
+        if right and left:
+            groups.setdefault(left, []).append(right)
+    entries = [{"leftNodeIds": list(bs), "rightNodeIds": sorted(as_)} for bs, as_ in sorted(groups.items())]
     return {"mappingEntries": entries, "disableMappingFallback": True, "showDiffHighlights": True}
 
 
@@ -661,7 +683,8 @@ def run(before, after, *, html_out: str | None = None, json_out: str | None = No
     if names is None:
         names = tuple(os.fspath(x) if isinstance(x, (str, os.PathLike)) else label
                       for x, label in ((before, "BEFORE"), (after, "AFTER")))
-    b, a = Graph(load(before)), Graph(load(after))
+    b_proto, a_proto = load(before), load(after)
+    b, a = Graph(b_proto), Graph(a_proto)
     m = from_provenance(b, a) if has_provenance(a) else align(b, a)
     report = verify_report
     if isinstance(report, (str, os.PathLike)):
@@ -677,7 +700,8 @@ def run(before, after, *, html_out: str | None = None, json_out: str | None = No
         Path(json_out).write_text(json.dumps({"before": names[0], "after": names[1], "summary": summ,
                                               "mapping": m}, indent=1) + "\n")
     if me_out:
-        Path(me_out).write_text(json.dumps(model_explorer_mapping(m), indent=1) + "\n")
+        me_ids = (model_explorer_ids(b_proto), model_explorer_ids(a_proto))
+        Path(me_out).write_text(json.dumps(model_explorer_mapping(m, me_ids), indent=1) + "\n")
     if html_out:
         Path(html_out).write_text(html_page(names[0], names[1], m, summ))
     return m, summ

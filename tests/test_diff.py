@@ -282,6 +282,46 @@ def test_model_explorer_web_app_reads_these_fields():
         assert field in bundle, field
 
 
+@pytest.mark.parametrize("unnamed", [False, True], ids=["named", "unnamed"])
+def test_model_explorer_ids_are_the_adapters(unnamed, tmp_path):
+    """Every id in the Model Explorer mapping is a node id model-explorer-onnx's own ONNX adapter gives that
+    model (named nodes by name, unnamed ones by position), and every mapped node with an id is there."""
+    me_onnx = pytest.importorskip("model_explorer_onnx.main",
+                                  reason="model-explorer-onnx is not installed (pip install model-explorer-onnx)")
+    model = _conv_bn_model()
+    if unnamed:
+        for node in model.graph.node:
+            if node.name in ("add0", "ident0", "relu0_twin", "conv1"):
+                node.name = ""
+    before, after = tmp_path / "b.onnx", tmp_path / "a.onnx"
+    onnx.save(model, before)
+    optimize(str(before), output=str(after))
+    if unnamed:  # the optimized model's unnamed nodes too
+        proto = onnx.load(after)
+        for node in proto.graph.node:
+            if node.op_type == "Add":
+                node.name = ""
+        onnx.save(proto, after)
+    me = tmp_path / "me.json"
+    m, _ = diff.run(before, after, me_out=str(me))
+    data = json.loads(me.read_text())
+    assert diff.validate_model_explorer_mapping(data) == []
+
+    def adapter_ids(path):
+        graphs = me_onnx.ONNXAdapter().convert(str(path), {})["graphs"]
+        return {n.id for n in graphs[0].nodes}
+
+    left, right = adapter_ids(before), adapter_ids(after)
+    got_left = {x for e in data["mappingEntries"] for x in e["leftNodeIds"]}
+    got_right = {x for e in data["mappingEntries"] for x in e["rightNodeIds"]}
+    assert got_left <= left and got_right <= right, (got_left - left, got_right - right)
+    mapped_after = [a for a, bs in m["pairs"].items() if bs]
+    assert len(got_right) == len(mapped_after)  # none left out: unnamed nodes have their adapter ids
+    if unnamed:  # (names the adapter made: not in the models)
+        assert got_left - {n.name for n in onnx.load(before).graph.node}
+        assert got_right - {n.name for n in onnx.load(after).graph.node}
+
+
 def test_subgraphs_and_live_mapping(tmp_path):
     """Nodes inside an If's branches are mapped too; the live view's "replaced" are BEFORE names."""
     then = helper.make_graph([helper.make_node("Identity", ["a"], ["t"], name="inner"),
