@@ -666,11 +666,9 @@ def live_mapping(m: dict, summ: dict) -> dict:
             "ops_after": {k: v[1] for k, v in ops.items() if v[1]}, "rules": summ["rules"]}
     verification = summ.get("verification") or {}
     if verification:
-        p = "cpu" if "cpu" in verification else next(iter(verification))
-        r = verification[p]
-        live["verify"] = {"provider": p, "kernels_before": r.get("kernels_before"),
-                          "kernels_after": r.get("kernels_after"), "latency_ms_before": r.get("median_ms_before"),
-                          "latency_ms_after": r.get("median_ms_after")}
+        live["verify"] = [{"provider": p, "kernels_before": r.get("kernels_before"),
+                           "kernels_after": r.get("kernels_after"), "latency_ms_before": r.get("median_ms_before"),
+                           "latency_ms_after": r.get("median_ms_after")} for p, r in verification.items()]
     out["summary"] = live
     return out
 

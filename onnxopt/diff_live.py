@@ -28,8 +28,8 @@ The mapping (what ``onnxopt.diff`` fills; every name is an ONNX ``NodeProto.name
       "summary": {                               # optional: computed from the two models when absent
         "ops_before": {"Conv": 53, ...}, "ops_after": {...},
         "rules": {"conv_bn": 53, ...},           # rules fired (counted from "created" when absent)
-        "verify": {"kernels_before": 120, "kernels_after": 70,
-                   "latency_ms_before": 4.1, "latency_ms_after": 3.2}   # from --verify-report
+        "verify": [{"provider": "cpu", "kernels_before": 120, "kernels_after": 70,
+                    "latency_ms_before": 4.1, "latency_ms_after": 3.2}]   # from --verify-report
       }
     }
 

@@ -168,7 +168,7 @@ def test_static_page_is_self_contained(small, tmp_path):
     assert "netron --port 8081" in text and "conv_bn_fold" in text
     assert summ["verification"]["cpu"]["kernels_after"] == 5 and ">0.5<" in text
     live = diff.live_mapping(m, summ)
-    assert live["summary"]["verify"]["kernels_before"] == 9 and live["summary"]["ops_before"]["BatchNormalization"] == 2
+    assert live["summary"]["verify"][0]["kernels_before"] == 9 and live["summary"]["ops_before"]["BatchNormalization"] == 2
 
 
 def test_cli_diff(small, tmp_path, capsys):

@@ -18,7 +18,7 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from onnxopt import diff, diff_live, optimize
+from onnxopt import diff, diff_live, optimize, verify
 from onnxopt.errors import UsageError
 from tests import browser
 from tests.helpers import model, tinfo
@@ -57,9 +57,9 @@ def _small(tmp_path):
     return before, after
 
 
-def real_mapping(before, after) -> dict:
+def real_mapping(before, after, verify_report=None) -> dict:
     """The mapping ``python -m onnxopt diff`` serves: onnxopt.diff's, from the provenance."""
-    return diff.live_mapping(*diff.run(before, after))
+    return diff.live_mapping(*diff.run(before, after, verify_report=verify_report))
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,7 @@ def page(tmp_path_factory):
         pytest.skip(reason)
     tmp = tmp_path_factory.mktemp("difflive")
     before, after = _small(tmp)
-    mapping = real_mapping(before, after)
+    mapping = real_mapping(before, after, verify.verify(before, after, runs=5, warmup=1))
     # Nothing in this model is changed in place; one entry checks how the page marks a changed node.
     mapping["changed"] = [{"before": "relu0", "after": "relu0"}]
     with diff_live.serve(before, after, mapping) as server, browser.headless() as driver:
@@ -129,6 +129,14 @@ def test_marks_are_the_mapping(page):
     # The summary: op-type counts that changed, rules fired.
     summary = driver.find_element("id", "summary").text
     assert "Gemm" in summary and "conv_bn_fold" in summary
+    # kernels and latency from the verify report, as the report has them
+    shown = driver.execute_script(
+        "return Array.from(document.querySelectorAll('#verify tr')).slice(1).map(tr => Array.from(tr.cells).map(c => c.textContent))")
+    (row,) = mapping["summary"]["verify"]
+    assert shown == [["cpu", str(row["kernels_before"]), str(row["kernels_after"]),
+                      str(round(row["latency_ms_before"], 3)).rstrip("0").rstrip("."),
+                      str(round(row["latency_ms_after"], 3)).rstrip("0").rstrip(".")]]
+    assert row["kernels_before"] > 0 and row["kernels_after"] > 0 and row["latency_ms_after"] > 0
 
 
 def _in_view(driver, side, name):

@@ -77,12 +77,17 @@ function renderSummary(m) {
         rules.appendChild(tr);
     }
     body.appendChild(rules);
-    if (s.verify) {
+    if (Array.isArray(s.verify) && s.verify.length) {  // from --verify-report: kernels and latency per provider
         const v = el('table');
         v.id = 'verify';
-        for (const [k, val] of Object.entries(s.verify)) {
+        const vh = el('tr');
+        ['provider', 'kernels before', 'kernels after', 'median ms before', 'median ms after'].forEach((t) => vh.appendChild(el('th', t)));
+        v.appendChild(vh);
+        const num = (x) => (typeof x === 'number' ? String(+x.toFixed(3)) : '');
+        for (const r of s.verify) {
             const tr = el('tr');
-            [k, typeof val === 'number' ? +val.toFixed(4) : JSON.stringify(val)].forEach((t) => tr.appendChild(el('td', t)));
+            [r.provider, num(r.kernels_before), num(r.kernels_after), num(r.latency_ms_before), num(r.latency_ms_after)]
+                .forEach((t) => tr.appendChild(el('td', t)));
             v.appendChild(tr);
         }
         body.appendChild(v);
