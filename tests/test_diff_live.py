@@ -31,8 +31,8 @@ def _skip_reason() -> str | None:
 
 
 def _small(tmp_path):
-    """Identity -> Conv -> BatchNormalization -> Relu -> Flatten -> MatMul -> Add, and its optimized form
-    (Identity removed, Conv+BN folded, MatMul+Add a Gemm)."""
+    """Identity -> Conv -> BatchNormalization -> Relu (twice) -> Mul -> Flatten -> MatMul -> Add, and its
+    optimized form (Identity removed, Conv+BN folded, the twin Relu merged, MatMul+Add a Gemm)."""
     rng = np.random.default_rng(0)
 
     def init(name, *shape, positive=False):
@@ -44,7 +44,9 @@ def _small(tmp_path):
         helper.make_node("Conv", ["x1", "w", "b"], ["c"], name="conv0", pads=[1, 1, 1, 1]),
         helper.make_node("BatchNormalization", ["c", "s", "bb", "m", "v"], ["bn"], name="bn0"),
         helper.make_node("Relu", ["bn"], ["r"], name="relu0"),
-        helper.make_node("Flatten", ["r"], ["f"], name="flat0"),
+        helper.make_node("Relu", ["bn"], ["r2"], name="relu0_twin"),  # CSE merges it into relu0
+        helper.make_node("Mul", ["r", "r2"], ["rr"], name="mul0"),
+        helper.make_node("Flatten", ["rr"], ["f"], name="flat0"),
         helper.make_node("MatMul", ["f", "wm"], ["mm"], name="mm0"),
         helper.make_node("Add", ["mm", "bm"], ["y"], name="add0"),
     ]
@@ -206,20 +208,27 @@ def test_run_stops(tmp_path):
     assert _nothing_listens(port)  # the server stopped
 
 
+def _metadata_shown(driver, side, name) -> str:
+    """What Netron's node properties show under "Metadata" for the node (the key is a label element's
+    value, not text: hence innerHTML)."""
+    return _frame_eval(driver, side, f"""
+        const t = w.__view__.target;
+        let value = null;
+        for (const [k, o] of t._table.entries()) if (o && o.id === {json.dumps('node-name-' + name)}) value = k;
+        w.__view__.showNodeProperties(value);
+        const h = doc.getElementById('sidebar').innerHTML; return h.slice(h.indexOf('Metadata'));""")
+
+
 def test_provenance_shows_in_netron_node_properties(page):
     """Netron (9.x) lists an ONNX node's metadata_props under "Metadata" in its node properties: the rule
-    and the replaced nodes show there for every created node (the key is a label element's value, not
-    text: hence innerHTML)."""
+    and the nodes it replaced show there for every created node, the merged twins for the node CSE kept."""
     driver, mapping, _ = page
     for created in mapping["created"]:
-        text = _frame_eval(driver, "after", f"""
-            const t = w.__view__.target;
-            let value = null;
-            for (const [k, o] of t._table.entries()) if (o && o.id === {json.dumps('node-name-' + created['after'])}) value = k;
-            w.__view__.showNodeProperties(value);
-            const h = doc.getElementById('sidebar').innerHTML; return h.slice(h.indexOf('Metadata'));""")
+        text = _metadata_shown(driver, "after", created["after"])
         assert "onnxopt.rule" in text and created["rule"] in text, text[:500]
-        assert "onnxopt.replaced" in text and all(r in text for r in created["replaced"]), text[:500]
+        assert "onnxopt.replaced" in text and all(r in text for r in created["recorded"]), text[:500]
+    text = _metadata_shown(driver, "after", "relu0")
+    assert "onnxopt.merged" in text and "relu0_twin" in text, text[:500]
 
 
 def test_ctrl_c_stops_the_server(tmp_path):
