@@ -59,6 +59,18 @@ def test_every_subpackage_of_onnxopt_is_installed():
     assert [p for p in found if p not in listed] == []
 
 
+def test_every_data_file_ships():
+    """Files under onnxopt/data (the benefit table, the live diff's page) are read at run time: each is
+    matched by setup.cfg's package_data, or an installed onnxopt lacks it while the checkout works."""
+    import fnmatch
+    import re
+
+    patterns = [p for p in re.split(r"[,\s]+", _cfg()["options.package_data"]["onnxopt"]) if p]
+    files = [f.relative_to(ROOT / "onnxopt").as_posix() for f in (ROOT / "onnxopt" / "data").rglob("*") if f.is_file()]
+    assert "data/diff/live.js" in files
+    assert [f for f in files if not any(fnmatch.fnmatchcase(f, p) for p in patterns)] == []
+
+
 def test_python_dash_m_and_version():
     out = subprocess.run([sys.executable, "-m", "onnxopt", "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == f"onnxopt {onnxopt.__version__}"
