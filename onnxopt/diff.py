@@ -329,12 +329,17 @@ def align(before: Graph, after: Graph, *, use_names: bool = True, skip_before=fr
 
     loose_a = {a.key for a in after.nodes if a.key not in skip_after and (a.key not in a2b or changed(a))}
     merged = _twins(before, b2a, skip_before)
+    twins = {k for ks in merged.values() for k in ks}
     # an unmatched Identity was eliminated (nothing takes its place), not fused into its neighbours
     dropped = {b.key for b in before.nodes if b.op == ("", "Identity") and b.key not in b2a}
-    gone = dropped | {k for ks in merged.values() for k in ks}
-    absorbed = _bypassed(before, after, b2a, a2b, loose_a, gone | set(skip_before))
-    gone |= {k for ks in absorbed.values() for k in ks}
+    rep = {**b2a, **{k: a for a, ks in merged.items() for k in ks}}  # BEFORE key -> AFTER key standing for it
+    absorbed = _bypassed(before, after, b2a, rep, a2b, loose_a, dropped | set(skip_before))
+    bypassed = {k for ks in absorbed.values() for k in ks}
     dropped |= set(absorbed.pop("", ()))
+    # a twin nothing matched reads (its readers unmatched too) went with them: removed, not merged
+    live = _live(before, b2a, twins, dropped | bypassed)
+    merged = {a: [k for k in ks if k in live and k not in bypassed] for a, ks in merged.items()}
+    gone = dropped | bypassed | (twins & live)
     loose_b = {b.key for b in before.nodes if b.key not in skip_before and b.key not in b2a and b.key not in gone}
     loose_b |= {a2b[k] for k in loose_a if k in a2b}
     for a in loose_a:
@@ -406,41 +411,47 @@ def _readers(g: Graph, v: str, through) -> list[tuple[_Node, int]]:
 
 def _twins(before: Graph, b2a: dict[str, str], skip) -> dict[str, list[str]]:
     """BEFORE nodes merged into a matched one (common subexpressions), by AFTER node: unmatched, equal
-    to a matched node in op, attributes and inputs; an input is equal when it is the same value, a
-    constant of the same contents, or the same output of nodes standing for the same AFTER node (so a
-    chain of merged nodes is found link by link)."""
+    to a matched node in op, attributes and inputs. Values are numbered as common-subexpression
+    elimination numbers them: a constant by its contents, the output of a node standing for an AFTER
+    node (matched, or merged: so a chain of merged nodes is found link by link) by that node, any
+    other output by its node's op, attributes and inputs' numbers (what folding made a constant)."""
     rep = dict(b2a)  # BEFORE key -> the AFTER node standing for it
     merged: dict[str, list[str]] = collections.defaultdict(list)
-
-    def ident(n: _Node) -> tuple:
-        ins = []
-        for v in n.inputs:
-            p = before.producer.get(v)
-            ins.append(("c", before.consts[v]) if v in before.consts else
-                       ("n", rep[p[0].key], p[1]) if p is not None and p[0].key in rep else ("v", v))
-        return n.op, n.attrs, tuple(ins)
-
     grew = True
     while grew:
         grew = False
+        number: dict[str, tuple] = {}
+        ids: dict[tuple, int] = {}
+        keys: dict[str, tuple] = {}
         first: dict[tuple, str] = {}
-        for b in before.nodes:
+        for b in before.nodes:  # (topological order)
+            ins = tuple(("c", before.consts[v]) if v in before.consts else number.get(v, ("v", v)) for v in b.inputs)
+            keys[b.key] = key = (b.op, b.attrs, ins)
             if b.key in b2a:
-                first.setdefault(ident(b), b2a[b.key])
+                first.setdefault(key, b2a[b.key])
+            made = ("n", rep[b.key]) if b.key in rep else ("s", ids.setdefault(key, len(ids)))
+            for j, o in enumerate(b.outputs):
+                if o:
+                    number[o] = (*made, j)
         for b in before.nodes:
-            a = first.get(ident(b)) if b.inputs and b.key not in rep and b.key not in skip else None
+            a = first.get(keys[b.key]) if b.inputs and b.key not in rep and b.key not in skip else None
             if a is not None:
                 rep[b.key] = a
                 merged[a].append(b.key)
                 grew = True
-    # a twin nothing reads (its readers unmatched too) went with them: removed, not merged
+    return merged
+
+
+def _live(before: Graph, b2a, candidates: set[str], through: set[str]) -> set[str]:
+    """The candidates something matched reads (directly, through other candidates, or through the
+    nodes in ``through``: eliminated ones), or that make a graph output."""
     live = set(b2a)
     for b in reversed(before.nodes):
-        if b.key in rep and b.key not in live and any(
+        if (b.key in candidates or b.key in through) and b.key not in live and any(
                 v in before.graph_outputs or any(c.key in live for c, _ in before.consumers.get(v, ()))
                 for v in b.outputs):
             live.add(b.key)
-    return {a: [k for k in ks if k in live] for a, ks in merged.items()}
+    return live
 
 
 _BYPASS_DEPTH = 6
@@ -448,10 +459,11 @@ _BYPASS_DEPTH = 6
 _COMPOSING = {("", op) for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Cast", "Expand")}
 
 
-def _bypassed(before: Graph, after: Graph, b2a, a2b, loose, skip) -> dict[str, list[str]]:
+def _bypassed(before: Graph, after: Graph, b2a, rep, a2b, loose, skip) -> dict[str, list[str]]:
     """BEFORE nodes a matched pair's AFTER node reads past: where the AFTER node reads, on some input
-    slot, what an unmatched BEFORE node upstream of its partner's same slot read, the unmatched nodes
-    between were bypassed. Those of the op of the AFTER node or of the one it reads, where two of
+    slot, what an unmatched BEFORE node upstream of its partner's same slot read (``rep``: the AFTER
+    node standing for a BEFORE node, matched or merged), the unmatched nodes between were bypassed
+    (merged ones too: a chain folded before its twins were merged). Those of the op of the AFTER node or of the one it reads, where two of
     that op make one, were folded into that node (a chain of Reshapes, Unsqueezes, Transposes made
     one), by AFTER node. The others, where what the AFTER node now reads is made as before (a kept
     node, a graph input), were eliminated (an Add of zeros, two Transposes that cancel): under the
@@ -465,7 +477,7 @@ def _bypassed(before: Graph, after: Graph, b2a, a2b, loose, skip) -> dict[str, l
         p = before.producer.get(v)
         if p is None:
             return v if v in before.graph_inputs else None
-        k = b2a.get(p[0].key)
+        k = rep.get(p[0].key)
         return after.by_key[k].outputs[p[1]] if k is not None and p[1] < len(after.by_key[k].outputs) else None
 
     def path(v: str, target: str, depth: int) -> list[str] | None:
