@@ -333,7 +333,7 @@ def align(before: Graph, after: Graph, *, use_names: bool = True, skip_before=fr
     # an unmatched Identity was eliminated (nothing takes its place), not fused into its neighbours
     dropped = {b.key for b in before.nodes if b.op == ("", "Identity") and b.key not in b2a}
     rep = {**b2a, **{k: a for a, ks in merged.items() for k in ks}}  # BEFORE key -> AFTER key standing for it
-    absorbed = _bypassed(before, after, b2a, rep, a2b, loose_a, dropped | set(skip_before))
+    absorbed = _bypassed(before, after, b2a, rep, a2b, loose_a, set(skip_before))
     bypassed = {k for ks in absorbed.values() for k in ks}
     dropped |= set(absorbed.pop("", ()))
     # a twin nothing matched reads (its readers unmatched too) went with them: removed, not merged
@@ -545,7 +545,7 @@ def _split(before: Graph, after: Graph, bs: list[str], as_: list[str], a2b) -> d
         hits = [b for b, c in reads.items() if c & mine]
         if len(hits) == 1 and sum(1 for o in free_a if consts(after, after.by_key[o]) & reads[hits[0]]) == 1:
             anchors[hits[0]] = k
-    _fork_anchors(before, after, set(bs), set(as_), anchors)
+    _fork_anchors(before, after, set(bs), set(as_), anchors, a2b)
     if len(set(anchors.values())) < len(as_):
         return None
     owner = dict(anchors)
@@ -570,13 +570,15 @@ def _split(before: Graph, after: Graph, bs: list[str], as_: list[str], a2b) -> d
     return out
 
 
-def _fork_anchors(before: Graph, after: Graph, bs: set[str], as_: set[str], anchors: dict[str, str]) -> None:
-    """Anchors for AFTER nodes of a region still without one, from where they sit: one whose readers
-    (in the region) have anchors, two or more, stands for the nearest BEFORE node upstream of all of
-    them (a fork: a Split for a SplitToSequence and its SequenceAts); one whose producers do, the
-    nearest downstream of all of them (a join)."""
-    def reach(k: str, up: bool) -> set[str]:
-        seen, todo = set(), [k]
+def _fork_anchors(before: Graph, after: Graph, bs: set[str], as_: set[str], anchors: dict[str, str],
+                  a2b: dict[str, str]) -> None:
+    """Anchors for AFTER nodes of a region still without one, from where they sit: one with two or
+    more readers whose place in BEFORE is known (an anchor in the region; a matched node outside it,
+    read by the region's node on the same slot of its partner) stands for the nearest BEFORE node
+    upstream of all of them (a fork: a Split for a SplitToSequence and its SequenceAts); one with two
+    or more such producers, for the nearest downstream of all of them (a join)."""
+    def reach(ks, up: bool) -> set[str]:
+        seen, todo = set(), list(ks)
         while todo:
             n = before.by_key[todo.pop()]
             near = ([before.producer[v][0].key for v in n.inputs if v in before.producer] if up else
@@ -587,19 +589,43 @@ def _fork_anchors(before: Graph, after: Graph, bs: set[str], as_: set[str], anch
                     todo.append(m)
         return seen
 
+    def readers(n: _Node, where) -> list[set[str]]:
+        out = []
+        for v in n.outputs:
+            for c, i in after.consumers.get(v, ()):
+                if c.key in where:
+                    out.append(reach([where[c.key]], True))
+                elif c.key in a2b and i < len(before.by_key[a2b[c.key]].inputs):
+                    p = before.producer.get(before.by_key[a2b[c.key]].inputs[i])
+                    if p is not None and p[0].key in bs:
+                        out.append({p[0].key} | reach([p[0].key], True))
+        return out
+
+    def sources(n: _Node, where) -> list[set[str]]:
+        out = []
+        for v in n.inputs:
+            p = after.producer.get(v)
+            if p is None:
+                continue
+            if p[0].key in where:
+                out.append(reach([where[p[0].key]], False))
+            elif p[0].key in a2b:
+                outs = before.by_key[a2b[p[0].key]].outputs
+                first = [c.key for c, _ in before.consumers.get(outs[p[1]], ()) if c.key in bs] if p[1] < len(outs) else []
+                if first:
+                    out.append(set(first) | reach(first, False))
+        return out
+
     grew = True
     while grew:
         grew = False
         where = {a: b for b, a in anchors.items()}
         for k in sorted(as_ - set(where), key=lambda k: after.by_key[k].index):
             n = after.by_key[k]
-            readers = {where[c.key] for v in n.outputs for c, _ in after.consumers.get(v, ()) if c.key in where}
-            sources = {where[after.producer[v][0].key] for v in n.inputs
-                       if v in after.producer and after.producer[v][0].key in where}
-            for group, up in ((readers, True), (sources, False)):
+            for group, up in ((readers(n, where), True), (sources(n, where), False)):
                 if len(group) < 2:
                     continue
-                common = set.intersection(*(reach(b, up) for b in sorted(group))) - set(anchors)
+                common = set.intersection(*group) - set(anchors)
                 if common:
                     pick = (max if up else min)(common, key=lambda b: before.by_key[b].index)
                     anchors[pick] = k
