@@ -194,21 +194,22 @@ def test_transformer_block_alignment_agrees_with_provenance(block):
 
 
 def test_transformer_block_peer_tool(block):
-    """onnxslim's output (no provenance): what it keeps is kept, what it drops removed, every node it
-    makes stands for BEFORE nodes, and nothing stands for two AFTER nodes' worth by accident."""
+    """onnxslim's output (no provenance) aligns as it was made: the shape arithmetic computed twice
+    is merged (common subexpressions), the Add of a zero bias and the Identity are gone, the rest kept."""
     onnxslim = pytest.importorskip("onnxslim")
     before, _ = block
     slim = onnxslim.slim(onnx.ModelProto.FromString(before.SerializeToString()))
     b, a = diff.Graph(before), diff.Graph(slim)
-    m = diff.align(b, a)
-    assert m["method"] == "alignment"
-    for n in a.nodes:
-        assert m["pairs"][n.key], f"{n.key} ({n.op[1]}) stands for nothing"
-    # the attention core survives any simplifier: each such node maps to its namesake op
-    for name in ("att/softmax", "att/qk", "att/pv", "q/matmul", "k/matmul", "v/matmul", "o/matmul"):
-        standing = [k for k, bs in m["pairs"].items() if name in bs]
-        assert len(standing) == 1 and a.by_key[standing[0]].op == b.by_key[name].op, (name, standing)
-    assert "att/identity" in m["removed"] or not any("att/identity" in bs for bs in m["pairs"].values())
+    twins = {"shape": "shape_2", "gather_b": "gather_b_2", "gather_s": "gather_s_2"}
+    if any(k in a.by_key for k in twins.values()) or "v/bias" in a.by_key:
+        pytest.skip(f"onnxslim {onnxslim.__version__} no longer merges or drops what this test expects")
+    expected = {n.key: {n.key} | ({twins[n.key]} if n.key in twins else set()) for n in a.nodes}
+    for names in (True, False):
+        m = diff.align(b, a, use_names=names)
+        assert m["method"] == "alignment"
+        assert _sets(m) == expected, names
+        assert sorted(m["removed"]) == ["att/identity", "v/bias"]
+        assert not m["created"] and not m["changed"]
 
 
 # --------------------------------------------------------------------------------------------
