@@ -54,25 +54,22 @@ ME_SCHEMA = ("google-ai-edge/model-explorer src/ui/src/components/visualizer/com
 
 
 class _Node:
-    __slots__ = ("key", "named", "op", "attrs", "inputs", "outputs", "props", "index")
+    __slots__ = ("key", "named", "op", "attrs", "attr_values", "inputs", "outputs", "props", "index")
 
     def __init__(self, key, named, proto: onnx.NodeProto, index):
         self.key, self.named, self.index = key, named, index
         self.op = (proto.domain if proto.domain not in ("", "ai.onnx") else "", proto.op_type)
-        self.attrs = _attr_hash(proto)
+        self.attr_values = _attr_values(proto)
+        self.attrs = hashlib.sha1(repr(sorted(self.attr_values.items())).encode()).hexdigest()[:16]
         self.inputs = list(proto.input)
         self.outputs = list(proto.output)
         self.props = {p.key: p.value for p in proto.metadata_props}
 
 
-def _attr_hash(proto: onnx.NodeProto) -> str:
-    h = hashlib.sha1()
-    for a in sorted(proto.attribute, key=lambda a: a.name):
-        if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
-            h.update(a.name.encode())  # (a subgraph's nodes are mapped themselves)
-            continue
-        h.update(a.SerializeToString(deterministic=True))
-    return h.hexdigest()[:16]
+def _attr_values(proto: onnx.NodeProto) -> dict[str, str]:
+    """Attribute name -> a hash of its value (a subgraph's nodes are mapped themselves: its name only)."""
+    return {a.name: "graph" if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) else
+            hashlib.sha1(a.SerializeToString(deterministic=True)).hexdigest()[:16] for a in proto.attribute}
 
 
 def _tensor_hash(t: onnx.TensorProto) -> str:
@@ -312,6 +309,7 @@ def align(before: Graph, after: Graph, *, use_names: bool = True, skip_before=fr
                 for b, a in zip(bs, as_):
                     pair(b, a)
         _propagate(before, after, b2a, a2b, pair)
+    _propagate(before, after, b2a, a2b, pair, through=True)
     # regions of unmatched nodes, linked across the matched boundary
     parent: dict[tuple, tuple] = {}
 
@@ -459,17 +457,23 @@ _BYPASS_DEPTH = 6
 _COMPOSING = {("", op) for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Cast", "Expand")}
 
 
+def _gained(b: _Node, a: _Node) -> bool:
+    """AFTER node ``a`` has an attribute its partner ``b`` has not, or has with another value (one
+    ``b`` spelled out and ``a`` leaves to its default is no gain)."""
+    return any(b.attr_values.get(k) != v for k, v in a.attr_values.items())
+
+
 def _bypassed(before: Graph, after: Graph, b2a, rep, a2b, loose, skip) -> dict[str, list[str]]:
     """BEFORE nodes a matched pair's AFTER node reads past: where the AFTER node reads, on some input
     slot, what an unmatched BEFORE node upstream of its partner's same slot read (``rep``: the AFTER
     node standing for a BEFORE node, matched or merged), the unmatched nodes between were bypassed
-    (merged ones too: a chain folded before its twins were merged). Those of the op of the AFTER node or of the one it reads, where two of
-    that op make one, were folded into that node (a chain of Reshapes, Unsqueezes, Transposes made
-    one), by AFTER node. The others, where what the AFTER node now reads is made as before (a kept
-    node, a graph input), were eliminated (an Add of zeros, two Transposes that cancel): under the
-    key "" (nothing stands for them); where it is made otherwise (a changed or new node), they were
-    fused into it (Conv+BatchNormalization): left to the regions. ``loose``: AFTER nodes changed or
-    unmatched."""
+    (merged ones too: a chain folded before its twins were merged). Those of the op of the AFTER
+    node or of the one it reads, where two of that op make one, were folded into that node (a chain
+    of Reshapes, Unsqueezes, Transposes made one), by AFTER node. The others, where the AFTER node gained no attribute value and what it reads
+    is made as before (a kept node, a graph input), were eliminated (an Add of zeros, two Transposes
+    that cancel): under the key "" (nothing stands for them); else they were fused into one of them
+    (a Pad into a Conv's pads, a BatchNormalization into the Conv before it): left to the regions.
+    ``loose``: AFTER nodes changed or unmatched."""
     out: dict[str, list[str]] = collections.defaultdict(list)
     taken = set(skip)
 
@@ -509,10 +513,10 @@ def _bypassed(before: Graph, after: Graph, b2a, rep, a2b, loose, skip) -> dict[s
                 into = a if op == a.op else source[0] if source is not None and op == source[0].op else None
                 if into is not None and op in _COMPOSING:
                     out[into.key].append(k)
-                elif source is None or source[0].key not in loose:
+                elif not _gained(before.by_key[bk], a) and (source is None or source[0].key not in loose):
                     out[""].append(k)
                 else:
-                    continue  # what reads past it was changed: a fusion (Conv+BatchNormalization), a region
+                    continue  # what reads past it or what it reads changed: a fusion (Pad into a Conv's pads)
                 taken.add(k)
     return out
 
@@ -645,7 +649,10 @@ def _constant_like(g: Graph) -> set[str]:
     return fixed
 
 
-def _propagate(before: Graph, after: Graph, b2a, a2b, pair) -> None:
+def _propagate(before: Graph, after: Graph, b2a, a2b, pair, through: bool = False) -> None:
+    """Neighbours of pairs with one candidate on each side (same op, same slot), pairs of pairs in
+    turn. With ``through``, a producer is also sought upstream of the BEFORE one of another op, past
+    unmatched nodes read once (on their first input read from a node): what the AFTER side dropped."""
     work = list(a2b.items())
     while work:
         ak, bk = work.pop()
@@ -653,6 +660,8 @@ def _propagate(before: Graph, after: Graph, b2a, a2b, pair) -> None:
         found = []
         for va, vb in zip(a.inputs, b.inputs):
             pa, pb = after.producer.get(va), before.producer.get(vb)
+            if pa and pb and through and pa[0].key not in a2b:
+                pb = _upstream_of_op(before, pb, pa[0].op, b2a)
             if pa and pb and pa[1] == pb[1] and pair(pb[0], pa[0]):
                 found.append((pa[0].key, pb[0].key))
         for va, vb in zip(a.outputs, b.outputs):
@@ -669,6 +678,22 @@ def _propagate(before: Graph, after: Graph, b2a, a2b, pair) -> None:
                 if len(cs) == 1 and len(others) == 1 and pair(others[0], cs[0]):
                     found.append((cs[0].key, others[0].key))
         work.extend(found)
+
+
+def _upstream_of_op(g: Graph, start: tuple[_Node, int], op, matched, depth: int = 4):
+    """(node, output slot): ``start``, or the first node of op ``op`` up the chain of unmatched nodes
+    read once above it; None where there is none."""
+    node, slot = start
+    for _ in range(depth):
+        if node.op == op or node.key in matched:
+            break
+        if sum(len(g.consumers.get(o, ())) for o in node.outputs if o) != 1:
+            return None
+        up = next((g.producer[v] for v in node.inputs if v in g.producer and v not in g.consts), None)
+        if up is None:
+            return None
+        node, slot = up
+    return (node, slot) if node.op == op and node.key not in matched else None
 
 
 # --------------------------------------------------------------------------------------------

@@ -93,6 +93,23 @@ def test_fused_producer_is_not_an_elimination():
         assert m["removed"] == []
 
 
+def test_pad_folded_into_conv_pads_is_fused_not_eliminated():
+    """Pad -> Conv became one Conv with pads: the Conv reads past the Pad, but gained an attribute
+    value (its pads): the Pad went into it. Without names the Conv pairs only through the Pad (its
+    reader's producer, one node up): found all the same."""
+    node = helper.make_node
+    inits = [_const("w", np.ones((4, 3, 3, 3))), _const("pads", [0, 0, 1, 1, 0, 0, 1, 1], np.int64)]
+    shape = (("x", [1, 3, 4, 4]),)
+    before = _model([node("Pad", ["x", "pads"], ["p"], name="pad"), node("Conv", ["p", "w"], ["c"], name="conv"),
+                     node("Relu", ["c"], ["y"], name="relu")], inits, inputs=shape)
+    after = _model([node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+                    node("Relu", ["c"], ["y"], name="relu")], inits[:1], inputs=shape)
+    for names in (True, False):
+        m = _align(before, after, names)
+        assert _sets(m) == {"conv": {"pad", "conv"}, "relu": {"relu"}}, names
+        assert m["removed"] == []
+
+
 def test_region_of_several_rewrites_split_at_a_fork():
     """Reshape -> Gemm -> Reshape -> SplitToSequence -> SequenceAt x2 became MatMul -> Split: one region
     on each side; the MatMul is anchored by the weight it shares with the Gemm, the Split where it
