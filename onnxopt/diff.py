@@ -469,11 +469,11 @@ def _bypassed(before: Graph, after: Graph, b2a, rep, a2b, loose, skip) -> dict[s
     node standing for a BEFORE node, matched or merged), the unmatched nodes between were bypassed
     (merged ones too: a chain folded before its twins were merged). Those of the op of the AFTER
     node or of the one it reads, where two of that op make one, were folded into that node (a chain
-    of Reshapes, Unsqueezes, Transposes made one), by AFTER node. The others, where the AFTER node gained no attribute value and what it reads
-    is made as before (a kept node, a graph input), were eliminated (an Add of zeros, two Transposes
-    that cancel): under the key "" (nothing stands for them); else they were fused into one of them
-    (a Pad into a Conv's pads, a BatchNormalization into the Conv before it): left to the regions.
-    ``loose``: AFTER nodes changed or unmatched."""
+    of Reshapes, Unsqueezes, Transposes made one), by AFTER node. The others, where the AFTER node
+    gained no attribute value and what it reads is made as before (a kept node, a graph input), were
+    eliminated (an Add of zeros, two Transposes that cancel): under the key "" (nothing stands for
+    them); else they were fused into one of them (a Pad into a Conv's pads, a BatchNormalization
+    into the Conv before it): left to the regions. ``loose``: AFTER nodes changed or unmatched."""
     out: dict[str, list[str]] = collections.defaultdict(list)
     taken = set(skip)
 
@@ -525,8 +525,8 @@ def _split(before: Graph, after: Graph, bs: list[str], as_: list[str], a2b) -> d
     """Several rewrites side by side make one region (two Conv+BatchNormalization folds in a row; a
     Gemm made a MatMul beside a SplitToSequence made a Split): where every AFTER node of the region
     has an anchor among its BEFORE nodes (its partner when it was changed; else the k-th of its op
-    type in order where both sides hold as many of that op; else the one BEFORE node reading a
-    constant of the same contents; else where it sits: ``_fork_anchors``), each BEFORE node goes
+    type in order where both sides hold as many of that op; else the BEFORE nodes reading constants
+    of the same contents as it and no other; else where it sits: ``_fork_anchors``), each BEFORE node goes
     to the nearest anchor (edges within the region; at equal distance, the anchor upstream: a
     rewrite absorbs what its source feeds)."""
     inside = set(bs)
@@ -547,8 +547,8 @@ def _split(before: Graph, after: Graph, bs: list[str], as_: list[str], a2b) -> d
     for k in free_a:
         mine = consts(after, after.by_key[k])
         hits = [b for b, c in reads.items() if c & mine]
-        if len(hits) == 1 and sum(1 for o in free_a if consts(after, after.by_key[o]) & reads[hits[0]]) == 1:
-            anchors[hits[0]] = k
+        if hits and all(sum(1 for o in free_a if consts(after, after.by_key[o]) & reads[b]) == 1 for b in hits):
+            anchors.update(dict.fromkeys(hits, k))
     _fork_anchors(before, after, set(bs), set(as_), anchors, a2b)
     if len(set(anchors.values())) < len(as_):
         return None
@@ -615,7 +615,8 @@ def _fork_anchors(before: Graph, after: Graph, bs: set[str], as_: set[str], anch
                 out.append(reach([where[p[0].key]], False))
             elif p[0].key in a2b:
                 outs = before.by_key[a2b[p[0].key]].outputs
-                first = [c.key for c, _ in before.consumers.get(outs[p[1]], ()) if c.key in bs] if p[1] < len(outs) else []
+                readers_b = before.consumers.get(outs[p[1]], ()) if p[1] < len(outs) else ()
+                first = [c.key for c, _ in readers_b if c.key in bs]
                 if first:
                     out.append(set(first) | reach(first, False))
         return out

@@ -110,6 +110,22 @@ def test_pad_folded_into_conv_pads_is_fused_not_eliminated():
         assert m["removed"] == []
 
 
+def test_region_split_by_a_changed_partner_and_shared_constants():
+    """MatMul + Add became a Gemm beside a Transpose that changed: one region; the Transpose keeps its
+    partner, the Gemm takes the nodes reading its weight and bias."""
+    node = helper.make_node
+    inits = [_const("w", np.ones((8, 6))), _const("bias", np.arange(6))]
+    before = _model([node("MatMul", ["x", "w"], ["m"], name="mm"), node("Add", ["m", "bias"], ["a"], name="add"),
+                     node("Transpose", ["a"], ["t"], name="tr", perm=[1, 0]), node("Neg", ["t"], ["y"], name="neg")],
+                    inits)
+    after = _model([node("Gemm", ["x", "w", "bias"], ["a"], name="gemm"),
+                    node("Transpose", ["a"], ["t"], name="tr", perm=[0, 1]), node("Neg", ["t"], ["y"], name="neg")],
+                   inits)
+    for names in (True, False):
+        m = _align(before, after, names)
+        assert _sets(m) == {"gemm": {"mm", "add"}, "tr": {"tr"}, "neg": {"neg"}}, names
+
+
 def test_region_of_several_rewrites_split_at_a_fork():
     """Reshape -> Gemm -> Reshape -> SplitToSequence -> SequenceAt x2 became MatMul -> Split: one region
     on each side; the MatMul is anchored by the weight it shares with the Gemm, the Split where it
@@ -169,7 +185,8 @@ def _transformer() -> onnx.ModelProto:
                   n("Add", [f"{k}m", f"b{k}"], [f"{k}a"], name=f"{k}/bias"),
                   n("Reshape", [f"{k}a", "split_shape"], [f"{k}r"], name=f"{k}/reshape"),
                   n("Transpose", [f"{k}r"], [f"{k}t"], name=f"{k}/transpose", perm=perms[k])]
-    nodes += [n("MatMul", ["qt", "kt"], ["scores"], name="att/qk"), n("Div", ["scores", "scale"], ["scaled"], name="att/div"),
+    nodes += [n("MatMul", ["qt", "kt"], ["scores"], name="att/qk"),
+              n("Div", ["scores", "scale"], ["scaled"], name="att/div"),
               n("Softmax", ["scaled"], ["probs"], name="att/softmax", axis=-1),
               n("MatMul", ["probs", "vt"], ["ctx"], name="att/pv"),
               n("Transpose", ["ctx"], ["ctx_t"], name="att/transpose", perm=[0, 2, 1, 3]),
