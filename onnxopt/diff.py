@@ -526,9 +526,10 @@ def _split(before: Graph, after: Graph, bs: list[str], as_: list[str], a2b) -> d
     Gemm made a MatMul beside a SplitToSequence made a Split): where every AFTER node of the region
     has an anchor among its BEFORE nodes (its partner when it was changed; else the k-th of its op
     type in order where both sides hold as many of that op; else the BEFORE nodes reading constants
-    of the same contents as it and no other; else where it sits: ``_fork_anchors``), each BEFORE node goes
-    to the nearest anchor (edges within the region; at equal distance, the anchor upstream: a
-    rewrite absorbs what its source feeds)."""
+    of the same contents as it and no other; else where it sits: ``_fork_anchors``), each BEFORE
+    node goes to the nearest anchor upstream of it (a rewrite absorbs what its source feeds: a
+    Conv's BatchNormalization, Mul and Add), else to the nearest downstream (a Conv's Pad); edges
+    within the region."""
     inside = set(bs)
     anchors = {a2b[a]: a for a in as_ if a2b.get(a) in inside}
     free_a = [k for k in sorted(as_, key=lambda k: after.by_key[k].index) if k not in anchors.values()]
@@ -553,20 +554,19 @@ def _split(before: Graph, after: Graph, bs: list[str], as_: list[str], a2b) -> d
     if len(set(anchors.values())) < len(as_):
         return None
     owner = dict(anchors)
-    frontier = [k for k in bs if k in anchors]
-    while frontier:  # breadth first, in BEFORE's order
-        claims: dict[str, tuple] = {}
-        for k in frontier:
-            n = before.by_key[k]
-            down = [c.key for v in n.outputs for c, _ in before.consumers.get(v, ())]
-            up = [before.producer[v][0].key for v in n.inputs if v in before.producer]
-            for rank, near in ((0, down), (1, up)):
+    for up in (False, True):  # what the anchors feed first, then what feeds them
+        frontier = [k for k in bs if k in owner]
+        while frontier:  # breadth first, in BEFORE's order
+            claims: dict[str, str] = {}
+            for k in frontier:
+                n = before.by_key[k]
+                near = ([before.producer[v][0].key for v in n.inputs if v in before.producer] if up else
+                        [c.key for v in n.outputs for c, _ in before.consumers.get(v, ())])
                 for m in near:
                     if m in inside and m not in owner:
-                        claims[m] = min(claims.get(m, (2,)), (rank, owner[k]), key=lambda c: c[0])
-        for m, (_, a) in claims.items():
-            owner[m] = a
-        frontier = sorted(claims, key=lambda m: before.by_key[m].index)
+                        claims.setdefault(m, owner[k])
+            owner.update(claims)
+            frontier = sorted(claims, key=lambda m: before.by_key[m].index)
     out = {a: [] for a in as_}
     for k in bs:
         if k in owner:
