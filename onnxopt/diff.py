@@ -55,26 +55,22 @@ ME_SCHEMA = ("google-ai-edge/model-explorer src/ui/src/components/visualizer/com
 
 
 class _Node:
-    __slots__ = ("key", "named", "op", "attrs", "inputs", "outputs", "props", "index", "sig")
+    __slots__ = ("key", "named", "op", "attrs", "attr_values", "inputs", "outputs", "props", "index")
 
     def __init__(self, key, named, proto: onnx.NodeProto, index):
         self.key, self.named, self.index = key, named, index
         self.op = (proto.domain if proto.domain not in ("", "ai.onnx") else "", proto.op_type)
-        self.attrs = _attr_hash(proto)
+        self.attr_values = _attr_values(proto)
+        self.attrs = hashlib.sha1(repr(sorted(self.attr_values.items())).encode()).hexdigest()[:16]
         self.inputs = list(proto.input)
         self.outputs = list(proto.output)
         self.props = {p.key: p.value for p in proto.metadata_props}
-        self.sig: list[str] = []
 
 
-def _attr_hash(proto: onnx.NodeProto) -> str:
-    h = hashlib.sha1()
-    for a in sorted(proto.attribute, key=lambda a: a.name):
-        if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
-            h.update(a.name.encode())  # (a subgraph's nodes are mapped themselves)
-            continue
-        h.update(a.SerializeToString(deterministic=True))
-    return h.hexdigest()[:16]
+def _attr_values(proto: onnx.NodeProto) -> dict[str, str]:
+    """Attribute name -> a hash of its value (a subgraph's nodes are mapped themselves: its name only)."""
+    return {a.name: "graph" if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) else
+            hashlib.sha1(a.SerializeToString(deterministic=True)).hexdigest()[:16] for a in proto.attribute}
 
 
 def _tensor_hash(t: onnx.TensorProto) -> str:
@@ -243,38 +239,48 @@ def _classify(before: Graph, after: Graph, pairs, rules, replaced, method, made)
 _DEPTH = 4
 
 
-def _signatures(g: Graph) -> None:
-    """n.sig[k]: a hash of the node and what it reads, k producers deep (constants by content,
-    graph inputs and outputs by name)."""
+def _signatures(g: Graph, fixed: set[str] | None = None) -> dict[str, list[str]]:
+    """By node key, [k]: a hash of the node and what it reads, k producers deep (constants by content,
+    graph inputs and outputs by name). With ``fixed`` (constant-like values: ``_constant_like``),
+    constants and what folding would make of them are alike: "a constant", content unseen."""
+    sig: dict[str, list[str]] = {}
+    const = set(g.consts) if fixed is None else fixed
     for n in g.nodes:
         h = hashlib.sha1(repr((n.op, n.attrs)).encode())
         for v in n.inputs:
-            h.update((f"c{g.consts[v]}" if v in g.consts else f"i{v}" if v in g.graph_inputs else
-                      "-" if not v else "n").encode() + b"|")
+            h.update(("k" if fixed is not None and v in fixed else f"c{g.consts[v]}" if v in g.consts else
+                      f"i{v}" if v in g.graph_inputs else "-" if not v else "n").encode() + b"|")
         for v in n.outputs:
             if v in g.graph_outputs:
                 h.update(f"o{v}".encode())
-        n.sig = [h.hexdigest()[:16]]
+        sig[n.key] = [h.hexdigest()[:16]]
     for k in range(1, _DEPTH + 1):
         for n in g.nodes:
-            h = hashlib.sha1(n.sig[0].encode())
+            h = hashlib.sha1(sig[n.key][0].encode())
             for v in n.inputs:
                 p = g.producer.get(v)
-                if p is not None and v not in g.consts:
-                    h.update(f"{p[0].sig[k - 1]}:{p[1]}|".encode())
-            n.sig.append(h.hexdigest()[:16])
+                if p is not None and v not in const:
+                    h.update(f"{sig[p[0].key][k - 1]}:{p[1]}|".encode())
+            sig[n.key].append(h.hexdigest()[:16])
+    return sig
 
 
 def align(before: Graph, after: Graph, *, use_names: bool = True, skip_before=frozenset(),
           skip_after=frozenset()) -> dict:
     """The mapping from names, constants and structure: equal names with equal op types; then
     nodes equal k producers deep (k = 4 .. 0), each signature shared by as many nodes on both sides
-    paired in order; then neighbours of pairs with one candidate on each side (same op, same slot).
-    What is left: an AFTER node is created, standing for the unmatched BEFORE nodes it touches
-    through the same edges (a region of unmatched nodes on each side, linked where they meet the
-    same matched node on the same input or output slot); a BEFORE node is removed."""
-    _signatures(before)
-    _signatures(after)
+    paired in order; then neighbours of pairs with one candidate on each side (same op, same slot);
+    then the same with constants alike (content unseen: folded weights). Unmatched BEFORE nodes
+    equal to a matched one were merged into its partner (``_twins``); those an AFTER node reads past
+    were eliminated, or folded into it where two of their op make one (``_bypassed``). What is left:
+    an AFTER node is created, standing for the unmatched BEFORE nodes it touches through the same
+    edges (a region of unmatched nodes on each side, linked where they meet the same matched node
+    on the same input or output slot; a region of several rewrites split by ``_split``); a BEFORE
+    node is removed."""
+    # exact signatures first; then, for what is left, with constants alike (folded weights: a
+    # Transpose of an initializer before, the transposed initializer after)
+    rounds = [(_signatures(before), _signatures(after)),
+              (_signatures(before, _constant_like(before)), _signatures(after, _constant_like(after)))]
     b2a: dict[str, str] = {}
     a2b: dict[str, str] = {}
 
@@ -289,21 +295,22 @@ def align(before: Graph, after: Graph, *, use_names: bool = True, skip_before=fr
             b = before.by_key.get(a.key)
             if a.named and b is not None and b.named:
                 pair(b, a)
-    for k in range(_DEPTH, -1, -1):
+    for (sig_b, sig_a), k in ((r, k) for r in rounds for k in range(_DEPTH, -1, -1)):
         groups_b = collections.defaultdict(list)
         groups_a = collections.defaultdict(list)
         for b in before.nodes:
             if b.key not in b2a and b.key not in skip_before:
-                groups_b[b.sig[k]].append(b)
+                groups_b[sig_b[b.key][k]].append(b)
         for a in after.nodes:
             if a.key not in a2b and a.key not in skip_after:
-                groups_a[a.sig[k]].append(a)
+                groups_a[sig_a[a.key][k]].append(a)
         for s, bs in groups_b.items():
             as_ = groups_a.get(s)
             if as_ and len(bs) == len(as_):
                 for b, a in zip(bs, as_):
                     pair(b, a)
         _propagate(before, after, b2a, a2b, pair)
+    _propagate(before, after, b2a, a2b, pair, through=True)
     # regions of unmatched nodes, linked across the matched boundary
     parent: dict[tuple, tuple] = {}
 
@@ -320,19 +327,18 @@ def align(before: Graph, after: Graph, *, use_names: bool = True, skip_before=fr
         return _changed(before.by_key[a2b[a.key]], a, before, after)
 
     loose_a = {a.key for a in after.nodes if a.key not in skip_after and (a.key not in a2b or changed(a))}
-    # a BEFORE node equal to a matched one (same op, attributes and inputs) was merged into its partner
-    twins: dict[tuple, str] = {}
-    for b in before.nodes:
-        if b.key in b2a:
-            twins.setdefault((b.op, b.attrs, tuple(b.inputs)), b.key)
-    merged: dict[str, list[str]] = collections.defaultdict(list)
-    for b in before.nodes:
-        first = twins.get((b.op, b.attrs, tuple(b.inputs)))
-        if b.key not in b2a and b.key not in skip_before and first is not None and b.inputs:
-            merged[b2a[first]].append(b.key)
-    gone = {k for ks in merged.values() for k in ks}
+    merged = _twins(before, b2a, skip_before)
+    twins = {k for ks in merged.values() for k in ks}
     # an unmatched Identity was eliminated (nothing takes its place), not fused into its neighbours
-    gone |= {b.key for b in before.nodes if b.op == ("", "Identity") and b.key not in b2a}
+    dropped = {b.key for b in before.nodes if b.op == ("", "Identity") and b.key not in b2a}
+    rep = {**b2a, **{k: a for a, ks in merged.items() for k in ks}}  # BEFORE key -> AFTER key standing for it
+    absorbed = _bypassed(before, after, b2a, rep, a2b, loose_a, set(skip_before))
+    bypassed = {k for ks in absorbed.values() for k in ks}
+    dropped |= set(absorbed.pop("", ()))
+    # a twin nothing matched reads (its readers unmatched too) went with them: removed, not merged
+    live = _live(before, b2a, twins, dropped | bypassed)
+    merged = {a: [k for k in ks if k in live and k not in bypassed] for a, ks in merged.items()}
+    gone = dropped | bypassed | (twins & live)
     loose_b = {b.key for b in before.nodes if b.key not in skip_before and b.key not in b2a and b.key not in gone}
     loose_b |= {a2b[k] for k in loose_a if k in a2b}
     for a in loose_a:
@@ -361,7 +367,7 @@ def align(before: Graph, after: Graph, *, use_names: bool = True, skip_before=fr
             for v in n.outputs:
                 if v in g.graph_outputs:
                     touch[("output", v)].add(find((side, n.key)))
-                for c, i in g.consumers.get(v, ()):
+                for c, i in _readers(g, v, dropped if m is None else ()):
                     if c.key not in loose:
                         touch[("in", m.get(c.key) if m is not None else c.key, i)].add(find((side, n.key)))
     for regions in touch.values():
@@ -374,52 +380,265 @@ def align(before: Graph, after: Graph, *, use_names: bool = True, skip_before=fr
         members[find(("b", b))][0].append(b)
     for a in loose_a:
         members[find(("a", a))][1].append(a)
-    pairs: dict[str, list[str]] = {a: [b] + merged.get(a, []) for a, b in a2b.items()}
+    pairs: dict[str, list[str]] = {a: [b] for a, b in a2b.items()}
     order = {n.key: n.index for n in before.nodes}
     for bs, as_ in members.values():
         bs = sorted(bs, key=order.get)
-        split = _split(before, after, bs, as_) if len(as_) > 1 else None
+        split = _split(before, after, bs, as_, a2b) if len(as_) > 1 else None
         for a in as_:
             pairs[a] = split[a] if split else bs
+    for a, ks in [*merged.items(), *absorbed.items()]:
+        if a in pairs:  # (not one of skip_after)
+            pairs[a] = pairs[a] + ks
     for a in after.nodes:
         if a.key not in skip_after:
             pairs.setdefault(a.key, [])
-    return _classify(before, after, pairs, {}, {}, "alignment", loose_a)
+    return _classify(before, after, pairs, {}, {}, "alignment", loose_a | set(absorbed))
 
 
-def _split(before: Graph, after: Graph, bs: list[str], as_: list[str]) -> dict[str, list[str]] | None:
-    """Several rewrites side by side make one region (two Conv+BatchNormalization folds in a row):
-    where every AFTER node of the region has a BEFORE node of its op type, the k-th of each op in
-    order, each BEFORE node of the region goes to the nearest such anchor (edges within the region)."""
+def _readers(g: Graph, v: str, through) -> list[tuple[_Node, int]]:
+    """The nodes reading value v and on which input slot, looking through the nodes in ``through``
+    (eliminated ones: what read them now reads what they read)."""
+    out = []
+    for c, i in g.consumers.get(v, ()):
+        if c.key in through:
+            out += [r for o in c.outputs if o for r in _readers(g, o, through)]
+        else:
+            out.append((c, i))
+    return out
+
+
+def _twins(before: Graph, b2a: dict[str, str], skip) -> dict[str, list[str]]:
+    """BEFORE nodes merged into a matched one (common subexpressions), by AFTER node: unmatched, equal
+    to a matched node in op, attributes and inputs. Values are numbered as common-subexpression
+    elimination numbers them: a constant by its contents, the output of a node standing for an AFTER
+    node (matched, or merged: so a chain of merged nodes is found link by link) by that node, any
+    other output by its node's op, attributes and inputs' numbers (what folding made a constant)."""
+    rep = dict(b2a)  # BEFORE key -> the AFTER node standing for it
+    merged: dict[str, list[str]] = collections.defaultdict(list)
+    grew = True
+    while grew:
+        grew = False
+        number: dict[str, tuple] = {}
+        ids: dict[tuple, int] = {}
+        keys: dict[str, tuple] = {}
+        first: dict[tuple, str] = {}
+        for b in before.nodes:  # (topological order)
+            ins = tuple(("c", before.consts[v]) if v in before.consts else number.get(v, ("v", v)) for v in b.inputs)
+            keys[b.key] = key = (b.op, b.attrs, ins)
+            if b.key in b2a:
+                first.setdefault(key, b2a[b.key])
+            made = ("n", rep[b.key]) if b.key in rep else ("s", ids.setdefault(key, len(ids)))
+            for j, o in enumerate(b.outputs):
+                if o:
+                    number[o] = (*made, j)
+        for b in before.nodes:
+            a = first.get(keys[b.key]) if b.inputs and b.key not in rep and b.key not in skip else None
+            if a is not None:
+                rep[b.key] = a
+                merged[a].append(b.key)
+                grew = True
+    return merged
+
+
+def _live(before: Graph, b2a, candidates: set[str], through: set[str]) -> set[str]:
+    """The candidates something matched reads (directly, through other candidates, or through the
+    nodes in ``through``: eliminated ones), or that make a graph output."""
+    live = set(b2a)
+    for b in reversed(before.nodes):
+        if (b.key in candidates or b.key in through) and b.key not in live and any(
+                v in before.graph_outputs or any(c.key in live for c, _ in before.consumers.get(v, ()))
+                for v in b.outputs):
+            live.add(b.key)
+    return live
+
+
+_BYPASS_DEPTH = 6
+# ops two of which in a row make one of their kind (what a chain rewrite folds into its last node)
+_COMPOSING = {("", op) for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Cast", "Expand")}
+
+
+def _gained(b: _Node, a: _Node) -> bool:
+    """AFTER node ``a`` has an attribute its partner ``b`` has not, or has with another value (one
+    ``b`` spelled out and ``a`` leaves to its default is no gain)."""
+    return any(b.attr_values.get(k) != v for k, v in a.attr_values.items())
+
+
+def _bypassed(before: Graph, after: Graph, b2a, rep, a2b, loose, skip) -> dict[str, list[str]]:
+    """BEFORE nodes a matched pair's AFTER node reads past: where the AFTER node reads, on some input
+    slot, what an unmatched BEFORE node upstream of its partner's same slot read (``rep``: the AFTER
+    node standing for a BEFORE node, matched or merged), the unmatched nodes between were bypassed
+    (merged ones too: a chain folded before its twins were merged). Those of the op of the AFTER
+    node or of the one it reads, where two of that op make one, were folded into that node (a chain
+    of Reshapes, Unsqueezes, Transposes made one), by AFTER node. The others, where the AFTER node
+    gained no attribute value and what it reads is made as before (a kept node, a graph input), were
+    eliminated (an Add of zeros, two Transposes that cancel): under the key "" (nothing stands for
+    them); else they were fused into one of them (a Pad into a Conv's pads, a BatchNormalization
+    into the Conv before it): left to the regions. ``loose``: AFTER nodes changed or unmatched."""
+    out: dict[str, list[str]] = collections.defaultdict(list)
+    taken = set(skip)
+
+    def equiv(v: str) -> str | None:  # the AFTER value standing for BEFORE's v
+        p = before.producer.get(v)
+        if p is None:
+            return v if v in before.graph_inputs else None
+        k = rep.get(p[0].key)
+        return after.by_key[k].outputs[p[1]] if k is not None and p[1] < len(after.by_key[k].outputs) else None
+
+    def path(v: str, target: str, depth: int) -> list[str] | None:
+        if v in before.consts:
+            return None
+        if equiv(v) == target:
+            return []
+        p = before.producer.get(v)
+        if p is None or depth == 0 or p[0].key in b2a or p[0].key in taken:
+            return None
+        for u in p[0].inputs:
+            found = path(u, target, depth - 1) if u else None
+            if found is not None:
+                return [p[0].key] + found
+        return None
+
+    for a in after.nodes:  # (AFTER's order: deterministic)
+        bk = a2b.get(a.key)
+        if bk is None:
+            continue
+        for vb, va in zip(before.by_key[bk].inputs, a.inputs):
+            p = before.producer.get(vb)
+            if not va or p is None or p[0].key in b2a:
+                continue
+            found = path(vb, va, _BYPASS_DEPTH)
+            source = after.producer.get(va)
+            for k in found or ():
+                op = before.by_key[k].op
+                into = a if op == a.op else source[0] if source is not None and op == source[0].op else None
+                if into is not None and op in _COMPOSING:
+                    out[into.key].append(k)
+                elif not _gained(before.by_key[bk], a) and (source is None or source[0].key not in loose):
+                    out[""].append(k)
+                else:
+                    continue  # what reads past it or what it reads changed: a fusion (Pad into a Conv's pads)
+                taken.add(k)
+    return out
+
+
+def _split(before: Graph, after: Graph, bs: list[str], as_: list[str], a2b) -> dict[str, list[str]] | None:
+    """Several rewrites side by side make one region (two Conv+BatchNormalization folds in a row; a
+    Gemm made a MatMul beside a SplitToSequence made a Split): where every AFTER node of the region
+    has an anchor among its BEFORE nodes (its partner when it was changed; else the k-th of its op
+    type in order where both sides hold as many of that op; else the BEFORE nodes reading constants
+    of the same contents as it and no other; else where it sits: ``_fork_anchors``), each BEFORE
+    node goes to the nearest anchor upstream of it (a rewrite absorbs what its source feeds: a
+    Conv's BatchNormalization, Mul and Add), else to the nearest downstream (a Conv's Pad); edges
+    within the region."""
+    inside = set(bs)
+    anchors = {a2b[a]: a for a in as_ if a2b.get(a) in inside}
+    free_a = [k for k in sorted(as_, key=lambda k: after.by_key[k].index) if k not in anchors.values()]
     by_op_b, by_op_a = collections.defaultdict(list), collections.defaultdict(list)
     for k in bs:
-        by_op_b[before.by_key[k].op].append(k)
-    for k in sorted(as_, key=lambda k: after.by_key[k].index):
+        if k not in anchors:
+            by_op_b[before.by_key[k].op].append(k)
+    for k in free_a:
         by_op_a[after.by_key[k].op].append(k)
-    anchors = {}
     for op, ks in by_op_a.items():
-        if len(by_op_b.get(op, ())) != len(ks):
-            return None
-        anchors.update(zip(by_op_b[op], ks))
-    inside = set(bs)
+        if len(by_op_b.get(op, ())) == len(ks):
+            anchors.update(zip(by_op_b[op], ks))
+    free_a = [k for k in free_a if k not in anchors.values()]
+    consts = lambda g, n: {g.consts[v] for v in n.inputs if v in g.consts}  # noqa: E731
+    reads = {k: consts(before, before.by_key[k]) for k in bs if k not in anchors}
+    for k in free_a:
+        mine = consts(after, after.by_key[k])
+        hits = [b for b, c in reads.items() if c & mine]
+        if hits and all(sum(1 for o in free_a if consts(after, after.by_key[o]) & reads[b]) == 1 for b in hits):
+            anchors.update(dict.fromkeys(hits, k))
+    _fork_anchors(before, after, set(bs), set(as_), anchors, a2b)
+    if len(set(anchors.values())) < len(as_):
+        return None
     owner = dict(anchors)
-    frontier = list(anchors)
-    while frontier:  # breadth first, in BEFORE's order
-        nxt = []
-        for k in frontier:
-            n = before.by_key[k]
-            near = [before.producer[v][0].key for v in n.inputs if v in before.producer]
-            near += [c.key for v in n.outputs for c, _ in before.consumers.get(v, ())]
-            for m in near:
-                if m in inside and m not in owner:
-                    owner[m] = owner[k]
-                    nxt.append(m)
-        frontier = nxt
+    for up in (False, True):  # what the anchors feed first, then what feeds them
+        frontier = [k for k in bs if k in owner]
+        while frontier:  # breadth first, in BEFORE's order
+            claims: dict[str, str] = {}
+            for k in frontier:
+                n = before.by_key[k]
+                near = ([before.producer[v][0].key for v in n.inputs if v in before.producer] if up else
+                        [c.key for v in n.outputs for c, _ in before.consumers.get(v, ())])
+                for m in near:
+                    if m in inside and m not in owner:
+                        claims.setdefault(m, owner[k])
+            owner.update(claims)
+            frontier = sorted(claims, key=lambda m: before.by_key[m].index)
     out = {a: [] for a in as_}
     for k in bs:
         if k in owner:
             out[owner[k]].append(k)
     return out
+
+
+def _fork_anchors(before: Graph, after: Graph, bs: set[str], as_: set[str], anchors: dict[str, str],
+                  a2b: dict[str, str]) -> None:
+    """Anchors for AFTER nodes of a region still without one, from where they sit: one with two or
+    more readers whose place in BEFORE is known (an anchor in the region; a matched node outside it,
+    read by the region's node on the same slot of its partner) stands for the nearest BEFORE node
+    upstream of all of them (a fork: a Split for a SplitToSequence and its SequenceAts); one with two
+    or more such producers, for the nearest downstream of all of them (a join)."""
+    def reach(ks, up: bool) -> set[str]:
+        seen, todo = set(), list(ks)
+        while todo:
+            n = before.by_key[todo.pop()]
+            near = ([before.producer[v][0].key for v in n.inputs if v in before.producer] if up else
+                    [c.key for v in n.outputs for c, _ in before.consumers.get(v, ())])
+            for m in near:
+                if m in bs and m not in seen:
+                    seen.add(m)
+                    todo.append(m)
+        return seen
+
+    def readers(n: _Node, where) -> list[set[str]]:
+        out = []
+        for v in n.outputs:
+            for c, i in after.consumers.get(v, ()):
+                if c.key in where:
+                    out.append(reach([where[c.key]], True))
+                elif c.key in a2b and i < len(before.by_key[a2b[c.key]].inputs):
+                    p = before.producer.get(before.by_key[a2b[c.key]].inputs[i])
+                    if p is not None and p[0].key in bs:
+                        out.append({p[0].key} | reach([p[0].key], True))
+        return out
+
+    def sources(n: _Node, where) -> list[set[str]]:
+        out = []
+        for v in n.inputs:
+            p = after.producer.get(v)
+            if p is None:
+                continue
+            if p[0].key in where:
+                out.append(reach([where[p[0].key]], False))
+            elif p[0].key in a2b:
+                outs = before.by_key[a2b[p[0].key]].outputs
+                readers_b = before.consumers.get(outs[p[1]], ()) if p[1] < len(outs) else ()
+                first = [c.key for c, _ in readers_b if c.key in bs]
+                if first:
+                    out.append(set(first) | reach(first, False))
+        return out
+
+    grew = True
+    while grew:
+        grew = False
+        where = {a: b for b, a in anchors.items()}
+        for k in sorted(as_ - set(where), key=lambda k: after.by_key[k].index):
+            n = after.by_key[k]
+            for group, up in ((readers(n, where), True), (sources(n, where), False)):
+                if len(group) < 2:
+                    continue
+                common = set.intersection(*group) - set(anchors)
+                if common:
+                    pick = (max if up else min)(common, key=lambda b: before.by_key[b].index)
+                    anchors[pick] = k
+                    grew = True
+                    break
+            if grew:
+                break
 
 
 def _constant_like(g: Graph) -> set[str]:
@@ -432,7 +651,10 @@ def _constant_like(g: Graph) -> set[str]:
     return fixed
 
 
-def _propagate(before: Graph, after: Graph, b2a, a2b, pair) -> None:
+def _propagate(before: Graph, after: Graph, b2a, a2b, pair, through: bool = False) -> None:
+    """Neighbours of pairs with one candidate on each side (same op, same slot), pairs of pairs in
+    turn. With ``through``, a producer is also sought upstream of the BEFORE one of another op, past
+    unmatched nodes read once (on their first input read from a node): what the AFTER side dropped."""
     work = list(a2b.items())
     while work:
         ak, bk = work.pop()
@@ -440,6 +662,8 @@ def _propagate(before: Graph, after: Graph, b2a, a2b, pair) -> None:
         found = []
         for va, vb in zip(a.inputs, b.inputs):
             pa, pb = after.producer.get(va), before.producer.get(vb)
+            if pa and pb and through and pa[0].key not in a2b:
+                pb = _upstream_of_op(before, pb, pa[0].op, b2a)
             if pa and pb and pa[1] == pb[1] and pair(pb[0], pa[0]):
                 found.append((pa[0].key, pb[0].key))
         for va, vb in zip(a.outputs, b.outputs):
@@ -456,6 +680,22 @@ def _propagate(before: Graph, after: Graph, b2a, a2b, pair) -> None:
                 if len(cs) == 1 and len(others) == 1 and pair(others[0], cs[0]):
                     found.append((cs[0].key, others[0].key))
         work.extend(found)
+
+
+def _upstream_of_op(g: Graph, start: tuple[_Node, int], op, matched, depth: int = 4):
+    """(node, output slot): ``start``, or the first node of op ``op`` up the chain of unmatched nodes
+    read once above it; None where there is none."""
+    node, slot = start
+    for _ in range(depth):
+        if node.op == op or node.key in matched:
+            break
+        if sum(len(g.consumers.get(o, ())) for o in node.outputs if o) != 1:
+            return None
+        up = next((g.producer[v] for v in node.inputs if v in g.producer and v not in g.consts), None)
+        if up is None:
+            return None
+        node, slot = up
+    return (node, slot) if node.op == op and node.key not in matched else None
 
 
 # --------------------------------------------------------------------------------------------
