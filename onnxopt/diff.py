@@ -177,7 +177,8 @@ def from_provenance(before: Graph, after: Graph) -> dict:
     kept_named = {}
     for n in plain:
         if n.named and n.key in names:
-            kept_named[n.key] = [n.key] + [m for m in _json_list(n.props.get(MERGED_KEY)) if m in names]
+            twins = _json_list(n.props.get(MERGED_KEY)) + _json_list(n.props.get(SOURCES_KEY))
+            kept_named[n.key] = list(dict.fromkeys([n.key] + [m for m in twins if m in names]))
     pairs.update(kept_named)
     rest = [n for n in plain if n.key not in kept_named]
     if rest:  # unnamed or renamed nodes without provenance: by structure
@@ -393,7 +394,40 @@ def align(before: Graph, after: Graph, *, use_names: bool = True, skip_before=fr
     for a in after.nodes:
         if a.key not in skip_after:
             pairs.setdefault(a.key, [])
-    return _classify(before, after, pairs, {}, {}, "alignment", loose_a | set(absorbed))
+    made = loose_a | set(absorbed)
+    # a node under a name BEFORE lacks was made by a rewrite, even where it pairs with a node as it was
+    renamed = {a.key for a in after.nodes if a.named and a.key not in before.by_key} if use_names else set()
+    _absorb_shape_chains(before, after, pairs, skip_before, made | renamed)
+    return _classify(before, after, pairs, {}, {}, "alignment", made)
+
+
+def _absorb_shape_chains(before: Graph, after: Graph, pairs: dict[str, list[str]], skip, rewritten: set[str]) -> None:
+    """Shape arithmetic nothing in AFTER stands for (Shape, Gather, Unsqueeze, Concat computing a Reshape's
+    shape from an activation), read only by nodes that map to nodes a rewrite made, went with those
+    rewrites: the last of them (in AFTER's order: the rewrite after which the arithmetic had no reader
+    left) stands for it too, as a rewrite's provenance records the producers that died with it. Read by
+    a node AFTER keeps as it was, it was folded away (removed); chains of constants alone too."""
+    pure = set(before.consts)
+    for n in before.nodes:
+        read = n.inputs[:1] if n.op == ("", "CastLike") else n.inputs
+        if all(not v or v in pure for v in read):
+            pure.update(o for o in n.outputs if o)
+    shaped = _constant_like(before) - pure
+    order = {a.key: a.index for a in after.nodes}
+    owner: dict[str, set[str]] = collections.defaultdict(set)
+    for a, bs in pairs.items():
+        for b in bs:
+            owner[b].add(a)
+    for n in reversed(before.nodes):
+        if n.key in owner or n.key in skip or not n.outputs or not all(o in shaped for o in n.outputs if o):
+            continue
+        if any(v in before.graph_outputs for v in n.outputs):
+            continue
+        targets = [owner.get(c.key, set()) for v in n.outputs if v for c, _ in _readers(before, v, ())]
+        if targets and all(len(t) == 1 and t <= rewritten for t in targets):
+            a = max((next(iter(t)) for t in targets), key=order.get)
+            pairs[a] = pairs[a] + [n.key]
+            owner[n.key].add(a)
 
 
 def _readers(g: Graph, v: str, through) -> list[tuple[_Node, int]]:

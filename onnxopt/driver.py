@@ -38,7 +38,7 @@ import onnx_ir as ir
 
 from .errors import RuleBug, RuleError
 from .irutil import (REPLACED_KEY, RULE_KEY, SOURCES_KEY, constant_tensor, domain, inherit_metadata, redirect,
-                     remove_dead, use_count)
+                     recorded_sources, remove_dead, use_count)
 from .pattern import ANY_OP, Builder, Match, Namer, Refuse, Rule
 from .stats import DriverResult, RuleStats
 from .purity import Purity
@@ -348,7 +348,7 @@ class Driver:
     def _source_tree(self, node: ir.Node) -> tuple:
         tree = self._sources.get(node)
         if tree is None:  # an original node: the sources an earlier optimization recorded, or itself
-            tree = _recorded_sources(node) or (node.name or node.op_type,)
+            tree = tuple(recorded_sources(node)) or (node.name or node.op_type,)
         return tree
 
     def _write_sources(self) -> None:
@@ -363,6 +363,7 @@ class Driver:
         replaced = [n.name or n.op_type for n in m.nodes]
         replaced_text = json.dumps(replaced)
         sources = tuple(self._source_tree(n) for n in m.nodes)
+        matched = set(m.nodes)
         for node in builder.nodes:
             inherit_metadata(node, m.nodes)  # (the exporter's stack trace and scopes: root first)
             node.metadata_props[RULE_KEY] = rule.name
@@ -397,23 +398,19 @@ class Driver:
             redirected.extend(redirect(old, new, take_name=new in created))
         # Remove what the rewrite made dead: the root, then matched nodes and their producers.
         lost, removed = remove_dead(m.nodes, self._purity.removable)
-        self.result.removed_dead += removed
+        self.result.removed_dead += len(removed)
+        # The producers that went with the matched nodes (a fusion matches its ends; what lay between, and fed
+        # only them, dies with them): the new nodes stand for those too.
+        absorbed = tuple(self._source_tree(n) for n in removed if n not in matched)
+        if absorbed:
+            for node in builder.nodes:
+                self._sources[node] = sources + absorbed
         self.touched(redirected, lost)
         for node in builder.nodes:
             self._push(node)
         if self.keep_log:
             self.result.log.append({"rule": rule.name, "replaced": replaced,
                                     "created": [n.name for n in builder.nodes]})
-
-
-def _recorded_sources(node: ir.Node) -> tuple[str, ...] | None:
-    try:
-        names = json.loads(node.metadata_props.get(SOURCES_KEY, "null"))
-    except ValueError:
-        return None
-    if isinstance(names, list) and names and all(isinstance(n, str) for n in names):
-        return tuple(names)
-    return None
 
 
 def _names(tree: tuple) -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import gc
+import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -99,6 +100,20 @@ def node_counts(model: ir.Model) -> dict[str, int]:
         for node in graph:
             counts[node.op_type if is_standard(node) else f"{node.domain}.{node.op_type}"] += 1
     return dict(sorted(counts.items()))
+
+
+def recorded_sources(node: ir.Node) -> list[str]:
+    """The original nodes ``node`` stands for as its provenance records them (``onnxopt.sources``, else
+    the ``onnxopt.replaced`` of a node a rule made); [] for a node of the original model."""
+    props = node.metadata_props
+    for key in (SOURCES_KEY, REPLACED_KEY) if RULE_KEY in props else (SOURCES_KEY,):
+        try:
+            names = json.loads(props.get(key, "null"))
+        except ValueError:
+            continue
+        if isinstance(names, list) and names and all(isinstance(n, str) for n in names):
+            return names
+    return []
 
 
 def inherit_metadata(node: ir.Node, sources: Iterable[ir.Node]) -> None:
@@ -193,12 +208,12 @@ def remove_unused(model: ir.Model, removable: Removable) -> int:
     return removed
 
 
-def remove_dead(replaced: Sequence[ir.Node], removable: Removable) -> tuple[list[ir.Value], int]:
+def remove_dead(replaced: Sequence[ir.Node], removable: Removable) -> tuple[list[ir.Value], list[ir.Node]]:
     """After a rewrite: remove the ``replaced`` nodes that nothing reads any more, then the
     producers that became unused and may go (``removable``); returns the values the removed nodes
-    read (each has lost a use) and how many nodes went."""
+    read (each has lost a use) and the nodes that went, in the order they went."""
     lost: list[ir.Value] = []
-    removed = 0
+    removed: list[ir.Node] = []
     stack = [(node, True) for node in reversed(replaced)]
     while stack:
         node, was_replaced = stack.pop()
@@ -209,7 +224,7 @@ def remove_dead(replaced: Sequence[ir.Node], removable: Removable) -> tuple[list
         for sub in subgraphs(node):
             inputs += detach_graph(sub)  # a removed body's nodes stop counting as readers of outer values
         graph.remove(node, safe=True)
-        removed += 1
+        removed.append(node)
         lost += inputs
         for value in inputs:
             producer = value.producer()

@@ -37,7 +37,7 @@ import numpy as np
 import onnx_ir as ir
 
 from . import io
-from .irutil import MERGED_KEY, can_take_output, inherit_metadata, redirect
+from .irutil import MERGED_KEY, SOURCES_KEY, can_take_output, inherit_metadata, recorded_sources, redirect
 from .purity import Purity
 from .shapes import DECLARED, infer, opsets_of
 
@@ -109,6 +109,10 @@ def eliminate_common_subexpressions(model: ir.Model, touched: Touched | None = N
                 continue
             redirected = [reader for old, new in pairs for reader in redirect(old, new)]
             merged_names.setdefault(first, []).append(node.name or node.op_type)
+            made = recorded_sources(node)
+            if made:  # a twin a rule made: the kept node stands for what it stood for too
+                sources = recorded_sources(first) or [first.name or first.op_type]
+                first.metadata_props[SOURCES_KEY] = json.dumps(list(dict.fromkeys(sources + made)))
             inherit_metadata(first, [node])  # (the kept node's own values first)
             lost = [v for v in node.inputs if v is not None]
             graph.remove(node, safe=True)

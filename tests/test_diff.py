@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxopt import cli, diff, optimize
-from onnxopt.irutil import MERGED_KEY, REPLACED_KEY, RULE_KEY
+from onnxopt.irutil import MERGED_KEY, REPLACED_KEY, RULE_KEY, SOURCES_KEY
 from helpers import zoo_model
 
 
@@ -390,3 +390,42 @@ def test_a_conv_the_preprocessing_folds_into_is_its_original(tmp_path):
     assert props[RULE_KEY] == "layout" and json.loads(props[REPLACED_KEY]) == ["conv"]
     m = diff.mapping(before, after)
     assert m["pairs"][conv.name] == ["conv"] and m["removed"] == []
+
+
+def test_provenance_records_what_died_with_a_rewrite():
+    """A fusion matches its ends; the nodes between them die with it: the fused node's onnxopt.sources
+    names them all (the attention block of a transformer, shape arithmetic included), not only the two
+    nodes the rule matched (onnxopt.replaced)."""
+    from test_diff_alignment import _transformer
+
+    out = optimize(_transformer(), target="ort-cpu")
+    att = next(n for n in out.graph.node if n.op_type == "Attention")
+    props = {p.key: p.value for p in att.metadata_props}
+    replaced, sources = json.loads(props[REPLACED_KEY]), json.loads(props[SOURCES_KEY])
+    assert len(replaced) < 4
+    assert {"att/qk", "att/softmax", "att/pv", "q/matmul", "k/transpose", "v/reshape", "concat_heads"} <= set(sources)
+    assert not {"ln/mean", "o/matmul", "residual"} & set(sources)
+    m = diff.mapping(_transformer(), out)
+    assert set(m["pairs"][att.name]) >= {"att/softmax", "q/matmul"} and "att/softmax" not in m["removed"]
+
+
+def test_cse_keeps_what_merged_rule_made_twins_stood_for(tmp_path):
+    """Two Conv+BatchNormalization pairs computing the same thing: each folds into a Conv, then CSE
+    merges the two Convs; the kept one stands for both pairs."""
+    model = _conv_bn_model()
+    g = model.graph
+    g.node.insert(2, helper.make_node("Conv", ["x", "w0"], ["c0b"], name="conv0b", pads=[1, 1, 1, 1]))
+    bn = next(n for n in g.node if n.name == "bn0")
+    g.node.insert(3, helper.make_node("BatchNormalization", ["c0b", *bn.input[1:]], ["n0b"], name="bn0b"))
+    next(n for n in g.node if n.name == "relu0_twin").input[0] = "n0b"
+    before = tmp_path / "b.onnx"
+    onnx.save(model, before)
+    out = optimize(model)
+    convs = [n for n in out.graph.node if n.op_type == "Conv"]
+    assert len(convs) == 2  # (conv0b's fold merged into conv0's)
+    first = next(n for n in convs if "bn0" in n.name)
+    props = {p.key: p.value for p in first.metadata_props}
+    assert {"conv0", "bn0", "conv0b", "bn0b"} <= set(json.loads(props[SOURCES_KEY])), props
+    m = diff.mapping(before, out)
+    assert {"conv0", "bn0", "conv0b", "bn0b"} <= set(m["pairs"][first.name])
+    assert not {"conv0b", "bn0b"} & set(m["removed"])
