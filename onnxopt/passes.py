@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import collections
 import json
 from collections.abc import Callable, Sequence
 
@@ -37,7 +38,8 @@ import numpy as np
 import onnx_ir as ir
 
 from . import io
-from .irutil import MERGED_KEY, SOURCES_KEY, can_take_output, inherit_metadata, recorded_sources, redirect
+from .irutil import (MERGED_KEY, REPLACED_KEY, RULE_KEY, SOURCES_KEY, can_take_output, inherit_metadata,
+                     recorded_sources, redirect)
 from .purity import Purity
 from .shapes import DECLARED, infer, opsets_of
 
@@ -92,6 +94,8 @@ def eliminate_common_subexpressions(model: ir.Model, touched: Touched | None = N
     merged_names: dict[ir.Node, list[str]] = {}  # recorded once per kept node, when the pass ends
     for graph in model.graphs():
         seen: dict[tuple, ir.Node] = {}
+        # nodes one rewrite made share its record: a twin whose siblings stay is stood for by them
+        made_by = collections.Counter(n.metadata_props.get(REPLACED_KEY) for n in graph if RULE_KEY in n.metadata_props)
         for node in list(graph):
             if node.graph is not graph:
                 continue
@@ -110,7 +114,12 @@ def eliminate_common_subexpressions(model: ir.Model, touched: Touched | None = N
             redirected = [reader for old, new in pairs for reader in redirect(old, new)]
             merged_names.setdefault(first, []).append(node.name or node.op_type)
             made = recorded_sources(node)
-            if made:  # a twin a rule made: the kept node stands for what it stood for too
+            record = node.metadata_props.get(REPLACED_KEY) if RULE_KEY in node.metadata_props else None
+            if record is not None:
+                made_by[record] -= 1
+            if made and (record is None or made_by[record] == 0):
+                # a twin a rule made alone (or the last of its rewrite's nodes): the kept node stands for
+                # what it stood for too
                 sources = recorded_sources(first) or [first.name or first.op_type]
                 first.metadata_props[SOURCES_KEY] = json.dumps(list(dict.fromkeys(sources + made)))
             inherit_metadata(first, [node])  # (the kept node's own values first)

@@ -1,10 +1,10 @@
 """Screenshots of the live diff page (onnxopt.diff_live) in headless Chromium, for the README.
 
     python scripts/diff_screenshots.py resnet50-dynamo --out docs/img
-    python scripts/diff_screenshots.py minilm-legacy --target ort-cpu --out docs/img
+    python scripts/diff_screenshots.py minilm-legacy --target ort-cpu --choose bias_gelu --out docs/img
 
 Each zoo model (~/.cache/onnxopt/models/NAME.onnx) is optimized, the page served, both Netron views
-rendered, the node standing for the most original nodes chosen in the table (brought into view in both graphs), and the window
+rendered, the node standing for the most original nodes (of the rule ``--choose`` names) chosen in the table (brought into view in both graphs), and the window
 saved as NAME-diff.png. The mapping is onnxopt.diff's, as ``python -m onnxopt diff`` serves it. Needs
 netron, selenium and Chromium (tests/browser.py)."""
 
@@ -25,7 +25,7 @@ from tests import browser  # noqa: E402
 ZOO = Path(os.path.expanduser("~/.cache/onnxopt/models"))
 
 
-def shoot(name: str, out: Path, size=(1800, 1100), target: str | None = None) -> Path:
+def shoot(name: str, out: Path, size=(1800, 1100), target: str | None = None, choose: str | None = None) -> Path:
     before = ZOO / f"{name}.onnx"
     with tempfile.TemporaryDirectory() as tmp:
         after = Path(tmp) / f"{name}.opt.onnx"
@@ -35,8 +35,8 @@ def shoot(name: str, out: Path, size=(1800, 1100), target: str | None = None) ->
             driver.get(server.url)
             browser.wait_for_diff(driver, timeout=120)
             time.sleep(1)
-            if mapping["created"]:  # the node that stands for the most (the first of those)
-                sizes = [len(c["replaced"]) for c in mapping["created"]]
+            if mapping["created"]:  # the node of that rule (else any) that stands for the most
+                sizes = [len(c["replaced"]) * (choose is None or c["rule"] == choose) for c in mapping["created"]]
                 driver.execute_script("window.onnxoptDiff.choose(arguments[0])", sizes.index(max(sizes)))
             time.sleep(1)
             out.mkdir(parents=True, exist_ok=True)
@@ -55,9 +55,10 @@ def main() -> int:
     ap.add_argument("models", nargs="+")
     ap.add_argument("--out", default="docs/img")
     ap.add_argument("--target", help="optimize for this target (e.g. ort-cpu: the transformer fusions)")
+    ap.add_argument("--choose", metavar="RULE", help="choose a node this rule made (default: any)")
     args = ap.parse_args()
     for name in args.models:
-        shoot(name, Path(args.out), target=args.target)
+        shoot(name, Path(args.out), target=args.target, choose=args.choose)
     return 0
 
 

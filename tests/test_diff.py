@@ -429,3 +429,19 @@ def test_cse_keeps_what_merged_rule_made_twins_stood_for(tmp_path):
     m = diff.mapping(before, out)
     assert {"conv0", "bn0", "conv0b", "bn0b"} <= set(m["pairs"][first.name])
     assert not {"conv0b", "bn0b"} & set(m["removed"])
+
+
+def test_a_rewrites_helper_nodes_merged_by_cse_do_not_take_other_layers(tmp_path):
+    """Each layer's attention fusion makes the same mask helpers (Max, Shape, Cast, ...); CSE keeps the
+    first layer's. Their twins' rewrites leave their own nodes (the layer's Attention) standing for the
+    layer, so the kept helpers stand for the first layer only, not for every layer's attention."""
+    import re
+
+    path = zoo_model("bert-legacy", tmp_path)
+    out = optimize(onnx.load(path), target="ort-cpu")
+    fused = [n for n in out.graph.node if any(p.key == RULE_KEY and p.value == "attention_fusion" for p in n.metadata_props)]
+    assert sum(n.op_type == "Attention" for n in fused) >= 2
+    for node in fused:
+        sources = json.loads(next(p.value for p in node.metadata_props if p.key == SOURCES_KEY))
+        layers = {m.group(1) for s in sources for m in [re.search(r"layer\.(\d+)/", s)] if m}
+        assert len(layers) <= 1, (node.name, node.op_type, sorted(layers))

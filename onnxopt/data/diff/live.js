@@ -2,6 +2,8 @@
 // bring a chosen node into view. The mapping's shape is documented in onnxopt/diff_live.py.
 'use strict';
 
+const SHOWN = 6;  // replaced nodes listed in a table row before the count
+
 const MARK_CSS = `
 g.onnxopt-mark > .node.node-border { stroke-width: 5px; }
 g.onnxopt-created > .node.node-border { stroke: #1a9c2c; }
@@ -102,7 +104,12 @@ function renderTable(m) {
         tr.dataset.index = i;
         tr.appendChild(el('td', c.after));
         tr.appendChild(el('td', c.rule || ''));
-        tr.appendChild(el('td', (c.replaced || []).join(', ')));
+        // a fusion can stand for dozens of nodes: the first few, a count, the whole list on hover
+        const replaced = c.replaced || [];
+        const shown = replaced.length > SHOWN ? `${replaced.slice(0, SHOWN).join(', ')}, ... (${replaced.length} in all)` : replaced.join(', ');
+        const td = el('td', shown);
+        td.title = replaced.join('\n');
+        tr.appendChild(td);
         tr.addEventListener('click', () => choose(i));
         tbody.appendChild(tr);
     });
