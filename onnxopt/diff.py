@@ -25,7 +25,7 @@ ai-edge-model-explorer 0.1.34); node ids are ONNX node names, as model-explorer-
 makes them (``id=onnx_node.name``, after onnx-ir's NameFixPass names the unnamed ones:
 ``model_explorer_ids``).
 
-A leaf beside report.py: onnx and numpy, no onnxruntime.
+Beside report.py: onnx, numpy and onnxopt.io (reading models as every command does), no onnxruntime.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ import onnx
 from onnx import numpy_helper
 
 from .errors import UsageError
+from .io import proto_graphs, read_checked
 from .irutil import MERGED_KEY, OWN_PREFIX, REPLACED_KEY, RULE_KEY, SOURCES_KEY
 
 ME_SCHEMA = ("google-ai-edge/model-explorer src/ui/src/components/visualizer/common/sync_navigation.ts "
@@ -94,6 +95,9 @@ class Graph:
         self.graph_inputs: set[str] = set()
         self.graph_outputs: set[str] = set()
         self._keys: set[str] = set()
+        # every name in the model: a position key never takes one (a node may be named "#1")
+        self._names = {n.name for g in proto_graphs(model.graph) for n in g.node if n.name}
+        self.main: list[_Node] = []  # the main graph's nodes, in order
         self._walk(model.graph, "")
         self.by_key = {n.key: n for n in self.nodes}
         self.producer: dict[str, tuple[_Node, int]] = {}
@@ -115,15 +119,18 @@ class Graph:
                 self.graph_inputs.add(v.name)
             else:
                 self.consts.pop(v.name, None)  # an input with a default: not a constant
-        if not prefix:
-            self.graph_outputs.update(v.name for v in graph.output)
+        self.graph_outputs.update(v.name for v in graph.output)  # (a branch's outputs anchor it as the main's do)
         for i, proto in enumerate(graph.node):
             # a name met before (in this graph or another) is no identity: the node is keyed by position
             named = bool(proto.name) and proto.name not in self._keys
             key = proto.name if named else f"{prefix}#{i}"
+            while not named and (key in self._names or key in self._keys):
+                key += "#"
             self._keys.add(key)
             node = _Node(key, named, proto, len(self.nodes))
             self.nodes.append(node)
+            if not prefix:
+                self.main.append(node)
             if proto.op_type == "Constant" and proto.domain in ("", "ai.onnx") and proto.output:
                 for a in proto.attribute:
                     if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
@@ -143,9 +150,17 @@ class Graph:
 
 
 def load(model) -> onnx.ModelProto:
+    """A model file read as onnxopt reads one (a one-line error for a file that is not ONNX, truncated or
+    missing its external data), with its external data: initializer contents are compared."""
     if isinstance(model, onnx.ModelProto):
         return model
-    return onnx.load(os.fspath(model))  # (with its external data: initializer contents are compared)
+    from onnx.external_data_helper import load_external_data_for_model
+
+
+    proto, external = read_checked(model, check=False)
+    if external:
+        load_external_data_for_model(proto, os.path.dirname(os.path.abspath(os.fspath(model))))
+    return proto
 
 
 # --------------------------------------------------------------------------------------------
@@ -166,8 +181,9 @@ def from_provenance(before: Graph, after: Graph) -> dict:
     plain = []
     for n in after.nodes:
         rule = n.props.get(RULE_KEY)
-        if rule is None:
-            plain.append(n)
+        same = before.by_key.get(n.key) if n.named and n.key in names else None
+        if rule is None or (same is not None and all(same.props.get(k) == n.props.get(k) for k in (RULE_KEY, REPLACED_KEY))):
+            plain.append(n)  # (a node BEFORE holds already, made by an earlier optimization: itself)
             continue
         rep = _json_list(n.props.get(REPLACED_KEY))
         src = _json_list(n.props.get(SOURCES_KEY))
@@ -342,7 +358,11 @@ def align(before: Graph, after: Graph, *, use_names: bool = True, skip_before=fr
     gone = dropped | bypassed | (twins & live)
     loose_b = {b.key for b in before.nodes if b.key not in skip_before and b.key not in b2a and b.key not in gone}
     loose_b |= {a2b[k] for k in loose_a if k in a2b}
-    for a in loose_a:
+    a_order = {n.key: n.index for n in after.nodes}
+    b_order = {n.key: n.index for n in before.nodes}
+    loose_a_list = sorted(loose_a, key=a_order.get)  # (set order varies with the hash seed: the output must not)
+    loose_b_list = sorted(loose_b, key=b_order.get)
+    for a in loose_a_list:
         if a in a2b:
             union(("a", a), ("b", a2b[a]))
     for side, g, loose in (("a", after, loose_a), ("b", before, loose_b)):
@@ -377,9 +397,9 @@ def align(before: Graph, after: Graph, *, use_names: bool = True, skip_before=fr
             for r in regions[1:]:
                 union(regions[0], r)
     members = collections.defaultdict(lambda: ([], []))
-    for b in loose_b:
+    for b in loose_b_list:
         members[find(("b", b))][0].append(b)
-    for a in loose_a:
+    for a in loose_a_list:
         members[find(("a", a))][1].append(a)
     pairs: dict[str, list[str]] = {a: [b] for a, b in a2b.items()}
     order = {n.key: n.index for n in before.nodes}
@@ -739,8 +759,7 @@ def _upstream_of_op(g: Graph, start: tuple[_Node, int], op, matched, depth: int 
 def mapping(before, after, *, method: str = "auto") -> dict:
     """The mapping between two models (paths or ModelProtos): ``method`` "provenance", "alignment" or
     "auto" (provenance where AFTER carries it)."""
-    b_proto, a_proto = load(before), load(after)
-    b, a = Graph(b_proto), Graph(a_proto)
+    b, a = Graph(load(before)), Graph(load(after))
     if method == "provenance" or method == "auto" and has_provenance(a):
         return from_provenance(b, a)
     return align(b, a)
@@ -795,43 +814,67 @@ def summary(before, after, m: dict, verify_report: dict | None = None) -> dict:
 
 
 def _verify_summary(report: dict) -> dict:
-    report = report.get("verification", report)  # (an optimize --json report holds one)
+    def obj(x, where: str) -> dict:
+        if x is None:
+            return {}
+        if not isinstance(x, dict):
+            raise UsageError(f"--verify-report: {where} is not an object, as a verify report's is")
+        return x
+
+    def number(x):
+        return x if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+    if "verification" in report and report["verification"] is None:
+        raise UsageError("--verify-report: the report holds no verification (its run had no --verify)")
+    report = obj(report.get("verification", report), "verification")  # (an optimize --json report holds one)
+    if "providers" not in report:
+        raise UsageError("--verify-report: not a verify report (no providers): give the --json of onnxopt verify "
+                         "or of onnxopt MODEL --verify ...")
     found = {}
-    for p, entry in (report.get("providers") or {}).items():
-        row = {"ok": entry.get("ok")}
+    for p, entry in obj(report.get("providers"), "providers").items():
+        entry = obj(entry, f"providers.{p}")
+        row = {"ok": entry.get("ok") if isinstance(entry.get("ok"), bool) else None}
+        kernels, latency = obj(entry.get("kernels"), f"providers.{p}.kernels"), obj(entry.get("latency"), f"providers.{p}.latency")
         for label in ("before", "after"):
-            k = (entry.get("kernels") or {}).get(label) or {}
-            total = k.get("kernels", k.get("total"))
+            k = obj(kernels.get(label), f"providers.{p}.kernels.{label}")
+            total = number(k.get("kernels", k.get("total")))
             if total is None:
-                nums = [v for key, v in k.items() if isinstance(v, (int, float)) and key != "session_init_s"]
+                nums = [v for key, v in k.items() if number(v) is not None and key != "session_init_s"]
                 total = nums[0] if nums else None
             row[f"kernels_{label}"] = total
-            row[f"median_ms_{label}"] = ((entry.get("latency") or {}).get(label) or {}).get("median_ms")
-        row["latency_ratio"] = (entry.get("latency") or {}).get("ratio_median")
-        found[p] = row
+            row[f"median_ms_{label}"] = number(obj(latency.get(label), f"providers.{p}.latency.{label}").get("median_ms"))
+        row["latency_ratio"] = number(latency.get("ratio_median"))
+        found[str(p)] = row
     return found
 
 
-def model_explorer_ids(model: onnx.ModelProto) -> dict[str, str]:
-    """The node ids model-explorer-onnx gives the main graph's nodes this module keys by position
-    (``#<i>``: unnamed, or a name met twice): it names them with onnx-ir's NameFixPass before anything
-    else, so that pass, run on a copy here, gives the same names."""
-    try:
-        import onnx_ir as ir
-        from onnx_ir.passes.common import NameFixPass
-    except ImportError:  # (an onnx-ir without the pass: those nodes are left out of the mapping)
-        return {}
-    copy = ir.serde.deserialize_model(model)
-    NameFixPass()(copy)
-    return {f"#{i}": node.name for i, node in enumerate(copy.graph)}
+def model_explorer_ids(graph: Graph) -> dict[str, str]:
+    """The node ids model-explorer-onnx gives the main graph's nodes, by this module's keys: their
+    names, and for nodes without one (or with a name met twice) the names onnx-ir's NameFixPass gives
+    them, which the adapter runs before anything else (so that pass, run on a copy here, agrees).
+    Subgraph nodes are left out (Model Explorer shows those graphs apart)."""
+    ids = {n.key: n.key for n in graph.main if n.named}
+    if len(ids) < len(graph.main):
+        try:
+            import onnx_ir as ir
+            from onnx_ir.passes.common import NameFixPass
+        except ImportError:  # (an onnx-ir without the pass: those nodes are left out of the mapping)
+            return ids
+        copy = ir.serde.deserialize_model(graph.model)
+        NameFixPass()(copy)
+        ids.update({n.key: fixed.name for n, fixed in zip(graph.main, copy.graph) if not n.named})
+    return ids
 
 
-def model_explorer_mapping(m: dict, ids: tuple[dict, dict] = ({}, {})) -> dict:
+def model_explorer_mapping(m: dict, ids: tuple[dict, dict] | None = None) -> dict:
     """Model Explorer's sync-navigation mapping (see the module docstring): one entry per group of
-    AFTER nodes standing for the same BEFORE nodes; node ids are node names, and for unnamed nodes the
-    ids ``ids`` (BEFORE's, AFTER's: :func:`model_explorer_ids`) give; nodes without an id are left out."""
-    def me(key: str, side: dict) -> str | None:
-        return side.get(key) if "#" in key else key
+    AFTER nodes standing for the same BEFORE nodes; node ids as ``ids`` (BEFORE's, AFTER's:
+    :func:`model_explorer_ids`) give them; nodes without an id are left out. Without ``ids``: keys as ids,
+    position keys (``#``) left out."""
+    def me(key: str, side: dict | None) -> str | None:
+        return side.get(key) if side is not None else (None if "#" in key else key)
+
+    ids = ids or (None, None)
 
     groups: dict[tuple, list[str]] = {}
     for a, bs in m["pairs"].items():
@@ -877,10 +920,12 @@ def validate_model_explorer_mapping(data: dict) -> list[str]:
     return problems
 
 
-def html_page(before_path: str, after_path: str, m: dict, summ: dict) -> str:
+def html_page(before_path: str, after_path: str, m: dict, summ: dict, on_disk: tuple[bool, bool] = (True, True)) -> str:
     """One self-contained page (no script, no network): summary, created nodes, the mapping, and how
-    to open each model in Netron."""
-    e = html.escape
+    to open each model in Netron (``on_disk``: whether each of the two names a file; a model in memory
+    is only named)."""
+    def e(x) -> str:
+        return html.escape(str(x))
     rows = "".join(f"<tr><td>{e(op)}</td><td>{x}</td><td>{y}</td><td>{y - x:+d}</td></tr>"
                    for op, (x, y) in summ["op_types"].items())
     rules = "".join(f"<li>{e(r)}: {c} node(s)</li>" for r, c in summ["rules"].items()) or "<li>none recorded</li>"
@@ -893,14 +938,25 @@ def html_page(before_path: str, after_path: str, m: dict, summ: dict) -> str:
                           for c in m["changed"])) or "none"
     verify = ""
     for p, r in (summ.get("verification") or {}).items():
-        verify += (f"<tr><td>{e(p)}</td><td>{r.get('kernels_before')}</td><td>{r.get('kernels_after')}</td>"
-                   f"<td>{r.get('median_ms_before')}</td><td>{r.get('median_ms_after')}</td>"
-                   f"<td>{r.get('latency_ratio')}</td></tr>")
+        verify += (f"<tr><td>{e(p)}</td><td>{e(r.get('kernels_before'))}</td><td>{e(r.get('kernels_after'))}</td>"
+                   f"<td>{e(r.get('median_ms_before'))}</td><td>{e(r.get('median_ms_after'))}</td>"
+                   f"<td>{e(r.get('latency_ratio'))}</td></tr>")
     if verify:
         verify = ("<h2>Verification</h2><table><tr><th>provider</th><th>kernels before</th><th>kernels after</th>"
                   f"<th>median ms before</th><th>median ms after</th><th>ratio</th></tr>{verify}</table>")
-    bp, ap = os.path.abspath(before_path), os.path.abspath(after_path)
+    bp, ap = (os.path.abspath(p) if disk else p for p, disk in zip((before_path, after_path), on_disk))
     counts = summ["counts"]
+    if all(on_disk):
+        netron = f"""<p>Netron serves one model per process: start one for each, then open the links.</p>
+<pre>pip install netron   # or: pip install "onnxopt[diff]"
+netron --port 8081 {e(shlex.quote(bp))} &amp;
+netron --port 8082 {e(shlex.quote(ap))} &amp;</pre>
+<p><a href="http://localhost:8081/">BEFORE in Netron (port 8081)</a> &middot;
+<a href="http://localhost:8082/">AFTER in Netron (port 8082)</a> &middot; the side-by-side live view:
+<code>python -m onnxopt diff {e(shlex.quote(bp))} {e(shlex.quote(ap))}</code></p>"""
+    else:
+        netron = ("<p>A model given in memory has no file to open: save it (onnx.save) and run "
+                  "<code>python -m onnxopt diff BEFORE AFTER</code> for both side by side in Netron.</p>")
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>onnxopt diff: {e(Path(before_path).name)} -> {e(Path(after_path).name)}</title>
 <style>body{{font-family:sans-serif;margin:1.5em}}table{{border-collapse:collapse;margin:.5em 0}}
@@ -911,13 +967,7 @@ tr:target{{background:#ffd}}</style></head><body>
 ({summ['nodes_after']} nodes). Mapping from {e(m['method'])}: {counts['created']} created ({counts['fused']} fused
 many&rarr;one), {counts['removed']} removed, {counts['changed']} changed, {counts['kept']} kept.</p>
 <h2>Open in Netron</h2>
-<p>Netron serves one model per process: start one for each, then open the links.</p>
-<pre>pip install netron   # or: pip install "onnxopt[diff]"
-netron --port 8081 {e(shlex.quote(bp))} &amp;
-netron --port 8082 {e(shlex.quote(ap))} &amp;</pre>
-<p><a href="http://localhost:8081/">BEFORE in Netron (port 8081)</a> &middot;
-<a href="http://localhost:8082/">AFTER in Netron (port 8082)</a> &middot; the side-by-side live view:
-<code>python -m onnxopt diff {e(shlex.quote(bp))} {e(shlex.quote(ap))}</code></p>
+{netron}
 <h2>Summary</h2><h3>Rules fired</h3><ul>{rules}</ul>{verify}
 <h3>Op types</h3><table><tr><th>op</th><th>before</th><th>after</th><th>change</th></tr>{rows}</table>
 <h2>Created nodes</h2><table><tr><th>AFTER node</th><th>rule</th><th>replaced (as recorded)</th>
@@ -955,8 +1005,7 @@ def run(before, after, *, html_out: str | None = None, json_out: str | None = No
     if names is None:
         names = tuple(os.fspath(x) if isinstance(x, (str, os.PathLike)) else label
                       for x, label in ((before, "BEFORE"), (after, "AFTER")))
-    b_proto, a_proto = load(before), load(after)
-    b, a = Graph(b_proto), Graph(a_proto)
+    b, a = Graph(load(before)), Graph(load(after))
     m = from_provenance(b, a) if has_provenance(a) else align(b, a)
     report = verify_report
     if isinstance(report, (str, os.PathLike)):
@@ -972,8 +1021,9 @@ def run(before, after, *, html_out: str | None = None, json_out: str | None = No
         Path(json_out).write_text(json.dumps({"before": names[0], "after": names[1], "summary": summ,
                                               "mapping": m}, indent=1) + "\n")
     if me_out:
-        me_ids = (model_explorer_ids(b_proto), model_explorer_ids(a_proto))
+        me_ids = (model_explorer_ids(b), model_explorer_ids(a))
         Path(me_out).write_text(json.dumps(model_explorer_mapping(m, me_ids), indent=1) + "\n")
     if html_out:
-        Path(html_out).write_text(html_page(names[0], names[1], m, summ))
+        on_disk = tuple(isinstance(x, (str, os.PathLike)) for x in (before, after))
+        Path(html_out).write_text(html_page(names[0], names[1], m, summ, on_disk))
     return m, summ

@@ -128,7 +128,11 @@ class _Handler(BaseHTTPRequestHandler):
         if path in ("/", "/index.html"):
             page = (ASSETS / "live.html").read_text(encoding="utf-8")
             for side, files in srv.models.items():
-                page = page.replace(f"__{side.upper()}_FILE__", quote(files[0][0]))
+                # Netron decodes the url parameter, then fetches it: the path is encoded, then encoded again
+                # as a query value (a '#', '?' or '%' in a file name survives both)
+                path = f"/models/{side}/{quote(files[0][0])}"
+                page = page.replace(f"__{side.upper()}_URL__", quote(path, safe=""))
+                page = page.replace(f"__{side.upper()}_FILE__", quote(files[0][0], safe=""))
             return self._send(page.encode("utf-8"), "text/html; charset=utf-8")
         if path in ("/live.js", "/live.css"):
             kind = "text/javascript" if path.endswith(".js") else "text/css"
@@ -211,6 +215,8 @@ class DiffServer:
 
 def _bind(port: int | None) -> _Server:
     if port is not None:
+        if not 0 < int(port) < 65536:
+            raise UsageError(f"port {port} is not a TCP port (1-65535)")
         try:
             return _Server(("127.0.0.1", int(port)), _Handler)
         except OSError as exc:

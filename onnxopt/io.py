@@ -123,15 +123,16 @@ def _check(target: onnx.ModelProto | bytes | str, what: str) -> None:
         raise InvalidModelError(f"{what} fails the ONNX checker: {first_line(exc)}") from None
 
 
-def _graphs(graph: onnx.GraphProto):
+def proto_graphs(graph: onnx.GraphProto):
+    """A GraphProto and its subgraphs (If/Loop/Scan bodies, nested), depth first."""
     yield graph
     for node in graph.node:
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attr.g)
+                yield from proto_graphs(attr.g)
             elif attr.type == onnx.AttributeProto.GRAPHS:
                 for g in attr.graphs:
-                    yield from _graphs(g)
+                    yield from proto_graphs(g)
 
 
 def _all_tensor_protos(proto: onnx.ModelProto):
@@ -150,14 +151,14 @@ def _all_tensor_protos(proto: onnx.ModelProto):
                     for s in attr.sparse_tensors:
                         yield from (s.values, s.indices)
 
-    for graph in _graphs(proto.graph):
+    for graph in proto_graphs(proto.graph):
         yield from graph.initializer
         for sparse in graph.sparse_initializer:
             yield from (sparse.values, sparse.indices)
         yield from from_nodes(graph.node)
     for function in proto.functions:
         for node_graph in (g for n in function.node for a in n.attribute if a.type == onnx.AttributeProto.GRAPH
-                           for g in _graphs(a.g)):
+                           for g in proto_graphs(a.g)):
             yield from node_graph.initializer
             yield from from_nodes(node_graph.node)
         yield from from_nodes(function.node)
@@ -429,10 +430,10 @@ def _without_sparse(proto: onnx.ModelProto, what: str, *, copy: bool) -> onnx.Mo
     sparse_kinds = (onnx.AttributeProto.SPARSE_TENSOR, onnx.AttributeProto.SPARSE_TENSORS)
 
     def parts(model: onnx.ModelProto):
-        graphs = list(_graphs(model.graph))
+        graphs = list(proto_graphs(model.graph))
         for function in model.functions:
             graphs += [g for n in function.node for a in n.attribute if a.type == onnx.AttributeProto.GRAPH
-                       for g in _graphs(a.g)]
+                       for g in proto_graphs(a.g)]
         return graphs, [n for g in graphs for n in g.node] + [n for f in model.functions for n in f.node]
 
     graphs, nodes = parts(proto)

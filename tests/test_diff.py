@@ -445,3 +445,122 @@ def test_a_rewrites_helper_nodes_merged_by_cse_do_not_take_other_layers(tmp_path
         sources = json.loads(next(p.value for p in node.metadata_props if p.key == SOURCES_KEY))
         layers = {m.group(1) for s in sources for m in [re.search(r"layer\.(\d+)/", s)] if m}
         assert len(layers) <= 1, (node.name, node.op_type, sorted(layers))
+
+
+# --- found in review -------------------------------------------------------------------------------
+
+
+def test_an_optimized_model_against_itself_or_its_reoptimization(small, tmp_path):
+    """BEFORE already optimized by onnxopt: its nodes carry provenance too; a node BEFORE holds with the
+    same record is itself (kept), not created again."""
+    _, after = small
+    again = tmp_path / "again.onnx"
+    optimize(str(after), output=str(again))
+    n = len(onnx.load(after).graph.node)
+    for other in (after, again):
+        m = diff.mapping(after, other)
+        assert len(m["kept"]) == n and not m["created"] and not m["removed"], m
+
+
+@pytest.mark.parametrize("content", [b"hello", b"", "truncated"])
+def test_a_model_that_is_not_onnx_is_a_one_line_error(content, small, tmp_path, capsys):
+    _, after = small
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(after.read_bytes()[:200] if content == "truncated" else content)
+    for args in ([str(bad), str(after)], [str(after), str(bad)]):
+        assert cli.main(["diff", *args, "--html", str(tmp_path / "p.html")]) == 2
+        err = capsys.readouterr().err
+        assert "bad.onnx" in err and "internal error" not in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "p.html").exists()
+
+
+@pytest.mark.parametrize("report", ['{"verification": null}', '{"providers": [1, 2]}', '{"providers": {"cpu": 5}}',
+                                    '{"providers": {"cpu": {"kernels": [1]}}}',
+                                    '{"providers": {"cpu": {"latency": {"before": 3}}}}'])
+def test_an_odd_verify_report_is_a_one_line_error(report, small, tmp_path, capsys):
+    before, after = small
+    rep = tmp_path / "rep.json"
+    rep.write_text(report)
+    assert cli.main(["diff", str(before), str(after), "--html", str(tmp_path / "p.html"), "--verify-report", str(rep)]) == 2
+    err = capsys.readouterr().err
+    assert "--verify-report" in err and "internal error" not in err
+
+
+def test_the_static_page_escapes_what_a_report_holds_and_names_models_in_memory(small, tmp_path):
+    before, after = small
+    report = {"providers": {"<b>cpu</b>": {"kernels": {"before": {"kernels": "<script>alert(1)</script>"}}}}}
+    page = tmp_path / "p.html"
+    diff.run(before, after, html_out=str(page), verify_report=report)
+    text = page.read_text()
+    assert "<script" not in text and "<b>cpu" not in text
+    optimize(_conv_bn_model(), diff=str(page))
+    text = page.read_text()
+    assert "(in memory)" in text and "netron --port" not in text and str(tmp_path) not in text
+
+
+def test_alignment_is_the_same_whatever_the_hash_seed(small, tmp_path):
+    """Same input, byte-identical outputs: the alignment's sets are walked in node order."""
+    import os
+    import subprocess
+
+    before, after = small
+    stripped = tmp_path / "stripped.onnx"
+    onnx.save(diff.strip_provenance(onnx.load(after), names=True), stripped)
+    outs = []
+    for seed in ("1", "2", "3"):
+        js, page = tmp_path / f"m{seed}.json", tmp_path / f"p{seed}.html"
+        subprocess.run([sys.executable, "-m", "onnxopt", "diff", str(before), str(stripped), "-q", "--json", str(js),
+                        "--html", str(page)], check=True, env={**os.environ, "PYTHONHASHSEED": seed})
+        outs.append((js.read_bytes(), page.read_bytes()))
+    assert outs[0] == outs[1] == outs[2]
+    assert json.loads(outs[0][0])["mapping"]["method"] == "alignment"
+
+
+def test_a_node_named_like_a_position_key(tmp_path):
+    """A node named "#1" beside an unnamed node at position 1: two keys, each node once."""
+    nodes = [helper.make_node("Identity", ["x"], ["t"], name="#1"), helper.make_node("Relu", ["t"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    before = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    b = diff.Graph(before)
+    assert len({n.key for n in b.nodes}) == 2 and "#1" in b.by_key and b.by_key["#1"].op == ("", "Identity")
+    after = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", list(graph.input),
+                                                list(graph.output)), opset_imports=[helper.make_opsetid("", 17)])
+    m = diff.mapping(before, after)
+    assert m["removed"] == ["#1"] and not m["created"] and len(m["kept"]) == 1
+
+
+def test_model_explorer_keeps_named_nodes_with_a_hash_in_their_name(tmp_path):
+    model = _conv_bn_model()
+    for node in model.graph.node:
+        if node.name == "add0":
+            node.name = "add#k"
+    before, after = tmp_path / "b.onnx", tmp_path / "a.onnx"
+    onnx.save(model, before)
+    optimize(str(before), output=str(after))
+    me = tmp_path / "me.json"
+    diff.run(before, after, me_out=str(me))
+    entries = json.loads(me.read_text())["mappingEntries"]
+    assert {"leftNodeIds": ["add#k"], "rightNodeIds": ["add#k"]} in entries
+
+
+def test_an_identity_removed_inside_a_branch(tmp_path):
+    """The alignment inside an If's branch: an Identity dropped there is removed, the rest kept (as in
+    the main graph)."""
+    def model(with_identity: bool):
+        first = "X" if not with_identity else "i"
+        body = ([helper.make_node("Identity", ["X"], ["i"])] if with_identity else []) + [
+            helper.make_node("Transpose", [first], ["t"], perm=[1, 0]),
+            helper.make_node("Transpose", ["t"], ["o"], perm=[1, 0])]
+        then = helper.make_graph(body, "then", [], [helper.make_tensor_value_info("o", TensorProto.FLOAT, [2, 3])])
+        other = helper.make_graph([helper.make_node("Neg", ["X"], ["n"])], "else", [],
+                                  [helper.make_tensor_value_info("n", TensorProto.FLOAT, [2, 3])])
+        graph = helper.make_graph([helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)], "g",
+                                  [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+                                   helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 3])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+    m = diff.mapping(model(True), model(False))
+    assert m["method"] == "alignment" and not m["created"], m
+    assert len(m["removed"]) == 1 and m["removed"][0].endswith("#0") and len(m["kept"]) == 4
