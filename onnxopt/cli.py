@@ -29,7 +29,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from . import __version__, evaluate, input_shapes, io, registry, targets, verify
+from . import __version__, config, evaluate, input_shapes, io, registry, targets, verify
 from .api import optimize
 from .bisect import bisect
 from .console import Status, say, show
@@ -95,8 +95,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--diff", metavar="PAGE.html",
                    help="also write the static diff page (what each rule did, node by node; the live view: "
                         "onnxopt diff MODEL OUTPUT)")
+    _add_config_arg(p)
     p.add_argument("--version", action="version", version=f"onnxopt {__version__}")
     return p
+
+
+def _add_config_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-c", "--config", metavar="FILE.toml",
+                   help="settings from a TOML file (the README's 'Config file' lists its keys); flags given here "
+                        "override it, relative paths in it are relative to its folder")
 
 
 def _add_rule_args(parser: argparse.ArgumentParser) -> None:
@@ -231,7 +238,8 @@ def _quantize_parser() -> argparse.ArgumentParser:
                        "input, bad calibration data or usage, 3 internal error.")
     p.add_argument("input", metavar="MODEL", help="the float ONNX model (never modified)")
     p.add_argument("-o", "--output", required=True, help="where to write the quantized model (atomically)")
-    p.add_argument("--calib", required=True, metavar="DATA", help="calibration data (see below)")
+    p.add_argument("--calib", metavar="DATA", help="calibration data (see below; required, here or as "
+                                                   "calibration in the config file's [quantize])")
     p.add_argument("--method", choices=METHODS, default=DEFAULT_METHOD,
                    help=f"calibration method (default {DEFAULT_METHOD})")
     pc = p.add_mutually_exclusive_group()
@@ -262,6 +270,7 @@ def _quantize_parser() -> argparse.ArgumentParser:
                    help="fix an input's shape first (as onnxopt MODEL --input-shape)")
     p.add_argument("--strict", action="store_true", default=None, help="a rule bug stops the run")
     _add_report_args(p, quiet="print nothing on success")
+    _add_config_arg(p)
     return p
 
 
@@ -269,6 +278,10 @@ def quantize_main(argv: list[str]) -> int:
     args = _quantize_parser().parse_args(argv)
 
     def run():
+        nonlocal args
+        args = config.merge(args, argv, _quantize_parser, config.QUANTIZE)
+        if args.calib is None:
+            return _fail("no calibration data: add --calib DATA (or calibration in the config file's [quantize])")
         from .quantize.api import quantize
         from .report import format_quantize
 
@@ -285,7 +298,8 @@ def quantize_main(argv: list[str]) -> int:
                 reduce_range=args.reduce_range, workers=args.workers, held_out=args.held_out,
                 input_shapes=input_shapes.parse(args.input_shape), return_report=True, outputs=outputs,
                 strict=args.strict, progress=progress, method_options=method_options)
-            _stage_json(outputs, args.json, {"input": args.input, "output": args.output, **report.as_dict()})
+            _stage_json(outputs, args.json, {"input": args.input, "output": args.output, **report.as_dict(),
+                                             **config.report_entry(args)})
         if not args.quiet:
             show(format_quantize(report, args.input, args.output))
         return EXIT_OK
@@ -532,7 +546,7 @@ def _main(argv: list[str]) -> int:
             return _fail(f"no model or command {argv[0]!r}: did you mean 'onnxopt {close[0]}'?")
     parser = _parser()
     args = parser.parse_args(argv)  # usage errors exit 2 with a one-line message
-    return _errors(lambda: _optimize_main(args))
+    return _errors(lambda: _optimize_main(config.merge(args, argv, _parser)))
 
 
 def _rule_sets(args, files: dict | None = None) -> tuple[list | None, list]:
@@ -634,13 +648,15 @@ def _optimize_main(args) -> int:
                 input_preprocess=args.input_preprocess, **verify_args,
             )
         except VerificationError as exc:  # the evidence (and its JSON), then the one-line verdict (exit 1)
-            _stage_json(outputs, args.json, {"input": args.input, "output": None, "verification": exc.report})
+            _stage_json(outputs, args.json, {"input": args.input, "output": None, "verification": exc.report,
+                                             **config.report_entry(args)})
             outputs.commit()  # the report only: no model was staged
             progress.close()
             if not args.quiet and exc.report is not None:
                 show(format_verification(exc.report))
             raise
-        _stage_json(outputs, args.json, {"input": args.input, "output": args.output, **report.as_dict()})
+        _stage_json(outputs, args.json, {"input": args.input, "output": args.output, **report.as_dict(),
+                                         **config.report_entry(args)})
     if args.diff:
         _write_diff(args.input, args.output, args.diff, report.verification)
     if not args.quiet:
