@@ -42,8 +42,8 @@ _ATTR = "config_echo"  # where merge() leaves the echo on the Namespace
 @dataclasses.dataclass(frozen=True)
 class Key:
     """One key of the file. ``name`` is dotted (``verify.rtol`` is ``rtol`` in ``[verify]``).
-    ``kind``: "string", "integer", "number", "boolean", "strings" (a list of strings, or one
-    string), "table" (names to values), or a combination written with "|" ("boolean|string").
+    ``kind``: "string", "integer", "number", "boolean", "false", "strings" (a list of strings, or
+    one string), "table" (names to values), or a combination written with "|" ("boolean|string").
     ``flags``: the command-line flag(s) it stands for, by command; ``dests`` their argparse
     destinations, by command (a key whose flag this command lacks is not read by it)."""
 
@@ -105,8 +105,6 @@ def _external_data(value, key):
 
 
 def _fidelity(value, key):
-    if value is True:
-        raise UsageError(f"{key}: expected a number of dB, or false for no fidelity target")
     return None if value is False else float(value)
 
 
@@ -147,7 +145,7 @@ SCHEMA: tuple[Key, ...] = (
     _k("verify.rtol", "number", "--rtol", "relative tolerance for every output"),
     _k("verify.atol", "number", "--atol", "absolute tolerance for every output"),
     _k("verify.runs", "integer", "--runs", "timed runs per provider (0: no latency)", minimum=0),
-    _k("verify.warmup", "integer", "--warmup", "warm-up runs per session", minimum=0),
+    _k("verify.warmup", "integer", "--warmup", "warm-up runs per session", minimum=1),
     _k("verify.threads", "integer", "--threads", "onnxruntime intra-op threads (0: onnxruntime's)", minimum=0),
     _k("verify.seed", "integer", "--seed", "seed of the generated inputs"),
     _k("verify.inputs", "string", "--inputs", "an .npz of input arrays by name (path)", path=True),
@@ -166,7 +164,7 @@ SCHEMA: tuple[Key, ...] = (
     _k("quantize.per_channel", "boolean", "--per-channel", "weights per output channel (false: --per-tensor)",
        _QUANT),
     _k("quantize.exclude", "strings", "--exclude", "node names or op types left in float", _QUANT),
-    _k("quantize.fidelity", "number|boolean", "--fidelity", "minimum output SQNR (dB) on held-out samples; false: "
+    _k("quantize.fidelity", "number|false", "--fidelity", "minimum output SQNR (dB) on held-out samples; false: "
        "none (--no-fidelity)", _QUANT, check=_fidelity),
     _k("quantize.keep_float", "string", "--keep-float", "auto: keep the float model unless int8 is 3% faster; "
        "never: always int8", _QUANT, choices=lambda: ("auto", "never")),
@@ -205,6 +203,8 @@ def read(path: str | os.PathLike) -> dict:
         raise UsageError(f"{path}: a folder, not a config file") from None
     except toml.TOMLDecodeError as exc:
         raise UsageError(f"{path}: not valid TOML: {str(exc).splitlines()[0]}") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: not valid TOML: not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
         raise UsageError(f"{path}: cannot read the config file ({exc.strerror or exc})") from None
     flat: dict = {}
@@ -214,6 +214,8 @@ def read(path: str | os.PathLike) -> dict:
                 raise UsageError(f"{path}: {name} is a table ([{name}]), not {_shown(value)}")
             for sub, v in value.items():
                 flat[f"{name}.{sub}"] = v
+        elif name not in KEYS and isinstance(value, dict) and value:  # a misspelt table: name its keys
+            flat.update((f"{name}.{sub}", v) for sub, v in value.items())
         else:
             flat[name] = value
     for name in flat:
@@ -246,7 +248,7 @@ def _shown(value) -> str:
 
 
 _KIND_TEXT = {"string": "a string", "integer": "an integer", "number": "a number", "boolean": "true or false",
-              "strings": "a list of strings", "table": "a table"}
+              "strings": "a list of strings", "table": "a table", "false": "false"}
 
 
 def _fits(kind: str, value) -> bool:
@@ -255,7 +257,8 @@ def _fits(kind: str, value) -> bool:
             "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
             "boolean": lambda v: isinstance(v, bool),
             "strings": lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v),
-            "table": lambda v: isinstance(v, dict)}[kind](value)
+            "table": lambda v: isinstance(v, dict),
+            "false": lambda v: v is False}[kind](value)
 
 
 def check(key: Key, value, folder: str | os.PathLike, where: str = "") -> Any:
