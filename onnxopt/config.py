@@ -26,6 +26,7 @@ import dataclasses
 import difflib
 import os
 import sys
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -352,6 +353,9 @@ def merge(args: argparse.Namespace, argv: list[str], parser_factory: Callable[[]
                                  "take it")
             vars(merged).update(_to_namespace(key, settings[key.name], dests))
             echo_settings[key.name] = settings[key.name]
+    if getattr(merged, "quiet", False) and "report.quiet" not in from_cli:
+        # the file's quiet silences warnings as -q does (main() does so for -q, inside its catch_warnings)
+        warnings.simplefilter("ignore")
     setattr(merged, _ATTR, {"file": str(path), "settings": echo_settings, "from_command_line": from_cli,
                             **({"ignored": ignored} if ignored else {})})
     return merged
