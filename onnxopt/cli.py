@@ -478,6 +478,8 @@ def _outputs(args, *inputs: str, data_files: bool = True) -> io.Outputs:
         outputs.protect(path, f"the rules file {path}")
     if getattr(args, "inputs", None):
         outputs.protect(args.inputs, f"the inputs file {args.inputs}")
+    if getattr(args, "config", None):
+        outputs.protect(args.config, f"the config file {args.config}")
     if getattr(args, "json", None):
         outputs.claim(args.json, "--json")
     return outputs

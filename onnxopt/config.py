@@ -45,8 +45,9 @@ class Key:
     """One key of the file. ``name`` is dotted (``verify.rtol`` is ``rtol`` in ``[verify]``).
     ``kind``: "string", "integer", "number", "boolean", "false", "strings" (a list of strings, or
     one string), "table" (names to values), or a combination written with "|" ("boolean|string").
-    ``flags``: the command-line flag(s) it stands for, by command; ``dests`` their argparse
-    destinations, by command (a key whose flag this command lacks is not read by it)."""
+    ``flag``: the command-line flag it stands for; ``dests``: the argparse destinations it sets, by
+    command (a command not named there does not read it; ``external_data`` sets two: the exclusive
+    --external-data and --single-file)."""
 
     name: str
     kind: str
@@ -101,10 +102,6 @@ def _provider_options(value, key):
     return [f"{prov}:{name}={text}" for prov, options in parsed.items() for name, text in options.items()]
 
 
-def _external_data(value, key):
-    return value  # True, False (one file) or a file name beside the output
-
-
 def _fidelity(value, key):
     return None if value is False else float(value)
 
@@ -132,7 +129,7 @@ SCHEMA: tuple[Key, ...] = (
     _k("disable", "strings", "--disable", "rules (or passes) to leave out"),
     _k("no_builtin_rules", "boolean", "--no-builtin-rules", "use only the rules of `rules`"),
     _k("external_data", "boolean|string", "--external-data", "true: weights in OUTPUT.data; a file name: weights "
-       "there; false: one file (--single-file)", dest=("external_data", "single_file"), check=_external_data),
+       "there; false: one file (--single-file)", dest=("external_data", "single_file")),
     _k("input_shapes", "table", "--input-shape", "input name = \"1x3x224x224\", \"batch,3,224,224\" or "
        "[1, 3, 224, 224] (symbols keep or rename a dimension)", _BOTH, dest=("input_shape",), check=_input_shapes),
     _k("layout.input", "string|table", "--input-layout", "input name = \"NHWC\" (channels-last input), or "
@@ -148,7 +145,7 @@ SCHEMA: tuple[Key, ...] = (
     _k("verify.runs", "integer", "--runs", "timed runs per provider (0: no latency)", minimum=0),
     _k("verify.warmup", "integer", "--warmup", "warm-up runs per session", minimum=1),
     _k("verify.threads", "integer", "--threads", "onnxruntime intra-op threads (0: onnxruntime's)", minimum=0),
-    _k("verify.seed", "integer", "--seed", "seed of the generated inputs"),
+    _k("verify.seed", "integer", "--seed", "seed of the generated inputs", minimum=0),
     _k("verify.inputs", "string", "--inputs", "an .npz of input arrays by name (path)", path=True),
     _k("verify.int_ranges", "table", "--int-range", "integer input name = \"LOW:HIGH\" or [LOW, HIGH] (inclusive)",
        dest=("int_range",), check=_int_ranges),

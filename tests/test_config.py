@@ -432,3 +432,29 @@ def test_readme_example_runs_end_to_end(tmp_path, capsys):
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["config"]["settings"]["quantize.calibration"] == str(calib)
     assert "layout.preprocess" in report["config"]["ignored"]
+
+
+def test_json_echo_when_verification_fails(src, tmp_path, capsys):
+    """A failed --verify (exit 1, no model) still writes the report, with the config entry."""
+    (tmp_path / "wrong.py").write_text(textwrap.dedent('''
+        from onnxopt import Op, Rule
+
+        RULES = [Rule("relu_dropped", Op("Relu", "x"), lambda m, b: b.op("Neg", m["x"]), doc="wrong on purpose")]
+    '''))
+    cfg = write(tmp_path, 'rules = ["wrong.py"]\n[verify]\nproviders = "cpu"\nruns = 0\n[report]\njson = "r.json"\n'
+                          "quiet = true\n")
+    code, _, err = run_main(capsys, src, "-o", tmp_path / "o.onnx", "-c", cfg)
+    assert code == 1, err
+    assert not (tmp_path / "o.onnx").exists()
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["verification"]["ok"] is False
+    assert data["config"]["settings"]["rules"] == [str(tmp_path / "wrong.py")]
+
+
+def test_an_output_never_replaces_the_config_file(src, tmp_path, capsys):
+    cfg = write(tmp_path, 'target = "ort-cpu"\n')
+    before = cfg.read_bytes()
+    for flags in (["-o", cfg], ["-o", tmp_path / "o.onnx", "--json", cfg]):
+        code, _, err = run_main(capsys, src, *flags, "-c", cfg)
+        assert code == 2 and "the config file" in one_line(err)
+        assert cfg.read_bytes() == before
