@@ -17,6 +17,7 @@ from onnx import helper
 
 import onnxopt.quantize.api as quantize_api
 from onnxopt import cli, config
+from onnxopt.errors import UsageError
 
 from helpers import init, model, tinfo
 
@@ -229,7 +230,7 @@ def test_report_html_is_a_hook_for_the_report_page(src, tmp_path):
     if hasattr(args, "html"):
         assert config.merge(args, argv, cli._parser).html == str(tmp_path / "page.html")
     else:
-        with pytest.raises(config.UsageError, match=r"report\.html: this onnxopt's optimize command has no --html"):
+        with pytest.raises(UsageError, match=r"report\.html: this onnxopt's optimize command has no --html"):
             config.merge(args, argv, cli._parser)
 
 
