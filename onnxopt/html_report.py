@@ -46,8 +46,8 @@ p.line{margin:2px 0;font-family:ui-monospace,Menlo,Consolas,monospace;font-size:
 figcaption{font-weight:600;margin:4px 0}
 .note{color:#5b6474;font-size:13px}.unavailable{color:#8a6100}
 svg text{font:11px system-ui,sans-serif;fill:#1d2330}
-svg .bar{fill:#4a78c2}svg .after .bar{fill:#2e9d63}svg .axis{stroke:#9aa3b2;stroke-width:1}
-svg .curve{fill:none;stroke:#4a78c2;stroke-width:1.5}svg .after .curve{stroke:#2e9d63}
+svg .bar{fill:#4a78c2}svg.after .bar{fill:#2e9d63}svg .axis{stroke:#9aa3b2;stroke-width:1}
+svg .curve{fill:none;stroke:#4a78c2;stroke-width:1.5}svg.after .curve{stroke:#2e9d63}
 svg .peak{fill:#b3261e}
 """
 
