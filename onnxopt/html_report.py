@@ -38,7 +38,7 @@ h2{font-size:16px;margin:4px 0 10px}h3{font-size:14px;margin:12px 0 6px}
 table{border-collapse:collapse;margin:6px 0 10px}
 th,td{padding:3px 10px;border-bottom:1px solid #eceff3;text-align:right;white-space:nowrap}
 th{background:#f0f2f5;font-weight:600}th.l,td.l{text-align:left}
-td.wrap{white-space:normal;text-align:left}
+th.w,td.w{white-space:normal;text-align:left;max-width:560px;overflow-wrap:anywhere}
 tr.same td{color:#8a93a3}.down{color:#167a3a}.up{color:#a15c00}
 .green{color:#167a3a}.red{color:#b3261e}.yellow{color:#8a6100}.dim{color:#8a93a3}.bold{font-weight:600}
 p.line{margin:2px 0;font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12.5px;white-space:pre-wrap}
@@ -299,7 +299,7 @@ def _rules(r: Mapping) -> str:
     body = (_table(("rule", "tried", "fired", "refused", "errors", "top refusals"),
                    [(n, st.get("tried", 0), st.get("fired", 0), st.get("refused", 0), st.get("errors", 0),
                      "; ".join(f"{k} ({v})" for k, v in (st.get("top_refusals") or {}).items()) or "-")
-                    for n, st in fired], "lrrrrl")
+                    for n, st in fired], "lrrrrw")
             if fired else '<p class="note">no rule applied</p>')
     if idle:
         body += f'<p class="note">{len(idle)} more tried without firing: {_e(", ".join(idle))}</p>'
@@ -308,7 +308,7 @@ def _rules(r: Mapping) -> str:
         body += "<h3>Fusions</h3>" + _table(
             ("fusion", "fused", "missed", "why missed"),
             [(k, f["hits"], f["missed"], "; ".join(f"{w} ({n})" for w, n in (f.get("reasons") or {}).items()) or "-")
-             for k, f in fusions.items()], "lrrl")
+             for k, f in fusions.items()], "lrrw")
     skipped = r.get("skipped") or []
     if skipped:
         body += f'<p class="note">left out for the target: {_e(", ".join(s.get("rule", "?") for s in skipped))}</p>'
@@ -361,9 +361,10 @@ def _memory_section(data: Mapping) -> str:
         return _section("memory", "Memory over time", _unavailable("the memory curve", reason))
     b, a = mem["before"], mem["after"]
     ymax = max([float(v) for v in (b.get("curve") or [0]) + (a.get("curve") or [0])] + [0.0])
-    body = ('<p class="note">activation bytes alive after each node, in execution order' +
+    body = ('<p class="note">activation bytes alive while each node runs, in execution order' +
             (" (the optimized model's nodes reordered to lower the peak)" if mem.get("reordered") else "") +
-            "; the dot marks the peak</p>")
+            "; the dot marks the peak" + ("; some sizes are unknown (symbolic): the figures are lower bounds"
+                                          if b.get("lower_bound") or a.get("lower_bound") else "") + "</p>")
     body += '<div class="pair">' + "".join(
         _line_chart(f"memory-{side}", f"{side}: peak {_size(m.get('peak_bytes'))}", m, ymax)
         for side, m in (("before", b), ("after", a))) + "</div>"
@@ -371,12 +372,12 @@ def _memory_section(data: Mapping) -> str:
     for side, m in (("before", b), ("after", a)):
         at = m.get("peak_at") or {}
         alive = m.get("alive_at_peak") or []
-        top = ", ".join(f"{name} {_size(n)}" for name, n in alive[:5]) + (f", ... ({len(alive)} values)"
-                                                                            if len(alive) > 5 else "")
+        top = ", ".join(f"{name} {_size(n)}" for name, n in alive[:3]) + (f", ... ({len(alive)} values)"
+                                                                            if len(alive) > 3 else "")
         rows.append((side, _size(m.get("peak_bytes")), f"{at.get('name', '-')} (#{at.get('index', '-')})",
                      _size(m.get("weights_bytes")), top or "-", len(m.get("unknown") or [])))
-    body += _table(("", "peak", "after node", "weights", "largest alive at the peak", "unknown sizes"), rows,
-                   "lrlrlr")
+    body += _table(("", "peak", "at node", "weights", "largest alive at the peak", "unknown sizes"), rows,
+                   "lrwrwr")
     return _section("memory", "Memory over time", body)
 
 
@@ -491,9 +492,11 @@ def build(input_path, output_path, report, *, page=None, diff_page=None, verify_
     analyze, why = _optional("analysis", "analyze")
     analysis = _both(analyze, str(input_path), str(output_path), shapes) if analyze else {"unavailable": why}
     memory = d.get("memory")
-    if memory is None:
+    if not (memory and all((memory.get(side) or {}).get("curve") is not None for side in ("before", "after"))):
+        # (the Report keeps the peaks without their curves: the curves are taken from the models on disk)
         peak, why = _optional("memory", "peak")
-        memory = _both(peak, str(input_path), str(output_path), shapes) if peak else {"unavailable": why}
+        curves = _both(peak, str(input_path), str(output_path), shapes) if peak else {"unavailable": why}
+        memory = {**curves, "reordered": bool((memory or {}).get("reordered"))} if "before" in curves else curves
     profile = None
     if d.get("verification") and profile_runs:
         profile = _profile(str(input_path), str(output_path), d["verification"], verify_options or {}, profile_runs)

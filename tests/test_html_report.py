@@ -286,3 +286,47 @@ def test_end_to_end_in_chromium(tmp_path, capsys):
 
     img = Image.open(BytesIO(png)).convert("RGB")
     assert len(img.getcolors(1 << 20) or ()) > 20  # not blank: text, tables, coloured bars
+
+
+def test_build_gathers_to_the_contracts(tmp_path, monkeypatch):
+    """build() calls onnxopt.analysis.analyze and onnxopt.memory.peak on both models (fakes built to the
+    contracts here), keeps the report's "reordered", and links the diff page relative to the page."""
+    import sys
+    import types
+
+    calls = []
+
+    def analyze(model, input_shapes=None):
+        calls.append(("analyze", model, input_shapes))
+        return fake_analysis({"Conv": (2, 1e6, 100)} if model.endswith("m.onnx") else {"Conv": (2, 9e5, 100)})
+
+    def peak(model, input_shapes=None):
+        calls.append(("peak", model, input_shapes))
+        return fake_memory([1, 5, 2] if model.endswith("m.onnx") else [1, 3])
+
+    src = conv_bn_model(tmp_path / "m.onnx")
+    out = tmp_path / "o.onnx"
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    from onnxopt import optimize
+
+    _, report = optimize(str(src), output=str(out), return_report=True)  # (before the fakes: it may use memory)
+    monkeypatch.setitem(sys.modules, "onnxopt.analysis", types.SimpleNamespace(analyze=analyze))
+    monkeypatch.setitem(sys.modules, "onnxopt.memory", types.SimpleNamespace(peak=peak))
+    d = report.as_dict()
+    d["memory"] = {"before": {"peak_bytes": 5}, "after": {"peak_bytes": 3}, "reordered": True}  # (no curves)
+    d["settings"]["input_shapes"] = {"x": [1, 3, 32, 32]}
+    data = html_report.build(src, out, d, page=tmp_path / "a" / "R.html", diff_page=tmp_path / "b" / "D.html")
+    assert sorted(calls) == sorted([(f, str(p), {"x": [1, 3, 32, 32]}) for f in ("analyze", "peak") for p in (src, out)])
+    assert data["analysis"]["after"]["flops"] == 9e5 and data["memory"]["after"]["curve"] == [1, 3]
+    assert data["memory"]["reordered"] is True and data["profile"] is None  # (no verification: nothing measured)
+    assert data["diff_page"] == os.path.join("..", "b", "D.html")
+    assert data["sizes"]["before"] == src.stat().st_size
+    page = Page(html_report.render(data))
+    assert len(page.chart("flops-before")) == 1 and page.find("svg", data_chart="memory-after")
+    # the modules absent: the sections say so
+    monkeypatch.setitem(sys.modules, "onnxopt.analysis", None)
+    monkeypatch.setitem(sys.modules, "onnxopt.memory", None)
+    data = html_report.build(src, out, {**report.as_dict(), "memory": None})
+    assert data["analysis"] == {"unavailable": "onnxopt.analysis is not in this onnxopt"}
+    assert "memory curve: not available (onnxopt.memory is not in this onnxopt)" in html_report.render(data)
