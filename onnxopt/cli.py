@@ -67,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog="examples:\n"
                "  onnxopt model.onnx -o model.opt.onnx\n"
                "  onnxopt model.onnx -o model.opt.onnx --verify cpu --json report.json\n"
+               "  onnxopt model.onnx -o model.opt.onnx --verify cpu --report report.html\n"
                "  onnxopt verify model.onnx model.opt.onnx --input-shape input=1x3x224x224\n"
                "  onnxopt bisect model.onnx --rules my_rules.py\n"
                "  onnxopt diff model.onnx model.opt.onnx --html diff.html\n"
