@@ -613,7 +613,7 @@ def _write_report(args, report) -> None:
         outputs.claim(args.report, "--report")
         progress("writing the report page")
         data = html_report.build(args.input, args.output, report, page=args.report, diff_page=args.diff,
-                                 verify_options=_verify_options(args, progress))
+                                 verify_options=_verify_options(args, progress), profile_runs=min(args.runs, 10))
         Path(outputs.stage(args.report)).write_text(html_report.render(data), encoding="utf-8")
 
 
