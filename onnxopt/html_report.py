@@ -17,7 +17,6 @@ profile's) differ between runs, and without ``--verify`` nothing is measured.
 from __future__ import annotations
 
 import html
-import math
 import os
 from collections.abc import Mapping, Sequence
 from urllib.parse import quote
@@ -336,8 +335,9 @@ def _cost(data: Mapping) -> str:
     prof = data.get("profile")
     parts.append("<h3>Measured latency by op type</h3>")
     if isinstance(prof, Mapping) and prof.get("before") is not None and prof.get("after") is not None:
-        parts.append(f'<p class="note">kernel time per run from onnxruntime\'s profiler ({_e(prof.get("provider", "cpu"))}, '
-                     f'{_e(prof.get("runs", "?"))} runs after {_e(prof.get("warmup", "?"))} warm-up, graph optimizations '
+        parts.append(f'<p class="note">kernel time per run from onnxruntime\'s profiler '
+                     f'({_e(prof.get("provider", "cpu"))}, {_e(prof.get("runs", "?"))} runs after '
+                     f'{_e(prof.get("warmup", "?"))} warm-up, graph optimizations '
                      f'{_e(prof.get("optimization", "ORT_ENABLE_ALL"))} as the verifier\'s latency sessions): op types '
                      "as onnxruntime ran them after its own fusions; measured, so they vary between runs</p>"
                      + _bar_pair("latency", prof["before"], prof["after"], _ms, "kernel time"))
@@ -462,7 +462,8 @@ def _profile(before: str, after: str, verification: Mapping, options: Mapping, r
     try:
         import onnx
 
-        meta = [{p.key: p.value for p in onnx.load(m, load_external_data=False).metadata_props} for m in (before, after)]
+        meta = [{p.key: p.value for p in onnx.load(m, load_external_data=False).metadata_props}
+                for m in (before, after)]
         edges = layouts.edges_between(*meta)
         seed = options.get("seed") or 0
         common = {"int_ranges": options.get("int_ranges"), "npz": options.get("inputs"), "seed": seed}
@@ -473,7 +474,8 @@ def _profile(before: str, after: str, verification: Mapping, options: Mapping, r
             fb = fa = make_inputs(after, **common)[0]
         kw = {"runs": runs, "warmup": 2, "threads": options.get("threads") or 0,
               "provider_options": options.get("provider_options")}
-        return {"before": op_type_latency(before, fb, provider, **kw), "after": op_type_latency(after, fa, provider, **kw),
+        return {"before": op_type_latency(before, fb, provider, **kw),
+                "after": op_type_latency(after, fa, provider, **kw),
                 "provider": provider, "runs": runs, "warmup": 2, "optimization": GRAPH_OPTIMIZATION}
     except Exception as exc:  # noqa: BLE001
         return {"unavailable": f"profiling failed: {first_line(exc, 200)}"}

@@ -42,7 +42,8 @@ class Page(html.parser.HTMLParser):
         self.text.append(data)
 
     def find(self, tag, **attrs):
-        return [a for t, a in self.elements if t == tag and all(a.get(k.replace("_", "-")) == v for k, v in attrs.items())]
+        return [a for t, a in self.elements
+                if t == tag and all(a.get(k.replace("_", "-")) == v for k, v in attrs.items())]
 
     def chart(self, name) -> list[dict]:
         """The bars of one SVG chart, in order."""
@@ -88,7 +89,8 @@ def fake_data(**over) -> dict:
     data = {"input": "in<put>.onnx", "output": "out&.onnx", "report": report,
             "analysis": {"before": fake_analysis({"Conv": (4, 8e9, 4000), "BatchNormalization": (4, 2e6, 4000),
                                                   "Relu": (4, 1e6, 2000), ODD: (1, 5e5, 100)}),
-                         "after": fake_analysis({"Conv": (4, 8.1e9, 4000), "Relu": (4, 1e6, 2000), ODD: (1, 5e5, 100)})},
+                         "after": fake_analysis({"Conv": (4, 8.1e9, 4000), "Relu": (4, 1e6, 2000),
+                                                 ODD: (1, 5e5, 100)})},
             "memory": {"before": fake_memory([100, 400, 300, 900, 200]),
                        "after": fake_memory([100, 300, 600, 200]), "reordered": False},
             "profile": {"before": {"Conv": 2.0, "BatchNormalization": 0.5, ODD: 0.25},
@@ -317,7 +319,8 @@ def test_build_gathers_to_the_contracts(tmp_path, monkeypatch):
     d["memory"] = {"before": {"peak_bytes": 5}, "after": {"peak_bytes": 3}, "reordered": True}  # (no curves)
     d["settings"]["input_shapes"] = {"x": [1, 3, 32, 32]}
     data = html_report.build(src, out, d, page=tmp_path / "a" / "R.html", diff_page=tmp_path / "b" / "D.html")
-    assert sorted(calls) == sorted([(f, str(p), {"x": [1, 3, 32, 32]}) for f in ("analyze", "peak") for p in (src, out)])
+    want = [(f, str(p), {"x": [1, 3, 32, 32]}) for f in ("analyze", "peak") for p in (src, out)]
+    assert sorted(calls) == sorted(want)
     assert data["analysis"]["after"]["flops"] == 9e5 and data["memory"]["after"]["curve"] == [1, 3]
     assert data["memory"]["reordered"] is True and data["profile"] is None  # (no verification: nothing measured)
     assert data["diff_page"] == os.path.join("..", "b", "D.html")
