@@ -67,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog="examples:\n"
                "  onnxopt model.onnx -o model.opt.onnx\n"
                "  onnxopt model.onnx -o model.opt.onnx --verify cpu --json report.json\n"
+               "  onnxopt model.onnx -o model.opt.onnx --verify cpu --report report.html\n"
                "  onnxopt verify model.onnx model.opt.onnx --input-shape input=1x3x224x224\n"
                "  onnxopt bisect model.onnx --rules my_rules.py\n"
                "  onnxopt diff model.onnx model.opt.onnx --html diff.html\n"
@@ -95,6 +96,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--diff", metavar="PAGE.html",
                    help="also write the static diff page (what each rule did, node by node; the live view: "
                         "onnxopt diff MODEL OUTPUT)")
+    p.add_argument("--report", metavar="PAGE.html",
+                   help="also write the report as one self-contained HTML page: the tables, where FLOPs, bytes and "
+                        "(with --verify) measured latency go by op type, memory over time, the verification, a "
+                        "link to --diff's page")
     _add_config_arg(p)
     p.add_argument("--version", action="version", version=f"onnxopt {__version__}")
     return p
@@ -613,6 +618,24 @@ def _write_diff(before: str, after: str, page: str, verification: dict | None) -
         diffs.run(before, after, html_out=str(outputs.stage(page)), verify_report=verification, names=(before, after))
 
 
+def _write_report(args, report) -> None:
+    """The HTML report page (``onnxopt.html_report``), with both models on disk, atomically."""
+    from . import html_report
+
+    with io.Outputs() as outputs, _status(args) as progress:
+        for path in (args.input, args.output):
+            for read in io.files_read(path):
+                outputs.protect(read)
+        outputs.claim(args.report, "--report")
+        progress("writing the report page")
+        echo = config.report_entry(args).get("config")  # (-c FILE: the settings the run used, on the page)
+        settings = {"file": echo["file"], **echo["settings"]} if echo else None
+        data = html_report.build(args.input, args.output, report, page=args.report, diff_page=args.diff,
+                                 verify_options=_verify_options(args, progress), profile_runs=min(args.runs, 10),
+                                 config=settings)
+        Path(outputs.stage(args.report)).write_text(html_report.render(data), encoding="utf-8")
+
+
 def _optimize_main(args) -> int:
     files: dict = {}
     base, extra = _rule_sets(args, files)
@@ -636,6 +659,8 @@ def _optimize_main(args) -> int:
     with _outputs(args, args.input, data_files=False) as outputs, _status(args) as progress:
         if args.diff:  # claimed now (a clash is an error before any work), written after the model
             outputs.claim(args.diff, "--diff")
+        if args.report:  # likewise
+            outputs.claim(args.report, "--report")
         verify_args = {}
         if args.verify is not None:
             verify_args = {"verify": args.verify,
@@ -661,6 +686,8 @@ def _optimize_main(args) -> int:
                                          **config.report_entry(args)})
     if args.diff:
         _write_diff(args.input, args.output, args.diff, report.verification)
+    if args.report:
+        _write_report(args, report)
     if not args.quiet:
         show(format_optimize(report, args.input, args.output, (_total_bytes(args.input), _total_bytes(args.output))))
         if report.layout:

@@ -154,8 +154,7 @@ SCHEMA: tuple[Key, ...] = (
     _k("report.json", "string", "--json", "also write the report as JSON here (path)", _BOTH, path=True),
     _k("report.quiet", "boolean", "--quiet", "print nothing on success; no progress", _BOTH),
     _k("report.diff", "string", "--diff", "also write the static diff page here (path)", path=True),
-    _k("report.html", "string", "--html", "also write the HTML report page here (path; where this onnxopt has "
-       "--html)", path=True),
+    _k("report.html", "string", "--report", "also write the HTML report page here (path)", path=True),
     _k("quantize.calibration", "string", "--calib", "calibration data: a folder of .npy/.npz, or one .npz (path)",
        _QUANT, dest=("calib",), path=True),
     _k("quantize.method", "string", "--method", "calibration method", _QUANT, choices=_quantize_methods),

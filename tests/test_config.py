@@ -221,17 +221,12 @@ def test_report_keys(src, tmp_path, capsys):
     assert "<html" in (tmp_path / "out/d.html").read_text()[:500].lower()
 
 
-def test_report_html_is_a_hook_for_the_report_page(src, tmp_path):
-    """``report.html`` stands for the main command's --html (the report page): where the parser has
-    no such flag, a file that sets it is refused in one line; where it has, the key sets it."""
+def test_report_html_sets_the_report_page(src, tmp_path):
+    """``report.html`` stands for the main command's --report (the HTML report page)."""
     cfg = write(tmp_path, '[report]\nhtml = "page.html"\n')
     argv = [str(src), "-o", str(tmp_path / "o.onnx"), "-c", str(cfg)]
     args = cli._parser().parse_args(argv)
-    if hasattr(args, "html"):
-        assert config.merge(args, argv, cli._parser).html == str(tmp_path / "page.html")
-    else:
-        with pytest.raises(UsageError, match=r"report\.html: this onnxopt's optimize command has no --html"):
-            config.merge(args, argv, cli._parser)
+    assert config.merge(args, argv, cli._parser).report == str(tmp_path / "page.html")
 
 
 # --------------------------------------------------------------------------------------------
