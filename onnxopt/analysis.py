@@ -88,7 +88,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from .errors import InvalidModelError, UsageError
+from .errors import UsageError
 
 FLOPS_CONVENTION = ("FLOPs = 2 x multiply-accumulates; element-wise and other ops per element (see "
                     "onnxopt.analysis); integer ops counted as their float equivalents")
@@ -232,13 +232,11 @@ class _Unknown(Exception):
 def _conv(n: _Node, transpose=False) -> Poly:
     x, w = n.shape_in(0), n.shape_in(1)
     y = n.shape_out()
-    groups = int(n.attr("group", 1))
-    kernel = _prod(w[2:])
+    kernel = _prod(w[2:])  # (the weight's shape holds Cin/groups or Cout/groups: groups need no term)
     if transpose:  # W: [Cin, Cout/groups, k...]: each input element meets Cout/groups x kernel weights
         macs = _prod(x) * Poly.of(w[1]) * kernel
     else:  # W: [Cout, Cin/groups, k...]
         macs = _prod(y) * Poly.of(w[1]) * kernel
-    del groups  # (the weight's shape already holds Cin/groups or Cout/groups)
     out = 2 * macs
     if n.has(2):
         out = out + _prod(y)
@@ -299,9 +297,9 @@ def _attention(n: _Node) -> Poly:
     heads = int(n.attr("num_heads"))
     sizes = n.attr("qkv_hidden_sizes")
     if sizes:
-        dq, dk, dv = (int(v) for v in sizes)
+        _, dk, dv = (int(v) for v in sizes)
     elif isinstance(w[1], int):
-        dq = dk = dv = w[1] // 3
+        dk = dv = w[1] // 3
     else:
         raise _Unknown
     past = 0
@@ -989,4 +987,4 @@ def check_top(top: int) -> int:
 
 
 __all__ = ["analyze", "device", "devices_table", "local_device", "measure_cpu", "format_inspect", "Poly",
-           "FLOPS_CONVENTION", "InvalidModelError"]
+           "FLOPS_CONVENTION"]

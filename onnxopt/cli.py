@@ -346,7 +346,7 @@ def inspect_main(argv: list[str]) -> int:
         from . import analysis
 
         analysis.check_top(args.top)
-        with _outputs(args, args.input, data_files=False) as outputs:
+        with _outputs(args, args.input) as outputs:  # (--json is never the model or one of its data files)
             report = analysis.analyze(args.input, input_shapes=input_shapes.parse(args.input_shape),
                                       device=args.device)
             _stage_json(outputs, args.json, {"model": args.input, **report})
