@@ -442,3 +442,19 @@ def test_a_model_over_2gb_is_analyzed_without_reading_its_weights(tmp_path, monk
     assert r["flops"] == 2 * 2 * k * n
     assert r["params"]["bytes"] == k * n * 4 + 16
     assert r["outputs"][0]["shape"] == [2 * n // 41, 41]  # the shape tensor's values reached shape inference
+
+
+def test_fusions_count_as_what_they_replace(tmp_path):
+    """The small BERT optimized for onnxruntime's CPU (Attention, Gelu, LayerNormalization fused in
+    com.microsoft ops): its FLOPs stay within 1% of the unfused model's."""
+    from onnxopt import optimize
+
+    src = zoo_model("bert-legacy", tmp_path)
+    out = tmp_path / "bert-cpu.onnx"
+    optimize(str(src), output=str(out), target="ort-cpu")
+    shapes = {n: [1, 16] for n in ("input_ids", "attention_mask", "token_type_ids")}
+    before = analysis.analyze(src, input_shapes=shapes, device=DEV)
+    after = analysis.analyze(out, input_shapes=shapes, device=DEV)
+    assert after["op_types"].get("com.microsoft.Attention") == 4
+    assert after["uncounted_op_types"] == [] and after["nodes_with_unknown_shapes"] == 0
+    assert abs(after["flops"] / before["flops"] - 1) < 0.01
