@@ -4,9 +4,10 @@
 data, so a model of many gigabytes is analyzed in about the time its graph takes to parse; small
 integer tensors kept in external data, the shapes a Reshape reads, are read for shape inference),
 runs onnx's shape inference (``data_prop=True``) and gives, as a JSON-ready dict with a fixed key
-order: the inputs and outputs, the opsets, the op types, the parameters (initializers) by dtype,
-and per node and in total the floating-point operations, the bytes read and written, the
-arithmetic intensity and whether the node is compute- or memory-bound on a device's roofline.
+order: the inputs and outputs, the opsets, the op types, the parameters (initializers and the tensors
+of Constant nodes) by dtype, and per node and in total the floating-point operations, the bytes read
+and written, the arithmetic intensity and whether the node is compute- or memory-bound on a device's
+roofline.
 
 FLOPs convention: **FLOPs = 2 x multiply-accumulates** (a multiply and an add count as two
 operations), stated in the output as ``"flops_convention"``. Integer and quantized ops count the
@@ -673,10 +674,11 @@ class _Counts:
         for t in (weights if weights is not None else g.initializer):
             self.weights[t.name] = (t.data_type, list(t.dims))
             types.setdefault(t.name, (t.data_type, list(t.dims)))
-        for node in g.node:  # Constant outputs: their shapes are in the attribute
-            if node.op_type == "Constant":
+        for node in g.node:  # Constant nodes' tensors are weights too (some exporters keep every weight so)
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
                 for a in node.attribute:
                     if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+                        self.weights.setdefault(node.output[0], (a.t.data_type, list(a.t.dims)))
                         types.setdefault(node.output[0], (a.t.data_type, list(a.t.dims)))
         self.uncounted: set[str] = set()
         self.outputs = list(g.output)
@@ -948,8 +950,10 @@ def format_inspect(report: dict, model: str, top: int = 10):
                 f"bytes read {_bytes(report['bytes_read'])}, written {_bytes(report['bytes_written'])}; "
                 f"intensity {report['intensity'] if report['intensity'] is not None else '-'} FLOPs/byte"]
     if report["symbolic"]:
-        out.append(Styled(f"symbolic dimensions set to 1 (give them with --input-shape); FLOPs = "
-                          f"{report['expr']['flops']}", "yellow"))
+        expr = report["expr"]["flops"]
+        if len(expr) > 160:
+            expr = expr[:160].rsplit(" + ", 1)[0] + " + ... (the whole polynomial: --json)"
+        out.append(Styled(f"symbolic dimensions set to 1 (give them with --input-shape); FLOPs = {expr}", "yellow"))
     if report["uncounted_op_types"]:
         out.append(f"not counted (0 FLOPs): {', '.join(report['uncounted_op_types'])}")
     if report["nodes_with_unknown_shapes"]:

@@ -458,3 +458,12 @@ def test_fusions_count_as_what_they_replace(tmp_path):
     assert after["op_types"].get("com.microsoft.Attention") == 4
     assert after["uncounted_op_types"] == [] and after["nodes_with_unknown_shapes"] == 0
     assert abs(after["flops"] / before["flops"] - 1) < 0.01
+
+
+def test_constant_nodes_are_parameters_too():
+    """Some exporters (paddle2onnx) keep every weight in a Constant node."""
+    w = helper.make_node("Constant", [], ["w"], value=init("wv", np.ones((8, 4), np.float32)))
+    mm = helper.make_node("MatMul", ["x", "w"], ["y"])
+    r = analysis.analyze(model([w, mm], [tinfo("x", [2, 8])], [tinfo("y", None)]), device=DEV)
+    assert r["params"]["count"] == 32 and r["params"]["bytes"] == 128
+    assert r["nodes"][1]["weight_bytes"] == 128 and r["nodes"][1]["flops"] == 2 * 2 * 4 * 8
