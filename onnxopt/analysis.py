@@ -510,7 +510,8 @@ def _infer_ort(proto: onnx.ModelProto) -> onnx.ModelProto | None:
     import io as _stdio
     import logging
 
-    logging.getLogger("onnxruntime").setLevel(logging.ERROR)
+    logger = logging.getLogger("onnxruntime")
+    level = logger.level
     # Weights not loaded become graph inputs of their type and shape: it would read the values of
     # any initializer an element-wise op takes.
     copy = onnx.ModelProto()
@@ -523,11 +524,14 @@ def _infer_ort(proto: onnx.ModelProto) -> onnx.ModelProto | None:
                    if t.name not in names)
     del g.initializer[:]
     g.initializer.extend(kept)
+    logger.setLevel(logging.ERROR)
     try:
         with contextlib.redirect_stdout(_stdio.StringIO()):
             return SymbolicShapeInference.infer_shapes(copy, auto_merge=True, guess_output_rank=False)
     except Exception:
         return None
+    finally:
+        logger.setLevel(level)
 
 
 def _concrete_counts(proto: onnx.ModelProto) -> _Counts:
