@@ -977,8 +977,10 @@ def format_inspect(report: dict, model: str, top: int = 10):
     if top > 0 and nodes:
         by_f = sorted(nodes, key=lambda n: -n["flops"])[:top]
         by_b = sorted(nodes, key=lambda n: -(n["bytes_read"] + n["bytes_written"]))[:top]
-        out += ["", Styled(f"top {len(by_f)} nodes by FLOPs", "bold"), table([row(n) for n in by_f], header, "llrrrrl"),
-                "", Styled(f"top {len(by_b)} nodes by bytes moved", "bold"),
+        nodes_word = "node" if len(by_f) == 1 else "nodes"
+        out += ["", Styled(f"top {len(by_f)} {nodes_word} by FLOPs", "bold"),
+                table([row(n) for n in by_f], header, "llrrrrl"),
+                "", Styled(f"top {len(by_b)} {nodes_word} by bytes moved", "bold"),
                 table([row(n) for n in by_b], header, "llrrrrl")]
         bound = {"compute": 0, "memory": 0}
         for n in nodes:
