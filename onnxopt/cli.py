@@ -5,6 +5,7 @@
     onnxopt bisect MODEL ...                  find the rewrite that breaks a model
     onnxopt quantize MODEL -o OUT --calib DATA  INT8 (QDQ) with calibration, for onnxruntime's CPU
     onnxopt diff BEFORE AFTER [--html OUT]    what changed, node by node (live in Netron, or a static page)
+    onnxopt inspect MODEL (or onnxopt MODEL)  FLOPs, bytes, parameters and rooflines, per node (onnxopt.analysis)
     onnxopt --list-rules                      the rules and passes, by family
 
 Reports go to stdout (tables and colour on a terminal, plain text in a pipe: ``onnxopt.console``),
@@ -58,6 +59,7 @@ def _parser() -> argparse.ArgumentParser:
         usage="onnxopt MODEL -o OUTPUT [options]\n       onnxopt verify ORIGINAL OPTIMIZED [options]\n"
               "       onnxopt bisect MODEL [options]\n       onnxopt quantize MODEL -o OUTPUT --calib DATA [options]\n"
               "       onnxopt diff BEFORE AFTER [--html OUT] [options]\n"
+              "       onnxopt inspect MODEL [--input-shape NAME=DIMS] [--device NAME] [--json OUT] [--top N]\n"
               "       onnxopt --list-rules [--target TARGET] [--rules FILE]",
         description=textwrap.fill(
             "Rewrite an ONNX model with onnxopt's rules until nothing more applies, and print what changed. "
@@ -71,6 +73,7 @@ def _parser() -> argparse.ArgumentParser:
                "  onnxopt verify model.onnx model.opt.onnx --input-shape input=1x3x224x224\n"
                "  onnxopt bisect model.onnx --rules my_rules.py\n"
                "  onnxopt diff model.onnx model.opt.onnx --html diff.html\n"
+               "  onnxopt inspect model.onnx --input-shape input=1x3x224x224 --device h100-sxm\n"
                "  onnxopt --list-rules --target ort-cuda\n\n" + textwrap.fill(_EXIT_CODES, 78),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -335,6 +338,52 @@ def _errors(fn):
         return EXIT_INTERNAL
 
 
+def _inspect_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="onnxopt inspect",
+                description="What a model computes, without running it or reading its weights: inputs and "
+                            "outputs, opsets, op counts, parameters by dtype, FLOPs (2 per multiply-accumulate) "
+                            "and bytes per node, and whether each node is compute- or memory-bound on a device's "
+                            "roofline. 'onnxopt MODEL' (without -o) does the same.",
+                epilog="devices: local (this machine's CPU, measured once and cached; the default) or a name of "
+                       "onnxopt/data/devices.json (h100-sxm, h200-sxm, epyc-9654, xeon-8480plus).\n"
+                       "exit codes: 0 ok, 2 bad input or usage, 3 internal error.")
+    p.add_argument("input", metavar="MODEL", help="the ONNX model (its weights are not read)")
+    p.add_argument("--input-shape", metavar="NAME=DIMS", action="append", default=[],
+                   help="fix an input's shape (as onnxopt MODEL --input-shape): symbolic dimensions not given "
+                        "stay symbols (figures at 1, and the polynomials in the JSON) (repeatable)")
+    p.add_argument("--device", metavar="NAME", help="the roofline to judge nodes against (default: local)")
+    p.add_argument("--top", type=int, default=10, metavar="N", help="nodes shown by FLOPs and by bytes (default 10)")
+    p.add_argument("--json", metavar="OUT", help="also write the whole analysis (every node) as JSON")
+    p.add_argument("-q", "--quiet", action="store_true", help="print nothing (with --json)")
+    return p
+
+
+def inspect_main(argv: list[str]) -> int:
+    args = _inspect_parser().parse_args(argv)
+
+    def run():
+        from . import analysis
+
+        analysis.check_top(args.top)
+        with _outputs(args, args.input) as outputs:  # (--json is never the model or one of its data files)
+            report = analysis.analyze(args.input, input_shapes=input_shapes.parse(args.input_shape),
+                                      device=args.device)
+            _stage_json(outputs, args.json, {"model": args.input, **report})
+        if not args.quiet:
+            show(analysis.format_inspect(report, args.input, args.top))
+        return EXIT_OK
+
+    return _errors(run)
+
+
+def _inspects(argv: list[str]) -> bool:
+    """``onnxopt MODEL [inspect options]``: a model file and no option that only optimizing takes."""
+    if not argv or argv[0].startswith("-") or not os.path.isfile(argv[0]):
+        return False
+    known = {o for a in _inspect_parser()._actions for o in a.option_strings}
+    return all(not w.startswith("-") or w.split("=", 1)[0] in known for w in argv[1:])
+
+
 def _verify_coverage(path: str) -> dict | None:
     """Integer-kernel coverage of a QDQ model (None for a model without Q/DQ); a model onnxruntime
     cannot optimize gives {"error": ...}."""
@@ -547,8 +596,12 @@ def _main(argv: list[str]) -> int:
         return quantize_main(argv[1:])
     if argv and argv[0] == "diff":
         return diff_main(argv[1:])
+    if argv and argv[0] == "inspect":
+        return inspect_main(argv[1:])
+    if _inspects(argv):
+        return inspect_main(argv)
     if argv and not argv[0].startswith("-") and not os.path.exists(argv[0]):
-        close = difflib.get_close_matches(argv[0], ["verify", "bisect", "quantize", "diff"], n=1, cutoff=0.7)
+        close = difflib.get_close_matches(argv[0], ["verify", "bisect", "quantize", "diff", "inspect"], n=1, cutoff=0.7)
         if close:  # (a model path would exist, or have a suffix)
             return _fail(f"no model or command {argv[0]!r}: did you mean 'onnxopt {close[0]}'?")
     parser = _parser()

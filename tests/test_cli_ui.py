@@ -137,7 +137,8 @@ def test_a_pipe_gets_plain_text(model, tmp_path):
     runs = [run_cli(model, "-o", tmp_path / "out.onnx", env=env),
             run_cli("verify", model, tmp_path / "out.onnx", "--runs", "2", env=env),
             run_cli("--list-rules", env=env),
-            run_cli(model, env=env)]
+            run_cli(model, "--verify", "cpu", env=env),
+            run_cli(model, "--device", "h100-sxm", env=env)]  # (a bare MODEL: onnxopt inspect)
     for proc in runs:
         assert_plain(proc.stdout + proc.stderr)
     lines = runs[0].stdout.splitlines()
@@ -145,6 +146,9 @@ def test_a_pipe_gets_plain_text(model, tmp_path):
     assert set(lines[header + 1].replace(" ", "")) == {"-"}
     assert "BatchNormalization      20      0     -20" in lines
     assert runs[3].returncode == 2 and runs[3].stderr.startswith("onnxopt: error: no output given")
+    assert runs[4].returncode == 0 and "FLOPs:" in runs[4].stdout
+    assert "node  op  FLOPs  read  written  FLOPs/byte  bound".split() == runs[4].stdout.splitlines()[
+        runs[4].stdout.splitlines().index("top 10 nodes by FLOPs") + 1].split()
 
 
 def test_a_terminal_gets_tables_and_colour(model, tmp_path):
@@ -156,7 +160,7 @@ def test_a_terminal_gets_tables_and_colour(model, tmp_path):
     assert re.search(r"BatchNormalization\s+20\s+0\s+-20", plain)
     assert "nodes 100 -> 60 (-40, -40.0%); 40 rewrites by 2 rules" in plain
     # errors, too, are coloured on a terminal and stay one line
-    code, _, err = run_on_terminal(model)
+    code, _, err = run_on_terminal(model, "--verify", "cpu")
     assert code == 2 and COLOUR.search(err) and len(err.strip().splitlines()) == 1
 
 
@@ -168,7 +172,7 @@ def test_no_color_takes_the_colour_out_on_a_terminal(model, tmp_path):
     code, out, err = run_on_terminal("verify", model, tmp_path / "out.onnx", "--runs", "2",
                                      env=terminal_env(NO_COLOR="1"))
     assert code == 0 and "outputs agree" in out and not COLOUR.search(out + err)
-    code, _, err = run_on_terminal(model, env=terminal_env(NO_COLOR="1"))
+    code, _, err = run_on_terminal(model, "--verify", "cpu", env=terminal_env(NO_COLOR="1"))
     assert code == 2 and "onnxopt: error: no output given" in unstyled(err) and not COLOUR.search(err)
 
 
@@ -314,7 +318,8 @@ def test_help_lists_the_commands_examples_and_exit_codes():
 
 
 def test_a_model_without_o_says_what_to_do(model, tmp_path):
-    proc = run_cli(model)
+    """(A bare MODEL is inspected: tests/test_analysis.py; an optimize option without -o is this error.)"""
+    proc = run_cli(model, "--verify", "cpu")
     assert proc.returncode == 2 and proc.stdout == ""
     (line,) = proc.stderr.splitlines()
     assert line.startswith("onnxopt: error: no output given: add -o OUTPUT")
