@@ -354,8 +354,19 @@ def _inspect_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", metavar="NAME", help="the roofline to judge nodes against (default: local)")
     p.add_argument("--top", type=int, default=10, metavar="N", help="nodes shown by FLOPs and by bytes (default 10)")
     p.add_argument("--json", metavar="OUT", help="also write the whole analysis (every node) as JSON")
-    p.add_argument("-q", "--quiet", action="store_true", help="print nothing (with --json)")
+    p.add_argument("--html", metavar="OUT.html", help="also write it as one self-contained page: tables, where FLOPs "
+                                                     "and bytes go by op type, top nodes, memory over time")
+    p.add_argument("-q", "--quiet", action="store_true", help="print nothing (with --json or --html)")
     return p
+
+
+def _peak_memory(model: str, shapes) -> dict | None:
+    """Peak activation memory by liveness (onnxopt.memory), or why it is not there."""
+    try:
+        from .memory import peak
+    except ImportError:
+        return {"unavailable": "onnxopt.memory is not in this onnxopt"}
+    return peak(model, input_shapes=shapes or None)
 
 
 def inspect_main(argv: list[str]) -> int:
@@ -366,9 +377,19 @@ def inspect_main(argv: list[str]) -> int:
 
         analysis.check_top(args.top)
         with _outputs(args, args.input) as outputs:  # (--json is never the model or one of its data files)
-            report = analysis.analyze(args.input, input_shapes=input_shapes.parse(args.input_shape),
-                                      device=args.device)
+            if args.html:
+                outputs.claim(args.html, "--html")
+            shapes = input_shapes.parse(args.input_shape)
+            report = analysis.analyze(args.input, input_shapes=shapes, device=args.device)
+            memory = _peak_memory(args.input, shapes)
+            if memory and "unavailable" not in memory:
+                report["memory"] = {k: v for k, v in memory.items() if k != "curve"}
             _stage_json(outputs, args.json, {"model": args.input, **report})
+            if args.html:
+                from .html_report import render_inspect
+
+                Path(outputs.stage(args.html)).write_text(render_inspect(args.input, report, memory, args.top),
+                                                          encoding="utf-8")
         if not args.quiet:
             show(analysis.format_inspect(report, args.input, args.top))
         return EXIT_OK

@@ -421,6 +421,72 @@ def render(data: Mapping) -> str:
             + f'\n<p class="note">onnxopt {_e(__version__)}</p>\n</main></body></html>\n')
 
 
+# -- the inspect page ---------------------------------------------------------------------------
+
+
+def _single_bars(name: str, side: Mapping[str, float], fmt, what: str) -> str:
+    rows = _rows(side, {})
+    if not rows:
+        return f'<p class="note">no {_e(what)} recorded</p>'
+    scale = max(_value(side, op, rows) for op in rows)
+    return _bar_chart(name, f"total: {fmt(sum(v or 0 for v in side.values()))}", rows, side, scale, fmt)
+
+
+def _top_nodes(nodes: Sequence[Mapping], key, top: int) -> str:
+    ranked = sorted((n for n in nodes if isinstance(key(n), (int, float))), key=lambda n: (-key(n), n.get("name", "")))
+    rows = [(n.get("name", ""), n.get("op", ""), _count(n.get("flops")), _size(n.get("bytes_read")),
+             _size(n.get("bytes_written")), "-" if n.get("intensity") is None else f"{n['intensity']:.3g}",
+             n.get("bound") or "-") for n in ranked[:top]]
+    return _table(("node", "op", "FLOPs", "read", "written", "FLOPs/byte", "bound"), rows, "wlrrrrl")
+
+
+def render_inspect(model: str, an: Mapping, mem: Mapping | None = None, top: int = 20) -> str:
+    """The inspect page (``onnxopt inspect MODEL --html PAGE``): ``an`` is ``onnxopt.analysis.analyze``'s
+    dict, ``mem`` ``onnxopt.memory.peak``'s (or ``{"unavailable": reason}``); no script, no network."""
+    io_rows = [(v.get("name"), kind, v.get("dtype"), "x".join(str(d) for d in (v.get("shape") or [])) or "scalar")
+               for kind in ("input", "output") for v in an.get(kind + "s") or []]
+    params = an.get("params") or {}
+    prow = [(dt, _count(x.get("count")), _size(x.get("bytes"))) for dt, x in (params.get("by_dtype") or {}).items()]
+    prow.append(("total", _count(params.get("count")), _size(params.get("bytes"))))
+    dev = an.get("device") or {}
+    model_body = (_table(("value", "kind", "dtype", "shape"), io_rows, "llll")
+                  + '<p class="note">opsets: ' + _e(", ".join(f"{d or 'ai.onnx'} {v}" for d, v in
+                                                             (an.get("opsets") or {}).items())) + "</p>"
+                  + "<h3>Parameters</h3>" + _table(("dtype", "count", "bytes"), prow, "lrr")
+                  + "<h3>Nodes by op type</h3>"
+                  + _table(("op type", "nodes"), [(op, n) for op, n in (an.get("op_types") or {}).items()], "lr"))
+    totals = (f'<p>FLOPs {_e(_count(an.get("flops")))}; bytes read {_e(_size(an.get("bytes_read")))}, written '
+              f'{_e(_size(an.get("bytes_written")))}; device {_e(dev.get("name", "-"))} '
+              f'({_e(dev.get("source", ""))})</p><p class="note">{_e(an.get("flops_convention", ""))}'
+              + (f'; {_e(an.get("symbols_note", ""))}' if an.get("symbolic") else "") + "</p>")
+    by = an.get("by_op_type") or {}
+    cost = (totals + "<h3>FLOPs by op type</h3>"
+            + _single_bars("flops-model", {k: v.get("flops") or 0 for k, v in by.items()}, _count, "FLOPs")
+            + "<h3>Bytes moved by op type (read + written)</h3>"
+            + _single_bars("bytes-model", {k: (v.get("bytes_read") or 0) + (v.get("bytes_written") or 0)
+                                           for k, v in by.items()}, _size, "bytes")
+            + f"<h3>Top {top} nodes by FLOPs</h3>" + _top_nodes(an.get("nodes") or [], lambda n: n.get("flops"), top)
+            + f"<h3>Top {top} nodes by bytes moved</h3>"
+            + _top_nodes(an.get("nodes") or [], lambda n: (n.get("bytes_read") or 0) + (n.get("bytes_written") or 0)
+                         if n.get("bytes_read") is not None else None, top))
+    if isinstance(mem, Mapping) and mem.get("peak_bytes") is not None:
+        ymax = max([float(v) for v in mem.get("curve") or [0]] + [0.0])
+        at = mem.get("peak_at") or {}
+        alive = mem.get("alive_at_peak") or []
+        memory = (_line_chart("memory-model", f"peak {_size(mem.get('peak_bytes'))} at {at.get('name', '-')}", mem, ymax)
+                  + f'<p class="note">weights apart: {_e(_size(mem.get("weights_bytes")))}; '
+                  f'{len(mem.get("unknown") or [])} value(s) of unknown size</p>'
+                  + _table(("alive at the peak", "bytes"), [(nm, _size(b)) for nm, b in alive[:top]], "wr"))
+    else:
+        memory = _unavailable("the memory curve", mem.get("unavailable") if isinstance(mem, Mapping) else None)
+    sections = [_section("model", "Model", model_body), _section("cost", "Where the cost goes", cost),
+                _section("memory", "Memory over time", memory)]
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{_e('onnxopt inspect ' + model)}</title><style>{_CSS}</style></head>\n<body>"
+            f"<header><h1>onnxopt inspect</h1><p>{_e(model)}</p></header>\n<main>\n" + "\n".join(sections)
+            + f'\n<p class="note">onnxopt {_e(__version__)}</p>\n</main></body></html>\n')
+
+
 # -- gathering ----------------------------------------------------------------------------------
 
 

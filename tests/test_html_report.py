@@ -5,6 +5,7 @@ memory contracts, the command end to end, and the page in headless Chromium."""
 from __future__ import annotations
 
 import html.parser
+import json
 import os
 from pathlib import Path
 
@@ -333,3 +334,44 @@ def test_build_gathers_to_the_contracts(tmp_path, monkeypatch):
     data = html_report.build(src, out, {**report.as_dict(), "memory": None})
     assert data["analysis"] == {"unavailable": "onnxopt.analysis is not in this onnxopt"}
     assert "memory curve: not available (onnxopt.memory is not in this onnxopt)" in html_report.render(data)
+
+
+def test_inspect_page(tmp_path, capsys):
+    """``onnxopt inspect MODEL --html PAGE`` (and bare ``onnxopt MODEL --html PAGE``): one page with the model's
+    tables, a bar per op type with FLOPs (widths proportional), the top nodes, the memory curve; never over
+    the model; loads in Chromium without errors."""
+    src = conv_bn_model(tmp_path / "m.onnx")
+    page, js = tmp_path / "i.html", tmp_path / "i.json"
+    assert cli.main(["inspect", str(src), "--html", str(page), "--json", str(js), "--top", "3", "-q"]) == 0
+    data = json.loads(js.read_text())
+    text = page.read_text()
+    parsed = Page(text)
+    for sid in ("model", "cost", "memory"):
+        assert parsed.find("section", id=sid), sid
+    bars = parsed.chart("flops-model")
+    with_flops = {op for op, v in data["by_op_type"].items() if v["flops"]}
+    assert {b["data-op"] for b in bars} == with_flops
+    values = [float(b["data-value"]) for b in bars]
+    widths = [float(b["width"]) for b in bars]
+    assert values == sorted(values, reverse=True) and widths[0] > 0
+    for v, w in zip(values, widths):
+        assert abs(w - widths[0] * v / values[0]) < 0.02
+    top = max(data["nodes"], key=lambda n: n["flops"])
+    assert top["name"] in text
+    assert cli.main([str(src), "--html", str(tmp_path / "j.html"), "--top", "3", "-q"]) == 0  # bare MODEL
+    assert (tmp_path / "j.html").read_text() == text  # (same model, same page: nothing measured on it)
+    kept = src.read_bytes()
+    assert cli.main(["inspect", str(src), "--html", str(src)]) == 2
+    assert "never overwrites what it reads" in capsys.readouterr().err and src.read_bytes() == kept
+    why = browser.missing()
+    if why:
+        pytest.skip(why)
+    with browser.headless(1200, 1400) as driver:
+        driver.get(page.as_uri())
+        shown = driver.execute_script(
+            "return [...document.querySelectorAll('section')].filter(s => s.offsetHeight > 40).map(s => s.id)")
+        try:
+            logs = driver.get_log("browser")
+        except Exception:  # noqa: BLE001
+            logs = []
+        assert shown == ["model", "cost", "memory"] and [e for e in logs if e.get("level") == "SEVERE"] == []
