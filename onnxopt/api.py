@@ -18,6 +18,7 @@ from .input_shapes import fix as fix_input_shapes, normalize as normalize_input_
 from .stats import RuleStats
 from .irutil import gc_paused, node_counts
 from .layout_pass import transpose_summary
+from .passes import MEMORY
 from .pattern import Rule
 from .report import summary_line
 from .verify.inputs import run_shapes
@@ -49,6 +50,9 @@ class Report:
     # Transposes of the main graph before and after, and what they move per inference
     # (onnxopt.layout_pass.transpose_summary); None where neither has one
     transposes: dict | None = None
+    # peak activation memory of the main graph (onnxopt.memory.peak, without the curve): "before" (the
+    # input at the fixed input shapes), "after", and "reordered" (the memory_reordering pass changed the order)
+    memory: dict | None = None
 
     @property
     def fired(self) -> dict[str, int]:
@@ -76,6 +80,7 @@ class Report:
             **({"precision": self.precision} if self.precision is not None else {}),
             **({"layout": self.layout} if self.layout is not None else {}),
             **({"transposes": self.transposes} if self.transposes is not None else {}),
+            **({"memory": self.memory} if self.memory is not None else {}),
         }
 
 
@@ -301,6 +306,7 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
                 loaded.model, (verify_options or {}).get("input_shapes"), (verify_options or {}).get("inputs"))}
     # the Transposes the model had (before its edges changed) and what they move, for the report
     transposes = {"before": _transposes(loaded.model)} if return_report else None
+    memory = {"before": _peak(loaded.model)} if return_report else None
     edited = layouts.apply(loaded.model, edges) if edges else None
     read = [(verify_options or {}).get("inputs")] if verify else []  # (the verifier's inputs file)
     plan = io.plan_give_back(loaded, output, external_data=external_data, outputs=outputs,
@@ -339,6 +345,9 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
             transposes["after"] = _transposes(loaded.model)
             if not (transposes["before"]["count"] or transposes["after"]["count"]):
                 transposes = None
+        if memory is not None:
+            memory["after"] = _peak(loaded.model)
+            memory["reordered"] = bool(result.rules.get(MEMORY) and result.rules[MEMORY].fired)
         advice = None
         if return_report and targets.normalize(target) == targets.ORT_CUDA:
             from .advice import advise
@@ -385,6 +394,11 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
     elif fp16 is not None and fp16.fallback and not fp16.fallback.get("ok"):
         warnings.append(f"precision fp16: the conversion misses the fidelity bounds on the verifier's inputs "
                         f"({fp16.fallback.get('gave_up') or fp16.fallback.get('skipped')})")
+    if memory is not None and memory["after"]["peak_bytes"] > memory["before"]["peak_bytes"]:
+        warnings.append(f"peak activation memory rose from {memory['before']['peak_bytes']} to "
+                        f"{memory['after']['peak_bytes']} bytes: rewrites made values live longer or larger "
+                        f"(reordering {'lowered it but not below' if memory['reordered'] else 'found no lower order than'} "
+                        f"the input's); onnxopt.memory.peak names what is alive at the peak")
     if result.hit_limit:
         warnings.append(f"stopped at the rewrite limit ({result.rewrites} rewrites); the result is valid but "
                         "may not be fully optimized")
@@ -398,8 +412,17 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
                               **({"precision": precision} if precision != "fp32" else {}),
                               **(edges.as_dict() if edges else {})},
                     skipped=skipped, advice=advice, fusions=_fusions(chosen, result.rules),
-                    precision=fp16.as_dict() if fp16 is not None else None, layout=edited, transposes=transposes)
+                    precision=fp16.as_dict() if fp16 is not None else None, layout=edited, transposes=transposes,
+                    memory=memory)
     return out, report
+
+
+def _peak(model: ir.Model) -> dict:
+    """memory.peak of ``model`` without the curve (shape inference on a serialized copy: the model
+    is left as it is)."""
+    from .memory import peak
+
+    return peak(model, curve=False)
 
 
 def _transposes(model: ir.Model) -> dict:

@@ -1,0 +1,295 @@
+"""Liveness of the main graph's values over a node order, and orders that lower its peak: the
+core of ``onnxopt.memory`` (which documents the model), apart so that the pass table
+(``onnxopt.passes``) can run :func:`reorder` without an import circle. Sizes come from a model
+with onnx's inferred types (``infer``: a function giving the ModelProto), then from what the model
+declares."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import onnx
+import onnx_ir as ir
+
+from .io import proto_graphs
+
+_UNKNOWN = None
+
+
+def _bytes_of(dtype: int, dims) -> int | None:
+    if dtype in (0, onnx.TensorProto.STRING) or dims is None:
+        return _UNKNOWN
+    n = 1
+    for d in dims:
+        if not isinstance(d, int) or d < 0:
+            return _UNKNOWN
+        n *= d
+    try:
+        bits = ir.DataType(dtype).bitwidth
+    except (ValueError, TypeError):
+        return _UNKNOWN
+    return (n * bits + 7) // 8
+
+
+def _proto_dims(tp: onnx.TypeProto):
+    if not tp.HasField("tensor_type") or not tp.tensor_type.HasField("shape"):
+        return 0, None
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in tp.tensor_type.shape.dim]
+    return tp.tensor_type.elem_type, dims
+
+
+def _ir_dims(value: ir.Value):
+    if value.type is None or value.shape is None or not isinstance(value.type, ir.TensorType):
+        return 0, None
+    return value.type.dtype.value, [d if isinstance(d, int) else None for d in value.shape]
+
+
+class Sizes:
+    """Bytes of every value of ``model`` (None where unknown), from onnx's shape inference, then
+    from what the model declares."""
+
+    def __init__(self, model: ir.Model, infer: Callable[[ir.Model], onnx.ModelProto]):
+        inferred: dict[str, tuple] = {}
+        try:
+            proto = infer(model)
+        except Exception:  # noqa: BLE001 - inference refusing the model: what it declares is all we know
+            proto = None
+        if proto is not None:
+            for g in proto_graphs(proto.graph):
+                for info in (*g.input, *g.output, *g.value_info):
+                    if info.name:
+                        inferred.setdefault(info.name, _proto_dims(info.type))
+        self._inferred = inferred
+        self._cache: dict[ir.Value, int | None] = {}
+
+    def __call__(self, value: ir.Value) -> int | None:
+        got = self._cache.get(value, -1)
+        if got != -1:
+            return got
+        size = _bytes_of(*_ir_dims(value))
+        if size is None and value.name in self._inferred:
+            size = _bytes_of(*self._inferred[value.name])
+        self._cache[value] = size
+        return size
+
+
+def _body_nodes(node: ir.Node):
+    for attr in node.attributes.values():
+        if attr.type == ir.AttributeType.GRAPH:
+            graphs = [attr.value]
+        elif attr.type == ir.AttributeType.GRAPHS:
+            graphs = list(attr.value)
+        else:
+            continue
+        for g in graphs:
+            for inner in g:
+                yield inner
+                yield from _body_nodes(inner)
+
+
+class Liveness:
+    """The main graph as liveness needs it: per node, the values it reads that a main-graph node
+    produced (its bodies' outer reads included), what it allocates, and its subgraph charge."""
+
+    def __init__(self, model: ir.Model, sizes: Sizes):
+        graph = model.graph
+        self.graph = graph
+        self.nodes = list(graph)
+        self.index = {n: i for i, n in enumerate(self.nodes)}
+        self.unknown: list[str] = []
+        seen_unknown = set()
+
+        def note(value):
+            if value.name not in seen_unknown:
+                seen_unknown.add(value.name)
+                self.unknown.append(value.name or "(unnamed)")
+
+        self.size: dict[ir.Value, int] = {}
+        self.inputs_bytes = 0
+        self.input_values = []
+        for v in graph.inputs:
+            if v.is_initializer():
+                continue
+            s = sizes(v)
+            if s is None:
+                note(v)
+            self.input_values.append((v, s or 0))
+            self.inputs_bytes += s or 0
+        self.weights_bytes = sum(v.const_value.nbytes for v in graph.initializers.values() if v.const_value is not None)
+        self.outputs = {v for v in graph.outputs}
+        self.reads: list[list[ir.Value]] = []
+        self.extra: list[int] = []
+        for node in self.nodes:
+            for o in node.outputs:
+                s = sizes(o)
+                if s is None:
+                    note(o)
+                self.size[o] = s or 0
+            reads = [v for v in node.inputs if v is not None]
+            charge = 0
+            for inner in _body_nodes(node):
+                reads += [v for v in inner.inputs if v is not None]
+                for o in inner.outputs:
+                    s = sizes(o)
+                    if s is None:
+                        note(o)
+                    charge += s or 0
+            produced_here = self.index
+            self.reads.append(list(dict.fromkeys(
+                v for v in reads if v.producer() is not None and v.producer() in produced_here)))
+            self.extra.append(charge)
+        self.readers: dict[ir.Value, list[int]] = {}
+        for i, reads in enumerate(self.reads):
+            for v in reads:
+                self.readers.setdefault(v, []).append(i)
+
+    def simulate(self, order: Sequence[int]):
+        """The curve (bytes alive while each node runs) for the node indices in ``order``, and the
+        last step at which each value is alive."""
+        pos = {k: i for i, k in enumerate(order)}
+        end = len(order)
+        last: dict[ir.Value, int] = {}
+        frees: list[list[ir.Value]] = [[] for _ in order]
+        for step, k in enumerate(order):
+            for o in self.nodes[k].outputs:
+                if o in self.outputs:
+                    last[o] = end
+                    continue
+                lr = max((pos[r] for r in self.readers.get(o, ())), default=step)
+                last[o] = lr
+                frees[lr].append(o)
+        alive = self.inputs_bytes
+        curve = []
+        for step, k in enumerate(order):
+            for o in self.nodes[k].outputs:
+                alive += self.size[o]
+            curve.append(alive + self.extra[k])
+            for o in frees[step]:
+                alive -= self.size[o]
+        return curve, last, pos
+
+    def peak_of(self, order: Sequence[int]) -> int:
+        curve = self.simulate(order)[0]
+        return max(curve, default=self.inputs_bytes)
+
+    # -- orders -----------------------------------------------------------------------------
+
+    def _preds(self) -> list[list[int]]:
+        return [sorted({self.index[v.producer()] for v in reads}) for reads in self.reads]
+
+    def greedy(self) -> list[int]:
+        """List scheduling: next, the ready node whose run adds the least (its outputs' bytes less
+        the bytes of the inputs it is the last reader of); ties to the original order."""
+        preds = self._preds()
+        succs: list[list[int]] = [[] for _ in self.nodes]
+        waiting = [len(p) for p in preds]
+        for i, p in enumerate(preds):
+            for j in p:
+                succs[j].append(i)
+        left = {v: len(r) for v, r in self.readers.items()}
+        ready = [i for i, w in enumerate(waiting) if w == 0]
+        order = []
+        while ready:
+            best, best_key = None, None
+            for i in ready:
+                gain = sum(self.size[o] for o in self.nodes[i].outputs)
+                freed = sum(self.size[v] for v in self.reads[i] if left[v] == 1 and v not in self.outputs)
+                key = (gain - freed, i)
+                if best_key is None or key < best_key:
+                    best, best_key = i, key
+            ready.remove(best)
+            order.append(best)
+            for v in self.reads[best]:
+                left[v] -= 1
+            for s in succs[best]:
+                waiting[s] -= 1
+                if waiting[s] == 0:
+                    ready.append(s)
+        return order
+
+    def depth_first(self) -> list[int]:
+        """Post-order from the graph's sinks: each node's operands one after the other, the one that
+        needs the most memory to compute first (Sethi-Ullman's order, with a subtree's need estimated
+        as the bytes it produces), so one operand is finished before the next is started."""
+        preds = self._preds()
+        need = [0] * len(self.nodes)
+        for i in range(len(self.nodes)):  # (the original order is topological)
+            own = sum(self.size[o] for o in self.nodes[i].outputs)
+            need[i] = max([own, *(need[j] for j in preds[i])])
+        has_succ = [False] * len(self.nodes)
+        for p in preds:
+            for j in p:
+                has_succ[j] = True
+        sinks = [i for i in range(len(self.nodes)) if not has_succ[i]]
+        done = [False] * len(self.nodes)
+        order = []
+        for root in sinks:
+            stack = [(root, False)]
+            while stack:
+                i, expanded = stack.pop()
+                if done[i]:
+                    continue
+                if expanded:
+                    done[i] = True
+                    order.append(i)
+                    continue
+                stack.append((i, True))
+                # pushed in reverse: the neediest operand is popped (computed) first
+                for j in sorted(preds[i], key=lambda j: (need[j], -j)):
+                    if not done[j]:
+                        stack.append((j, False))
+        return order
+
+
+def result(g: Liveness, order: Sequence[int], curve=True) -> dict:
+    values, last, pos = g.simulate(order)
+    top = max(values, default=g.inputs_bytes)
+    at = values.index(top) if values else None
+    alive = []
+    if at is not None:
+        alive = [[v.name, s] for v, s in g.input_values]
+        for step in range(at + 1):
+            for o in g.nodes[order[step]].outputs:
+                if last[o] >= at and g.size[o]:
+                    alive.append([o.name, g.size[o]])
+        k = order[at]
+        if g.extra[k]:
+            alive.append([f"{g.nodes[k].name or g.nodes[k].op_type} (subgraph values)", g.extra[k]])
+        alive.sort(key=lambda item: (-item[1], item[0]))
+    out = {
+        "peak_bytes": top,
+        "peak_at": {"index": at, "name": g.nodes[order[at]].name if at is not None else None},
+        "alive_at_peak": alive,
+        "weights_bytes": g.weights_bytes,
+        "inputs_bytes": g.inputs_bytes,
+        "unknown": list(g.unknown),
+        "lower_bound": bool(g.unknown),
+    }
+    if curve:
+        out["curve"] = values
+    return out
+
+
+def reorder(model: ir.Model, infer: Callable[[ir.Model], onnx.ModelProto]) -> int:
+    """Reorder ``model``'s main graph (in place) to the candidate order with the lowest peak, when
+    that is strictly below the current order's; returns 1 when it did, else 0. Nodes, values and
+    results are unchanged."""
+    g = Liveness(model, Sizes(model, infer))
+    if len(g.nodes) < 3 or len(g.unknown) > len([v for v, _ in g.input_values if v.name in g.unknown]):
+        # a value of unknown size (a symbolic dimension): the peak compared is not the one that runs
+        return 0
+    current = list(range(len(g.nodes)))
+    best, best_peak = current, g.peak_of(current)
+    for order in (g.greedy(), g.depth_first()):
+        if len(order) != len(current):  # (a cycle or a read we cannot place: leave the order alone)
+            continue
+        p = g.peak_of(order)
+        if p < best_peak:
+            best, best_peak = order, p
+    if best is current:
+        return 0
+    graph = model.graph
+    nodes = [g.nodes[k] for k in best]
+    graph.remove(g.nodes, safe=False)
+    graph.extend(nodes)
+    return 1
