@@ -397,9 +397,11 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
     if memory is not None and memory["after"]["peak_bytes"] > memory["before"]["peak_bytes"] \
             and not memory["before"]["lower_bound"]:  # (a lower bound before: symbolic sizes the rewrites made known)
         warnings.append(f"peak activation memory rose from {memory['before']['peak_bytes']} to "
-                        f"{memory['after']['peak_bytes']} bytes: rewrites made values live longer or larger "
-                        f"(reordering {'lowered it but not below' if memory['reordered'] else 'found no lower order than'} "
-                        f"the input's); onnxopt.memory.peak names what is alive at the peak")
+                        f"{memory['after']['peak_bytes']} bytes in the nodes' order (in onnxruntime's order "
+                        f"{memory['before']['onnxruntime_peak_bytes']} -> {memory['after']['onnxruntime_peak_bytes']}): "
+                        f"rewrites made values live longer or larger, and reordering "
+                        f"{'lowered it but not below' if memory['reordered'] else 'found no order lower in both than'} "
+                        f"the input's; onnxopt.memory.peak names what is alive at the peak")
     if result.hit_limit:
         warnings.append(f"stopped at the rewrite limit ({result.rewrites} rewrites); the result is valid but "
                         "may not be fully optimized")

@@ -241,6 +241,49 @@ class Liveness:
         return order
 
 
+def onnxruntime_order(g: Liveness) -> list[int]:
+    """The order onnxruntime runs the graph in (its GraphViewer's default, ``ExecutionOrder::DEFAULT``):
+    a depth-first post-order from the nodes no node reads (graph outputs, dead ends), the last of
+    them first; at each node its producers pushed in node-index order (the file's order), so the
+    last one is explored first; a node is placed when its producers are. The file's order matters
+    to onnxruntime only through these ties."""
+    preds = g._preds()
+    has_succ = [False] * len(g.nodes)
+    for p in preds:
+        for j in p:
+            has_succ[j] = True
+    stack = [(i, False) for i in range(len(g.nodes)) if not has_succ[i]]
+    visited = [False] * len(g.nodes)
+    order = []
+    while stack:
+        i, leave = stack.pop()
+        if leave:
+            order.append(i)
+            continue
+        if visited[i]:
+            continue
+        visited[i] = True
+        stack.append((i, True))
+        stack.extend((j, False) for j in preds[i] if not visited[j])
+    return order
+
+
+def _onnxruntime_peak(g: Liveness, order: Sequence[int]) -> int:
+    """The peak in the order onnxruntime would run the nodes in, were they written in ``order``
+    (its ties follow the nodes' positions)."""
+    moved = Liveness.__new__(Liveness)
+    moved.__dict__.update(g.__dict__)
+    moved.nodes = [g.nodes[k] for k in order]
+    moved.index = {n: i for i, n in enumerate(moved.nodes)}
+    moved.reads = [g.reads[k] for k in order]
+    moved.extra = [g.extra[k] for k in order]
+    moved.readers = {}
+    for i, reads in enumerate(moved.reads):
+        for v in reads:
+            moved.readers.setdefault(v, []).append(i)
+    return moved.peak_of(onnxruntime_order(moved))
+
+
 def result(g: Liveness, order: Sequence[int], curve=True) -> dict:
     values, last, pos = g.simulate(order)
     top = max(values, default=g.inputs_bytes)
@@ -260,6 +303,7 @@ def result(g: Liveness, order: Sequence[int], curve=True) -> dict:
         "peak_bytes": top,
         "peak_at": {"index": at, "name": g.nodes[order[at]].name if at is not None else None},
         "alive_at_peak": alive,
+        "onnxruntime_peak_bytes": g.peak_of(onnxruntime_order(g)),
         "weights_bytes": g.weights_bytes,
         "inputs_bytes": g.inputs_bytes,
         "unknown": list(g.unknown),
@@ -272,19 +316,21 @@ def result(g: Liveness, order: Sequence[int], curve=True) -> dict:
 
 def reorder(model: ir.Model, infer: Callable[[ir.Model], onnx.ModelProto]) -> int:
     """Reorder ``model``'s main graph (in place) to the candidate order with the lowest peak, when
-    that is strictly below the current order's; returns 1 when it did, else 0. Nodes, values and
-    results are unchanged."""
+    that is strictly below the current order's and the peak in the order onnxruntime runs the
+    nodes in (:func:`onnxruntime_order`, which follows the file's order only in its ties) does not
+    rise; returns 1 when it did, else 0. Nodes, values and results are unchanged."""
     g = Liveness(model, Sizes(model, infer))
     if len(g.nodes) < 3 or len(g.unknown) > len([v for v, _ in g.input_values if v.name in g.unknown]):
         # a value of unknown size (a symbolic dimension): the peak compared is not the one that runs
         return 0
     current = list(range(len(g.nodes)))
     best, best_peak = current, g.peak_of(current)
+    ort_peak = g.peak_of(onnxruntime_order(g))
     for order in (g.greedy(), g.depth_first()):
         if len(order) != len(current):  # (a cycle or a read we cannot place: leave the order alone)
             continue
         p = g.peak_of(order)
-        if p < best_peak:
+        if p < best_peak and _onnxruntime_peak(g, order) <= ort_peak:
             best, best_peak = order, p
     if best is current:
         return 0

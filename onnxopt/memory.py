@@ -35,7 +35,7 @@ import onnx_ir as ir
 from . import io
 from .errors import UsageError
 from .input_shapes import fix, normalize
-from .liveness import Liveness, Sizes, reorder as _reorder, result
+from .liveness import Liveness, Sizes, onnxruntime_order, reorder as _reorder, result
 from .passes import infer_model
 
 
@@ -53,15 +53,22 @@ def _as_ir(model, input_shapes) -> ir.Model:
     return m
 
 
-def peak(model, input_shapes=None, *, curve: bool = True) -> dict:
+def peak(model, input_shapes=None, *, curve: bool = True, order: str = "graph") -> dict:
     """Peak activation memory of ``model`` (a path, onnx.ModelProto or onnx_ir.Model) in its node
     order: ``peak_bytes``, ``peak_at`` (node index and name), ``alive_at_peak`` ([value, bytes],
-    largest first), ``curve`` (bytes alive while each node runs), ``weights_bytes``,
+    largest first), ``curve`` (bytes alive while each node runs), ``onnxruntime_peak_bytes`` (the
+    peak in the order onnxruntime runs the nodes in, whatever ``order``), ``weights_bytes``,
     ``inputs_bytes`` (counted in every figure), ``unknown`` (values of unknown or symbolic size,
-    counted as 0) and ``lower_bound`` (some are). JSON-ready; the same model gives the same dict."""
+    counted as 0) and ``lower_bound`` (some are). JSON-ready; the same model gives the same dict.
+    ``order``: "graph" (the nodes' order in the model) or "onnxruntime" (the order onnxruntime's CPU
+    session runs them in, ``onnxopt.liveness.onnxruntime_order``; ``peak_at``'s index is then a step
+    of that order)."""
+    if order not in ("graph", "onnxruntime"):
+        raise UsageError(f"memory.peak: order {order!r}: choose graph or onnxruntime")
     m = _as_ir(model, input_shapes)
     g = Liveness(m, Sizes(m, infer_model))
-    return result(g, range(len(g.nodes)), curve=curve)
+    steps = range(len(g.nodes)) if order == "graph" else onnxruntime_order(g)
+    return result(g, steps, curve=curve)
 
 
 def reorder(model: ir.Model, touched=None) -> int:

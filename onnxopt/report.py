@@ -151,7 +151,10 @@ def format_memory(m: Mapping) -> str:
     def side(p):
         return ("at least " if p.get("lower_bound") else "") + _size(p["peak_bytes"])
     note = " (reordered)" if m.get("reordered") else ""
-    return f"peak activation memory: {side(m['before'])} -> {side(m['after'])}{note}"
+    b, a = m["before"].get("onnxruntime_peak_bytes"), m["after"].get("onnxruntime_peak_bytes")
+    ort = f"; in onnxruntime's order {_size(b)} -> {_size(a)}" if None not in (b, a) and (b, a) != (
+        m["before"]["peak_bytes"], m["after"]["peak_bytes"]) else ""
+    return f"peak activation memory: {side(m['before'])} -> {side(m['after'])}{note}{ort}"
 
 
 def format_fusions(fusions: Mapping[str, Mapping]) -> list:
