@@ -18,6 +18,7 @@ from .input_shapes import fix as fix_input_shapes, normalize as normalize_input_
 from .stats import RuleStats
 from .irutil import gc_paused, node_counts
 from .layout_pass import transpose_summary
+from .liveness import PEAK_KEY
 from .passes import MEMORY
 from .pattern import Rule
 from .report import summary_line
@@ -345,8 +346,9 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
             transposes["after"] = _transposes(loaded.model)
             if not (transposes["before"]["count"] or transposes["after"]["count"]):
                 transposes = None
+        kept = loaded.model.graph.meta.pop(PEAK_KEY, None)  # (the reorder pass's figure for the order it left)
         if memory is not None:
-            memory["after"] = _peak(loaded.model)
+            memory["after"] = kept if kept is not None and not edited and fp16 is None else _peak(loaded.model)
             memory["reordered"] = bool(result.rules.get(MEMORY) and result.rules[MEMORY].fired)
         advice = None
         if return_report and targets.normalize(target) == targets.ORT_CUDA:

@@ -14,6 +14,11 @@ import onnx_ir as ir
 from .io import proto_graphs
 
 _UNKNOWN = None
+# onnxruntime's CPU kernels whose output is a view of input 0 (KernelDefBuilder().Alias(0, 0)), and
+# those that may write output 0 into input 0's buffer (MayInplace(0, 0)): the unary activations
+_VIEWS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
+_IN_PLACE = frozenset({"Relu", "LeakyRelu", "Sigmoid", "Tanh", "Clip", "Elu", "Selu", "HardSigmoid", "Softplus",
+                       "Softsign", "ThresholdedRelu"})
 
 
 def _bytes_of(dtype: int, dims) -> int | None:
@@ -143,33 +148,59 @@ class Liveness:
             for v in reads:
                 self.readers.setdefault(v, []).append(i)
 
-    def simulate(self, order: Sequence[int]):
+    def simulate(self, order: Sequence[int], runtime: bool = False):
         """The curve (bytes alive while each node runs) for the node indices in ``order``, and the
-        last step at which each value is alive."""
+        last step at which each value is alive. ``runtime``: as onnxruntime's CPU allocation plan
+        shares buffers: a view op's output (Reshape, Squeeze, Unsqueeze, Flatten, Identity) is its
+        input's buffer, and an activation that may run in place (Relu, Clip, Sigmoid, ...) writes
+        into its input's buffer where that input dies at it with the same size."""
         pos = {k: i for i, k in enumerate(order)}
         end = len(order)
         last: dict[ir.Value, int] = {}
-        frees: list[list[ir.Value]] = [[] for _ in order]
         for step, k in enumerate(order):
             for o in self.nodes[k].outputs:
-                if o in self.outputs:
-                    last[o] = end
-                    continue
-                lr = max((pos[r] for r in self.readers.get(o, ())), default=step)
-                last[o] = lr
-                frees[lr].append(o)
+                last[o] = end if o in self.outputs else max((pos[r] for r in self.readers.get(o, ())), default=step)
+        buffer: dict[ir.Value, ir.Value] = {}  # value -> the value whose allocation it uses
+        ends: dict[ir.Value, int] = {}  # allocation -> the last step one of its values is alive
+        frees: list[list[ir.Value]] = [[] for _ in range(end + 1)]
         alive = self.inputs_bytes
         curve = []
         for step, k in enumerate(order):
-            for o in self.nodes[k].outputs:
+            node = self.nodes[k]
+            share = None
+            if runtime and node.outputs and node.inputs and node.inputs[0] is not None and node.domain in ("", "ai.onnx"):
+                first = node.inputs[0]
+                if node.op_type in _VIEWS:
+                    share = buffer.get(first, "input")  # (a view of a graph input or weight: no allocation)
+                elif node.op_type in _IN_PLACE and first in buffer and ends[buffer[first]] == step \
+                        and self.size.get(first) == self.size[node.outputs[0]] and first not in self.outputs:
+                    share = buffer[first]
+            for n, o in enumerate(node.outputs):
+                if n == 0 and share is not None:
+                    if share != "input":
+                        buffer[o] = share
+                        if last[o] > ends[share]:
+                            ends[share] = last[o]
+                            frees[last[o]].append(share)
+                    continue
+                buffer[o] = o
+                ends[o] = last[o]
+                frees[last[o]].append(o)
                 alive += self.size[o]
             curve.append(alive + self.extra[k])
-            for o in frees[step]:
-                alive -= self.size[o]
+            for b in frees[step]:
+                if ends[b] == step:
+                    alive -= self.size[b]
+                    ends[b] = -1  # (freed once)
+        if runtime:  # a shared allocation lives as long as its last value, listed under its first
+            group: dict[ir.Value, int] = {}
+            for v, b in buffer.items():
+                group[b] = max(group.get(b, -1), last[v])
+            last = {v: (group[v] if buffer[v] is v else -1) for v in buffer}
         return curve, last, pos
 
-    def peak_of(self, order: Sequence[int]) -> int:
-        curve = self.simulate(order)[0]
+    def peak_of(self, order: Sequence[int], runtime: bool = False) -> int:
+        curve = self.simulate(order, runtime)[0]
         return max(curve, default=self.inputs_bytes)
 
     # -- orders -----------------------------------------------------------------------------
@@ -268,9 +299,8 @@ def onnxruntime_order(g: Liveness) -> list[int]:
     return order
 
 
-def _onnxruntime_peak(g: Liveness, order: Sequence[int]) -> int:
-    """The peak in the order onnxruntime would run the nodes in, were they written in ``order``
-    (its ties follow the nodes' positions)."""
+def _moved(g: Liveness, order: Sequence[int]) -> Liveness:
+    """``g`` with its nodes written in ``order`` (sizes shared, not recomputed)."""
     moved = Liveness.__new__(Liveness)
     moved.__dict__.update(g.__dict__)
     moved.nodes = [g.nodes[k] for k in order]
@@ -281,11 +311,18 @@ def _onnxruntime_peak(g: Liveness, order: Sequence[int]) -> int:
     for i, reads in enumerate(moved.reads):
         for v in reads:
             moved.readers.setdefault(v, []).append(i)
-    return moved.peak_of(onnxruntime_order(moved))
+    return moved
 
 
-def result(g: Liveness, order: Sequence[int], curve=True) -> dict:
-    values, last, pos = g.simulate(order)
+def _onnxruntime_peak(g: Liveness, order: Sequence[int]) -> int:
+    """The peak in the order onnxruntime would run the nodes in, were they written in ``order``
+    (its ties follow the nodes' positions)."""
+    moved = _moved(g, order)
+    return moved.peak_of(onnxruntime_order(moved), runtime=True)
+
+
+def result(g: Liveness, order: Sequence[int], curve=True, runtime: bool = False) -> dict:
+    values, last, pos = g.simulate(order, runtime)
     top = max(values, default=g.inputs_bytes)
     at = values.index(top) if values else None
     alive = []
@@ -293,7 +330,7 @@ def result(g: Liveness, order: Sequence[int], curve=True) -> dict:
         alive = [[v.name, s] for v, s in g.input_values]
         for step in range(at + 1):
             for o in g.nodes[order[step]].outputs:
-                if last[o] >= at and g.size[o]:
+                if last.get(o, -1) >= at and g.size[o]:
                     alive.append([o.name, g.size[o]])
         k = order[at]
         if g.extra[k]:
@@ -303,7 +340,7 @@ def result(g: Liveness, order: Sequence[int], curve=True) -> dict:
         "peak_bytes": top,
         "peak_at": {"index": at, "name": g.nodes[order[at]].name if at is not None else None},
         "alive_at_peak": alive,
-        "onnxruntime_peak_bytes": g.peak_of(onnxruntime_order(g)),
+        "onnxruntime_peak_bytes": g.peak_of(onnxruntime_order(g), runtime=True),
         "weights_bytes": g.weights_bytes,
         "inputs_bytes": g.inputs_bytes,
         "unknown": list(g.unknown),
@@ -314,18 +351,24 @@ def result(g: Liveness, order: Sequence[int], curve=True) -> dict:
     return out
 
 
+PEAK_KEY = "onnxopt.memory.peak"  # graph.meta (in memory only): the pass's result() of the order it leaves
+
+
 def reorder(model: ir.Model, infer: Callable[[ir.Model], onnx.ModelProto]) -> int:
     """Reorder ``model``'s main graph (in place) to the candidate order with the lowest peak, when
     that is strictly below the current order's and the peak in the order onnxruntime runs the
     nodes in (:func:`onnxruntime_order`, which follows the file's order only in its ties) does not
-    rise; returns 1 when it did, else 0. Nodes, values and results are unchanged."""
+    rise; returns 1 when it did, else 0. Nodes, values and results are unchanged. The peak of the
+    order it leaves is kept in ``model.graph.meta[PEAK_KEY]`` (optimize's report takes it from there
+    rather than infer the shapes again)."""
     g = Liveness(model, Sizes(model, infer))
+    model.graph.meta[PEAK_KEY] = result(g, range(len(g.nodes)), curve=False)
     if len(g.nodes) < 3 or len(g.unknown) > len([v for v, _ in g.input_values if v.name in g.unknown]):
         # a value of unknown size (a symbolic dimension): the peak compared is not the one that runs
         return 0
     current = list(range(len(g.nodes)))
     best, best_peak = current, g.peak_of(current)
-    ort_peak = g.peak_of(onnxruntime_order(g))
+    ort_peak = g.peak_of(onnxruntime_order(g), runtime=True)
     for order in (g.greedy(), g.depth_first()):
         if len(order) != len(current):  # (a cycle or a read we cannot place: leave the order alone)
             continue
@@ -338,4 +381,5 @@ def reorder(model: ir.Model, infer: Callable[[ir.Model], onnx.ModelProto]) -> in
     nodes = [g.nodes[k] for k in best]
     graph.remove(g.nodes, safe=False)
     graph.extend(nodes)
+    graph.meta[PEAK_KEY] = result(_moved(g, best), range(len(nodes)), curve=False)
     return 1

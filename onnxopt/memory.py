@@ -61,14 +61,14 @@ def peak(model, input_shapes=None, *, curve: bool = True, order: str = "graph") 
     ``inputs_bytes`` (counted in every figure), ``unknown`` (values of unknown or symbolic size,
     counted as 0) and ``lower_bound`` (some are). JSON-ready; the same model gives the same dict.
     ``order``: "graph" (the nodes' order in the model) or "onnxruntime" (the order onnxruntime's CPU
-    session runs them in, ``onnxopt.liveness.onnxruntime_order``; ``peak_at``'s index is then a step
-    of that order)."""
+    session runs them in, ``onnxopt.liveness.onnxruntime_order``, with the buffers its allocation
+    plan shares: views, activations in place; ``peak_at``'s index is then a step of that order)."""
     if order not in ("graph", "onnxruntime"):
         raise UsageError(f"memory.peak: order {order!r}: choose graph or onnxruntime")
     m = _as_ir(model, input_shapes)
     g = Liveness(m, Sizes(m, infer_model))
     steps = range(len(g.nodes)) if order == "graph" else onnxruntime_order(g)
-    return result(g, steps, curve=curve)
+    return result(g, steps, curve=curve, runtime=order == "onnxruntime")
 
 
 def reorder(model: ir.Model, touched=None) -> int:
