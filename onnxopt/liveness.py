@@ -78,6 +78,31 @@ class Sizes:
         return size
 
 
+def plan_shapes(proto: onnx.ModelProto) -> dict[str, tuple]:
+    """The shapes onnxruntime's allocation planner knows, from ``proto`` as inferred the way it
+    infers at session creation (onnx's shape inference without data propagation, the inputs'
+    dimensions as declared): per main-graph value, (element bits, dims) with symbols as names;
+    values with no shape, or a dimension with neither number nor name, are left out (the planner
+    reuses no buffer for them)."""
+    out = {}
+    for info in (*proto.graph.input, *proto.graph.output, *proto.graph.value_info):
+        tt = info.type.tensor_type if info.type.HasField("tensor_type") else None
+        if tt is None or not tt.HasField("shape") or tt.elem_type in (0, onnx.TensorProto.STRING):
+            continue
+        dims = []
+        for d in tt.shape.dim:
+            if d.HasField("dim_value"):
+                dims.append(d.dim_value)
+            elif d.dim_param:
+                dims.append(d.dim_param)
+            else:
+                break
+        else:
+            if dims:
+                out[info.name] = (ir.DataType(tt.elem_type).bitwidth, tuple(dims))
+    return out
+
+
 def _body_nodes(node: ir.Node):
     for attr in node.attributes.values():
         if attr.type == ir.AttributeType.GRAPH:
@@ -96,8 +121,11 @@ class Liveness:
     """The main graph as liveness needs it: per node, the values it reads that a main-graph node
     produced (its bodies' outer reads included), what it allocates, and its subgraph charge."""
 
-    def __init__(self, model: ir.Model, sizes: Sizes):
+    def __init__(self, model: ir.Model, sizes: Sizes, planned: dict[str, tuple] | None = None):
         graph = model.graph
+        # the shapes onnxruntime's planner knows (plan_shapes): with them, runtime figures take its
+        # reuse of released buffers into account
+        self.planned = planned
         self.graph = graph
         self.nodes = list(graph)
         self.index = {n: i for i, n in enumerate(self.nodes)}
@@ -151,53 +179,83 @@ class Liveness:
     def simulate(self, order: Sequence[int], runtime: bool = False):
         """The curve (bytes alive while each node runs) for the node indices in ``order``, and the
         last step at which each value is alive. ``runtime``: as onnxruntime's CPU allocation plan
-        shares buffers: a view op's output (Reshape, Squeeze, Unsqueeze, Flatten, Identity) is its
-        input's buffer, and an activation that may run in place (Relu, Clip, Sigmoid, ...) writes
-        into its input's buffer where that input dies at it with the same size."""
+        shares buffers (:meth:`_plan`)."""
         pos = {k: i for i, k in enumerate(order)}
         end = len(order)
         last: dict[ir.Value, int] = {}
         for step, k in enumerate(order):
             for o in self.nodes[k].outputs:
                 last[o] = end if o in self.outputs else max((pos[r] for r in self.readers.get(o, ())), default=step)
-        buffer: dict[ir.Value, ir.Value] = {}  # value -> the value whose allocation it uses
-        ends: dict[ir.Value, int] = {}  # allocation -> the last step one of its values is alive
+        if runtime:
+            buffer, ends = self._plan(order, last)
+        else:
+            buffer = {o: o for k in order for o in self.nodes[k].outputs}
+            ends = last
         frees: list[list[ir.Value]] = [[] for _ in range(end + 1)]
+        for b, e in ends.items():
+            if buffer.get(b) is b:
+                frees[e].append(b)
         alive = self.inputs_bytes
         curve = []
         for step, k in enumerate(order):
+            for o in self.nodes[k].outputs:
+                if buffer.get(o) is o:
+                    alive += self.size[o]
+            curve.append(alive + self.extra[k])
+            for b in frees[step]:
+                alive -= self.size[b]
+        if runtime:  # a shared allocation is listed under its first value, alive as long as it is held
+            last = {v: (ends[v] if buffer[v] is v else -1) for v in buffer}
+        return curve, last, pos
+
+    def _plan(self, order: Sequence[int], last: dict):
+        """onnxruntime's allocation plan, as its planner makes it in ``order``: each node output
+        (1) is a view of input 0 for a view op (Reshape, Squeeze, Unsqueeze, Flatten, Identity: no
+        allocation; of a graph input or weight, nothing to hold); (2) else takes input 0's buffer for
+        an activation that may run in place (Relu, Clip, Sigmoid, ...) where that input dies at the
+        node with the same size; (3) else takes a buffer of exactly its size whose values have all
+        died (the one freed last); (4) else is allocated. A buffer is released after the last of the
+        values it held, so one taken again stays allocated in between. Returns each output's buffer
+        (the value it was allocated for) and each buffer's release step."""
+        buffer: dict[ir.Value, ir.Value] = {}
+        ends: dict[ir.Value, int] = {}
+        free: list[ir.Value] = []  # released buffers, the last released first
+        dying: dict[int, list[ir.Value]] = {}
+        for step, k in enumerate(order):
             node = self.nodes[k]
             share = None
-            if runtime and node.outputs and node.inputs and node.inputs[0] is not None and node.domain in ("", "ai.onnx"):
+            if node.outputs and node.inputs and node.inputs[0] is not None and node.domain in ("", "ai.onnx"):
                 first = node.inputs[0]
                 if node.op_type in _VIEWS:
-                    share = buffer.get(first, "input")  # (a view of a graph input or weight: no allocation)
+                    share = buffer.get(first, "input")
                 elif node.op_type in _IN_PLACE and first in buffer and ends[buffer[first]] == step \
                         and self.size.get(first) == self.size[node.outputs[0]] and first not in self.outputs:
                     share = buffer[first]
             for n, o in enumerate(node.outputs):
-                if n == 0 and share is not None:
-                    if share != "input":
-                        buffer[o] = share
-                        if last[o] > ends[share]:
-                            ends[share] = last[o]
-                            frees[last[o]].append(share)
+                size = self.size[o]
+                if n == 0 and share == "input":
                     continue
-                buffer[o] = o
-                ends[o] = last[o]
-                frees[last[o]].append(o)
-                alive += self.size[o]
-            curve.append(alive + self.extra[k])
-            for b in frees[step]:
-                if ends[b] == step:
-                    alive -= self.size[b]
-                    ends[b] = -1  # (freed once)
-        if runtime:  # a shared allocation lives as long as its last value, listed under its first
-            group: dict[ir.Value, int] = {}
-            for v, b in buffer.items():
-                group[b] = max(group.get(b, -1), last[v])
-            last = {v: (group[v] if buffer[v] is v else -1) for v in buffer}
-        return curve, last, pos
+                if n != 0 or share is None:
+                    share = None
+                    key = self.planned.get(o.name) if self.planned is not None and o not in self.outputs else None
+                    if key is not None:
+                        share = next((b for b in free if self.planned.get(b.name) == key), None)
+                    if share is not None:
+                        free.remove(share)
+                if share is None:
+                    buffer[o] = o
+                    ends[o] = last[o]
+                    dying.setdefault(last[o], []).append(o)
+                else:
+                    buffer[o] = share
+                    if last[o] > ends[share]:
+                        ends[share] = last[o]
+                        dying.setdefault(last[o], []).append(share)
+                share = None
+            for b in dying.pop(step, ()):
+                if ends[b] == step and self.planned is not None and b.name in self.planned:
+                    free.insert(0, b)
+        return buffer, ends
 
     def peak_of(self, order: Sequence[int], runtime: bool = False) -> int:
         curve = self.simulate(order, runtime)[0]

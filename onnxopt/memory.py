@@ -35,7 +35,7 @@ import onnx_ir as ir
 from . import io
 from .errors import UsageError
 from .input_shapes import fix, normalize
-from .liveness import Liveness, Sizes, onnxruntime_order, reorder as _reorder, result
+from .liveness import Liveness, Sizes, onnxruntime_order, plan_shapes, reorder as _reorder, result
 from .passes import infer_model
 
 
@@ -62,11 +62,23 @@ def peak(model, input_shapes=None, *, curve: bool = True, order: str = "graph") 
     counted as 0) and ``lower_bound`` (some are). JSON-ready; the same model gives the same dict.
     ``order``: "graph" (the nodes' order in the model) or "onnxruntime" (the order onnxruntime's CPU
     session runs them in, ``onnxopt.liveness.onnxruntime_order``, with the buffers its allocation
-    plan shares: views, activations in place; ``peak_at``'s index is then a step of that order)."""
+    plan shares: views, activations in place, and released buffers taken again for values of the
+    same shape as its planner knows it, which keeps them allocated in between (its planner's shapes:
+    onnx's inference without data propagation on the model as given, before ``input_shapes``);
+    ``peak_at``'s index is then a step of that order). ``onnxruntime_peak_bytes`` in results of the
+    graph order leaves that reuse out (it needs a second shape inference)."""
     if order not in ("graph", "onnxruntime"):
         raise UsageError(f"memory.peak: order {order!r}: choose graph or onnxruntime")
+    planned = None
+    if order == "onnxruntime":  # what onnxruntime's planner knows: the model as given, inputs as declared
+        given = _as_ir(model, None)
+        try:
+            planned = plan_shapes(onnx.shape_inference.infer_shapes(
+                ir.serde.serialize_model(given), check_type=False, strict_mode=False, data_prop=False))
+        except Exception:  # noqa: BLE001 - inference refusing the model: the planner reuses nothing we know of
+            planned = {}
     m = _as_ir(model, input_shapes)
-    g = Liveness(m, Sizes(m, infer_model))
+    g = Liveness(m, Sizes(m, infer_model), planned)
     steps = range(len(g.nodes)) if order == "graph" else onnxruntime_order(g)
     return result(g, steps, curve=curve, runtime=order == "onnxruntime")
 

@@ -282,3 +282,28 @@ def test_peak_refuses_other_things():
 
     with pytest.raises(UsageError, match="memory.peak takes"):
         memory.peak(42)
+
+
+def test_onnxruntime_reuse_holds_a_released_buffer_until_taken_again():
+    # onnxruntime's planner gives d (shape [1000]) the buffer b (same shape) released at c; that
+    # buffer then stays allocated through e, which plain liveness frees: 16004 bytes against 12004.
+    # Views and in-place activations share their input's buffer; a graph output takes no released one.
+    nodes = [helper.make_node("Neg", ["x"], ["a"]), helper.make_node("Abs", ["a"], ["b"]),
+             helper.make_node("ReduceSum", ["b"], ["c"], keepdims=1),
+             helper.make_node("Expand", ["c", "s2000"], ["e"]),
+             helper.make_node("ReduceSum", ["e"], ["f"], keepdims=1),
+             helper.make_node("Expand", ["f", "s1000"], ["d"]), helper.make_node("Neg", ["d"], ["y"])]
+    m = model(nodes, [tinfo("x", [1000])], [tinfo("y", [1000])],
+              [init("s2000", np.array([2000], np.int64)), init("s1000", np.array([1000], np.int64))])
+    plain = memory.peak(m)
+    assert plain["peak_bytes"] == 12004 and plain["peak_at"]["index"] == 3
+    ort = memory.peak(m, order="onnxruntime")
+    assert ort["peak_bytes"] == 16004 and ort["peak_at"]["index"] == 3
+    assert ["b", 4000] in ort["alive_at_peak"]  # (held for d)
+    # a Relu in place and a Reshape view allocate nothing more: x -> Neg a -> Relu r -> Reshape v -> Neg y
+    m2 = model([helper.make_node("Neg", ["x"], ["a"]), helper.make_node("Relu", ["a"], ["r"]),
+                helper.make_node("Reshape", ["r", "shape"], ["v"]), helper.make_node("Neg", ["v"], ["y"])],
+               [tinfo("x", [1000])], [tinfo("y", [10, 100])], [init("shape", np.array([10, 100], np.int64))])
+    assert memory.peak(m2)["peak_bytes"] == 4000 * 3
+    assert memory.peak(m2, order="onnxruntime")["peak_bytes"] == 4000 * 3  # x, a (= r = v) and y
+    assert memory.peak(m2, order="onnxruntime")["curve"] == [8000, 8000, 8000, 12000]
