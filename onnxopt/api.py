@@ -396,14 +396,8 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
     elif fp16 is not None and fp16.fallback and not fp16.fallback.get("ok"):
         warnings.append(f"precision fp16: the conversion misses the fidelity bounds on the verifier's inputs "
                         f"({fp16.fallback.get('gave_up') or fp16.fallback.get('skipped')})")
-    if memory is not None and memory["after"]["peak_bytes"] > memory["before"]["peak_bytes"] \
-            and not memory["before"]["lower_bound"]:  # (a lower bound before: symbolic sizes the rewrites made known)
-        warnings.append(f"peak activation memory rose from {memory['before']['peak_bytes']} to "
-                        f"{memory['after']['peak_bytes']} bytes in the nodes' order (in onnxruntime's order "
-                        f"{memory['before']['onnxruntime_peak_bytes']} -> {memory['after']['onnxruntime_peak_bytes']}): "
-                        f"rewrites made values live longer or larger, and reordering "
-                        f"{'lowered it but not below' if memory['reordered'] else 'found no order lower in both than'} "
-                        f"the input's; onnxopt.memory.peak names what is alive at the peak")
+    if memory is not None:
+        warnings += _memory_warnings(memory)
     if result.hit_limit:
         warnings.append(f"stopped at the rewrite limit ({result.rewrites} rewrites); the result is valid but "
                         "may not be fully optimized")
@@ -420,6 +414,24 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
                     precision=fp16.as_dict() if fp16 is not None else None, layout=edited, transposes=transposes,
                     memory=memory)
     return out, report
+
+
+def _memory_warnings(memory: dict) -> list[str]:
+    """A line where the peak activation memory rose, in the nodes' order or in onnxruntime's (not
+    where the input's figure is a lower bound: symbolic sizes the rewrites made known)."""
+    b, a = memory["before"], memory["after"]
+    if b["lower_bound"]:
+        return []
+    sides = [(what, b[key], a[key]) for what, key in (("the nodes' order", "peak_bytes"),
+                                                       ("onnxruntime's order", "onnxruntime_peak_bytes"))]
+    if not any(after > before for _, before, after in sides):
+        return []
+    moves = "; ".join(f"in {what} it {'rose' if after > before else 'fell' if after < before else 'stayed'} "
+                      f"{before} -> {after} bytes" for what, before, after in sides)
+    reorder = "the reorder pass's order does not win it back" if memory["reordered"] else \
+        "the reorder pass found no order lower in both"
+    return [f"peak activation memory rose ({moves}): rewrites made values live longer or larger, and {reorder}; "
+            f"onnxopt.memory.peak names what is alive at the peak"]
 
 
 def _peak(model: ir.Model) -> dict:
