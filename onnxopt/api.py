@@ -18,6 +18,8 @@ from .input_shapes import fix as fix_input_shapes, normalize as normalize_input_
 from .stats import RuleStats
 from .irutil import gc_paused, node_counts
 from .layout_pass import transpose_summary
+from .liveness import PEAK_KEY
+from .passes import MEMORY
 from .pattern import Rule
 from .report import summary_line
 from .verify.inputs import run_shapes
@@ -49,6 +51,9 @@ class Report:
     # Transposes of the main graph before and after, and what they move per inference
     # (onnxopt.layout_pass.transpose_summary); None where neither has one
     transposes: dict | None = None
+    # peak activation memory of the main graph (onnxopt.memory.peak, without the curve): "before" (the
+    # input at the fixed input shapes), "after", and "reordered" (the memory_reordering pass changed the order)
+    memory: dict | None = None
 
     @property
     def fired(self) -> dict[str, int]:
@@ -76,6 +81,7 @@ class Report:
             **({"precision": self.precision} if self.precision is not None else {}),
             **({"layout": self.layout} if self.layout is not None else {}),
             **({"transposes": self.transposes} if self.transposes is not None else {}),
+            **({"memory": self.memory} if self.memory is not None else {}),
         }
 
 
@@ -301,6 +307,7 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
                 loaded.model, (verify_options or {}).get("input_shapes"), (verify_options or {}).get("inputs"))}
     # the Transposes the model had (before its edges changed) and what they move, for the report
     transposes = {"before": _transposes(loaded.model)} if return_report else None
+    memory = {"before": _peak(loaded.model)} if return_report else None
     edited = layouts.apply(loaded.model, edges) if edges else None
     read = [(verify_options or {}).get("inputs")] if verify else []  # (the verifier's inputs file)
     plan = io.plan_give_back(loaded, output, external_data=external_data, outputs=outputs,
@@ -339,6 +346,10 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
             transposes["after"] = _transposes(loaded.model)
             if not (transposes["before"]["count"] or transposes["after"]["count"]):
                 transposes = None
+        kept = loaded.model.graph.meta.pop(PEAK_KEY, None)  # (the reorder pass's figure for the order it left)
+        if memory is not None:
+            memory["after"] = kept if kept is not None and not edited and fp16 is None else _peak(loaded.model)
+            memory["reordered"] = bool(result.rules.get(MEMORY) and result.rules[MEMORY].fired)
         advice = None
         if return_report and targets.normalize(target) == targets.ORT_CUDA:
             from .advice import advise
@@ -385,6 +396,8 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
     elif fp16 is not None and fp16.fallback and not fp16.fallback.get("ok"):
         warnings.append(f"precision fp16: the conversion misses the fidelity bounds on the verifier's inputs "
                         f"({fp16.fallback.get('gave_up') or fp16.fallback.get('skipped')})")
+    if memory is not None:
+        warnings += _memory_warnings(memory)
     if result.hit_limit:
         warnings.append(f"stopped at the rewrite limit ({result.rewrites} rewrites); the result is valid but "
                         "may not be fully optimized")
@@ -398,8 +411,35 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
                               **({"precision": precision} if precision != "fp32" else {}),
                               **(edges.as_dict() if edges else {})},
                     skipped=skipped, advice=advice, fusions=_fusions(chosen, result.rules),
-                    precision=fp16.as_dict() if fp16 is not None else None, layout=edited, transposes=transposes)
+                    precision=fp16.as_dict() if fp16 is not None else None, layout=edited, transposes=transposes,
+                    memory=memory)
     return out, report
+
+
+def _memory_warnings(memory: dict) -> list[str]:
+    """A line where the peak activation memory rose, in the nodes' order or in onnxruntime's (not
+    where the input's figure is a lower bound: symbolic sizes the rewrites made known)."""
+    b, a = memory["before"], memory["after"]
+    if b["lower_bound"]:
+        return []
+    sides = [(what, b[key], a[key]) for what, key in (("the nodes' order", "peak_bytes"),
+                                                       ("onnxruntime's order", "onnxruntime_peak_bytes"))]
+    if not any(after > before for _, before, after in sides):
+        return []
+    moves = "; ".join(f"in {what} it {'rose' if after > before else 'fell' if after < before else 'stayed'} "
+                      f"{before} -> {after} bytes" for what, before, after in sides)
+    reorder = "the reorder pass's order does not win it back" if memory["reordered"] else \
+        "the reorder pass found no order lower in both"
+    return [f"peak activation memory rose ({moves}): rewrites made values live longer or larger, and {reorder}; "
+            f"onnxopt.memory.peak names what is alive at the peak"]
+
+
+def _peak(model: ir.Model) -> dict:
+    """memory.peak of ``model`` without the curve (shape inference on a serialized copy: the model
+    is left as it is)."""
+    from .memory import peak
+
+    return peak(model, curve=False)
 
 
 def _transposes(model: ir.Model) -> dict:

@@ -323,7 +323,7 @@ class Pass:
 
     name: str
     run: Callable[[ir.Model, Touched | None], int]
-    phase: str  # "first": once, before matching (in table order); "between": between rule rounds
+    phase: str  # "first": once, before matching (in table order); "between": between rule rounds; "last": once, at the end
     doc: str
     annotates: bool = False  # changes no node: its count is reported as matched, not fired
     exact: bool | None = None  # as Rule.exact: runs under optimize(exact=True) only when True
@@ -332,12 +332,19 @@ class Pass:
 LIFT, DEDUP, CSE, SHAPES = "constant_lifting", "initializer_deduplication", "common_subexpression_elimination", \
     "shape_completion"
 TRANSPOSES = "transpose_optimization"
+MEMORY = "memory_reordering"
 
 
 def _optimize_transposes(model: ir.Model, touched: Touched | None = None) -> int:
     from .layout_pass import optimize_transposes
 
     return optimize_transposes(model, touched)
+
+
+def _reorder_for_memory(model: ir.Model, touched: Touched | None = None) -> int:
+    from .liveness import reorder
+
+    return reorder(model, infer_model)
 
 PASSES = (
     Pass(LIFT, lift_constants, "first",
@@ -352,6 +359,9 @@ PASSES = (
     Pass(TRANSPOSES, _optimize_transposes, "between",
          "Transposes pushed down through layout-agnostic ops where a whole chain lowers the elements they move "
          "(onnxopt.layout_pass).", exact=False),
+    Pass(MEMORY, _reorder_for_memory, "last",
+         "The main graph's nodes reordered (nothing else changes) where that strictly lowers the peak activation "
+         "memory (onnxopt.memory).", exact=True),
 )
 BY_NAME = {p.name: p for p in PASSES}
 NAMES = tuple(BY_NAME)  # in the order reports and --list-rules show them

@@ -10,6 +10,8 @@ the whole-graph passes between its rounds, and the final cleanup.
    the driver again, until neither changes anything.
 4. Dead code out, and the shapes the input did not record forgotten (inferred shapes are for the
    rules; written into the output they change what onnxruntime fuses).
+5. The passes of phase "last": memory reordering (the nodes' order only, where that strictly lowers
+   the peak activation memory, ``onnxopt.memory``).
 
 A pass's changes count as rewrites (``max_rewrites``, ``stop_after``); a pass runs whole, so with
 ``stop_after`` it is one step.
@@ -93,6 +95,13 @@ def _run(model, rules, graph_passes, max_rewrites, stop_after, keep_log, options
             driver.run(seed=True)
     _remove_dead(model)
     passes.forget_inferred_shapes(model)
+    for p in chosen:
+        if p.phase == "last" and not driver.at_limit:
+            progress(f"rewriting: {p.name.replace('_', ' ')}")
+            n = _run_pass(p, stats[p.name], model, None)
+            result.rewrites += n
+            if n and keep_log:
+                result.log.append({"pass": p.name, "rewrites": n})
     result.rules.update(stats)
     return result
 

@@ -116,6 +116,8 @@ def format_optimize(report, src: str, dst: str, sizes: tuple[int | None, int | N
     out += format_fusions(getattr(report, "fusions", None) or {})
     if getattr(report, "transposes", None):
         out += ["", format_transposes(report.transposes)]
+    if getattr(report, "memory", None):
+        out += ["", format_memory(report.memory)]
     if getattr(report, "precision", None):
         out += ["", format_precision(report.precision)]
     if getattr(report, "advice", None):
@@ -141,6 +143,18 @@ def format_transposes(t: Mapping) -> str:
     b, a = t["before"], t["after"]
     note = " (s: the symbolic dimensions)" if None in (b.get("bytes"), a.get("bytes")) else ""
     return f"transposes: {b['count']} -> {a['count']}, moving {moved(b)} -> {moved(a)} per inference{note}"
+
+
+def format_memory(m: Mapping) -> str:
+    """One line: the main graph's peak activation memory before and after (``onnxopt.memory``), with
+    "at least" where a value's size is unknown (counted as 0)."""
+    def side(p):
+        return ("at least " if p.get("lower_bound") else "") + _size(p["peak_bytes"])
+    note = " (reordered)" if m.get("reordered") else ""
+    b, a = m["before"].get("onnxruntime_peak_bytes"), m["after"].get("onnxruntime_peak_bytes")
+    ort = f"; in onnxruntime's order {_size(b)} -> {_size(a)}" if None not in (b, a) and (b, a) != (
+        m["before"]["peak_bytes"], m["after"]["peak_bytes"]) else ""
+    return f"peak activation memory: {side(m['before'])} -> {side(m['after'])}{note}{ort}"
 
 
 def format_fusions(fusions: Mapping[str, Mapping]) -> list:

@@ -1,0 +1,96 @@
+"""Peak activation memory by liveness, and a node order that lowers it.
+
+:func:`peak` walks the main graph's nodes in their order: a node's outputs are allocated when it
+runs and freed after the last node that reads them (a node with subgraphs reads what its bodies
+read from outside); graph outputs live to the end. Graph inputs are counted, alive from the start
+to the end (the caller owns them; the runtime cannot free them); their total is ``inputs_bytes``.
+Initializers are weights, counted apart (``weights_bytes``) and never in the curve. The figure at
+a node is what is alive while it runs: its inputs and its outputs together. A node with subgraphs
+(If, Loop, Scan) is charged, while it runs, every value its bodies compute, all at once (every
+branch of an If, one iteration of a Loop): conservative.
+
+Sizes come from onnx's shape inference (data propagation on; ``onnxopt.passes.infer_model``, weights
+not serialized). A dimension inference leaves symbolic (or a value it gives no shape, a string
+tensor) makes the value's size unknown: it is listed in ``unknown`` and counted as 0, and the peak
+is then a lower bound (``lower_bound``). ``input_shapes`` (``onnxopt.input_shapes``'s grammar) fixes
+symbols first. Element sizes are ``bitwidth`` bits (sub-byte types packed: ``ceil(n * bits / 8)``).
+
+:func:`reorder` (the pipeline's last pass, ``memory_reordering``) changes only the order of the
+main graph's nodes, never a node: among topological orders it tries a greedy list scheduler that
+runs next the ready node that frees the most for what it allocates (ties: the original order), and
+a depth-first order that finishes one operand before starting the next (Sethi-Ullman's order for
+trees, taken on the DAG), and keeps the one with the lowest peak only when it is strictly below the
+current order's. A graph with a node output of unknown size is left alone (fix the symbols with
+``input_shapes`` to have it reordered).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import onnx
+import onnx_ir as ir
+
+from . import io
+from .errors import UsageError
+from .input_shapes import fix, normalize
+from .liveness import Liveness, Sizes, onnxruntime_order, plan_shapes, reorder as _reorder, result
+from .passes import infer_model
+
+
+def _as_ir(model, input_shapes) -> ir.Model:
+    if isinstance(model, ir.Model):
+        m = model.clone() if input_shapes else model
+    elif isinstance(model, onnx.ModelProto):
+        m = io.to_ir(model)
+    elif isinstance(model, (str, os.PathLike)):
+        m = io.load(model, check=False).model
+    else:
+        raise UsageError(f"memory.peak takes a path, an onnx.ModelProto or an onnx_ir.Model, not {type(model).__name__}")
+    if input_shapes:
+        fix(m, normalize(input_shapes))
+    return m
+
+
+def peak(model, input_shapes=None, *, curve: bool = True, order: str = "graph") -> dict:
+    """Peak activation memory of ``model`` (a path, onnx.ModelProto or onnx_ir.Model) in its node
+    order: ``peak_bytes``, ``peak_at`` (node index and name), ``alive_at_peak`` ([value, bytes],
+    largest first), ``curve`` (bytes alive while each node runs), ``onnxruntime_peak_bytes`` (the
+    peak in the order onnxruntime runs the nodes in, whatever ``order``), ``weights_bytes``,
+    ``inputs_bytes`` (counted in every figure), ``unknown`` (values of unknown or symbolic size,
+    counted as 0) and ``lower_bound`` (some are). JSON-ready; the same model gives the same dict.
+    ``order``: "graph" (the nodes' order in the model) or "onnxruntime" (the order onnxruntime's CPU
+    session runs them in, ``onnxopt.liveness.onnxruntime_order``, with the buffers its allocation
+    plan shares: views, activations in place, and released buffers taken again for values of the
+    same shape as its planner knows it, which keeps them allocated in between (its planner's shapes:
+    onnx's inference without data propagation on the model as given, before ``input_shapes``);
+    ``peak_at``'s index is then a step of that order). ``onnxruntime_peak_bytes`` in results of the
+    graph order leaves that reuse out (it needs a second shape inference)."""
+    if order not in ("graph", "onnxruntime"):
+        raise UsageError(f"memory.peak: order {order!r}: choose graph or onnxruntime")
+    planned = None
+    if order == "onnxruntime":  # what onnxruntime's planner knows: the model as given, inputs as declared
+        given = _as_ir(model, None)
+        try:
+            planned = plan_shapes(onnx.shape_inference.infer_shapes(
+                ir.serde.serialize_model(given), check_type=False, strict_mode=False, data_prop=False))
+        except Exception:  # noqa: BLE001 - inference refusing the model: the planner reuses nothing we know of
+            planned = {}
+    m = _as_ir(model, input_shapes)
+    g = Liveness(m, Sizes(m, infer_model), planned)
+    steps = range(len(g.nodes)) if order == "graph" else onnxruntime_order(g)
+    return result(g, steps, curve=curve, runtime=order == "onnxruntime")
+
+
+def reorder(model: ir.Model, touched=None) -> int:
+    """The ``memory_reordering`` pass: ``onnxopt.liveness.reorder`` with onnx's shape inference
+    (weights not serialized); returns 1 when the order changed."""
+    return _reorder(model, infer_model)
+
+
+def without_curve(peak_result: Mapping) -> dict:
+    return {k: v for k, v in peak_result.items() if k != "curve"}
+
+
+__all__ = ["peak", "reorder", "without_curve"]

@@ -1,0 +1,309 @@
+"""onnxopt.memory: peak activation memory by liveness (hand-computed on tiny graphs), the
+memory_reordering pass (lowers the peak where an order can, never changes outputs, deterministic)
+and optimize()'s report of both."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from onnx import TensorProto, helper
+
+from conftest import run_ort
+from helpers import feeds_for, init, model, tinfo, zoo_model
+from onnxopt import io, liveness, memory, optimize
+from onnxopt.passes import infer_model
+from onnxopt.report import format_memory
+
+F = 4  # bytes of a float32
+X = 256 * F  # the input x: [1, 256] float32
+BIG = 64 * 256 * F  # Tile(x, [64, 1]): [64, 256]
+
+
+def _reordered(proto: onnx.ModelProto) -> tuple[ir.Model, int]:
+    m = io.to_ir(proto)
+    return m, memory.reorder(m)
+
+
+def test_chain_hand_computed():
+    # x -> Relu a -> Relu b -> Relu c (output): a node's inputs and outputs are alive while it runs
+    m = model([helper.make_node("Relu", ["x"], ["a"], name="n0"), helper.make_node("Relu", ["a"], ["b"], name="n1"),
+               helper.make_node("Relu", ["b"], ["c"], name="n2")],
+              [tinfo("x", [1000])], [tinfo("c", [1000])])
+    r = memory.peak(m)
+    assert r["curve"] == [8000, 12000, 12000]
+    assert r["peak_bytes"] == 12000 and r["peak_at"] == {"index": 1, "name": "n1"}
+    assert r["alive_at_peak"] == [["a", 4000], ["b", 4000], ["x", 4000]]
+    assert r["inputs_bytes"] == 4000 and r["weights_bytes"] == 0 and r["unknown"] == [] and not r["lower_bound"]
+    json.dumps(r)  # JSON-ready
+
+
+def test_diamond_and_weights_apart():
+    # x -> A = Mul(x, w) and B = Relu(x); Add(A, B): both branches are alive at the Add, whatever the order
+    w = init("w", np.ones([1000], np.float32))
+    m = model([helper.make_node("Mul", ["x", "w"], ["A"]), helper.make_node("Relu", ["x"], ["B"]),
+               helper.make_node("Add", ["A", "B"], ["y"])], [tinfo("x", [1000])], [tinfo("y", [1000])], [w])
+    r = memory.peak(m)
+    assert r["curve"] == [8000, 12000, 16000]
+    assert r["weights_bytes"] == 4000
+    assert memory.reorder(io.to_ir(m)) == 0  # no order lowers it
+
+
+def _branches(first_both: bool = True) -> onnx.ModelProto:
+    """Two independent branches x -> Tile or Expand (big) -> ReduceSum (a scalar), added; with ``first_both``
+    the order runs both Tiles first (peak: both big values at once)."""
+    tile1, tile2 = helper.make_node("Tile", ["x", "reps"], ["e1"], name="tile1"), \
+        helper.make_node("Expand", ["x", "big_shape"], ["e2"], name="tile2")  # (not CSE's twins)
+    red1, red2 = helper.make_node("ReduceSum", ["e1"], ["r1"], name="red1", keepdims=0), \
+        helper.make_node("ReduceSum", ["e2"], ["r2"], name="red2", keepdims=0)
+    add = helper.make_node("Add", ["r1", "r2"], ["y"], name="add")
+    nodes = [tile1, tile2, red1, red2, add] if first_both else [tile1, red1, tile2, red2, add]
+    return model(nodes, [tinfo("x", [1, 256])], [tinfo("y", [])], [init("reps", np.array([64, 1], np.int64)),
+                                                                    init("big_shape", np.array([64, 256], np.int64))])
+
+
+def test_branches_reordered_lower_the_peak():
+    m = _branches()
+    r = memory.peak(m)
+    assert r["curve"] == [X + BIG, X + 2 * BIG, X + 2 * BIG + F, X + BIG + 2 * F, X + 3 * F]
+    assert r["peak_bytes"] == X + 2 * BIG + F and r["peak_at"]["name"] == "red1"
+    assert r["alive_at_peak"][:2] == [["e1", BIG], ["e2", BIG]]
+    reordered, changed = _reordered(m)
+    assert changed == 1
+    assert [n.name for n in reordered.graph] == ["tile1", "red1", "tile2", "red2", "add"]
+    after = memory.peak(reordered)
+    assert after["peak_bytes"] == X + BIG + 2 * F < r["peak_bytes"]
+    # already the best order: left alone
+    assert _reordered(_branches(first_both=False))[1] == 0
+
+
+def test_reorder_is_deterministic_and_keeps_outputs():
+    m = _branches()
+    a, b = _reordered(m)[0], _reordered(m)[0]
+    pa, pb = ir.serde.serialize_model(a), ir.serde.serialize_model(b)
+    assert pa.SerializeToString() == pb.SerializeToString()
+    onnx.checker.check_model(pa)
+    feeds = feeds_for(m)
+    for x, y in zip(run_ort(m, feeds), run_ort(pa, feeds)):
+        np.testing.assert_array_equal(x, y)
+
+
+def _random_branchy(seed: int) -> onnx.ModelProto:
+    """A random DAG of element-wise ops, Tiles (large) and reductions (small) on [1, 16]; nodes in a
+    random topological order."""
+    rng = np.random.default_rng(seed)
+    values = [("x", 16)]  # (name, elements)
+    nodes, inits = [], [init("reps", np.array([8, 1], np.int64))]
+    for k in range(24):
+        kind = rng.choice(["tile", "reduce", "add", "relu"])
+        a = values[int(rng.integers(len(values)))]
+        out = f"v{k}"
+        if kind == "tile" and a[1] == 16:
+            nodes.append(helper.make_node("Tile", [a[0], "reps"], [out], name=f"n{k}"))
+            values.append((out, 128))
+        elif kind == "reduce" and a[1] == 128:
+            nodes.append(helper.make_node("ReduceMax", [a[0]], [out], name=f"n{k}", axes=[0], keepdims=1))
+            values.append((out, 16))
+        elif kind == "add":
+            same = [v for v in values if v[1] == a[1]]
+            b = same[int(rng.integers(len(same)))]
+            nodes.append(helper.make_node("Add", [a[0], b[0]], [out], name=f"n{k}"))
+            values.append((out, a[1]))
+        else:
+            nodes.append(helper.make_node("Relu", [a[0]], [out], name=f"n{k}"))
+            values.append((out, a[1]))
+    read = {i for n in nodes for i in n.input}
+    outs = [tinfo(n.output[0], [1, 16] if dict(values)[n.output[0]] == 16 else [8, 16])
+            for n in nodes if n.output[0] not in read]
+    return model(nodes, [tinfo("x", [1, 16])], outs, inits, opset=17)
+
+
+def test_random_branchy_graphs_reorder_keeps_outputs_and_never_raises():
+    fired = 0
+    for seed in range(12):
+        m = _random_branchy(seed)
+        before = memory.peak(m)["peak_bytes"]
+        reordered, changed = _reordered(m)
+        fired += changed
+        proto = ir.serde.serialize_model(reordered)
+        assert memory.peak(proto)["peak_bytes"] <= before
+        assert (memory.peak(proto)["peak_bytes"] < before) == bool(changed)
+        feeds = feeds_for(m, seed)
+        for x, y in zip(run_ort(m, feeds), run_ort(proto, feeds)):
+            np.testing.assert_array_equal(x, y)
+    assert fired  # some of them had a better order
+
+
+@pytest.mark.parametrize("name", ["efficientnet_b0-legacy", "ppocrv4-det"])
+def test_zoo_candidate_orders_keep_outputs(name, tmp_path):
+    # the pass's candidate orders, written out whether or not the pass would keep them: valid models
+    # with the same outputs, bit for bit; one of them lowers the peak in the nodes' order
+    path = zoo_model(name, tmp_path)
+    proto = onnx.load(str(path))
+    m = io.to_ir(proto)
+    if name == "ppocrv4-det":
+        from onnxopt.input_shapes import fix
+        fix(m, {"x": [1, 3, 320, 320]})
+    g = liveness.Liveness(m, liveness.Sizes(m, infer_model))
+    greedy, depth_first, nodes0 = g.greedy(), g.depth_first(), list(g.nodes)
+    assert min(g.peak_of(greedy), g.peak_of(depth_first)) < g.peak_of(range(len(g.nodes)))
+    feeds = feeds_for(proto) if name != "ppocrv4-det" else \
+        {"x": np.random.default_rng(0).standard_normal([1, 3, 320, 320]).astype(np.float32)}
+    want = run_ort(proto, feeds)
+    for order in (greedy, depth_first):
+        assert sorted(order) == list(range(len(g.nodes)))
+        nodes = [nodes0[k] for k in order]
+        m.graph.remove(list(m.graph), safe=False)
+        m.graph.extend(nodes)
+        out = ir.serde.serialize_model(m)
+        onnx.checker.check_model(out)
+        for x, y in zip(want, run_ort(out, feeds)):
+            np.testing.assert_array_equal(x, y)
+
+
+def test_onnxruntime_order_hand_computed():
+    # onnxruntime's default order: depth-first from the nodes no node reads, the producer with the
+    # highest index explored first: [tile1, tile2, red1, red2, add] runs as tile2, red2, tile1, red1, add
+    m = io.to_ir(_branches())
+    g = liveness.Liveness(m, liveness.Sizes(m, infer_model))
+    assert liveness.onnxruntime_order(g) == [1, 3, 0, 2, 4]
+    r = memory.peak(_branches(), order="onnxruntime")
+    assert r["peak_bytes"] == r["onnxruntime_peak_bytes"] == X + BIG + 2 * F
+    assert memory.peak(_branches())["onnxruntime_peak_bytes"] == X + BIG + 2 * F
+
+
+def test_symbolic_dims_unknown_then_fixed():
+    m = model([helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Relu", ["a"], ["y"])],
+              [tinfo("x", ["n", 256])], [tinfo("y", ["n", 256])])
+    r = memory.peak(m)
+    assert r["unknown"] == ["x", "a", "y"] and r["lower_bound"] and r["peak_bytes"] == 0
+    fixed = memory.peak(m, {"x": [2, 256]})
+    assert fixed["unknown"] == [] and fixed["peak_bytes"] == 3 * 2 * 256 * F
+    assert memory.peak(m, ["x=2,256"])["peak_bytes"] == fixed["peak_bytes"]  # the command line's grammar
+    assert memory.reorder(io.to_ir(m)) == 0  # (sizes unknown: the pass leaves the order alone)
+
+
+def test_sub_byte_and_string_sizes():
+    # int4 [3]: 12 bits -> 2 bytes; a string tensor has no size: unknown, not 0 silently
+    m = model([helper.make_node("Identity", ["q"], ["q2"]), helper.make_node("Identity", ["s"], ["s2"])],
+              [tinfo("q", [3], TensorProto.INT4), tinfo("s", [2], TensorProto.STRING)],
+              [tinfo("q2", [3], TensorProto.INT4), tinfo("s2", [2], TensorProto.STRING)], opset=21)
+    r = memory.peak(m)
+    assert r["inputs_bytes"] == 2 and r["peak_bytes"] == 4 and r["unknown"] == ["s", "s2"]
+
+
+def test_if_body_values_charged_at_the_if():
+    then = helper.make_graph([helper.make_node("Relu", ["x"], ["t"])], "then", [], [tinfo("t", [100])])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["e1"]), helper.make_node("Abs", ["e1"], ["e"])],
+                              "else", [], [tinfo("e", [100])])
+    m = model([helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other, name="if")],
+              [tinfo("x", [100]), tinfo("c", [], TensorProto.BOOL)], [tinfo("y", [100])])
+    r = memory.peak(m)
+    # inputs 401 bytes, the If's output 400, and every body value (both branches) 1200
+    assert r["peak_bytes"] == 401 + 400 + 1200
+    assert ["if (subgraph values)", 1200] in r["alive_at_peak"]
+
+
+def _cse_raises(fixable: bool) -> onnx.ModelProto:
+    """T1 = Tile(x) read first by a ReduceMax; a big Expand of that scalar, reduced; then the twin
+    T2 = Tile(x), read by a last node. CSE makes T2 T1, whose life then spans the big Expand. With
+    ``fixable`` T2's reader needs nothing else (reordering runs it early); else it needs the reduced
+    Expand too (a MatMul with a vector made from it), and no order can help."""
+    nodes = [helper.make_node("Tile", ["x", "reps"], ["T1"], name="tile1"),
+             helper.make_node("ReduceMax", ["T1"], ["a"], name="max", keepdims=0),
+             helper.make_node("Expand", ["a", "big_shape"], ["c"], name="expand"),
+             helper.make_node("ReduceSum", ["c"], ["d"], name="sum_c", keepdims=0),
+             helper.make_node("Tile", ["x", "reps"], ["T2"], name="tile2")]
+    if fixable:
+        nodes += [helper.make_node("ReduceSum", ["T2"], ["e"], name="sum_t2", keepdims=0),
+                  helper.make_node("Add", ["d", "e"], ["y"], name="add")]
+        out = tinfo("y", [])
+    else:
+        nodes += [helper.make_node("Expand", ["d", "vec_shape"], ["v"], name="vec"),
+                  helper.make_node("MatMul", ["T2", "v"], ["y"], name="matmul")]
+        out = tinfo("y", [64, 1])
+    inits = [init("reps", np.array([64, 1], np.int64)), init("big_shape", np.array([64, 256], np.int64)),
+             init("vec_shape", np.array([256, 1], np.int64))]
+    return model(nodes, [tinfo("x", [1, 256])], [out], inits)
+
+
+@pytest.mark.parametrize("fixable", [True, False])
+def test_optimize_reports_memory_and_what_happens_when_rewrites_raise_the_peak(fixable):
+    m = _cse_raises(fixable)
+    before = memory.peak(m)
+    out, report = optimize(m, return_report=True)
+    assert report.rules["common_subexpression_elimination"].fired == 1
+    mem = report.memory
+    assert set(mem) == {"before", "after", "reordered"} and "curve" not in mem["before"]
+    assert mem["before"]["peak_bytes"] == before["peak_bytes"]
+    after = memory.peak(out)
+    assert mem["after"]["peak_bytes"] == after["peak_bytes"]
+    assert report.as_dict()["memory"] == mem
+    # CSE keeps T1 alive through the big Expand, in the nodes' order: the peak rises, and the report
+    # says so (a warning naming both orders' figures)
+    assert mem["after"]["peak_bytes"] > before["peak_bytes"] and ["T1", BIG] in after["alive_at_peak"]
+    assert any("peak activation memory rose" in w for w in report.warnings)
+    assert not mem["reordered"]
+    if fixable:
+        # an order that runs T2's reader (now T1's) first exists, and onnxruntime, whose depth-first
+        # order explores the last-written operand first, already runs that one: written out, it would
+        # make onnxruntime's worse, so the pass leaves the order
+        assert mem["after"]["onnxruntime_peak_bytes"] <= mem["before"]["onnxruntime_peak_bytes"]
+        g = liveness.Liveness(io.to_ir(out), liveness.Sizes(io.to_ir(out), infer_model))
+        assert g.peak_of(g.greedy()) <= before["peak_bytes"]
+        assert liveness._onnxruntime_peak(g, g.greedy()) > mem["after"]["onnxruntime_peak_bytes"]
+    else:
+        # no order helps: in onnxruntime's order it rises too
+        assert mem["after"]["onnxruntime_peak_bytes"] > mem["before"]["onnxruntime_peak_bytes"]
+    feeds = feeds_for(m)
+    for x, y in zip(run_ort(m, feeds), run_ort(out, feeds)):
+        np.testing.assert_allclose(y, x, rtol=1e-5)
+
+
+def test_optimize_without_the_pass_and_report_line():
+    m = _branches()
+    out, report = optimize(m, return_report=True, disable=["memory_reordering"])
+    assert not report.memory["reordered"]
+    assert report.memory["after"]["peak_bytes"] == report.memory["before"]["peak_bytes"]
+    out2, report2 = optimize(m, return_report=True)
+    assert report2.memory["reordered"] and report2.memory["after"]["peak_bytes"] < report.memory["after"]["peak_bytes"]
+    # the figure the pass kept for the order it left is the one peak() finds in the written model
+    assert report2.memory["after"] == memory.peak(out2, curve=False)
+    line = format_memory(report2.memory)
+    assert line.startswith("peak activation memory: 129.0 KiB -> 65.0 KiB (reordered)")
+    assert out2.SerializeToString() == optimize(m).SerializeToString()  # deterministic
+
+
+def test_peak_refuses_other_things():
+    from onnxopt.errors import UsageError
+
+    with pytest.raises(UsageError, match="memory.peak takes"):
+        memory.peak(42)
+
+
+def test_onnxruntime_reuse_holds_a_released_buffer_until_taken_again():
+    # onnxruntime's planner gives d (shape [1000]) the buffer b (same shape) released at c; that
+    # buffer then stays allocated through e, which plain liveness frees: 16004 bytes against 12004.
+    # Views and in-place activations share their input's buffer; a graph output takes no released one.
+    nodes = [helper.make_node("Neg", ["x"], ["a"]), helper.make_node("Abs", ["a"], ["b"]),
+             helper.make_node("ReduceSum", ["b"], ["c"], keepdims=1),
+             helper.make_node("Expand", ["c", "s2000"], ["e"]),
+             helper.make_node("ReduceSum", ["e"], ["f"], keepdims=1),
+             helper.make_node("Expand", ["f", "s1000"], ["d"]), helper.make_node("Neg", ["d"], ["y"])]
+    m = model(nodes, [tinfo("x", [1000])], [tinfo("y", [1000])],
+              [init("s2000", np.array([2000], np.int64)), init("s1000", np.array([1000], np.int64))])
+    plain = memory.peak(m)
+    assert plain["peak_bytes"] == 12004 and plain["peak_at"]["index"] == 3
+    ort = memory.peak(m, order="onnxruntime")
+    assert ort["peak_bytes"] == 16004 and ort["peak_at"]["index"] == 3
+    assert ["b", 4000] in ort["alive_at_peak"]  # (held for d)
+    # a Relu in place and a Reshape view allocate nothing more: x -> Neg a -> Relu r -> Reshape v -> Neg y
+    m2 = model([helper.make_node("Neg", ["x"], ["a"]), helper.make_node("Relu", ["a"], ["r"]),
+                helper.make_node("Reshape", ["r", "shape"], ["v"]), helper.make_node("Neg", ["v"], ["y"])],
+               [tinfo("x", [1000])], [tinfo("y", [10, 100])], [init("shape", np.array([10, 100], np.int64))])
+    assert memory.peak(m2)["peak_bytes"] == 4000 * 3
+    assert memory.peak(m2, order="onnxruntime")["peak_bytes"] == 4000 * 3  # x, a (= r = v) and y
+    assert memory.peak(m2, order="onnxruntime")["curve"] == [8000, 8000, 8000, 12000]
