@@ -498,7 +498,7 @@ def _infer(proto: onnx.ModelProto) -> onnx.ModelProto:
         return proto
 
 
-def _infer_ort(proto: onnx.ModelProto) -> onnx.ModelProto | None:
+def symbolic_infer(proto: onnx.ModelProto) -> onnx.ModelProto | None:
     """onnxruntime's symbolic shape inference, where onnxruntime is installed: it computes the
     shape arithmetic of exported models (Shape, Gather, Slice of a position table, ...) that
     onnx's inference leaves unknown; None without it or where it fails."""
@@ -540,7 +540,7 @@ def _concrete_counts(proto: onnx.ModelProto) -> _Counts:
     counts = _Counts(_infer(proto).graph, proto.graph.node)
     open_rows = counts.open()
     if open_rows:
-        other = _infer_ort(proto)
+        other = symbolic_infer(proto)
         if other is not None and len(other.graph.node) == len(proto.graph.node):
             alt = _Counts(other.graph, proto.graph.node, proto.graph.initializer)
             if len(alt.rows) == len(counts.rows) and alt.open() < open_rows:

@@ -348,7 +348,8 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
                 transposes = None
         kept = loaded.model.graph.meta.pop(PEAK_KEY, None)  # (the reorder pass's figure for the order it left)
         if memory is not None:
-            memory["after"] = kept if kept is not None and not edited and fp16 is None else _peak(loaded.model)
+            symbolic = any(not isinstance(d, int) for v in loaded.model.graph.inputs for d in (v.shape or ()))
+            memory["after"] = kept if kept is not None and not (edited or fp16 or symbolic) else _peak(loaded.model)
             memory["reordered"] = bool(result.rules.get(MEMORY) and result.rules[MEMORY].fired)
         advice = None
         if return_report and targets.normalize(target) == targets.ORT_CUDA:
@@ -436,10 +437,18 @@ def _memory_warnings(memory: dict) -> list[str]:
 
 def _peak(model: ir.Model) -> dict:
     """memory.peak of ``model`` without the curve (shape inference on a serialized copy: the model
-    is left as it is)."""
+    is left as it is), at the shapes the verifier runs it at where its inputs have symbolic dimensions
+    (the first 1, others 16, a symbol the same everywhere: ``run_shapes``), recorded as ``at``."""
     from .memory import peak
 
-    return peak(model, curve=False)
+    shapes = {name: dims for name, dims in run_shapes(model).items()
+              if any(not isinstance(d, int) for d in (model.graph.inputs[_input_index(model, name)].shape or ()))}
+    result = peak(model, input_shapes=shapes or None, curve=False)
+    return {**result, "at": shapes} if shapes else result
+
+
+def _input_index(model: ir.Model, name: str) -> int:
+    return next(i for i, v in enumerate(model.graph.inputs) if v.name == name)
 
 
 def _transposes(model: ir.Model) -> dict:

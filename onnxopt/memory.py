@@ -80,13 +80,46 @@ def peak(model, input_shapes=None, *, curve: bool = True, order: str = "graph") 
     m = _as_ir(model, input_shapes)
     g = Liveness(m, Sizes(m, infer_model), planned)
     steps = range(len(g.nodes)) if order == "graph" else onnxruntime_order(g)
-    return result(g, steps, curve=curve, runtime=order == "onnxruntime")
+    out = result(g, steps, curve=curve, runtime=order == "onnxruntime")
+    if out["unknown"]:  # shape arithmetic onnx's inference leaves open: onnxruntime's symbolic inference
+        from .analysis import symbolic_infer
+
+        deeper = symbolic_infer(ir.serde.serialize_model(m))
+        if deeper is not None:
+            g2 = Liveness(m, Sizes(m, lambda _: deeper), planned)
+            steps = range(len(g2.nodes)) if order == "graph" else onnxruntime_order(g2)
+            second = result(g2, steps, curve=curve, runtime=order == "onnxruntime")
+            if len(second["unknown"]) < len(out["unknown"]):
+                out = second
+    return out
 
 
 def reorder(model: ir.Model, touched=None) -> int:
     """The ``memory_reordering`` pass: ``onnxopt.liveness.reorder`` with onnx's shape inference
-    (weights not serialized); returns 1 when the order changed."""
-    return _reorder(model, infer_model)
+    (weights not serialized; onnxruntime's symbolic inference where onnx's leaves sizes open), inputs
+    with symbolic dimensions taken at the shapes the verifier runs them at (``run_shapes``: the first
+    dimension 1, others 16); returns 1 when the order changed."""
+    return _reorder(model, _sized)
+
+
+def _sized(model: ir.Model) -> onnx.ModelProto:
+    """Shapes for ``model``'s values by name (the model is not changed)."""
+    from .verify.inputs import run_shapes
+
+    symbolic = {v.name for v in model.graph.inputs if any(not isinstance(d, int) for d in (v.shape or ()))}
+    m = model
+    if symbolic:
+        m = model.clone()
+        fix(m, normalize({k: v for k, v in run_shapes(m).items() if k in symbolic}))
+    proto = infer_model(m)
+    known = {vi.name for vi in proto.graph.value_info}
+    if any(o.name not in known for n in m.graph for o in n.outputs if o.name):
+        from .analysis import symbolic_infer
+
+        deeper = symbolic_infer(ir.serde.serialize_model(m))
+        if deeper is not None and len(deeper.graph.value_info) > len(proto.graph.value_info):
+            return deeper
+    return proto
 
 
 def without_curve(peak_result: Mapping) -> dict:

@@ -307,3 +307,17 @@ def test_onnxruntime_reuse_holds_a_released_buffer_until_taken_again():
     assert memory.peak(m2)["peak_bytes"] == 4000 * 3
     assert memory.peak(m2, order="onnxruntime")["peak_bytes"] == 4000 * 3  # x, a (= r = v) and y
     assert memory.peak(m2, order="onnxruntime")["curve"] == [8000, 8000, 8000, 12000]
+
+
+def test_the_report_sizes_a_dynamic_model_at_the_verifiers_shapes():
+    """A model with symbolic input dimensions: the report's peaks are taken at the shapes the verifier runs
+    it at (recorded under "at"), with onnxruntime's symbolic inference where onnx's leaves sizes open; not a
+    lower bound of a few bytes."""
+    import tempfile
+
+    path = zoo_model("bert-legacy", tempfile.mkdtemp())
+    _, report = optimize(onnx.load(path), return_report=True)
+    for side in ("before", "after"):
+        m = report.memory[side]
+        assert m["at"] == {"input_ids": [1, 16], "attention_mask": [1, 16], "token_type_ids": [1, 16]}
+        assert not m["unknown"] and not m["lower_bound"] and m["peak_bytes"] > 100_000
