@@ -360,14 +360,16 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
         if verify:
             verification = verifier.verify(original, loaded.model, providers=providers, **(verify_options or {}))
             # bisect names the rewrite, when that is quick enough (it replays the rules without the edges)
-            if not verification["ok"] and fp16 is None and not edges:
-                verification["bisect"] = bisect_failure(
-                    original, verification, seconds=time.perf_counter() - t0, rewrites=result.rewrites,
-                    verify_options=verify_options, rules=rules, extra_rules=extra_rules, disable=disable,
-                    target=target, optimize_options={
-                        "max_rewrites": max_rewrites, "fold_size_limit": fold_size_limit,
-                        "fold_input_limit": fold_input_limit, "graph_passes": graph_passes, "strict": strict,
-                        "input_shapes": input_shapes, "exact": exact})
+            if not verification["ok"]:
+                if fp16 is None and not edges:
+                    verification["bisect"] = bisect_failure(
+                        original, verification, seconds=time.perf_counter() - t0, rewrites=result.rewrites,
+                        verify_options=verify_options, rules=rules, extra_rules=extra_rules, disable=disable,
+                        target=target, optimize_options={
+                            "max_rewrites": max_rewrites, "fold_size_limit": fold_size_limit,
+                            "fold_input_limit": fold_input_limit, "graph_passes": graph_passes, "strict": strict,
+                            "input_shapes": input_shapes, "exact": exact})
+                # (with fp16 or changed edges too: a model that fails its verification is never written)
                 raise verifier.VerificationError(f"verification failed, no output written: "
                                                  f"{summary_line(verification)}", verification)
         t3 = time.perf_counter()

@@ -475,3 +475,22 @@ def test_the_checked_conversion_says_when_onnxruntime_cannot_run_the_original():
     m = ir.from_proto(helper.make_model(g, ir_version=10, opset_imports=[helper.make_opsetid("", 17)]))
     with pytest.raises(UsageError, match="cannot run the original model"):
         convert_fp16_checked(m, {"x": np.zeros((2, 3), np.float32)})  # 3 does not broadcast with 4
+
+
+@pytest.mark.parametrize("options", [["--precision", "fp16"], ["--input-layout", "x=NHWC", "--precision", "fp16"]],
+                         ids=["fp16", "fp16-and-layout"])
+def test_a_failed_verification_writes_nothing_with_fp16_or_layouts(options, tmp_path, capsys):
+    """--verify with tolerances the result misses: exit 1 and no model, with fp16 or changed edges as without
+    (the failure used to be printed, then the model written and 0 returned)."""
+    rng = np.random.default_rng(0)
+    w = init("w", rng.standard_normal((4, 3, 3, 3)).astype(np.float32))
+    src = tmp_path / "m.onnx"
+    onnx.save(model([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+                     helper.make_node("Relu", ["c"], ["y"])],
+                    [tinfo("x", [1, 3, 8, 8])], [tinfo("y", [1, 4, 8, 8])], [w]), src)
+    out = tmp_path / "o.onnx"
+    # tolerance 0: fp16 cannot meet it
+    code = cli_main([str(src), "-o", str(out), *options, "--verify", "cpu", "--atol", "0", "--rtol", "0",
+                     "--runs", "1", "--warmup", "1", "-q"])
+    assert code == 1, capsys.readouterr()
+    assert not out.exists()
