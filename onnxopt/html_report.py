@@ -269,6 +269,9 @@ def _summary(data: Mapping) -> str:
                     (_change(b, a, fmt),)) for label, b, a, fmt in rows])
     s = r.get("settings") or {}
     settings = ", ".join(f"{k} {v}" for k, v in s.items() if v not in (None, {}, [], False)) or "defaults"
+    if data.get("at"):
+        settings += ("; FLOPs, bytes and memory of the symbolic inputs at the verifier's shapes: "
+                     + ", ".join(f"{k} {'x'.join(map(str, v))}" for k, v in data["at"].items()))
     cfg = data.get("config")
     extra = (f'<p class="note">configuration: {_e(", ".join(f"{k}={v}" for k, v in cfg.items()))}</p>'
              if isinstance(cfg, Mapping) and cfg else "")
@@ -443,8 +446,12 @@ def _top_nodes(nodes: Sequence[Mapping], key, top: int) -> str:
 def render_inspect(model: str, an: Mapping, mem: Mapping | None = None, top: int = 20) -> str:
     """The inspect page (``onnxopt inspect MODEL --html PAGE``): ``an`` is ``onnxopt.analysis.analyze``'s
     dict, ``mem`` ``onnxopt.memory.peak``'s (or ``{"unavailable": reason}``); no script, no network."""
-    io_rows = [(v.get("name"), kind, v.get("dtype"), "x".join(str(d) for d in (v.get("shape") or [])) or "scalar")
-               for kind in ("input", "output") for v in an.get(kind + "s") or []]
+    def shape(v) -> str:
+        dims = v.get("shape")
+        return "?" if dims is None else "x".join(str(d) for d in dims) or "scalar"
+
+    io_rows = [(v.get("name"), kind, v.get("dtype"), shape(v)) for kind in ("input", "output")
+               for v in an.get(kind + "s") or []]
     params = an.get("params") or {}
     prow = [(dt, _count(x.get("count")), _size(x.get("bytes"))) for dt, x in (params.get("by_dtype") or {}).items()]
     prow.append(("total", _count(params.get("count")), _size(params.get("bytes"))))
@@ -510,8 +517,10 @@ def _optional(module: str, function: str):
 
 
 def _both(fn, before, after, shapes):
+    """``fn`` on both models; ``shapes``: one set of input shapes for both, or a pair (before's, after's)."""
+    pair = shapes if isinstance(shapes, tuple) else (shapes, shapes)
     try:
-        return {"before": fn(before, input_shapes=shapes or None), "after": fn(after, input_shapes=shapes or None)}
+        return {"before": fn(before, input_shapes=pair[0] or None), "after": fn(after, input_shapes=pair[1] or None)}
     except Exception as exc:  # noqa: BLE001 - the page says why the section is missing
         from .io import first_line
 
@@ -547,6 +556,20 @@ def _profile(before: str, after: str, verification: Mapping, options: Mapping, r
         return {"unavailable": f"profiling failed: {first_line(exc, 200)}"}
 
 
+def _run_shapes(path) -> dict:
+    """The shapes the verifier runs a model's inputs with symbolic dimensions at (the first 1, others
+    16, one value per symbol: ``onnxopt.verify.inputs.run_shapes``); {} where none is symbolic."""
+    from . import io
+    from .verify.inputs import run_shapes
+
+    try:
+        model = io.load(str(path), check=False).model
+    except Exception:  # noqa: BLE001 - the sections say what failed when they read the model
+        return {}
+    symbolic = {v.name for v in model.graph.inputs if any(not isinstance(d, int) for d in (v.shape or ()))}
+    return {k: v for k, v in run_shapes(model).items() if k in symbolic}
+
+
 def build(input_path, output_path, report, *, page=None, diff_page=None, verify_options: Mapping | None = None,
           profile_runs: int = 10, config: Mapping | None = None) -> dict:
     """What :func:`render` draws for a finished optimization: ``input_path`` and ``output_path`` (the
@@ -557,6 +580,12 @@ def build(input_path, output_path, report, *, page=None, diff_page=None, verify_
     d = report if isinstance(report, Mapping) else report.as_dict()
     shapes = {k: v for k, v in ((d.get("settings") or {}).get("input_shapes") or {}).items()
               if all(isinstance(x, int) for x in v)}
+    at = None
+    if not shapes:  # symbolic inputs: sized as the verifier runs them (its latency is taken at those shapes)
+        shapes = (_run_shapes(input_path), _run_shapes(output_path))
+        at = shapes[0] or None
+        if not any(shapes):
+            shapes = {}
     analyze, why = _optional("analysis", "analyze")
     analysis = _both(analyze, str(input_path), str(output_path), shapes) if analyze else {"unavailable": why}
     memory = d.get("memory")
@@ -573,6 +602,6 @@ def build(input_path, output_path, report, *, page=None, diff_page=None, verify_
         start = os.path.dirname(os.path.abspath(page)) if page is not None else os.getcwd()
         link = os.path.relpath(os.path.abspath(diff_page), start)
     return {"input": str(input_path), "output": str(output_path), "report": d, "analysis": analysis,
-            "memory": memory, "profile": profile, "diff_page": link,
+            "memory": memory, "profile": profile, "diff_page": link, **({"at": at} if at else {}),
             "sizes": {"before": _model_bytes(input_path), "after": _model_bytes(output_path)},
             **({"config": dict(config)} if config else {})}

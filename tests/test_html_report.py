@@ -375,3 +375,23 @@ def test_inspect_page(tmp_path, capsys):
         except Exception:  # noqa: BLE001
             logs = []
         assert shown == ["model", "cost", "memory"] and [e for e in logs if e.get("level") == "SEVERE"] == []
+
+
+def test_report_of_a_dynamic_model_says_at_which_shapes(tmp_path):
+    """Symbolic inputs: the page's FLOPs, bytes and memory are taken at the verifier's shapes, and it says
+    so; the inspect page shows an input of unknown shape as '?', not as a scalar."""
+    from onnxopt import optimize
+    from onnxopt.html_report import build, render, render_inspect
+
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 8])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", 8])
+    src = tmp_path / "d.onnx"
+    onnx.save(model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Identity", ["r"], ["y"])], [x], [y]), src)
+    out = tmp_path / "o.onnx"
+    _, report = optimize(str(src), output=str(out), return_report=True)
+    data = build(src, out, report)
+    assert data["at"] == {"x": [1, 8]}
+    assert "at the verifier&#x27;s shapes: x 1x8" in render(data)
+    page = render_inspect("m", {"inputs": [{"name": "a", "dtype": "float32", "shape": None},
+                                           {"name": "s", "dtype": "float32", "shape": []}], "outputs": []})
+    assert ">?<" in page and ">scalar<" in page
