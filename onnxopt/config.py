@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import math
 import os
 import sys
 import warnings
@@ -140,8 +141,8 @@ SCHEMA: tuple[Key, ...] = (
        "or a table {layout = \"HWC\", scale = ..., mean = [...], std = [...], bgr = true}", check=_preprocess),
     _k("verify.providers", "string|strings", "--verify", "verify before writing on these providers: \"cpu\", "
        "\"cuda\", \"cpu,cuda\" or a list", dest=("verify",), check=_providers),
-    _k("verify.rtol", "number", "--rtol", "relative tolerance for every output"),
-    _k("verify.atol", "number", "--atol", "absolute tolerance for every output"),
+    _k("verify.rtol", "number", "--rtol", "relative tolerance for every output", minimum=0),
+    _k("verify.atol", "number", "--atol", "absolute tolerance for every output", minimum=0),
     _k("verify.runs", "integer", "--runs", "timed runs per provider (0: no latency)", minimum=0),
     _k("verify.warmup", "integer", "--warmup", "warm-up runs per session", minimum=1),
     _k("verify.threads", "integer", "--threads", "onnxruntime intra-op threads (0: onnxruntime's)", minimum=0),
@@ -169,7 +170,7 @@ SCHEMA: tuple[Key, ...] = (
     _k("quantize.workers", "integer", "--workers", "calibration processes", _QUANT, minimum=1),
     _k("quantize.held_out", "integer", "--held-out", "calibration samples kept to measure fidelity", _QUANT,
        minimum=0),
-    _k("quantize.percentile", "number", "--percentile", "method percentile: the percentile kept", _QUANT),
+    _k("quantize.percentile", "number", "--percentile", "method percentile: the percentile kept", _QUANT, minimum=0),
 )
 KEYS = {k.name: k for k in SCHEMA}
 TABLES = sorted({k.name.split(".")[0] for k in SCHEMA if "." in k.name})
@@ -274,6 +275,15 @@ def check(key: Key, value, folder: str | os.PathLike, where: str = "") -> Any:
                          + (f" (did you mean {close[0]!r}?)" if close else ""))
     if key.minimum is not None and _is_int(value) and value < key.minimum:
         raise UsageError(f"{prefix}{key.name}: {value} is below {key.minimum}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UsageError(f"{prefix}{key.name}: expected a finite number, got {value}")
+    if key.minimum is not None and isinstance(value, float) and value < key.minimum:
+        raise UsageError(f"{prefix}{key.name}: {value} is below {key.minimum}")
+    if isinstance(value, str) and not value.strip() and (key.path or key.choices is not None or key.kind == "string"
+                                                           or "string" in kinds):
+        raise UsageError(f"{prefix}{key.name}: empty" + (" (a path)" if key.path else ""))
+    if isinstance(value, list) and any(isinstance(v, str) and not v.strip() for v in value):
+        raise UsageError(f"{prefix}{key.name}: an empty entry in {_shown(value)}")
     if key.path:
         value = [_resolve(v, folder) for v in value] if isinstance(value, list) else _resolve(value, folder)
     if key.check is not None:

@@ -309,6 +309,10 @@ def test_relative_paths_are_the_files(src, tmp_path, capsys, monkeypatch):
     ('[verify]\nprovider_options = {cuda = 1}', ["verify.provider_options", "expected a mapping"]),
     ('[quantize]\nmethod = "entropi"', ["quantize.method: 'entropi' is not one of", "did you mean 'entropy'"]),
     ("[quantize]\nfidelity = true", ["quantize.fidelity: expected a number or false"]),
+    ("[verify]\nrtol = nan", ["verify.rtol: expected a finite number, got nan"]),
+    ("[verify]\natol = -1.0", ["verify.atol: -1.0 is below 0"]),
+    ('external_data = ""', ["external_data: empty"]),
+    ('rules = [""]', ["rules: an empty entry"]),
     ("target = ", ["not valid TOML", "line 1"]),
     ('target = "a"\n[verify\nrtol = 1', ["not valid TOML", "line 2"]),
 ])
