@@ -402,7 +402,12 @@ def _inspects(argv: list[str]) -> bool:
     if not argv or argv[0].startswith("-") or not os.path.isfile(argv[0]):
         return False
     known = {o for a in _inspect_parser()._actions for o in a.option_strings}
-    return all(not w.startswith("-") or w.split("=", 1)[0] in known for w in argv[1:])
+
+    def inspects(word: str) -> bool:  # (an unambiguous prefix too, as argparse takes one)
+        flag = word.split("=", 1)[0]
+        return flag in known or (flag.startswith("--") and len([o for o in known if o.startswith(flag)]) == 1)
+
+    return all(not w.startswith("-") or inspects(w) for w in argv[1:])
 
 
 def _verify_coverage(path: str) -> dict | None:

@@ -416,3 +416,18 @@ def test_unknown_option_is_one_line(model100, tmp_path, capsys):
         cli.main([str(a) for a in args])
     assert info.value.code == 2
     assert_one_line_error(capsys.readouterr().err)
+
+
+def test_bare_model_takes_inspect_options_abbreviated(tmp_path, capsys):
+    """``onnxopt MODEL --dev NAME`` is inspect, as ``onnxopt inspect MODEL --dev NAME`` is (argparse takes an
+    unambiguous prefix); an option only optimizing takes still asks for -o."""
+    from helpers import model as make, tinfo
+    from onnx import helper as h
+
+    src = tmp_path / "m.onnx"
+    onnx.save(make([h.make_node("Relu", ["x"], ["y"])], [tinfo("x", [2])], [tinfo("y", [2])]), src)
+    out = tmp_path / "a.json"
+    assert cli.main([str(src), "--dev", "h100-sxm", "--js", str(out), "-q"]) == 0
+    assert json.loads(out.read_text())["device"]["key"] == "h100-sxm"
+    assert cli.main([str(src), "--prec", "fp16"]) == 2
+    assert "no output given" in capsys.readouterr().err
