@@ -68,13 +68,15 @@ name is the symbol ``?``.
 Rooflines: ``device`` names an entry of ``onnxopt/data/devices.json`` (datasheet figures, each
 with its source) or ``"local"`` (default): this machine's CPU, measured once (a float32 matmul on
 every core with numpy, and a memory copy) and cached in ``~/.cache/onnxopt/device-<hash>.json``
-(``$ONNXOPT_DEVICE_CACHE`` names another folder). A node's ``intensity`` is FLOPs per byte moved;
+(``$ONNXOPT_DEVICE_CACHE`` names another folder), the hash of the CPU model and the number of CPUs
+the process may use. A node's ``intensity`` is FLOPs per byte moved;
 it is ``"compute"``-bound when that is at least the device's ridge point (peak FLOP/s of the
 node's dtype / memory bandwidth), else ``"memory"``-bound.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -596,21 +598,67 @@ def measure_cpu(n: int = 2048, copy_mib: int = 256, repeats: int = 3) -> dict:
         np.copyto(dst, src)
         best_copy = min(best_copy, time.perf_counter() - t)
     bandwidth = 2 * src.nbytes / best_copy
-    return {"name": f"{cpu_model()} (this machine, {os.cpu_count()} logical CPUs)", "kind": "cpu",
+    return {"name": f"{cpu_model()} (this machine, {usable_cpus()} usable CPUs)", "kind": "cpu",
             "peak_flops": {"float32": float(f"{flops:.4g}")}, "bandwidth": float(f"{bandwidth:.4g}"),
             "source": f"measured on this machine: numpy float32 {n}x{n} matmul on every core, a {copy_mib} MiB "
                       f"copy (best of {repeats})"}
 
 
-def local_device(*, measure=measure_cpu) -> dict:
-    """This machine's CPU: measured once, then read from its cache file (written atomically)."""
-    key = hashlib.sha256(cpu_model().encode()).hexdigest()[:16]
-    path = _cache_dir() / f"device-{key}.json"
+def usable_cpus() -> int:
+    """How many CPUs this process may run on (its affinity mask where the OS has one)."""
     try:
-        return json.loads(path.read_text())
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def _valid_entry(entry) -> bool:
+    """Whether a cached measurement has what :func:`device` reads: a name, a source, a positive
+    finite bandwidth and positive finite peaks (by dtype)."""
+    return (isinstance(entry, dict) and isinstance(entry.get("name"), str) and bool(entry["name"])
+            and isinstance(entry.get("source"), str) and _positive(entry.get("bandwidth"))
+            and isinstance(entry.get("peak_flops"), dict) and bool(entry["peak_flops"])
+            and all(isinstance(k, str) and _positive(v) for k, v in entry["peak_flops"].items()))
+
+
+def _read_cached(path: Path) -> dict | None:
+    try:
+        entry = json.loads(path.read_text())
     except (OSError, ValueError):
-        pass
-    entry = measure()
+        return None
+    return entry if _valid_entry(entry) else None
+
+
+@contextlib.contextmanager
+def _exclusive(lock: Path):
+    """An exclusive lock on ``lock`` (fcntl.flock, held until the block ends) where the OS has it
+    and the file can be opened; else no lock."""
+    try:
+        import fcntl
+    except ImportError:
+        fcntl = None
+    fd = None
+    if fcntl is not None:
+        try:
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            if fd is not None:
+                os.close(fd)
+            fd = None
+    try:
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # (releases the lock)
+
+
+def _write_atomic(path: Path, entry: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
@@ -621,6 +669,29 @@ def local_device(*, measure=measure_cpu) -> dict:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def local_device(*, measure=measure_cpu) -> dict:
+    """This machine's CPU: measured once, then read from its cache file (written atomically),
+    keyed by the CPU model and the number of CPUs this process may use. Concurrent first runs
+    measure one at a time under a lock beside the cache (``device-<key>.lock``): a run that waited
+    reads the figure the first wrote. A cache entry that is not a valid measurement is measured
+    again and overwritten; where the cache cannot be written, the figures are returned uncached."""
+    key = hashlib.sha256(f"{cpu_model()}\n{usable_cpus()} CPUs".encode()).hexdigest()[:16]
+    path = _cache_dir() / f"device-{key}.json"
+    entry = _read_cached(path)
+    if entry is not None:
+        return entry
+    with _exclusive(path.with_suffix(".lock")):
+        entry = _read_cached(path)  # (written by a run this one waited for)
+        if entry is not None:
+            return entry
+        entry = measure()
+        if _valid_entry(entry):
+            try:
+                _write_atomic(path, entry)
+            except OSError:
+                pass  # (a read-only cache: measured again next time)
     return entry
 
 

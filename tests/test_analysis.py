@@ -278,7 +278,7 @@ def test_this_machine_is_measured_once_and_cached(tmp_path, monkeypatch):
     first = analysis.local_device(measure=fake)
     again = analysis.local_device(measure=fake)
     assert first == again and calls == [1]
-    (cached,) = tmp_path.iterdir()
+    (cached,) = tmp_path.glob("*.json")  # (and its lock file)
     assert cached.name.startswith("device-") and cached.suffix == ".json"
     assert json.loads(cached.read_text())["peak_flops"] == {"float32": 1e11}
     d = analysis.device(None)
@@ -286,6 +286,95 @@ def test_this_machine_is_measured_once_and_cached(tmp_path, monkeypatch):
     # the real measurement, small
     m = analysis.measure_cpu(n=128, copy_mib=4, repeats=1)
     assert m["peak_flops"]["float32"] > 1e8 and m["bandwidth"] > 1e8 and "measured" in m["source"]
+
+
+def _fake_cpu(calls, delay=0.0):
+    def fake():
+        calls.append(1)
+        time.sleep(delay)
+        return {"name": "test cpu", "kind": "cpu", "peak_flops": {"float32": 2e11}, "bandwidth": 1e10,
+                "source": "measured"}
+    return fake
+
+
+def test_concurrent_first_runs_measure_once(tmp_path, monkeypatch):
+    """Two first runs at once: the second waits for the first's lock and reads its figure."""
+    import threading
+
+    monkeypatch.setenv(analysis.CACHE_ENV, str(tmp_path))
+    calls, results, start = [], [], threading.Barrier(2)
+
+    def run():
+        start.wait()
+        results.append(analysis.local_device(measure=_fake_cpu(calls, delay=0.5)))
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == [1] and len(results) == 2 and results[0] == results[1]
+    assert results[0]["peak_flops"] == {"float32": 2e11}
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity on this OS")
+def test_the_cache_is_keyed_by_the_usable_cpus_too(tmp_path, monkeypatch):
+    monkeypatch.setenv(analysis.CACHE_ENV, str(tmp_path))
+    calls = []
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    analysis.local_device(measure=_fake_cpu(calls))
+    analysis.local_device(measure=_fake_cpu(calls))
+    assert calls == [1]
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    analysis.local_device(measure=_fake_cpu(calls))  # (a taskset run: measured on its own)
+    assert calls == [1, 1] and len(list(tmp_path.glob("device-*.json"))) == 2
+
+
+@pytest.mark.parametrize("content", [
+    '{"name": "x"}', "[1, 2]", '"text"', "null",
+    '{"name": "x", "kind": "cpu", "peak_flops": {"float32": 1e11}, "bandwidth": 0, "source": "s"}',
+    '{"name": "x", "kind": "cpu", "peak_flops": {"float32": NaN}, "bandwidth": 1e10, "source": "s"}',
+    '{"name": "x", "kind": "cpu", "peak_flops": {"float32": 1e11}, "bandwidth": Infinity, "source": "s"}',
+    '{"name": "x", "kind": "cpu", "peak_flops": {}, "bandwidth": 1e10, "source": "s"}',
+    '{"name": "x", "kind": "cpu", "peak_flops": {"float32": "1e11"}, "bandwidth": 1e10, "source": "s"}',
+    '{"kind": "cpu", "peak_flops": {"float32": 1e11}, "bandwidth": 1e10, "source": "s"}',
+])
+def test_a_bad_cache_entry_is_measured_again(tmp_path, monkeypatch, content):
+    monkeypatch.setenv(analysis.CACHE_ENV, str(tmp_path))
+    calls = []
+    analysis.local_device(measure=_fake_cpu(calls))
+    (cached,) = tmp_path.glob("*.json")
+    cached.write_text(content)
+    entry = analysis.local_device(measure=_fake_cpu(calls))
+    assert calls == [1, 1] and entry["bandwidth"] == 1e10
+    assert json.loads(cached.read_text()) == entry  # overwritten
+    assert analysis.local_device(measure=_fake_cpu(calls)) == entry and calls == [1, 1]
+
+
+def test_a_cache_that_cannot_be_written_gives_the_figures_uncached(tmp_path, monkeypatch):
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    monkeypatch.setenv(analysis.CACHE_ENV, str(folder))
+    folder.chmod(0o500)
+    try:
+        (folder / "probe").touch()
+    except OSError:
+        pass
+    else:  # (root writes anyway: the write fails as it would)
+        (folder / "probe").unlink()
+
+        def refuse(*a, **k):
+            raise PermissionError(13, "Permission denied")
+        monkeypatch.setattr(analysis.tempfile, "mkstemp", refuse)
+    try:
+        calls = []
+        entry = analysis.local_device(measure=_fake_cpu(calls))
+        assert entry["peak_flops"] == {"float32": 2e11} and calls == [1]
+        assert not list(folder.glob("*.json"))
+        analysis.local_device(measure=_fake_cpu(calls))
+        assert calls == [1, 1]  # (measured again: nothing was cached)
+    finally:
+        folder.chmod(0o700)
 
 
 # ---------------------------------------------------------------------------------------------
