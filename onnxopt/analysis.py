@@ -800,6 +800,23 @@ class _Counts:
         return [flops, read, written, wbytes, dtype, known]
 
 
+def _subgraph_weights(g: onnx.GraphProto):
+    """(elem type, dims) of every initializer and Constant tensor in the subgraphs (If, Loop, Scan
+    bodies) of ``g``'s nodes, at any depth."""
+    for node in g.node:
+        for a in node.attribute:
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
+                        list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []):
+                for t in sub.initializer:
+                    yield t.data_type, list(t.dims)
+                for n in sub.node:
+                    if n.op_type == "Constant" and n.domain in ("", "ai.onnx"):
+                        for c in n.attribute:
+                            if c.name == "value" and c.type == onnx.AttributeProto.TENSOR:
+                                yield c.t.data_type, list(c.t.dims)
+                yield from _subgraph_weights(sub)
+
+
 def _input_symbols(proto: onnx.ModelProto) -> list[str]:
     """The symbolic dimensions of the graph's inputs, in order (an unnamed one is named ``?``)."""
     inits = {t.name for t in proto.graph.initializer}
@@ -834,20 +851,25 @@ FIT_CHECK = 7
 FIT_MAX_SYMBOLS = 3
 
 
-def _fit(proto: onnx.ModelProto, symbols: list[str], n_rows: int) -> list[list[Poly]] | None:
+def _fit(proto: onnx.ModelProto, symbols: list[str], n_rows: int) -> tuple[list[list[Poly]], list[bool]] | None:
     """Each node's (FLOPs, read, written, weight bytes) as exact polynomials in the input
     symbols: counted at concrete values of the symbols (onnx's shape inference then knows every
     shape a symbol decides, where symbolic inference loses them at a Reshape) and interpolated,
-    degree <= 2 per symbol; checked at one more point. None where that does not hold."""
+    degree <= 2 per symbol; checked at one more point. With them, per node, whether every shape
+    was known at every point counted. None where that does not hold."""
     import itertools
 
     exps = list(itertools.product(range(FIT_DEGREE + 1), repeat=len(symbols)))
     points = list(itertools.product(FIT_POINTS, repeat=len(symbols)))
 
+    known = [True] * n_rows
+
     def counted(point):
         c = _concrete_counts(_at(proto, dict(zip(symbols, point))))
         if len(c.rows) != n_rows:
             return None
+        for i, row in enumerate(c.rows):
+            known[i] = known[i] and row[5]
         vals = []
         for row in c.rows:
             for p in row[:4]:
@@ -876,7 +898,7 @@ def _fit(proto: onnx.ModelProto, symbols: list[str], n_rows: int) -> list[list[P
         return None
     if any(c.denominator != 1 for p in polys for c in p.terms.values()):
         return None
-    return [polys[k:k + 4] for k in range(0, n_q, 4)]
+    return [polys[k:k + 4] for k in range(0, n_q, 4)], known
 
 
 def _evaluate(p: Poly, values: dict) -> Fraction:
@@ -914,8 +936,9 @@ def analyze(model, input_shapes=None, device=None) -> dict:
     if symbols and len(symbols) <= FIT_MAX_SYMBOLS and any(p.symbolic for row in counts.rows for p in row[:4]):
         fitted = _fit(proto, symbols, len(counts.rows))
         if fitted is not None:
-            for row, polys in zip(counts.rows, fitted):
+            for row, polys, known in zip(counts.rows, *fitted):
                 row[:4] = polys
+                row[5] = known  # (counted at every point of the fit)
     nodes, by_op = [], {}
     total_f, total_r, total_w = Poly.of(0), Poly.of(0), Poly.of(0)
     for i, (node, (flops, read, written, wbytes, dtype, known)) in enumerate(zip(g.node, counts.rows)):
@@ -923,7 +946,7 @@ def analyze(model, input_shapes=None, device=None) -> dict:
         total_f, total_r, total_w = total_f + flops, total_r + read, total_w + written
         f, r, w = _value(flops), _value(read), _value(written)
         moved = r + w
-        intensity = round(f / moved, 4) if moved else None
+        intensity = round(f / moved, 4) if moved and known else None  # (unknown shapes: no figure)
         bound = None if intensity is None else ("compute" if intensity >= _ridge(dev, dtype) else "memory")
         entry = {"name": node.name or f"{op}_{i}", "op": op, "flops": f, "bytes_read": r, "bytes_written": w,
                  "weight_bytes": _value(wbytes), "intensity": intensity, "bound": bound, "dtype": dtype}
@@ -941,7 +964,7 @@ def analyze(model, input_shapes=None, device=None) -> dict:
 
     by_dtype: dict = {}
     count, size = 0, Fraction(0)
-    for elem, dims in counts.weights.values():
+    for elem, dims in [*counts.weights.values(), *_subgraph_weights(g)]:
         n = math.prod(dims)
         b = n * _itemsize(elem)
         d = by_dtype.setdefault(_dtype_name(elem), {"count": 0, "bytes": 0})
@@ -972,7 +995,13 @@ def analyze(model, input_shapes=None, device=None) -> dict:
         "symbolic": symbolic,
     }
     if symbolic:
-        report["symbols_note"] = SYMBOLS_NOTE
+        used = sorted({sym for p in (total_f, total_r, total_w) for m in p.terms for sym in m})
+        own = [sym for sym in symbols if sym in used]
+        inferred = [sym for sym in used if sym not in symbols]
+        report["symbols"] = {"inputs": own, "undetermined": inferred}
+        report["symbols_note"] = SYMBOLS_NOTE + (
+            f"; {', '.join(inferred)}: dimensions shape inference could not determine (not the inputs': "
+            "--input-shape cannot set them)" if inferred else "")
         report["expr"] = {"flops": str(total_f), "bytes_read": str(total_r), "bytes_written": str(total_w)}
     report["uncounted_op_types"] = sorted(counts.uncounted)
     report["nodes_with_unknown_shapes"] = sum(not row[5] for row in counts.rows)
@@ -1028,7 +1057,14 @@ def format_inspect(report: dict, model: str, top: int = 10):
         expr = report["expr"]["flops"]
         if len(expr) > 160:
             expr = expr[:160].rsplit(" + ", 1)[0] + " + ... (the whole polynomial: --json)"
-        out.append(Styled(f"symbolic dimensions set to 1 (give them with --input-shape); FLOPs = {expr}", "yellow"))
+        syms = report.get("symbols") or {"inputs": [], "undetermined": []}
+        notes = []
+        if syms["inputs"]:
+            notes.append(f"symbolic dimensions set to 1 (give them with --input-shape): {', '.join(syms['inputs'])}")
+        if syms["undetermined"]:
+            notes.append("dimensions shape inference could not determine, set to 1 (--input-shape cannot set "
+                         f"them): {', '.join(syms['undetermined'])}")
+        out.append(Styled(f"{'; '.join(notes)}; FLOPs = {expr}", "yellow"))
     if report["uncounted_op_types"]:
         out.append(f"not counted (0 FLOPs): {', '.join(report['uncounted_op_types'])}")
     if report["nodes_with_unknown_shapes"]:

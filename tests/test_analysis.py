@@ -556,3 +556,82 @@ def test_constant_nodes_are_parameters_too():
     r = analysis.analyze(model([w, mm], [tinfo("x", [2, 8])], [tinfo("y", None)]), device=DEV)
     assert r["params"]["count"] == 32 and r["params"]["bytes"] == 128
     assert r["nodes"][1]["weight_bytes"] == 128 and r["nodes"][1]["flops"] == 2 * 2 * 4 * 8
+
+
+def _attention_model():
+    """A fused BERT-like block with symbolic batch and sequence: onnx's shape inference knows
+    nothing of com.microsoft.Attention's output, so only the fit at concrete sizes counts it."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Attention", ["x", "qkv", "qkv_b"], ["a"], domain="com.microsoft", num_heads=2,
+                              name="attn"),
+             helper.make_node("MatMul", ["a", "out"], ["y"], name="proj")]
+    inits = [init("qkv", rng.standard_normal((16, 48)).astype(np.float32)),
+             init("qkv_b", np.zeros(48, np.float32)), init("out", rng.standard_normal((16, 16)).astype(np.float32))]
+    m = model(nodes, [tinfo("x", ["batch", "seq", 16])], [tinfo("y", None)], inits)
+    m.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return m
+
+
+def test_nodes_the_fit_counted_have_known_shapes():
+    r = analysis.analyze(_attention_model(), device=DEV)
+    assert r["symbolic"] and r["nodes_with_unknown_shapes"] == 0
+    attn = r["nodes"][0]
+    assert attn["op"] == "com.microsoft.Attention" and attn.get("shapes_known", True) is True
+    assert attn["expr"]["bytes_written"] == "64*batch*seq" and attn["intensity"] is not None
+    text = analysis.format_inspect(r, "m.onnx")
+    assert "unknown shapes" not in text
+
+
+def test_a_node_of_unknown_shapes_has_no_intensity_or_bound():
+    nodes = [helper.make_node("Mystery", ["x"], ["t"], domain="custom.domain", name="mystery"),
+             helper.make_node("Relu", ["t"], ["y"], name="relu"),
+             helper.make_node("MatMul", ["x", "w"], ["z"], name="known")]
+    m = model(nodes, [tinfo("x", [4, 8])], [tinfo("y", None), tinfo("z", None)],
+              [init("w", np.ones((8, 8), np.float32))])
+    m.opset_import.append(helper.make_opsetid("custom.domain", 1))
+    r = analysis.analyze(m, device=DEV)
+    assert r["nodes_with_unknown_shapes"] == 2
+    for n in r["nodes"][:2]:
+        assert n["shapes_known"] is False and n["intensity"] is None and n["bound"] is None
+    assert r["nodes"][2]["intensity"] > 0 and r["nodes"][2]["bound"] == "memory"
+    assert json.loads(json.dumps(r))["nodes"][1]["intensity"] is None
+    lines = analysis.format_inspect(r, "m.onnx", top=3).splitlines()
+    relu = next(line.split() for line in lines if line.startswith("relu "))
+    assert relu[-2:] == ["-", "-"]  # FLOPs/byte and bound
+    assert "nodes compute-bound: 0, memory-bound: 1" in "\n".join(lines)
+
+
+def test_params_count_the_initializers_of_subgraphs():
+    then_g = helper.make_graph([helper.make_node("MatMul", ["x", "w_then"], ["t"])], "then", [],
+                               [tinfo("t", [2, 8])], [init("w_then", np.ones((16, 8), np.float32))])
+    else_g = helper.make_graph([helper.make_node("Constant", [], ["e"],
+                                                 value=init("c", np.ones((2, 8), np.float16)))],
+                               "else", [], [tinfo("e", [2, 8], TensorProto.FLOAT16)])
+    node = helper.make_node("If", ["cond"], ["y"], then_branch=then_g, else_branch=else_g)
+    m = model([node], [tinfo("cond", [], TensorProto.BOOL), tinfo("x", [2, 16])], [tinfo("y", None)],
+              [init("top", np.ones(4, np.float32))])
+    r = analysis.analyze(m, device=DEV)
+    assert r["params"] == {"count": 4 + 128 + 16, "bytes": 4 * 4 + 128 * 4 + 16 * 2,
+                           "by_dtype": {"float32": {"count": 132, "bytes": 528},
+                                        "float16": {"count": 16, "bytes": 32}}}
+
+
+def _nonzero_model(n):
+    nodes = [helper.make_node("NonZero", ["x"], ["nz"]), helper.make_node("Cast", ["nz"], ["y"], to=1),
+             helper.make_node("Relu", ["y"], ["z"])]
+    return model(nodes, [tinfo("x", [n])], [tinfo("z", None)])
+
+
+def test_symbols_shape_inference_invents_are_not_asked_for():
+    r = analysis.analyze(_nonzero_model(4), device=DEV)
+    assert r["symbolic"]
+    (unk,) = r["symbols"]["undetermined"]
+    assert r["symbols"]["inputs"] == [] and unk in r["expr"]["flops"]
+    assert f"{unk}: dimensions shape inference could not determine" in r["symbols_note"]
+    text = analysis.format_inspect(r, "m.onnx")
+    assert "--input-shape cannot set them" in text and unk in text and "give them with --input-shape" not in text
+    # an input's own symbol is still asked for, the invented one named apart
+    r = analysis.analyze(_nonzero_model("n"), device=DEV)
+    assert r["symbols"] == {"inputs": ["n"], "undetermined": [unk]}
+    text = analysis.format_inspect(r, "m.onnx")
+    assert "(give them with --input-shape): n;" in text and f"cannot set them): {unk}" in text
