@@ -529,8 +529,16 @@ def symbolic_infer(proto: onnx.ModelProto) -> onnx.ModelProto | None:
     logger.setLevel(logging.ERROR)
     try:
         with contextlib.redirect_stdout(_stdio.StringIO()):
-            return SymbolicShapeInference.infer_shapes(copy, auto_merge=True, guess_output_rank=False)
-    except Exception:
+            # SymbolicShapeInference.infer_shapes's own loop, without its ending: where some shape stays
+            # open it saves "sym_shape_infer_temp.onnx" into the current folder and raises, and the shapes
+            # it did infer are what is wanted here
+            sym = SymbolicShapeInference(2**31 - 1, True, False, 0)
+            sym._preprocess(copy)
+            while sym.run_:
+                sym._infer_impl()
+            sym._update_output_from_vi()
+            return sym.out_mp_
+    except Exception:  # (an onnxruntime whose tool changed, or inference failing outright)
         return None
     finally:
         logger.setLevel(level)

@@ -635,3 +635,19 @@ def test_symbols_shape_inference_invents_are_not_asked_for():
     assert r["symbols"] == {"inputs": ["n"], "undetermined": [unk]}
     text = analysis.format_inspect(r, "m.onnx")
     assert "(give them with --input-shape): n;" in text and f"cannot set them): {unk}" in text
+
+
+def test_symbolic_inference_leaves_no_file_in_the_current_folder(tmp_path, monkeypatch):
+    """onnxruntime's symbolic shape inference saves sym_shape_infer_temp.onnx into the current folder where
+    a shape stays open (then raises); the analysis and the memory figures use its loop without that."""
+    from onnxopt import memory
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    nodes = [helper.make_node("Mystery", ["x"], ["t"], domain="my.ops"), helper.make_node("Relu", ["t"], ["y"])]
+    m = helper.make_model(helper.make_graph(nodes, "g", [x], [y]),  # (an op neither inference knows)
+                          opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("my.ops", 1)])
+    monkeypatch.chdir(tmp_path)
+    analysis.analyze(m)
+    memory.peak(m)
+    assert list(tmp_path.iterdir()) == []
