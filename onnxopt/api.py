@@ -22,7 +22,7 @@ from .liveness import PEAK_KEY
 from .passes import MEMORY
 from .pattern import Rule
 from .report import summary_line
-from .verify.inputs import run_shapes
+from .verify.inputs import run_shapes, symbolic_run_shapes
 
 
 @dataclasses.dataclass
@@ -348,7 +348,7 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
                 transposes = None
         kept = loaded.model.graph.meta.pop(PEAK_KEY, None)  # (the reorder pass's figure for the order it left)
         if memory is not None:
-            symbolic = any(not isinstance(d, int) for v in loaded.model.graph.inputs for d in (v.shape or ()))
+            symbolic = bool(symbolic_run_shapes(loaded.model))
             memory["after"] = kept if kept is not None and not (edited or fp16 or symbolic) else _peak(loaded.model)
             memory["reordered"] = bool(result.rules.get(MEMORY) and result.rules[MEMORY].fired)
         advice = None
@@ -443,14 +443,9 @@ def _peak(model: ir.Model) -> dict:
     (the first 1, others 16, a symbol the same everywhere: ``run_shapes``), recorded as ``at``."""
     from .memory import peak
 
-    shapes = {name: dims for name, dims in run_shapes(model).items()
-              if any(not isinstance(d, int) for d in (model.graph.inputs[_input_index(model, name)].shape or ()))}
+    shapes = symbolic_run_shapes(model)
     result = peak(model, input_shapes=shapes or None, curve=False)
     return {**result, "at": shapes} if shapes else result
-
-
-def _input_index(model: ir.Model, name: str) -> int:
-    return next(i for i, v in enumerate(model.graph.inputs) if v.name == name)
 
 
 def _transposes(model: ir.Model) -> dict:

@@ -557,17 +557,18 @@ def _profile(before: str, after: str, verification: Mapping, options: Mapping, r
 
 
 def _run_shapes(path) -> dict:
-    """The shapes the verifier runs a model's inputs with symbolic dimensions at (the first 1, others
-    16, one value per symbol: ``onnxopt.verify.inputs.run_shapes``); {} where none is symbolic."""
+    """The shapes the verifier runs a model's inputs with symbolic dimensions at
+    (``onnxopt.verify.inputs.symbolic_run_shapes``; the graph read without its external weights)."""
+    import onnx
+
     from . import io
-    from .verify.inputs import run_shapes
+    from .verify.inputs import symbolic_run_shapes
 
     try:
-        model = io.load(str(path), check=False).model
+        model = io.to_ir(onnx.load(str(path), load_external_data=False))
     except Exception:  # noqa: BLE001 - the sections say what failed when they read the model
         return {}
-    symbolic = {v.name for v in model.graph.inputs if any(not isinstance(d, int) for d in (v.shape or ()))}
-    return {k: v for k, v in run_shapes(model).items() if k in symbolic}
+    return symbolic_run_shapes(model)
 
 
 def build(input_path, output_path, report, *, page=None, diff_page=None, verify_options: Mapping | None = None,

@@ -78,20 +78,9 @@ def peak(model, input_shapes=None, *, curve: bool = True, order: str = "graph") 
         except Exception:  # noqa: BLE001 - inference refusing the model: the planner reuses nothing we know of
             planned = {}
     m = _as_ir(model, input_shapes)
-    g = Liveness(m, Sizes(m, infer_model), planned)
+    g = Liveness(m, Sizes(m, _infer), planned)
     steps = range(len(g.nodes)) if order == "graph" else onnxruntime_order(g)
-    out = result(g, steps, curve=curve, runtime=order == "onnxruntime")
-    if out["unknown"]:  # shape arithmetic onnx's inference leaves open: onnxruntime's symbolic inference
-        from .analysis import symbolic_infer
-
-        deeper = symbolic_infer(ir.serde.serialize_model(m))
-        if deeper is not None:
-            g2 = Liveness(m, Sizes(m, lambda _: deeper), planned)
-            steps = range(len(g2.nodes)) if order == "graph" else onnxruntime_order(g2)
-            second = result(g2, steps, curve=curve, runtime=order == "onnxruntime")
-            if len(second["unknown"]) < len(out["unknown"]):
-                out = second
-    return out
+    return result(g, steps, curve=curve, runtime=order == "onnxruntime")
 
 
 def reorder(model: ir.Model, touched=None) -> int:
@@ -103,23 +92,36 @@ def reorder(model: ir.Model, touched=None) -> int:
 
 
 def _sized(model: ir.Model) -> onnx.ModelProto:
-    """Shapes for ``model``'s values by name (the model is not changed)."""
-    from .verify.inputs import run_shapes
+    """Shapes for ``model``'s values by name, symbolic inputs at the verifier's run shapes (the model is
+    not changed)."""
+    from .verify.inputs import symbolic_run_shapes
 
-    symbolic = {v.name for v in model.graph.inputs if any(not isinstance(d, int) for d in (v.shape or ()))}
+    shapes = symbolic_run_shapes(model)
     m = model
-    if symbolic:
+    if shapes:
         m = model.clone()
-        fix(m, normalize({k: v for k, v in run_shapes(m).items() if k in symbolic}))
-    proto = infer_model(m)
-    known = {vi.name for vi in proto.graph.value_info}
-    if any(o.name not in known for n in m.graph for o in n.outputs if o.name):
+        fix(m, normalize(shapes))
+    return _infer(m)
+
+
+def _infer(model: ir.Model) -> onnx.ModelProto:
+    """onnx's shape inference (``infer_model``), and onnxruntime's symbolic inference where onnx's leaves
+    a node output's size open (exported shape arithmetic, a symbolic dimension) and it knows more."""
+    proto = infer_model(model)
+    names = {o.name for n in model.graph for o in n.outputs if o.name}
+    if not names <= _sized_names(proto):
         from .analysis import symbolic_infer
 
-        deeper = symbolic_infer(ir.serde.serialize_model(m))
-        if deeper is not None and len(deeper.graph.value_info) > len(proto.graph.value_info):
+        deeper = symbolic_infer(ir.serde.serialize_model(model))
+        if deeper is not None and len(names & _sized_names(deeper)) > len(names & _sized_names(proto)):
             return deeper
     return proto
+
+
+def _sized_names(proto: onnx.ModelProto) -> set[str]:
+    """The values whose every dimension a shape inference made concrete."""
+    return {vi.name for vi in (*proto.graph.value_info, *proto.graph.output) if vi.type.tensor_type.HasField("shape")
+            and all(d.HasField("dim_value") and d.dim_value >= 0 for d in vi.type.tensor_type.shape.dim)}
 
 
 def without_curve(peak_result: Mapping) -> dict:

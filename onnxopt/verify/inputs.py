@@ -191,6 +191,13 @@ def run_shapes(model: ir.Model, shapes: Mapping[str, Sequence[int]] | None = Non
     return _run_dims(inputs, shapes, given)
 
 
+def symbolic_run_shapes(model: ir.Model) -> dict[str, list[int]]:
+    """:func:`run_shapes` for the inputs with a symbolic dimension only ({} where every input is fixed):
+    the shapes a dynamic model's figures (peak memory, FLOPs) are taken at, as the verifier runs it."""
+    symbolic = {v.name for v in model.graph.inputs if any(not isinstance(d, int) for d in (v.shape or ()))}
+    return {k: v for k, v in run_shapes(model).items() if k in symbolic} if symbolic else {}
+
+
 def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
                 int_ranges: Mapping[str, tuple[int, int]] | None = None, npz: str | os.PathLike | None = None,
                 seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
