@@ -71,16 +71,11 @@ INSTALL_HINT = 'the live view needs Netron: pip install "onnxopt[diff]" (or pip 
 
 def netron_dir() -> Path | None:
     """The folder of the installed netron package's web app, or None when netron is absent."""
-    try:
-        import importlib.util
+    from .io import package_dir
 
-        spec = importlib.util.find_spec("netron")
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    folder = Path(list(spec.submodule_search_locations)[0])
-    return folder if (folder / "index.html").is_file() and (folder / "view.js").is_file() else None
+    folder = package_dir("netron")
+    return folder if folder is not None and (folder / "index.html").is_file() and (folder / "view.js").is_file() \
+        else None
 
 
 def _op_counts(path: str | os.PathLike) -> dict[str, int]:

@@ -504,6 +504,19 @@ def read_checked(source: str | os.PathLike | bytes | bytearray | memoryview, *, 
     return proto, external
 
 
+def package_dir(name: str) -> Path | None:
+    """The folder of an installed package, found without importing it; None when it is absent."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
 def _onnxruntime_build() -> str | None:
     """The installed onnxruntime build, without importing it: its distribution and version, and a
     fingerprint of its build information and native libraries (names and sizes), so that CPU,
@@ -511,15 +524,11 @@ def _onnxruntime_build() -> str | None:
     agrees. None when onnxruntime is not installed."""
     import hashlib
     import importlib.metadata
-    import importlib.util
 
-    try:
-        spec = importlib.util.find_spec("onnxruntime")
-    except (ImportError, ValueError):
+    folder = package_dir("onnxruntime")
+    if folder is None:
         return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    capi = Path(list(spec.submodule_search_locations)[0]) / "capi"
+    capi = folder / "capi"
     for dist in ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino"):
         try:
             version = importlib.metadata.version(dist)
