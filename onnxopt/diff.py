@@ -427,12 +427,7 @@ def _absorb_shape_chains(before: Graph, after: Graph, pairs: dict[str, list[str]
     rewrites: the last of them (in AFTER's order: the rewrite after which the arithmetic had no reader
     left) stands for it too, as a rewrite's provenance records the producers that died with it. Read by
     a node AFTER keeps as it was, it was folded away (removed); chains of constants alone too."""
-    pure = set(before.consts)
-    for n in before.nodes:
-        read = n.inputs[:1] if n.op == ("", "CastLike") else n.inputs
-        if all(not v or v in pure for v in read):
-            pure.update(o for o in n.outputs if o)
-    shaped = _constant_like(before) - pure
+    shaped = _constant_like(before) - _constant_like(before, shapes=False)
     order = {a.key: a.index for a in after.nodes}
     owner: dict[str, set[str]] = collections.defaultdict(set)
     for a, bs in pairs.items():
@@ -695,12 +690,13 @@ def _fork_anchors(before: Graph, after: Graph, bs: set[str], as_: set[str], anch
                 break
 
 
-def _constant_like(g: Graph) -> set[str]:
-    """Values computed from constants and shapes alone (what folding and static shapes remove)."""
+def _constant_like(g: Graph, shapes: bool = True) -> set[str]:
+    """Values computed from constants and shapes alone (what folding and static shapes remove); without
+    ``shapes``, from constants alone."""
     fixed = set(g.consts)
     for n in g.nodes:  # (topological order within a graph)
         read = n.inputs[:1] if n.op == ("", "CastLike") else n.inputs  # (its second input: a type only)
-        if n.op in (("", "Shape"), ("", "Size")) or all(not v or v in fixed for v in read):
+        if (shapes and n.op in (("", "Shape"), ("", "Size"))) or all(not v or v in fixed for v in read):
             fixed.update(o for o in n.outputs if o)
     return fixed
 
