@@ -124,7 +124,7 @@ def _static_shapes(model: ir.Model, nodes: list[ir.Node]) -> dict[str, tuple[int
                 wanted.append(v.name)
     if wanted:
         try:
-            from .passes import infer_model
+            from .shapes import infer_model
 
             proto = infer_model(model)
             for vi in [*proto.graph.value_info, *proto.graph.output, *proto.graph.input]:

@@ -92,6 +92,7 @@ import numpy as np
 import onnx
 
 from .errors import UsageError
+from .shapes import symbolic_infer
 
 FLOPS_CONVENTION = ("FLOPs = 2 x multiply-accumulates; element-wise and other ops per element (see "
                     "onnxopt.analysis); integer ops counted as their float equivalents")
@@ -498,50 +499,6 @@ def _infer(proto: onnx.ModelProto) -> onnx.ModelProto:
         return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
     except Exception:  # (a model shape inference stops on is analyzed with the shapes it declares)
         return proto
-
-
-def symbolic_infer(proto: onnx.ModelProto) -> onnx.ModelProto | None:
-    """onnxruntime's symbolic shape inference, where onnxruntime is installed: it computes the
-    shape arithmetic of exported models (Shape, Gather, Slice of a position table, ...) that
-    onnx's inference leaves unknown; None without it or where it fails."""
-    try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-    except ImportError:
-        return None
-    import contextlib
-    import io as _stdio
-    import logging
-
-    logger = logging.getLogger("onnxruntime")
-    level = logger.level
-    # Weights not loaded become graph inputs of their type and shape: it would read the values of
-    # any initializer an element-wise op takes.
-    copy = onnx.ModelProto()
-    copy.CopyFrom(proto)
-    g = copy.graph
-    kept = [t for t in g.initializer if t.data_location != onnx.TensorProto.EXTERNAL]
-    moved = [t for t in g.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
-    names = {v.name for v in g.input}
-    g.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in moved
-                   if t.name not in names)
-    del g.initializer[:]
-    g.initializer.extend(kept)
-    logger.setLevel(logging.ERROR)
-    try:
-        with contextlib.redirect_stdout(_stdio.StringIO()):
-            # SymbolicShapeInference.infer_shapes's own loop, without its ending: where some shape stays
-            # open it saves "sym_shape_infer_temp.onnx" into the current folder and raises, and the shapes
-            # it did infer are what is wanted here
-            sym = SymbolicShapeInference(2**31 - 1, True, False, 0)
-            sym._preprocess(copy)
-            while sym.run_:
-                sym._infer_impl()
-            sym._update_output_from_vi()
-            return sym.out_mp_
-    except Exception:  # (an onnxruntime whose tool changed, or inference failing outright)
-        return None
-    finally:
-        logger.setLevel(level)
 
 
 def _concrete_counts(proto: onnx.ModelProto) -> _Counts:

@@ -22,7 +22,8 @@ from .liveness import PEAK_KEY
 from .passes import MEMORY
 from .pattern import Rule
 from .report import summary_line
-from .verify.inputs import run_shapes, symbolic_run_shapes
+from .input_shapes import symbolic_run_shapes
+from .verify.inputs import run_shapes
 
 
 @dataclasses.dataclass

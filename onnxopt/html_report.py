@@ -562,7 +562,7 @@ def _run_shapes(path) -> dict:
     import onnx
 
     from . import io
-    from .verify.inputs import symbolic_run_shapes
+    from .input_shapes import symbolic_run_shapes
 
     try:
         model = io.to_ir(onnx.load(str(path), load_external_data=False))

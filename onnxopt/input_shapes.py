@@ -19,11 +19,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from numbers import Integral
 from typing import Union
 
+import onnx
 import onnx_ir as ir
 
-from . import passes
 from .errors import UsageError
-from .shapes import PLACEHOLDER_DIMS
+from .shapes import PLACEHOLDER_DIMS, infer_model
 
 Dim = Union[int, str]
 Shapes = dict[str, tuple[Dim, ...]]
@@ -252,7 +252,7 @@ def _refine(model: ir.Model) -> None:
     if not values:
         return
     try:
-        proto = passes.infer_model(model)
+        proto = infer_model(model)
     except Exception:  # noqa: BLE001 - inference refusing the model: the declared shapes stay as they are
         return
     inferred = {vi.name: vi.type for vi in (*proto.graph.value_info, *proto.graph.output)}
@@ -267,3 +267,75 @@ def _refine(model: ir.Model) -> None:
                 for d, f in zip(value.shape, found)]
         if dims != list(value.shape):
             value.shape = ir.Shape(dims, denotations=_denotations(value, len(dims)))
+
+
+def dims_text(shape) -> str:
+    """A shape as the messages write it: 1x3x224x224, or "scalar"."""
+    return "x".join(map(str, shape)) or "scalar"
+
+
+def check_shape(vi: onnx.ValueInfoProto, shape: list[int], what: str) -> None:
+    """``shape`` has the rank of input ``vi`` and the dimensions it fixes."""
+    tt = vi.type.tensor_type
+    if not tt.HasField("shape"):
+        return
+    if len(shape) != len(tt.shape.dim):
+        raise UsageError(f"{what}: shape {dims_text(shape)} has rank {len(shape)}, the model's input has rank "
+                         f"{len(tt.shape.dim)}")
+    for d, v in zip(tt.shape.dim, shape):
+        if d.HasField("dim_value") and d.dim_value >= 0 and d.dim_value != v:
+            raise UsageError(f"{what}: dimension {v} where the model fixes {d.dim_value}")
+
+
+def run_dims(graph_inputs: Sequence[onnx.ValueInfoProto], shapes: Mapping[str, Sequence[int]],
+              given: Mapping[str, Sequence[int]]) -> dict[str, list[int]]:
+    """The shape each tensor input is run at, for those ``given`` (arrays' shapes, by name) lacks:
+    from ``shapes`` (checked against the input), else its declared dimensions, a named symbol
+    taking the value it has elsewhere (from ``shapes`` or ``given`` first), else 1 on the first
+    axis and 16 on others. An input with no declared shape and none in ``shapes`` is left out."""
+    for name in shapes.keys() & given.keys():
+        if list(shapes[name]) != list(given[name]):
+            raise UsageError(f"input {name!r}: the inputs file gives shape {dims_text(given[name])}, --input-shape "
+                             f"{dims_text(shapes[name])}")
+    tensors = [vi for vi in graph_inputs if vi.type.HasField("tensor_type")]
+    symbols: dict[str, int] = {}
+    for vi in tensors:  # symbols fixed by the shapes the user gave (or the npz arrays)
+        dims = vi.type.tensor_type.shape.dim
+        fixed = shapes.get(vi.name, given.get(vi.name))
+        if fixed is not None and len(fixed) == len(dims):
+            for d, v in zip(dims, fixed):
+                if d.dim_param and d.dim_param not in PLACEHOLDER_DIMS:
+                    symbols.setdefault(d.dim_param, v)
+    out = {}
+    for vi in tensors:
+        if vi.name in given:
+            continue
+        if vi.name in shapes:
+            out[vi.name] = list(shapes[vi.name])
+            check_shape(vi, out[vi.name], f"--input-shape {vi.name}")
+            continue
+        if not vi.type.tensor_type.HasField("shape"):
+            continue
+        shape = []
+        for k, d in enumerate(vi.type.tensor_type.shape.dim):
+            if d.HasField("dim_value") and d.dim_value >= 0:  # (some exporters write -1 for "unknown")
+                shape.append(d.dim_value)
+            elif d.dim_param and d.dim_param in symbols:
+                shape.append(symbols[d.dim_param])
+            else:
+                v = 1 if k == 0 else 16
+                if d.dim_param and d.dim_param not in PLACEHOLDER_DIMS:
+                    symbols[d.dim_param] = v
+                shape.append(v)
+        out[vi.name] = shape
+    return out
+
+
+def symbolic_run_shapes(model: ir.Model) -> dict[str, list[int]]:
+    """``onnxopt.verify.inputs.run_shapes`` for the inputs with a symbolic dimension only ({} where every input is fixed):
+    the shapes a dynamic model's figures (peak memory, FLOPs) are taken at, as the verifier runs it."""
+    symbolic = {v.name for v in model.graph.inputs if any(not isinstance(d, int) for d in (v.shape or ()))}
+    if not symbolic:
+        return {}
+    inputs = [ir.serde.serialize_value(v) for v in model.graph.inputs if not v.is_initializer()]
+    return {k: v for k, v in run_dims(inputs, {}, {}).items() if k in symbolic}

@@ -36,7 +36,7 @@ from . import io
 from .errors import UsageError
 from .input_shapes import fix, normalize
 from .liveness import Liveness, Sizes, onnxruntime_order, plan_shapes, reorder as _reorder, result
-from .passes import infer_model
+from .shapes import infer_model, symbolic_infer
 
 
 def _as_ir(model, input_shapes) -> ir.Model:
@@ -91,10 +91,24 @@ def reorder(model: ir.Model, touched=None) -> int:
     return _reorder(model, _sized)
 
 
+def baseline(model: ir.Model) -> None:
+    """Record ``model``'s peaks (as the pipeline receives it) for the ``memory_recomputation`` pass."""
+    from .recompute import BASELINE_KEY, baseline as _baseline
+
+    model.graph.meta[BASELINE_KEY] = _baseline(model, _sized)
+
+
+def recompute(model: ir.Model, touched=None) -> int:
+    """The ``memory_recomputation`` pass (``onnxopt.recompute``), sized as :func:`reorder` sizes."""
+    from .recompute import recompute as _recompute
+
+    return _recompute(model, _sized)
+
+
 def _sized(model: ir.Model) -> onnx.ModelProto:
     """Shapes for ``model``'s values by name, symbolic inputs at the verifier's run shapes (the model is
     not changed)."""
-    from .verify.inputs import symbolic_run_shapes
+    from .input_shapes import symbolic_run_shapes
 
     shapes = symbolic_run_shapes(model)
     m = model
@@ -110,7 +124,6 @@ def _infer(model: ir.Model) -> onnx.ModelProto:
     proto = infer_model(model)
     names = {o.name for n in model.graph for o in n.outputs if o.name}
     if not names <= _sized_names(proto):
-        from .analysis import symbolic_infer
 
         deeper = symbolic_infer(ir.serde.serialize_model(model))
         if deeper is not None and len(names & _sized_names(deeper)) > len(names & _sized_names(proto)):

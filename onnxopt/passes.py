@@ -37,11 +37,10 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from . import io
 from .irutil import (MERGED_KEY, REPLACED_KEY, RULE_KEY, SOURCES_KEY, can_take_output, inherit_metadata,
                      recorded_sources, redirect)
 from .purity import Purity
-from .shapes import DECLARED, infer, opsets_of
+from .shapes import DECLARED, infer, infer_model, opsets_of
 
 
 def _attr_key(attr: ir.Attr):
@@ -191,32 +190,6 @@ def _digest(data: np.ndarray) -> bytes:
 _LOCAL_LIMIT = 32
 
 
-_INFER_DATA_LIMIT = 1000  # bytes: initializers up to this size keep their data for data propagation
-
-
-def infer_model(model: ir.Model):
-    """onnx's shape inference (data propagation on, strict mode off) over a copy of ``model``
-    serialized without large weights: those are declared as graph inputs of their type and shape
-    instead. An initializer that is also a graph input (a default the caller may override) keeps
-    no data at all, so data propagation never takes its default for a constant. ``model`` itself
-    is left as it was (no shape, type or initializer order changes)."""
-    import onnx
-
-    graph = model.graph
-    inputs = {v.name for v in graph.inputs}
-    detached = [v for v in graph.initializers.values()
-                if v.name in inputs or v.const_value is None or v.const_value.nbytes > _INFER_DATA_LIMIT]
-    with io.detached_initializers(graph, detached):
-        proto = ir.serde.serialize_model(model)
-    for value in detached:
-        tensor = value.const_value
-        if value.name in inputs or tensor is None:
-            continue  # already a declared graph input, or nothing to declare
-        proto.graph.input.append(onnx.helper.make_tensor_value_info(
-            value.name, tensor.dtype.value, [int(d) for d in tensor.shape]))
-    return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
-
-
 def has_dynamic_inputs(model: ir.Model) -> bool:
     """Some graph input has a dimension that is not a fixed number (or an unknown shape)."""
     for value in model.graph.inputs:
@@ -333,6 +306,7 @@ LIFT, DEDUP, CSE, SHAPES = "constant_lifting", "initializer_deduplication", "com
     "shape_completion"
 TRANSPOSES = "transpose_optimization"
 MEMORY = "memory_reordering"
+RECOMPUTE = "memory_recomputation"
 
 
 def _optimize_transposes(model: ir.Model, touched: Touched | None = None) -> int:
@@ -342,9 +316,15 @@ def _optimize_transposes(model: ir.Model, touched: Touched | None = None) -> int
 
 
 def _reorder_for_memory(model: ir.Model, touched: Touched | None = None) -> int:
-    from .liveness import reorder
+    from .memory import reorder
 
-    return reorder(model, infer_model)
+    return reorder(model)
+
+
+def _recompute_for_memory(model: ir.Model, touched: Touched | None = None) -> int:
+    from .memory import recompute
+
+    return recompute(model)
 
 PASSES = (
     Pass(LIFT, lift_constants, "first",
@@ -362,6 +342,9 @@ PASSES = (
     Pass(MEMORY, _reorder_for_memory, "last",
          "The main graph's nodes reordered (nothing else changes) where that strictly lowers the peak activation "
          "memory (onnxopt.memory).", exact=True),
+    Pass(RECOMPUTE, _recompute_for_memory, "last",
+         "Where the rewrites raised the peak activation memory above the input's, cheap pure nodes whose values "
+         "live across the peak are computed again after it (onnxopt.recompute).", exact=True),
 )
 BY_NAME = {p.name: p for p in PASSES}
 NAMES = tuple(BY_NAME)  # in the order reports and --list-rules show them

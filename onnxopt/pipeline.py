@@ -11,7 +11,8 @@ the whole-graph passes between its rounds, and the final cleanup.
 4. Dead code out, and the shapes the input did not record forgotten (inferred shapes are for the
    rules; written into the output they change what onnxruntime fuses).
 5. The passes of phase "last": memory reordering (the nodes' order only, where that strictly lowers
-   the peak activation memory, ``onnxopt.memory``).
+   the peak activation memory, ``onnxopt.memory``), then memory recomputation (where the peak is still
+   above the input's, recorded before step 1: cheap nodes copied, ``onnxopt.recompute``).
 
 A pass's changes count as rewrites (``max_rewrites``, ``stop_after``); a pass runs whole, so with
 ``stop_after`` it is one step.
@@ -48,8 +49,12 @@ def run(model: ir.Model, rules: Sequence[Rule], *, graph_passes: Iterable[str] =
 
 
 def _run(model, rules, graph_passes, max_rewrites, stop_after, keep_log, options, strict, progress) -> DriverResult:
-    _remove_dead(model)
     chosen = [p for p in passes.PASSES if p.name in set(graph_passes)]
+    if any(p.name == passes.RECOMPUTE for p in chosen):  # (the input's peaks, before anything changes)
+        from .memory import baseline
+
+        baseline(model)
+    _remove_dead(model)
     stats = {p.name: RuleStats() for p in chosen}
     passes.mark_declared(model)
     early, early_log = 0, []

@@ -15,7 +15,7 @@ from . import passes, targets
 from .pattern import Rule
 from .verify import LOW_PRECISION, PROVIDERS, problem_text
 from .verify.compare import short_number
-from .verify.inputs import dims_text
+from .input_shapes import dims_text
 
 
 class Styled(str):

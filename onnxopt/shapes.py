@@ -367,3 +367,73 @@ def placeholder_symbols(graph: ir.Graph | None) -> frozenset:
                     names.add(d.value)
                 seen.add(d.value)
     return frozenset(names)
+
+
+_INFER_DATA_LIMIT = 1000  # bytes: initializers up to this size keep their data for data propagation
+
+
+def infer_model(model: ir.Model):
+    """onnx's shape inference (data propagation on, strict mode off) over a copy of ``model``
+    serialized without large weights: those are declared as graph inputs of their type and shape
+    instead. An initializer that is also a graph input (a default the caller may override) keeps
+    no data at all, so data propagation never takes its default for a constant. ``model`` itself
+    is left as it was (no shape, type or initializer order changes)."""
+    from . import io
+
+    graph = model.graph
+    inputs = {v.name for v in graph.inputs}
+    detached = [v for v in graph.initializers.values()
+                if v.name in inputs or v.const_value is None or v.const_value.nbytes > _INFER_DATA_LIMIT]
+    with io.detached_initializers(graph, detached):
+        proto = ir.serde.serialize_model(model)
+    for value in detached:
+        tensor = value.const_value
+        if value.name in inputs or tensor is None:
+            continue  # already a declared graph input, or nothing to declare
+        proto.graph.input.append(onnx.helper.make_tensor_value_info(
+            value.name, tensor.dtype.value, [int(d) for d in tensor.shape]))
+    return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+
+
+def symbolic_infer(proto: onnx.ModelProto) -> onnx.ModelProto | None:
+    """onnxruntime's symbolic shape inference, where onnxruntime is installed: it computes the
+    shape arithmetic of exported models (Shape, Gather, Slice of a position table, ...) that
+    onnx's inference leaves unknown; None without it or where it fails."""
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    except ImportError:
+        return None
+    import contextlib
+    import io as _stdio
+    import logging
+
+    logger = logging.getLogger("onnxruntime")
+    level = logger.level
+    # Weights not loaded become graph inputs of their type and shape: it would read the values of
+    # any initializer an element-wise op takes.
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    g = copy.graph
+    kept = [t for t in g.initializer if t.data_location != onnx.TensorProto.EXTERNAL]
+    moved = [t for t in g.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    names = {v.name for v in g.input}
+    g.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in moved
+                   if t.name not in names)
+    del g.initializer[:]
+    g.initializer.extend(kept)
+    logger.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(_stdio.StringIO()):
+            # SymbolicShapeInference.infer_shapes's own loop, without its ending: where some shape stays
+            # open it saves "sym_shape_infer_temp.onnx" into the current folder and raises, and the shapes
+            # it did infer are what is wanted here
+            sym = SymbolicShapeInference(2**31 - 1, True, False, 0)
+            sym._preprocess(copy)
+            while sym.run_:
+                sym._infer_impl()
+            sym._update_output_from_vi()
+            return sym.out_mp_
+    except Exception:  # (an onnxruntime whose tool changed, or inference failing outright)
+        return None
+    finally:
+        logger.setLevel(level)

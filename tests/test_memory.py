@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 from conftest import run_ort
 from helpers import feeds_for, init, model, tinfo, zoo_model
 from onnxopt import io, liveness, memory, optimize
-from onnxopt.passes import infer_model
+from onnxopt.shapes import infer_model
 from onnxopt.report import format_memory
 
 F = 4  # bytes of a float32
@@ -232,9 +232,10 @@ def _cse_raises(fixable: bool) -> onnx.ModelProto:
 
 @pytest.mark.parametrize("fixable", [True, False])
 def test_optimize_reports_memory_and_what_happens_when_rewrites_raise_the_peak(fixable):
+    # (the memory_recomputation pass off: what the rewrites alone do; with it, the next test)
     m = _cse_raises(fixable)
     before = memory.peak(m)
-    out, report = optimize(m, return_report=True)
+    out, report = optimize(m, return_report=True, disable=["memory_recomputation"])
     assert report.rules["common_subexpression_elimination"].fired == 1
     mem = report.memory
     assert set(mem) == {"before", "after", "reordered"} and "curve" not in mem["before"]
@@ -261,6 +262,55 @@ def test_optimize_reports_memory_and_what_happens_when_rewrites_raise_the_peak(f
     feeds = feeds_for(m)
     for x, y in zip(run_ort(m, feeds), run_ort(out, feeds)):
         np.testing.assert_allclose(y, x, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fixable", [True, False])
+def test_recomputation_wins_back_what_cse_raised(fixable):
+    # with every pass on, optimize never raises the peak: T1's producer (a Tile of the input) is
+    # copied before T2's reader, so T1 dies at the ReduceMax again; both orders back to the input's
+    m = _cse_raises(fixable)
+    before = memory.peak(m, curve=False)
+    out, report = optimize(m, return_report=True)
+    assert report.rules["common_subexpression_elimination"].fired == 1
+    assert report.rules["memory_recomputation"].fired == 1
+    mem = report.memory
+    assert mem["after"]["peak_bytes"] <= before["peak_bytes"]
+    assert mem["after"]["onnxruntime_peak_bytes"] <= before["onnxruntime_peak_bytes"]
+    assert mem["after"] == memory.peak(out, curve=False)  # the pass's figure is the written model's
+    assert not any("peak activation memory rose" in w for w in report.warnings)
+    assert [n.op_type for n in out.graph.node].count("Tile") == 2
+    copy = next(n for n in out.graph.node if n.name.startswith("tile1_recomputed"))
+    assert list(copy.input) == ["x", "reps"] and "T1" not in [i for n in out.graph.node[2:] for i in n.input]
+    feeds = feeds_for(m)
+    for x, y in zip(run_ort(m, feeds), run_ort(out, feeds)):
+        np.testing.assert_array_equal(y, x)
+    assert out.SerializeToString() == optimize(m).SerializeToString()  # deterministic
+
+
+def test_recomputation_leaves_a_model_whose_peak_did_not_rise():
+    m = _branches()
+    out, report = optimize(m, return_report=True)
+    assert report.rules["memory_recomputation"].fired == 0
+    assert not any("_recomputed" in n.name for n in out.graph.node)
+
+
+@pytest.mark.parametrize("name,copies", [("bert-legacy", 3), ("minilm-legacy", 5)])
+def test_recomputation_on_the_zoo_keeps_outputs_and_never_raises(name, copies, tmp_path):
+    # the legacy BERT exports: CSE shares the attention mask (float) where each layer made its own
+    # from the smaller boolean one; the pass gives every later layer its own again
+    from onnxopt.models import zoo
+
+    path = zoo_model(name, tmp_path)
+    src = onnx.load(str(path))
+    out, report = optimize(src, return_report=True)
+    b, a = report.memory["before"], report.memory["after"]
+    assert a["peak_bytes"] <= b["peak_bytes"] and a["onnxruntime_peak_bytes"] <= b["onnxruntime_peak_bytes"]
+    assert report.rules["memory_recomputation"].fired == copies
+    without = optimize(src, return_report=True, disable=["memory_recomputation"])[1].memory["after"]
+    assert without["peak_bytes"] > b["peak_bytes"] or without["onnxruntime_peak_bytes"] > b["onnxruntime_peak_bytes"]
+    feeds = zoo.get(name).inputs(path)
+    for x, y in zip(run_ort(src, feeds), run_ort(out, feeds)):
+        np.testing.assert_allclose(y, x, rtol=1e-4, atol=1e-5)
 
 
 def test_optimize_without_the_pass_and_report_line():

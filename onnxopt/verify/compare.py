@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 
 from ..errors import UsageError
-from .inputs import dims_text
+from ..input_shapes import dims_text
 
 
 # Default tolerances by output dtype: (rtol, atol); an element passes when

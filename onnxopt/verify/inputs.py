@@ -15,7 +15,7 @@ import onnx_ir as ir
 
 from .. import input_shapes, io
 from ..errors import UsageError
-from ..shapes import PLACEHOLDER_DIMS
+from ..input_shapes import check_shape, dims_text, run_dims
 from .runtime import OrtModel
 
 
@@ -54,11 +54,6 @@ def parse_int_ranges(items: Iterable[str]) -> dict[str, tuple[int, int]]:
     """``NAME=LOW:HIGH`` entries (inclusive, LOW <= HIGH): the values generated for an integer input."""
     return _parse_entries(items, "--int-range", _range_or_none,
                           "NAME=LOW:HIGH with whole numbers, LOW <= HIGH (inclusive), e.g. input_ids=0:30521")
-
-
-def dims_text(shape) -> str:
-    """A shape as the messages write it: 1x3x224x224, or "scalar"."""
-    return "x".join(map(str, shape)) or "scalar"
 
 
 def _gather_bounds(proto: onnx.ModelProto) -> dict[str, int]:
@@ -111,64 +106,7 @@ def _load_npz(path) -> dict[str, np.ndarray]:
                      "...); a single .npy array names no input)")
 
 
-def _check_shape(vi: onnx.ValueInfoProto, shape: list[int], what: str) -> None:
-    """``shape`` has the rank of input ``vi`` and the dimensions it fixes."""
-    tt = vi.type.tensor_type
-    if not tt.HasField("shape"):
-        return
-    if len(shape) != len(tt.shape.dim):
-        raise UsageError(f"{what}: shape {dims_text(shape)} has rank {len(shape)}, the model's input has rank "
-                         f"{len(tt.shape.dim)}")
-    for d, v in zip(tt.shape.dim, shape):
-        if d.HasField("dim_value") and d.dim_value >= 0 and d.dim_value != v:
-            raise UsageError(f"{what}: dimension {v} where the model fixes {d.dim_value}")
-
-
 GENERATED_INPUT_LIMIT = 4 << 30  # bytes: a declared shape that needs more is refused, not allocated
-
-
-def _run_dims(graph_inputs: Sequence[onnx.ValueInfoProto], shapes: Mapping[str, Sequence[int]],
-              given: Mapping[str, Sequence[int]]) -> dict[str, list[int]]:
-    """The shape each tensor input is run at, for those ``given`` (arrays' shapes, by name) lacks:
-    from ``shapes`` (checked against the input), else its declared dimensions, a named symbol
-    taking the value it has elsewhere (from ``shapes`` or ``given`` first), else 1 on the first
-    axis and 16 on others. An input with no declared shape and none in ``shapes`` is left out."""
-    for name in shapes.keys() & given.keys():
-        if list(shapes[name]) != list(given[name]):
-            raise UsageError(f"input {name!r}: the inputs file gives shape {dims_text(given[name])}, --input-shape "
-                             f"{dims_text(shapes[name])}")
-    tensors = [vi for vi in graph_inputs if vi.type.HasField("tensor_type")]
-    symbols: dict[str, int] = {}
-    for vi in tensors:  # symbols fixed by the shapes the user gave (or the npz arrays)
-        dims = vi.type.tensor_type.shape.dim
-        fixed = shapes.get(vi.name, given.get(vi.name))
-        if fixed is not None and len(fixed) == len(dims):
-            for d, v in zip(dims, fixed):
-                if d.dim_param and d.dim_param not in PLACEHOLDER_DIMS:
-                    symbols.setdefault(d.dim_param, v)
-    out = {}
-    for vi in tensors:
-        if vi.name in given:
-            continue
-        if vi.name in shapes:
-            out[vi.name] = list(shapes[vi.name])
-            _check_shape(vi, out[vi.name], f"--input-shape {vi.name}")
-            continue
-        if not vi.type.tensor_type.HasField("shape"):
-            continue
-        shape = []
-        for k, d in enumerate(vi.type.tensor_type.shape.dim):
-            if d.HasField("dim_value") and d.dim_value >= 0:  # (some exporters write -1 for "unknown")
-                shape.append(d.dim_value)
-            elif d.dim_param and d.dim_param in symbols:
-                shape.append(symbols[d.dim_param])
-            else:
-                v = 1 if k == 0 else 16
-                if d.dim_param and d.dim_param not in PLACEHOLDER_DIMS:
-                    symbols[d.dim_param] = v
-                shape.append(v)
-        out[vi.name] = shape
-    return out
 
 
 def run_shapes(model: ir.Model, shapes: Mapping[str, Sequence[int]] | None = None,
@@ -187,15 +125,8 @@ def run_shapes(model: ir.Model, shapes: Mapping[str, Sequence[int]] | None = Non
     given = {k: list(v.shape) for k, v in (_load_npz(npz) if npz is not None else {}).items()}
     for vi in inputs:
         if vi.name in given:
-            _check_shape(vi, given[vi.name], f"input {vi.name!r} in {npz}")
-    return _run_dims(inputs, shapes, given)
-
-
-def symbolic_run_shapes(model: ir.Model) -> dict[str, list[int]]:
-    """:func:`run_shapes` for the inputs with a symbolic dimension only ({} where every input is fixed):
-    the shapes a dynamic model's figures (peak memory, FLOPs) are taken at, as the verifier runs it."""
-    symbolic = {v.name for v in model.graph.inputs if any(not isinstance(d, int) for d in (v.shape or ()))}
-    return {k: v for k, v in run_shapes(model).items() if k in symbolic} if symbolic else {}
+            check_shape(vi, given[vi.name], f"input {vi.name!r} in {npz}")
+    return run_dims(inputs, shapes, given)
 
 
 def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
@@ -224,7 +155,7 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
         extra = sorted(set(given) - known)
         if extra:
             raise UsageError(f"inputs file {npz} has {', '.join(extra)}, which the model does not take")
-    planned = _run_dims(graph_inputs, shapes, {k: list(v.shape) for k, v in given.items()})
+    planned = run_dims(graph_inputs, shapes, {k: list(v.shape) for k, v in given.items()})
     bounds = _gather_bounds(proto)
     if seed < 0:
         raise UsageError(f"seed {seed}: must not be negative")
@@ -240,7 +171,7 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
             arr = given[vi.name]
             if dtype is not None and arr.dtype != dtype:
                 raise UsageError(f"input {vi.name!r} in {npz} is {arr.dtype}, the model takes {np.dtype(dtype)}")
-            _check_shape(vi, list(arr.shape), f"input {vi.name!r} in {npz}")
+            check_shape(vi, list(arr.shape), f"input {vi.name!r} in {npz}")
             feeds[vi.name] = arr
             how[vi.name] = {"source": "npz", "shape": list(arr.shape), "dtype": str(arr.dtype)}
             continue
