@@ -401,7 +401,7 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
         warnings.append(f"precision fp16: the conversion misses the fidelity bounds on the verifier's inputs "
                         f"({fp16.fallback.get('gave_up') or fp16.fallback.get('skipped')})")
     if memory is not None:
-        warnings += _memory_warnings(memory)
+        warnings += _memory_warnings(memory, fp16=fp16 is not None)
     if result.hit_limit:
         warnings.append(f"stopped at the rewrite limit ({result.rewrites} rewrites); the result is valid but "
                         "may not be fully optimized")
@@ -420,9 +420,12 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
     return out, report
 
 
-def _memory_warnings(memory: dict) -> list[str]:
+def _memory_warnings(memory: dict, fp16: bool = False) -> list[str]:
     """A line where the peak activation memory rose, in the nodes' order or in onnxruntime's (not
-    where the input's figure is a lower bound: symbolic sizes the rewrites made known)."""
+    where the input's figure is a lower bound: symbolic sizes the rewrites made known). The rewrites
+    never leave it raised (the memory_recomputation pass); what can is what runs after them: the
+    float16 conversion, whose float32 outputs are made from a float16 copy alive at the same time, and
+    the layout edges."""
     b, a = memory["before"], memory["after"]
     if b["lower_bound"]:
         return []
@@ -432,10 +435,10 @@ def _memory_warnings(memory: dict) -> list[str]:
         return []
     moves = "; ".join(f"in {what} it {'rose' if after > before else 'fell' if after < before else 'stayed'} "
                       f"{before} -> {after} bytes" for what, before, after in sides)
-    reorder = "the reorder pass's order does not win it back" if memory["reordered"] else \
-        "the reorder pass found no order lower in both"
-    return [f"peak activation memory rose ({moves}): rewrites made values live longer or larger, and {reorder}; "
-            f"onnxopt.memory.peak names what is alive at the peak"]
+    why = ("the float16 conversion keeps float32 inputs and outputs: a float32 output is made from its float16 "
+           "copy, both alive at once" if fp16 else "rewrites made values live longer or larger, and neither "
+           "reordering nor recomputation wins it back")
+    return [f"peak activation memory rose ({moves}): {why}; onnxopt.memory.peak names what is alive at the peak"]
 
 
 def _peak(model: ir.Model) -> dict:

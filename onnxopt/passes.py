@@ -339,12 +339,12 @@ PASSES = (
     Pass(TRANSPOSES, _optimize_transposes, "between",
          "Transposes pushed down through layout-agnostic ops where a whole chain lowers the elements they move "
          "(onnxopt.layout_pass).", exact=False),
-    Pass(MEMORY, _reorder_for_memory, "last",
-         "The main graph's nodes reordered (nothing else changes) where that strictly lowers the peak activation "
-         "memory (onnxopt.memory).", exact=True),
     Pass(RECOMPUTE, _recompute_for_memory, "last",
          "Where the rewrites raised the peak activation memory above the input's, cheap pure nodes whose values "
          "live across the peak are computed again after it (onnxopt.recompute).", exact=True),
+    Pass(MEMORY, _reorder_for_memory, "last",
+         "The main graph's nodes reordered (nothing else changes) where that strictly lowers the peak activation "
+         "memory (onnxopt.memory).", exact=True),
 )
 BY_NAME = {p.name: p for p in PASSES}
 NAMES = tuple(BY_NAME)  # in the order reports and --list-rules show them

@@ -10,9 +10,9 @@ the whole-graph passes between its rounds, and the final cleanup.
    the driver again, until neither changes anything.
 4. Dead code out, and the shapes the input did not record forgotten (inferred shapes are for the
    rules; written into the output they change what onnxruntime fuses).
-5. The passes of phase "last": memory reordering (the nodes' order only, where that strictly lowers
-   the peak activation memory, ``onnxopt.memory``), then memory recomputation (where the peak is still
-   above the input's, recorded before step 1: cheap nodes copied, ``onnxopt.recompute``).
+5. The passes of phase "last": memory recomputation (where the peak activation memory is above the
+   input's, recorded before step 1: cheap nodes copied, ``onnxopt.recompute``), then memory reordering
+   (the nodes' order only, where that strictly lowers the peak, ``onnxopt.memory``).
 
 A pass's changes count as rewrites (``max_rewrites``, ``stop_after``); a pass runs whole, so with
 ``stop_after`` it is one step.

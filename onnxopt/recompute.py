@@ -1,21 +1,27 @@
-"""Recomputation where the rewrites raised the peak activation memory: optimize never raises it.
+"""Recomputation where the rewrites raised the peak activation memory: optimize does not leave it raised.
 
 Rewrites can make a value live longer or larger than the input's values did. The plain case is
 common-subexpression elimination: six attention layers each turned a 256-byte boolean mask into
 a 1 KiB float one just before using it; merged, the float mask is made once and stays alive through
-every layer's feed-forward peak (minilm, legacy export: 320,140 -> 320,896 bytes). The
-``memory_recomputation`` pass (the pipeline's last, after ``memory_reordering``) compares the peak
-activation memory of the result with the input's (``memory.peak``'s two figures: liveness over the
-nodes' order, and over the order onnxruntime runs them in with its views and in-place outputs;
-recorded by the pipeline before its first pass, inputs with symbolic dimensions at the verifier's run
-shapes), and where either rose, it recomputes: a value alive across the peak whose producer is a cheap,
-pure, single-output node (elementwise, casts, masks, shape and data movement; no MatMul, Conv or
-reduction) gets a copy of that node for each of its readers after the peak (as each layer made its
-own mask before the merge), placed where both orders run it late (``_copy``). A copy is kept only when the figure that rose falls and neither figure rises above the
-larger of its current value and the input's; the pass repeats (largest value first) until neither is
-above the input's or no copy helps. Results are unchanged (the copy computes what the original does);
-the copies take the original's metadata (its provenance). Where nothing helps, ``optimize``'s report
-still warns of the rise.
+every layer's feed-forward peak (minilm, legacy export: 320,140 -> 320,896 bytes). Another: a graph
+output merged with an early twin is made early and held to the end.
+
+The ``memory_recomputation`` pass (last in the pipeline, before ``memory_reordering``) compares the
+result's peak activation memory with the input's (``memory.peak``'s two figures: liveness over the
+nodes' order, and over the order onnxruntime runs them in with its views and in-place outputs; the
+input's recorded by the pipeline before its first pass, symbolic inputs at the verifier's run shapes),
+and where either rose, it recomputes. A value alive across the peak (made before it, read after it,
+not by it) whose producer is a pure single-output node that is cheap to run again (one pass over its
+data: element-wise, casts, masks, reductions, shape and data movement; not MatMul, Conv, Gemm,
+recurrences, Resize, TopK, ...) gets either a copy of that producer for each reader after the peak
+(as each layer made its own mask before the merge), placed where both orders run it late
+(``_copy``); or, for a graph output, a copy where the producer is for its readers while the producer
+itself (keeping the output's name) moves late. An edit is kept only where it lowers the excess over
+the input's figures (both orders summed); largest values first; the pass repeats until neither figure
+is above the input's or no edit helps (then ``optimize``'s report warns of the rise). Results are
+unchanged (a copy computes what its original does); copies take the original's metadata (its
+provenance). The reordering after it keeps what this wins: it takes an order only where the nodes'
+order falls and onnxruntime's does not rise.
 
 onnxruntime's own common-subexpression elimination (its basic graph optimizations, on by default)
 merges the copies again when it loads the model; the figures here are the model as written (what a
@@ -32,15 +38,12 @@ from .purity import Purity
 
 BASELINE_KEY = "onnxopt.memory.baseline"  # graph.meta (in memory only): the input's peaks, recorded first
 
-# cheap to compute again: one pass over their inputs, no accumulation
-_CHEAP = frozenset({
-    "Abs", "Add", "And", "BitShift", "BitwiseAnd", "BitwiseNot", "BitwiseOr", "BitwiseXor", "Cast", "CastLike",
-    "Ceil", "Clip", "Concat", "ConstantOfShape", "Div", "Equal", "Expand", "Flatten", "Floor", "Greater",
-    "GreaterOrEqual", "Identity", "IsInf", "IsNaN", "Less", "LessOrEqual", "Max", "Min", "Mod", "Mul", "Neg",
-    "Not", "Or", "Range", "Reciprocal", "Relu", "Reshape", "Round", "Shape", "Sign", "Size", "Slice", "Squeeze",
-    "Sub", "Tile", "Transpose", "Unsqueeze", "Where", "Xor", "Gather", "Pad",
+# not cheap to compute again: work beyond one pass over the data (products, convolutions, recurrences)
+_COSTLY = frozenset({
+    "Attention", "Conv", "ConvInteger", "ConvTranspose", "DeformConv", "Einsum", "GRU", "Gemm", "LSTM", "MatMul",
+    "MatMulInteger", "QLinearConv", "QLinearMatMul", "RNN", "NonMaxSuppression", "TopK", "Unique", "NonZero",
+    "RoiAlign", "Resize", "Upsample", "GridSample", "STFT", "DFT", "MelWeightMatrix", "TfIdfVectorizer",
 })
-
 _MAX_TRIES = 256  # copies tried per pass, kept or not (each try is one liveness simulation)
 
 
@@ -84,33 +87,69 @@ def recompute(model: ir.Model, infer) -> int:
     purity = Purity(model)
     names = _names(model)
     made, tries, refused = 0, 0, set()
-    while tries < _MAX_TRIES and (current[0] > limit[0] or current[1] > limit[1]):
+    while tries < _MAX_TRIES and _excess(current, limit):
         which = 0 if current[0] > limit[0] else 1
         order = list(range(len(g.nodes))) if which == 0 else onnxruntime_order(g)
         kept = False
         for value, readers in _candidates(g, order, purity, refused):
-            tries += 1
-            for early in (True, False):
-                copies = [_copy(model, value, reader, names, early) for reader in readers]
+            for edit in _edits(model, g, value, readers, names):
+                tries += 1
+                copies = edit()
                 sizes.copies.update((copy.outputs[0], value) for copy in copies)
                 trial = Liveness(model, sizes)
                 peaks = _peaks(trial)
-                if peaks[which] < current[which] and all(p <= max(c, b) for p, c, b in zip(peaks, current, limit)):
+                if _excess(peaks, limit) < _excess(current, limit):
                     g, current, kept = trial, peaks, True
                     made += len(copies)
                     break
-                for copy in copies:
-                    _undo(model, copy, value)
-            if kept:
+                _undo(model, copies, value)
+            if kept or tries >= _MAX_TRIES:
                 break
             refused.add(value)
-            if tries >= _MAX_TRIES:
-                break
         if not kept:
             break
     if made:
         model.graph.meta[PEAK_KEY] = peak_result(g, range(len(g.nodes)), curve=False)
     return made
+
+
+def _excess(peaks, limit) -> int:
+    """How far the peaks are above the input's, both orders together."""
+    return sum(max(0, p - b) for p, b in zip(peaks, limit))
+
+
+def _edits(model: ir.Model, g: Liveness, value: ir.Value, readers: list[ir.Node], names: set[str]):
+    """The ways to stop ``value`` living across the peak, each a function that makes the change and
+    returns the copies it made: a copy of its producer for each reader after the peak (placed early
+    or just before the reader, ``_copy``); for a graph output, a copy where the producer is for the
+    readers, and the producer itself (which keeps the output's name) moved late: to the end, or
+    before the first node that nothing reads (onnxruntime runs those last-written first)."""
+    if value in g.outputs:
+        node = value.producer()
+        graph = model.graph
+        after = max((g.index[v.producer()] for v in node.inputs
+                     if v is not None and v.producer() is not None and v.producer() in g.index), default=-1)
+        roots = [k for k in range(after + 1, len(g.nodes))
+                 if k != g.index[node] and not any(o.uses() for o in g.nodes[k].outputs)]
+        places = [None] + ([g.nodes[roots[0]]] if roots else [])
+        for place in places:
+            def edit(place=place):
+                users = [use.node for use in value.uses()]
+                copy = _copy(model, value, node, names, False)
+                for user in users:
+                    for k, v in enumerate(user.inputs):
+                        if v is value:
+                            user.replace_input_with(k, copy.outputs[0])
+                graph.remove(node, safe=False)
+                if place is None:
+                    graph.append(node)
+                else:
+                    graph.insert_before(place, node)
+                return [copy]
+            yield edit
+        return
+    for early in (True, False):
+        yield lambda early=early: [_copy(model, value, reader, names, early) for reader in readers]
 
 
 def _candidates(g: Liveness, order: list[int], purity: Purity, refused: set):
@@ -122,10 +161,10 @@ def _candidates(g: Liveness, order: list[int], purity: Purity, refused: set):
     found = []
     for k in order[:step]:
         node = g.nodes[k]
-        if len(node.outputs) != 1 or node.op_type not in _CHEAP or node.domain not in ("", "ai.onnx"):
+        if len(node.outputs) != 1 or node.op_type in _COSTLY or node.domain not in ("", "ai.onnx"):
             continue
         value = node.outputs[0]
-        if value in refused or value in g.outputs or last.get(value, -1) <= step or not g.size.get(value):
+        if value in refused or last.get(value, -1) <= step or not g.size.get(value):
             continue
         if value in at.inputs or any(True for _ in subgraphs(node)) or not purity.mergeable(node):
             continue
@@ -133,7 +172,7 @@ def _candidates(g: Liveness, order: list[int], purity: Purity, refused: set):
         if any(use.node.graph is not g.graph for use in uses):  # (read inside a body: left alone)
             continue
         readers = [use.node for use in uses if pos.get(g.index[use.node], -1) > step]
-        if readers:
+        if readers or value in g.outputs:
             found.append((g.size[value], step - pos[k], value, readers))
     found.sort(key=lambda item: (-item[0], -item[1]))
     for _, _, value, readers in found:
@@ -192,8 +231,17 @@ def _copy(model: ir.Model, value: ir.Value, reader: ir.Node, names: set[str], ea
     return copy
 
 
-def _undo(model: ir.Model, copy: ir.Node, value: ir.Value) -> None:
-    out = copy.outputs[0]
-    for use in list(out.uses()):
-        use.node.replace_input_with(use.idx, value)
-    model.graph.remove(copy, safe=True)
+def _undo(model: ir.Model, copies: list[ir.Node], value: ir.Value) -> None:
+    """Take ``copies`` (of ``value``'s producer) out again, their readers back on ``value``, and the
+    producer back before the first of them where an edit moved it."""
+    graph = model.graph
+    node = value.producer()
+    for copy in copies:
+        out = copy.outputs[0]
+        for use in list(out.uses()):
+            use.node.replace_input_with(use.idx, value)
+    if copies and value.is_graph_output():
+        graph.remove(node, safe=False)
+        graph.insert_before(copies[0], node)
+    for copy in copies:
+        graph.remove(copy, safe=True)
