@@ -31,6 +31,7 @@ from .stats import DriverResult, RuleStats
 from .irutil import gc_paused, remove_unused
 from .pattern import Rule
 from .purity import Purity
+from .recompute import BASELINE_KEY
 
 _MAX_PASS_ROUNDS = 32
 
@@ -107,6 +108,7 @@ def _run(model, rules, graph_passes, max_rewrites, stop_after, keep_log, options
             result.rewrites += n
             if n and keep_log:
                 result.log.append({"pass": p.name, "rewrites": n})
+    model.graph.meta.pop(BASELINE_KEY, None)  # (left where the last passes did not run: the rewrite limit)
     result.rules.update(stats)
     return result
 
