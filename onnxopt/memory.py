@@ -88,7 +88,7 @@ def reorder(model: ir.Model, touched=None) -> int:
     (weights not serialized; onnxruntime's symbolic inference where onnx's leaves sizes open), inputs
     with symbolic dimensions taken at the shapes the verifier runs them at (``run_shapes``: the first
     dimension 1, others 16); returns 1 when the order changed."""
-    return _reorder(model, _sized)
+    return _reorder(model, _sized_once)
 
 
 def baseline(model: ir.Model) -> None:
@@ -102,7 +102,22 @@ def recompute(model: ir.Model, touched=None) -> int:
     """The ``memory_recomputation`` pass (``onnxopt.recompute``), sized as :func:`reorder` sizes."""
     from .recompute import recompute as _recompute
 
-    return _recompute(model, _sized)
+    return _recompute(model, _sized_once)
+
+
+def _sized_once(model: ir.Model) -> onnx.ModelProto:
+    """:func:`_sized`, taken again from ``model.graph.meta`` while the graph's nodes are the same
+    objects in the same order (the two memory passes run back to back: where the first changed
+    nothing, the second needs no second inference). The pipeline drops the entry when it ends."""
+    from .recompute import SIZES_KEY
+
+    seen = tuple(model.graph)
+    cached = model.graph.meta.get(SIZES_KEY)
+    if cached is not None and len(cached[0]) == len(seen) and all(a is b for a, b in zip(cached[0], seen)):
+        return cached[1]
+    proto = _sized(model)
+    model.graph.meta[SIZES_KEY] = (seen, proto)
+    return proto
 
 
 def _sized(model: ir.Model) -> onnx.ModelProto:

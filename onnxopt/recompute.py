@@ -37,6 +37,7 @@ from .liveness import Liveness, Sizes, onnxruntime_order, result as peak_result,
 from .purity import Purity
 
 BASELINE_KEY = "onnxopt.memory.baseline"  # graph.meta (in memory only): the input's peaks, recorded first
+SIZES_KEY = "onnxopt.memory.sizes"  # graph.meta (in memory only): the memory passes' last inference, and its nodes
 
 # not cheap to compute again: work beyond one pass over the data (products, convolutions, recurrences)
 _COSTLY = frozenset({

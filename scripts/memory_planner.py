@@ -1,0 +1,136 @@
+"""What fixing the input shapes does to onnxruntime's memory, apart from what onnxopt's rewrites do.
+
+    python scripts/memory_planner.py [--models NAME ...] [--out scripts/results/memory/planner.json]
+
+With every shape known when the session is made, onnxruntime's allocation planner gives a new value a
+released buffer of the same shape and holds that buffer from its release to the new value's end (with
+the memory arena off, plain liveness would have freed it); with the arena on, the arena keeps what the
+first run took. So ``optimize(..., input_shapes=...)`` can show more memory than the dynamic input
+did, and the question is which part the rewrites made. Each zoo model, fed its zoo inputs, four ways:
+
+- ``input``: the model as given (dynamic);
+- ``shapes fixed``: ``optimize(rules=[], graph_passes=[], input_shapes=...)``: the same graph with its
+  inputs fixed to the feeds' shapes, no rewrite;
+- ``optimized, fixed``: ``optimize(input_shapes=...)``;
+- ``optimized, dynamic``: ``optimize()``, shapes left as they are.
+
+under three session settings: onnxruntime's defaults (arena and memory pattern on, all graph
+optimizations), the arena and pattern off with graph optimizations on, and everything off (what
+``scripts/memory_check.py`` compares with the estimate). Measured as memory_check.py measures (a fresh
+subprocess, one thread, glibc's mmap threshold at 64 KiB and trim at 0, the kernel's resident
+high-water mark reset before each run): the growth of the peak resident set over the first run
+(what the arena takes) and over the third (steady state).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+OUT = ROOT / "scripts" / "results" / "memory" / "planner.json"
+MODELS = ["bert-legacy", "bert-dynamo", "minilm-legacy", "minilm-dynamo", "gpt2-legacy", "resnet50-legacy"]
+SETTINGS = {"defaults": (True, True, True), "arena and pattern off": (False, False, True),
+            "all off": (False, False, False)}
+MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
+
+
+def _status() -> dict[str, int]:
+    out = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            out[key] = int(rest.split()[0]) * 1024
+    return out
+
+
+def child(model: str, feeds_path: str, setting: str) -> list[int]:
+    """In the subprocess: the peak resident growth over each of three runs."""
+    import numpy as np
+    import onnxruntime as ort
+
+    arena, pattern, optimized = SETTINGS[setting]
+    so = ort.SessionOptions()
+    so.enable_cpu_mem_arena = arena
+    so.enable_mem_pattern = pattern
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimized
+                                   else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    with np.load(feeds_path) as data:
+        feeds = {k: np.ascontiguousarray(data[k]) for k in data.files}
+    growth = []
+    for _ in range(3):
+        Path("/proc/self/clear_refs").write_text("5")
+        before = _status()
+        outs = sess.run(None, feeds)
+        growth.append(_status()["VmHWM"] - before["VmRSS"])
+        del outs
+    return growth
+
+
+def measure(model: Path, feeds_path: Path, setting: str) -> dict:
+    proc = subprocess.run([sys.executable, __file__, "--child", str(model), str(feeds_path), setting],
+                          capture_output=True, text=True, env={**os.environ, **MALLOC}, timeout=600)
+    if proc.returncode:
+        return {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
+    first, _, third = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {"first_run": first, "steady": third}
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--child":
+        print(json.dumps(child(*sys.argv[2:5])))
+        return 0
+    import numpy as np
+
+    from onnxopt import optimize
+    from onnxopt.models import zoo
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="+", default=MODELS)
+    p.add_argument("--out", type=Path, default=OUT)
+    args = p.parse_args(argv)
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models:
+            spec = zoo.get(name)
+            src = spec.path()
+            if not src.exists():
+                print(f"{name:<18} not built", flush=True)
+                continue
+            feeds = spec.inputs(src)
+            shapes = {k: list(v.shape) for k, v in feeds.items()}
+            feeds_path = Path(tmp) / f"{name}.npz"
+            np.savez(feeds_path, **feeds)
+            variants = {"input": src}
+            for label, kwargs in (("shapes fixed", {"input_shapes": shapes, "rules": [], "graph_passes": []}),
+                                  ("optimized, fixed", {"input_shapes": shapes}), ("optimized, dynamic", {})):
+                path = Path(tmp) / f"{name}.{len(variants)}.onnx"
+                optimize(str(src), output=str(path), **kwargs)
+                variants[label] = path
+            row = {"shapes": shapes}
+            for setting in SETTINGS:
+                row[setting] = {label: measure(path, feeds_path, setting) for label, path in variants.items()}
+                print(f"{name:<18} {setting:<22} " + "  ".join(
+                    f"{label}: {m.get('first_run', 0) / 2**20:6.2f}/{m.get('steady', 0) / 2**20:6.2f}"
+                    for label, m in row[setting].items()), flush=True)
+            rows[name] = row
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"method": __doc__.split("\n\n", 2)[2].strip(), "unit": "bytes",
+                                    "models": rows}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
