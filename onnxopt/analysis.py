@@ -55,7 +55,9 @@ of subgraphs (If, Loop, Scan bodies), which are not entered.
 
 Bytes: a node reads each of its inputs once (weights included; ``weight_bytes`` is the part that
 is initializers) and writes each of its outputs once: the traffic of an unfused, uncached run,
-what a roofline's memory side needs.
+what a roofline's memory side needs. Except where an op reads only part of its first input: a
+Gather, GatherElements or GatherND reads of its data the elements it gathers (as many bytes as it
+writes, not the whole embedding table), a Slice its slice; Shape and Size read none of the data.
 
 Symbolic dimensions: a dimension that is a symbol (``batch``, ``sequence``) and not fixed by
 ``input_shapes`` (the ``--input-shape`` grammar of every command, ``onnxopt.input_shapes``) stays
@@ -698,6 +700,11 @@ def _op_name(node: onnx.NodeProto) -> str:
     return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
 
 
+# ops that read only part of their first input: as many bytes as they write, or none of its data
+_PARTIAL_READ = {"Gather": "written", "GatherElements": "written", "GatherND": "written", "Slice": "written",
+                 "Shape": "none", "Size": "none"}
+
+
 class _Counts:
     """Per node of one shape-inferred graph: FLOPs, bytes read, bytes written, weight bytes
     (polynomials), the compute dtype, whether every shape was known; and the op types not counted."""
@@ -750,16 +757,22 @@ class _Counts:
         if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
             self.uncounted.add(op)
         read, written, wbytes = Poly.of(0), Poly.of(0), Poly.of(0)
-        for name in node.input:
-            b = nbytes(name)
-            known = known and not (name and b is None)
-            read = read + (b or 0)
-            if name in self.weights:
-                wbytes = wbytes + (b or 0)
         for name in node.output:
             b = nbytes(name)
             known = known and not (name and b is None)
             written = written + (b or 0)
+        part = _PARTIAL_READ.get(op) if node.domain in ("", "ai.onnx") else None
+        for k, name in enumerate(node.input):
+            b = nbytes(name)
+            known = known and not (name and b is None)
+            if part is not None and k == 0 and b is not None:
+                # (only what it takes: the rows a Gather gathers, a Slice's slice; a Shape reads no data)
+                b = 0 if part == "none" else nbytes(node.output[0])
+                if b is None:
+                    known = False
+            read = read + (b or 0)
+            if name in self.weights:
+                wbytes = wbytes + (b or 0)
         dtype = next((_dtype_name(types[n][0]) for n in [*node.input, *node.output]
                       if n in types and types[n][0] and n not in self.weights), None)
         return [flops, read, written, wbytes, dtype, known]

@@ -187,6 +187,23 @@ def test_an_op_not_in_the_table_is_listed_as_uncounted():
     assert r["uncounted_op_types"] == ["Hardmax"] and r["flops"] == 0
 
 
+def test_partial_readers_read_what_they_take():
+    # a Gather of 16 rows from a 1000 x 64 table reads 16 rows (and its indices), not the table;
+    # a Slice reads its slice; a Shape reads none of the data
+    table = init("table", np.zeros((1000, 64), np.float32))
+    node = helper.make_node("Gather", ["table", "ids"], ["y"])
+    n = flops_of(one_node(node, [tinfo("ids", [16], TensorProto.INT64)], [tinfo("y", None)], [table]))
+    assert n["bytes_read"] == 16 * 64 * F32 + 16 * 8 and n["bytes_written"] == 16 * 64 * F32
+    assert n["weight_bytes"] == 16 * 64 * F32  # (the rows read, of the weights)
+    starts, ends = init("starts", np.array([0], np.int64)), init("ends", np.array([10], np.int64))
+    node = helper.make_node("Slice", ["x", "starts", "ends"], ["y"])
+    n = flops_of(one_node(node, [tinfo("x", [100, 4])], [tinfo("y", None)], [starts, ends]))
+    assert n["bytes_read"] == 10 * 4 * F32 + 16 and n["bytes_written"] == 10 * 4 * F32
+    node = helper.make_node("Shape", ["x"], ["y"])
+    n = flops_of(one_node(node, [tinfo("x", [100, 4])], [tinfo("y", None)]))
+    assert n["bytes_read"] == 0 and n["bytes_written"] == 2 * 8
+
+
 # ---------------------------------------------------------------------------------------------
 # the whole report; symbolic dimensions
 
