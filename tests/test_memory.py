@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from conftest import run_ort
-from helpers import feeds_for, init, model, tinfo, zoo_model
+from helpers import feeds_for, init, load_script, model, tinfo, zoo_model
 from onnxopt import io, liveness, memory, optimize
 from onnxopt.passes import infer_model
 from onnxopt.report import format_memory
@@ -321,3 +321,119 @@ def test_the_report_sizes_a_dynamic_model_at_the_verifiers_shapes():
         m = report.memory[side]
         assert m["at"] == {"input_ids": [1, 16], "attention_mask": [1, 16], "token_type_ids": [1, 16]}
         assert not m["unknown"] and not m["lower_bound"] and m["peak_bytes"] > 100_000
+
+
+def _profiled_ops(proto: onnx.ModelProto) -> list[str]:
+    """The ops onnxruntime's CPU session runs, in its order (its profile; graph optimizations off)."""
+    import tempfile
+
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.enable_profiling = True
+    with tempfile.TemporaryDirectory() as tmp:
+        so.profile_file_prefix = f"{tmp}/profile"
+        sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        sess.run(None, feeds_for(proto))
+        with open(sess.end_profiling()) as f:
+            events = json.load(f)
+    return [e["args"]["op_name"] for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+
+
+def test_onnxruntime_inlines_a_function_op_without_a_cpu_kernel():
+    # onnxruntime has no CPU kernel for HardSwish (opset 14+): its session runs x * HardSigmoid(x), so
+    # the HardSigmoid's value s is allocated besides a and h. x -> Neg a -> HardSwish h -> Neg y.
+    m = model([helper.make_node("Neg", ["x"], ["a"]), helper.make_node("HardSwish", ["a"], ["h"], name="hs"),
+               helper.make_node("Neg", ["h"], ["y"])], [tinfo("x", [1000])], [tinfo("y", [1000])], opset=15)
+    assert memory.peak(m)["curve"] == [8000, 12000, 12000]  # the file's graph: one value for the HardSwish
+    ort = memory.peak(m, order="onnxruntime")
+    assert ort["curve"] == [8000, 12000, 16000, 12000]  # Neg, HardSigmoid (x, a, s), Mul (and h), Neg
+    assert ort["peak_bytes"] == 16000 and len(ort["alive_at_peak"]) == 4
+    # the bodies take node numbers after the file's, and of two operands onnxruntime explores the
+    # higher-numbered one first: the HardSwish branch (inlined) runs before the Relu branch, as its
+    # profile shows, where numbering the bodies in the file's place would run the Relu first
+    m2 = model([helper.make_node("HardSwish", ["x"], ["h"]), helper.make_node("Relu", ["x"], ["r"], name="relu"),
+                helper.make_node("Add", ["h", "r"], ["y"], name="add")], [tinfo("x", [1000])], [tinfo("y", [1000])],
+               opset=15)
+    g, late = liveness.onnxruntime_graph(io.to_ir(m2))
+    assert [n.op_type for n in g.graph] == ["HardSigmoid", "Mul", "Relu", "Add"] and late == {0, 1}
+    lv = liveness.Liveness(g, liveness.Sizes(g, infer_model), late=late)
+    modelled = [lv.nodes[i].op_type for i in liveness.onnxruntime_order(lv)]
+    assert modelled == ["HardSigmoid", "Mul", "Relu", "Add"]
+    assert [lv.nodes[i].op_type for i in liveness.onnxruntime_order(liveness.Liveness(g, liveness.Sizes(
+        g, infer_model)))] == ["Relu", "HardSigmoid", "Mul", "Add"]  # (numbered in place: the other way)
+    assert _profiled_ops(m2) == modelled
+    # an op with a CPU kernel (HardSigmoid) is not inlined: the model comes back as it is
+    plain = io.to_ir(model([helper.make_node("HardSigmoid", ["x"], ["y"])], [tinfo("x", [4])], [tinfo("y", [4])]))
+    assert liveness.onnxruntime_graph(plain) == (plain, frozenset())
+
+
+def test_where_kernel_working_memory():
+    # onnxruntime's CPU Where selects X and Y in two broadcasts before it merges them: X_selection has the
+    # shape of the condition broadcast with X ([1, 100] here: 400 bytes), Y_selection that of the
+    # condition broadcast with Y ([10, 100]: 4000), both alive with the output ([10, 100]: 4000)
+    m = model([helper.make_node("IsNaN", ["c"], ["cond"]), helper.make_node("Where", ["cond", "x", "y"], ["w"])],
+              [tinfo("c", [1, 100]), tinfo("x", [1, 1]), tinfo("y", [10, 100])], [tinfo("w", [10, 100])])
+    inputs = 400 + 4 + 4000
+    plain = memory.peak(m)
+    assert plain["peak_bytes"] == inputs + 100 + 4000  # (liveness of the graph's values only)
+    ort = memory.peak(m, order="onnxruntime")
+    assert ort["peak_bytes"] == inputs + 100 + 4000 + 400 + 4000
+    assert ["Where (kernel working memory)", 4400] in ort["alive_at_peak"]
+    assert ort["onnxruntime_peak_bytes"] == ort["peak_bytes"] == plain["onnxruntime_peak_bytes"]
+
+
+def test_onnxruntime_planner_shapes_decide_in_place_and_constants_are_weights():
+    # A Relu runs in place only where onnxruntime's planner knows its input's and output's shapes the
+    # same (FindReusableInput's SameSize): x declared of unknown size and fixed by input_shapes, it
+    # knows neither, and the Relu allocates
+    def chain(x_shape):
+        return model([helper.make_node("Neg", ["x"], ["a"]), helper.make_node("Relu", ["a"], ["r"]),
+                      helper.make_node("Neg", ["r"], ["y"])], [helper.make_tensor_value_info(
+                          "x", TensorProto.FLOAT, x_shape)], [tinfo("y", [1000])])
+
+    assert memory.peak(chain([1000]), order="onnxruntime")["curve"] == [8000, 8000, 12000]
+    unknown = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1000])
+    unknown.type.tensor_type.shape.dim[0].Clear()
+    m = model(chain([1000]).graph.node, [unknown], [tinfo("y", [1000])])
+    assert memory.peak(m, {"x": [1000]}, order="onnxruntime")["curve"] == [8000, 12000, 12000]
+    # a name onnx's inference invents for a dimension (a Reshape to a shape computed at run time) is no
+    # name to the planner; a declared one is
+    m = model([helper.make_node("Neg", ["x"], ["a"]), helper.make_node("Shape", ["x"], ["s"]),
+               helper.make_node("Reshape", ["a", "s"], ["r"]), helper.make_node("Neg", ["r"], ["y"])],
+              [tinfo("x", ["N"])], [tinfo("y", ["N"])])
+    planned = liveness.plan_shapes(m)
+    assert planned["a"] == (32, ("N",)) and "r" not in planned
+    # a Constant node's value is a weight to onnxruntime (an initializer once loaded), not an activation
+    c = helper.make_node("Constant", [], ["c"], value=helper.make_tensor("v", TensorProto.FLOAT, [1000], [1.0] * 1000))
+    m = model([c, helper.make_node("Add", ["x", "c"], ["y"])], [tinfo("x", [1000])], [tinfo("y", [1000])])
+    assert memory.peak(m)["curve"] == [8000, 12000]
+    assert memory.peak(m, order="onnxruntime")["curve"] == [4000, 8000]
+
+
+def test_estimate_against_a_measured_onnxruntime_run(tmp_path):
+    """One real run (scripts/memory_check.py's measurement: a fresh process, arena and memory pattern
+    off, the peak resident growth) of a graph where the rules above decide the figure: a HardSwish
+    onnxruntime inlines and a Where with its two selections, 1 MiB values."""
+    import os
+
+    if not os.access("/proc/self/clear_refs", os.W_OK):
+        pytest.skip("needs Linux's /proc/self/clear_refs to reset the peak resident size")
+    check = load_script("memory_check.py")
+    n = [256, 1024]
+    m = model([helper.make_node("Neg", ["x"], ["a"]), helper.make_node("HardSwish", ["a"], ["h"]),
+               helper.make_node("IsNaN", ["h"], ["nan"]), helper.make_node("Where", ["nan", "x", "h"], ["w"]),
+               helper.make_node("ReduceSum", ["w"], ["y"], keepdims=0)], [tinfo("x", n)], [tinfo("y", [])], opset=15)
+    path, feeds = tmp_path / "m.onnx", tmp_path / "feeds.npz"
+    onnx.save(m, path)
+    np.savez(feeds, x=np.random.default_rng(0).standard_normal(n).astype(np.float32))
+    est = memory.peak(m, order="onnxruntime")
+    expected = est["peak_bytes"] - est["inputs_bytes"]
+    mib = 1 << 20
+    # at the Where: h, the condition (0.25 MiB), the output (in the HardSigmoid's released buffer) and
+    # both selections (1 MiB each); liveness of the file's values alone says h, the condition and w
+    assert expected == 4 * mib + mib // 4
+    assert memory.peak(m)["peak_bytes"] - est["inputs_bytes"] == 2 * mib + mib // 4
+    growth = check.measure(path, feeds, "disabled")["growth"]
+    assert abs(growth / expected - 1) < 0.1, (growth, expected)
