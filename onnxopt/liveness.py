@@ -143,18 +143,16 @@ def _inlined_ops(model: ir.Model) -> list[str]:
     for op, domain, lo, hi, provider, _ in kernels:
         if domain == "" and provider == "CPUExecutionProvider":
             cpu.setdefault(op, []).append((lo, hi))
-    ops = set()
-    for node in model.graph.all_nodes():
-        if node.domain not in ("", "ai.onnx") or node.op_type in ops:
-            continue
+    ops = []
+    for op in sorted({n.op_type for n in model.graph.all_nodes() if n.domain in ("", "ai.onnx")}):
         try:
-            schema = onnx.defs.get_schema(node.op_type, opset, "")
+            schema = onnx.defs.get_schema(op, opset, "")
         except onnx.defs.SchemaError:
             continue
         if (schema.has_function or schema.has_context_dependent_function) and not any(
-                lo <= schema.since_version <= hi for lo, hi in cpu.get(node.op_type, ())):
-            ops.add(node.op_type)
-    return sorted(ops)
+                lo <= schema.since_version <= hi for lo, hi in cpu.get(op, ())):
+            ops.append(op)
+    return ops
 
 
 def onnxruntime_graph(model: ir.Model) -> tuple[ir.Model, frozenset[int]]:

@@ -341,7 +341,17 @@ def _profiled_ops(proto: onnx.ModelProto) -> list[str]:
     return [e["args"]["op_name"] for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
 
 
+def _without_cpu_hardswish():
+    from onnxopt.kernels import kernel_defs
+
+    kernels = kernel_defs()
+    if kernels is None or any(op == "HardSwish" and domain == "" and provider == "CPUExecutionProvider"
+                              and lo <= 14 <= hi for op, domain, lo, hi, provider, _ in kernels):
+        pytest.skip("this onnxruntime registers a CPU HardSwish kernel (or cannot list its kernels)")
+
+
 def test_onnxruntime_inlines_a_function_op_without_a_cpu_kernel():
+    _without_cpu_hardswish()
     # onnxruntime has no CPU kernel for HardSwish (opset 14+): its session runs x * HardSigmoid(x), so
     # the HardSigmoid's value s is allocated besides a and h. x -> Neg a -> HardSwish h -> Neg y.
     m = model([helper.make_node("Neg", ["x"], ["a"]), helper.make_node("HardSwish", ["a"], ["h"], name="hs"),
@@ -420,6 +430,7 @@ def test_estimate_against_a_measured_onnxruntime_run(tmp_path):
 
     if not os.access("/proc/self/clear_refs", os.W_OK):
         pytest.skip("needs Linux's /proc/self/clear_refs to reset the peak resident size")
+    _without_cpu_hardswish()
     check = load_script("memory_check.py")
     n = [256, 1024]
     m = model([helper.make_node("Neg", ["x"], ["a"]), helper.make_node("HardSwish", ["a"], ["h"]),
@@ -437,3 +448,48 @@ def test_estimate_against_a_measured_onnxruntime_run(tmp_path):
     assert memory.peak(m)["peak_bytes"] - est["inputs_bytes"] == 2 * mib + mib // 4
     growth = check.measure(path, feeds, "disabled")["growth"]
     assert abs(growth / expected - 1) < 0.1, (growth, expected)
+
+
+def test_memory_trace_parses_strace_and_lines_mappings_up_with_nodes():
+    trace = load_script("memory_trace.py")
+    nodes = [(10.0, 10.5, "w [Where]"), (11.0, 11.2, "r [ReduceSum]")]
+    text = "\n".join([
+        "7 9.000000 mmap(NULL, 8192, PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS, -1, 0) = 0x10",  # (warm-up run)
+        '7 9.500000 write(2, "onnxopt-trace-begin\\n", 20) = 20',
+        "7 10.100000 mmap(NULL, 1052672, PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS, -1, 0) = 0x20",
+        "7 10.200000 mmap(NULL, 1052672, PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS, -1, 0) = 0x30",
+        "7 10.300000 mmap(NULL, 4096, PROT_READ, MAP_PRIVATE, 3, 0) = 0x40",  # a file mapping: not memory
+        "7 10.400000 munmap(0x20, 1052672) = 0",
+        "7 10.700000 munmap(0x30, 1052672) = 0",
+        "7 10.800000 munmap(0x10, 8192) = 0",  # mapped before the run: not counted
+        '7 12.000000 write(2, "onnxopt-trace-end\\n", 18) = 18',
+        "7 12.100000 mmap(NULL, 1052672, PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS, -1, 0) = 0x50",
+    ])
+    events, peak = trace.parse(text, nodes)
+    assert [(e["sign"], e["bytes"], e["total"], e["node"]) for e in events] == [
+        ("+", 1052672, 1052672, "w [Where]"), ("+", 1052672, 2105344, "w [Where]"),
+        ("-", 1052672, 1052672, "w [Where]"), ("-", 1052672, 0, "after w [Where]")]
+    assert peak == 2105344
+
+
+def test_memory_trace_shows_wheres_selections_in_a_real_run(tmp_path):
+    """The Where rule read in where_op.cc, seen in a run: inside the Where node the kernel maps its two
+    selections and its output (1 MiB each) and unmaps the selections before it returns."""
+    import os
+    import shutil
+    import subprocess
+
+    if shutil.which("strace") is None or subprocess.run(["strace", "-o", os.devnull, "true"]).returncode:
+        pytest.skip("needs strace, with ptrace allowed")
+    trace = load_script("memory_trace.py")
+    n = [256, 1024]
+    m = model([helper.make_node("IsNaN", ["x"], ["c"]), helper.make_node("Where", ["c", "x", "x"], ["w"], name="w"),
+               helper.make_node("ReduceSum", ["w"], ["y"], keepdims=0)], [tinfo("x", n)], [tinfo("y", [])])
+    path, feeds = tmp_path / "m.onnx", tmp_path / "feeds.npz"
+    onnx.save(m, path)
+    np.savez(feeds, x=np.ones(n, np.float32))
+    events, peak = trace.trace(path, feeds, "disabled")
+    inside = [(e["sign"], e["bytes"] >> 20) for e in events if e["node"] == "w [Where]"]
+    assert inside == [("+", 1), ("+", 1), ("+", 1), ("-", 1), ("-", 1)]
+    est = memory.peak(m, order="onnxruntime")
+    assert abs(peak / (est["peak_bytes"] - est["inputs_bytes"]) - 1) < 0.05
