@@ -168,12 +168,42 @@ def onnxruntime_graph(model: ir.Model) -> tuple[ir.Model, frozenset[int]]:
     ops = _inlined_ops(model)
     if not ops:
         return model, frozenset()
-    kept = {n.outputs[0].name for n in model.graph if n.outputs and n.op_type not in ops}
-    proto = onnx.inliner.inline_selected_functions(ir.serde.serialize_model(model), [("", op) for op in ops],
-                                                    inline_schema_functions=True)
+    def replaced(node: ir.Node) -> bool:
+        return node.domain in ("", "ai.onnx") and node.op_type in ops
+
+    proto = onnx.inliner.inline_selected_functions(
+        ir.serde.serialize_model(model), [(domain, op) for op in ops for domain in ("", "ai.onnx")],
+        inline_schema_functions=True)
     inlined = to_ir(proto, copy=False)
+    kept = {n.outputs[0].name for n in model.graph if n.outputs and not replaced(n)}
     late = frozenset(i for i, n in enumerate(inlined.graph) if not (n.outputs and n.outputs[0].name in kept))
+    _name_bodies(list(model.graph), list(inlined.graph), replaced)
     return inlined, late
+
+
+def _name_bodies(nodes: list[ir.Node], expanded: list[ir.Node], replaced) -> None:
+    """Name the unnamed nodes of each inlined body after the node they replace ("hs/Mul"): the
+    inliner writes each body in its node's place, a body ending where its node's outputs are all
+    produced. Stops at the first place the two lists do not line up so."""
+    j = 0
+    for node in nodes:
+        if not replaced(node):
+            if j >= len(expanded) or [o.name for o in expanded[j].outputs] != [o.name for o in node.outputs]:
+                return
+            j += 1
+            continue
+        wanted = {o.name for o in node.outputs if o.name}
+        label, taken = node.name or node.op_type, set()
+        while wanted and j < len(expanded):
+            body = expanded[j]
+            j += 1
+            if not body.name:
+                name, k = f"{label}/{body.op_type}", 1
+                while name in taken:
+                    name, k = f"{label}/{body.op_type}_{k}", k + 1
+                body.name = name
+                taken.add(name)
+            wanted -= {o.name for o in body.outputs}
 
 
 def _body_nodes(node: ir.Node):

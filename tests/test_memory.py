@@ -360,6 +360,7 @@ def test_onnxruntime_inlines_a_function_op_without_a_cpu_kernel():
     ort = memory.peak(m, order="onnxruntime")
     assert ort["curve"] == [8000, 12000, 16000, 12000]  # Neg, HardSigmoid (x, a, s), Mul (and h), Neg
     assert ort["peak_bytes"] == 16000 and len(ort["alive_at_peak"]) == 4
+    assert ort["peak_at"] == {"index": 2, "name": "hs/Mul"}  # (the body's nodes named after the HardSwish)
     # the bodies take node numbers after the file's, and of two operands onnxruntime explores the
     # higher-numbered one first: the HardSwish branch (inlined) runs before the Relu branch, as its
     # profile shows, where numbering the bodies in the file's place would run the Relu first
