@@ -19,10 +19,12 @@ from .kernels import kernel_defs
 
 _UNKNOWN = None
 # onnxruntime's CPU kernels whose output is a view of input 0 (KernelDefBuilder().Alias(0, 0)), and
-# those that may write output 0 into input 0's buffer (MayInplace(0, 0)): the unary activations
+# those that may write output 0 into input 0's buffer (MayInplace(0, 0)): the unary activations, and
+# Softmax and LogSoftmax of float (softmax.cc; its double kernels do not)
 _VIEWS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
 _IN_PLACE = frozenset({"Relu", "LeakyRelu", "Sigmoid", "Tanh", "Clip", "Elu", "Selu", "HardSigmoid", "Softplus",
-                       "Softsign", "ThresholdedRelu"})
+                       "Softsign", "ThresholdedRelu", "Softmax", "LogSoftmax"})
+_IN_PLACE_FLOAT_ONLY = frozenset({"Softmax", "LogSoftmax"})
 
 
 def _bytes_of(dtype: int, dims) -> int | None:
@@ -70,6 +72,11 @@ class Sizes:
                         inferred.setdefault(info.name, _proto_dims(info.type))
         self._inferred = inferred
         self._cache: dict[ir.Value, int | None] = {}
+
+    def dtype(self, value: ir.Value) -> int:
+        """``value``'s element type (onnx's number; 0 where unknown)."""
+        dtype = _ir_dims(value)[0]
+        return dtype or self._inferred.get(value.name, (0, None))[0]
 
     def dims(self, value: ir.Value) -> tuple[int, list[int]] | None:
         """(element type, dimensions) of ``value`` where every dimension is a known number, else None."""
@@ -220,30 +227,56 @@ def _body_nodes(node: ir.Node):
                 yield from _body_nodes(inner)
 
 
-def kernel_scratch(node: ir.Node, sizes: Sizes) -> int:
+def _nbytes(dims, bits: int) -> int:
+    return (math.prod(dims) * bits + 7) // 8
+
+
+def kernel_scratch(node: ir.Node, sizes: Sizes, opset: int | None = None) -> int:
     """Bytes onnxruntime's CPU kernel for ``node`` allocates for itself while it runs, alive with the
     node's inputs and outputs (through the kernel's allocator: with the memory arena off, one malloc
-    each, freed before the node returns), where the graph's shapes give them. Where
-    (``where_op.cc``, ``Where<T>::Compute``) broadcasts in two passes before it writes its output:
-    ``UntypedSelect`` allocates X_selection (condition ? X : 0) and Y_selection (condition ? 0 : Y),
-    each of the shape of the condition broadcast with that operand, and ``UntypedMerge`` then
-    allocates the output with both alive. Other kernels: 0 (the CPU Conv's im2col buffer, MLAS's,
-    is at most 64 KiB a thread)."""
-    if node.op_type != "Where" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 3 \
-            or any(v is None for v in node.inputs):
+    each, freed before the node returns), where the graph's shapes give them (``opset``: the
+    model's ONNX opset, for a node that does not name its own):
+
+    - Where (``where_op.cc``, ``Where<T>::Compute``) broadcasts in two passes before it writes its
+      output: ``UntypedSelect`` allocates X_selection (condition ? X : 0) and Y_selection
+      (condition ? 0 : Y), each of the shape of the condition broadcast with that operand, and
+      ``UntypedMerge`` then allocates the output with both alive.
+    - Softmax and LogSoftmax from opset 13 over an axis that is not the last
+      (``softmax.cc``, ``ComputeImplOpset13``) transpose that axis last into a temporary of the
+      input's size and compute into a second before transposing back into the output.
+    - ConvTranspose (``conv_transpose.cc``, ``DoConvTranspose``) computes each image's columns into
+      a buffer of (output channels / group) x kernel size x input image size elements.
+
+    Other kernels: 0 (the CPU Conv's im2col buffer, MLAS's, is at most 64 KiB a thread)."""
+    if node.domain not in ("", "ai.onnx") or not node.inputs or node.inputs[0] is None:
         return 0
-    cond, x, y = (sizes.dims(v) for v in node.inputs)
-    if cond is None or x is None or y is None:
-        return 0
-    bits = ir.DataType(x[0]).bitwidth
-    total = 0
-    for operand in (x, y):
-        try:
-            shape = np.broadcast_shapes(tuple(cond[1]), tuple(operand[1]))
-        except ValueError:  # (shapes that do not broadcast: the session would refuse the model)
+    op = node.op_type
+    if op == "Where" and len(node.inputs) == 3 and all(v is not None for v in node.inputs):
+        cond, x, y = (sizes.dims(v) for v in node.inputs)
+        if cond is None or x is None or y is None:
             return 0
-        total += (math.prod(shape) * bits + 7) // 8
-    return total
+        bits = ir.DataType(x[0]).bitwidth
+        total = 0
+        for operand in (x, y):
+            try:
+                total += _nbytes(np.broadcast_shapes(tuple(cond[1]), tuple(operand[1])), bits)
+            except ValueError:  # (shapes that do not broadcast: the session would refuse the model)
+                return 0
+        return total
+    if op in ("Softmax", "LogSoftmax"):
+        x = sizes.dims(node.inputs[0])
+        version = node.version or opset
+        if x is None or not x[1] or version is None or version < 13:
+            return 0
+        axis = node.attributes.get_int("axis", -1)
+        rank = len(x[1])
+        return 0 if axis % rank == rank - 1 else 2 * _nbytes(x[1], ir.DataType(x[0]).bitwidth)
+    if op == "ConvTranspose" and len(node.inputs) >= 2 and node.inputs[1] is not None:
+        x, w = sizes.dims(node.inputs[0]), sizes.dims(node.inputs[1])
+        if x is None or w is None or len(x[1]) < 3 or len(w[1]) != len(x[1]):
+            return 0
+        return _nbytes([w[1][1], *w[1][2:], *x[1][2:]], ir.DataType(x[0]).bitwidth)
+    return 0
 
 
 class Liveness:
@@ -287,7 +320,11 @@ class Liveness:
         self.outputs = {v for v in graph.outputs}
         self.reads: list[list[ir.Value]] = []
         self.extra: list[int] = []
-        self.scratch = [kernel_scratch(node, sizes) for node in self.nodes]
+        opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
+        self.scratch = [kernel_scratch(node, sizes, opset) for node in self.nodes]
+        self.float_input = {node for node in self.nodes if node.op_type in _IN_PLACE_FLOAT_ONLY and node.inputs
+                            and node.inputs[0] is not None
+                            and sizes.dtype(node.inputs[0]) == ir.DataType.FLOAT.value}
         for node in self.nodes:
             for o in node.outputs:
                 s = sizes(o)
@@ -374,6 +411,7 @@ class Liveness:
                 if node.op_type in _VIEWS:
                     share = buffer.get(first, "input")
                 elif node.op_type in _IN_PLACE and first in buffer and ends[buffer[first]] == step \
+                        and (node.op_type not in _IN_PLACE_FLOAT_ONLY or node in self.float_input) \
                         and first not in self.outputs and (
                             self.size.get(first) == self.size[out] if self.planned is None
                             else self.planned.get(first.name) is not None

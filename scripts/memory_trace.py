@@ -32,7 +32,7 @@ if str(ROOT) not in sys.path:
 
 MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
 _BEGIN, _END = b"onnxopt-trace-begin\n", b"onnxopt-trace-end\n"
-_CALL = re.compile(r"^\d+ (\d+\.\d+) (mmap|munmap)\((.*)\) += (\S+)")
+_CALL = re.compile(r"^\d+\s+(\d+\.\d+) (mmap|munmap)\((.*)\) += (\S+)")  # (strace pads a short pid)
 
 
 def child(model: str, feeds_path: str, level: str, prefix: str) -> dict:

@@ -395,6 +395,28 @@ def test_where_kernel_working_memory():
     assert ort["onnxruntime_peak_bytes"] == ort["peak_bytes"] == plain["onnxruntime_peak_bytes"]
 
 
+def test_softmax_and_conv_transpose_kernel_working_memory():
+    # Softmax (opset 13+) over an axis that is not the last: the input transposed, and the result before it
+    # is transposed back, two temporaries of the input's size; over the last axis, none
+    # (x -> Neg a -> Softmax s -> Neg y: the Softmax of float runs in place, in a's buffer)
+    def softmax(axis, opset=17, dtype=TensorProto.FLOAT):
+        return model([helper.make_node("Neg", ["x"], ["a"]), helper.make_node("Softmax", ["a"], ["s"], axis=axis),
+                      helper.make_node("Neg", ["s"], ["y"])], [tinfo("x", [4, 50, 10], dtype)],
+                     [tinfo("y", [4, 50, 10], dtype)], opset=opset)
+
+    for axis, scratch in ((1, 2 * 8000), (-1, 0), (2, 0)):
+        assert memory.peak(softmax(axis), order="onnxruntime")["curve"] == [16000, 16000 + scratch, 24000]
+    # (opset 12: the input seen as 2-D, nothing moved; a double Softmax is not run in place)
+    assert memory.peak(softmax(1, opset=12), order="onnxruntime")["curve"] == [16000, 16000, 24000]
+    assert memory.peak(softmax(-1, dtype=TensorProto.DOUBLE), order="onnxruntime")["curve"] == [32000, 48000, 48000]
+    # ConvTranspose: a column buffer of (output channels / group) x kernel size x input image size elements
+    w = init("w", np.ones([6, 4, 3, 3], np.float32))  # 6 input channels, groups of 2: 4 x 2 = 8 output channels
+    m = model([helper.make_node("ConvTranspose", ["x", "w"], ["y"], group=2, strides=[2, 2])],
+              [tinfo("x", [1, 6, 5, 5])], [tinfo("y", [1, 8, 11, 11])], [w])
+    r = memory.peak(m, order="onnxruntime")
+    assert r["peak_bytes"] == 6 * 25 * F + 8 * 121 * F + 4 * 9 * 25 * F
+
+
 def test_onnxruntime_planner_shapes_decide_in_place_and_constants_are_weights():
     # A Relu runs in place only where onnxruntime's planner knows its input's and output's shapes the
     # same (FindReusableInput's SameSize): x declared of unknown size and fixed by input_shapes, it
@@ -458,7 +480,7 @@ def test_memory_trace_parses_strace_and_lines_mappings_up_with_nodes():
         "7 9.000000 mmap(NULL, 8192, PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS, -1, 0) = 0x10",  # (warm-up run)
         '7 9.500000 write(2, "onnxopt-trace-begin\\n", 20) = 20',
         "7 10.100000 mmap(NULL, 1052672, PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS, -1, 0) = 0x20",
-        "7 10.200000 mmap(NULL, 1052672, PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS, -1, 0) = 0x30",
+        "7     10.200000 mmap(NULL, 1052672, PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS, -1, 0) = 0x30",
         "7 10.300000 mmap(NULL, 4096, PROT_READ, MAP_PRIVATE, 3, 0) = 0x40",  # a file mapping: not memory
         "7 10.400000 munmap(0x20, 1052672) = 0",
         "7 10.700000 munmap(0x30, 1052672) = 0",
@@ -484,13 +506,26 @@ def test_memory_trace_shows_wheres_selections_in_a_real_run(tmp_path):
         pytest.skip("needs strace, with ptrace allowed")
     trace = load_script("memory_trace.py")
     n = [256, 1024]
+    # then a Softmax over the first axis (its two transposed temporaries; its output in place, in w's
+    # buffer) and a ConvTranspose (its 2 MiB of columns: 2 output channels x 4 x 4 kernel x 128 x 128 input
+    # image x 4 bytes, besides its 0.5 MiB output)
+    w = init("wt", np.ones([16, 2, 4, 4], np.float32))
     m = model([helper.make_node("IsNaN", ["x"], ["c"]), helper.make_node("Where", ["c", "x", "x"], ["w"], name="w"),
-               helper.make_node("ReduceSum", ["w"], ["y"], keepdims=0)], [tinfo("x", n)], [tinfo("y", [])])
+               helper.make_node("Softmax", ["w"], ["s"], axis=0, name="s"),
+               helper.make_node("Reshape", ["s", "shape"], ["r"]),
+               helper.make_node("ConvTranspose", ["r", "wt"], ["t"], strides=[2, 2], pads=[1, 1, 1, 1], name="t"),
+               helper.make_node("ReduceSum", ["t"], ["y"], keepdims=0)], [tinfo("x", n)], [tinfo("y", [])],
+              [w, init("shape", np.array([1, 16, 128, 128], np.int64))])
     path, feeds = tmp_path / "m.onnx", tmp_path / "feeds.npz"
     onnx.save(m, path)
     np.savez(feeds, x=np.ones(n, np.float32))
     events, peak = trace.trace(path, feeds, "disabled")
-    inside = [(e["sign"], e["bytes"] >> 20) for e in events if e["node"] == "w [Where]"]
-    assert inside == [("+", 1), ("+", 1), ("+", 1), ("-", 1), ("-", 1)]
+
+    def inside(node):
+        return [(e["sign"], round(e["bytes"] / 2**20, 1)) for e in events if e["node"] == node]  # (MiB)
+
+    assert inside("w [Where]") == [("+", 1), ("+", 1), ("+", 1), ("-", 1), ("-", 1)]
+    assert inside("s [Softmax]") == [("+", 1), ("+", 1), ("-", 1), ("-", 1)]
+    assert inside("t [ConvTranspose]") == [("+", 0.5), ("+", 2), ("-", 2)]  # (its output: 2 x 256 x 256)
     est = memory.peak(m, order="onnxruntime")
     assert abs(peak / (est["peak_bytes"] - est["inputs_bytes"]) - 1) < 0.05
