@@ -66,9 +66,9 @@ def peak(model, input_shapes=None, *, curve: bool = True, order: str = "graph") 
     planner's shapes: onnx's inference without data propagation on the model as given, before
     ``input_shapes``, names inference invents for unknown dimensions not being names) and the
     working memory its kernels allocate (``onnxopt.liveness.kernel_scratch``: Where's two
-    selections); ``peak_at``'s index is then a step of that order. ``onnxruntime_peak_bytes`` in
-    results of the graph order leaves the reuse and the inlining out (they need a second shape
-    inference)."""
+    selections, a Softmax's transposes, a ConvTranspose's columns); ``peak_at``'s index is then a
+    step of that order. ``onnxruntime_peak_bytes`` in results of the graph order leaves the reuse
+    and the inlining out (they need a second shape inference)."""
     if order not in ("graph", "onnxruntime"):
         raise UsageError(f"memory.peak: order {order!r}: choose graph or onnxruntime")
     planned, late = None, frozenset()
