@@ -6,19 +6,25 @@ declares."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import onnx
+import onnx.inliner
 import onnx_ir as ir
 
-from .io import proto_graphs
+from .io import proto_graphs, to_ir
+from .kernels import kernel_defs
 
 _UNKNOWN = None
 # onnxruntime's CPU kernels whose output is a view of input 0 (KernelDefBuilder().Alias(0, 0)), and
-# those that may write output 0 into input 0's buffer (MayInplace(0, 0)): the unary activations
+# those that may write output 0 into input 0's buffer (MayInplace(0, 0)): the unary activations, and
+# Softmax and LogSoftmax of float (softmax.cc; its double kernels do not)
 _VIEWS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
 _IN_PLACE = frozenset({"Relu", "LeakyRelu", "Sigmoid", "Tanh", "Clip", "Elu", "Selu", "HardSigmoid", "Softplus",
-                       "Softsign", "ThresholdedRelu"})
+                       "Softsign", "ThresholdedRelu", "Softmax", "LogSoftmax"})
+_IN_PLACE_FLOAT_ONLY = frozenset({"Softmax", "LogSoftmax"})
 
 
 def _bytes_of(dtype: int, dims) -> int | None:
@@ -67,6 +73,18 @@ class Sizes:
         self._inferred = inferred
         self._cache: dict[ir.Value, int | None] = {}
 
+    def dtype(self, value: ir.Value) -> int:
+        """``value``'s element type (onnx's number; 0 where unknown)."""
+        dtype = _ir_dims(value)[0]
+        return dtype or self._inferred.get(value.name, (0, None))[0]
+
+    def dims(self, value: ir.Value) -> tuple[int, list[int]] | None:
+        """(element type, dimensions) of ``value`` where every dimension is a known number, else None."""
+        dtype, dims = _ir_dims(value)
+        if _bytes_of(dtype, dims) is None and value.name in self._inferred:
+            dtype, dims = self._inferred[value.name]
+        return None if _bytes_of(dtype, dims) is None else (dtype, dims)
+
     def __call__(self, value: ir.Value) -> int | None:
         got = self._cache.get(value, -1)
         if got != -1:
@@ -78,12 +96,27 @@ class Sizes:
         return size
 
 
+def _symbols(proto: onnx.ModelProto) -> set[str]:
+    """The dimension names ``proto`` declares (inputs, outputs and values of every graph)."""
+    return {d.dim_param for g in proto_graphs(proto.graph) for info in (*g.input, *g.output, *g.value_info)
+            if info.type.HasField("tensor_type") for d in info.type.tensor_type.shape.dim if d.dim_param}
+
+
 def plan_shapes(proto: onnx.ModelProto) -> dict[str, tuple]:
-    """The shapes onnxruntime's allocation planner knows, from ``proto`` as inferred the way it
-    infers at session creation (onnx's shape inference without data propagation, the inputs'
-    dimensions as declared): per main-graph value, (element bits, dims) with symbols as names;
-    values with no shape, or a dimension with neither number nor name, are left out (the planner
-    reuses no buffer for them)."""
+    """The shapes onnxruntime's allocation planner knows of ``proto``'s main-graph values, as it
+    infers them at session creation: onnx's shape inference without data propagation, the inputs'
+    dimensions as declared; per value, (element bits, dims) with symbols as names. Values with no
+    shape, or a dimension with neither number nor name, are left out (its planner, ``SameShape``,
+    matches an unknown dimension only by a name both share, so it reuses no buffer for them). A
+    name onnx's inference invents for a dimension it cannot determine (``unk__12``: a Reshape to a
+    shape computed at run time) is no name: onnxruntime's inference, node by node, invents none
+    (bert-legacy: no buffer of its layers is reused in its run). Empty where inference refuses
+    the model."""
+    declared = _symbols(proto)
+    try:
+        proto = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=False)
+    except Exception:  # noqa: BLE001 - inference refusing the model: the planner reuses nothing we know of
+        return {}
     out = {}
     for info in (*proto.graph.input, *proto.graph.output, *proto.graph.value_info):
         tt = info.type.tensor_type if info.type.HasField("tensor_type") else None
@@ -93,7 +126,7 @@ def plan_shapes(proto: onnx.ModelProto) -> dict[str, tuple]:
         for d in tt.shape.dim:
             if d.HasField("dim_value"):
                 dims.append(d.dim_value)
-            elif d.dim_param:
+            elif d.dim_param and d.dim_param in declared:
                 dims.append(d.dim_param)
             else:
                 break
@@ -101,6 +134,83 @@ def plan_shapes(proto: onnx.ModelProto) -> dict[str, tuple]:
             if dims:
                 out[info.name] = (ir.DataType(tt.elem_type).bitwidth, tuple(dims))
     return out
+
+
+def _inlined_ops(model: ir.Model) -> list[str]:
+    """The ONNX-domain ops of ``model``'s nodes that onnxruntime's CPU session replaces by their
+    function body: no CPU kernel registered for the node's version of the op, and ONNX defines it
+    as a function (HardSwish, CastLike, Mish, ...). Empty where onnxruntime cannot tell its kernels."""
+    kernels = kernel_defs()
+    if kernels is None:
+        return []
+    opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
+    if opset is None:
+        return []
+    cpu: dict[str, list[tuple[int, int]]] = {}
+    for op, domain, lo, hi, provider, _ in kernels:
+        if domain == "" and provider == "CPUExecutionProvider":
+            cpu.setdefault(op, []).append((lo, hi))
+    ops = []
+    for op in sorted({n.op_type for n in model.graph.all_nodes() if n.domain in ("", "ai.onnx")}):
+        try:
+            schema = onnx.defs.get_schema(op, opset, "")
+        except onnx.defs.SchemaError:
+            continue
+        if (schema.has_function or schema.has_context_dependent_function) and not any(
+                lo <= schema.since_version <= hi for lo, hi in cpu.get(op, ())):
+            ops.append(op)
+    return ops
+
+
+def onnxruntime_graph(model: ir.Model) -> tuple[ir.Model, frozenset[int]]:
+    """``model`` as onnxruntime's CPU session runs it: a node with no CPU kernel whose op ONNX
+    defines as a function is replaced, at session creation, by the function's nodes
+    (``graph_partitioner.cc``: ``InlineNodes``, every such node in node order, then
+    ``Graph::InlineFunction``), which are numbered after every node of the file (its profile shows
+    HardSwish run as HardSigmoid and Mul of node indices past the file's last). Their values are
+    allocated like any other: HardSwish(x) = x * HardSigmoid(x) holds x, the HardSigmoid and the
+    product at once, where one HardSwish output was counted. Returns ``model`` itself and no
+    positions when no node is inlined; else a new model (onnx's inliner, each body in place of its
+    node) and the positions of the inlined nodes, which onnxruntime numbers last."""
+    ops = _inlined_ops(model)
+    if not ops:
+        return model, frozenset()
+    def replaced(node: ir.Node) -> bool:
+        return node.domain in ("", "ai.onnx") and node.op_type in ops
+
+    proto = onnx.inliner.inline_selected_functions(
+        ir.serde.serialize_model(model), [(domain, op) for op in ops for domain in ("", "ai.onnx")],
+        inline_schema_functions=True)
+    inlined = to_ir(proto, copy=False)
+    kept = {n.outputs[0].name for n in model.graph if n.outputs and not replaced(n)}
+    late = frozenset(i for i, n in enumerate(inlined.graph) if not (n.outputs and n.outputs[0].name in kept))
+    _name_bodies(list(model.graph), list(inlined.graph), replaced)
+    return inlined, late
+
+
+def _name_bodies(nodes: list[ir.Node], expanded: list[ir.Node], replaced) -> None:
+    """Name the unnamed nodes of each inlined body after the node they replace ("hs/Mul"): the
+    inliner writes each body in its node's place, a body ending where its node's outputs are all
+    produced. Stops at the first place the two lists do not line up so."""
+    j = 0
+    for node in nodes:
+        if not replaced(node):
+            if j >= len(expanded) or [o.name for o in expanded[j].outputs] != [o.name for o in node.outputs]:
+                return
+            j += 1
+            continue
+        wanted = {o.name for o in node.outputs if o.name}
+        label, taken = node.name or node.op_type, set()
+        while wanted and j < len(expanded):
+            body = expanded[j]
+            j += 1
+            if not body.name:
+                name, k = f"{label}/{body.op_type}", 1
+                while name in taken:
+                    name, k = f"{label}/{body.op_type}_{k}", k + 1
+                body.name = name
+                taken.add(name)
+            wanted -= {o.name for o in body.outputs}
 
 
 def _body_nodes(node: ir.Node):
@@ -117,15 +227,73 @@ def _body_nodes(node: ir.Node):
                 yield from _body_nodes(inner)
 
 
+def _nbytes(dims, bits: int) -> int:
+    return (math.prod(dims) * bits + 7) // 8
+
+
+def kernel_scratch(node: ir.Node, sizes: Sizes, opset: int | None = None) -> int:
+    """Bytes onnxruntime's CPU kernel for ``node`` allocates for itself while it runs, alive with the
+    node's inputs and outputs (through the kernel's allocator: with the memory arena off, one malloc
+    each, freed before the node returns), where the graph's shapes give them (``opset``: the
+    model's ONNX opset, for a node that does not name its own):
+
+    - Where (``where_op.cc``, ``Where<T>::Compute``) broadcasts in two passes before it writes its
+      output: ``UntypedSelect`` allocates X_selection (condition ? X : 0) and Y_selection
+      (condition ? 0 : Y), each of the shape of the condition broadcast with that operand, and
+      ``UntypedMerge`` then allocates the output with both alive.
+    - Softmax and LogSoftmax from opset 13 over an axis that is not the last
+      (``softmax.cc``, ``ComputeImplOpset13``) transpose that axis last into a temporary of the
+      input's size and compute into a second before transposing back into the output.
+    - ConvTranspose (``conv_transpose.cc``, ``DoConvTranspose``) computes each image's columns into
+      a buffer of (output channels / group) x kernel size x input image size elements.
+
+    Other kernels: 0 (the CPU Conv's im2col buffer, MLAS's, is at most 64 KiB a thread)."""
+    if node.domain not in ("", "ai.onnx") or not node.inputs or node.inputs[0] is None:
+        return 0
+    op = node.op_type
+    if op == "Where" and len(node.inputs) == 3 and all(v is not None for v in node.inputs):
+        cond, x, y = (sizes.dims(v) for v in node.inputs)
+        if cond is None or x is None or y is None:
+            return 0
+        bits = ir.DataType(x[0]).bitwidth
+        total = 0
+        for operand in (x, y):
+            try:
+                total += _nbytes(np.broadcast_shapes(tuple(cond[1]), tuple(operand[1])), bits)
+            except ValueError:  # (shapes that do not broadcast: the session would refuse the model)
+                return 0
+        return total
+    if op in ("Softmax", "LogSoftmax"):
+        x = sizes.dims(node.inputs[0])
+        version = node.version or opset
+        if x is None or not x[1] or version is None or version < 13:
+            return 0
+        axis = node.attributes.get_int("axis", -1)
+        rank = len(x[1])
+        return 0 if axis % rank == rank - 1 else 2 * _nbytes(x[1], ir.DataType(x[0]).bitwidth)
+    if op == "ConvTranspose" and len(node.inputs) >= 2 and node.inputs[1] is not None:
+        x, w = sizes.dims(node.inputs[0]), sizes.dims(node.inputs[1])
+        if x is None or w is None or len(x[1]) < 3 or len(w[1]) != len(x[1]):
+            return 0
+        return _nbytes([w[1][1], *w[1][2:], *x[1][2:]], ir.DataType(x[0]).bitwidth)
+    return 0
+
+
 class Liveness:
     """The main graph as liveness needs it: per node, the values it reads that a main-graph node
-    produced (its bodies' outer reads included), what it allocates, and its subgraph charge."""
+    produced (its bodies' outer reads included), what it allocates, its subgraph charge and the
+    working memory onnxruntime's kernel for it allocates (:func:`kernel_scratch`, counted in
+    runtime figures only)."""
 
-    def __init__(self, model: ir.Model, sizes: Sizes, planned: dict[str, tuple] | None = None):
+    def __init__(self, model: ir.Model, sizes: Sizes, planned: dict[str, tuple] | None = None,
+                 late: frozenset[int] = frozenset()):
         graph = model.graph
         # the shapes onnxruntime's planner knows (plan_shapes): with them, runtime figures take its
         # reuse of released buffers into account
         self.planned = planned
+        # positions of the nodes onnxruntime numbers after every node of the file (the bodies of
+        # the functions it inlines: onnxruntime_graph), which its order's ties follow
+        self.late = late
         self.graph = graph
         self.nodes = list(graph)
         self.index = {n: i for i, n in enumerate(self.nodes)}
@@ -152,6 +320,11 @@ class Liveness:
         self.outputs = {v for v in graph.outputs}
         self.reads: list[list[ir.Value]] = []
         self.extra: list[int] = []
+        opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
+        self.scratch = [kernel_scratch(node, sizes, opset) for node in self.nodes]
+        self.float_input = {node for node in self.nodes if node.op_type in _IN_PLACE_FLOAT_ONLY and node.inputs
+                            and node.inputs[0] is not None
+                            and sizes.dtype(node.inputs[0]) == ir.DataType.FLOAT.value}
         for node in self.nodes:
             for o in node.outputs:
                 s = sizes(o)
@@ -179,7 +352,7 @@ class Liveness:
     def simulate(self, order: Sequence[int], runtime: bool = False):
         """The curve (bytes alive while each node runs) for the node indices in ``order``, and the
         last step at which each value is alive. ``runtime``: as onnxruntime's CPU allocation plan
-        shares buffers (:meth:`_plan`)."""
+        shares buffers (:meth:`_plan`), with its kernels' working memory (:func:`kernel_scratch`)."""
         pos = {k: i for i, k in enumerate(order)}
         end = len(order)
         last: dict[ir.Value, int] = {}
@@ -201,7 +374,7 @@ class Liveness:
             for o in self.nodes[k].outputs:
                 if buffer.get(o) is o:
                     alive += self.size[o]
-            curve.append(alive + self.extra[k])
+            curve.append(alive + self.extra[k] + (self.scratch[k] if runtime else 0))
             for b in frees[step]:
                 alive -= self.size[b]
         if runtime:  # a shared allocation is listed under its first value, alive as long as it is held
@@ -209,14 +382,19 @@ class Liveness:
         return curve, last, pos
 
     def _plan(self, order: Sequence[int], last: dict):
-        """onnxruntime's allocation plan, as its planner makes it in ``order``: each node output
-        (1) is a view of input 0 for a view op (Reshape, Squeeze, Unsqueeze, Flatten, Identity: no
-        allocation; of a graph input or weight, nothing to hold); (2) else takes input 0's buffer for
-        an activation that may run in place (Relu, Clip, Sigmoid, ...) where that input dies at the
-        node with the same size; (3) else takes a buffer of exactly its size whose values have all
-        died (the one freed last); (4) else is allocated. A buffer is released after the last of the
-        values it held, so one taken again stays allocated in between. Returns each output's buffer
-        (the value it was allocated for) and each buffer's release step."""
+        """onnxruntime's allocation plan, as its planner makes it in ``order``
+        (``allocation_planner.cc``, ``ComputeSingleStreamReusePlan``): a Constant node's value is a
+        weight (the session makes it an initializer when it loads the graph); a graph output is
+        allocated for the caller; else each node output (1) is a view of input 0 for a view op
+        (Reshape, Squeeze, Unsqueeze, Flatten, Identity: no allocation; of a graph input or weight,
+        nothing to hold); (2) else takes input 0's buffer for an activation that may run in place
+        (Relu, Clip, Sigmoid, ...) where that input dies at the node and the planner knows both
+        shapes the same (``FindReusableInput``: ``SameSize`` of the planner's shapes; where they
+        are not computed, the sizes); (3) else takes a buffer of its shape as the planner knows it
+        whose values have all died (the one freed last: ``FindReusableTensor``); (4) else is
+        allocated. A buffer is released after the last of the values it held, so one taken again
+        stays allocated in between. Returns each output's buffer (the value it was allocated for)
+        and each buffer's release step."""
         buffer: dict[ir.Value, ir.Value] = {}
         ends: dict[ir.Value, int] = {}
         free: list[ir.Value] = []  # released buffers, the last released first
@@ -224,15 +402,22 @@ class Liveness:
         for step, k in enumerate(order):
             node = self.nodes[k]
             share = None
-            if node.outputs and node.inputs and node.inputs[0] is not None and node.domain in ("", "ai.onnx"):
-                first = node.inputs[0]
+            onnx_op = node.domain in ("", "ai.onnx")
+            if onnx_op and node.op_type == "Constant":
+                continue
+            if node.outputs and node.inputs and node.inputs[0] is not None and onnx_op \
+                    and node.outputs[0] not in self.outputs:
+                first, out = node.inputs[0], node.outputs[0]
                 if node.op_type in _VIEWS:
                     share = buffer.get(first, "input")
                 elif node.op_type in _IN_PLACE and first in buffer and ends[buffer[first]] == step \
-                        and self.size.get(first) == self.size[node.outputs[0]] and first not in self.outputs:
+                        and (node.op_type not in _IN_PLACE_FLOAT_ONLY or node in self.float_input) \
+                        and first not in self.outputs and (
+                            self.size.get(first) == self.size[out] if self.planned is None
+                            else self.planned.get(first.name) is not None
+                            and self.planned.get(first.name) == self.planned.get(out.name)):
                     share = buffer[first]
             for n, o in enumerate(node.outputs):
-                size = self.size[o]
                 if n == 0 and share == "input":
                     continue
                 if n != 0 or share is None:
@@ -335,13 +520,16 @@ def onnxruntime_order(g: Liveness) -> list[int]:
     a depth-first post-order from the nodes no node reads (graph outputs, dead ends), the last of
     them first; at each node its producers pushed in node-index order (the file's order), so the
     last one is explored first; a node is placed when its producers are. The file's order matters
-    to onnxruntime only through these ties."""
-    preds = g._preds()
+    to onnxruntime only through these ties. Nodes onnxruntime adds at session creation (``g.late``:
+    function bodies it inlines) take node indices after every node of the file, in their order."""
+    late = g.late
+    index = (lambda i: i) if not late else (lambda i: (i in late, i))
+    preds = [sorted(p, key=index) for p in g._preds()]
     has_succ = [False] * len(g.nodes)
     for p in preds:
         for j in p:
             has_succ[j] = True
-    stack = [(i, False) for i in range(len(g.nodes)) if not has_succ[i]]
+    stack = [(i, False) for i in sorted(range(len(g.nodes)), key=index) if not has_succ[i]]
     visited = [False] * len(g.nodes)
     order = []
     while stack:
@@ -365,6 +553,8 @@ def _moved(g: Liveness, order: Sequence[int]) -> Liveness:
     moved.index = {n: i for i, n in enumerate(moved.nodes)}
     moved.reads = [g.reads[k] for k in order]
     moved.extra = [g.extra[k] for k in order]
+    moved.scratch = [g.scratch[k] for k in order]
+    moved.late = frozenset(i for i, k in enumerate(order) if k in g.late)
     moved.readers = {}
     for i, reads in enumerate(moved.reads):
         for v in reads:
@@ -393,6 +583,8 @@ def result(g: Liveness, order: Sequence[int], curve=True, runtime: bool = False)
         k = order[at]
         if g.extra[k]:
             alive.append([f"{g.nodes[k].name or g.nodes[k].op_type} (subgraph values)", g.extra[k]])
+        if runtime and g.scratch[k]:
+            alive.append([f"{g.nodes[k].name or g.nodes[k].op_type} (kernel working memory)", g.scratch[k]])
         alive.sort(key=lambda item: (-item[1], item[0]))
     out = {
         "peak_bytes": top,

@@ -35,22 +35,19 @@ import onnx_ir as ir
 from . import io
 from .errors import UsageError
 from .input_shapes import fix, normalize
-from .liveness import Liveness, Sizes, onnxruntime_order, plan_shapes, reorder as _reorder, result
+from .liveness import Liveness, Sizes, onnxruntime_graph, onnxruntime_order, plan_shapes, reorder as _reorder, result
 from .shapes import infer_model, symbolic_infer
 
 
-def _as_ir(model, input_shapes) -> ir.Model:
+def _as_ir(model) -> ir.Model:
+    """``model`` itself when it is an onnx_ir.Model (not to be changed), else a new one."""
     if isinstance(model, ir.Model):
-        m = model.clone() if input_shapes else model
-    elif isinstance(model, onnx.ModelProto):
-        m = io.to_ir(model)
-    elif isinstance(model, (str, os.PathLike)):
-        m = io.load(model, check=False).model
-    else:
-        raise UsageError(f"memory.peak takes a path, an onnx.ModelProto or an onnx_ir.Model, not {type(model).__name__}")
-    if input_shapes:
-        fix(m, normalize(input_shapes))
-    return m
+        return model
+    if isinstance(model, onnx.ModelProto):
+        return io.to_ir(model)
+    if isinstance(model, (str, os.PathLike)):
+        return io.load(model, check=False).model
+    raise UsageError(f"memory.peak takes a path, an onnx.ModelProto or an onnx_ir.Model, not {type(model).__name__}")
 
 
 def peak(model, input_shapes=None, *, curve: bool = True, order: str = "graph") -> dict:
@@ -60,25 +57,32 @@ def peak(model, input_shapes=None, *, curve: bool = True, order: str = "graph") 
     peak in the order onnxruntime runs the nodes in, whatever ``order``), ``weights_bytes``,
     ``inputs_bytes`` (counted in every figure), ``unknown`` (values of unknown or symbolic size,
     counted as 0) and ``lower_bound`` (some are). JSON-ready; the same model gives the same dict.
-    ``order``: "graph" (the nodes' order in the model) or "onnxruntime" (the order onnxruntime's CPU
-    session runs them in, ``onnxopt.liveness.onnxruntime_order``, with the buffers its allocation
-    plan shares: views, activations in place, and released buffers taken again for values of the
-    same shape as its planner knows it, which keeps them allocated in between (its planner's shapes:
-    onnx's inference without data propagation on the model as given, before ``input_shapes``);
-    ``peak_at``'s index is then a step of that order). ``onnxruntime_peak_bytes`` in results of the
-    graph order leaves that reuse out (it needs a second shape inference)."""
+    ``order``: "graph" (the nodes' order in the model) or "onnxruntime": the graph onnxruntime's CPU
+    session runs (ops it has no CPU kernel for but ONNX defines as functions, HardSwish or CastLike,
+    inlined: ``onnxopt.liveness.onnxruntime_graph``; Constant nodes' values are weights), in the
+    order it runs the nodes (``onnxopt.liveness.onnxruntime_order``), with the buffers its
+    allocation plan shares (views, activations in place, and released buffers taken again for
+    values of the same shape as its planner knows it, which keeps them allocated in between; its
+    planner's shapes: onnx's inference without data propagation on the model as given, before
+    ``input_shapes``, names inference invents for unknown dimensions not being names) and the
+    working memory its kernels allocate (``onnxopt.liveness.kernel_scratch``: Where's two
+    selections, a Softmax's transposes, a ConvTranspose's columns); ``peak_at``'s index is then a
+    step of that order. ``onnxruntime_peak_bytes`` in results of the graph order leaves the reuse
+    and the inlining out (they need a second shape inference)."""
     if order not in ("graph", "onnxruntime"):
         raise UsageError(f"memory.peak: order {order!r}: choose graph or onnxruntime")
-    planned = None
-    if order == "onnxruntime":  # what onnxruntime's planner knows: the model as given, inputs as declared
-        given = _as_ir(model, None)
-        try:
-            planned = plan_shapes(onnx.shape_inference.infer_shapes(
-                ir.serde.serialize_model(given), check_type=False, strict_mode=False, data_prop=False))
-        except Exception:  # noqa: BLE001 - inference refusing the model: the planner reuses nothing we know of
-            planned = {}
-    m = _as_ir(model, input_shapes)
-    g = Liveness(m, Sizes(m, _infer), planned)
+    planned, late = None, frozenset()
+    m = _as_ir(model)
+    if order == "onnxruntime":
+        # the graph its session runs (function bodies inlined), and what its planner knows of it: the
+        # model as given, inputs as declared
+        m, late = onnxruntime_graph(m)
+        planned = plan_shapes(ir.serde.serialize_model(m))
+    if input_shapes:
+        if m is model:  # (the caller's: left as it is)
+            m = m.clone()
+        fix(m, normalize(input_shapes))
+    g = Liveness(m, Sizes(m, _infer), planned, late)
     steps = range(len(g.nodes)) if order == "graph" else onnxruntime_order(g)
     return result(g, steps, curve=curve, runtime=order == "onnxruntime")
 

@@ -67,6 +67,12 @@ class _Sizes:
     def __call__(self, value: ir.Value):
         return self.base(self.copies.get(value, value))
 
+    def dims(self, value: ir.Value):
+        return self.base.dims(self.copies.get(value, value))
+
+    def dtype(self, value: ir.Value):
+        return self.base.dtype(self.copies.get(value, value))
+
 
 def _peaks(g: Liveness) -> tuple[int, int]:
     return g.peak_of(range(len(g.nodes))), g.peak_of(onnxruntime_order(g), runtime=True)

@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from conftest import run_ort
-from helpers import feeds_for, init, model, tinfo, zoo_model
+from helpers import feeds_for, init, load_script, model, tinfo, zoo_model
 from onnxopt import io, liveness, memory, optimize
 from onnxopt.shapes import infer_model
 from onnxopt.report import format_memory
@@ -443,3 +443,211 @@ def test_random_graphs_with_twins_never_end_above_the_input():
             for x, y in zip(run_ort(m, feeds), run_ort(out, feeds)):
                 np.testing.assert_array_equal(x, y)
     assert rose_without >= 5 and copied >= 5, (rose_without, copied)
+
+
+def _profiled_ops(proto: onnx.ModelProto) -> list[str]:
+    """The ops onnxruntime's CPU session runs, in its order (its profile; graph optimizations off)."""
+    import tempfile
+
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.enable_profiling = True
+    with tempfile.TemporaryDirectory() as tmp:
+        so.profile_file_prefix = f"{tmp}/profile"
+        sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        sess.run(None, feeds_for(proto))
+        with open(sess.end_profiling()) as f:
+            events = json.load(f)
+    return [e["args"]["op_name"] for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+
+
+def _without_cpu_hardswish():
+    from onnxopt.kernels import kernel_defs
+
+    kernels = kernel_defs()
+    if kernels is None or any(op == "HardSwish" and domain == "" and provider == "CPUExecutionProvider"
+                              and lo <= 14 <= hi for op, domain, lo, hi, provider, _ in kernels):
+        pytest.skip("this onnxruntime registers a CPU HardSwish kernel (or cannot list its kernels)")
+
+
+def test_onnxruntime_inlines_a_function_op_without_a_cpu_kernel():
+    _without_cpu_hardswish()
+    # onnxruntime has no CPU kernel for HardSwish (opset 14+): its session runs x * HardSigmoid(x), so
+    # the HardSigmoid's value s is allocated besides a and h. x -> Neg a -> HardSwish h -> Neg y.
+    m = model([helper.make_node("Neg", ["x"], ["a"]), helper.make_node("HardSwish", ["a"], ["h"], name="hs"),
+               helper.make_node("Neg", ["h"], ["y"])], [tinfo("x", [1000])], [tinfo("y", [1000])], opset=15)
+    assert memory.peak(m)["curve"] == [8000, 12000, 12000]  # the file's graph: one value for the HardSwish
+    ort = memory.peak(m, order="onnxruntime")
+    assert ort["curve"] == [8000, 12000, 16000, 12000]  # Neg, HardSigmoid (x, a, s), Mul (and h), Neg
+    assert ort["peak_bytes"] == 16000 and len(ort["alive_at_peak"]) == 4
+    assert ort["peak_at"] == {"index": 2, "name": "hs/Mul"}  # (the body's nodes named after the HardSwish)
+    # the bodies take node numbers after the file's, and of two operands onnxruntime explores the
+    # higher-numbered one first: the HardSwish branch (inlined) runs before the Relu branch, as its
+    # profile shows, where numbering the bodies in the file's place would run the Relu first
+    m2 = model([helper.make_node("HardSwish", ["x"], ["h"]), helper.make_node("Relu", ["x"], ["r"], name="relu"),
+                helper.make_node("Add", ["h", "r"], ["y"], name="add")], [tinfo("x", [1000])], [tinfo("y", [1000])],
+               opset=15)
+    g, late = liveness.onnxruntime_graph(io.to_ir(m2))
+    assert [n.op_type for n in g.graph] == ["HardSigmoid", "Mul", "Relu", "Add"] and late == {0, 1}
+    lv = liveness.Liveness(g, liveness.Sizes(g, infer_model), late=late)
+    modelled = [lv.nodes[i].op_type for i in liveness.onnxruntime_order(lv)]
+    assert modelled == ["HardSigmoid", "Mul", "Relu", "Add"]
+    assert [lv.nodes[i].op_type for i in liveness.onnxruntime_order(liveness.Liveness(g, liveness.Sizes(
+        g, infer_model)))] == ["Relu", "HardSigmoid", "Mul", "Add"]  # (numbered in place: the other way)
+    assert _profiled_ops(m2) == modelled
+    # an op with a CPU kernel (HardSigmoid) is not inlined: the model comes back as it is
+    plain = io.to_ir(model([helper.make_node("HardSigmoid", ["x"], ["y"])], [tinfo("x", [4])], [tinfo("y", [4])]))
+    assert liveness.onnxruntime_graph(plain) == (plain, frozenset())
+
+
+def test_where_kernel_working_memory():
+    # onnxruntime's CPU Where selects X and Y in two broadcasts before it merges them: X_selection has the
+    # shape of the condition broadcast with X ([1, 100] here: 400 bytes), Y_selection that of the
+    # condition broadcast with Y ([10, 100]: 4000), both alive with the output ([10, 100]: 4000)
+    m = model([helper.make_node("IsNaN", ["c"], ["cond"]), helper.make_node("Where", ["cond", "x", "y"], ["w"])],
+              [tinfo("c", [1, 100]), tinfo("x", [1, 1]), tinfo("y", [10, 100])], [tinfo("w", [10, 100])])
+    inputs = 400 + 4 + 4000
+    plain = memory.peak(m)
+    assert plain["peak_bytes"] == inputs + 100 + 4000  # (liveness of the graph's values only)
+    ort = memory.peak(m, order="onnxruntime")
+    assert ort["peak_bytes"] == inputs + 100 + 4000 + 400 + 4000
+    assert ["Where (kernel working memory)", 4400] in ort["alive_at_peak"]
+    assert ort["onnxruntime_peak_bytes"] == ort["peak_bytes"] == plain["onnxruntime_peak_bytes"]
+
+
+def test_softmax_and_conv_transpose_kernel_working_memory():
+    # Softmax (opset 13+) over an axis that is not the last: the input transposed, and the result before it
+    # is transposed back, two temporaries of the input's size; over the last axis, none
+    # (x -> Neg a -> Softmax s -> Neg y: the Softmax of float runs in place, in a's buffer)
+    def softmax(axis, opset=17, dtype=TensorProto.FLOAT):
+        return model([helper.make_node("Neg", ["x"], ["a"]), helper.make_node("Softmax", ["a"], ["s"], axis=axis),
+                      helper.make_node("Neg", ["s"], ["y"])], [tinfo("x", [4, 50, 10], dtype)],
+                     [tinfo("y", [4, 50, 10], dtype)], opset=opset)
+
+    for axis, scratch in ((1, 2 * 8000), (-1, 0), (2, 0)):
+        assert memory.peak(softmax(axis), order="onnxruntime")["curve"] == [16000, 16000 + scratch, 24000]
+    # (opset 12: the input seen as 2-D, nothing moved; a double Softmax is not run in place)
+    assert memory.peak(softmax(1, opset=12), order="onnxruntime")["curve"] == [16000, 16000, 24000]
+    assert memory.peak(softmax(-1, dtype=TensorProto.DOUBLE), order="onnxruntime")["curve"] == [32000, 48000, 48000]
+    # ConvTranspose: a column buffer of (output channels / group) x kernel size x input image size elements
+    w = init("w", np.ones([6, 4, 3, 3], np.float32))  # 6 input channels, groups of 2: 4 x 2 = 8 output channels
+    m = model([helper.make_node("ConvTranspose", ["x", "w"], ["y"], group=2, strides=[2, 2])],
+              [tinfo("x", [1, 6, 5, 5])], [tinfo("y", [1, 8, 11, 11])], [w])
+    r = memory.peak(m, order="onnxruntime")
+    assert r["peak_bytes"] == 6 * 25 * F + 8 * 121 * F + 4 * 9 * 25 * F
+
+
+def test_onnxruntime_planner_shapes_decide_in_place_and_constants_are_weights():
+    # A Relu runs in place only where onnxruntime's planner knows its input's and output's shapes the
+    # same (FindReusableInput's SameSize): x declared of unknown size and fixed by input_shapes, it
+    # knows neither, and the Relu allocates
+    def chain(x_shape):
+        return model([helper.make_node("Neg", ["x"], ["a"]), helper.make_node("Relu", ["a"], ["r"]),
+                      helper.make_node("Neg", ["r"], ["y"])], [helper.make_tensor_value_info(
+                          "x", TensorProto.FLOAT, x_shape)], [tinfo("y", [1000])])
+
+    assert memory.peak(chain([1000]), order="onnxruntime")["curve"] == [8000, 8000, 12000]
+    unknown = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1000])
+    unknown.type.tensor_type.shape.dim[0].Clear()
+    m = model(chain([1000]).graph.node, [unknown], [tinfo("y", [1000])])
+    assert memory.peak(m, {"x": [1000]}, order="onnxruntime")["curve"] == [8000, 12000, 12000]
+    # a name onnx's inference invents for a dimension (a Reshape to a shape computed at run time) is no
+    # name to the planner; a declared one is
+    m = model([helper.make_node("Neg", ["x"], ["a"]), helper.make_node("Shape", ["x"], ["s"]),
+               helper.make_node("Reshape", ["a", "s"], ["r"]), helper.make_node("Neg", ["r"], ["y"])],
+              [tinfo("x", ["N"])], [tinfo("y", ["N"])])
+    planned = liveness.plan_shapes(m)
+    assert planned["a"] == (32, ("N",)) and "r" not in planned
+    # a Constant node's value is a weight to onnxruntime (an initializer once loaded), not an activation
+    c = helper.make_node("Constant", [], ["c"], value=helper.make_tensor("v", TensorProto.FLOAT, [1000], [1.0] * 1000))
+    m = model([c, helper.make_node("Add", ["x", "c"], ["y"])], [tinfo("x", [1000])], [tinfo("y", [1000])])
+    assert memory.peak(m)["curve"] == [8000, 12000]
+    assert memory.peak(m, order="onnxruntime")["curve"] == [4000, 8000]
+
+
+def test_estimate_against_a_measured_onnxruntime_run(tmp_path):
+    """One real run (scripts/memory_check.py's measurement: a fresh process, arena and memory pattern
+    off, the peak resident growth) of a graph where the rules above decide the figure: a HardSwish
+    onnxruntime inlines and a Where with its two selections, 1 MiB values."""
+    import os
+
+    if not os.access("/proc/self/clear_refs", os.W_OK):
+        pytest.skip("needs Linux's /proc/self/clear_refs to reset the peak resident size")
+    _without_cpu_hardswish()
+    check = load_script("memory_check.py")
+    n = [256, 1024]
+    m = model([helper.make_node("Neg", ["x"], ["a"]), helper.make_node("HardSwish", ["a"], ["h"]),
+               helper.make_node("IsNaN", ["h"], ["nan"]), helper.make_node("Where", ["nan", "x", "h"], ["w"]),
+               helper.make_node("ReduceSum", ["w"], ["y"], keepdims=0)], [tinfo("x", n)], [tinfo("y", [])], opset=15)
+    path, feeds = tmp_path / "m.onnx", tmp_path / "feeds.npz"
+    onnx.save(m, path)
+    np.savez(feeds, x=np.random.default_rng(0).standard_normal(n).astype(np.float32))
+    est = memory.peak(m, order="onnxruntime")
+    expected = est["peak_bytes"] - est["inputs_bytes"]
+    mib = 1 << 20
+    # at the Where: h, the condition (0.25 MiB), the output (in the HardSigmoid's released buffer) and
+    # both selections (1 MiB each); liveness of the file's values alone says h, the condition and w
+    assert expected == 4 * mib + mib // 4
+    assert memory.peak(m)["peak_bytes"] - est["inputs_bytes"] == 2 * mib + mib // 4
+    growth = check.measure(path, feeds, "disabled")["growth"]
+    assert abs(growth / expected - 1) < 0.1, (growth, expected)
+
+
+def test_memory_trace_parses_strace_and_lines_mappings_up_with_nodes():
+    trace = load_script("memory_trace.py")
+    nodes = [(10.0, 10.5, "w [Where]"), (11.0, 11.2, "r [ReduceSum]")]
+    text = "\n".join([
+        "7 9.000000 mmap(NULL, 8192, PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS, -1, 0) = 0x10",  # (warm-up run)
+        '7 9.500000 write(2, "onnxopt-trace-begin\\n", 20) = 20',
+        "7 10.100000 mmap(NULL, 1052672, PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS, -1, 0) = 0x20",
+        "7     10.200000 mmap(NULL, 1052672, PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS, -1, 0) = 0x30",
+        "7 10.300000 mmap(NULL, 4096, PROT_READ, MAP_PRIVATE, 3, 0) = 0x40",  # a file mapping: not memory
+        "7 10.400000 munmap(0x20, 1052672) = 0",
+        "7 10.700000 munmap(0x30, 1052672) = 0",
+        "7 10.800000 munmap(0x10, 8192) = 0",  # mapped before the run: not counted
+        '7 12.000000 write(2, "onnxopt-trace-end\\n", 18) = 18',
+        "7 12.100000 mmap(NULL, 1052672, PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS, -1, 0) = 0x50",
+    ])
+    events, peak = trace.parse(text, nodes)
+    assert [(e["sign"], e["bytes"], e["total"], e["node"]) for e in events] == [
+        ("+", 1052672, 1052672, "w [Where]"), ("+", 1052672, 2105344, "w [Where]"),
+        ("-", 1052672, 1052672, "w [Where]"), ("-", 1052672, 0, "after w [Where]")]
+    assert peak == 2105344
+
+
+def test_memory_trace_shows_wheres_selections_in_a_real_run(tmp_path):
+    """The Where rule read in where_op.cc, seen in a run: inside the Where node the kernel maps its two
+    selections and its output (1 MiB each) and unmaps the selections before it returns."""
+    import os
+    import shutil
+    import subprocess
+
+    if shutil.which("strace") is None or subprocess.run(["strace", "-o", os.devnull, "true"]).returncode:
+        pytest.skip("needs strace, with ptrace allowed")
+    trace = load_script("memory_trace.py")
+    n = [256, 1024]
+    # then a Softmax over the first axis (its two transposed temporaries; its output in place, in w's
+    # buffer) and a ConvTranspose (its 2 MiB of columns: 2 output channels x 4 x 4 kernel x 128 x 128 input
+    # image x 4 bytes, besides its 0.5 MiB output)
+    w = init("wt", np.ones([16, 2, 4, 4], np.float32))
+    m = model([helper.make_node("IsNaN", ["x"], ["c"]), helper.make_node("Where", ["c", "x", "x"], ["w"], name="w"),
+               helper.make_node("Softmax", ["w"], ["s"], axis=0, name="s"),
+               helper.make_node("Reshape", ["s", "shape"], ["r"]),
+               helper.make_node("ConvTranspose", ["r", "wt"], ["t"], strides=[2, 2], pads=[1, 1, 1, 1], name="t"),
+               helper.make_node("ReduceSum", ["t"], ["y"], keepdims=0)], [tinfo("x", n)], [tinfo("y", [])],
+              [w, init("shape", np.array([1, 16, 128, 128], np.int64))])
+    path, feeds = tmp_path / "m.onnx", tmp_path / "feeds.npz"
+    onnx.save(m, path)
+    np.savez(feeds, x=np.ones(n, np.float32))
+    events, peak = trace.trace(path, feeds, "disabled")
+
+    def inside(node):
+        return [(e["sign"], round(e["bytes"] / 2**20, 1)) for e in events if e["node"] == node]  # (MiB)
+
+    assert inside("w [Where]") == [("+", 1), ("+", 1), ("+", 1), ("-", 1), ("-", 1)]
+    assert inside("s [Softmax]") == [("+", 1), ("+", 1), ("-", 1), ("-", 1)]
+    assert inside("t [ConvTranspose]") == [("+", 0.5), ("+", 2), ("-", 2)]  # (its output: 2 x 256 x 256)
+    est = memory.peak(m, order="onnxruntime")
+    assert abs(peak / (est["peak_bytes"] - est["inputs_bytes"]) - 1) < 0.05
