@@ -19,7 +19,8 @@ from .stats import RuleStats
 from .irutil import gc_paused, node_counts
 from .layout_pass import transpose_summary
 from .liveness import PEAK_KEY
-from .passes import MEMORY
+from .memory import report_peak
+from .passes import MEMORY, RECOMPUTE
 from .pattern import Rule
 from .report import summary_line
 from .input_shapes import symbolic_run_shapes
@@ -308,7 +309,10 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
                 loaded.model, (verify_options or {}).get("input_shapes"), (verify_options or {}).get("inputs"))}
     # the Transposes the model had (before its edges changed) and what they move, for the report
     transposes = {"before": _transposes(loaded.model)} if return_report else None
-    memory = {"before": _peak(loaded.model)} if return_report else None
+    # the input's peak: the pipeline records it before its first pass (the recomputation pass's limit);
+    # taken here where the layout edges change the model first or that pass does not run
+    early_peak = return_report and (bool(edges) or RECOMPUTE not in graph_passes)
+    memory = {"before": report_peak(loaded.model)} if early_peak else {} if return_report else None
     edited = layouts.apply(loaded.model, edges) if edges else None
     read = [(verify_options or {}).get("inputs")] if verify else []  # (the verifier's inputs file)
     plan = io.plan_give_back(loaded, output, external_data=external_data, outputs=outputs,
@@ -349,8 +353,11 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
                 transposes = None
         kept = loaded.model.graph.meta.pop(PEAK_KEY, None)  # (the reorder pass's figure for the order it left)
         if memory is not None:
+            if "before" not in memory:
+                memory["before"] = result.memory_before
             symbolic = bool(symbolic_run_shapes(loaded.model))
-            memory["after"] = kept if kept is not None and not (edited or fp16 or symbolic) else _peak(loaded.model)
+            memory["after"] = kept if kept is not None and not (edited or fp16 or symbolic) else \
+                report_peak(loaded.model)
             memory["reordered"] = bool(result.rules.get(MEMORY) and result.rules[MEMORY].fired)
         advice = None
         if return_report and targets.normalize(target) == targets.ORT_CUDA:
@@ -439,17 +446,6 @@ def _memory_warnings(memory: dict, fp16: bool = False) -> list[str]:
            "copy, both alive at once" if fp16 else "rewrites made values live longer or larger, and neither "
            "reordering nor recomputation wins it back")
     return [f"peak activation memory rose ({moves}): {why}; onnxopt.memory.peak names what is alive at the peak"]
-
-
-def _peak(model: ir.Model) -> dict:
-    """memory.peak of ``model`` without the curve (shape inference on a serialized copy: the model
-    is left as it is), at the shapes the verifier runs it at where its inputs have symbolic dimensions
-    (the first 1, others 16, a symbol the same everywhere: ``run_shapes``), recorded as ``at``."""
-    from .memory import peak
-
-    shapes = symbolic_run_shapes(model)
-    result = peak(model, input_shapes=shapes or None, curve=False)
-    return {**result, "at": shapes} if shapes else result
 
 
 def _transposes(model: ir.Model) -> dict:

@@ -9,7 +9,7 @@ a node is what is alive while it runs: its inputs and its outputs together. A no
 (If, Loop, Scan) is charged, while it runs, every value its bodies compute, all at once (every
 branch of an If, one iteration of a Loop): conservative.
 
-Sizes come from onnx's shape inference (data propagation on; ``onnxopt.passes.infer_model``, weights
+Sizes come from onnx's shape inference (data propagation on; ``onnxopt.shapes.infer_model``, weights
 not serialized). A dimension inference leaves symbolic (or a value it gives no shape, a string
 tensor) makes the value's size unknown: it is listed in ``unknown`` and counted as 0, and the peak
 is then a lower bound (``lower_bound``). ``input_shapes`` (``onnxopt.input_shapes``'s grammar) fixes
@@ -36,7 +36,7 @@ from . import io
 from .errors import UsageError
 from .input_shapes import fix, normalize
 from .liveness import Liveness, Sizes, onnxruntime_graph, onnxruntime_order, plan_shapes, reorder as _reorder, result
-from .shapes import infer_model, symbolic_infer
+from .shapes import light_proto, symbolic_infer
 
 
 def _as_ir(model) -> ir.Model:
@@ -95,11 +95,23 @@ def reorder(model: ir.Model, touched=None) -> int:
     return _reorder(model, _sized_once)
 
 
-def baseline(model: ir.Model) -> None:
-    """Record ``model``'s peaks (as the pipeline receives it) for the ``memory_recomputation`` pass."""
-    from .recompute import BASELINE_KEY, baseline as _baseline
+def report_peak(model: ir.Model) -> dict:
+    """:func:`peak` of ``model`` without the curve, at the shapes the verifier runs it at where its
+    inputs have symbolic dimensions (the first 1, others 16, a symbol the same everywhere), those
+    recorded as ``at``: optimize's report's figure (the model is left as it is)."""
+    from .input_shapes import symbolic_run_shapes
 
-    model.graph.meta[BASELINE_KEY] = _baseline(model, _sized)
+    shapes = symbolic_run_shapes(model)
+    result = peak(model, input_shapes=shapes or None, curve=False)
+    return {**result, "at": shapes} if shapes else result
+
+
+def baseline(model: ir.Model) -> None:
+    """Record ``model``'s :func:`report_peak` (as the pipeline receives it) for the
+    ``memory_recomputation`` pass, and for optimize's report as its "before"."""
+    from .recompute import BASELINE_KEY
+
+    model.graph.meta[BASELINE_KEY] = report_peak(model)
 
 
 def recompute(model: ir.Model, touched=None) -> int:
@@ -138,13 +150,13 @@ def _sized(model: ir.Model) -> onnx.ModelProto:
 
 
 def _infer(model: ir.Model) -> onnx.ModelProto:
-    """onnx's shape inference (``infer_model``), and onnxruntime's symbolic inference where onnx's leaves
+    """onnx's shape inference (as ``onnxopt.shapes.infer_model``), and onnxruntime's symbolic inference where onnx's leaves
     a node output's size open (exported shape arithmetic, a symbolic dimension) and it knows more."""
-    proto = infer_model(model)
+    light = light_proto(model)
+    proto = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=True)
     names = {o.name for n in model.graph for o in n.outputs if o.name}
     if not names <= _sized_names(proto):
-
-        deeper = symbolic_infer(ir.serde.serialize_model(model))
+        deeper = symbolic_infer(light)  # (the weights left out: it copies the model it is given)
         if deeper is not None and len(names & _sized_names(deeper)) > len(names & _sized_names(proto)):
             return deeper
     return proto
@@ -160,4 +172,4 @@ def without_curve(peak_result: Mapping) -> dict:
     return {k: v for k, v in peak_result.items() if k != "curve"}
 
 
-__all__ = ["peak", "reorder", "without_curve"]
+__all__ = ["peak", "reorder", "report_peak", "without_curve"]

@@ -110,7 +110,7 @@ def _run(model, rules, graph_passes, max_rewrites, stop_after, keep_log, options
             result.rewrites += n
             if n and keep_log:
                 result.log.append({"pass": p.name, "rewrites": n})
-    model.graph.meta.pop(BASELINE_KEY, None)  # (left where the last passes did not run: the rewrite limit)
+    result.memory_before = model.graph.meta.pop(BASELINE_KEY, None)
     model.graph.meta.pop(SIZES_KEY, None)  # (the memory passes' shared inference)
     result.rules.update(stats)
     return result

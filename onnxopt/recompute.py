@@ -36,7 +36,7 @@ from .irutil import subgraphs
 from .liveness import Liveness, Sizes, onnxruntime_order, result as peak_result, PEAK_KEY
 from .purity import Purity
 
-BASELINE_KEY = "onnxopt.memory.baseline"  # graph.meta (in memory only): the input's peaks, recorded first
+BASELINE_KEY = "onnxopt.memory.baseline"  # graph.meta (in memory only): the input's memory.peak, recorded first
 SIZES_KEY = "onnxopt.memory.sizes"  # graph.meta (in memory only): the memory passes' last inference, and its nodes
 
 # not cheap to compute again: work beyond one pass over the data (products, convolutions, recurrences)
@@ -46,15 +46,6 @@ _COSTLY = frozenset({
     "RoiAlign", "Resize", "Upsample", "GridSample", "STFT", "DFT", "MelWeightMatrix", "TfIdfVectorizer",
 })
 _MAX_TRIES = 256  # copies tried per pass, kept or not (each try is one liveness simulation)
-
-
-def baseline(model: ir.Model, infer) -> dict:
-    """The two peaks of ``model`` as it is, and whether a size is unknown (then no guard: the
-    input's figure is a lower bound)."""
-    g = Liveness(model, Sizes(model, infer))
-    return {"graph": g.peak_of(range(len(g.nodes))),
-            "onnxruntime": g.peak_of(onnxruntime_order(g), runtime=True),
-            "lower_bound": bool(g.unknown)}
 
 
 class _Sizes:
@@ -80,7 +71,7 @@ def _peaks(g: Liveness) -> tuple[int, int]:
 
 def recompute(model: ir.Model, infer) -> int:
     """The pass: copies made (0 when the input's peaks were not exceeded or no copy helps)."""
-    base = model.graph.meta.pop(BASELINE_KEY, None)
+    base = model.graph.meta.get(BASELINE_KEY)
     if base is None or base["lower_bound"]:
         return 0
     sizes = _Sizes(Sizes(model, infer))
@@ -88,7 +79,7 @@ def recompute(model: ir.Model, infer) -> int:
     if g.unknown:
         return 0
     current = _peaks(g)
-    limit = (base["graph"], base["onnxruntime"])
+    limit = (base["peak_bytes"], base["onnxruntime_peak_bytes"])
     if current[0] <= limit[0] and current[1] <= limit[1]:
         return 0
     purity = Purity(model)

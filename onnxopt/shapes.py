@@ -373,11 +373,16 @@ _INFER_DATA_LIMIT = 1000  # bytes: initializers up to this size keep their data 
 
 
 def infer_model(model: ir.Model):
-    """onnx's shape inference (data propagation on, strict mode off) over a copy of ``model``
-    serialized without large weights: those are declared as graph inputs of their type and shape
-    instead. An initializer that is also a graph input (a default the caller may override) keeps
-    no data at all, so data propagation never takes its default for a constant. ``model`` itself
-    is left as it was (no shape, type or initializer order changes)."""
+    """onnx's shape inference (data propagation on, strict mode off) over :func:`light_proto` of
+    ``model``. ``model`` itself is left as it was (no shape, type or initializer order changes)."""
+    return onnx.shape_inference.infer_shapes(light_proto(model), check_type=False, strict_mode=False, data_prop=True)
+
+
+def light_proto(model: ir.Model) -> onnx.ModelProto:
+    """``model`` serialized without large weights, for shape inference: those are declared as graph
+    inputs of their type and shape instead (an initializer that is also a graph input, a default the
+    caller may override, keeps no data at all, so data propagation never takes its default for a
+    constant); initializers up to ``_INFER_DATA_LIMIT`` bytes (shape tensors) keep their data."""
     from . import io
 
     graph = model.graph
@@ -392,7 +397,7 @@ def infer_model(model: ir.Model):
             continue  # already a declared graph input, or nothing to declare
         proto.graph.input.append(onnx.helper.make_tensor_value_info(
             value.name, tensor.dtype.value, [int(d) for d in tensor.shape]))
-    return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+    return proto
 
 
 def symbolic_infer(proto: onnx.ModelProto) -> onnx.ModelProto | None:

@@ -49,3 +49,6 @@ class DriverResult:
     errors: list[RuleBug] = dataclasses.field(default_factory=list)  # rule bugs met (without strict)
     hit_limit: bool = False
     log: list[dict] = dataclasses.field(default_factory=list)
+    # the input's peak activation memory (onnxopt.memory.report_peak), recorded before the first pass
+    # where the memory_recomputation pass runs
+    memory_before: dict | None = None
