@@ -172,7 +172,8 @@ def _candidates(g: Liveness, order: list[int], purity: Purity, refused: set):
         uses = list(value.uses())
         if any(use.node.graph is not g.graph for use in uses):  # (read inside a body: left alone)
             continue
-        readers = [use.node for use in uses if pos.get(g.index[use.node], -1) > step]
+        # (each reader once: a node reading the value twice gets one copy, for both)
+        readers = list(dict.fromkeys(use.node for use in uses if pos.get(g.index[use.node], -1) > step))
         if readers or value in g.outputs:
             found.append((g.size[value], step - pos[k], value, readers))
     found.sort(key=lambda item: (-item[0], -item[1]))

@@ -294,6 +294,31 @@ def test_recomputation_leaves_a_model_whose_peak_did_not_rise():
     assert not any("_recomputed" in n.name for n in out.graph.node)
 
 
+def test_recomputation_makes_one_copy_for_a_reader_of_the_value_twice():
+    # CSE merges S2 = Sigmoid(x) into S1, read early; S2's reader Mul(S2, S2) comes after a big Tile.
+    # The copy for that reader replaces both of its inputs: one copy, not one per use (the second
+    # was left in the written model with nothing reading it)
+    n = 1000
+    nodes = [helper.make_node("Sigmoid", ["x"], ["S1"], name="s1"),
+             helper.make_node("Add", ["S1", "x"], ["a"], name="add1"),
+             helper.make_node("Tile", ["a", "reps"], ["big"], name="tile"),
+             helper.make_node("ReduceSum", ["big"], ["s"], name="sum", keepdims=1),
+             helper.make_node("Sigmoid", ["x"], ["S2"], name="s2"),
+             helper.make_node("Mul", ["S2", "S2"], ["y"], name="square"),
+             helper.make_node("Add", ["y", "s"], ["out"], name="add2")]
+    m = model(nodes, [tinfo("x", [n])], [tinfo("out", [n])], [init("reps", np.array([100], np.int64))])
+    out, report = optimize(m, return_report=True)
+    assert report.rules["common_subexpression_elimination"].fired == 1
+    assert report.rules["memory_recomputation"].fired == 1
+    assert [node.op_type for node in out.graph.node].count("Sigmoid") == 2
+    read = {i for node in out.graph.node for i in node.input} | {o.name for o in out.graph.output}
+    assert all(o in read for node in out.graph.node for o in node.output)
+    assert report.memory["after"]["peak_bytes"] <= report.memory["before"]["peak_bytes"]
+    feeds = feeds_for(m)
+    for x, y in zip(run_ort(m, feeds), run_ort(out, feeds)):
+        np.testing.assert_array_equal(y, x)
+
+
 @pytest.mark.parametrize("name,copies", [("bert-legacy", 3), ("minilm-legacy", 5)])
 def test_recomputation_on_the_zoo_keeps_outputs_and_never_raises(name, copies, tmp_path):
     # the legacy BERT exports: CSE shares the attention mask (float) where each layer made its own
