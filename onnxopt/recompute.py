@@ -174,6 +174,8 @@ def _candidates(g: Liveness, order: list[int], purity: Purity, refused: set):
             continue
         # (each reader once: a node reading the value twice gets one copy, for both)
         readers = list(dict.fromkeys(use.node for use in uses if pos.get(g.index[use.node], -1) > step))
+        if value not in g.outputs and len(readers) == len({use.node for use in uses}):
+            continue  # (read only after the peak: copies would leave the producer with no reader)
         if readers or value in g.outputs:
             found.append((g.size[value], step - pos[k], value, readers))
     found.sort(key=lambda item: (-item[0], -item[1]))

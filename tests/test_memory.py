@@ -319,6 +319,31 @@ def test_recomputation_makes_one_copy_for_a_reader_of_the_value_twice():
         np.testing.assert_array_equal(y, x)
 
 
+def test_recomputation_leaves_no_copy_without_a_reader():
+    # CSE merges C2 = Cast(xi) into C1; the copy made for C2's reader runs before the ReduceSum (early,
+    # as onnxruntime's order wants), alive across the nodes' order's peak: a copy read only after the
+    # peak is not copied again (the copy of the copy took its only reader, and the first copy stayed
+    # in the written model with nothing reading it)
+    n = 1000
+    nodes = [helper.make_node("Cast", ["xi"], ["C1"], name="c1", to=TensorProto.FLOAT),
+             helper.make_node("Add", ["C1", "x"], ["a"], name="add1"),
+             helper.make_node("Tile", ["a", "reps"], ["big"], name="tile"),
+             helper.make_node("ReduceSum", ["big"], ["s"], name="sum", keepdims=1),
+             helper.make_node("Cast", ["xi"], ["C2"], name="c2", to=TensorProto.FLOAT),
+             helper.make_node("Add", ["C2", "s"], ["out"], name="add2")]
+    m = model(nodes, [tinfo("x", [n]), tinfo("xi", [n], TensorProto.INT32)], [tinfo("out", [n])],
+              [init("reps", np.array([100], np.int64))])
+    out, report = optimize(m, return_report=True)
+    assert report.rules["common_subexpression_elimination"].fired == 1
+    assert report.rules["memory_recomputation"].fired >= 1
+    read = {i for node in out.graph.node for i in node.input} | {o.name for o in out.graph.output}
+    assert all(o in read for node in out.graph.node for o in node.output)
+    assert [node.op_type for node in out.graph.node].count("Cast") == 2
+    feeds = feeds_for(m)
+    for x, y in zip(run_ort(m, feeds), run_ort(out, feeds)):
+        np.testing.assert_array_equal(y, x)
+
+
 @pytest.mark.parametrize("name,copies", [("bert-legacy", 3), ("minilm-legacy", 5)])
 def test_recomputation_on_the_zoo_keeps_outputs_and_never_raises(name, copies, tmp_path):
     # the legacy BERT exports: CSE shares the attention mask (float) where each layer made its own
