@@ -370,6 +370,11 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
                             "max_rewrites": max_rewrites, "fold_size_limit": fold_size_limit,
                             "fold_input_limit": fold_input_limit, "graph_passes": graph_passes, "strict": strict,
                             "input_shapes": input_shapes, "exact": exact})
+                elif verification.get("bisect_command"):  # (it would replay the rewrites alone)
+                    what = ("the fp16 conversion" if fp16 is not None else "the changed edges") + (
+                        " and the changed edges" if fp16 is not None and edges else "")
+                    verification["bisect_command"] += (f" (it replays the rewrites without {what}: where the "
+                                                       f"verification passes without them, they are the cause)")
                 # (with fp16 or changed edges too: a model that fails its verification is never written)
                 raise verifier.VerificationError(f"verification failed, no output written: "
                                                  f"{summary_line(verification)}", verification)
