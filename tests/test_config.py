@@ -302,6 +302,7 @@ def test_relative_paths_are_the_files(src, tmp_path, capsys, monkeypatch):
     ('precision = "fp8"', ["precision: 'fp8' is not one of fp32, fp16"]),
     ("verify = 3", ["verify is a table ([verify])"]),
     ('[input_shapes]\nx = "1x3x-8"', ["input_shapes", "'x'"]),
+    ("[input_shapes]\nx = {a = 1}", ["input_shapes['x']", "{'a': 1} is not a list of dimensions"]),  # (was ['a'])
     ('[layout]\ninput = {x = "NHWQ"}', ["layout.input", "unknown layout 'NHWQ'"]),
     ('[layout.preprocess]\nx = "uint8,HWQ"', ["layout.preprocess x", "'HWQ'"]),
     ('[verify]\nproviders = "tpu"', ["verify.providers", "unknown provider 'tpu'"]),
