@@ -20,7 +20,8 @@ itself (keeping the output's name) moves late. An edit is kept only where it low
 the input's figures (both orders summed); largest values first; the pass repeats until neither figure
 is above the input's or no edit helps (then ``optimize``'s report warns of the rise). Results are
 unchanged (a copy computes what its original does); copies take the original's metadata (its
-provenance). The reordering after it keeps what this wins: it takes an order only where the nodes'
+provenance: ``onnxopt.sources`` and the exporter's keys, not ``onnxopt.merged``, since a copy merged nothing)
+and record the pass (``onnxopt.rule`` ``memory_recomputation``, ``onnxopt.replaced`` ``[]``: inserted). The reordering after it keeps what this wins: it takes an order only where the nodes'
 order falls and onnxruntime's does not rise.
 
 onnxruntime's own common-subexpression elimination (its basic graph optimizations, on by default)
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from .irutil import subgraphs
+from .irutil import MERGED_KEY, REPLACED_KEY, RULE_KEY, subgraphs
 from .liveness import Liveness, Sizes, onnxruntime_order, result as peak_result, PEAK_KEY
 from .purity import Purity
 
@@ -223,7 +224,9 @@ def _copy(model: ir.Model, value: ir.Value, reader: ir.Node, names: set[str], ea
             where = graph.node(max(others))
     copy = ir.Node(node.domain, node.op_type, list(node.inputs), attributes=list(node.attributes.values()),
                    num_outputs=1, name=_unique(node.name or node.op_type, names), overload=node.overload,
-                   version=node.version, metadata_props=dict(node.metadata_props))
+                   version=node.version, metadata_props={
+                       **{k: v for k, v in node.metadata_props.items() if k != MERGED_KEY},  # (it merged none)
+                       RULE_KEY: "memory_recomputation", REPLACED_KEY: "[]"})  # (inserted, as a layout Transpose)
     out = copy.outputs[0]
     out.name = _unique(value.name or "value", names)
     out.type = value.type

@@ -317,6 +317,17 @@ def test_recomputation_makes_one_copy_for_a_reader_of_the_value_twice():
     feeds = feeds_for(m)
     for x, y in zip(run_ort(m, feeds), run_ort(out, feeds)):
         np.testing.assert_array_equal(y, x)
+    # the copy records the pass that made it, and merged nothing (it had the kept twin's onnxopt.merged,
+    # and no onnxopt.rule: the diff listed it as created by no rule)
+    copy = next(node for node in out.graph.node if node.name.startswith("s1_recomputed"))
+    props = {p.key: p.value for p in copy.metadata_props}
+    assert props == {"onnxopt.rule": "memory_recomputation", "onnxopt.replaced": "[]"}
+    kept = next(node for node in out.graph.node if node.name == "s1")
+    assert {p.key: p.value for p in kept.metadata_props} == {"onnxopt.merged": '["s2"]'}
+    from onnxopt import diff
+
+    created = diff.mapping(m, out)["created"]
+    assert {"after": copy.name, "rule": "memory_recomputation", "replaced": []} in created
 
 
 def test_recomputation_leaves_no_copy_without_a_reader():
