@@ -267,6 +267,9 @@ def test_bad_input_shapes_and_models_are_one_line_errors(tmp_path):
     bad.write_bytes(b"not a model at all")
     with pytest.raises(InvalidModelError):
         analysis.analyze(bad, device=DEV)
+    for other in (123, b"model bytes"):  # (a TypeError from os.fspath, not the documented one line)
+        with pytest.raises(UsageError, match="analyze takes a path or an onnx.ModelProto, not"):
+            analysis.analyze(other, device=DEV)
 
 
 # ---------------------------------------------------------------------------------------------
