@@ -125,7 +125,9 @@ def _edits(model: ir.Model, g: Liveness, value: ir.Value, readers: list[ir.Node]
     returns the copies it made: a copy of its producer for each reader after the peak (placed early
     or just before the reader, ``_copy``); for a graph output, a copy where the producer is for the
     readers, and the producer itself (which keeps the output's name) moved late: to the end, or
-    before the first node that nothing reads (onnxruntime runs those last-written first)."""
+    before the first node that nothing reads (onnxruntime runs those last-written first); or, where
+    it is read after the peak too, the copy for the readers before the peak only, and the producer
+    moved just before the first reader after it."""
     if value in g.outputs:
         node = value.producer()
         graph = model.graph
@@ -133,10 +135,13 @@ def _edits(model: ir.Model, g: Liveness, value: ir.Value, readers: list[ir.Node]
                      if v is not None and v.producer() is not None and v.producer() in g.index), default=-1)
         roots = [k for k in range(after + 1, len(g.nodes))
                  if k != g.index[node] and not any(o.uses() for o in g.nodes[k].outputs)]
-        places = [None] + ([g.nodes[roots[0]]] if roots else [])
-        for place in places:
-            def edit(place=place):
-                users = [use.node for use in value.uses()]
+        places = [(None, False)] + ([(g.nodes[roots[0]], False)] if roots else [])
+        early = [u for u in dict.fromkeys(use.node for use in value.uses()) if u not in readers]
+        if readers and early:  # read after the peak too: the copy for the readers before it, the producer
+            places.append((min(readers, key=g.index.__getitem__), True))  # just before the first after it
+        for place, split in places:
+            def edit(place=place, split=split):
+                users = early if split else [use.node for use in value.uses()]
                 copy = _copy(model, value, node, names, False)
                 for user in users:
                     for k, v in enumerate(user.inputs):

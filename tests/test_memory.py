@@ -330,6 +330,34 @@ def test_recomputation_makes_one_copy_for_a_reader_of_the_value_twice():
     assert {"after": copy.name, "rule": "memory_recomputation", "replaced": []} in created
 
 
+def test_recomputation_splits_a_graph_output_read_before_and_after_the_peak():
+    # CSE merges the graph output R2 = Relu(x) into R1, read by the Sigmoid before the big Tile: the
+    # output now lives from the start through the peak, and is read after it too. Copying it for every
+    # reader kept the copy alive across the peak (the peak stayed raised, with a warning): the copy is
+    # for the Sigmoid, the producer (the output) runs just before the Add that reads it late
+    n = 256
+    nodes = [helper.make_node("Relu", ["x"], ["R1"], name="r1"),
+             helper.make_node("Sigmoid", ["R1"], ["s"], name="sig"),
+             helper.make_node("Tile", ["s", "reps"], ["big"], name="tile"),
+             helper.make_node("ReduceMax", ["big"], ["m"], name="max", keepdims=1),
+             helper.make_node("Relu", ["x"], ["R2"], name="r2"),
+             helper.make_node("Add", ["R2", "m"], ["out"], name="add")]
+    m = model(nodes, [tinfo("x", [n])], [tinfo("out", [n]), tinfo("R2", [n])], [init("reps", np.array([50], np.int64))])
+    before = memory.peak(m, curve=False)
+    out, report = optimize(m, return_report=True)
+    assert report.rules["common_subexpression_elimination"].fired == 1
+    assert report.rules["memory_recomputation"].fired == 1
+    mem = report.memory
+    assert mem["after"]["peak_bytes"] <= before["peak_bytes"]
+    assert mem["after"]["onnxruntime_peak_bytes"] <= before["onnxruntime_peak_bytes"]
+    assert not any("peak activation memory rose" in w for w in report.warnings)
+    order = [(node.op_type, list(node.input), list(node.output)) for node in out.graph.node]
+    assert order[-2:] == [("Relu", ["x"], ["R2"]), ("Add", ["R2", "m"], ["out"])]
+    feeds = feeds_for(m)
+    for x, y in zip(run_ort(m, feeds), run_ort(out, feeds)):
+        np.testing.assert_array_equal(y, x)
+
+
 def test_recomputation_leaves_no_copy_without_a_reader():
     # CSE merges C2 = Cast(xi) into C1; the copy made for C2's reader runs before the ReduceSum (early,
     # as onnxruntime's order wants), alive across the nodes' order's peak: a copy read only after the
