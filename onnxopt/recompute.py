@@ -129,6 +129,8 @@ def _edits(model: ir.Model, g: Liveness, value: ir.Value, readers: list[ir.Node]
     it is read after the peak too, the copy for the readers before the peak only, and the producer
     moved just before the first reader after it."""
     if value in g.outputs:
+        if not value.uses():  # (a copy would have no reader: moving the producer is the reordering's)
+            return
         node = value.producer()
         graph = model.graph
         after = max((g.index[v.producer()] for v in node.inputs

@@ -358,6 +358,30 @@ def test_recomputation_splits_a_graph_output_read_before_and_after_the_peak():
         np.testing.assert_array_equal(y, x)
 
 
+def test_recomputation_copies_no_graph_output_that_nothing_reads():
+    # CSE makes the early R1 = Relu(x) the graph output R2; the pass's first copy gives the Max its own
+    # Relu and runs the output's producer late; the output, read by nothing now, was then "copied" for
+    # no reader: a copy left in the written model with nothing reading it
+    n = 256
+    nodes = [helper.make_node("Relu", ["x"], ["R1"], name="r1"),
+             helper.make_node("Max", ["R1", "R1"], ["a"], name="max1"),
+             helper.make_node("Tile", ["a", "reps"], ["big"], name="tile"),
+             helper.make_node("ReduceMax", ["big"], ["m"], name="max2", keepdims=1),
+             helper.make_node("Relu", ["x"], ["R2"], name="r2"),
+             helper.make_node("Sigmoid", ["a"], ["s"], name="sig"),
+             helper.make_node("Mul", ["s", "m"], ["out"], name="mul")]
+    m = model(nodes, [tinfo("x", [n])], [tinfo("out", [n]), tinfo("R2", [n])], [init("reps", np.array([50], np.int64))])
+    out, report = optimize(m, return_report=True)
+    assert report.rules["common_subexpression_elimination"].fired == 1
+    assert report.rules["memory_recomputation"].fired == 1
+    read = {i for node in out.graph.node for i in node.input} | {o.name for o in out.graph.output}
+    assert all(o in read for node in out.graph.node for o in node.output)
+    assert [node.op_type for node in out.graph.node].count("Relu") == 2
+    feeds = feeds_for(m)
+    for x, y in zip(run_ort(m, feeds), run_ort(out, feeds)):
+        np.testing.assert_array_equal(y, x)
+
+
 def test_recomputation_leaves_no_copy_without_a_reader():
     # CSE merges C2 = Cast(xi) into C1; the copy made for C2's reader runs before the ReduceSum (early,
     # as onnxruntime's order wants), alive across the nodes' order's peak: a copy read only after the
