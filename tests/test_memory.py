@@ -547,6 +547,8 @@ def test_random_graphs_with_twins_never_end_above_the_input():
         assert a["peak_bytes"] <= b["peak_bytes"], seed
         assert a["onnxruntime_peak_bytes"] <= b["onnxruntime_peak_bytes"], seed
         assert a == memory.peak(out, curve=False)
+        read = {i for node in out.graph.node for i in node.input} | {o.name for o in out.graph.output}
+        assert all(o in read for node in out.graph.node for o in node.output), seed  # (no copy left unread)
         without = optimize(m, return_report=True, disable=["memory_recomputation"])[1].memory["after"]
         rose_without += without["peak_bytes"] > b["peak_bytes"] or \
             without["onnxruntime_peak_bytes"] > b["onnxruntime_peak_bytes"]
