@@ -416,7 +416,8 @@ def _inspects(argv: list[str]) -> bool:
         flag = word.split("=", 1)[0]
         return flag in known or (flag.startswith("--") and len([o for o in known if o.startswith(flag)]) == 1)
 
-    return all(not w.startswith("-") or inspects(w) for w in argv[1:])
+    # (a negative number is a value, as argparse takes it: --top -1 is inspect's error, not 'unrecognized')
+    return all(not w.startswith("-") or w[1:2].isdigit() or inspects(w) for w in argv[1:])
 
 
 def _verify_coverage(path: str) -> dict | None:

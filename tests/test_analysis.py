@@ -477,6 +477,10 @@ def test_a_bare_model_is_inspected(tmp_path, monkeypatch):
     assert proc.returncode == 0, proc.stderr
     assert "symbolic dimensions set to 1" in proc.stdout and "16*batch*seq^2 + 272*batch*seq" in proc.stdout
     assert "AMD EPYC 9654" in proc.stdout
+    # a bad value of an inspect option is inspect's error (--top -1 was "unrecognized arguments: --top -1")
+    proc = subprocess.run([sys.executable, "-m", "onnxopt", str(path), "--top", "-1"], capture_output=True, text=True,
+                          env=env)
+    assert proc.returncode == 2 and proc.stderr == "onnxopt: error: --top -1: expected a whole number >= 0\n"
     # an optimize option without -o is still optimize's error
     proc = subprocess.run([sys.executable, "-m", "onnxopt", str(path), "--target", "ort-cpu"],
                           capture_output=True, text=True, env=env)
