@@ -442,10 +442,12 @@ def _load(model, input_shapes) -> tuple[onnx.ModelProto, Path | None]:
     if isinstance(model, onnx.ModelProto):
         proto, base = onnx.ModelProto(), None
         proto.CopyFrom(model)
-    else:
+    elif isinstance(model, (str, os.PathLike)):
         path = Path(os.fspath(model))
         proto, _ = io.read_checked(path, check=False)  # (one-line errors: missing, not ONNX, truncated)
         base = path.parent
+    else:
+        raise UsageError(f"analyze takes a path or an onnx.ModelProto, not {type(model).__name__}")
     shapes = grammar.normalize(input_shapes)
     if shapes:
         import onnx_ir as ir

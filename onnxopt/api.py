@@ -377,6 +377,11 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
                             "max_rewrites": max_rewrites, "fold_size_limit": fold_size_limit,
                             "fold_input_limit": fold_input_limit, "graph_passes": graph_passes, "strict": strict,
                             "input_shapes": input_shapes, "exact": exact})
+                elif verification.get("bisect_command"):  # (it would replay the rewrites alone)
+                    what = ("the fp16 conversion" if fp16 is not None else "the changed edges") + (
+                        " and the changed edges" if fp16 is not None and edges else "")
+                    verification["bisect_command"] += (f" (it replays the rewrites without {what}: where the "
+                                                       f"verification passes without them, they are the cause)")
                 # (with fp16 or changed edges too: a model that fails its verification is never written)
                 raise verifier.VerificationError(f"verification failed, no output written: "
                                                  f"{summary_line(verification)}", verification)
@@ -430,9 +435,10 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
 def _memory_warnings(memory: dict, fp16: bool = False) -> list[str]:
     """A line where the peak activation memory rose, in the nodes' order or in onnxruntime's (not
     where the input's figure is a lower bound: symbolic sizes the rewrites made known). The rewrites
-    never leave it raised (the memory_recomputation pass); what can is what runs after them: the
-    float16 conversion, whose float32 outputs are made from a float16 copy alive at the same time, and
-    the layout edges."""
+    leave it raised only where the memory_recomputation pass finds no copy that wins it back (none on
+    the zoo; a few small random graphs); what else can is what runs after them: the float16
+    conversion, whose float32 outputs are made from a float16 copy alive at the same time, and the
+    layout edges."""
     b, a = memory["before"], memory["after"]
     if b["lower_bound"]:
         return []

@@ -361,12 +361,21 @@ def _inspect_parser() -> argparse.ArgumentParser:
 
 
 def _peak_memory(model: str, shapes) -> dict | None:
-    """Peak activation memory by liveness (onnxopt.memory), or why it is not there."""
+    """Peak activation memory by liveness (onnxopt.memory), or why it is not there. Inputs left with
+    symbolic dimensions are taken at the shapes the verifier runs them at (recorded as ``at``), as
+    optimize's report and its page take them: sized at none, most values were of unknown size."""
     try:
         from .memory import peak
     except ImportError:
         return {"unavailable": "onnxopt.memory is not in this onnxopt"}
-    return peak(model, input_shapes=shapes or None)
+    import onnx
+
+    graph = io.to_ir(onnx.load(model, load_external_data=False))  # (the graph only: no weights read)
+    if shapes:
+        input_shapes.fix(graph, input_shapes.normalize(shapes))
+    at = input_shapes.symbolic_run_shapes(graph)
+    result = peak(model, input_shapes={**input_shapes.normalize(shapes), **at} or None)
+    return {**result, "at": at} if at else result
 
 
 def inspect_main(argv: list[str]) -> int:
@@ -407,7 +416,8 @@ def _inspects(argv: list[str]) -> bool:
         flag = word.split("=", 1)[0]
         return flag in known or (flag.startswith("--") and len([o for o in known if o.startswith(flag)]) == 1)
 
-    return all(not w.startswith("-") or inspects(w) for w in argv[1:])
+    # (a negative number is a value, as argparse takes it: --top -1 is inspect's error, not 'unrecognized')
+    return all(not w.startswith("-") or w[1:2].isdigit() or inspects(w) for w in argv[1:])
 
 
 def _verify_coverage(path: str) -> dict | None:

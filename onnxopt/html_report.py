@@ -482,8 +482,10 @@ def render_inspect(model: str, an: Mapping, mem: Mapping | None = None, top: int
         alive = mem.get("alive_at_peak") or []
         memory = (_line_chart("memory-model", f"peak {_size(mem.get('peak_bytes'))} at {at.get('name', '-')}", mem, ymax)
                   + f'<p class="note">weights apart: {_e(_size(mem.get("weights_bytes")))}; '
-                  f'{len(mem.get("unknown") or [])} value(s) of unknown size</p>'
-                  + _table(("alive at the peak", "bytes"), [(nm, _size(b)) for nm, b in alive[:top]], "wr"))
+                  f'{len(mem.get("unknown") or [])} value(s) of unknown size'
+                  + (_e("; symbolic inputs at the verifier's shapes: " + ", ".join(
+                      f"{k} {'x'.join(map(str, v))}" for k, v in mem["at"].items())) if mem.get("at") else "")
+                  + '</p>' + _table(("alive at the peak", "bytes"), [(nm, _size(b)) for nm, b in alive[:top]], "wr"))
     else:
         memory = _unavailable("the memory curve", mem.get("unavailable") if isinstance(mem, Mapping) else None)
     sections = [_section("model", "Model", model_body), _section("cost", "Where the cost goes", cost),

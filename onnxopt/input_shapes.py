@@ -107,7 +107,7 @@ def normalize(shapes, *, numbers: bool = False) -> Shapes:
         try:
             if isinstance(given, str):
                 dims = parse_dims(given)
-            elif isinstance(given, Iterable):
+            elif isinstance(given, Iterable) and not isinstance(given, (Mapping, bytes)):  # (not its keys)
                 dims = tuple(_api_dim(d) for d in given)
             else:
                 raise ValueError(f"{given!r} is not a list of dimensions")

@@ -244,11 +244,14 @@ def can_take_output(value: ir.Value) -> bool:
 
 def redirect(old: ir.Value, new: ir.Value, *, take_name: bool = False) -> list[ir.Node]:
     """Point every reader of ``old`` at ``new``; returns the nodes that read ``old``. A graph output
-    keeps its name (``new`` takes it: it must be able to, see :func:`can_take_output`), and with
+    keeps its name, type and shape (``new`` takes them: it must be able to, see :func:`can_take_output`), and with
     ``take_name`` ``new`` takes ``old``'s name in any case (a value a rewrite made)."""
     readers = list(old.consumers())
     name = old.name
     if old.is_graph_output() or (take_name and name):
+        if old.is_graph_output():  # (the output's declared type and shape: the same tensor)
+            new.type = old.type if old.type is not None else new.type
+            new.shape = old.shape if old.shape is not None else new.shape
         old.name = None
         old.replace_all_uses_with(new, replace_graph_outputs=True)
         new.name = name

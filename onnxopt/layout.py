@@ -45,6 +45,7 @@ import dataclasses
 import json
 import re
 from collections.abc import Iterable, Mapping
+from numbers import Real
 
 import numpy as np
 import onnx_ir as ir
@@ -175,10 +176,19 @@ def _preprocess_fields(fields: Mapping, where: str) -> Preprocess:
     if layout not in PIXEL_LAYOUTS:
         raise UsageError(f"{where}: pixel layout {fields.get('layout')!r}: expected one of {', '.join(PIXEL_LAYOUTS)}")
 
+    def number(x, key):
+        if isinstance(x, str):
+            return _number(x, f"{where} {key}")
+        if isinstance(x, (bool, np.bool_)) or not isinstance(x, Real) or not np.isfinite(x):
+            raise UsageError(f"{where} {key}: {x!r} is not a finite number (e.g. 0.5, 1/255)")
+        return float(x)
+
     def numbers(key, default):
         v = fields.get(key, default)
-        vals = [v] if isinstance(v, (int, float, str)) else list(v)
-        out = tuple(_number(x, f"{where} {key}") if isinstance(x, str) else float(x) for x in vals)
+        if isinstance(v, Mapping):
+            raise UsageError(f"{where} {key}: expected a number or a list of numbers, not a table")
+        vals = [v] if isinstance(v, (Real, str)) else list(v)
+        out = tuple(number(x, key) for x in vals)
         if not out:
             raise UsageError(f"{where}: {key} has no value")
         return out
@@ -189,8 +199,10 @@ def _preprocess_fields(fields: Mapping, where: str) -> Preprocess:
     mean, std = numbers("mean", 0.0), numbers("std", 1.0)
     if scale[0] == 0 or any(s == 0 for s in std):
         raise UsageError(f"{where}: scale and std must not be 0")
-    return Preprocess(layout=layout, dtype=dtype, scale=scale[0], mean=mean, std=std,
-                      bgr=bool(fields.get("bgr", False)))
+    bgr = fields.get("bgr", False)
+    if not isinstance(bgr, bool):  # (bool("false") is True: the channels reversed unasked)
+        raise UsageError(f"{where} bgr: expected true or false, got {bgr!r}")
+    return Preprocess(layout=layout, dtype=dtype, scale=scale[0], mean=mean, std=std, bgr=bgr)
 
 
 def _parse_preprocess_text(text: str, where: str) -> Preprocess:

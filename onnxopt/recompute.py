@@ -20,7 +20,8 @@ itself (keeping the output's name) moves late. An edit is kept only where it low
 the input's figures (both orders summed); largest values first; the pass repeats until neither figure
 is above the input's or no edit helps (then ``optimize``'s report warns of the rise). Results are
 unchanged (a copy computes what its original does); copies take the original's metadata (its
-provenance). The reordering after it keeps what this wins: it takes an order only where the nodes'
+provenance: ``onnxopt.sources`` and the exporter's keys, not ``onnxopt.merged``, since a copy merged nothing)
+and record the pass (``onnxopt.rule`` ``memory_recomputation``, ``onnxopt.replaced`` ``[]``: inserted). The reordering after it keeps what this wins: it takes an order only where the nodes'
 order falls and onnxruntime's does not rise.
 
 onnxruntime's own common-subexpression elimination (its basic graph optimizations, on by default)
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from .irutil import subgraphs
+from .irutil import MERGED_KEY, REPLACED_KEY, RULE_KEY, subgraphs
 from .liveness import Liveness, Sizes, onnxruntime_order, result as peak_result, PEAK_KEY
 from .purity import Purity
 
@@ -121,18 +122,25 @@ def _edits(model: ir.Model, g: Liveness, value: ir.Value, readers: list[ir.Node]
     returns the copies it made: a copy of its producer for each reader after the peak (placed early
     or just before the reader, ``_copy``); for a graph output, a copy where the producer is for the
     readers, and the producer itself (which keeps the output's name) moved late: to the end, or
-    before the first node that nothing reads (onnxruntime runs those last-written first)."""
+    before the first node that nothing reads (onnxruntime runs those last-written first); or, where
+    it is read after the peak too, the copy for the readers before the peak only, and the producer
+    moved just before the first reader after it."""
     if value in g.outputs:
+        if not value.uses():  # (a copy would have no reader: moving the producer is the reordering's)
+            return
         node = value.producer()
         graph = model.graph
         after = max((g.index[v.producer()] for v in node.inputs
                      if v is not None and v.producer() is not None and v.producer() in g.index), default=-1)
         roots = [k for k in range(after + 1, len(g.nodes))
                  if k != g.index[node] and not any(o.uses() for o in g.nodes[k].outputs)]
-        places = [None] + ([g.nodes[roots[0]]] if roots else [])
-        for place in places:
-            def edit(place=place):
-                users = [use.node for use in value.uses()]
+        places = [(None, False)] + ([(g.nodes[roots[0]], False)] if roots else [])
+        early = [u for u in dict.fromkeys(use.node for use in value.uses()) if u not in readers]
+        if readers and early:  # read after the peak too: the copy for the readers before it, the producer
+            places.append((min(readers, key=g.index.__getitem__), True))  # just before the first after it
+        for place, split in places:
+            def edit(place=place, split=split):
+                users = early if split else [use.node for use in value.uses()]
                 copy = _copy(model, value, node, names, False)
                 for user in users:
                     for k, v in enumerate(user.inputs):
@@ -169,7 +177,10 @@ def _candidates(g: Liveness, order: list[int], purity: Purity, refused: set):
         uses = list(value.uses())
         if any(use.node.graph is not g.graph for use in uses):  # (read inside a body: left alone)
             continue
-        readers = [use.node for use in uses if pos.get(g.index[use.node], -1) > step]
+        # (each reader once: a node reading the value twice gets one copy, for both)
+        readers = list(dict.fromkeys(use.node for use in uses if pos.get(g.index[use.node], -1) > step))
+        if value not in g.outputs and len(readers) == len({use.node for use in uses}):
+            continue  # (read only after the peak: copies would leave the producer with no reader)
         if readers or value in g.outputs:
             found.append((g.size[value], step - pos[k], value, readers))
     found.sort(key=lambda item: (-item[0], -item[1]))
@@ -217,7 +228,9 @@ def _copy(model: ir.Model, value: ir.Value, reader: ir.Node, names: set[str], ea
             where = graph.node(max(others))
     copy = ir.Node(node.domain, node.op_type, list(node.inputs), attributes=list(node.attributes.values()),
                    num_outputs=1, name=_unique(node.name or node.op_type, names), overload=node.overload,
-                   version=node.version, metadata_props=dict(node.metadata_props))
+                   version=node.version, metadata_props={
+                       **{k: v for k, v in node.metadata_props.items() if k != MERGED_KEY},  # (it merged none)
+                       RULE_KEY: "memory_recomputation", REPLACED_KEY: "[]"})  # (inserted, as a layout Transpose)
     out = copy.outputs[0]
     out.name = _unique(value.name or "value", names)
     out.type = value.type

@@ -259,7 +259,8 @@ def format_rules(rules: Sequence[Rule], graph_passes: Sequence[str], families: M
     if sections:
         out += ["", Table(("rule", "matches", "priority", "targets", "exactness", "does"), sections, "llrlll")]
     if graph_passes:
-        rows = [(name, "first" if passes.BY_NAME[name].phase == "first" else "between rounds",
+        when = {"first": "first", "between": "between rounds", "last": "last (once, at the end)"}
+        rows = [(name, when[passes.BY_NAME[name].phase],
                  _exactness(passes.BY_NAME[name]), passes.BY_NAME[name].doc) for name in graph_passes]
         out += ["", Table(("pass", "runs", "exactness", "does"),
                           [(Styled("graph passes (onnxopt/passes.py)", "bold cyan"), rows)], "llll")]

@@ -267,6 +267,9 @@ def test_bad_input_shapes_and_models_are_one_line_errors(tmp_path):
     bad.write_bytes(b"not a model at all")
     with pytest.raises(InvalidModelError):
         analysis.analyze(bad, device=DEV)
+    for other in (123, b"model bytes"):  # (a TypeError from os.fspath, not the documented one line)
+        with pytest.raises(UsageError, match="analyze takes a path or an onnx.ModelProto, not"):
+            analysis.analyze(other, device=DEV)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -444,6 +447,27 @@ def test_inspect_prints_the_summary_and_writes_the_json(tmp_path, capsys):
     assert out.read_bytes() == first_bytes and capsys.readouterr().out == ""
 
 
+def test_inspect_sizes_the_memory_of_symbolic_inputs_at_the_verifiers_shapes(tmp_path, capsys):
+    # without --input-shape every activation was of unknown size (a lower bound of the inputs alone:
+    # 0 bytes); they are taken at the shapes optimize's report takes them at (x 1x16x8), and say so
+    from onnxopt import memory
+
+    path = tmp_path / "m.onnx"
+    onnx.save(two_layer(), str(path))
+    out, page = tmp_path / "r.json", tmp_path / "r.html"
+    assert cli.main(["inspect", str(path), "--device", DEV, "--json", str(out), "--html", str(page), "-q"]) == 0
+    mem = json.loads(out.read_text())["memory"]
+    assert mem["at"] == {"x": [1, 16, 8]} and not mem["lower_bound"] and mem["unknown"] == []
+    fixed = memory.peak(str(path), input_shapes={"x": [1, 16, 8]}, curve=False)
+    assert mem["peak_bytes"] == fixed["peak_bytes"] > 0
+    assert "symbolic inputs at the verifier&#x27;s shapes: x 1x16x8" in page.read_text()
+    # an input the command line fixes is taken as given
+    assert cli.main(["inspect", str(path), "--input-shape", "x=2x5x8", "--device", DEV, "--json", str(out), "-q"]) == 0
+    mem = json.loads(out.read_text())["memory"]
+    assert "at" not in mem and mem["peak_bytes"] == memory.peak(str(path), input_shapes={"x": [2, 5, 8]})["peak_bytes"]
+    capsys.readouterr()
+
+
 def test_a_bare_model_is_inspected(tmp_path, monkeypatch):
     path = tmp_path / "m.onnx"
     onnx.save(two_layer(), str(path))
@@ -453,6 +477,10 @@ def test_a_bare_model_is_inspected(tmp_path, monkeypatch):
     assert proc.returncode == 0, proc.stderr
     assert "symbolic dimensions set to 1" in proc.stdout and "16*batch*seq^2 + 272*batch*seq" in proc.stdout
     assert "AMD EPYC 9654" in proc.stdout
+    # a bad value of an inspect option is inspect's error (--top -1 was "unrecognized arguments: --top -1")
+    proc = subprocess.run([sys.executable, "-m", "onnxopt", str(path), "--top", "-1"], capture_output=True, text=True,
+                          env=env)
+    assert proc.returncode == 2 and proc.stderr == "onnxopt: error: --top -1: expected a whole number >= 0\n"
     # an optimize option without -o is still optimize's error
     proc = subprocess.run([sys.executable, "-m", "onnxopt", str(path), "--target", "ort-cpu"],
                           capture_output=True, text=True, env=env)

@@ -225,6 +225,14 @@ def test_list_rules(capsys):
     expected = portable_rules() + list(PASSES)
     assert listed == expected
     assert {"conv_bn_fold", "identity_elimination", "bn_to_mul_add"} <= set(listed)
+    # each pass says when it runs: the memory passes once at the end (they were listed "between rounds")
+    rows = listed_rows(stdout)
+    from onnxopt.passes import BY_NAME
+
+    when = {"first": "first ", "between": "between rounds ", "last": "last (once, at the end) "}
+    for name in PASSES:
+        assert rows[name][len(name):].lstrip().startswith(when[BY_NAME[name].phase]), rows[name]
+    assert BY_NAME["memory_recomputation"].phase == BY_NAME["memory_reordering"].phase == "last"
 
 
 def test_list_rules_with_disable(capsys):

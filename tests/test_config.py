@@ -302,8 +302,12 @@ def test_relative_paths_are_the_files(src, tmp_path, capsys, monkeypatch):
     ('precision = "fp8"', ["precision: 'fp8' is not one of fp32, fp16"]),
     ("verify = 3", ["verify is a table ([verify])"]),
     ('[input_shapes]\nx = "1x3x-8"', ["input_shapes", "'x'"]),
+    ("[input_shapes]\nx = {a = 1}", ["input_shapes['x']", "{'a': 1} is not a list of dimensions"]),  # (was ['a'])
     ('[layout]\ninput = {x = "NHWQ"}', ["layout.input", "unknown layout 'NHWQ'"]),
     ('[layout.preprocess]\nx = "uint8,HWQ"', ["layout.preprocess x", "'HWQ'"]),
+    ('[layout.preprocess.x]\nlayout = "HWC"\nbgr = "false"', ["layout.preprocess x bgr: expected true or false"]),
+    ('[layout.preprocess.x]\nlayout = "HWC"\nmean = nan', ["layout.preprocess x mean: nan is not a finite number"]),
+    ('[layout.preprocess.x]\nlayout = "HWC"\nstd = [1, true, 1]', ["layout.preprocess x std: True is not a finite"]),
     ('[verify]\nproviders = "tpu"', ["verify.providers", "unknown provider 'tpu'"]),
     ('[verify]\nint_ranges = {ids = "9:1"}', ["verify.int_ranges", "LOW:HIGH"]),
     ('[verify]\nprovider_options = {cuda = 1}', ["verify.provider_options", "expected a mapping"]),

@@ -294,6 +294,119 @@ def test_recomputation_leaves_a_model_whose_peak_did_not_rise():
     assert not any("_recomputed" in n.name for n in out.graph.node)
 
 
+def test_recomputation_makes_one_copy_for_a_reader_of_the_value_twice():
+    # CSE merges S2 = Sigmoid(x) into S1, read early; S2's reader Mul(S2, S2) comes after a big Tile.
+    # The copy for that reader replaces both of its inputs: one copy, not one per use (the second
+    # was left in the written model with nothing reading it)
+    n = 1000
+    nodes = [helper.make_node("Sigmoid", ["x"], ["S1"], name="s1"),
+             helper.make_node("Add", ["S1", "x"], ["a"], name="add1"),
+             helper.make_node("Tile", ["a", "reps"], ["big"], name="tile"),
+             helper.make_node("ReduceSum", ["big"], ["s"], name="sum", keepdims=1),
+             helper.make_node("Sigmoid", ["x"], ["S2"], name="s2"),
+             helper.make_node("Mul", ["S2", "S2"], ["y"], name="square"),
+             helper.make_node("Add", ["y", "s"], ["out"], name="add2")]
+    m = model(nodes, [tinfo("x", [n])], [tinfo("out", [n])], [init("reps", np.array([100], np.int64))])
+    out, report = optimize(m, return_report=True)
+    assert report.rules["common_subexpression_elimination"].fired == 1
+    assert report.rules["memory_recomputation"].fired == 1
+    assert [node.op_type for node in out.graph.node].count("Sigmoid") == 2
+    read = {i for node in out.graph.node for i in node.input} | {o.name for o in out.graph.output}
+    assert all(o in read for node in out.graph.node for o in node.output)
+    assert report.memory["after"]["peak_bytes"] <= report.memory["before"]["peak_bytes"]
+    feeds = feeds_for(m)
+    for x, y in zip(run_ort(m, feeds), run_ort(out, feeds)):
+        np.testing.assert_array_equal(y, x)
+    # the copy records the pass that made it, and merged nothing (it had the kept twin's onnxopt.merged,
+    # and no onnxopt.rule: the diff listed it as created by no rule)
+    copy = next(node for node in out.graph.node if node.name.startswith("s1_recomputed"))
+    props = {p.key: p.value for p in copy.metadata_props}
+    assert props == {"onnxopt.rule": "memory_recomputation", "onnxopt.replaced": "[]"}
+    kept = next(node for node in out.graph.node if node.name == "s1")
+    assert {p.key: p.value for p in kept.metadata_props} == {"onnxopt.merged": '["s2"]'}
+    from onnxopt import diff
+
+    created = diff.mapping(m, out)["created"]
+    assert {"after": copy.name, "rule": "memory_recomputation", "replaced": []} in created
+
+
+def test_recomputation_splits_a_graph_output_read_before_and_after_the_peak():
+    # CSE merges the graph output R2 = Relu(x) into R1, read by the Sigmoid before the big Tile: the
+    # output now lives from the start through the peak, and is read after it too. Copying it for every
+    # reader kept the copy alive across the peak (the peak stayed raised, with a warning): the copy is
+    # for the Sigmoid, the producer (the output) runs just before the Add that reads it late
+    n = 256
+    nodes = [helper.make_node("Relu", ["x"], ["R1"], name="r1"),
+             helper.make_node("Sigmoid", ["R1"], ["s"], name="sig"),
+             helper.make_node("Tile", ["s", "reps"], ["big"], name="tile"),
+             helper.make_node("ReduceMax", ["big"], ["m"], name="max", keepdims=1),
+             helper.make_node("Relu", ["x"], ["R2"], name="r2"),
+             helper.make_node("Add", ["R2", "m"], ["out"], name="add")]
+    m = model(nodes, [tinfo("x", [n])], [tinfo("out", [n]), tinfo("R2", [n])], [init("reps", np.array([50], np.int64))])
+    before = memory.peak(m, curve=False)
+    out, report = optimize(m, return_report=True)
+    assert report.rules["common_subexpression_elimination"].fired == 1
+    assert report.rules["memory_recomputation"].fired == 1
+    mem = report.memory
+    assert mem["after"]["peak_bytes"] <= before["peak_bytes"]
+    assert mem["after"]["onnxruntime_peak_bytes"] <= before["onnxruntime_peak_bytes"]
+    assert not any("peak activation memory rose" in w for w in report.warnings)
+    order = [(node.op_type, list(node.input), list(node.output)) for node in out.graph.node]
+    assert order[-2:] == [("Relu", ["x"], ["R2"]), ("Add", ["R2", "m"], ["out"])]
+    feeds = feeds_for(m)
+    for x, y in zip(run_ort(m, feeds), run_ort(out, feeds)):
+        np.testing.assert_array_equal(y, x)
+
+
+def test_recomputation_copies_no_graph_output_that_nothing_reads():
+    # CSE makes the early R1 = Relu(x) the graph output R2; the pass's first copy gives the Max its own
+    # Relu and runs the output's producer late; the output, read by nothing now, was then "copied" for
+    # no reader: a copy left in the written model with nothing reading it
+    n = 256
+    nodes = [helper.make_node("Relu", ["x"], ["R1"], name="r1"),
+             helper.make_node("Max", ["R1", "R1"], ["a"], name="max1"),
+             helper.make_node("Tile", ["a", "reps"], ["big"], name="tile"),
+             helper.make_node("ReduceMax", ["big"], ["m"], name="max2", keepdims=1),
+             helper.make_node("Relu", ["x"], ["R2"], name="r2"),
+             helper.make_node("Sigmoid", ["a"], ["s"], name="sig"),
+             helper.make_node("Mul", ["s", "m"], ["out"], name="mul")]
+    m = model(nodes, [tinfo("x", [n])], [tinfo("out", [n]), tinfo("R2", [n])], [init("reps", np.array([50], np.int64))])
+    out, report = optimize(m, return_report=True)
+    assert report.rules["common_subexpression_elimination"].fired == 1
+    assert report.rules["memory_recomputation"].fired == 1
+    read = {i for node in out.graph.node for i in node.input} | {o.name for o in out.graph.output}
+    assert all(o in read for node in out.graph.node for o in node.output)
+    assert [node.op_type for node in out.graph.node].count("Relu") == 2
+    feeds = feeds_for(m)
+    for x, y in zip(run_ort(m, feeds), run_ort(out, feeds)):
+        np.testing.assert_array_equal(y, x)
+
+
+def test_recomputation_leaves_no_copy_without_a_reader():
+    # CSE merges C2 = Cast(xi) into C1; the copy made for C2's reader runs before the ReduceSum (early,
+    # as onnxruntime's order wants), alive across the nodes' order's peak: a copy read only after the
+    # peak is not copied again (the copy of the copy took its only reader, and the first copy stayed
+    # in the written model with nothing reading it)
+    n = 1000
+    nodes = [helper.make_node("Cast", ["xi"], ["C1"], name="c1", to=TensorProto.FLOAT),
+             helper.make_node("Add", ["C1", "x"], ["a"], name="add1"),
+             helper.make_node("Tile", ["a", "reps"], ["big"], name="tile"),
+             helper.make_node("ReduceSum", ["big"], ["s"], name="sum", keepdims=1),
+             helper.make_node("Cast", ["xi"], ["C2"], name="c2", to=TensorProto.FLOAT),
+             helper.make_node("Add", ["C2", "s"], ["out"], name="add2")]
+    m = model(nodes, [tinfo("x", [n]), tinfo("xi", [n], TensorProto.INT32)], [tinfo("out", [n])],
+              [init("reps", np.array([100], np.int64))])
+    out, report = optimize(m, return_report=True)
+    assert report.rules["common_subexpression_elimination"].fired == 1
+    assert report.rules["memory_recomputation"].fired >= 1
+    read = {i for node in out.graph.node for i in node.input} | {o.name for o in out.graph.output}
+    assert all(o in read for node in out.graph.node for o in node.output)
+    assert [node.op_type for node in out.graph.node].count("Cast") == 2
+    feeds = feeds_for(m)
+    for x, y in zip(run_ort(m, feeds), run_ort(out, feeds)):
+        np.testing.assert_array_equal(y, x)
+
+
 @pytest.mark.parametrize("name,copies", [("bert-legacy", 3), ("minilm-legacy", 5)])
 def test_recomputation_on_the_zoo_keeps_outputs_and_never_raises(name, copies, tmp_path):
     # the legacy BERT exports: CSE shares the attention mask (float) where each layer made its own
@@ -434,6 +547,8 @@ def test_random_graphs_with_twins_never_end_above_the_input():
         assert a["peak_bytes"] <= b["peak_bytes"], seed
         assert a["onnxruntime_peak_bytes"] <= b["onnxruntime_peak_bytes"], seed
         assert a == memory.peak(out, curve=False)
+        read = {i for node in out.graph.node for i in node.input} | {o.name for o in out.graph.output}
+        assert all(o in read for node in out.graph.node for o in node.output), seed  # (no copy left unread)
         without = optimize(m, return_report=True, disable=["memory_recomputation"])[1].memory["after"]
         rose_without += without["peak_bytes"] > b["peak_bytes"] or \
             without["onnxruntime_peak_bytes"] > b["onnxruntime_peak_bytes"]

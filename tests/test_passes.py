@@ -50,6 +50,21 @@ def test_cse_and_duplicate_initializers():
     assert_same_outputs(m, out, feeds_for(m))
 
 
+def test_cse_keeps_the_declared_type_of_a_graph_output_it_merges():
+    # the late twin is a graph output: the early one takes its name, and must take its declared
+    # type and shape too (the output was written without a type, which onnx's checker refuses)
+    nodes = [helper.make_node("Sigmoid", ["x"], ["t1"], name="s1"),
+             helper.make_node("ReduceSum", ["t1"], ["s"], name="sum"),
+             helper.make_node("Sigmoid", ["x"], ["t2"], name="s2")]
+    m = model(nodes, [tinfo("x", [8])], [tinfo("s", [1]), tinfo("t2", [8])])
+    out, report = optimize(m, return_report=True)
+    assert report.fired["common_subexpression_elimination"] == 1
+    assert [o.name for o in out.graph.output] == ["s", "t2"]
+    assert out.graph.output[1].type == m.graph.output[1].type
+    onnx.checker.check_model(out, full_check=True)
+    assert_same_outputs(m, out, feeds_for(m))
+
+
 def test_cse_never_merges_random_ops():
     nodes = [helper.make_node("RandomUniformLike", ["x"], ["a"]), helper.make_node("RandomUniformLike", ["x"], ["b"]),
              helper.make_node("Sub", ["a", "b"], ["y"])]
