@@ -108,8 +108,17 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+class _Once(argparse.Action):
+    """A flag that may be given once (a second -c would silently replace the first file)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if getattr(namespace, self.dest, None) not in (None, argparse.SUPPRESS):
+            parser.error(f"{option_string} given twice: give one file (its settings, then the flags)")
+        setattr(namespace, self.dest, values)
+
+
 def _add_config_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-c", "--config", metavar="FILE.toml",
+    p.add_argument("-c", "--config", metavar="FILE.toml", action=_Once,
                    help="settings from a TOML file (the README's 'Config file' lists its keys); flags given here "
                         "override it, relative paths in it are relative to its folder")
 
@@ -120,16 +129,20 @@ def _add_rule_args(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--rules", metavar="FILE", action="append", default=[],
                    help="a Python file whose RULES are added to the built-in ones (repeatable)")
     p.add_argument("--no-builtin-rules", action="store_true", help="use only the rules given with --rules")
+    p.add_argument("--builtin-rules", dest="no_builtin_rules", action="store_false", default=argparse.SUPPRESS,
+                   help="the built-in rules too (the default; overrides a config file's no_builtin_rules)")
     p.add_argument("--target", choices=[*targets.TARGETS, *targets.ALIASES], metavar="TARGET",
                    help="where the model will run: portable (default: standard ONNX ops only), ort-cpu, ort-cuda "
                         "(onnxruntime's CPU or CUDA provider; cpu and cuda are aliases); only rules valid there run")
-    p.add_argument("--exact", action="store_true",
+    p.add_argument("--exact", action=argparse.BooleanOptionalAction, default=False,
                    help="only rewrites that keep every output bit-identical on onnxruntime's CPU provider with its "
-                        "default settings (rules declared exact; see --list-rules)")
+                        "default settings (rules declared exact; see --list-rules); --no-exact overrides a config "
+                        "file's exact")
     p.add_argument("--max-rewrites", type=int, metavar="N", help="cap on the number of rewrites")
-    p.add_argument("--strict", action="store_true", default=None,
+    p.add_argument("--strict", action=argparse.BooleanOptionalAction, default=None,
                    help="a rule that raises (a bug in it) stops the run with an error instead of being skipped "
-                        "and reported (default: on when ONNXOPT_STRICT=1)")
+                        "and reported (default: on when ONNXOPT_STRICT=1); --no-strict overrides a config file's "
+                        "strict")
     p.add_argument("--fold-size-limit", type=int, metavar="BYTES", default=evaluate.DEFAULT_SIZE_LIMIT,
                    help="constant folding creates a larger tensor only in place of at least as many bytes of "
                         "constants that become unused (default 1 MiB)")
@@ -152,6 +165,8 @@ def _add_report_args(p: argparse.ArgumentParser, quiet: str) -> None:
     p.add_argument("--json", metavar="REPORT", help="also write the report as JSON to this file")
 
     p.add_argument("-q", "--quiet", action="store_true", help=f"{quiet}; no progress on stderr")
+    p.add_argument("--no-quiet", dest="quiet", action="store_false", default=argparse.SUPPRESS,
+                   help="print as usual (overrides a config file's report.quiet)")
 
 
 def _add_input_args(p: argparse.ArgumentParser) -> None:

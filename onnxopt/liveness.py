@@ -326,10 +326,16 @@ class Liveness:
                             and node.inputs[0] is not None
                             and sizes.dtype(node.inputs[0]) == ir.DataType.FLOAT.value}
         for node in self.nodes:
+            constant = node.op_type == "Constant" and node.domain in ("", "ai.onnx")
             for o in node.outputs:
                 s = sizes(o)
                 if s is None:
                     note(o)
+                if constant and o not in self.outputs:
+                    # a weight, as an initializer is (a runtime holds it for the session's life):
+                    # counted apart, never in the curve
+                    self.weights_bytes += s or 0
+                    s = 0
                 self.size[o] = s or 0
             reads = [v for v in node.inputs if v is not None]
             charge = 0

@@ -4,7 +4,8 @@
 runs and freed after the last node that reads them (a node with subgraphs reads what its bodies
 read from outside); graph outputs live to the end. Graph inputs are counted, alive from the start
 to the end (the caller owns them; the runtime cannot free them); their total is ``inputs_bytes``.
-Initializers are weights, counted apart (``weights_bytes``) and never in the curve. The figure at
+Initializers and Constant nodes' tensors are weights, counted apart (``weights_bytes``) and never in
+the curve (a runtime holds them for the session's life; onnxruntime makes Constants initializers). The figure at
 a node is what is alive while it runs: its inputs and its outputs together. A node with subgraphs
 (If, Loop, Scan) is charged, while it runs, every value its bodies compute, all at once (every
 branch of an If, one iteration of a Loop): conservative.

@@ -16,8 +16,8 @@ data: element-wise, casts, masks, reductions, shape and data movement; not MatMu
 recurrences, Resize, TopK, ...) gets either a copy of that producer for each reader after the peak
 (as each layer made its own mask before the merge), placed where both orders run it late
 (``_copy``); or, for a graph output, a copy where the producer is for its readers while the producer
-itself (keeping the output's name) moves late. An edit is kept only where it lowers the excess over
-the input's figures (both orders summed); largest values first; the pass repeats until neither figure
+itself (keeping the output's name) moves late. Of a value's edits the one that lowers the excess over
+the input's figures (both orders summed) most is kept, if any does; largest values first; the pass repeats until neither figure
 is above the input's or no edit helps (then ``optimize``'s report warns of the rise). Results are
 unchanged (a copy computes what its original does); copies take the original's metadata (its
 provenance: ``onnxopt.sources`` and the exporter's keys, not ``onnxopt.merged``, since a copy merged nothing)
@@ -91,18 +91,24 @@ def recompute(model: ir.Model, infer) -> int:
         order = list(range(len(g.nodes))) if which == 0 else onnxruntime_order(g)
         kept = False
         for value, readers in _candidates(g, order, purity, refused):
-            for edit in _edits(model, g, value, readers, names):
+            # every edit for this value tried; the one that lowers the excess most kept (the first of equals)
+            best, best_excess = None, _excess(current, limit)
+            for k, edit in enumerate(_edits(model, g, value, readers, names)):
                 tries += 1
                 copies = edit()
                 sizes.copies.update((copy.outputs[0], value) for copy in copies)
-                trial = Liveness(model, sizes)
-                peaks = _peaks(trial)
-                if _excess(peaks, limit) < _excess(current, limit):
-                    g, current, kept = trial, peaks, True
-                    made += len(copies)
-                    break
+                excess = _excess(_peaks(Liveness(model, sizes)), limit)
                 _undo(model, copies, value)
-            if kept or tries >= _MAX_TRIES:
+                if excess < best_excess:
+                    best, best_excess = k, excess
+            if best is not None:
+                copies = list(_edits(model, g, value, readers, names))[best]()
+                sizes.copies.update((copy.outputs[0], value) for copy in copies)
+                g = Liveness(model, sizes)
+                current, kept = _peaks(g), True
+                made += len(copies)
+                break
+            if tries >= _MAX_TRIES:
                 break
             refused.add(value)
         if not kept:

@@ -256,6 +256,33 @@ def test_flags_given_override_the_file(src, tmp_path, seen, capsys):
     assert kw["max_rewrites"] == 5 and kw["verify_options"]["runs"] == 3  # not given: the file's
 
 
+def test_a_files_true_switches_can_be_turned_off_by_flags(src, tmp_path, seen, capsys):
+    cfg = write(tmp_path, """
+        exact = true
+        strict = true
+        no_builtin_rules = true
+        rules = ["r.py"]
+        [report]
+        quiet = true
+    """)
+    (tmp_path / "r.py").write_text("from onnxopt.rules.cleanup import RULES\n")
+    run_main(capsys, src, "-o", tmp_path / "o.onnx", "-c", cfg)
+    kw = seen.pop("optimize")
+    assert kw["exact"] is True and kw["strict"] is True and kw["rules"] == []
+    run_main(capsys, src, "-o", tmp_path / "o.onnx", "-c", cfg, "--no-exact", "--no-strict", "--builtin-rules",
+             "--no-quiet")
+    kw = seen["optimize"]
+    assert kw["exact"] is False and kw["strict"] is False and kw["rules"] is None
+
+
+def test_config_given_twice_is_one_line(src, tmp_path, capsys):
+    a, b = write(tmp_path, 'target = "ort-cpu"', "a.toml"), write(tmp_path, 'target = "ort-cuda"', "b.toml")
+    with pytest.raises(SystemExit) as exc:
+        cli.main([str(src), "-o", str(tmp_path / "o.onnx"), "-c", str(a), "-c", str(b)])
+    assert exc.value.code == 2 and "-c given twice" in one_line(capsys.readouterr().err)
+    assert not (tmp_path / "o.onnx").exists()
+
+
 def test_quantize_flags_override_the_file(src, tmp_path, seen, capsys):
     (tmp_path / "calib").mkdir()
     (tmp_path / "c2").mkdir()
