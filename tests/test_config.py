@@ -17,7 +17,6 @@ from onnx import helper
 
 import onnxopt.quantize.api as quantize_api
 from onnxopt import cli, config
-from onnxopt.errors import UsageError
 
 from helpers import init, model, tinfo
 
@@ -449,7 +448,7 @@ def test_readme_example_runs_end_to_end(tmp_path, capsys):
     assert report["config"]["from_command_line"] == []
     opt = tmp_path / "model.opt.onnx"
     sess = ort.InferenceSession(str(opt), providers=["CPUExecutionProvider"])
-    (inp,), (outp,) = sess.get_inputs(), sess.get_outputs()
+    (inp,), (_,) = sess.get_inputs(), sess.get_outputs()
     assert inp.type == "tensor(uint8)" and inp.shape[1:] == [32, 32, 3]  # raw NHWC pixels
     pixels = rng.integers(0, 256, (2, 32, 32, 3), dtype=np.uint8)
     (y,) = sess.run(None, {"input": pixels})
