@@ -95,18 +95,18 @@ def recompute(model: ir.Model, infer) -> int:
             best, best_excess = None, _excess(current, limit)
             for k, edit in enumerate(_edits(model, g, value, readers, names)):
                 tries += 1
-                copies = edit()
+                copies, undo = edit()
                 sizes.copies.update((copy.outputs[0], value) for copy in copies)
                 excess = _excess(_peaks(Liveness(model, sizes)), limit)
-                _undo(model, copies, value)
+                undo()
                 if excess < best_excess:
                     best, best_excess = k, excess
             if best is not None:
-                copies = list(_edits(model, g, value, readers, names))[best]()
+                copies, _ = list(_edits(model, g, value, readers, names))[best]()
                 sizes.copies.update((copy.outputs[0], value) for copy in copies)
                 g = Liveness(model, sizes)
                 current, kept = _peaks(g), True
-                made += len(copies)
+                made += len(copies) or 1  # (a move alone counts one)
                 break
             if tries >= _MAX_TRIES:
                 break
@@ -132,14 +132,19 @@ def _edits(model: ir.Model, g: Liveness, value: ir.Value, readers: list[ir.Node]
     it is read after the peak too, the copy for the readers before the peak only, and the producer
     moved just before the first reader after it."""
     if value in g.outputs:
-        if not value.uses():  # (a copy would have no reader: moving the producer is the reordering's)
-            return
         node = value.producer()
         graph = model.graph
         after = max((g.index[v.producer()] for v in node.inputs
                      if v is not None and v.producer() is not None and v.producer() in g.index), default=-1)
         roots = [k for k in range(after + 1, len(g.nodes))
                  if k != g.index[node] and not any(o.uses() for o in g.nodes[k].outputs)]
+        if not value.uses():
+            # nothing reads it: no copy, only where it runs (in onnxruntime's order a node nothing reads
+            # is a root, explored last-written first: before the first root after its inputs it runs
+            # last; at the end, first)
+            for place in [None] + ([g.nodes[roots[0]]] if roots else []):
+                yield lambda place=place: _move(graph, node, place)
+            return
         places = [(None, False)] + ([(g.nodes[roots[0]], False)] if roots else [])
         early = [u for u in dict.fromkeys(use.node for use in value.uses()) if u not in readers]
         if readers and early:  # read after the peak too: the copy for the readers before it, the producer
@@ -157,11 +162,34 @@ def _edits(model: ir.Model, g: Liveness, value: ir.Value, readers: list[ir.Node]
                     graph.append(node)
                 else:
                     graph.insert_before(place, node)
-                return [copy]
+                return [copy], lambda: _undo(model, [copy], value)
             yield edit
         return
     for early in (True, False):
-        yield lambda early=early: [_copy(model, value, reader, names, early) for reader in readers]
+        def edit(early=early):
+            copies = [_copy(model, value, reader, names, early) for reader in readers]
+            return copies, lambda: _undo(model, copies, value)
+        yield edit
+
+
+def _move(graph: ir.Graph, node: ir.Node, place: ir.Node | None):
+    """``node`` moved before ``place`` (None: to the end); no copies, and how to move it back."""
+    nodes = list(graph)
+    position = nodes.index(node)
+    following = nodes[position + 1] if position + 1 < len(nodes) else None
+    graph.remove(node, safe=False)
+    if place is None:
+        graph.append(node)
+    else:
+        graph.insert_before(place, node)
+
+    def undo():
+        graph.remove(node, safe=False)
+        if following is None:
+            graph.append(node)
+        else:
+            graph.insert_before(following, node)
+    return [], undo
 
 
 def _candidates(g: Liveness, order: list[int], purity: Purity, refused: set):
