@@ -16,7 +16,8 @@ data: element-wise, casts, masks, reductions, shape and data movement; not MatMu
 recurrences, Resize, TopK, ...) gets either a copy of that producer for each reader after the peak
 (as each layer made its own mask before the merge), placed where both orders run it late
 (``_copy``); or, for a graph output, a copy where the producer is for its readers while the producer
-itself (keeping the output's name) moves late. Of a value's edits the one that lowers the excess over
+itself (keeping the output's name) moves late; or, for a graph output nothing reads, the producer moves
+alone (``_move``). Of a value's edits the one that lowers the excess over
 the input's figures (both orders summed) most is kept, if any does; largest values first; the pass repeats until neither figure
 is above the input's or no edit helps (then ``optimize``'s report warns of the rise). Results are
 unchanged (a copy computes what its original does); copies take the original's metadata (its
