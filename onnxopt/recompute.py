@@ -48,6 +48,8 @@ _COSTLY = frozenset({
     "RoiAlign", "Resize", "Upsample", "GridSample", "STFT", "DFT", "MelWeightMatrix", "TfIdfVectorizer",
 })
 _MAX_TRIES = 256  # copies tried per pass, kept or not (each try is one liveness simulation)
+_PLACES = 8  # places tried for a graph output's producer: the end, and before each of the first nodes nothing
+# reads after its inputs (onnxruntime explores those last-written first: the place decides when it runs)
 
 
 class _Sizes:
@@ -141,12 +143,12 @@ def _edits(model: ir.Model, g: Liveness, value: ir.Value, readers: list[ir.Node]
                  if k != g.index[node] and not any(o.uses() for o in g.nodes[k].outputs)]
         if not value.uses():
             # nothing reads it: no copy, only where it runs (in onnxruntime's order a node nothing reads
-            # is a root, explored last-written first: before the first root after its inputs it runs
-            # last; at the end, first)
-            for place in [None] + ([g.nodes[roots[0]]] if roots else []):
+            # is a root, explored last-written first: placed before another root it runs after that one;
+            # at the end, first)
+            for place in [None] + [g.nodes[k] for k in roots[:_PLACES]]:
                 yield lambda place=place: _move(graph, node, place)
             return
-        places = [(None, False)] + ([(g.nodes[roots[0]], False)] if roots else [])
+        places = [(None, False)] + [(g.nodes[k], False) for k in roots[:_PLACES]]
         early = [u for u in dict.fromkeys(use.node for use in value.uses()) if u not in readers]
         if readers and early:  # read after the peak too: the copy for the readers before it, the producer
             places.append((min(readers, key=g.index.__getitem__), True))  # just before the first after it
