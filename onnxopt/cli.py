@@ -303,6 +303,9 @@ def quantize_main(argv: list[str]) -> int:
     def run():
         nonlocal args
         args = config.merge(args, argv, _quantize_parser, config.QUANTIZE)
+        return config.with_locus(args, quantize_run)
+
+    def quantize_run():
         if args.calib is None:
             return _fail("no calibration data: add --calib DATA (or calibration in the config file's [quantize])")
         from .quantize.api import quantize
@@ -657,7 +660,11 @@ def _main(argv: list[str]) -> int:
             return _fail(f"no model or command {argv[0]!r}: did you mean 'onnxopt {close[0]}'?")
     parser = _parser()
     args = parser.parse_args(argv)  # usage errors exit 2 with a one-line message
-    return _errors(lambda: _optimize_main(config.merge(args, argv, _parser)))
+    def run():
+        merged = config.merge(args, argv, _parser)
+        return config.with_locus(merged, lambda: _optimize_main(merged))
+
+    return _errors(run)
 
 
 def _rule_sets(args, files: dict | None = None) -> tuple[list | None, list]:

@@ -26,6 +26,7 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 import sys
 import warnings
 from collections.abc import Callable, Mapping
@@ -365,6 +366,35 @@ def merge(args: argparse.Namespace, argv: list[str], parser_factory: Callable[[]
     setattr(merged, _ATTR, {"file": str(path), "settings": echo_settings, "from_command_line": from_cli,
                             **({"ignored": ignored} if ignored else {})})
     return merged
+
+
+def locate(args: argparse.Namespace, message: str) -> str | None:
+    """Where in the config file a setting that ``message`` (an error found only against the model:
+    an input it lacks, a rule it does not know) complains of came from: ``"FILE: key"``, or None
+    where no setting the file gave (and the command line did not override) is named in it."""
+    echo = getattr(args, _ATTR, None)
+    if not echo:
+        return None
+    by_name = {key.name: key for key in SCHEMA}
+    for name in echo["settings"]:
+        key = by_name.get(name)
+        if key is None or name in echo["from_command_line"]:
+            continue
+        named = re.search(rf"(?<![\w-]){re.escape(key.flag)}(?![\w-])", message) is not None
+        if named or (name == "disable" and "to disable" in message) or (name == "rules" and "rules file" in message):
+            return f"{echo['file']}: {name}"
+    return None
+
+
+def with_locus(args: argparse.Namespace, run: Callable[[], int]) -> int:
+    """``run()``, a UsageError it raises about a setting from the config file naming the file and key."""
+    try:
+        return run()
+    except UsageError as exc:
+        where = locate(args, str(exc))
+        if where is None:
+            raise
+        raise UsageError(f"{where}: {exc}") from exc
 
 
 def report_entry(args: argparse.Namespace) -> dict:

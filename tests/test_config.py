@@ -274,6 +274,21 @@ def test_a_files_true_switches_can_be_turned_off_by_flags(src, tmp_path, seen, c
     assert kw["exact"] is False and kw["strict"] is False and kw["rules"] is None
 
 
+def test_mistakes_found_against_the_model_name_the_file_and_key(src, tmp_path, capsys):
+    # an input the model lacks, a rule that does not exist: found only once the model is read, and
+    # still named by file and key (and by the flag's own message); a flag given overrides the file's
+    for text, key in (('[input_shapes]\nnosuch = "1x3"', "input_shapes"), ('disable = ["nosuch"]', "disable"),
+                      ('[layout]\ninput = { nosuch = "NHWC" }', "layout.input")):
+        cfg = write(tmp_path, text)
+        code, _, err = run_main(capsys, src, "-o", tmp_path / "o.onnx", "-c", cfg)
+        line = one_line(err)
+        assert code == 2 and f"{cfg}: {key}: " in line and "nosuch" in line, line
+        assert not (tmp_path / "o.onnx").exists()
+    cfg = write(tmp_path, '[input_shapes]\nnosuch = "1x3"')
+    code, _, err = run_main(capsys, src, "-o", tmp_path / "o.onnx", "-c", cfg, "--input-shape", "nope=1x3x8x8")
+    assert code == 2 and str(cfg) not in one_line(err) and "nope" in err  # the flag's mistake: no file named
+
+
 def test_config_given_twice_is_one_line(src, tmp_path, capsys):
     a, b = write(tmp_path, 'target = "ort-cpu"', "a.toml"), write(tmp_path, 'target = "ort-cuda"', "b.toml")
     with pytest.raises(SystemExit) as exc:
