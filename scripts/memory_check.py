@@ -53,7 +53,8 @@ LEVELS = ("disabled", "all")
 MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
 
 
-def _status() -> dict[str, int]:
+def status() -> dict[str, int]:
+    """This process's resident set (VmRSS), its high-water mark (VmHWM) and anonymous part, in bytes."""
     out = {}
     for line in Path("/proc/self/status").read_text().splitlines():
         key, _, rest = line.partition(":")
@@ -62,33 +63,64 @@ def _status() -> dict[str, int]:
     return out
 
 
-def child(model: str, feeds_path: str, level: str) -> dict:
-    """In the subprocess: the peak resident growth over one run (after a warm-up run)."""
-    import numpy as np
+def session_options(arena: bool = False, pattern: bool = False, optimized: bool = False):
+    """The measured session's options: one intra- and one inter-op thread, sequential, quiet; the memory
+    arena, the memory pattern and onnxruntime's graph optimizations as given (off: what the estimate
+    models). Shared by memory_planner.py and memory_trace.py."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
-    so.enable_cpu_mem_arena = False
-    so.enable_mem_pattern = False
+    so.enable_cpu_mem_arena = arena
+    so.enable_mem_pattern = pattern
     so.intra_op_num_threads = 1
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.log_severity_level = 3
-    so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_DISABLE_ALL if level == "disabled"
-                                   else ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
-    sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimized
+                                   else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    return so
+
+
+def zoo_feeds(name: str, folder: Path):
+    """A built zoo model's path, its zoo inputs, their shapes and the .npz they were saved to in
+    ``folder`` (for the measuring subprocess); None where the model is not built."""
+    import numpy as np
+
+    from onnxopt.models import zoo
+
+    src = zoo.get(name).path()
+    if not src.exists():
+        return None
+    feeds = zoo.get(name).inputs(src)
+    feeds_path = Path(folder) / f"{name}.npz"
+    np.savez(feeds_path, **feeds)
+    return src, feeds, {k: list(v.shape) for k, v in feeds.items()}, feeds_path
+
+
+def load_feeds(feeds_path: str | Path) -> dict:
+    import numpy as np
+
     with np.load(feeds_path) as data:
-        feeds = {k: np.ascontiguousarray(data[k]) for k in data.files}
-    first = _status()
+        return {k: np.ascontiguousarray(data[k]) for k in data.files}
+
+
+def child(model: str, feeds_path: str, level: str) -> dict:
+    """In the subprocess: the peak resident growth over one run (after a warm-up run)."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(model, session_options(optimized=level != "disabled"),
+                                providers=["CPUExecutionProvider"])
+    feeds = load_feeds(feeds_path)
+    first = status()
     Path("/proc/self/clear_refs").write_text("5")
     outs = sess.run(None, feeds)
-    warm = _status()
+    warm = status()
     warm_growth = warm["VmHWM"] - first["VmRSS"]
     del outs
     Path("/proc/self/clear_refs").write_text("5")
-    before = _status()
+    before = status()
     outs = sess.run(None, feeds)
-    after = _status()
+    after = status()
     return {"growth": after["VmHWM"] - before["VmRSS"], "first_run_growth": warm_growth,
             "outputs_bytes": int(sum(o.nbytes for o in outs if hasattr(o, "nbytes")))}
 
@@ -156,8 +188,6 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--child":
         print(json.dumps(child(*sys.argv[2:5])))
         return 0
-    import numpy as np
-
     from onnxopt import optimize
     from onnxopt.models import zoo
 
@@ -174,15 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
-            spec = zoo.get(name)
-            src = spec.path()
-            if not src.exists():
+            got = zoo_feeds(name, Path(tmp))
+            if got is None:
                 print(f"{name:<26} not built", flush=True)
                 continue
-            feeds = spec.inputs(src)
-            shapes = {k: list(v.shape) for k, v in feeds.items()}
-            feeds_path = Path(tmp) / f"{name}.npz"
-            np.savez(feeds_path, **feeds)
+            src, _, shapes, feeds_path = got
             opt = Path(tmp) / f"{name}.opt.onnx"
             _, report = optimize(str(src), output=str(opt), input_shapes=shapes, return_report=True)
             row = {"shapes": shapes, "before": _side(str(src), shapes, feeds_path, src),

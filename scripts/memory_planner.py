@@ -33,48 +33,31 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _path in (ROOT, ROOT / "scripts"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from memory_check import MALLOC, load_feeds, session_options, status, zoo_feeds  # noqa: E402  (the measurement's own pieces)
 
 OUT = ROOT / "scripts" / "results" / "memory" / "planner.json"
 MODELS = ["bert-legacy", "bert-dynamo", "minilm-legacy", "minilm-dynamo", "gpt2-legacy", "resnet50-legacy"]
 SETTINGS = {"defaults": (True, True, True), "arena and pattern off": (False, False, True),
             "all off": (False, False, False)}
-MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
-
-
-def _status() -> dict[str, int]:
-    out = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        key, _, rest = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            out[key] = int(rest.split()[0]) * 1024
-    return out
 
 
 def child(model: str, feeds_path: str, setting: str) -> list[int]:
     """In the subprocess: the peak resident growth over each of three runs."""
-    import numpy as np
     import onnxruntime as ort
 
     arena, pattern, optimized = SETTINGS[setting]
-    so = ort.SessionOptions()
-    so.enable_cpu_mem_arena = arena
-    so.enable_mem_pattern = pattern
-    so.intra_op_num_threads = 1
-    so.inter_op_num_threads = 1
-    so.log_severity_level = 3
-    so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimized
-                                   else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
-    sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
-    with np.load(feeds_path) as data:
-        feeds = {k: np.ascontiguousarray(data[k]) for k in data.files}
+    sess = ort.InferenceSession(model, session_options(arena, pattern, optimized), providers=["CPUExecutionProvider"])
+    feeds = load_feeds(feeds_path)
     growth = []
     for _ in range(3):
         Path("/proc/self/clear_refs").write_text("5")
-        before = _status()
+        before = status()
         outs = sess.run(None, feeds)
-        growth.append(_status()["VmHWM"] - before["VmRSS"])
+        growth.append(status()["VmHWM"] - before["VmRSS"])
         del outs
     return growth
 
@@ -92,10 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--child":
         print(json.dumps(child(*sys.argv[2:5])))
         return 0
-    import numpy as np
-
     from onnxopt import optimize
-    from onnxopt.models import zoo
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=MODELS)
@@ -104,15 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
-            spec = zoo.get(name)
-            src = spec.path()
-            if not src.exists():
+            got = zoo_feeds(name, Path(tmp))
+            if got is None:
                 print(f"{name:<18} not built", flush=True)
                 continue
-            feeds = spec.inputs(src)
-            shapes = {k: list(v.shape) for k, v in feeds.items()}
-            feeds_path = Path(tmp) / f"{name}.npz"
-            np.savez(feeds_path, **feeds)
+            src, _, shapes, feeds_path = got
             variants = {"input": src}
             for label, kwargs in (("shapes fixed", {"input_shapes": shapes, "rules": [], "graph_passes": []}),
                                   ("optimized, fixed", {"input_shapes": shapes}), ("optimized, dynamic", {})):

@@ -27,33 +27,25 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _path in (ROOT, ROOT / "scripts"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
-MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
+from memory_check import MALLOC, load_feeds, session_options, zoo_feeds  # noqa: E402  (the run it traces)
+
 _BEGIN, _END = b"onnxopt-trace-begin\n", b"onnxopt-trace-end\n"
 _CALL = re.compile(r"^\d+\s+(\d+\.\d+) (mmap|munmap)\((.*)\) += (\S+)")  # (strace pads a short pid)
 
 
 def child(model: str, feeds_path: str, level: str, prefix: str) -> dict:
     """In the traced process: memory_check's session, profiled; markers around the measured run."""
-    import numpy as np
     import onnxruntime as ort
 
-    so = ort.SessionOptions()
-    so.enable_cpu_mem_arena = False
-    so.enable_mem_pattern = False
-    so.intra_op_num_threads = 1
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.log_severity_level = 3
-    so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_DISABLE_ALL if level == "disabled"
-                                   else ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    so = session_options(optimized=level != "disabled")
     so.enable_profiling = True
     so.profile_file_prefix = prefix
     sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
-    with np.load(feeds_path) as data:
-        feeds = {k: np.ascontiguousarray(data[k]) for k in data.files}
+    feeds = load_feeds(feeds_path)
     outs = sess.run(None, feeds)
     del outs
     os.write(2, _BEGIN)
@@ -151,14 +143,11 @@ def main(argv: list[str] | None = None) -> int:
         shapes = None
         if args.zoo:
             from onnxopt import optimize
-            from onnxopt.models import zoo
 
-            spec = zoo.get(args.zoo)
-            path = spec.path()
-            feeds = spec.inputs(path)
-            shapes = {k: list(v.shape) for k, v in feeds.items()}
-            args.feeds = Path(tmp) / "feeds.npz"
-            np.savez(args.feeds, **feeds)
+            got = zoo_feeds(args.zoo, Path(tmp))
+            if got is None:
+                p.error(f"{args.zoo} is not built (python -m onnxopt.models build --only {args.zoo})")
+            path, _, shapes, args.feeds = got
             if args.optimized:
                 opt = Path(tmp) / "optimized.onnx"
                 optimize(str(path), output=str(opt), input_shapes=shapes)
