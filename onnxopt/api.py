@@ -355,9 +355,11 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
         if memory is not None:
             if "before" not in memory:
                 memory["before"] = result.memory_before
-            symbolic = bool(symbolic_run_shapes(loaded.model))
-            memory["after"] = kept if kept is not None and not (edited or fp16 or symbolic) else \
-                report_peak(loaded.model)
+            if kept is not None and not (edited or fp16):  # (the reorder pass's, sized as report_peak sizes)
+                shapes = symbolic_run_shapes(loaded.model)
+                memory["after"] = {**kept, "at": shapes} if shapes else kept
+            else:  # (changed after the passes)
+                memory["after"] = report_peak(loaded.model)
             memory["reordered"] = bool(result.rules.get(MEMORY) and result.rules[MEMORY].fired)
         advice = None
         if return_report and targets.normalize(target) == targets.ORT_CUDA:

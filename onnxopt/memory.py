@@ -37,7 +37,7 @@ from . import io
 from .errors import UsageError
 from .input_shapes import fix, normalize
 from .liveness import Liveness, Sizes, onnxruntime_graph, onnxruntime_order, plan_shapes, reorder as _reorder, result
-from .shapes import light_proto, symbolic_infer
+from .shapes import infer_proto, light_proto, symbolic_infer
 
 
 def _as_ir(model) -> ir.Model:
@@ -154,7 +154,7 @@ def _infer(model: ir.Model) -> onnx.ModelProto:
     """onnx's shape inference (as ``onnxopt.shapes.infer_model``), and onnxruntime's symbolic inference where onnx's leaves
     a node output's size open (exported shape arithmetic, a symbolic dimension) and it knows more."""
     light = light_proto(model)
-    proto = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=True)
+    proto = infer_proto(light)
     names = {o.name for n in model.graph for o in n.outputs if o.name}
     if not names <= _sized_names(proto):
         deeper = symbolic_infer(light)  # (the weights left out: it copies the model it is given)

@@ -375,7 +375,12 @@ _INFER_DATA_LIMIT = 1000  # bytes: initializers up to this size keep their data 
 def infer_model(model: ir.Model):
     """onnx's shape inference (data propagation on, strict mode off) over :func:`light_proto` of
     ``model``. ``model`` itself is left as it was (no shape, type or initializer order changes)."""
-    return onnx.shape_inference.infer_shapes(light_proto(model), check_type=False, strict_mode=False, data_prop=True)
+    return infer_proto(light_proto(model))
+
+
+def infer_proto(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """onnx's shape inference as :func:`infer_model` runs it (data propagation on, strict mode off)."""
+    return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
 
 
 def light_proto(model: ir.Model) -> onnx.ModelProto:
