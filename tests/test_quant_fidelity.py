@@ -271,7 +271,7 @@ def test_latency_check_with_measured_numbers():
     res = latency_check(model, model, feeds(1), runs=40, measure=measure)
     assert res.keep == "int8" and res.ratio == pytest.approx(0.9)
     assert res.float_ms["median"] == pytest.approx(2.02) and res.float_ms["p10"] <= res.float_ms["p90"]
-    assert res.ratio_ci95 == pytest.approx((0.9, 0.9))
+    assert res.ratio_ci90 == pytest.approx((0.9, 0.9))
     assert res.as_dict()["keep"] == "int8"
 
     def slow(models, feed, **kw):

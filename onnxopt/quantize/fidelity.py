@@ -25,7 +25,7 @@ import onnx
 from ..errors import UsageError
 from ..verify.compare import sqnr_db, sqnr_energies, sqnr_from_energies
 
-__all__ = ["FallbackResult", "LatencyCheck", "decide_keep", "fallback", "latency_check", "layer_sqnr",
+__all__ = ["FallbackResult", "LatencyCheck", "decide_keep", "table_decision", "fallback", "latency_check", "layer_sqnr",
            "node_damage", "output_sqnr", "sqnr_db"]
 
 
@@ -571,24 +571,53 @@ def _json_nsr(v: float):
 class LatencyCheck:
     """:func:`latency_check`'s verdict: ``keep`` "int8" or "float", a one-line ``reason`` and the
     figures (milliseconds: median, p10, p90 of each model; ``ratio``: int8 median / float median;
-    ``ratio_ci95``: a 95% interval of the median of the per-round int8/float ratios, rounds being
-    interleaved; None when too few)."""
+    ``ratio_ci90``: the 90% bootstrap interval of that ratio over the interleaved rounds
+    (``onnxopt.verify.runtime.ratio_interval``, deterministic); None when too few rounds), the
+    rounds and the intra-op threads they ran at."""
 
     keep: str
     reason: str
     float_ms: dict[str, float]
     int8_ms: dict[str, float]
     ratio: float
-    ratio_ci95: tuple[float, float] | None
+    ratio_ci90: tuple[float, float] | None
     min_speedup: float
     rounds: int
+    threads: int = 1
 
     def as_dict(self) -> dict:
         r = lambda x: float(f"{x:.5g}")  # noqa: E731 - 5 significant digits (a tiny model runs in microseconds)
-        return {"keep": self.keep, "reason": self.reason, "float_ms": {k: r(v) for k, v in self.float_ms.items()},
+        return {"mode": "measure", "keep": self.keep, "reason": self.reason,
+                "float_ms": {k: r(v) for k, v in self.float_ms.items()},
                 "int8_ms": {k: r(v) for k, v in self.int8_ms.items()}, "ratio": r(self.ratio),
-                "ratio_ci95": [r(x) for x in self.ratio_ci95] if self.ratio_ci95 else None,
-                "min_speedup": self.min_speedup, "rounds": self.rounds}
+                "ratio_ci90": [r(x) for x in self.ratio_ci90] if self.ratio_ci90 else None,
+                "min_speedup": self.min_speedup, "rounds": self.rounds, "threads": self.threads,
+                "machine_dependent": True}
+
+
+def table_decision(costs: Mapping | None, min_speedup: float = 0.03) -> tuple[str, str, dict]:
+    """``quantize(keep_float="auto")``: keep the int8 model when the shipped cost table
+    (``plan.costs``: ``onnxopt.quantize.plan._cost_estimate``) estimates its covered nodes at least
+    ``min_speedup`` faster than in float, else the float model; no timing, so the same input gives
+    the same bytes. When the table covers no quantized node, int8 is kept (nothing says it is
+    slower). Returns (keep, reason, the report's latency entry: mode "table", the estimate, the
+    entries that decided it)."""
+    costs = dict(costs or {})
+    entry = {"mode": "table", "min_speedup": min_speedup, **costs}
+    ratio = costs.get("ratio")
+    if ratio is None:
+        return "int8", ("the cost table covers none of the quantized nodes: int8 kept (--keep-float measure times "
+                        "both models on this machine)"), entry
+    top = costs.get("entries") or []
+    named = "; ".join(f"{e['entry']} ({e['nodes']} node{'s' if e['nodes'] != 1 else ''}, {100 * e['share']:.0f}% "
+                      f"of the float time, x{e['ratio']:.2f})" for e in top[:3])
+    more = f"; {len(top) - 3} more entries" if len(top) > 3 else ""
+    change = f"{100 * (1 - ratio):.1f}% faster" if ratio <= 1 else f"{100 * (ratio - 1):.1f}% slower"
+    figures = (f"cost table estimate for the {costs.get('nodes', 0)} quantized node(s) it covers: int8 x{ratio:.3f} "
+               f"of float ({change}; {named}{more})")
+    if ratio <= 1 - min_speedup:
+        return "int8", f"{figures}: at least {100 * min_speedup:g}% faster, int8 kept", entry
+    return "float", f"{figures}: not at least {100 * min_speedup:g}% faster, float model kept", entry
 
 
 def decide_keep(float_median_ms: float, int8_median_ms: float, min_speedup: float = 0.03) -> tuple[str, str]:
@@ -604,32 +633,24 @@ def decide_keep(float_median_ms: float, int8_median_ms: float, min_speedup: floa
     return "float", f"{figures}: not at least {100 * min_speedup:g}% faster, float model kept"
 
 
-def _ratio_ci(float_times: Sequence[float], int8_times: Sequence[float]) -> tuple[float, float] | None:
-    """A distribution-free 95% interval of the median per-round ratio (order statistics of the
-    binomial(n, 1/2) around the median)."""
-    ratios = sorted(b / a for a, b in zip(float_times, int8_times) if a > 0)
-    n = len(ratios)
-    if n < 10:
-        return None
-    half = 1.96 * math.sqrt(n) / 2
-    lo, hi = max(0, int(math.floor(n / 2 - half))), min(n - 1, int(math.ceil(n / 2 + half)))
-    return ratios[lo], ratios[hi]
-
-
 def _stats(times_ms: Sequence[float]) -> dict[str, float]:
     return {"median": statistics.median(times_ms), "p10": float(np.percentile(times_ms, 10)),
             "p90": float(np.percentile(times_ms, 90))}
 
 
 def latency_check(float_model, quant_model, feeds, *, min_speedup: float = 0.03, runs: int = 400, warmup: int = 10,
-                  min_rounds: int = 30, budget_s: float = 60.0, threads: int = 0, provider: str = "cpu",
+                  min_rounds: int = 30, budget_s: float = 10.0, threads: int = 1, provider: str = "cpu",
                   measure: Callable[..., dict] | None = None) -> LatencyCheck:
-    """Time the quantized model against the float model on one feed (the first of ``feeds``) with
-    onnxruntime, interleaved (``onnxopt.verify.runtime.measure_latency``: each round runs both,
-    the order alternating) after ``warmup`` runs: ``runs`` rounds, fewer when they would pass
-    ``budget_s`` but at least ``min_rounds`` (medians of 30+ interleaved rounds move by well under
-    the 3% margin on an idle machine), and decide by :func:`decide_keep`. ``measure``: a stand-in
-    for measure_latency (tests)."""
+    """``quantize(keep_float="measure")``: time the quantized model against the float model on one
+    feed (the first of ``feeds``) on this machine with onnxruntime at ``threads`` intra-op threads
+    (default 1; 0: onnxruntime's choice), interleaved (``onnxopt.verify.runtime.measure_latency``:
+    each round runs both, the order alternating) after ``warmup`` runs: ``runs`` rounds, fewer when
+    they would pass ``budget_s`` but at least ``min_rounds``. int8 is kept when its median is at
+    least ``min_speedup`` below float's and the 90% bootstrap interval of the ratio
+    (``ratio_interval``) lies below 1.0; the result depends on the machine and its load.
+    ``measure``: a stand-in for measure_latency (tests)."""
+    from ..verify.runtime import ratio_interval
+
     if not 0 <= min_speedup < 1:
         raise UsageError(f"min_speedup {min_speedup}: a fraction in [0, 1)")
     feed = next(iter(_feed_list(feeds)), None)
@@ -655,9 +676,17 @@ def latency_check(float_model, quant_model, feeds, *, min_speedup: float = 0.03,
         why = "; ".join(f"{k}: {v}" for k, v in sorted(lat.get("errors", {}).items())) or "no timings"
         keep = "int8" if "float" not in res and "int8" in res else "float"
         return LatencyCheck(keep, f"latency not measured ({why}), {keep} model kept", {}, {}, float("nan"), None,
-                            min_speedup, lat.get("rounds", 0))
+                            min_speedup, lat.get("rounds", 0), threads)
     ft, it = res["float"]["times_ms"], res["int8"]["times_ms"]
     fs, qs = _stats(ft), _stats(it)
     keep, reason = decide_keep(fs["median"], qs["median"], min_speedup)
-    return LatencyCheck(keep, reason, fs, qs, qs["median"] / fs["median"], _ratio_ci(ft, it), min_speedup,
-                        lat["rounds"])
+    ci = ratio_interval(ft, it)
+    interval = tuple(ci["interval"]) if ci["interval"] else None
+    where = f"measured on this machine at {threads or 'default'} thread(s), {lat['rounds']} interleaved rounds"
+    if keep == "int8" and ci["verdict"] != "faster":
+        keep = "float"
+        reason = (f"{reason.rsplit(':', 1)[0]}, but the 90% interval of the ratio "
+                  + (f"x{interval[0]:.3f}-x{interval[1]:.3f} contains 1.0" if interval else "needs 10 rounds")
+                  + ": no measurable difference, float model kept")
+    return LatencyCheck(keep, f"{reason} ({where})", fs, qs, qs["median"] / fs["median"], interval, min_speedup,
+                        lat["rounds"], threads)
