@@ -297,7 +297,7 @@ def _quantize_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=1, metavar="N",
                    help="calibration processes (results bit-identical for any N)")
     p.add_argument("--held-out", type=int, default=None, metavar="N",
-                   help="calibration samples kept to measure fidelity (default a fifth, at most 64)")
+                   help="calibration samples kept to measure fidelity (default a quarter, at least 8 where half remain, at most 64)")
     p.add_argument("--percentile", type=float, default=None, metavar="P",
                    help="--method percentile: the percentile kept (default 99.999)")
     p.add_argument("--input-shape", metavar="NAME=DIMS", action="append", default=[],

@@ -482,8 +482,14 @@ def format_quantize(report, src: str, dst: str) -> Doc:
     out += [Styled(f"  - {rule}", "dim") for rule in tr.get("followed", ())]
     out.append(f"calibration: {cal['method']} over {cal['calibrated_on']} sample(s), {cal['tensors']} tensors; "
                f"{cal['held_out']} held out for fidelity")
-    rows = [(name, _db(v)) for name, v in fid["output_sqnr_db"].items()]
-    out += ["", table(rows, ("output", "SQNR vs float"))]
+    est = fid.get("estimate") or {}
+    ci = est.get("interval_db") or {}
+    rows = [(name, _db(v)) + ((f"{_db(ci[name][0])} .. {_db(ci[name][1])}" if ci.get(name) else "-",)
+                               if est else ()) for name, v in fid["output_sqnr_db"].items()]
+    where = (f"on {est['samples']} {'held-out' if est.get('held_out') else 'calibration'} sample(s)"
+             if est else "")
+    out += ["", table(rows, ("output", f"SQNR vs float {where}".strip()) + (
+        (f"{100 * est.get('confidence', 0.9):.0f}% interval (bootstrap over the samples)",) if est else ()))]
     worst = list(fid["layer_sqnr_db"].items())[:5]
     if worst:
         out += ["", table([(name, _db(v)) for name, v in worst], ("worst layers (tensor)", "SQNR"))]

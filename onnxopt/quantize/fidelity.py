@@ -25,7 +25,7 @@ import onnx
 from ..errors import UsageError
 from ..verify.compare import sqnr_db, sqnr_energies, sqnr_from_energies
 
-__all__ = ["FallbackResult", "LatencyCheck", "decide_keep", "table_decision", "fallback", "latency_check", "layer_sqnr",
+__all__ = ["FallbackResult", "LatencyCheck", "decide_keep", "held_out_estimate", "sqnr_interval", "table_decision", "fallback", "latency_check", "layer_sqnr",
            "node_damage", "output_sqnr", "sqnr_db"]
 
 
@@ -123,6 +123,76 @@ def _match_outputs(float_names: Sequence[str], quant_names: Sequence[str]) -> li
     if len(float_names) != len(quant_names):
         raise UsageError(f"the quantized model has {len(quant_names)} outputs, the float model {len(float_names)}")
     return list(zip(float_names, quant_names))
+
+
+SMALL_HELD_OUT = 8
+"""Fewer held-out samples than this: the SQNR estimate is flagged as small (its interval is wide and
+one unusual sample moves it)."""
+SQNR_CONFIDENCE = 0.90
+SQNR_RESAMPLES = 2000
+SQNR_SEED = 20241127  # fixed: the same samples give the same interval
+
+
+def output_sqnr_samples(float_model, quant_model, feeds, *, provider: str = "cpu",
+                        threads: int = 0) -> dict[str, list[tuple[float, float]]]:
+    """Each float output's (signal, noise) energies per feed, the terms :func:`output_sqnr` sums
+    (outputs matched, and non-float ones left out, as there)."""
+    f = q = None
+    try:
+        f = _Runner(float_model, "float model", provider=provider, threads=threads)
+        q = _Runner(quant_model, "quantized model", provider=provider, threads=threads)
+        pairs = _match_outputs(f.outputs, q.outputs)
+        out: dict[str, list[tuple[float, float]]] = {fn: [] for fn, _ in pairs}
+        not_float: set[str] = set()
+        for feed in _feed_list(feeds):
+            a, b = f.run(feed), q.run(feed)
+            for fn, qn in pairs:
+                if a[fn].dtype.kind != "f" or b[qn].dtype.kind != "f":
+                    not_float.add(fn)
+                    continue
+                out[fn].append(tuple(float(x) for x in _energies(a[fn], b[qn])))
+        return {fn: v for fn, v in out.items() if fn not in not_float and v}
+    finally:
+        for r in (f, q):
+            if r is not None:
+                r.close()
+
+
+def sqnr_interval(energies: Sequence[tuple[float, float]], *, confidence: float = SQNR_CONFIDENCE,
+                  resamples: int = SQNR_RESAMPLES, seed: int = SQNR_SEED) -> tuple[float, float] | None:
+    """A ``confidence`` percentile-bootstrap interval (dB) of the SQNR whose energies are summed over
+    the samples: the samples are resampled with replacement ``resamples`` times with a fixed ``seed``
+    (the same samples give the same interval). None for fewer than 2 samples."""
+    e = np.asarray(energies, dtype=np.float64).reshape(-1, 2)
+    n = len(e)
+    if n < 2:
+        return None
+    idx = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+    sig, noise = e[idx, 0].sum(axis=1), e[idx, 1].sum(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        db = np.where(noise > 0, 10 * np.log10(sig / noise), np.inf)
+    db = np.where(np.isnan(db), -np.inf, db)
+    tail = (1 - confidence) / 2
+    lo, hi = (float(x) for x in np.quantile(db, [tail, 1 - tail], method="inverted_cdf"))  # (no inf - inf)
+    return lo, hi
+
+
+def held_out_estimate(float_model, quant_model, feeds, *, held_out: int, provider: str = "cpu") -> tuple[dict, list]:
+    """The output SQNR on the held-out ``feeds`` with its sample size and a bootstrap interval per
+    output (:func:`sqnr_interval`), and the warnings: a small sample (under :data:`SMALL_HELD_OUT`),
+    or none held out (``held_out`` 0: the calibration samples themselves, optimistic)."""
+    samples = output_sqnr_samples(float_model, quant_model, feeds, provider=provider)
+    n = max((len(v) for v in samples.values()), default=0)
+    intervals = {}
+    for name, energies in samples.items():
+        ci = sqnr_interval(energies)
+        intervals[name] = None if ci is None else [round(x, 2) if math.isfinite(x) else x for x in ci]
+    est = {"samples": n, "held_out": bool(held_out), "confidence": SQNR_CONFIDENCE, "interval_db": intervals}
+    warnings = []
+    if held_out and n < SMALL_HELD_OUT:
+        warnings.append(f"the output SQNR is estimated on {n} held-out sample(s) only (fewer than {SMALL_HELD_OUT}): "
+                        "it may be optimistic; give more calibration samples or --held-out N")
+    return est, warnings
 
 
 def output_sqnr(float_model, quant_model, feeds, *, provider: str = "cpu", threads: int = 0) -> dict[str, float]:
