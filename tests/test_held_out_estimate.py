@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 import onnxopt
-from onnxopt.quantize.fidelity import sqnr_interval
 from test_quant_api import _cnn, _feeds
 
 pytest.importorskip("onnxruntime")
@@ -21,6 +20,8 @@ def _energies(n, seed=0):
 
 
 def test_sqnr_interval_is_deterministic_and_narrows_with_samples():
+    from onnxopt.quantize.fidelity import sqnr_interval
+
     e = _energies(40)
     point = 10 * np.log10(sum(s for s, _ in e) / sum(n for _, n in e))
     lo, hi = sqnr_interval(e)

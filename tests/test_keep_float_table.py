@@ -15,7 +15,6 @@ import pytest
 import onnxopt
 from onnxopt.errors import UsageError
 from onnxopt.quantize import fidelity
-from onnxopt.quantize.fidelity import table_decision
 from test_quant_api import _cnn, _feeds
 
 pytest.importorskip("onnxruntime")
@@ -40,6 +39,8 @@ def test_auto_gives_the_same_bytes_and_decides_from_the_table(monkeypatch):
 
 
 def test_table_decision_rule():
+    from onnxopt.quantize.fidelity import table_decision
+
     entries = [{"entry": "Conv full k3x3", "nodes": 2, "share": 1.0, "ratio": 0.5}]
     assert table_decision({"ratio": 0.5, "nodes": 2, "entries": entries})[0] == "int8"
     keep, reason, entry = table_decision({"ratio": 0.99, "nodes": 2, "entries": entries})
