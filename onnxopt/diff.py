@@ -995,7 +995,8 @@ def live_mapping(m: dict, summ: dict) -> dict:
     if verification:
         live["verify"] = [{"provider": p, "kernels_before": r.get("kernels_before"),
                            "kernels_after": r.get("kernels_after"), "latency_ms_before": r.get("median_ms_before"),
-                           "latency_ms_after": r.get("median_ms_after")} for p, r in verification.items()]
+                           "latency_ms_after": r.get("median_ms_after"),
+                           "latency_verdict": r.get("latency_verdict")} for p, r in verification.items()]
     out["summary"] = live
     return out
 

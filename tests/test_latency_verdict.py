@@ -108,3 +108,12 @@ def test_a_steady_difference_within_two_sessions_spread_is_no_difference():
     tiny = ratio_interval(before, before * 1.004)  # interval excludes 1.0 but lies within 2% of it
     assert tiny["interval"][0] > 1.0 and tiny["interval"][1] < 1.02 and tiny["verdict"] == NO_DIFFERENCE
     assert ratio_interval(before, before * 1.05)["verdict"] == "slower"
+
+
+def test_the_diff_page_shows_the_verdict_not_a_bare_ratio():
+    from onnxopt import diff
+
+    lat = {"before": {"median_ms": 2.0}, "after": {"median_ms": 2.2}, "ratio_median": 1.1, "interval": [0.9, 1.3],
+           "confidence": 0.9, "verdict": NO_DIFFERENCE}
+    rows = diff._verify_summary({"providers": {"cpu": {"ok": True, "kernels": {}, "latency": lat}}})
+    assert NO_DIFFERENCE in rows["cpu"]["latency_verdict"] and "0.900" in rows["cpu"]["latency_verdict"]
