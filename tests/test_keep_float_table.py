@@ -5,8 +5,6 @@ that decided; ``--keep-float measure`` times both models on this machine, when a
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import onnx
@@ -60,16 +58,19 @@ def test_measure_times_on_this_machine_at_the_threads_asked():
         onnxopt.quantize(_cnn(), _feeds(6), keep_float="measure", threads=-1)
 
 
-def test_cli_keep_float_measure_and_threads(tmp_path):
+def test_cli_keep_float_measure_and_threads(tmp_path, capsys):
+    from onnxopt import cli
+
     src, calib = tmp_path / "m.onnx", tmp_path / "calib.npz"
     onnx.save(_cnn(), src)
     np.savez(calib, x=np.concatenate([f["x"] for f in _feeds(8)]))
-    run = lambda *a: subprocess.run([sys.executable, "-m", "onnxopt", "quantize", *map(str, a)],  # noqa: E731
-                                    capture_output=True, text=True)
-    r = run(src, "-o", tmp_path / "q.onnx", "--calib", calib, "--keep-float", "measure", "--threads", "1",
-            "--latency-budget", "0.5", "--json",
-            tmp_path / "r.json", "-q")
-    assert r.returncode == 0, r.stderr
-    assert json.loads((tmp_path / "r.json").read_text())["latency"]["threads"] == 1
-    r = run(src, "-o", tmp_path / "q2.onnx", "--calib", calib, "--keep-float", "measure", "--threads", "-1")
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert cli.main(["quantize", str(src), "-o", str(tmp_path / "q.onnx"), "--calib", str(calib), "--keep-float",
+                     "measure", "--threads", "1", "--latency-budget", "0.3", "--json", str(tmp_path / "r.json"),
+                     "-q"]) == 0
+    lat = json.loads((tmp_path / "r.json").read_text())["latency"]
+    assert lat["mode"] == "measure" and lat["threads"] == 1
+    capsys.readouterr()
+    assert cli.main(["quantize", str(src), "-o", str(tmp_path / "q2.onnx"), "--calib", str(calib), "--keep-float",
+                     "measure", "--threads", "-1"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert not (tmp_path / "q2.onnx").exists()
