@@ -296,8 +296,10 @@ def test_latency_check_real_call_shape():
     assert d["keep"] in ("int8", "float") and d["reason"] and d["rounds"] >= 3
     assert set(d["float_ms"]) == set(d["int8_ms"]) == {"median", "p10", "p90"}
     assert res.ratio == res.int8_ms["median"] / res.float_ms["median"]
-    assert d["ratio"] == pytest.approx(res.ratio, rel=1e-4) and res.keep == decide_keep(
-        res.float_ms["median"], res.int8_ms["median"])[0]
+    assert d["ratio"] == pytest.approx(res.ratio, rel=1e-4)
+    # int8 only when the medians say so and the ratio's 90% interval lies below 1.0 (none under 10 rounds)
+    rule = decide_keep(res.float_ms["median"], res.int8_ms["median"])[0]
+    assert res.keep == ("int8" if rule == "int8" and res.ratio_ci90 and res.ratio_ci90[1] < 1.0 else "float")
     with pytest.raises(UsageError):
         latency_check(model, q, [], runs=3)
 
