@@ -189,11 +189,16 @@ def _add_input_args(p: argparse.ArgumentParser) -> None:
 def _add_verify_args(p: argparse.ArgumentParser) -> None:
     _add_input_args(p)
     g = p.add_argument_group("measurement")
-    g.add_argument("--runs", type=int, default=20, metavar="N",
-                   help="timed interleaved runs per provider after the warm-up (default 20; 0: no latency)")
+    g.add_argument("--runs", type=int, default=verify.LATENCY_RUNS, metavar="N",
+                   help="at most N interleaved timing rounds (each runs both models) per provider after the warm-up "
+                        f"(default {verify.LATENCY_RUNS}; 0: no latency)")
+    g.add_argument("--latency-budget", type=float, default=verify.LATENCY_BUDGET_S, metavar="SECONDS",
+                   help="at most this many seconds of timing rounds per provider (default "
+                        f"{verify.LATENCY_BUDGET_S:g}); the ratio's 90%% interval narrows with more rounds")
     g.add_argument("--warmup", type=int, default=5, metavar="N", help="warm-up runs per session (default 5)")
-    g.add_argument("--threads", type=int, default=0, metavar="N",
-                   help="onnxruntime intra-op threads (default: onnxruntime's)")
+    g.add_argument("--threads", type=int, default=verify.LATENCY_THREADS, metavar="N",
+                   help=f"onnxruntime intra-op threads of the sessions (default {verify.LATENCY_THREADS}: timings "
+                        "that repeat; 0: onnxruntime's choice)")
     g.add_argument("--provider-option", action="append", default=[], metavar="PROVIDER:NAME=VALUE",
                    help="an execution provider option for both models' sessions, e.g. cuda:prefer_nhwc=1 or "
                         "cuda:enable_cuda_graph=1 (repeatable; the advice of --target ort-cuda names them)")
@@ -207,6 +212,7 @@ def _status(args) -> Status:
 def _verify_options(args, progress: Status) -> dict:
     return {"inputs": args.inputs, "int_ranges": verify.parse_int_ranges(args.int_range), "seed": args.seed,
             "rtol": args.rtol, "atol": args.atol, "runs": args.runs, "warmup": args.warmup, "threads": args.threads,
+            "budget_s": args.latency_budget,
             "progress": progress, **({"provider_options": verify.parse_provider_options(args.provider_option)}
                                      if args.provider_option else {})}
 
@@ -278,15 +284,20 @@ def _quantize_parser() -> argparse.ArgumentParser:
                         f"(default {DEFAULT_FIDELITY_DB:g}); the layers that hurt most fall back to float until met")
     p.add_argument("--no-fidelity", dest="fidelity", action="store_const", const=None,
                    help="no fidelity target (no fallback)")
-    p.add_argument("--keep-float", choices=["auto", "never"], default="auto",
-                   help="auto (default): keep the float model unless int8 measures at least 3%% faster; never: "
-                        "always int8 (output byte-identical run to run)")
+    p.add_argument("--keep-float", choices=["auto", "measure", "never"], default="auto",
+                   help="auto (default): keep the float model unless the shipped cost table estimates int8 at least "
+                        "3%% faster (no timing: the same bytes run to run); measure: time both models on this "
+                        "machine instead (machine-dependent; --threads); never: always int8")
+    p.add_argument("--threads", type=int, default=1, metavar="N",
+                   help="onnxruntime intra-op threads of --keep-float measure's timing (default 1; 0: onnxruntime's)")
+    p.add_argument("--latency-budget", type=float, default=10.0, metavar="SECONDS",
+                   help="seconds of --keep-float measure's timing rounds at most (default 10)")
     p.add_argument("--reduce-range", action="store_true", default=None,
                    help="7-bit weights, for x86 CPUs without VNNI (default off)")
     p.add_argument("--workers", type=int, default=1, metavar="N",
                    help="calibration processes (results bit-identical for any N)")
     p.add_argument("--held-out", type=int, default=None, metavar="N",
-                   help="calibration samples kept to measure fidelity (default a fifth, at most 64)")
+                   help="calibration samples kept to measure fidelity (default a quarter, at least 8 where half remain, at most 64)")
     p.add_argument("--percentile", type=float, default=None, metavar="P",
                    help="--method percentile: the percentile kept (default 99.999)")
     p.add_argument("--input-shape", metavar="NAME=DIMS", action="append", default=[],
@@ -323,7 +334,8 @@ def quantize_main(argv: list[str]) -> int:
                 target=args.target, exclude=args.exclude, fidelity=args.fidelity, keep_float=args.keep_float,
                 reduce_range=args.reduce_range, workers=args.workers, held_out=args.held_out,
                 input_shapes=input_shapes.parse(args.input_shape), return_report=True, outputs=outputs,
-                strict=args.strict, progress=progress, method_options=method_options)
+                strict=args.strict, progress=progress, method_options=method_options, threads=args.threads,
+                latency_budget=args.latency_budget)
             _stage_json(outputs, args.json, {"input": args.input, "output": args.output, **report.as_dict(),
                                              **config.report_entry(args)})
         if not args.quiet:

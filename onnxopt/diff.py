@@ -840,6 +840,13 @@ def _verify_summary(report: dict) -> dict:
             row[f"kernels_{label}"] = total
             row[f"median_ms_{label}"] = number(obj(latency.get(label), f"providers.{p}.latency.{label}").get("median_ms"))
         row["latency_ratio"] = number(latency.get("ratio_median"))
+        if isinstance(latency.get("verdict"), str):  # (with its interval: onnxopt.verify.latency_text)
+            from .verify import latency_text
+
+            try:
+                row["latency_verdict"] = latency_text(latency)
+            except (TypeError, ValueError, IndexError):
+                raise UsageError(f"--verify-report: providers.{p}.latency: a malformed interval") from None
         found[str(p)] = row
     return found
 
@@ -936,7 +943,7 @@ def html_page(before_path: str, after_path: str, m: dict, summ: dict, on_disk: t
     for p, r in (summ.get("verification") or {}).items():
         verify += (f"<tr><td>{e(p)}</td><td>{e(r.get('kernels_before'))}</td><td>{e(r.get('kernels_after'))}</td>"
                    f"<td>{e(r.get('median_ms_before'))}</td><td>{e(r.get('median_ms_after'))}</td>"
-                   f"<td>{e(r.get('latency_ratio'))}</td></tr>")
+                   f"<td>{e(r.get('latency_verdict') or r.get('latency_ratio'))}</td></tr>")
     if verify:
         verify = ("<h2>Verification</h2><table><tr><th>provider</th><th>kernels before</th><th>kernels after</th>"
                   f"<th>median ms before</th><th>median ms after</th><th>ratio</th></tr>{verify}</table>")
@@ -988,7 +995,8 @@ def live_mapping(m: dict, summ: dict) -> dict:
     if verification:
         live["verify"] = [{"provider": p, "kernels_before": r.get("kernels_before"),
                            "kernels_after": r.get("kernels_after"), "latency_ms_before": r.get("median_ms_before"),
-                           "latency_ms_after": r.get("median_ms_after")} for p, r in verification.items()]
+                           "latency_ms_after": r.get("median_ms_after"),
+                           "latency_verdict": r.get("latency_verdict")} for p, r in verification.items()]
     out["summary"] = live
     return out
 

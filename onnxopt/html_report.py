@@ -91,6 +91,22 @@ def _change(before, after, fmt=str) -> str:
     return f'<td class="{cls}">{sign}{_e(fmt(abs(d)))}{pct}</td>'
 
 
+def _latency_change(lat: Mapping) -> str:
+    """A measured latency's change cell: the verdict of its interval (``onnxopt.verify.latency_text``),
+    coloured only when the interval excludes 1.0; a report without one (older) shows the ratio, uncoloured."""
+    from .report import latency_style
+    from .verify import latency_text
+
+    if "verdict" not in lat:
+        ratio = lat.get("ratio_median")
+        return f'<td class="dim">{_e(f"x{ratio:.3f}" if isinstance(ratio, (int, float)) else "-")}</td>'
+    cls = {"green": "down", "yellow": "up"}.get(latency_style(lat), "dim")
+    threads = lat.get("threads")
+    how = f"; {lat.get('rounds')} interleaved rounds" + (
+        "" if threads is None else f", {threads or 'default'} thread{'s' if threads != 1 else ''}")
+    return f'<td class="{cls}">{_e(latency_text(lat) + how)}</td>'
+
+
 def _table(header: Sequence[str], rows: Sequence[Sequence], align: str = "", cls: Sequence[str] = ()) -> str:
     """An HTML table; cells are escaped text, except those given as ("<td>...</td>",) (raw cells)."""
     align = align or "l" + "r" * (len(header) - 1)
@@ -263,9 +279,10 @@ def _summary(data: Mapping) -> str:
         lat = e.get("latency") or {}
         if "before" in lat and "after" in lat:
             rows.append((f"median latency ({p}, measured)", lat["before"]["median_ms"], lat["after"]["median_ms"],
-                         _ms))
+                         lat))
     body = _table(("", "before", "after", "change"),
-                  [(label, fmt(b) if b is not None else "-", fmt(a) if a is not None else "-",
+                  [(label, _ms(b), _ms(a), (_latency_change(fmt),)) if isinstance(fmt, Mapping) else
+                   (label, fmt(b) if b is not None else "-", fmt(a) if a is not None else "-",
                     (_change(b, a, fmt),)) for label, b, a, fmt in rows])
     s = r.get("settings") or {}
     settings = ", ".join(f"{k} {v}" for k, v in s.items() if v not in (None, {}, [], False)) or "defaults"
@@ -340,9 +357,14 @@ def _cost(data: Mapping) -> str:
     if isinstance(prof, Mapping) and prof.get("before") is not None and prof.get("after") is not None:
         parts.append(f'<p class="note">kernel time per run from onnxruntime\'s profiler '
                      f'({_e(prof.get("provider", "cpu"))}, {_e(prof.get("runs", "?"))} runs after '
-                     f'{_e(prof.get("warmup", "?"))} warm-up, graph optimizations '
+                     f'{_e(prof.get("warmup", "?"))} warm-up'
+                     + (', both models interleaved' if prof.get("interleaved") else "")
+                     + (f', {_e(prof["threads"] or "onnxruntime default")} intra-op thread'
+                        f'{"" if prof["threads"] == 1 else "s"}' if "threads" in prof else "")
+                     + f', graph optimizations '
                      f'{_e(prof.get("optimization", "ORT_ENABLE_ALL"))} as the verifier\'s latency sessions): op types '
-                     "as onnxruntime ran them after its own fusions; measured, so they vary between runs</p>"
+                     "as onnxruntime ran them after its own fusions; measured, so they vary between runs: whether the "
+                     "whole model got faster is the summary's latency verdict, with its interval</p>"
                      + _bar_pair("latency", prof["before"], prof["after"], _ms, "kernel time"))
     else:
         reason = prof.get("unavailable") if isinstance(prof, Mapping) else "measured only with --verify"
@@ -533,7 +555,8 @@ def _profile(before: str, after: str, verification: Mapping, options: Mapping, r
     from . import layout as layouts
     from .io import first_line
     from .verify import make_inputs
-    from .verify.profile import GRAPH_OPTIMIZATION, op_type_latency
+    from .verify import LATENCY_THREADS
+    from .verify.profile import GRAPH_OPTIMIZATION, op_type_latency_pair
 
     provider = next(iter(verification.get("providers") or {"cpu": None}))
     try:
@@ -549,11 +572,12 @@ def _profile(before: str, after: str, verification: Mapping, options: Mapping, r
             fb, fa = layouts.edge_feeds(edges, feeds, seed)
         else:  # the optimized model's inputs (shapes fixed by --input-shape, if any) fit the original too
             fb = fa = make_inputs(after, **common)[0]
-        kw = {"runs": runs, "warmup": 2, "threads": options.get("threads") or 0,
-              "provider_options": options.get("provider_options")}
-        return {"before": op_type_latency(before, fb, provider, **kw),
-                "after": op_type_latency(after, fa, provider, **kw),
-                "provider": provider, "runs": runs, "warmup": 2, "optimization": GRAPH_OPTIMIZATION}
+        threads = options.get("threads")
+        threads = LATENCY_THREADS if threads is None else int(threads)
+        pb, pa = op_type_latency_pair(before, after, fb, fa, provider, runs=runs, warmup=2, threads=threads,
+                                      provider_options=options.get("provider_options"))
+        return {"before": pb, "after": pa, "provider": provider, "runs": runs, "warmup": 2, "threads": threads,
+                "interleaved": True, "optimization": GRAPH_OPTIMIZATION}
     except Exception as exc:  # noqa: BLE001
         return {"unavailable": f"profiling failed: {first_line(exc, 200)}"}
 

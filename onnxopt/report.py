@@ -373,10 +373,7 @@ def format_verification(report: dict) -> Doc:
                                 ("kernels by op type", "before", "after", "change")))
         lat = e.get("latency")
         if lat and "before" in lat and "after" in lat:
-            lines.append(f"latency ({lat['rounds']} interleaved runs after {lat['warmup']} warm-up): "
-                         f"median {lat['before']['median_ms']:.3f} -> {lat['after']['median_ms']:.3f} ms "
-                         f"(x{lat.get('ratio_median', float('nan')):.3f}), p90 {lat['before']['p90_ms']:.3f} -> "
-                         f"{lat['after']['p90_ms']:.3f} ms (x{lat.get('ratio_p90', float('nan')):.3f})")
+            lines += _latency_lines(lat)
         lines += _culprit_lines(e.get("culprit") or {})
     for key, by_label in report.get("cross_provider", {}).items():
         for label, rows in by_label.items():
@@ -389,6 +386,27 @@ def format_verification(report: dict) -> Doc:
     lines += ["", Styled("verdict: " + ("outputs agree on " + ", ".join(report["providers"]) if report["ok"]
                                         else summary_line(report)), "bold green" if report["ok"] else "bold red")]
     return Doc(lines)
+
+
+def latency_style(lat: Mapping) -> str:
+    """The colour of a latency comparison: green or yellow only for a change whose interval excludes
+    1.0 (``verdict`` "faster"/"slower"); a change within the noise is not coloured."""
+    return {"faster": "green", "slower": "yellow"}.get(lat.get("verdict"), "")
+
+
+def _latency_lines(lat: Mapping) -> list:
+    threads = lat.get("threads")
+    how = (f"{lat['rounds']} interleaved rounds after {lat['warmup']} warm-up"
+           + (f", {'onnxruntime default' if threads == 0 else threads} intra-op thread"
+              f"{'s' if threads != 1 else ''}" if threads is not None else ""))
+    figures = (f"median {lat['before']['median_ms']:.3f} -> {lat['after']['median_ms']:.3f} ms, "
+               f"p90 {lat['before']['p90_ms']:.3f} -> {lat['after']['p90_ms']:.3f} ms")
+    if "verdict" not in lat:  # (a report from before the interval was kept)
+        return [f"latency ({how}): {figures} (x{lat.get('ratio_median', float('nan')):.3f})"]
+    from .verify import latency_text
+
+    return [f"latency ({how}): {figures}",
+            Styled(f"latency: optimized {latency_text(lat)}", latency_style(lat))]
 
 
 def summary_line(report: dict) -> str:
@@ -464,8 +482,14 @@ def format_quantize(report, src: str, dst: str) -> Doc:
     out += [Styled(f"  - {rule}", "dim") for rule in tr.get("followed", ())]
     out.append(f"calibration: {cal['method']} over {cal['calibrated_on']} sample(s), {cal['tensors']} tensors; "
                f"{cal['held_out']} held out for fidelity")
-    rows = [(name, _db(v)) for name, v in fid["output_sqnr_db"].items()]
-    out += ["", table(rows, ("output", "SQNR vs float"))]
+    est = fid.get("estimate") or {}
+    ci = est.get("interval_db") or {}
+    rows = [(name, _db(v)) + ((f"{_db(ci[name][0])} .. {_db(ci[name][1])}" if ci.get(name) else "-",)
+                               if est else ()) for name, v in fid["output_sqnr_db"].items()]
+    where = (f"on {est['samples']} {'held-out' if est.get('held_out') else 'calibration'} sample(s)"
+             if est else "")
+    out += ["", table(rows, ("output", f"SQNR vs float {where}".strip()) + (
+        (f"{100 * est.get('confidence', 0.9):.0f}% interval (bootstrap over the samples)",) if est else ()))]
     worst = list(fid["layer_sqnr_db"].items())[:5]
     if worst:
         out += ["", table([(name, _db(v)) for name, v in worst], ("worst layers (tensor)", "SQNR"))]
@@ -477,12 +501,24 @@ def format_quantize(report, src: str, dst: str) -> Doc:
     if d.get("coverage"):
         out += ["", format_coverage(d["coverage"], islands=12)]
     lat = d.get("latency")
-    if lat:
+    if lat and lat.get("mode") == "table":
+        out.append("")
+        if lat.get("ratio") is not None:
+            out.append(f"keep-float auto, by the shipped cost table ({lat.get('table')}, {lat.get('threads')}-thread "
+                       f"figures): int8 x{lat['ratio']:.3f} of float over the {lat.get('nodes')} quantized node(s) it "
+                       "covers; the entries that decided:")
+            out.append(table([(e["entry"], e["nodes"], f"{100 * e['share']:.1f}%", f"x{e['ratio']:.3f}")
+                              for e in (lat.get("entries") or [])[:8]],
+                             ("table entry", "nodes", "share of float time", "int8/float")))
+    elif lat:
         out.append("")
         f, q = lat.get("float_ms", {}), lat.get("int8_ms", {})
         out.append(f"latency ({lat.get('rounds')} interleaved rounds): float median {f.get('median', 0):.3f} ms "
                    f"(p10 {f.get('p10', 0):.3f}, p90 {f.get('p90', 0):.3f}), int8 median {q.get('median', 0):.3f} ms "
-                   f"(p10 {q.get('p10', 0):.3f}, p90 {q.get('p90', 0):.3f}): x{lat.get('ratio', 0):.3f}")
+                   f"(p10 {q.get('p10', 0):.3f}, p90 {q.get('p90', 0):.3f}): x{lat.get('ratio', 0):.3f}"
+                   + (f", 90% interval x{lat['ratio_ci90'][0]:.3f}-x{lat['ratio_ci90'][1]:.3f}"
+                      if lat.get("ratio_ci90") else "")
+                   + (f", {lat['threads'] or 'default'} thread(s), measured on this machine" if "threads" in lat else ""))
     out += [""] + [Styled(f"warning: {w}", "yellow") for w in d["warnings"]]
     style = "bold green" if report.kept == "int8" else "bold yellow"
     out.append(Styled(f"kept {report.kept}: {report.reason}", style))

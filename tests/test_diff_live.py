@@ -137,7 +137,8 @@ def test_marks_are_the_mapping(page):
     (row,) = mapping["summary"]["verify"]
     assert shown == [["cpu", str(row["kernels_before"]), str(row["kernels_after"]),
                       str(round(row["latency_ms_before"], 3)).rstrip("0").rstrip("."),
-                      str(round(row["latency_ms_after"], 3)).rstrip("0").rstrip(".")]]
+                      str(round(row["latency_ms_after"], 3)).rstrip("0").rstrip("."), row["latency_verdict"] or ""]]
+    assert row["latency_verdict"]  # (the verdict of the ratio's interval, onnxopt.verify.latency_text)
     assert row["kernels_before"] > 0 and row["kernels_after"] > 0 and row["latency_ms_after"] > 0
 
 

@@ -14,9 +14,11 @@ The steps, in order (each one's module says more):
    that hurt most fall back to float until it is met;
 7. integer-kernel coverage (``coverage``): which nodes onnxruntime runs as integer kernels, which
    stay float, and why; per-layer SQNR;
-8. with ``keep_float="auto"`` the quantized model is timed against the float one (interleaved): unless
-   it is at least 3% faster the float model is kept, with the reason and the figures in the report.
-   With ``keep_float="never"`` nothing depends on timing and the output is byte-identical run to run.
+8. with ``keep_float="auto"`` the shipped cost table (``ort_cpu_costs.json``, as the per-layer
+   decisions) estimates the quantized nodes' time in int8 against float: unless int8 is at least 3%
+   faster the float model is kept, with the reason and the table entries that decided in the report;
+   no timing, so the same input gives the same bytes. ``keep_float="measure"`` times both models on
+   this machine instead (interleaved, at ``threads``; machine-dependent); ``"never"`` always int8.
 """
 
 from __future__ import annotations
@@ -40,9 +42,10 @@ from ..irutil import node_counts
 DEFAULT_FIDELITY_DB = 20.0
 """The default minimum output SQNR (dB) of the quantized model against the float one."""
 DEFAULT_METHOD = "minmax"
-KEEP_FLOAT = ("auto", "never")
+KEEP_FLOAT = ("auto", "measure", "never")
 MIN_SPEEDUP = 0.03  # keep_float="auto": the int8 model must be at least this much faster
 MAX_HELD_OUT = 64
+SMALL_HELD_OUT = 8  # (onnxopt.quantize.fidelity.SMALL_HELD_OUT: fewer held-out samples are flagged as small)
 
 _QUANT_OPS = frozenset({
     "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul", "MatMulInteger",
@@ -95,7 +98,7 @@ def refusal(model: ir.Model) -> str | None:
 
 
 def check_options(*, method: str, target: str | None, keep_float: str, fidelity, workers: int,
-                  exclude) -> str:
+                  exclude, threads: int = 1) -> str:
     """The options checked before any work (a one-line UsageError each); the target, normalized."""
     from .calibrate import METHODS
 
@@ -110,6 +113,8 @@ def check_options(*, method: str, target: str | None, keep_float: str, fidelity,
     if fidelity is not None and (not isinstance(fidelity, (int, float)) or isinstance(fidelity, bool)
                                  or not np.isfinite(fidelity)):
         raise UsageError(f"fidelity is a minimum output SQNR in dB (a finite number) or None, not {fidelity!r}")
+    if not isinstance(threads, int) or isinstance(threads, bool) or not 0 <= threads <= 2**31 - 1:
+        raise UsageError(f"threads must be 0 (onnxruntime's choice) or a positive whole number, not {threads!r}")
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise UsageError(f"workers must be a whole number >= 1, not {workers!r}")
     if isinstance(exclude, str):
@@ -139,6 +144,8 @@ def quantize(
     strict: bool | None = None,
     progress=None,
     method_options: dict | None = None,
+    threads: int = 1,
+    latency_budget: float = 10.0,
 ):
     """Quantize ``model`` to INT8 (QDQ) for onnxruntime's CPU provider, calibrated on ``calibration``.
 
@@ -155,34 +162,47 @@ def quantize(
         fidelity: minimum output SQNR (dB) against the float model on the held-out samples
             (default ``DEFAULT_FIDELITY_DB``); the layers that hurt most fall back to float until
             it is met. None: no fallback.
-        keep_float: "auto" (default): time the quantized model against the float one and keep the
-            float model unless int8 is at least 3% faster; "never": always the quantized model (the
-            output then depends on nothing but the inputs: byte-identical run to run).
+        keep_float: "auto" (default): keep the float model unless the shipped cost table
+            (``ort_cpu_costs.json``) estimates the quantized nodes at least 3% faster in int8 (no
+            timing: byte-identical run to run; the report names the table entries that decided);
+            "measure": time both models on this machine instead (interleaved, at ``threads``
+            intra-op threads; the result depends on the machine and its load); "never": always the
+            quantized model.
         reduce_range: 7-bit weights for CPUs without VNNI (default: off, see ``plan.target_rules``).
         workers: calibration processes (results are bit-identical for any number).
         held_out: calibration samples kept out of calibration to measure fidelity (default: a
-            fifth, at most 64; none when fewer than 5 samples are given, with a warning).
+            quarter, at least 8 where that leaves half for calibration, at most 64; none when fewer
+            than 5 samples are given, with a warning). The report states the estimate's sample size
+            and a 90% bootstrap interval per output (``fidelity["estimate"]``); fewer than 8 held-out
+            samples is a warning.
         input_shapes: fix the model's inputs first (as ``optimize``).
         return_report: return ``(result, QuantizeReport)``.
         method_options: passed to the calibration method (e.g. ``{"percentile": 99.99}``).
+        threads: onnxruntime intra-op threads of ``keep_float="measure"``'s timing (default 1; 0:
+            onnxruntime's choice).
+        latency_budget: seconds of ``keep_float="measure"``'s timing rounds at most (default 10).
     """
     strict = strict_default(strict)
     exclude = list(exclude or ())
     target = check_options(method=method, target=target, keep_float=keep_float, fidelity=fidelity,
-                           workers=workers, exclude=exclude)
+                           workers=workers, exclude=exclude, threads=threads)
+    if isinstance(latency_budget, bool) or not isinstance(latency_budget, (int, float)) or not 0 < latency_budget < 1e6:
+        raise UsageError(f"latency_budget {latency_budget!r}: a number of seconds above 0")
     progress = progress or (lambda step, done=0, total=0: None)
     return _quantize(model, calibration, output, method, per_channel, target, exclude, fidelity, keep_float,
                      reduce_range, workers, held_out, normalize_input_shapes(input_shapes), external_data, check,
-                     return_report, outputs, strict, progress, dict(method_options or {}))
+                     return_report, outputs, strict, progress, dict(method_options or {}), threads,
+                     latency_budget)
 
 
 def _quantize(model, calibration, output, method, per_channel, target, exclude, fidelity, keep_float, reduce_range,
               workers, held_out, input_shapes, external_data, check, return_report, outputs, strict, progress,
-              method_options):
+              method_options, threads=1, latency_budget=10.0):
     from .calibrate import calibrate
     from .coverage import integer_coverage
     from .data import open_calibration
-    from .fidelity import fallback as run_fallback, latency_check, layer_sqnr, output_sqnr
+    from .fidelity import (fallback as run_fallback, held_out_estimate, latency_check, layer_sqnr, output_sqnr,
+                           table_decision)
     from .plan import apply_plan, calibration_tensors, make_plan, strip_plan_keys, target_rules
 
     seconds: dict[str, float] = {}
@@ -273,6 +293,8 @@ def _quantize(model, calibration, output, method, per_channel, target, exclude, 
                 out_sqnr = dict(fallback.output_db)  # (the fallback measured its last model)
                 if not fallback.met:
                     warnings.append(f"fidelity {fidelity:g} dB not met even with every layer in float")
+            estimate, more = held_out_estimate(float_path, quant_proto, held_feeds, held_out=k)
+            warnings += more
             layers = layer_sqnr(float_path, quant_proto, None, held_feeds)
             seconds["fidelity"] = time.perf_counter() - t3
 
@@ -291,11 +313,14 @@ def _quantize(model, calibration, output, method, per_channel, target, exclude, 
                 kept = "float"
                 reason = ("every quantizable node fell back to float for fidelity" if fallback is not None and
                           fallback.excluded else "no node could be quantized (see the plan's skipped reasons)")
-            elif keep_float == "auto":
+            elif keep_float == "auto":  # the shipped table decides: the same input gives the same bytes
+                kept, reason, latency = table_decision(plan.costs, MIN_SPEEDUP)
+            elif keep_float == "measure":  # asked for: a timing on this machine decides
                 t5 = time.perf_counter()
                 progress("timing int8 against float")
                 check_result = latency_check(float_path, quant_proto, held_feeds[:1],
-                                                       min_speedup=MIN_SPEEDUP)
+                                                       min_speedup=MIN_SPEEDUP, threads=threads,
+                                                       budget_s=latency_budget)
                 latency = _as_dict(check_result)
                 kept, reason = check_result.keep, check_result.reason
                 seconds["latency"] = time.perf_counter() - t5
@@ -321,6 +346,7 @@ def _quantize(model, calibration, output, method, per_channel, target, exclude, 
         kept=kept, reason=reason,
         settings={"target": target, "method": method, "per_channel": bool(per_channel), "exclude": list(exclude),
                   "fidelity_db": fidelity, "keep_float": keep_float, "workers": workers,
+                  **({"threads": threads, "latency_budget": latency_budget} if keep_float == "measure" else {}),
                   "method_options": method_options,
                   "input_shapes": {k: list(v) for k, v in input_shapes.items()},
                   "target_rules": _as_dict(rules)},
@@ -328,7 +354,7 @@ def _quantize(model, calibration, output, method, per_channel, target, exclude, 
                      "method": method},
         plan={"quantized_nodes": len(plan.nodes), "quantized_tensors": len(plan.params),
               "skipped": dict(sorted(plan.skipped.items())), "rules": _rule_stats(stats)},
-        fidelity={"min_db": fidelity, "output_sqnr_db": out_sqnr,
+        fidelity={"min_db": fidelity, "output_sqnr_db": out_sqnr, "estimate": estimate,
                   "layer_sqnr_db": dict(sorted(layers.items(), key=lambda kv: kv[1])),
                   "fallback": None if fallback is None else _as_dict(fallback, skip=("model",))},
         coverage=cover.as_dict(), latency=latency, nodes=nodes, seconds=seconds, warnings=warnings)
@@ -374,7 +400,9 @@ def _held_out_count(n: int, held_out: int | None) -> int:
             raise UsageError(f"held_out must be a whole number from 0 to {n - 1} (the calibration set has {n} samples), "
                              f"not {held_out!r}")
         return held_out
-    return 0 if n < 5 else min(MAX_HELD_OUT, n // 5)
+    # a quarter, at least 8 where that leaves half for calibration (3 of 16 gave 20.4 dB where 23 other
+    # photos gave 17.9: too few to estimate from)
+    return 0 if n < 5 else min(MAX_HELD_OUT, max(n // 4, min(SMALL_HELD_OUT, n // 2)))
 
 
 def _float_activations(model: ir.Model) -> list[str]:

@@ -25,7 +25,7 @@ import onnx
 from ..errors import UsageError
 from ..verify.compare import sqnr_db, sqnr_energies, sqnr_from_energies
 
-__all__ = ["FallbackResult", "LatencyCheck", "decide_keep", "fallback", "latency_check", "layer_sqnr",
+__all__ = ["FallbackResult", "LatencyCheck", "decide_keep", "held_out_estimate", "sqnr_interval", "table_decision", "fallback", "latency_check", "layer_sqnr",
            "node_damage", "output_sqnr", "sqnr_db"]
 
 
@@ -123,6 +123,76 @@ def _match_outputs(float_names: Sequence[str], quant_names: Sequence[str]) -> li
     if len(float_names) != len(quant_names):
         raise UsageError(f"the quantized model has {len(quant_names)} outputs, the float model {len(float_names)}")
     return list(zip(float_names, quant_names))
+
+
+SMALL_HELD_OUT = 8
+"""Fewer held-out samples than this: the SQNR estimate is flagged as small (its interval is wide and
+one unusual sample moves it)."""
+SQNR_CONFIDENCE = 0.90
+SQNR_RESAMPLES = 2000
+SQNR_SEED = 20241127  # fixed: the same samples give the same interval
+
+
+def output_sqnr_samples(float_model, quant_model, feeds, *, provider: str = "cpu",
+                        threads: int = 0) -> dict[str, list[tuple[float, float]]]:
+    """Each float output's (signal, noise) energies per feed, the terms :func:`output_sqnr` sums
+    (outputs matched, and non-float ones left out, as there)."""
+    f = q = None
+    try:
+        f = _Runner(float_model, "float model", provider=provider, threads=threads)
+        q = _Runner(quant_model, "quantized model", provider=provider, threads=threads)
+        pairs = _match_outputs(f.outputs, q.outputs)
+        out: dict[str, list[tuple[float, float]]] = {fn: [] for fn, _ in pairs}
+        not_float: set[str] = set()
+        for feed in _feed_list(feeds):
+            a, b = f.run(feed), q.run(feed)
+            for fn, qn in pairs:
+                if a[fn].dtype.kind != "f" or b[qn].dtype.kind != "f":
+                    not_float.add(fn)
+                    continue
+                out[fn].append(tuple(float(x) for x in _energies(a[fn], b[qn])))
+        return {fn: v for fn, v in out.items() if fn not in not_float and v}
+    finally:
+        for r in (f, q):
+            if r is not None:
+                r.close()
+
+
+def sqnr_interval(energies: Sequence[tuple[float, float]], *, confidence: float = SQNR_CONFIDENCE,
+                  resamples: int = SQNR_RESAMPLES, seed: int = SQNR_SEED) -> tuple[float, float] | None:
+    """A ``confidence`` percentile-bootstrap interval (dB) of the SQNR whose energies are summed over
+    the samples: the samples are resampled with replacement ``resamples`` times with a fixed ``seed``
+    (the same samples give the same interval). None for fewer than 2 samples."""
+    e = np.asarray(energies, dtype=np.float64).reshape(-1, 2)
+    n = len(e)
+    if n < 2:
+        return None
+    idx = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+    sig, noise = e[idx, 0].sum(axis=1), e[idx, 1].sum(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        db = np.where(noise > 0, 10 * np.log10(sig / noise), np.inf)
+    db = np.where(np.isnan(db), -np.inf, db)
+    tail = (1 - confidence) / 2
+    lo, hi = (float(x) for x in np.quantile(db, [tail, 1 - tail], method="inverted_cdf"))  # (no inf - inf)
+    return lo, hi
+
+
+def held_out_estimate(float_model, quant_model, feeds, *, held_out: int, provider: str = "cpu") -> tuple[dict, list]:
+    """The output SQNR on the held-out ``feeds`` with its sample size and a bootstrap interval per
+    output (:func:`sqnr_interval`), and the warnings: a small sample (under :data:`SMALL_HELD_OUT`),
+    or none held out (``held_out`` 0: the calibration samples themselves, optimistic)."""
+    samples = output_sqnr_samples(float_model, quant_model, feeds, provider=provider)
+    n = max((len(v) for v in samples.values()), default=0)
+    intervals = {}
+    for name, energies in samples.items():
+        ci = sqnr_interval(energies)
+        intervals[name] = None if ci is None else [round(x, 2) if math.isfinite(x) else x for x in ci]
+    est = {"samples": n, "held_out": bool(held_out), "confidence": SQNR_CONFIDENCE, "interval_db": intervals}
+    warnings = []
+    if held_out and n < SMALL_HELD_OUT:
+        warnings.append(f"the output SQNR is estimated on {n} held-out sample(s) only (fewer than {SMALL_HELD_OUT}): "
+                        "it may be optimistic; give more calibration samples or --held-out N")
+    return est, warnings
 
 
 def output_sqnr(float_model, quant_model, feeds, *, provider: str = "cpu", threads: int = 0) -> dict[str, float]:
@@ -571,24 +641,53 @@ def _json_nsr(v: float):
 class LatencyCheck:
     """:func:`latency_check`'s verdict: ``keep`` "int8" or "float", a one-line ``reason`` and the
     figures (milliseconds: median, p10, p90 of each model; ``ratio``: int8 median / float median;
-    ``ratio_ci95``: a 95% interval of the median of the per-round int8/float ratios, rounds being
-    interleaved; None when too few)."""
+    ``ratio_ci90``: the 90% bootstrap interval of that ratio over the interleaved rounds
+    (``onnxopt.verify.runtime.ratio_interval``, deterministic); None when too few rounds), the
+    rounds and the intra-op threads they ran at."""
 
     keep: str
     reason: str
     float_ms: dict[str, float]
     int8_ms: dict[str, float]
     ratio: float
-    ratio_ci95: tuple[float, float] | None
+    ratio_ci90: tuple[float, float] | None
     min_speedup: float
     rounds: int
+    threads: int = 1
 
     def as_dict(self) -> dict:
         r = lambda x: float(f"{x:.5g}")  # noqa: E731 - 5 significant digits (a tiny model runs in microseconds)
-        return {"keep": self.keep, "reason": self.reason, "float_ms": {k: r(v) for k, v in self.float_ms.items()},
+        return {"mode": "measure", "keep": self.keep, "reason": self.reason,
+                "float_ms": {k: r(v) for k, v in self.float_ms.items()},
                 "int8_ms": {k: r(v) for k, v in self.int8_ms.items()}, "ratio": r(self.ratio),
-                "ratio_ci95": [r(x) for x in self.ratio_ci95] if self.ratio_ci95 else None,
-                "min_speedup": self.min_speedup, "rounds": self.rounds}
+                "ratio_ci90": [r(x) for x in self.ratio_ci90] if self.ratio_ci90 else None,
+                "min_speedup": self.min_speedup, "rounds": self.rounds, "threads": self.threads,
+                "machine_dependent": True}
+
+
+def table_decision(costs: Mapping | None, min_speedup: float = 0.03) -> tuple[str, str, dict]:
+    """``quantize(keep_float="auto")``: keep the int8 model when the shipped cost table
+    (``plan.costs``: ``onnxopt.quantize.plan._cost_estimate``) estimates its covered nodes at least
+    ``min_speedup`` faster than in float, else the float model; no timing, so the same input gives
+    the same bytes. When the table covers no quantized node, int8 is kept (nothing says it is
+    slower). Returns (keep, reason, the report's latency entry: mode "table", the estimate, the
+    entries that decided it)."""
+    costs = dict(costs or {})
+    entry = {"mode": "table", "min_speedup": min_speedup, **costs}
+    ratio = costs.get("ratio")
+    if ratio is None:
+        return "int8", ("the cost table covers none of the quantized nodes: int8 kept (--keep-float measure times "
+                        "both models on this machine)"), entry
+    top = costs.get("entries") or []
+    named = "; ".join(f"{e['entry']} ({e['nodes']} node{'s' if e['nodes'] != 1 else ''}, {100 * e['share']:.0f}% "
+                      f"of the float time, x{e['ratio']:.2f})" for e in top[:3])
+    more = f"; {len(top) - 3} more entries" if len(top) > 3 else ""
+    change = f"{100 * (1 - ratio):.1f}% faster" if ratio <= 1 else f"{100 * (ratio - 1):.1f}% slower"
+    figures = (f"cost table estimate for the {costs.get('nodes', 0)} quantized node(s) it covers: int8 x{ratio:.3f} "
+               f"of float ({change}; {named}{more})")
+    if ratio <= 1 - min_speedup:
+        return "int8", f"{figures}: at least {100 * min_speedup:g}% faster, int8 kept", entry
+    return "float", f"{figures}: not at least {100 * min_speedup:g}% faster, float model kept", entry
 
 
 def decide_keep(float_median_ms: float, int8_median_ms: float, min_speedup: float = 0.03) -> tuple[str, str]:
@@ -604,32 +703,24 @@ def decide_keep(float_median_ms: float, int8_median_ms: float, min_speedup: floa
     return "float", f"{figures}: not at least {100 * min_speedup:g}% faster, float model kept"
 
 
-def _ratio_ci(float_times: Sequence[float], int8_times: Sequence[float]) -> tuple[float, float] | None:
-    """A distribution-free 95% interval of the median per-round ratio (order statistics of the
-    binomial(n, 1/2) around the median)."""
-    ratios = sorted(b / a for a, b in zip(float_times, int8_times) if a > 0)
-    n = len(ratios)
-    if n < 10:
-        return None
-    half = 1.96 * math.sqrt(n) / 2
-    lo, hi = max(0, int(math.floor(n / 2 - half))), min(n - 1, int(math.ceil(n / 2 + half)))
-    return ratios[lo], ratios[hi]
-
-
 def _stats(times_ms: Sequence[float]) -> dict[str, float]:
     return {"median": statistics.median(times_ms), "p10": float(np.percentile(times_ms, 10)),
             "p90": float(np.percentile(times_ms, 90))}
 
 
 def latency_check(float_model, quant_model, feeds, *, min_speedup: float = 0.03, runs: int = 400, warmup: int = 10,
-                  min_rounds: int = 30, budget_s: float = 60.0, threads: int = 0, provider: str = "cpu",
+                  min_rounds: int = 30, budget_s: float = 10.0, threads: int = 1, provider: str = "cpu",
                   measure: Callable[..., dict] | None = None) -> LatencyCheck:
-    """Time the quantized model against the float model on one feed (the first of ``feeds``) with
-    onnxruntime, interleaved (``onnxopt.verify.runtime.measure_latency``: each round runs both,
-    the order alternating) after ``warmup`` runs: ``runs`` rounds, fewer when they would pass
-    ``budget_s`` but at least ``min_rounds`` (medians of 30+ interleaved rounds move by well under
-    the 3% margin on an idle machine), and decide by :func:`decide_keep`. ``measure``: a stand-in
-    for measure_latency (tests)."""
+    """``quantize(keep_float="measure")``: time the quantized model against the float model on one
+    feed (the first of ``feeds``) on this machine with onnxruntime at ``threads`` intra-op threads
+    (default 1; 0: onnxruntime's choice), interleaved (``onnxopt.verify.runtime.measure_latency``:
+    each round runs both, the order alternating) after ``warmup`` runs: ``runs`` rounds, fewer when
+    they would pass ``budget_s`` but at least ``min_rounds``. int8 is kept when its median is at
+    least ``min_speedup`` below float's and the 90% bootstrap interval of the ratio
+    (``ratio_interval``) lies below 1.0; the result depends on the machine and its load.
+    ``measure``: a stand-in for measure_latency (tests)."""
+    from ..verify.runtime import ratio_interval
+
     if not 0 <= min_speedup < 1:
         raise UsageError(f"min_speedup {min_speedup}: a fraction in [0, 1)")
     feed = next(iter(_feed_list(feeds)), None)
@@ -655,9 +746,17 @@ def latency_check(float_model, quant_model, feeds, *, min_speedup: float = 0.03,
         why = "; ".join(f"{k}: {v}" for k, v in sorted(lat.get("errors", {}).items())) or "no timings"
         keep = "int8" if "float" not in res and "int8" in res else "float"
         return LatencyCheck(keep, f"latency not measured ({why}), {keep} model kept", {}, {}, float("nan"), None,
-                            min_speedup, lat.get("rounds", 0))
+                            min_speedup, lat.get("rounds", 0), threads)
     ft, it = res["float"]["times_ms"], res["int8"]["times_ms"]
     fs, qs = _stats(ft), _stats(it)
     keep, reason = decide_keep(fs["median"], qs["median"], min_speedup)
-    return LatencyCheck(keep, reason, fs, qs, qs["median"] / fs["median"], _ratio_ci(ft, it), min_speedup,
-                        lat["rounds"])
+    ci = ratio_interval(ft, it)
+    interval = tuple(ci["interval"]) if ci["interval"] else None
+    where = f"measured on this machine at {threads or 'default'} thread(s), {lat['rounds']} interleaved rounds"
+    if keep == "int8" and ci["verdict"] != "faster":
+        keep = "float"
+        reason = (f"{reason.rsplit(':', 1)[0]}, but the 90% interval of the ratio "
+                  + (f"x{interval[0]:.3f}-x{interval[1]:.3f} contains 1.0" if interval else "needs 10 rounds")
+                  + ": no measurable difference, float model kept")
+    return LatencyCheck(keep, f"{reason} ({where})", fs, qs, qs["median"] / fs["median"], interval, min_speedup,
+                        lat["rounds"], threads)

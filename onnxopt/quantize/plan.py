@@ -164,6 +164,8 @@ class QuantPlan:
     skipped: name of each float compute node left float -> why.
     unmatched_exclude: the ``exclude`` entries that named no node (name or plan key), op type or
         source node name (sorted), for the caller to warn about.
+    costs: the shipped cost table's estimate of this plan's int8 time against float's (ort-cpu),
+        with the table entries that decided it (``quantize(keep_float="auto")`` decides by it).
     """
 
     params: dict[str, tuple[np.float32, np.uint8]]
@@ -172,6 +174,8 @@ class QuantPlan:
     rules: TargetRules
     absorbed: dict[str, str] = dataclasses.field(default_factory=dict)
     unmatched_exclude: list[str] = dataclasses.field(default_factory=list)  # matched no node, op or source
+    # the cost table's estimate of the quantized model against the float one (_cost_estimate)
+    costs: dict | None = None
 
     @property
     def empty(self) -> bool:
@@ -585,45 +589,119 @@ def _structure(model: ir.Model, rules: TargetRules, exclude: Iterable[str], no_a
     keys = {node: node_key(node, i) for i, node in enumerate(model.graph)}
     while True:  # each round leaves float what does not pay in the last round's plan; monotone
         s = _structure_once(model, rules, exclude, no_absorb, costly, dtypes)
-        absorbed = set(s.absorbed)
-
-        def quantized(n: ir.Node | None) -> bool:
-            return n is not None and (n in s.kind or keys[n] in absorbed)
-
-        def readers(v: ir.Value) -> tuple[list[ir.Node], bool]:
-            """Readers of v, through absorbed Relu/Clip; and whether a graph output reads it."""
-            out, graph_out = [], v.is_graph_output()
-            for r, _ in v.uses():
-                if keys[r] in absorbed:
-                    more, g = readers(r.outputs[0])
-                    out += more
-                    graph_out = graph_out or g
-                else:
-                    out.append(r)
-            return out, graph_out
-
         new = {}
-        for node in model.graph:
-            if node not in s.kind or node.op_type not in COSTED_OPS:
-                continue
-            live = [node.inputs[0]] if s.kind[node] == "anchor" else \
-                [v for v in node.inputs if v is not None and constant_tensor(v) is None]
-            in_q = all(quantized(v.producer()) or any(r is not node and r in s.kind and s.kind[r] != "mover"
-                                                      for r, _ in v.uses()) for v in live)
-            rs, graph_out = [], False
-            for o in node.outputs:
-                if o is not None:
-                    more, g = readers(o)
-                    rs += more
-                    graph_out = graph_out or g
-            quant = [r for r in rs if r in s.kind]
-            reason = cost_decision(node, opsets, table, input_quantized=in_q,
-                                   float_reader=graph_out or len(quant) < len(rs), quant_reader=bool(quant))
+        for node, in_q, float_reader, quant_reader in _cost_contexts(model, s, keys):
+            reason = cost_decision(node, opsets, table, input_quantized=in_q, float_reader=float_reader,
+                                   quant_reader=quant_reader)
             if reason:
                 new[keys[node]] = reason
         if not new:
             return s
         costly.update(new)
+
+
+def _cost_contexts(model: ir.Model, s: _Structure, keys: Mapping[ir.Node, str]):
+    """Each quantized node the cost table covers, with its neighbours as the plan ``s`` has them:
+    ``(node, input_quantized, float_reader, quant_reader)`` (is its input quantized anyway: its
+    producer or another reader is an integer kernel; does a float node or a graph output, does a
+    quantized node read its output), as :func:`cost_decision` takes them."""
+    absorbed = set(s.absorbed)
+
+    def quantized(n: ir.Node | None) -> bool:
+        return n is not None and (n in s.kind or keys[n] in absorbed)
+
+    def readers(v: ir.Value) -> tuple[list[ir.Node], bool]:
+        """Readers of v, through absorbed Relu/Clip; and whether a graph output reads it."""
+        out, graph_out = [], v.is_graph_output()
+        for r, _ in v.uses():
+            if keys[r] in absorbed:
+                more, g = readers(r.outputs[0])
+                out += more
+                graph_out = graph_out or g
+            else:
+                out.append(r)
+        return out, graph_out
+
+    for node in model.graph:
+        if node not in s.kind or node.op_type not in COSTED_OPS:
+            continue
+        live = [node.inputs[0]] if s.kind[node] == "anchor" else \
+            [v for v in node.inputs if v is not None and constant_tensor(v) is None]
+        in_q = all(quantized(v.producer()) or any(r is not node and r in s.kind and s.kind[r] != "mover"
+                                                  for r, _ in v.uses()) for v in live)
+        rs, graph_out = [], False
+        for o in node.outputs:
+            if o is not None:
+                more, g = readers(o)
+                rs += more
+                graph_out = graph_out or g
+        quant = [r for r in rs if r in s.kind]
+        yield node, in_q, graph_out or len(quant) < len(rs), bool(quant)
+
+
+def _work(fields: Mapping) -> float | None:
+    """A layer configuration's work in the table's terms (multiply-adds or elements, from its
+    bucketed fields), to scale a measured entry's time to a node of another size; None when a
+    field is unknown (a dynamic shape)."""
+    op = fields["op"]
+    if op == "Conv":
+        kh, kw = (int(x) for x in fields["kernel"].split("x"))
+        per = fields["co"] if fields["form"] == "depthwise" else (fields["ci"] and fields["co"]
+                                                                  and fields["ci"] * fields["co"])
+        parts = [fields.get("px"), per, kh * kw]
+    elif op in ("MatMul", "Gemm"):
+        parts = [fields.get("m"), fields.get("k"), fields.get("n_out")]
+    elif op == "GlobalAveragePool":
+        parts = [fields.get("c"), fields.get("px")]
+    else:
+        parts = [fields.get("n")]
+    return None if any(p is None for p in parts) else float(np.prod(parts, dtype=np.float64))
+
+
+def _cost_estimate(model: ir.Model, s: _Structure) -> dict:
+    """The shipped cost table's estimate of the plan ``s``'s quantized model against the float one,
+    on onnxruntime's CPU provider: for each quantized node the table covers, its float layer's time
+    (the matched entries' float microseconds, scaled by the node's work against theirs; the entries'
+    own time when a dimension is dynamic) and its int8 time (the integer kernel plus the Q/DQ its
+    float neighbours add, against the float layer plus the Q/DQ its quantized neighbours add), as
+    :func:`cost_decision` counts them. Nodes left float run alike in both models and are not
+    counted. Returns ``{"float_us", "int8_us", "ratio", "nodes", "entries", ...}``: ``entries`` the
+    table entries that decided, by their share of the float time (largest first). Reads the
+    shipped table only: the same model and plan give the same estimate on any machine."""
+    table = load_costs()
+    opsets = opsets_of(model)
+    keys = {node: node_key(node, i) for i, node in enumerate(model.graph)}
+    total_f = total_q = 0.0
+    by_entry: dict[str, dict] = {}
+    for node, in_q, float_reader, quant_reader in _cost_contexts(model, s, keys):
+        fields = layer_config(node, opsets)
+        c = table.lookup(fields) if fields is not None else None
+        if c is None:
+            continue
+        entries = c.key.split(" | ")
+        base = []
+        for k in entries:
+            e = table.entries[k]
+            us = float(e["threads"][table.threads]["float_us"])
+            mine, theirs = _work(fields), _work(e["fields"])
+            base.append(us * (mine / theirs) if mine and theirs else us)
+        f_us = float(np.mean(base))
+        flt = f_us * (1.0 + (c.dq_in if in_q else 0.0) + (c.q_out if quant_reader else 0.0))
+        q = f_us * (c.int8 + (0.0 if in_q else c.q_in) + (c.dq_out if float_reader else 0.0))
+        total_f += flt
+        total_q += q
+        row = by_entry.setdefault(c.key if c.exact else f"nearest measured: {c.key}",
+                                  {"nodes": 0, "float_us": 0.0, "int8_us": 0.0})
+        row["nodes"] += 1
+        row["float_us"] += flt
+        row["int8_us"] += q
+    ranked = sorted(by_entry.items(), key=lambda kv: (-kv[1]["float_us"], kv[0]))
+    return {"float_us": round(total_f, 3), "int8_us": round(total_q, 3),
+            "ratio": round(total_q / total_f, 4) if total_f > 0 else None,
+            "nodes": sum(r["nodes"] for r in by_entry.values()), "table": "onnxopt/quantize/ort_cpu_costs.json",
+            "threads": table.threads,
+            "entries": [{"entry": k, "nodes": r["nodes"], "share": round(r["float_us"] / total_f, 4),
+                         "ratio": round(r["int8_us"] / r["float_us"], 4)} for k, r in ranked]}
 
 
 def _structure_once(model: ir.Model, rules: TargetRules, exclude: Iterable[str], no_absorb: frozenset,
@@ -896,7 +974,8 @@ def make_plan(model: ir.Model, ranges: Mapping[str, tuple[float, float]], rules:
         no_absorb |= undo
     ordered = {name: params[name] for name in s.qset}
     return QuantPlan(ordered, s.nodes, dict(s.skipped), rules,
-                     {key: value for key, (value, _, _) in s.absorbed.items()}, _unmatched(model, exclude))
+                     {key: value for key, (value, _, _) in s.absorbed.items()}, _unmatched(model, exclude),
+                     _cost_estimate(model, s))
 
 
 def _unmatched(model: ir.Model, exclude: Iterable[str]) -> list[str]:

@@ -27,15 +27,17 @@ from .compare import (FP16_MAX_ERROR, FP16_MIN_COSINE, FP16_MIN_TOP1, INT8_MIN_S
                       is_logits, is_low_precision, is_quantized, problem_text, sqnr_db, tolerance)
 from .culprit import find_culprit
 from .inputs import inputs_for, make_inputs, parse_input_shapes, parse_int_ranges
-from .runtime import (PROVIDERS, OrtModel, VerifyUnavailable, check_providers, count_kernels, measure_latency,
-                      parse_provider_options, parse_providers, run_profiled, session)
+from .runtime import (CONFIDENCE, LATENCY_BUDGET_S, LATENCY_RUNS, LATENCY_THREADS, NO_DIFFERENCE, PROVIDERS, OrtModel,
+                      VerifyUnavailable, check_providers, count_kernels, latency_text, measure_latency,
+                      parse_provider_options, parse_providers, ratio_interval, run_profiled, session)
 
 __all__ = [
-    "INT8_MIN_SQNR_DB", "LOW_PRECISION", "PROVIDERS", "TOLERANCES", "Progress", "VerificationError",
+    "INT8_MIN_SQNR_DB", "LATENCY_BUDGET_S", "LATENCY_RUNS", "LATENCY_THREADS", "LOW_PRECISION", "NO_DIFFERENCE",
+    "PROVIDERS", "TOLERANCES", "Progress", "VerificationError",
     "VerifyUnavailable", "bisect_command", "check_providers", "check_settings", "check_tolerances", "compare",
     "compare_all", "compare_value", "compare_int8", "compare_fp16", "is_fp16", "is_logits", "count_kernels",
-    "find_culprit", "is_low_precision", "is_quantized", "make_inputs", "measure_latency", "parse_input_shapes",
-    "parse_int_ranges", "parse_provider_options", "parse_providers",
+    "find_culprit", "is_low_precision", "is_quantized", "latency_entry", "latency_text", "make_inputs", "measure_latency", "parse_input_shapes",
+    "parse_int_ranges", "parse_provider_options", "parse_providers", "ratio_interval",
     "problem_text", "run_profiled", "session", "sqnr_db", "tolerance", "verify",
 ]
 
@@ -60,9 +62,10 @@ class Progress:
         pass
 
 
-def check_settings(providers: str | Sequence[str] = "cpu", *, runs: int = 20, warmup: int = 5, threads: int = 0,
-                   rtol: float | None = None, atol: float | None = None, min_sqnr: float | None = None,
-                   provider_options=None, **_) -> list[str]:
+def check_settings(providers: str | Sequence[str] = "cpu", *, runs: int = LATENCY_RUNS, warmup: int = 5,
+                   threads: int = LATENCY_THREADS, rtol: float | None = None, atol: float | None = None,
+                   min_sqnr: float | None = None, provider_options=None, budget_s: float = LATENCY_BUDGET_S,
+                   **_) -> list[str]:
     """Refuse bad verification settings (UsageError, one line) before any work; the providers parsed."""
     providers = parse_providers(providers)
     check_providers(providers)
@@ -72,6 +75,8 @@ def check_settings(providers: str | Sequence[str] = "cpu", *, runs: int = 20, wa
         raise UsageError(f"--warmup {warmup}: at least 1 warm-up run")
     if not 0 <= threads <= 2**31 - 1:
         raise UsageError(f"--threads {threads}: must be 0 (onnxruntime's choice) or a positive 32-bit number")
+    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not 0 < budget_s < 1e6:
+        raise UsageError(f"--latency-budget {budget_s}: a number of seconds above 0")
     check_tolerances(rtol, atol)
     unused = sorted(set(parse_provider_options(provider_options)) - set(providers))
     if unused:
@@ -85,16 +90,25 @@ def check_settings(providers: str | Sequence[str] = "cpu", *, runs: int = 20, wa
 def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", inputs: str | os.PathLike | None = None,
            feeds: Mapping[str, np.ndarray] | None = None, input_shapes: Mapping[str, Sequence[int]] | None = None,
            int_ranges: Mapping[str, tuple[int, int]] | None = None, seed: int = 0, rtol: float | None = None,
-           atol: float | None = None, runs: int = 20, warmup: int = 5, latency: bool = True, culprit: bool = True,
-           threads: int = 0, progress: Progress | None = None, bisect_options: Sequence[str] | None = None,
-           min_sqnr: float | None = None, provider_options=None) -> dict:
+           atol: float | None = None, runs: int = LATENCY_RUNS, warmup: int = 5, latency: bool = True,
+           culprit: bool = True, threads: int = LATENCY_THREADS, progress: Progress | None = None,
+           bisect_options: Sequence[str] | None = None, min_sqnr: float | None = None, provider_options=None,
+           budget_s: float = LATENCY_BUDGET_S) -> dict:
     """Verify ``optimized`` against ``original`` on each provider; returns the report (a dict
     that ``onnxopt.report.format_verification`` prints); ``report["ok"]`` is False when an
     output differs.
 
     ``original``/``optimized``: paths, bytes, onnx.ModelProto or onnx_ir.Model. Inputs come from
-    ``feeds``, else from ``inputs`` (.npz) and generation (see :func:`make_inputs`). ``runs``: timed
-    rounds per provider after ``warmup`` runs (0 skips latency, as does ``latency=False``).
+    ``feeds``, else from ``inputs`` (.npz) and generation (see :func:`make_inputs`).
+
+    Latency: both models' sessions at ``threads`` intra-op threads (default 1; 0: onnxruntime's
+    choice), warmed up by ``warmup`` runs, then timed in interleaved rounds (each round runs both,
+    the order alternating), at most ``runs`` rounds and at most ``budget_s`` seconds per provider
+    (0 runs skips latency, as does ``latency=False``). ``report["providers"][p]["latency"]`` holds
+    the ratio of medians (optimized / original), its 90% bootstrap interval over the rounds
+    (deterministic: :func:`ratio_interval`) and the verdict: "faster"/"slower" only when the interval
+    excludes 1.0 (and does not lie within 2% of it, what two sessions of one model differ by), else
+    "no measurable difference".
     When outputs differ, ``report["bisect_command"]`` is the ``python -m onnxopt bisect`` command
     with these settings; ``bisect_options``: the command-line options that made ``optimized``
     (--rules, --disable, ...), None when unknown (the command then says to add them).
@@ -118,7 +132,7 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
     least FP16_MIN_TOP1 (99%); ``rtol``/``atol``, when given, apply instead. ``report["fp16"]`` states
     the criterion; culprit search and bisect are skipped (every value differs by design)."""
     providers = check_settings(providers, runs=runs, warmup=warmup, threads=threads, rtol=rtol, atol=atol,
-                               min_sqnr=min_sqnr, provider_options=provider_options)
+                               min_sqnr=min_sqnr, provider_options=provider_options, budget_s=budget_s)
     provider_options = parse_provider_options(provider_options)
     progress = progress or Progress()
     before = after = None
@@ -136,7 +150,7 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
         edges = layouts.edges_between(_metadata(before.proto), _metadata(after.proto))
         report = _verify(before, after, providers, feeds, inputs, input_shapes, int_ranges, seed, rtol, atol, runs,
                          warmup, latency, culprit and int8 is None and not fp16 and not edges, threads, progress, int8,
-                         provider_options, fp16, edges)
+                         provider_options, fp16, edges, budget_s)
         if not report["ok"] and int8 is None and not fp16 and not edges:
             report["bisect_command"] = bisect_command(
                 original, next(p for p, e in report["providers"].items() if not e["ok"]), inputs=inputs,
@@ -150,13 +164,35 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
                 m.close()
 
 
+def latency_entry(lat: Mapping, *, warmup: int, threads: int, budget_s: float) -> dict:
+    """A report's latency entry from :func:`measure_latency`'s result (entries "before" and "after"):
+    medians and p90 of each, the ratio of medians with its bootstrap interval and verdict
+    (:func:`ratio_interval`), the rounds, the threads and the budget they ran under."""
+    res = lat["results"]
+    entry: dict = {"rounds": lat["rounds"], "warmup": warmup, "threads": threads, "budget_s": budget_s,
+                   "interleaved": True,
+                   **{k: {"median_ms": round(v["median_ms"], 4), "p90_ms": round(v["p90_ms"], 4)}
+                      for k, v in res.items()}}
+    if "before" in res and "after" in res and res["before"]["median_ms"] > 0:
+        ci = ratio_interval(res["before"]["times_ms"], res["after"]["times_ms"])
+        entry["ratio_median"] = round(ci["ratio"], 4)
+        entry["ratio_p90"] = round(res["after"]["p90_ms"] / res["before"]["p90_ms"], 4)
+        entry["interval"] = None if ci["interval"] is None else [round(x, 4) for x in ci["interval"]]
+        entry["confidence"] = ci["confidence"]
+        if "session_spread" in ci:
+            entry["session_spread"] = ci["session_spread"]
+        entry["verdict"] = ci["verdict"]
+    return entry
+
+
 def _metadata(proto) -> dict[str, str]:
     return {p.key: p.value for p in proto.metadata_props}
 
 
 def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_shapes, int_ranges, seed, rtol, atol,
             runs, warmup, latency, culprit, threads, progress, int8: float | None = None,
-            provider_options: dict | None = None, fp16: bool = False, edges: dict | None = None) -> dict:
+            provider_options: dict | None = None, fp16: bool = False, edges: dict | None = None,
+            budget_s: float = LATENCY_BUDGET_S) -> dict:
     feeds, how = inputs_for(before, feeds, inputs, input_shapes, int_ranges, seed)
     model_feeds = {"before": feeds, "after": feeds}
     if edges:
@@ -212,16 +248,11 @@ def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_s
             progress(f"{p}: latency", step, steps)
             t0 = time.perf_counter()
             lat = measure_latency({"before": before.source(), "after": after.source()}, feeds, provider=p,
-                                  runs=runs, warmup=warmup, threads=threads, min_rounds=min(runs, 5),
-                                  provider_options=provider_options, entry_inputs=model_feeds if edges else None,
+                                  runs=runs, warmup=warmup, threads=threads, budget_s=budget_s, gap_s=0.0,
+                                  min_rounds=min(runs, 5), provider_options=provider_options,
+                                  entry_inputs=model_feeds if edges else None,
                                   progress=lambda d, t, p=p, s=step: progress(f"{p}: latency {d}/{t}", s, steps))
-            res = lat["results"]
-            entry["latency"] = {"rounds": lat["rounds"], "warmup": warmup,
-                                **{k: {"median_ms": round(v["median_ms"], 4), "p90_ms": round(v["p90_ms"], 4)}
-                                   for k, v in res.items()}}
-            if "before" in res and "after" in res and res["before"]["median_ms"] > 0:
-                entry["latency"]["ratio_median"] = round(res["after"]["median_ms"] / res["before"]["median_ms"], 4)
-                entry["latency"]["ratio_p90"] = round(res["after"]["p90_ms"] / res["before"]["p90_ms"], 4)
+            entry["latency"] = latency_entry(lat, warmup=warmup, threads=threads, budget_s=budget_s)
             entry["latency"]["seconds"] = round(time.perf_counter() - t0, 3)
             step += 1
         if not entry["ok"] and culprit:

@@ -50,6 +50,35 @@ def kernel_times(events: list[dict], skip_runs: int = 0) -> tuple[dict[str, floa
     return dict(total), count
 
 
+def op_type_latency_pair(before, after, feeds_before: Mapping[str, np.ndarray], feeds_after: Mapping[str, np.ndarray],
+                         provider: str = "cpu", *, runs: int = 10, warmup: int = 2, threads: int = 1,
+                         provider_options: Mapping | None = None) -> tuple[dict[str, float], dict[str, float]]:
+    """:func:`op_type_latency` of two models measured together: both sessions warmed up, then their
+    ``runs`` timed runs interleaved (before, after, after, before, ...), so that a change in the
+    machine's load falls on both alike; ``threads`` intra-op threads (default 1: figures that
+    repeat; 0: onnxruntime's choice)."""
+    runs = max(1, int(runs))
+    with tempfile.TemporaryDirectory(prefix="onnxopt-optime-") as tmp:
+        sessions, feeds = [], []
+        for i, (model, given) in enumerate(((before, feeds_before), (after, feeds_after))):
+            sess = session(model, provider, profile_prefix=os.path.join(tmp, f"p{i}"), threads=threads,
+                           provider_options=provider_options, spin=False)
+            sessions.append(sess)
+            feeds.append({x.name: given[x.name] for x in sess.get_inputs()})
+        for sess, f in zip(sessions, feeds):
+            for _ in range(max(0, warmup)):
+                sess.run(None, f)
+        for r in range(runs):
+            for i in ((0, 1) if r % 2 == 0 else (1, 0)):
+                sessions[i].run(None, feeds[i])
+        out = []
+        for sess in sessions:
+            with open(sess.end_profiling()) as fh:
+                total, count = kernel_times(json.load(fh), skip_runs=max(0, warmup))
+            out.append({op: round(us / count / 1e3, 4) for op, us in sorted(total.items())})
+    return out[0], out[1]
+
+
 def op_type_latency(model, feeds: Mapping[str, np.ndarray], provider: str = "cpu", *, runs: int = 10,
                     warmup: int = 2, threads: int = 0, provider_options: Mapping | None = None) -> dict[str, float]:
     """``{op type: milliseconds per run}`` of ``model`` (a path or serialized bytes) on ``provider``

@@ -319,7 +319,11 @@ def measure_latency(models: dict[str, object], inputs: Mapping[str, np.ndarray],
     est = sum(per_run[n] + gap_s for n in names) or 1e-9
     rounds = max(min(runs, min_rounds), min(runs, int(budget_s / est)))
     times: dict[str, list[float]] = {n: [] for n in names}
+    start = time.perf_counter()
     for r in range(rounds):
+        if r >= min(runs, min_rounds) and time.perf_counter() - start > budget_s:
+            rounds = r  # (the warm-up underestimated a run: the budget bounds the rounds, not the estimate)
+            break
         k = r % len(names) if names else 0
         for name in names[k:] + names[:k]:
             if gap_s:
@@ -334,5 +338,79 @@ def measure_latency(models: dict[str, object], inputs: Mapping[str, np.ndarray],
         ms = [t * 1e3 for t in ts]
         out["results"][name] = {"median_ms": statistics.median(ms), "p90_ms": float(np.percentile(ms, 90)),
                                 "min_ms": min(ms), "mean_ms": statistics.fmean(ms),
-                                "times_ms": [round(x, 4) for x in ms]}
+                                "times_ms": [round(x, 6) for x in ms]}
     return out
+
+
+# ---- comparing two models' latency --------------------------------------------------------------------------
+
+LATENCY_BUDGET_S = 10.0
+"""Seconds of timed rounds per provider a latency comparison takes at most by default (``--latency-budget``)."""
+LATENCY_THREADS = 1
+"""onnxruntime's intra-op threads for timing unless asked (``--threads``): one thread is the setting
+whose timings repeat; a pool of several waits on cores other processes hold."""
+LATENCY_RUNS = 200
+"""The most interleaved rounds a latency comparison times by default (``--runs``)."""
+CONFIDENCE = 0.90
+"""The confidence of the interval on the ratio of medians."""
+MIN_INTERVAL_ROUNDS = 10
+"""Fewer rounds than this give no interval: the verdict is then "too few rounds"."""
+SESSION_SPREAD = 0.02
+"""Two sessions of one model differ in latency by a little, steadily (where their weights and
+buffers lie): up to 1% between bit-identical models on a 2-core x86 machine, with intervals of
++-0.1% that exclude 1.0. A ratio whose whole interval lies within this fraction of 1.0 is no
+measurable difference either."""
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 20241127  # fixed: the same timings give the same interval
+NO_DIFFERENCE = "no measurable difference"
+
+
+def ratio_interval(before_ms: Sequence[float], after_ms: Sequence[float], *, confidence: float = CONFIDENCE,
+                   resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> dict:
+    """The ratio of medians ``median(after) / median(before)`` of paired timings (round i timed
+    ``before_ms[i]`` and ``after_ms[i]``, interleaved) with a ``confidence`` percentile-bootstrap
+    interval: the rounds are resampled with replacement, pairs kept together, ``resamples`` times
+    with a fixed ``seed`` (the same timings give the same interval). ``verdict``: "faster" or
+    "slower" when the interval excludes 1.0, :data:`NO_DIFFERENCE` when it contains it, "too few
+    rounds" (no interval) under :data:`MIN_INTERVAL_ROUNDS` pairs. An interval inside
+    ``[1 - SESSION_SPREAD, 1 + SESSION_SPREAD]`` is :data:`NO_DIFFERENCE` too: two sessions of one
+    model differ that much."""
+    b = np.asarray(before_ms, dtype=np.float64)
+    a = np.asarray(after_ms, dtype=np.float64)
+    n = min(len(a), len(b))
+    b, a = b[:n], a[:n]
+    out: dict = {"rounds": int(n), "confidence": confidence}
+    if n == 0 or not np.median(b) > 0:
+        return {**out, "ratio": None, "interval": None, "verdict": "not measured"}
+    out["ratio"] = float(np.median(a) / np.median(b))
+    if n < MIN_INTERVAL_ROUNDS:
+        return {**out, "interval": None, "verdict": "too few rounds"}
+    rng = np.random.default_rng(seed)
+    ratios = np.empty(resamples)
+    chunk = max(1, 2_000_000 // n)  # (bounded memory for many rounds)
+    for lo in range(0, resamples, chunk):
+        idx = rng.integers(0, n, size=(min(chunk, resamples - lo), n))
+        ratios[lo:lo + len(idx)] = np.median(a[idx], axis=1) / np.median(b[idx], axis=1)
+    tail = (1 - confidence) / 2
+    low, high = (float(x) for x in np.quantile(ratios, [tail, 1 - tail]))
+    within = 1 - SESSION_SPREAD <= low and high <= 1 + SESSION_SPREAD
+    verdict = NO_DIFFERENCE if within else "faster" if high < 1.0 else "slower" if low > 1.0 else NO_DIFFERENCE
+    return {**out, "interval": [low, high], "session_spread": SESSION_SPREAD, "verdict": verdict}
+
+
+def latency_text(entry: Mapping) -> str:
+    """A comparison's verdict in words: "1.52x faster (90% interval 1.40-1.61x)", "no measurable
+    difference (x1.012, 90% interval 0.97-1.05)"; ``entry``: a report's latency entry (``ratio_median``,
+    ``interval``, ``verdict``)."""
+    ratio, ci, verdict = entry.get("ratio_median"), entry.get("interval"), entry.get("verdict")
+    if ratio is None:
+        return verdict or "not measured"
+    conf = f"{100 * float(entry.get('confidence', CONFIDENCE)):.0f}%"
+    if not ci:
+        return f"x{ratio:.3f}, {verdict or 'no interval'} (no {conf} interval under {MIN_INTERVAL_ROUNDS} rounds)"
+    span = f"{conf} interval x{ci[0]:.3f}-x{ci[1]:.3f}"
+    if verdict == "faster":
+        return f"{1 / ratio:.2f}x faster (x{ratio:.3f}, {span})"
+    if verdict == "slower":
+        return f"{ratio:.2f}x slower (x{ratio:.3f}, {span})"
+    return f"{verdict} (x{ratio:.3f}, {span})"

@@ -83,12 +83,13 @@ function renderSummary(m) {
         const v = el('table');
         v.id = 'verify';
         const vh = el('tr');
-        ['provider', 'kernels before', 'kernels after', 'median ms before', 'median ms after'].forEach((t) => vh.appendChild(el('th', t)));
+        ['provider', 'kernels before', 'kernels after', 'median ms before', 'median ms after', 'latency'].forEach((t) => vh.appendChild(el('th', t)));
         v.appendChild(vh);
         const num = (x) => (typeof x === 'number' ? String(+x.toFixed(3)) : '');
         for (const r of s.verify) {
             const tr = el('tr');
-            [r.provider, num(r.kernels_before), num(r.kernels_after), num(r.latency_ms_before), num(r.latency_ms_after)]
+            [r.provider, num(r.kernels_before), num(r.kernels_after), num(r.latency_ms_before), num(r.latency_ms_after),
+             typeof r.latency_verdict === 'string' ? r.latency_verdict : '']
                 .forEach((t) => tr.appendChild(el('td', t)));
             v.appendChild(tr);
         }
