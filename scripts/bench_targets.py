@@ -20,8 +20,10 @@ Tools (``TOOLS``), each at fp32 and fp16 (``--precisions``):
 - ``onnxopt``: ``onnxopt.optimize(src, output=dst, target=T)``; fp16 with ``precision="fp16"``;
 - ``onnxopt-fixed``: the same with ``input_shapes`` fixed to the batch measured (one model per batch);
 - ``ort-transformers`` (transformers): ``onnxruntime.transformers.optimizer.optimize_model(src,
-  model_type=bert|gpt2, num_heads=0, hidden_size=0, use_gpu=<cuda>)`` at its default opt_level; fp16
-  by ``.convert_float_to_float16(keep_io_types=True)``;
+  model_type=bert|gpt2, num_heads=N, hidden_size=H, use_gpu=<cuda>)`` with N and H from the model's
+  transformers config (its documentation asks them of a user) at its default opt_level;
+  ``ort-transformers-o2`` the same at ``opt_level=2``; fp16 by ``.convert_float_to_float16(keep_io_types=True)``;
+  each configuration is a peer of its own, so the best of them counts;
 - ``onnxscript-ort`` (transformers): ``onnxscript.rewriter.ort_fusions.optimize_for_ort(ir.load(src))``;
   fp16 by onnxruntime's ``float16.convert_float_to_float16(keep_io_types=True)`` afterwards (onnxscript
   has no converter of its own);
@@ -37,7 +39,11 @@ agreement for logits (real tokens only), against the bounds of issue 15 (fp16: c
 <= 1% of the range, top-1 >= 99%; fp32: cosine >= 0.9999, error <= 0.1% of the range, top-1 >= 99%).
 
 Every tool call, evaluation and latency run is a subprocess with a timeout (``bench.run_job``): a tool
-that fails on a model is a row with its one-line error, never a crash.
+that fails on a model is a row with its one-line error, never a crash. What a peer logs while it runs
+is kept (``variants[v]["log"]``); a line saying it was called wrongly (``_peers.CONFIG_FAILURES``, e.g.
+"Failed to detect num_heads and hidden_size") is a ``config_failures`` entry, marked in every table. A
+peer that does not support a model's pattern (the transformers optimizer on these GPT-2 exports'
+attention) keeps its row with a note saying so.
 
 On the GPU machine, one part per command: ``bash scripts/gpu_targets.sh N/M`` (installs the carried
 onnxruntime-gpu; ``--jobs 6``: tools and evaluations run side by side, latency alone; no model started
@@ -111,6 +117,7 @@ class BenchModel:
     weight: float = 1.0  # relative cost on the GPU, for --part
     sets: tuple[str, ...] = ("full",)  # "core", "full", "zoo"; () for test-only models
     kind: str | None = None  # transformers_models.BENCH_KINDS entry (--tiny uses TINY[kind])
+    attention: Callable[[bool], dict] | None = None  # (tiny) -> {"num_heads", "hidden_size"} of its config
 
     @property
     def transformer(self) -> bool:
@@ -156,7 +163,7 @@ def _transformer(kind: str, attn: str, exporter: str, weight: float, sets: tuple
         f"{kind}-{attn}-{exporter}", "decoder" if kind != "bert-base" else "encoder",
         f"transformers {what}, random weights, {attn} attention, {exporter} exporter; {shape}",
         build, feeds, (1, 8), model_type="bert" if kind == "bert-base" else "gpt2", weight=weight, sets=sets,
-        kind=kind)
+        kind=kind, attention=lambda tiny: tm.attention_dims(kind, TINY[kind] if tiny else None))
 
 
 def _link(src: Path, dst: Path) -> None:
@@ -194,7 +201,8 @@ def _zoo_text(name: str, weight: float, sets) -> BenchModel:
     what = ("all-MiniLM-L6-v2, real weights" if kind == "minilm" else zoo.get(name).description.split(", legacy")[0]
             .split(", dynamo")[0])
     return BenchModel(name, "decoder" if kind == "gpt2" else "encoder", f"{what} (the zoo's {name}); sequence {SEQ}",
-                      build, feeds, (1, 8), model_type="gpt2" if kind == "gpt2" else "bert", weight=weight, sets=sets)
+                      build, feeds, (1, 8), model_type="gpt2" if kind == "gpt2" else "bert", weight=weight, sets=sets,
+                      attention=lambda tiny: _tm().attention_dims(kind, cache=None))
 
 
 def _vision(net: str, batches, weight: float, sets) -> BenchModel:
@@ -327,6 +335,7 @@ class BTool:
     families: tuple[str, ...] | None = None
     per_batch: bool = False  # optimized once per batch, with the inputs' shapes fixed
     peer: bool = True  # competes as "best peer"
+    config: tuple[tuple[str, object], ...] = ()  # entries added to the setup's ctx (e.g. opt_level)
 
     def applies(self, bm: BenchModel) -> bool:
         if self.per_batch and bm.fixed_batch:  # the model's shapes are fixed already
@@ -370,21 +379,23 @@ def _fp16_proto(proto):
 
 
 def setup_ort_transformers(ctx: dict):
-    import logging
-
+    """onnxruntime's transformers optimizer with the parameters its documentation asks of a user
+    (_peers.ort_transformers_kwargs: model_type, num_heads and hidden_size from the model's config,
+    opt_level, use_gpu on CUDA); fp16 by its own converter with the I/O types kept."""
     from onnxruntime.transformers.optimizer import optimize_model
 
-    logging.getLogger("onnxruntime.transformers").setLevel(logging.ERROR)
-    logging.getLogger("onnxruntime").setLevel(logging.ERROR)
-    mtype = ctx["model_type"]
+    kwargs = peers.ort_transformers_kwargs({**ctx, "use_gpu": ctx["provider"] == "cuda"})
 
     def run(src: str, dst: str) -> dict:
-        model = optimize_model(src, model_type=mtype, num_heads=0, hidden_size=0, use_gpu=ctx["provider"] == "cuda")
+        model = optimize_model(src, **kwargs)
+        if isinstance(model, str):  # it returns its input when it cannot run (use_gpu without a GPU)
+            raise RuntimeError("optimize_model did not optimize (" + ", ".join(f"{k}={v}" for k, v in kwargs.items())
+                               + ")")
         if ctx["precision"] == "fp16":
             model.convert_float_to_float16(keep_io_types=True)
+        info = peers.ort_transformers_info(model, kwargs)  # the fusions before the fp16 conversion's Casts
         model.save_model_to_file(dst, use_external_data_format=peers._big(src))
-        stats = getattr(model, "get_fused_operator_statistics", lambda: {})()
-        return {"model_type": mtype, "fused": {k: v for k, v in stats.items() if v}}
+        return {"model_type": kwargs["model_type"], **info}
 
     return run
 
@@ -430,9 +441,15 @@ TOOLS: list[BTool] = [
           "the same with `input_shapes` fixed to the batch measured (one model per batch)", per_batch=True,
           peer=False),
     BTool("ort-transformers", "bench_targets:setup_ort_transformers",
-          "`onnxruntime.transformers.optimizer.optimize_model(src, model_type=bert|gpt2, num_heads=0, hidden_size=0, "
-          "use_gpu=<cuda>)` (default opt_level), fp16: `.convert_float_to_float16(keep_io_types=True)`, "
-          "`.save_model_to_file(dst)`", families=("encoder", "decoder")),
+          "`onnxruntime.transformers.optimizer.optimize_model(src, model_type=bert|gpt2, num_heads=N, hidden_size=H, "
+          "use_gpu=<cuda>)` with N, H from the model's transformers config, as its documentation asks (default "
+          "opt_level: 1, onnxruntime's basic level then its Python fusions), fp16: "
+          "`.convert_float_to_float16(keep_io_types=True)`, `.save_model_to_file(dst)`; model_type gpt2 for the "
+          "decoders (it has none for Llama)", families=("encoder", "decoder")),
+    BTool("ort-transformers-o2", "bench_targets:setup_ort_transformers",
+          "the same at `opt_level=2` (onnxruntime's extended level, on the target's provider with use_gpu, before "
+          "its Python fusions); the better of the two configurations is the one that counts",
+          families=("encoder", "decoder"), config=(("opt_level", 2),)),
     BTool("onnxscript-ort", "bench_targets:setup_onnxscript_ort",
           "`onnxscript.rewriter.ort_fusions.optimize_for_ort(onnx_ir.load(src))`, `onnx_ir.save`; fp16: onnxruntime's "
           "`float16.convert_float_to_float16(keep_io_types=True)` afterwards", families=("encoder", "decoder")),
@@ -758,7 +775,8 @@ def bench_one(bm: BenchModel, tools: list[BTool], opts: Options, cache: Path, wo
                 dst = work / f"{tool.name}-{prec}" / (f"b{b}.onnx" if b is not None else "model.onnx")
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 ctx = {"model": bm.name, "target": opts.target, "provider": opts.provider, "precision": prec,
-                       "model_type": bm.model_type or peers.model_type(bm.name), "family": bm.family}
+                       "model_type": bm.model_type or peers.model_type(bm.name), "family": bm.family,
+                       **(bm.attention(opts.tiny) if bm.attention else {}), **dict(tool.config)}
                 if tool.per_batch:
                     feeds = bench._load_npz(inputs[b])
                     ctx["input_shapes"] = {k: list(v.shape) for k, v in feeds.items()}
@@ -781,6 +799,11 @@ def bench_one(bm: BenchModel, tools: list[BTool], opts: Options, cache: Path, wo
                 continue
             row["optimize_s"][key] = round(r["seconds"], 3)
             row["info"] = r.get("info") or {}
+            for k in ("log", "config_failures"):
+                if r.get(k):
+                    row[k] = list(dict.fromkeys(row.get(k, []) + r[k]))
+            if r.get("config_failures"):
+                log(f"  {bm.name} / {v}: CONFIGURATION FAILURE logged: {r['config_failures'][0]}")
             for bb in (batches if b is None else (b,)):
                 row["files"][str(bb)] = job["dst"]
             log(f"  {bm.name} / {v}{'' if b is None else f' b{b}'}: optimized in {r['seconds']:.2f} s")
@@ -903,6 +926,8 @@ def rank(m: dict, variants: dict) -> None:
             continue
         best_ms, best = min(cands)
         m.setdefault("best_peer", {})[prec] = {"variant": best, "median_ms": best_ms}
+        if variants[best].get("config_failures"):  # it ran, but not as its users run it: say so
+            m["best_peer"][prec]["config_failure"] = variants[best]["config_failures"][0]
         for v, x in rows.items():
             if variants[v]["precision"] == prec and "latency" in x and variants[v]["tool"] not in peer_tools \
                     and v != ORIGINAL:
@@ -1064,6 +1089,8 @@ def render_markdown(report: dict) -> str:
     for row in summary_rows(report["models"]):
         best = row.get("best_peer")
         peer = f"{_ms(best['median_ms'])} ({best['variant'].split('/')[0]})" if best else "—"
+        if best and best.get("config_failure"):
+            peer += " (**configuration failure**)"
         cells = []
         for tool in ("onnxopt", "onnxopt-fixed"):
             e = row["onnxopt"].get(tool)
@@ -1113,7 +1140,15 @@ def render_markdown(report: dict) -> str:
         errs = [(v, row) for v, row in variants.items() if row.get("status") != "ok"]
         for v, row in errs:
             L.append(f"- `{v}`: {bench._cell_text(row.get('error', '?'), 200)}")
-        if errs:
+        notes = [(v, row) for v, row in variants.items() if row.get("status") == "ok"
+                 and (row.get("config_failures") or (row.get("info") or {}).get("note"))]
+        for v, row in notes:
+            if row.get("config_failures"):
+                L.append(f"- `{v}`: **configuration failure** logged: "
+                         f"{bench._cell_text(row['config_failures'][0], 200)}")
+            if (row.get("info") or {}).get("note"):
+                L.append(f"- `{v}`: {bench._cell_text(row['info']['note'], 200)}")
+        if errs or notes:
             L.append("")
         L.append("| tool | optimize s | nodes | com.microsoft ops | the tool's fusion counts (onnxopt: rules fired) |")
         L.append("|---|---:|---:|---|---|")
@@ -1201,10 +1236,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python scripts/bench_targets.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", choices=sorted(TARGET_PROVIDER), default="ort-cpu")
     p.add_argument("--models", nargs="+", metavar="NAME")
-    p.add_argument("--set", choices=("core", "full", "zoo"), default="core",
+    p.add_argument("--set", choices=("core", "full", "zoo", "transformers"), default="core",
                    help="models when --models is not given: core (the issue's list), full (all attention/exporter "
                         "combinations), zoo (the zoo's small transformers, MiniLM, the vision and OCR models: for "
-                        "a small CPU)")
+                        "a small CPU), transformers (the core set's transformers: the CUDA transformer table)")
     p.add_argument("--part", default=None, metavar="N/M", help="the N-th of M parts of about equal cost (1-based)")
     p.add_argument("--tools", nargs="+", metavar="T", help=f"default all: {', '.join(t.name for t in TOOLS)}")
     p.add_argument("--batches", default=None, help="comma-separated (default: each model's, e.g. 1,8; vision 1,32)")
@@ -1244,6 +1279,8 @@ def _default(value, provider: str, cuda, cpu):
 def select_models(args) -> list[BenchModel]:
     if args.models:
         models = [get_model(n) for n in args.models]
+    elif args.set == "transformers":
+        models = [m for m in MODELS if "core" in m.sets and m.transformer]
     else:
         models = [m for m in MODELS if args.set in m.sets]
     if args.part:
