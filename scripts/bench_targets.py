@@ -1202,6 +1202,134 @@ def render_markdown(report: dict) -> str:
     return "\n".join(L)
 
 
+def _lat_cell(lat: dict | None) -> str:
+    """``median (p10-p90)`` in ms."""
+    if not lat or lat.get("median_ms") is None:
+        return ""
+    return f"{_ms(lat['median_ms'])} ({_ms(lat.get('p10_ms'))}-{_ms(lat.get('p90_ms'))})"
+
+
+def compact_rows(models: dict, options: str = "default") -> list[dict]:
+    """The CUDA transformer table's rows: per model, batch and precision (provider options ``options``),
+    the original, the best peer (the best of every peer's configurations) and onnxopt / onnxopt-fixed,
+    each with median, p10, p90 and the ratios; the peer's attention fusion count and its notes."""
+    out = []
+    for name, res in models.items():
+        variants = res.get("variants", {})
+        for key, m in res.get("measurements", {}).items():
+            if m.get("options") != options:
+                continue
+            rows = m["rows"]
+            orig = rows.get(ORIGINAL, {}).get("latency")
+            for prec in PRECISIONS:
+                best = m.get("best_peer", {}).get(prec)
+                ours = {v: x for v, x in rows.items()
+                        if variants.get(v, {}).get("tool", "").startswith("onnxopt")
+                        and variants[v]["precision"] == prec}
+                if not ours and not best:
+                    continue
+                entry = {"model": name, "batch": m["batch"], "precision": prec, "original": orig, "onnxopt": {}}
+                if best:
+                    bv = variants.get(best["variant"], {})
+                    info = bv.get("info") or {}
+                    entry["best_peer"] = {"tool": best["variant"].split("/")[0],
+                                          "latency": rows[best["variant"]].get("latency"),
+                                          "attention": sum(n for k, n in (info.get("fused") or info.get("fusions")
+                                                                          or {}).items() if "ttention" in k),
+                                          "note": info.get("note"), "config_failure": best.get("config_failure")}
+                for v, x in ours.items():
+                    lat = x.get("latency")
+                    e = {"latency": lat, "fidelity_ok": x.get("fidelity", {}).get("ok"),
+                         "error": variants[v].get("error") if variants[v].get("status") != "ok" else None}
+                    if lat and best:
+                        e["x_best_peer"] = lat["median_ms"] / best["median_ms"]
+                    if lat and orig:
+                        e["x_original"] = lat["median_ms"] / orig["median_ms"]
+                    entry["onnxopt"][variants[v]["tool"]] = e
+                out.append(entry)
+    return out
+
+
+def compact_markdown(report: dict, options: str = "default") -> str:
+    """The CUDA transformer table for BENCHMARKS.md (and its one-paragraph summary for the README):
+    machine, onnxruntime-gpu version, date and the command, then one row per model, batch and precision
+    with medians (p10-p90) in ms and the ratios to the best peer."""
+    runs = report.get("runs") or [report["meta"]]
+    gpus = sorted({(r.get("gpu") or "?").split(",")[0] for r in runs})
+    vers = sorted({r["versions"].get("onnxruntime-gpu") or r["versions"].get("onnxruntime", "?") for r in runs})
+    dates = sorted(r["date"] for r in runs)
+    when = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1][11:] if dates[-1][:10] == dates[0][:10] else dates[-1]}"
+    L = [f"**CUDA, {' / '.join(gpus)}**, onnxruntime-gpu {', '.join(vers)}, {when} ({len(runs)} part(s)). "
+         "Median ms (p10-p90) of interleaved "
+         "rounds after 20 warm-up runs, sequence 128 with padded rows (the decode step: 1 token after 128 past); "
+         "provider defaults. Best peer: the fastest of every peer's configurations within the fidelity bounds "
+         "(onnxruntime's transformers optimizer given num_heads and hidden_size from the model's config at its "
+         "default opt_level and at 2, onnxscript's ort_fusions). × peer above 1.02 is in bold: there onnxopt is "
+         "behind.", ""]
+    L.append("| model | batch | prec | original | best peer (tool; its Attention nodes) | onnxopt | × peer | "
+             "onnxopt-fixed | × peer |")
+    L.append("|---|---:|---|---:|---|---:|---:|---:|---:|")
+    notes = []
+    for r in compact_rows(report["models"], options):
+        bp = r.get("best_peer")
+        peer = "—"
+        if bp:
+            peer = f"{_lat_cell(bp['latency'])} ({bp['tool']}; {bp['attention']})"
+            if bp.get("config_failure"):
+                peer += " **configuration failure**"
+        cells = []
+        for tool in ("onnxopt", "onnxopt-fixed"):
+            e = r["onnxopt"].get(tool)
+            if not e:
+                cells += ["", ""]
+            elif e.get("error"):
+                cells += [f"error: {bench._cell_text(e['error'], 40)}", ""]
+            else:
+                x = e.get("x_best_peer")
+                ratio = "" if x is None else (f"**{x:.2f}**" if x > 1.02 else f"{x:.2f}")
+                oob = "" if e.get("fidelity_ok") in (True, None) else " (out of bounds)"
+                cells += [_lat_cell(e["latency"]) + oob, ratio]
+        L.append(f"| {r['model']} | {r['batch']} | {r['precision']} | {_ms((r['original'] or {}).get('median_ms'))} | "
+                 f"{peer} | " + " | ".join(cells) + " |")
+    behind = [r for r in compact_rows(report["models"], options)
+              if (r["onnxopt"].get("onnxopt") or {}).get("x_best_peer", 0) > 1.02]
+    total = [r for r in compact_rows(report["models"], options) if "x_best_peer" in (r["onnxopt"].get("onnxopt") or {})]
+    for name, res in report["models"].items():
+        for v, row in (res.get("variants") or {}).items():
+            if row.get("config_failures"):
+                notes.append(f"- {name} `{v}`: **configuration failure** logged: "
+                             f"{bench._cell_text(row['config_failures'][0], 160)}")
+        if "error" in res:
+            notes.append(f"- {name}: not measured: {bench._cell_text(res['error'], 160)}")
+    L.append("")
+    worst = max(behind, key=lambda r: r["onnxopt"]["onnxopt"]["x_best_peer"], default=None)
+    summary = (f"onnxopt (dynamic shapes) is behind the best peer (above 1.02x) on {len(behind)} of {len(total)} rows"
+               + (f", worst {worst['model']} batch {worst['batch']} {worst['precision']}: "
+                  f"{_ms(worst['onnxopt']['onnxopt']['latency']['median_ms'])} against "
+                  f"{_ms(worst['best_peer']['latency']['median_ms'])} ms ({worst['best_peer']['tool']}), "
+                  f"{worst['onnxopt']['onnxopt']['x_best_peer']:.2f}x" if worst else "")
+               + ("; closing the gap is a later issue." if behind else "."))
+    L.append(f"- {summary}")
+    L += notes
+    L.append("")
+    return "\n".join(L)
+
+
+def replace_section(path: Path, name: str, text: str) -> bool:
+    """Replace what lies between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->`` in ``path`` by
+    ``text`` (written atomically); False when the markers are not there."""
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    doc = path.read_text()
+    i, j = doc.find(begin), doc.find(end)
+    if i < 0 or j < i:
+        return False
+    new = doc[: i + len(begin)] + "\n" + text.rstrip("\n") + "\n" + doc[j:]
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(new)
+    os.replace(tmp, path)
+    return True
+
+
 # ---------------------------------------------------------------------------------------------
 # CLI
 
@@ -1268,6 +1396,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--markdown", type=Path, default=None)
     p.add_argument("--merge", nargs="+", type=Path, default=None, metavar="JSON")
     p.add_argument("-o", "--output", type=Path, default=None, help="with --merge: the merged JSON")
+    p.add_argument("--compact", type=Path, default=None, metavar="MD",
+                   help="with --merge: the compact table (medians with p10-p90, ratios to the best peer) to this file")
+    p.add_argument("--into", nargs="+", type=Path, default=None, metavar="DOC",
+                   help="with --merge: put the compact table between <!-- cuda-transformers:begin/end --> in these "
+                        "documents (BENCHMARKS.md), and its summary line between <!-- cuda-transformers-summary:"
+                        "begin/end --> (README.md)")
     p.add_argument("--list", action="store_true", help="list the models (of --part) and exit")
     return p.parse_args(argv)
 
@@ -1309,6 +1443,20 @@ def main(argv: list[str] | None = None) -> int:
         if args.markdown:
             args.markdown.write_text(render_markdown(report))
             print(f"wrote {args.markdown}")
+        if args.compact or args.into:
+            table = compact_markdown(report)
+            if args.compact:
+                args.compact.write_text(table)
+                print(f"wrote {args.compact}")
+            summary = [ln[2:] for ln in table.splitlines() if ln.startswith("- onnxopt (dynamic shapes) is behind")]
+            for doc in args.into or []:
+                done = [replace_section(doc, "cuda-transformers", table)]
+                if summary:
+                    first = table.splitlines()[0]
+                    where = first.split(". Median")[0].replace("**", "").removeprefix("CUDA, ")
+                    done.append(replace_section(doc, "cuda-transformers-summary",
+                                                f"The CUDA transformer table ({where}): {summary[0]}"))
+                print(f"{doc}: {'replaced' if any(done) else 'no markers, unchanged'}")
         return 0
     try:
         models = select_models(args)

@@ -185,3 +185,35 @@ def test_every_transformer_of_the_target_bench_has_its_config():
     assert bt.get_model("bert-base-eager-legacy").attention(False) == {"num_heads": 12, "hidden_size": 768}
     assert bt.get_model("gpt2-small-sdpa-dynamo").attention(False) == {"num_heads": 12, "hidden_size": 768}
     assert bt.get_model("minilm-legacy").attention(False) == {"num_heads": 12, "hidden_size": 384}
+
+
+def test_cuda_table_names_machine_spread_and_where_onnxopt_is_behind(tmp_path):
+    """The compact CUDA table: the GPU and onnxruntime-gpu version, medians with p10-p90, the ratio to
+    the best peer (bold past 1.02: onnxopt behind), the peer's Attention count, a configuration failure;
+    put between the markers of a document and nowhere else."""
+    lat = lambda med, lo, hi: {"median_ms": med, "p10_ms": lo, "p90_ms": hi}  # noqa: E731
+    variants = {"original": {"tool": "original", "precision": "fp32", "status": "ok"},
+                "ort-transformers/fp32": {"tool": "ort-transformers", "precision": "fp32", "status": "ok",
+                                          "info": {"fused": {"Attention": 12, "SkipLayerNormalization": 24}}},
+                "onnxopt/fp32": {"tool": "onnxopt", "precision": "fp32", "status": "ok", "info": {}}}
+    rows = {"original": {"latency": lat(2.5, 2.4, 2.7), "fidelity": {"ok": True}},
+            "ort-transformers/fp32": {"latency": lat(1.28, 1.25, 1.33), "fidelity": {"ok": True}},
+            "onnxopt/fp32": {"latency": lat(1.56, 1.5, 1.6), "fidelity": {"ok": True}}}
+    m = {"batch": 1, "options": "default", "rows": rows}
+    bt.rank(m, variants)
+    run = {"date": "2026-11-27 17:00 UTC", "gpu": "NVIDIA H200, 580.1", "target": "ort-cuda",
+           "versions": {"onnxruntime-gpu": "1.31.1"}, "machine": {}, "command": "x"}
+    report = {"runs": [run], "models": {"bert-base-eager-legacy": {"variants": variants,
+                                                                   "measurements": {"1|default": m}}}}
+    text = bt.compact_markdown(report)
+    assert "NVIDIA H200" in text and "onnxruntime-gpu 1.31.1" in text
+    assert "| bert-base-eager-legacy | 1 | fp32 | 2.5 | 1.28 (1.25-1.33) (ort-transformers; 12) | " \
+           "1.56 (1.5-1.6) | **1.22** |" in text, text
+    assert "behind the best peer (above 1.02x) on 1 of 1 rows" in text
+    doc = tmp_path / "DOC.md"
+    doc.write_text("before\n<!-- cuda-transformers:begin -->\nold\n<!-- cuda-transformers:end -->\nafter\n")
+    assert bt.replace_section(doc, "cuda-transformers", text)
+    new = doc.read_text()
+    assert new.startswith("before\n<!-- cuda-transformers:begin -->\n**CUDA, NVIDIA H200**")
+    assert "\nold\n" not in new and new.endswith("<!-- cuda-transformers:end -->\nafter\n")
+    assert not bt.replace_section(doc, "cuda-transformers-summary", "x")
