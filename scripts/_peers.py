@@ -224,7 +224,7 @@ def setup_ort_extended(ctx: dict, level: str = "ORT_ENABLE_EXTENDED"):
         so = ort.SessionOptions()
         so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
         so.optimized_model_filepath = dst
-        so.log_severity_level = 3
+        so.log_severity_level = 2  # its warnings reach the bench's log of the peer (bench.run_job)
         if _big(src):
             so.add_session_config_entry("session.optimized_model_external_initializers_file_name",
                                         Path(dst).name + ".data")

@@ -37,6 +37,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import signal
@@ -304,7 +305,11 @@ def run_job(job: dict, work: Path, timeout: float, pythonpath: str | None = None
             result = json.load(f)
         Path(result_file).unlink()
         if job["kind"] == "optimize" and result.get("ok"):  # printed outside Python's logging (C++, print)
-            extra = peers.config_failures(ln.strip()[:300] for ln in (proc.stderr or "").splitlines())
+            lines = [ln.strip()[:300] for ln in (proc.stderr or "").splitlines() if ln.strip()]
+            warned = [ln for ln in lines if re.search(r"\[[WE]:onnxruntime|\bwarning\b|\berror\b", ln, re.I)]
+            if warned:
+                result["log"] = list(dict.fromkeys(result.get("log", []) + warned))[:40]
+            extra = peers.config_failures(lines)
             if extra:
                 result["config_failures"] = list(dict.fromkeys(result.get("config_failures", []) + extra))
     except (OSError, ValueError):
