@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import warnings
 from pathlib import Path
@@ -252,6 +253,41 @@ def bench_config(kind: str, config: dict | None = None) -> dict:
     if kind not in BENCH_KINDS:
         raise ValueError(f"unknown benchmark kind {kind!r}; known: {', '.join(BENCH_KINDS)}")
     return {**BENCH_CONFIGS[kind], **(config or {})}
+
+
+# all-MiniLM-L6-v2's config.json (the pinned package): 12 heads, 384 wide; read from the file when it is at hand
+MINILM_ATTENTION = {"num_heads": 12, "hidden_size": 384}
+
+
+def attention_dims(kind: str, config: dict | None = None, *, cache: Path | None = None) -> dict:
+    """{"num_heads", "hidden_size"} of a model of ``kind`` (the zoo's KINDS or BENCH_KINDS, ``config``
+    overriding a benchmark kind's entries), from the transformers config it is built with: what
+    onnxruntime's transformers optimizer asks of its users (``optimize_model(num_heads=, hidden_size=)``)."""
+    if kind == "minilm":
+        try:
+            cfg = json.loads((minilm_dir_if_present(cache) / "config.json").read_text())
+            return {"num_heads": int(cfg["num_attention_heads"]), "hidden_size": int(cfg["hidden_size"])}
+        except (OSError, ValueError, KeyError, TypeError):
+            return dict(MINILM_ATTENTION)
+    if kind == "bert":
+        cfg = BERT_CONFIG
+    elif kind == "gpt2":
+        cfg = GPT2_CONFIG
+    else:
+        cfg = bench_config(kind, config)
+    if "n_head" in cfg:
+        return {"num_heads": int(cfg["n_head"]), "hidden_size": int(cfg["n_embd"])}
+    return {"num_heads": int(cfg["num_attention_heads"]), "hidden_size": int(cfg["hidden_size"])}
+
+
+def minilm_dir_if_present(cache: Path | None = None) -> Path:
+    """Where all-MiniLM-L6-v2's files are when they are here (installed or extracted), fetching nothing."""
+    spec = importlib.util.find_spec(MINILM_MODULE)
+    if spec is not None and spec.submodule_search_locations:
+        d = Path(list(spec.submodule_search_locations)[0]) / "model"
+        if (d / "config.json").exists():
+            return d
+    return extracted_dir(cache) / f"{MINILM_MODULE}-{MINILM_VERSION}"
 
 
 def _decoder_dims(cfg: dict) -> tuple[int, int, int]:

@@ -51,6 +51,105 @@ def model_type(model_name: str) -> str:
     return "gpt2" if "gpt" in model_name.lower() else "bert"
 
 
+def attention_params(model_name: str) -> dict:
+    """{"num_heads", "hidden_size"} of a zoo transformer (bert-*, gpt2-*, minilm-*) from the transformers
+    config it is built with, as onnxruntime's transformers optimizer asks its users to give them;
+    {} for a model of no known config."""
+    kind = model_name.split("-")[0].lower()
+    if kind not in ("bert", "gpt2", "minilm"):
+        return {}
+    from onnxopt.models import transformers_models
+
+    return transformers_models.attention_dims(kind)
+
+
+# ---------------------------------------------------------------------------------------------
+# What a peer logs while it runs (bench.py's optimize job captures it): a failure caused by the way
+# the peer was called is a configuration failure, never a result of the peer.
+
+# Messages a peer logs when it was called without a parameter it needs or with a wrong one
+CONFIG_FAILURES = (
+    # onnxruntime.transformers (fusion_attention.py, optimizer.py)
+    r"Failed to detect num_heads and hidden_size",
+    r"Please specify parameters of num_heads and hidden_size",
+    r"--num_heads is \d+\. Detected value is",
+    r"--hidden_size is \d+\. Detected value is",
+    r"Input hidden size \(\d+\) is not same as weight matrix dimension",
+    r"Unsupported model type: .* for (graph fusion|optimization)",
+    r"Model producer not matched",
+    r"There is no gpu for onnxruntime to do optimization",
+    r"Please specify a positive value for opt_level",
+    r"use_gpu=False might cause extra Cast nodes",
+)
+
+
+def config_failures(lines) -> list[str]:
+    """The lines of a peer's log that say it was called wrongly (``CONFIG_FAILURES``), each once."""
+    import re
+
+    pat = re.compile("|".join(CONFIG_FAILURES))
+    out: list[str] = []
+    for line in lines:
+        if pat.search(line) and line not in out:
+            out.append(line)
+    return out
+
+
+class PeerLog:
+    """Context manager: every Python log record at WARNING and above (whichever logger, whatever level
+    a peer set on its own loggers, propagating or not) and every ``warnings.warn`` while a peer runs,
+    as lines ``"LEVEL logger: message"``."""
+
+    def __init__(self, level: int | None = None):
+        import logging
+
+        self.level = logging.WARNING if level is None else level
+        self.lines: list[str] = []
+
+    def _add(self, record) -> None:
+        try:
+            msg = record.getMessage()
+        except Exception:  # noqa: BLE001 - a badly formatted record is still a line
+            msg = str(record.msg)
+        self.lines.append(f"{record.levelname} {record.name}: {msg}")
+
+    def __enter__(self):
+        import logging
+        import warnings
+
+        level, add = self.level, self._add
+        self._is_enabled, self._call_handlers = logging.Logger.isEnabledFor, logging.Logger.callHandlers
+
+        def is_enabled(logger, lvl, _orig=self._is_enabled):
+            # a peer may raise its loggers to ERROR (as this file's adapters once did): its warnings
+            # are still made, and seen here
+            return lvl >= level or _orig(logger, lvl)
+
+        def call_handlers(logger, record, _orig=self._call_handlers):
+            if record.levelno >= level:
+                add(record)
+                if record.levelno < logger.getEffectiveLevel():
+                    return None  # below the peer's own level: seen here, shown nowhere else
+            return _orig(logger, record)
+
+        logging.Logger.isEnabledFor = is_enabled
+        logging.Logger.callHandlers = call_handlers
+        self._warn = warnings.catch_warnings(record=True)
+        self._records = self._warn.__enter__()
+        warnings.simplefilter("always")
+        return self
+
+    def __exit__(self, *exc):
+        import logging
+
+        logging.Logger.isEnabledFor = self._is_enabled
+        logging.Logger.callHandlers = self._call_handlers
+        self._warn.__exit__(*exc)
+        for w in self._records:
+            self.lines.append(f"{w.category.__name__}: {w.message}")
+        return False
+
+
 # ---------------------------------------------------------------------------------------------
 # Adapters
 
@@ -125,7 +224,7 @@ def setup_ort_extended(ctx: dict, level: str = "ORT_ENABLE_EXTENDED"):
         so = ort.SessionOptions()
         so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
         so.optimized_model_filepath = dst
-        so.log_severity_level = 3
+        so.log_severity_level = 2  # its warnings reach the bench's log of the peer (bench.run_job)
         if _big(src):
             so.add_session_config_entry("session.optimized_model_external_initializers_file_name",
                                         Path(dst).name + ".data")
@@ -135,18 +234,43 @@ def setup_ort_extended(ctx: dict, level: str = "ORT_ENABLE_EXTENDED"):
     return run
 
 
-def setup_ort_transformers(ctx: dict):
-    import logging
+def ort_transformers_kwargs(ctx: dict) -> dict:
+    """The arguments of ``onnxruntime.transformers.optimizer.optimize_model`` its documentation asks of a
+    user: model_type, num_heads and hidden_size from the model's config (ctx, else the zoo's config of
+    ``ctx["model"]``), opt_level (ctx; None: the optimizer's default for the model type), use_gpu."""
+    params = {k: ctx[k] for k in ("num_heads", "hidden_size") if ctx.get(k)}
+    if len(params) < 2:
+        params = attention_params(ctx.get("model", ""))
+    return {"model_type": ctx.get("model_type") or model_type(ctx.get("model", "")),
+            "num_heads": int(params.get("num_heads", 0)), "hidden_size": int(params.get("hidden_size", 0)),
+            "opt_level": ctx.get("opt_level"), "use_gpu": bool(ctx.get("use_gpu", ctx.get("provider") == "cuda"))}
 
+
+def ort_transformers_info(model, kwargs: dict) -> dict:
+    """The fusion counts of an optimize_model result and, for a transformer whose attention it left
+    unfused, a note saying so (the pattern is not one it supports; its row stays)."""
+    stats = getattr(model, "get_fused_operator_statistics", lambda: {})()
+    fused = {k: v for k, v in stats.items() if v}
+    info = {"config": {k: v for k, v in kwargs.items()}, "fused": fused}
+    attn = sum(v for k, v in fused.items() if "Attention" in k)
+    if not attn:
+        info["note"] = (f"attention not fused: onnxruntime's transformers optimizer (model_type {kwargs['model_type']}, "
+                        f"num_heads {kwargs['num_heads']}, hidden_size {kwargs['hidden_size']}) does not match this "
+                        "export's attention")
+    return info
+
+
+def setup_ort_transformers(ctx: dict):
     from onnxruntime.transformers.optimizer import optimize_model
 
-    logging.getLogger("onnxruntime.transformers").setLevel(logging.ERROR)
-    mtype = ctx.get("model_type") or model_type(ctx.get("model", ""))
+    kwargs = ort_transformers_kwargs(ctx)
 
     def run(src: str, dst: str) -> dict:
-        model = optimize_model(src, model_type=mtype, num_heads=0, hidden_size=0)
+        model = optimize_model(src, **kwargs)
+        if isinstance(model, str):  # it returns its input when it cannot run (use_gpu without a GPU)
+            raise RuntimeError(f"optimize_model did not optimize ({', '.join(f'{k}={v}' for k, v in kwargs.items())})")
         model.save_model_to_file(dst, use_external_data_format=_big(src))
-        return {"model_type": mtype}
+        return {"model_type": kwargs["model_type"], **ort_transformers_info(model, kwargs)}
 
     return run
 
@@ -171,9 +295,10 @@ TOOLS: list[Tool] = [
          "`so.graph_optimization_level = ORT_ENABLE_EXTENDED` and `so.optimized_model_filepath = dst` "
          "(load, optimize, save, and the session's own initialization)"),
     Tool("ort-transformers", "_peers:setup_ort_transformers", "onnxruntime",
-         "`onnxruntime.transformers.optimizer.optimize_model(src, model_type=..., num_heads=0, hidden_size=0)` "
-         "(default opt_level: 1 for bert/gpt2, i.e. onnxruntime basic level then its Python fusions) + "
-         "`.save_model_to_file(dst)`; model_type `gpt2` for GPT-2 models, `bert` otherwise (MiniLM is BERT)",
+         "`onnxruntime.transformers.optimizer.optimize_model(src, model_type=..., num_heads=N, hidden_size=H)` "
+         "with N and H from the model's transformers config, as its documentation asks (default opt_level: 1 for "
+         "bert/gpt2, i.e. onnxruntime basic level then its Python fusions) + `.save_model_to_file(dst)`; "
+         "model_type `gpt2` for GPT-2 models, `bert` otherwise (MiniLM is BERT)",
          families=("transformer",)),
 ]
 
@@ -195,5 +320,6 @@ def load_setup(tool_target: str, pythonpath: str | None = None):
     return getattr(importlib.import_module(module), func)
 
 
-__all__ = ["TOOLS", "Tool", "get_tool", "load_setup", "model_type", "save_proto"]
+__all__ = ["CONFIG_FAILURES", "PeerLog", "TOOLS", "Tool", "attention_params", "config_failures", "get_tool",
+           "load_setup", "model_type", "ort_transformers_kwargs", "save_proto"]
 

@@ -37,6 +37,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import signal
@@ -212,13 +213,14 @@ def _job(job: dict) -> dict:
     kind = job["kind"]
     if kind == "optimize":
         setup = peers.load_setup(job["target"], job.get("pythonpath"))
-        run = setup(job.get("ctx", {}))
-        t0 = time.perf_counter()
-        info = run(job["src"], job["dst"])
-        seconds = time.perf_counter() - t0
+        with peers.PeerLog() as plog:  # what the peer logs, a failure of its configuration above all
+            run = setup(job.get("ctx", {}))
+            t0 = time.perf_counter()
+            info = run(job["src"], job["dst"])
+            seconds = time.perf_counter() - t0
         if not Path(job["dst"]).exists():
             raise RuntimeError("the tool wrote no output file")
-        return {"seconds": seconds, "info": info or {}}
+        return {"seconds": seconds, "info": info or {}, **peer_log(plog.lines)}
     inputs = _load_npz(job["inputs"])
     if kind == "evaluate":
         reference = None
@@ -237,6 +239,19 @@ def _job(job: dict) -> dict:
                                warmup=job["warmup"], budget_s=job["budget_s"], min_rounds=job["min_rounds"],
                                gap_s=job["gap_s"], threads=job.get("threads", 0))
     raise ValueError(f"unknown job kind {kind!r}")
+
+
+def peer_log(lines: list[str], limit: int = 40) -> dict:
+    """{"log": the first ``limit`` distinct lines (each at most 300 characters), "config_failures": the
+    lines saying the peer was called wrongly (_peers.CONFIG_FAILURES)}; {} for a silent run."""
+    seen: list[str] = []
+    for line in lines:
+        line = line.strip()[:300]
+        if line and line not in seen:
+            seen.append(line)
+    if not seen:
+        return {}
+    return {"log": seen[:limit], "config_failures": peers.config_failures(seen)}
 
 
 def _child_main(job_file: str, job_fn: Callable[[dict], dict] | None = None) -> int:
@@ -289,6 +304,14 @@ def run_job(job: dict, work: Path, timeout: float, pythonpath: str | None = None
         with open(result_file) as f:
             result = json.load(f)
         Path(result_file).unlink()
+        if job["kind"] == "optimize" and result.get("ok"):  # printed outside Python's logging (C++, print)
+            lines = [ln.strip()[:300] for ln in (proc.stderr or "").splitlines() if ln.strip()]
+            warned = [ln for ln in lines if re.search(r"\[[WE]:onnxruntime|\bwarning\b|\berror\b", ln, re.I)]
+            if warned:
+                result["log"] = list(dict.fromkeys(result.get("log", []) + warned))[:40]
+            extra = peers.config_failures(lines)
+            if extra:
+                result["config_failures"] = list(dict.fromkeys(result.get("config_failures", []) + extra))
     except (OSError, ValueError):
         if proc.returncode < 0:
             try:
@@ -359,7 +382,8 @@ def bench_model(name: str, path: Path, family: str, inputs: dict[str, np.ndarray
     tools = [t for t in tools if t.applies(family)]
     rows: dict[str, dict] = {ORIGINAL: {"status": "baseline", "path": str(path)}}
     paths: dict[str, str] = {ORIGINAL: str(path)}
-    ctx = {"model": name, "family": family, "model_type": peers.model_type(name)}
+    ctx = {"model": name, "family": family, "model_type": peers.model_type(name), **peers.attention_params(name),
+           "use_gpu": "cuda" in opts.providers}
 
     # 1. optimize, each run in a fresh subprocess
     for tool in tools:
@@ -374,6 +398,9 @@ def bench_model(name: str, path: Path, family: str, inputs: dict[str, np.ndarray
                 break
             row["optimize_s"].append(res["seconds"])
             row["info"] = res.get("info", {})
+            for key in ("log", "config_failures"):
+                if res.get(key):
+                    row[key] = res[key]
         if row["status"] == "ok":
             row["optimize_median_s"] = statistics.median(row["optimize_s"])
             paths[tool.name] = str(dst)
@@ -629,6 +656,10 @@ def model_table(result: dict, cuda: bool) -> str:
                  for k in [f"{p}_latency_error"] if k in row]
         if cuda and "cuda_error" in row:
             notes.append(f"cuda: {_cell_text(row['cuda_error'], 80)}")
+        if row.get("config_failures"):  # the peer was called wrongly: its figures do not count as its best
+            notes.append(f"**configuration failure**: {_cell_text(row['config_failures'][0], 100)}")
+        if (row.get("info") or {}).get("note"):
+            notes.append(_cell_text(row["info"]["note"], 120))
         if notes and row.get("status") != "error":
             status += " (" + "; ".join(notes) + ")"
         cells = []

@@ -20,8 +20,10 @@ Tools (``TOOLS``), each at fp32 and fp16 (``--precisions``):
 - ``onnxopt``: ``onnxopt.optimize(src, output=dst, target=T)``; fp16 with ``precision="fp16"``;
 - ``onnxopt-fixed``: the same with ``input_shapes`` fixed to the batch measured (one model per batch);
 - ``ort-transformers`` (transformers): ``onnxruntime.transformers.optimizer.optimize_model(src,
-  model_type=bert|gpt2, num_heads=0, hidden_size=0, use_gpu=<cuda>)`` at its default opt_level; fp16
-  by ``.convert_float_to_float16(keep_io_types=True)``;
+  model_type=bert|gpt2, num_heads=N, hidden_size=H, use_gpu=<cuda>)`` with N and H from the model's
+  transformers config (its documentation asks them of a user) at its default opt_level;
+  ``ort-transformers-o2`` the same at ``opt_level=2``; fp16 by ``.convert_float_to_float16(keep_io_types=True)``;
+  each configuration is a peer of its own, so the best of them counts;
 - ``onnxscript-ort`` (transformers): ``onnxscript.rewriter.ort_fusions.optimize_for_ort(ir.load(src))``;
   fp16 by onnxruntime's ``float16.convert_float_to_float16(keep_io_types=True)`` afterwards (onnxscript
   has no converter of its own);
@@ -37,7 +39,11 @@ agreement for logits (real tokens only), against the bounds of issue 15 (fp16: c
 <= 1% of the range, top-1 >= 99%; fp32: cosine >= 0.9999, error <= 0.1% of the range, top-1 >= 99%).
 
 Every tool call, evaluation and latency run is a subprocess with a timeout (``bench.run_job``): a tool
-that fails on a model is a row with its one-line error, never a crash.
+that fails on a model is a row with its one-line error, never a crash. What a peer logs while it runs
+is kept (``variants[v]["log"]``); a line saying it was called wrongly (``_peers.CONFIG_FAILURES``, e.g.
+"Failed to detect num_heads and hidden_size") is a ``config_failures`` entry, marked in every table. A
+peer that does not support a model's pattern (the transformers optimizer on these GPT-2 exports'
+attention) keeps its row with a note saying so.
 
 On the GPU machine, one part per command: ``bash scripts/gpu_targets.sh N/M`` (installs the carried
 onnxruntime-gpu; ``--jobs 6``: tools and evaluations run side by side, latency alone; no model started
@@ -111,6 +117,7 @@ class BenchModel:
     weight: float = 1.0  # relative cost on the GPU, for --part
     sets: tuple[str, ...] = ("full",)  # "core", "full", "zoo"; () for test-only models
     kind: str | None = None  # transformers_models.BENCH_KINDS entry (--tiny uses TINY[kind])
+    attention: Callable[[bool], dict] | None = None  # (tiny) -> {"num_heads", "hidden_size"} of its config
 
     @property
     def transformer(self) -> bool:
@@ -156,7 +163,7 @@ def _transformer(kind: str, attn: str, exporter: str, weight: float, sets: tuple
         f"{kind}-{attn}-{exporter}", "decoder" if kind != "bert-base" else "encoder",
         f"transformers {what}, random weights, {attn} attention, {exporter} exporter; {shape}",
         build, feeds, (1, 8), model_type="bert" if kind == "bert-base" else "gpt2", weight=weight, sets=sets,
-        kind=kind)
+        kind=kind, attention=lambda tiny: tm.attention_dims(kind, TINY[kind] if tiny else None))
 
 
 def _link(src: Path, dst: Path) -> None:
@@ -194,7 +201,8 @@ def _zoo_text(name: str, weight: float, sets) -> BenchModel:
     what = ("all-MiniLM-L6-v2, real weights" if kind == "minilm" else zoo.get(name).description.split(", legacy")[0]
             .split(", dynamo")[0])
     return BenchModel(name, "decoder" if kind == "gpt2" else "encoder", f"{what} (the zoo's {name}); sequence {SEQ}",
-                      build, feeds, (1, 8), model_type="gpt2" if kind == "gpt2" else "bert", weight=weight, sets=sets)
+                      build, feeds, (1, 8), model_type="gpt2" if kind == "gpt2" else "bert", weight=weight, sets=sets,
+                      attention=lambda tiny: _tm().attention_dims(kind, cache=None))
 
 
 def _vision(net: str, batches, weight: float, sets) -> BenchModel:
@@ -327,6 +335,7 @@ class BTool:
     families: tuple[str, ...] | None = None
     per_batch: bool = False  # optimized once per batch, with the inputs' shapes fixed
     peer: bool = True  # competes as "best peer"
+    config: tuple[tuple[str, object], ...] = ()  # entries added to the setup's ctx (e.g. opt_level)
 
     def applies(self, bm: BenchModel) -> bool:
         if self.per_batch and bm.fixed_batch:  # the model's shapes are fixed already
@@ -370,21 +379,23 @@ def _fp16_proto(proto):
 
 
 def setup_ort_transformers(ctx: dict):
-    import logging
-
+    """onnxruntime's transformers optimizer with the parameters its documentation asks of a user
+    (_peers.ort_transformers_kwargs: model_type, num_heads and hidden_size from the model's config,
+    opt_level, use_gpu on CUDA); fp16 by its own converter with the I/O types kept."""
     from onnxruntime.transformers.optimizer import optimize_model
 
-    logging.getLogger("onnxruntime.transformers").setLevel(logging.ERROR)
-    logging.getLogger("onnxruntime").setLevel(logging.ERROR)
-    mtype = ctx["model_type"]
+    kwargs = peers.ort_transformers_kwargs({**ctx, "use_gpu": ctx["provider"] == "cuda"})
 
     def run(src: str, dst: str) -> dict:
-        model = optimize_model(src, model_type=mtype, num_heads=0, hidden_size=0, use_gpu=ctx["provider"] == "cuda")
+        model = optimize_model(src, **kwargs)
+        if isinstance(model, str):  # it returns its input when it cannot run (use_gpu without a GPU)
+            raise RuntimeError("optimize_model did not optimize (" + ", ".join(f"{k}={v}" for k, v in kwargs.items())
+                               + ")")
         if ctx["precision"] == "fp16":
             model.convert_float_to_float16(keep_io_types=True)
+        info = peers.ort_transformers_info(model, kwargs)  # the fusions before the fp16 conversion's Casts
         model.save_model_to_file(dst, use_external_data_format=peers._big(src))
-        stats = getattr(model, "get_fused_operator_statistics", lambda: {})()
-        return {"model_type": mtype, "fused": {k: v for k, v in stats.items() if v}}
+        return {"model_type": kwargs["model_type"], **info}
 
     return run
 
@@ -416,7 +427,7 @@ def setup_ort_extended(ctx: dict):
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
         so.optimized_model_filepath = dst
-        so.log_severity_level = 3
+        so.log_severity_level = 2  # its warnings reach the bench's log of the peer (bench.run_job)
         names = [PROVIDERS[ctx["provider"]]] + (["CPUExecutionProvider"] if ctx["provider"] != "cpu" else [])
         ort.InferenceSession(src, so, providers=names)
 
@@ -430,9 +441,15 @@ TOOLS: list[BTool] = [
           "the same with `input_shapes` fixed to the batch measured (one model per batch)", per_batch=True,
           peer=False),
     BTool("ort-transformers", "bench_targets:setup_ort_transformers",
-          "`onnxruntime.transformers.optimizer.optimize_model(src, model_type=bert|gpt2, num_heads=0, hidden_size=0, "
-          "use_gpu=<cuda>)` (default opt_level), fp16: `.convert_float_to_float16(keep_io_types=True)`, "
-          "`.save_model_to_file(dst)`", families=("encoder", "decoder")),
+          "`onnxruntime.transformers.optimizer.optimize_model(src, model_type=bert|gpt2, num_heads=N, hidden_size=H, "
+          "use_gpu=<cuda>)` with N, H from the model's transformers config, as its documentation asks (default "
+          "opt_level: 1, onnxruntime's basic level then its Python fusions), fp16: "
+          "`.convert_float_to_float16(keep_io_types=True)`, `.save_model_to_file(dst)`; model_type gpt2 for the "
+          "decoders (it has none for Llama)", families=("encoder", "decoder")),
+    BTool("ort-transformers-o2", "bench_targets:setup_ort_transformers",
+          "the same at `opt_level=2` (onnxruntime's extended level, on the target's provider with use_gpu, before "
+          "its Python fusions); the better of the two configurations is the one that counts",
+          families=("encoder", "decoder"), config=(("opt_level", 2),)),
     BTool("onnxscript-ort", "bench_targets:setup_onnxscript_ort",
           "`onnxscript.rewriter.ort_fusions.optimize_for_ort(onnx_ir.load(src))`, `onnx_ir.save`; fp16: onnxruntime's "
           "`float16.convert_float_to_float16(keep_io_types=True)` afterwards", families=("encoder", "decoder")),
@@ -758,7 +775,8 @@ def bench_one(bm: BenchModel, tools: list[BTool], opts: Options, cache: Path, wo
                 dst = work / f"{tool.name}-{prec}" / (f"b{b}.onnx" if b is not None else "model.onnx")
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 ctx = {"model": bm.name, "target": opts.target, "provider": opts.provider, "precision": prec,
-                       "model_type": bm.model_type or peers.model_type(bm.name), "family": bm.family}
+                       "model_type": bm.model_type or peers.model_type(bm.name), "family": bm.family,
+                       **(bm.attention(opts.tiny) if bm.attention else {}), **dict(tool.config)}
                 if tool.per_batch:
                     feeds = bench._load_npz(inputs[b])
                     ctx["input_shapes"] = {k: list(v.shape) for k, v in feeds.items()}
@@ -781,6 +799,11 @@ def bench_one(bm: BenchModel, tools: list[BTool], opts: Options, cache: Path, wo
                 continue
             row["optimize_s"][key] = round(r["seconds"], 3)
             row["info"] = r.get("info") or {}
+            for k in ("log", "config_failures"):
+                if r.get(k):
+                    row[k] = list(dict.fromkeys(row.get(k, []) + r[k]))
+            if r.get("config_failures"):
+                log(f"  {bm.name} / {v}: CONFIGURATION FAILURE logged: {r['config_failures'][0]}")
             for bb in (batches if b is None else (b,)):
                 row["files"][str(bb)] = job["dst"]
             log(f"  {bm.name} / {v}{'' if b is None else f' b{b}'}: optimized in {r['seconds']:.2f} s")
@@ -903,6 +926,8 @@ def rank(m: dict, variants: dict) -> None:
             continue
         best_ms, best = min(cands)
         m.setdefault("best_peer", {})[prec] = {"variant": best, "median_ms": best_ms}
+        if variants[best].get("config_failures"):  # it ran, but not as its users run it: say so
+            m["best_peer"][prec]["config_failure"] = variants[best]["config_failures"][0]
         for v, x in rows.items():
             if variants[v]["precision"] == prec and "latency" in x and variants[v]["tool"] not in peer_tools \
                     and v != ORIGINAL:
@@ -1064,6 +1089,8 @@ def render_markdown(report: dict) -> str:
     for row in summary_rows(report["models"]):
         best = row.get("best_peer")
         peer = f"{_ms(best['median_ms'])} ({best['variant'].split('/')[0]})" if best else "—"
+        if best and best.get("config_failure"):
+            peer += " (**configuration failure**)"
         cells = []
         for tool in ("onnxopt", "onnxopt-fixed"):
             e = row["onnxopt"].get(tool)
@@ -1113,7 +1140,15 @@ def render_markdown(report: dict) -> str:
         errs = [(v, row) for v, row in variants.items() if row.get("status") != "ok"]
         for v, row in errs:
             L.append(f"- `{v}`: {bench._cell_text(row.get('error', '?'), 200)}")
-        if errs:
+        notes = [(v, row) for v, row in variants.items() if row.get("status") == "ok"
+                 and (row.get("config_failures") or (row.get("info") or {}).get("note"))]
+        for v, row in notes:
+            if row.get("config_failures"):
+                L.append(f"- `{v}`: **configuration failure** logged: "
+                         f"{bench._cell_text(row['config_failures'][0], 200)}")
+            if (row.get("info") or {}).get("note"):
+                L.append(f"- `{v}`: {bench._cell_text(row['info']['note'], 200)}")
+        if errs or notes:
             L.append("")
         L.append("| tool | optimize s | nodes | com.microsoft ops | the tool's fusion counts (onnxopt: rules fired) |")
         L.append("|---|---:|---:|---|---|")
@@ -1167,6 +1202,134 @@ def render_markdown(report: dict) -> str:
     return "\n".join(L)
 
 
+def _lat_cell(lat: dict | None) -> str:
+    """``median (p10-p90)`` in ms."""
+    if not lat or lat.get("median_ms") is None:
+        return ""
+    return f"{_ms(lat['median_ms'])} ({_ms(lat.get('p10_ms'))}-{_ms(lat.get('p90_ms'))})"
+
+
+def compact_rows(models: dict, options: str = "default") -> list[dict]:
+    """The CUDA transformer table's rows: per model, batch and precision (provider options ``options``),
+    the original, the best peer (the best of every peer's configurations) and onnxopt / onnxopt-fixed,
+    each with median, p10, p90 and the ratios; the peer's attention fusion count and its notes."""
+    out = []
+    for name, res in models.items():
+        variants = res.get("variants", {})
+        for key, m in res.get("measurements", {}).items():
+            if m.get("options") != options:
+                continue
+            rows = m["rows"]
+            orig = rows.get(ORIGINAL, {}).get("latency")
+            for prec in PRECISIONS:
+                best = m.get("best_peer", {}).get(prec)
+                ours = {v: x for v, x in rows.items()
+                        if variants.get(v, {}).get("tool", "").startswith("onnxopt")
+                        and variants[v]["precision"] == prec}
+                if not ours and not best:
+                    continue
+                entry = {"model": name, "batch": m["batch"], "precision": prec, "original": orig, "onnxopt": {}}
+                if best:
+                    bv = variants.get(best["variant"], {})
+                    info = bv.get("info") or {}
+                    entry["best_peer"] = {"tool": best["variant"].split("/")[0],
+                                          "latency": rows[best["variant"]].get("latency"),
+                                          "attention": sum(n for k, n in (info.get("fused") or info.get("fusions")
+                                                                          or {}).items() if "ttention" in k),
+                                          "note": info.get("note"), "config_failure": best.get("config_failure")}
+                for v, x in ours.items():
+                    lat = x.get("latency")
+                    e = {"latency": lat, "fidelity_ok": x.get("fidelity", {}).get("ok"),
+                         "error": variants[v].get("error") if variants[v].get("status") != "ok" else None}
+                    if lat and best:
+                        e["x_best_peer"] = lat["median_ms"] / best["median_ms"]
+                    if lat and orig:
+                        e["x_original"] = lat["median_ms"] / orig["median_ms"]
+                    entry["onnxopt"][variants[v]["tool"]] = e
+                out.append(entry)
+    return out
+
+
+def compact_markdown(report: dict, options: str = "default") -> str:
+    """The CUDA transformer table for BENCHMARKS.md (and its one-paragraph summary for the README):
+    machine, onnxruntime-gpu version, date and the command, then one row per model, batch and precision
+    with medians (p10-p90) in ms and the ratios to the best peer."""
+    runs = report.get("runs") or [report["meta"]]
+    gpus = sorted({(r.get("gpu") or "?").split(",")[0] for r in runs})
+    vers = sorted({r["versions"].get("onnxruntime-gpu") or r["versions"].get("onnxruntime", "?") for r in runs})
+    dates = sorted(r["date"] for r in runs)
+    when = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1][11:] if dates[-1][:10] == dates[0][:10] else dates[-1]}"
+    L = [f"**CUDA, {' / '.join(gpus)}**, onnxruntime-gpu {', '.join(vers)}, {when} ({len(runs)} part(s)). "
+         "Median ms (p10-p90) of interleaved "
+         "rounds after 20 warm-up runs, sequence 128 with padded rows (the decode step: 1 token after 128 past); "
+         "provider defaults. Best peer: the fastest of every peer's configurations within the fidelity bounds "
+         "(onnxruntime's transformers optimizer given num_heads and hidden_size from the model's config at its "
+         "default opt_level and at 2, onnxscript's ort_fusions). × peer above 1.02 is in bold: there onnxopt is "
+         "behind.", ""]
+    L.append("| model | batch | prec | original | best peer (tool; its Attention nodes) | onnxopt | × peer | "
+             "onnxopt-fixed | × peer |")
+    L.append("|---|---:|---|---:|---|---:|---:|---:|---:|")
+    notes = []
+    for r in compact_rows(report["models"], options):
+        bp = r.get("best_peer")
+        peer = "—"
+        if bp:
+            peer = f"{_lat_cell(bp['latency'])} ({bp['tool']}; {bp['attention']})"
+            if bp.get("config_failure"):
+                peer += " **configuration failure**"
+        cells = []
+        for tool in ("onnxopt", "onnxopt-fixed"):
+            e = r["onnxopt"].get(tool)
+            if not e:
+                cells += ["", ""]
+            elif e.get("error"):
+                cells += [f"error: {bench._cell_text(e['error'], 40)}", ""]
+            else:
+                x = e.get("x_best_peer")
+                ratio = "" if x is None else (f"**{x:.2f}**" if x > 1.02 else f"{x:.2f}")
+                oob = "" if e.get("fidelity_ok") in (True, None) else " (out of bounds)"
+                cells += [_lat_cell(e["latency"]) + oob, ratio]
+        L.append(f"| {r['model']} | {r['batch']} | {r['precision']} | {_ms((r['original'] or {}).get('median_ms'))} | "
+                 f"{peer} | " + " | ".join(cells) + " |")
+    behind = [r for r in compact_rows(report["models"], options)
+              if (r["onnxopt"].get("onnxopt") or {}).get("x_best_peer", 0) > 1.02]
+    total = [r for r in compact_rows(report["models"], options) if "x_best_peer" in (r["onnxopt"].get("onnxopt") or {})]
+    for name, res in report["models"].items():
+        for v, row in (res.get("variants") or {}).items():
+            if row.get("config_failures"):
+                notes.append(f"- {name} `{v}`: **configuration failure** logged: "
+                             f"{bench._cell_text(row['config_failures'][0], 160)}")
+        if "error" in res:
+            notes.append(f"- {name}: not measured: {bench._cell_text(res['error'], 160)}")
+    L.append("")
+    worst = max(behind, key=lambda r: r["onnxopt"]["onnxopt"]["x_best_peer"], default=None)
+    summary = (f"onnxopt (dynamic shapes) is behind the best peer (above 1.02x) on {len(behind)} of {len(total)} rows"
+               + (f", worst {worst['model']} batch {worst['batch']} {worst['precision']}: "
+                  f"{_ms(worst['onnxopt']['onnxopt']['latency']['median_ms'])} against "
+                  f"{_ms(worst['best_peer']['latency']['median_ms'])} ms ({worst['best_peer']['tool']}), "
+                  f"{worst['onnxopt']['onnxopt']['x_best_peer']:.2f}x" if worst else "")
+               + ("; closing the gap is a later issue." if behind else "."))
+    L.append(f"- {summary}")
+    L += notes
+    L.append("")
+    return "\n".join(L)
+
+
+def replace_section(path: Path, name: str, text: str) -> bool:
+    """Replace what lies between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->`` in ``path`` by
+    ``text`` (written atomically); False when the markers are not there."""
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    doc = path.read_text()
+    i, j = doc.find(begin), doc.find(end)
+    if i < 0 or j < i:
+        return False
+    new = doc[: i + len(begin)] + "\n" + text.rstrip("\n") + "\n" + doc[j:]
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(new)
+    os.replace(tmp, path)
+    return True
+
+
 # ---------------------------------------------------------------------------------------------
 # CLI
 
@@ -1201,10 +1364,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python scripts/bench_targets.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", choices=sorted(TARGET_PROVIDER), default="ort-cpu")
     p.add_argument("--models", nargs="+", metavar="NAME")
-    p.add_argument("--set", choices=("core", "full", "zoo"), default="core",
+    p.add_argument("--set", choices=("core", "full", "zoo", "transformers"), default="core",
                    help="models when --models is not given: core (the issue's list), full (all attention/exporter "
                         "combinations), zoo (the zoo's small transformers, MiniLM, the vision and OCR models: for "
-                        "a small CPU)")
+                        "a small CPU), transformers (the core set's transformers: the CUDA transformer table)")
     p.add_argument("--part", default=None, metavar="N/M", help="the N-th of M parts of about equal cost (1-based)")
     p.add_argument("--tools", nargs="+", metavar="T", help=f"default all: {', '.join(t.name for t in TOOLS)}")
     p.add_argument("--batches", default=None, help="comma-separated (default: each model's, e.g. 1,8; vision 1,32)")
@@ -1233,6 +1396,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--markdown", type=Path, default=None)
     p.add_argument("--merge", nargs="+", type=Path, default=None, metavar="JSON")
     p.add_argument("-o", "--output", type=Path, default=None, help="with --merge: the merged JSON")
+    p.add_argument("--compact", type=Path, default=None, metavar="MD",
+                   help="with --merge: the compact table (medians with p10-p90, ratios to the best peer) to this file")
+    p.add_argument("--into", nargs="+", type=Path, default=None, metavar="DOC",
+                   help="with --merge: put the compact table between <!-- cuda-transformers:begin/end --> in these "
+                        "documents (BENCHMARKS.md), and its summary line between <!-- cuda-transformers-summary:"
+                        "begin/end --> (README.md)")
     p.add_argument("--list", action="store_true", help="list the models (of --part) and exit")
     return p.parse_args(argv)
 
@@ -1244,6 +1413,8 @@ def _default(value, provider: str, cuda, cpu):
 def select_models(args) -> list[BenchModel]:
     if args.models:
         models = [get_model(n) for n in args.models]
+    elif args.set == "transformers":
+        models = [m for m in MODELS if "core" in m.sets and m.transformer]
     else:
         models = [m for m in MODELS if args.set in m.sets]
     if args.part:
@@ -1272,6 +1443,20 @@ def main(argv: list[str] | None = None) -> int:
         if args.markdown:
             args.markdown.write_text(render_markdown(report))
             print(f"wrote {args.markdown}")
+        if args.compact or args.into:
+            table = compact_markdown(report)
+            if args.compact:
+                args.compact.write_text(table)
+                print(f"wrote {args.compact}")
+            summary = [ln[2:] for ln in table.splitlines() if ln.startswith("- onnxopt (dynamic shapes) is behind")]
+            for doc in args.into or []:
+                done = [replace_section(doc, "cuda-transformers", table)]
+                if summary:
+                    first = table.splitlines()[0]
+                    where = first.split(". Median")[0].replace("**", "").removeprefix("CUDA, ")
+                    done.append(replace_section(doc, "cuda-transformers-summary",
+                                                f"The CUDA transformer table ({where}): {summary[0]}"))
+                print(f"{doc}: {'replaced' if any(done) else 'no markers, unchanged'}")
         return 0
     try:
         models = select_models(args)

@@ -20,6 +20,7 @@ tag=custom
 if [[ ${1:-} == */* ]]; then
   sel=(--part "$1"); tag=part${1/\//of}; shift
 fi
+tag=${TAG:-$tag}  # scripts/gpu_transformers.sh names its parts
 python3 -c "import onnxruntime.transformers.optimizer, onnxscript.rewriter.ort_fusions; print('peers importable')" \
   || echo "WARNING: a peer does not import; its rows will show the error"
 timeout --signal=INT "${LIMIT:-540}" python3 scripts/bench_targets.py --target ort-cuda ${sel[@]+"${sel[@]}"} \

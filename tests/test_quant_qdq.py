@@ -354,7 +354,7 @@ def test_zoo_models_become_integer(name, tmp_path):
     spec = zoo.get(name)
     path = spec.path()
     if not path.is_file():
-        pytest.skip(f"{name} is not in the zoo cache (python -m onnxopt.models build)")
+        pytest.skip(f"{name} is not in the zoo cache (python -m onnxopt.models build --only {name})")
     n_feeds, min_db = ZOO[name]
     calib = [spec.inputs(path, seed) for seed in range(n_feeds)]
     clean, q, plan, _ = quantize(onnx.load(str(path)), calib)

@@ -129,7 +129,7 @@ def test_the_report_lists_each_fusion_with_hits_and_misses_and_the_fp16_summary(
 
     path = zoo.get("gpt2-legacy").path()
     if not path.exists():
-        pytest.skip("the zoo's gpt2-legacy is not built (python -m onnxopt.models build)")
+        pytest.skip("the zoo's gpt2-legacy is not built (python -m onnxopt.models build --only gpt2-legacy)")
     _, rep = optimize(onnx.load(str(path)), target="ort-cuda", precision="fp16", return_report=True)
     assert rep.fusions["attention_fusion"]["hits"] == 4 and rep.fusions["fast_gelu"]["hits"] == 4
     skip = rep.fusions["skip_layer_normalization"]  # dynamic axes: some sums not proven the same size

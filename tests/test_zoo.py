@@ -470,8 +470,67 @@ def test_every_cached_model_runs_on_its_inputs():
     """With ONNXOPT_ZOO_FULL=1: every model in the zoo cache runs in onnxruntime on its inputs."""
     missing = [s.name for s in zoo.SPECS if not s.path().exists()]
     if missing:
-        pytest.skip(f"not built (python -m onnxopt.models build): {', '.join(missing)}")
+        pytest.skip(f"not built (python -m onnxopt.models build --only {' '.join(missing)})")
     for spec in zoo.SPECS:
         outs = run_ort(str(spec.path()), spec.inputs())
         assert outs and all(np.isfinite(o).all() for o in outs), spec.name
         zoo.check_outputs_vary(spec)
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands named in messages (issue 27: skip messages told users to run the module onnxopt.models.zoo,
+# which runs nothing)
+
+_ROOT = Path(__file__).resolve().parent.parent
+_SCANNED = ["tests", "scripts", "onnxopt", "models", "rules", "docs", "README.md", "BENCHMARKS.md"]
+
+
+def _mentions():
+    """(file, line number, module, the words after it) of every `python -m onnxopt...` in the sources,
+    scripts and documents."""
+    import re
+
+    pat = re.compile(r"python3? -m (onnxopt(?:\.[A-Za-z_][A-Za-z0-9_]*)*)((?: [^\s\"'`)(]+)*)")
+    for top in _SCANNED:
+        base = _ROOT / top
+        files = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.suffix in (".py", ".sh", ".md"))
+        for path in files:
+            for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                for m in pat.finditer(line):
+                    words = []
+                    for w in m.group(2).split():
+                        if w[:1] in "|;&>2" and not w[1:2].isalnum() or w in ("|", "||", "&&", ";"):
+                            break  # the shell's: a pipe, a redirection, the next command
+                        words.append(w)
+                    yield path.relative_to(_ROOT), n, m.group(1), words
+
+
+def test_commands_named_in_messages_run():
+    """Every `python -m onnxopt...` named in a message, script or document names a module that runs
+    (a package with __main__, or a module with a main guard); for `python -m onnxopt.models`, the
+    subcommand exists and `--only` names zoo models."""
+    checked, bad = 0, []
+    for where, n, module, words in _mentions():
+        spec = importlib.util.find_spec(module)
+        if spec is None:
+            bad.append(f"{where}:{n}: {module} does not exist")
+            continue
+        if spec.submodule_search_locations is not None:
+            runnable = importlib.util.find_spec(module + ".__main__") is not None
+        else:
+            runnable = '__name__ == "__main__"' in Path(spec.origin).read_text()
+        if not runnable:
+            bad.append(f"{where}:{n}: `python -m {module}` runs nothing")
+            continue
+        if module == "onnxopt.models" and words and not words[0].startswith(("-", "<", "{", "[")):
+            if not set(words[0].split("|")) <= {"build", "list"}:
+                bad.append(f"{where}:{n}: onnxopt.models has no subcommand {words[0]!r}")
+            if "--only" in words:
+                names = [w for w in words[words.index("--only") + 1:] if not w.startswith("-")]
+                literal = [w for w in names if w.replace("-", "").replace("_", "").isalnum() and not w.isupper()]
+                unknown = [w for w in literal if w not in {s.name for s in zoo.SPECS}]
+                if unknown:
+                    bad.append(f"{where}:{n}: no zoo model {', '.join(unknown)}")
+        checked += 1
+    assert checked > 20  # the scan found the commands
+    assert not bad, "\n".join(bad)
