@@ -206,6 +206,10 @@ def expand_elimination_condition(m: Match):
     target = [int(s) for s in m.const("shape").reshape(-1)]
     if len(target) > len(dims):
         return "raises the rank"
+    if not target and m.options.get("exact"):
+        # (its ExpandElimination wants a target of at least one element; the Expand it keeps then
+        # stands between the ops it would fuse, a MatMul and its bias Add)
+        return "exact: onnxruntime does not remove an Expand to the empty shape itself"
     for t, d in zip(reversed(target), reversed(dims)):
         if t == 1 or (d is not None and t == d):
             continue
