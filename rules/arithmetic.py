@@ -3,7 +3,8 @@
 Exact: the rewritten graph computes, on onnxruntime, bit-identical values on every input (NaN,
 infinities and the sign of zero included) and keeps every output's shape and dtype. (With
 onnxruntime's graph optimizations off, a Gemm and MatMul + Add differ for long products; with them
-on, onnxruntime makes the original's MatMul + Add the same Gemm.) div_to_mul is not exact in exact
+on, onnxruntime makes the original's MatMul + Add the same Gemm -- for the bias shapes and types its
+MatMulAddFusion takes, the only ones exact mode rewrites.) div_to_mul is not exact in exact
 mode's sense (``Rule.exact``): the Mul it makes is one onnxruntime folds into a Conv's weights.
 """
 
