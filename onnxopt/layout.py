@@ -21,7 +21,10 @@ dimensions) with float32 constant weights and bias and group 1, the swap and nor
 into those Convs: all of it into weights and bias when nothing pads; with padding only the
 per-channel factor and the swap (a zero pad of ``a*z`` is ``a`` times a zero pad of ``z``), and an
 Add of ``b/a`` stays before them (a zero pad of the normalized input is not a zero pad of the raw
-one). Otherwise Gather, Mul and Add stay as element-wise ops.
+one). Otherwise Gather, Mul and Add stay as element-wise ops; so they do where a folded constant
+(the offset ``b/a``, a weight, a bias) would leave float32's range or become subnormal where it was
+not (``not_folded`` says which). Coefficients ``scale/std`` or ``mean/std`` outside float32's range, or
+a ``scale/std`` that rounds to 0 there, are a usage error.
 
 Grammar (command line and API text): ``--input-layout x=NHWC`` (or just ``NHWC``: every input of a
 matching rank), ``--output-layout y=NHWC``, ``--input-preprocess
@@ -561,7 +564,42 @@ def _coefficients(pre: Preprocess, c: int, name: str):
     if pre.bgr and c != 3:
         raise UsageError(f"--input-preprocess {name}: bgr needs 3 channels, the input has {c}")
     swap = np.arange(c)[::-1].copy() if pre.bgr else np.arange(c)  # model channel k reads input channel swap[k]
+    with np.errstate(over="ignore", under="ignore"):
+        a32, b32 = a.astype(np.float32), b.astype(np.float32)
+    if not (np.all(np.isfinite(a32)) and np.all(np.isfinite(b32))):
+        raise UsageError(f"--input-preprocess {name}: scale/std or mean/std is out of float32's range "
+                         f"({_worst(a, b)}); the model computes in float32")
+    if np.any(a32 == 0):
+        raise UsageError(f"--input-preprocess {name}: scale/std ({_worst(a)}) rounds to 0 in float32, "
+                         "which would erase the pixels; the model computes in float32")
     return a, b, swap
+
+
+def _worst(*arrays) -> str:
+    """The value of largest magnitude, or smallest nonzero one when all are tiny (for a message)."""
+    values = np.concatenate([np.asarray(x, np.float64).reshape(-1) for x in arrays])
+    big = values[np.argmax(np.abs(values))]
+    if abs(big) >= 1:
+        return f"{big:.3g}"
+    nonzero = values[values != 0]
+    return f"{nonzero[np.argmin(np.abs(nonzero))]:.3g}" if nonzero.size else "0"
+
+
+_TINY = np.finfo(np.float32).tiny  # the smallest normal float32
+
+
+def _unfoldable(what: str, folded: np.ndarray, before: np.ndarray | None = None) -> str | None:
+    """Why float32 constants ``folded`` (computed in float64 from finite values) cannot replace the
+    element-wise chain: they overflow float32 (inf, or NaN), or (``before``: the values a factor
+    scaled) a weight that was a normal number becomes 0 or a subnormal (its input's share of the
+    sum rounds away). None when they can."""
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        f32 = np.asarray(folded).astype(np.float32)
+    if not np.all(np.isfinite(f32)):
+        return f"the folded {what} would not be finite in float32"
+    if before is not None and np.any((np.abs(f32) < _TINY) & (np.abs(before) >= _TINY)):
+        return f"the folded {what} would underflow float32"
+    return None
 
 
 def _elementwise(a, b, swap, bshape):
@@ -640,11 +678,8 @@ def _fold_one(graph: ir.Graph, name: str, rec: dict):
     inv = np.argsort(swap)  # in the input's channel order: input channel j feeds model channel inv[j]
     a_in, b_in = a[inv], b[inv]
     padded = any(p for *_, p in convs)
-    x, new = start, []
-    if padded and np.any(b_in != 0):  # x*a + b = a*(x + b/a): the Add stays, a goes into the weights
-        off = _const(graph, names, f"{name}_offset", (b_in / a_in).astype(np.float32).reshape(bshape))
-        x = _node("Add", [x, off], names(f"{name}_offset"), new, dtype=ir.DataType.FLOAT, shape=list(start.shape))
-    old_consts = []
+    offset = b_in / a_in if padded and np.any(b_in != 0) else None  # x*a + b = a*(x + b/a)
+    folded = []  # every folded constant is checked before the graph changes: a refusal keeps the chain
     for node, w, bias, _ in convs:
         wa = w.numpy().astype(np.float64)
         w_in = wa[:, swap]  # weights per input channel (the swap moves into them)
@@ -654,6 +689,17 @@ def _fold_one(graph: ir.Graph, name: str, rec: dict):
         if not padded and np.any(b_in != 0):
             shift = (w_in * b_in.reshape(scale)).sum(axis=tuple(range(1, wa.ndim)))
             new_b = shift if new_b is None else new_b + shift
+        folded.append((node, new_w, new_b))
+        why = ((offset is not None and _unfoldable("offset mean/scale", offset))
+               or _unfoldable("weights", new_w, w_in) or (new_b is not None and _unfoldable("bias", new_b)))
+        if why:
+            return None, why
+    x, new = start, []
+    if offset is not None:  # the Add stays, a goes into the weights
+        off = _const(graph, names, f"{name}_offset", offset.astype(np.float32).reshape(bshape))
+        x = _node("Add", [x, off], names(f"{name}_offset"), new, dtype=ir.DataType.FLOAT, shape=list(start.shape))
+    old_consts = []
+    for node, new_w, new_b in folded:
         old_consts.append(node.inputs[1])
         node.replace_input_with(1, _const(graph, names, f"{node.name or 'conv'}_W_preprocessed",
                                           new_w.astype(np.float32)))

@@ -3,7 +3,8 @@
 Exact: the rewritten graph computes, on onnxruntime, bit-identical values on every input (NaN,
 infinities and the sign of zero included) and keeps every output's shape and dtype. (With
 onnxruntime's graph optimizations off, a Gemm and MatMul + Add differ for long products; with them
-on, onnxruntime makes the original's MatMul + Add the same Gemm.) div_to_mul is not exact in exact
+on, onnxruntime makes the original's MatMul + Add the same Gemm -- for the bias shapes and types its
+MatMulAddFusion takes, the only ones exact mode rewrites.) div_to_mul is not exact in exact
 mode's sense (``Rule.exact``): the Mul it makes is one onnxruntime folds into a Conv's weights.
 """
 
@@ -22,9 +23,27 @@ _FLOATS = frozenset({ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16,
 _NO_NEGATIVE_ZERO = frozenset({"MatMul", "Conv"})
 
 
+# the types whose x + 0, x - 0, x * 1, x / 1 onnxruntime's NoopElimination removes itself
+_NOOP_TYPES = frozenset({np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.float64), np.dtype(np.int32),
+                         np.dtype(np.int64)})
+
+
 def neutral_condition(m: Match):
-    """x op c keeps x's shape (c broadcasts no larger)."""
-    return None if broadcast_keeps(m.dims("x"), m.const("c").shape) else "the constant broadcasts x to a larger shape"
+    """x op c keeps x's shape (c broadcasts no larger). In exact mode also: onnxruntime's own
+    NoopElimination removes the node from the original (a single-element c of no higher rank than
+    x, x's rank known, a type it handles), so the graph its fusions see is the same; a neutral
+    node it keeps (c = ones((N,)) between a MatMul and a bias Add) stops its MatMul+Add fusion,
+    and removing it would give one rounding where the original has two."""
+    dims, c = m.dims("x"), m.const("c")
+    if not broadcast_keeps(dims, c.shape):
+        return "the constant broadcasts x to a larger shape"
+    if m.options.get("exact"):
+        if c.size != 1 or dims is None:
+            return (f"exact: onnxruntime removes {m.root.op_type} by a neutral constant itself only when the "
+                    "constant has one element and x's rank is known; removing it here can change what it fuses")
+        if c.dtype not in _NOOP_TYPES:
+            return f"exact: onnxruntime does not remove a neutral {m.root.op_type} of {c.dtype} itself"
+    return None
 
 
 def zero_neutral_condition(m: Match):
@@ -121,7 +140,23 @@ def matmul_add_to_gemm_condition(m: Match):
         return "bias does not broadcast to [M, N]"
     if c.dtype != w.dtype or w.dtype not in (np.float32, np.float64, np.float16):
         return "type"
+    if m.options.get("exact"):
+        return _onnxruntime_fuses_matmul_add(dims, w, c)
     return None
+
+
+def _onnxruntime_fuses_matmul_add(dims: list, w: np.ndarray, c: np.ndarray) -> str | None:
+    """Exact mode: onnxruntime's MatMulAddFusion makes the original's MatMul + Add this same Gemm
+    (one rounding) only for a float or float16 bias of shape [N], [1, N], [M, 1] or [M, N] (M a
+    known number); for any other (a scalar, [1] or [1, 1] broadcast over N > 1, a double) it runs
+    MatMul then Add, which rounds twice, and the Gemm would change the bits."""
+    if w.dtype not in (np.float32, np.float16):
+        return f"exact: onnxruntime does not fuse a {w.dtype} MatMul + Add into Gemm itself"
+    n, shape = w.shape[1], c.shape
+    if len(shape) == 1 and shape[0] == n or len(shape) == 2 and (
+            shape == (1, n) or shape[0] == dims[0] and shape[1] in (1, n)):
+        return None
+    return f"exact: onnxruntime does not fuse MatMul + Add with a bias of shape {list(shape)} into Gemm itself"
 
 
 def matmul_add_to_gemm_replacement(m: Match, b):
@@ -164,6 +199,27 @@ def gemm_flatten_to_matmul_condition(m: Match):
         return "type"
     if not _restores_leading_dims(m, n):
         return "the second Reshape does not restore x's leading dimensions"
+    if m.options.get("exact"):
+        return _onnxruntime_fuses_back(m, n)
+    return None
+
+
+def _onnxruntime_fuses_back(m: Match, n: int) -> str | None:
+    """Exact mode: the MatMul + Add written for the Gemm gives the Gemm's bits only where
+    onnxruntime's MatMulAddFusion turns it back into Reshape + Gemm + Reshape: an x of static
+    shape, a float or float16 bias of shape [N] (no other broadcast when it reshapes), and an x
+    it does not keep for its attention fusions (the output of Attention, of a Reshape (the heads
+    merged), or of a LayerNormalization)."""
+    if m.dtype("x") not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
+        return f"exact: onnxruntime does not fuse a {m.dtype('x').name} MatMul + Add into Gemm itself"
+    if m.static_shape("x") is None:
+        return "exact: onnxruntime does not fuse MatMul + Add into Gemm on an input of dynamic shape"
+    if "c" in m and m.dims("c") != [n]:
+        return f"exact: onnxruntime does not fuse MatMul + Add with a bias of shape {m.dims('c')} on rank > 2"
+    producer = m["x"].producer()
+    if producer is not None and producer.op_type in ("Attention", "MultiHeadAttention", "Reshape",
+                                                     "LayerNormalization"):
+        return f"exact: onnxruntime may keep a MatMul reading a {producer.op_type} for its attention fusion"
     return None
 
 

@@ -12,6 +12,8 @@ import onnx_ir as ir
 
 from onnxopt.pattern import Match, Op, Rule, forward
 
+from ._exact import exact_removal
+
 _D = ir.DataType
 # A source type whose every value the target type holds exactly (so a round trip is the identity).
 EXACT_TARGETS = {
@@ -72,7 +74,8 @@ RULES = [
     Rule("cast_elimination", Op("Cast", "x", name="cast"), forward("x"), condition=cast_elimination_condition,
          exact=True, doc="Cast to the type x already has is x."),
     Rule("cast_chain", Op("Cast", Op("Cast", "x", name="inner"), name="outer"), cast_chain_replacement,
-         condition=cast_chain_condition,
+         condition=exact_removal(cast_chain_condition, "Cast chain",
+                                 lambda m, source: int(m.attr("outer", "to")) == source.value),
          exact=True, doc="Cast(Cast(x, A), B) is Cast(x, B) (or x) when A holds every value of x's type exactly."),
     Rule("castlike_to_cast", Op("CastLike", "x", "like", name="castlike"), castlike_to_cast_replacement,
          condition=castlike_to_cast_condition,

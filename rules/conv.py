@@ -48,7 +48,7 @@ def conv_mul_fold_replacement(m: Match, b):
         new_w = (w.astype(np.float64) * factor.reshape((-1,) + (1,) * (w.ndim - 1))).astype(w.dtype)
         return new_w, None if bias is None else (bias.astype(np.float64) * factor).astype(w.dtype)
 
-    new_w, new_b = fold_weights(m, factor, fold)
+    new_w, new_b = fold_weights(m, factor, fold, bias_scaled=True)
     inputs = [m["x"], b.const(new_w, name="weight")]
     if new_b is not None:
         inputs.append(b.const(new_b, name="bias"))
@@ -188,7 +188,8 @@ RULES = [
                              commutative=True), conv_mul_fold_replacement, condition=conv_constant_condition,
          exact=False,
          doc="Conv followed by Mul by a per-output-channel constant scales the weights and bias (not for a "
-             "zero or non-finite factor, non-finite weights, or folded weights that overflow or flush to 0)."),
+             "zero or non-finite factor, non-finite weights, or folded weights or bias that overflow, flush to 0 or "
+             "become subnormal)."),
     Rule("conv_add_fold", Op("Add", Op("Conv", "x", Const("w"), Opt(Const("b")), name="conv"), Const("c"),
                              commutative=True), conv_add_fold_replacement, condition=conv_constant_condition,
          exact=False, doc="Conv followed by Add of a per-output-channel constant adds it to the bias (finite constants "

@@ -15,6 +15,8 @@ import numpy as np
 from onnxopt.pattern import Const, Match, Op, Opt, Rule, forward
 from onnxopt.shapes import is_dim_of, same_symbol, shape_elements
 
+from ._exact import exact_removal
+
 _x = forward("x")
 _NO_END = 1 << 62  # a Slice end this large means "to the end" whatever the axis' size
 
@@ -206,11 +208,21 @@ def expand_elimination_condition(m: Match):
     target = [int(s) for s in m.const("shape").reshape(-1)]
     if len(target) > len(dims):
         return "raises the rank"
+    if not target and m.options.get("exact"):
+        # (its ExpandElimination wants a target of at least one element; the Expand it keeps then
+        # stands between the ops it would fuse, a MatMul and its bias Add)
+        return "exact: onnxruntime does not remove an Expand to the empty shape itself"
     for t, d in zip(reversed(target), reversed(dims)):
         if t == 1 or (d is not None and t == d):
             continue
         return "expands"
     return None
+
+
+def _slice_onnxruntime_keeps(m: Match, _verdict) -> bool:
+    """onnxruntime's own slice elimination takes out a Slice whose every end is INT64_MAX (from
+    0, step 1): exact mode needs no guard for that one."""
+    return not bool(np.all(m.const("ends") == np.iinfo(np.int64).max))
 
 
 def slice_elimination_condition(m: Match):
@@ -264,7 +276,7 @@ RULES = [
          reshape_chain_replacement, condition=reshape_chain_condition,
          exact=True, doc="Reshape(Flatten(x), s) is Reshape(x, s) when s copies no dimension (no 0)."),
     Rule("reshape_elimination", Op("Reshape", "x", Const("shape"), name="reshape"), _x,
-         condition=reshape_elimination_condition,
+         condition=exact_removal(reshape_elimination_condition, "Reshape"),
          exact=True, doc="Reshape to the shape x already has (static) is x."),
     Rule("reshape_to_unsqueeze", Op("Reshape", "x", Const("shape"), name="reshape"), unsqueeze_plan_replacement,
          condition=reshape_to_unsqueeze_condition, exact=True,
@@ -276,13 +288,13 @@ RULES = [
          doc="Reshape whose target shape is assembled (Shape/Gather/Slice/Unsqueeze/Concat) from constants "
              "and x's own dimensions at the same positions (the same value, or the same named symbol) takes a "
              "constant shape, with 0 for the copied ones."),
-    Rule("flatten_elimination", Op("Flatten", "x", name="flatten"), _x, condition=flatten_elimination_condition,
+    Rule("flatten_elimination", Op("Flatten", "x", name="flatten"), _x, condition=exact_removal(flatten_elimination_condition, "Flatten"),
          exact=True, doc="Flatten of a 2-D value at axis 1 is the value."),
     Rule("squeeze_unsqueeze", Op("Squeeze", Op("Unsqueeze", "x", Opt(Const("a1")), name="inner"), Opt(Const("a2")),
-                                 name="outer"), _x, condition=squeeze_unsqueeze_condition,
+                                 name="outer"), _x, condition=exact_removal(squeeze_unsqueeze_condition, "Unsqueeze and Squeeze"),
          exact=True, doc="Squeeze(Unsqueeze(x, axes), axes) is x."),
     Rule("unsqueeze_squeeze", Op("Unsqueeze", Op("Squeeze", "x", Opt(Const("a1")), name="inner"), Opt(Const("a2")),
-                                 name="outer"), _x, condition=squeeze_unsqueeze_condition,
+                                 name="outer"), _x, condition=exact_removal(squeeze_unsqueeze_condition, "Squeeze and Unsqueeze"),
          exact=True, doc="Unsqueeze(Squeeze(x, axes), axes) is x (the squeezed axes had size 1)."),
     Rule("unsqueeze_chain", Op("Unsqueeze", Op("Unsqueeze", "x", Opt(Const("a1")), name="inner"), Opt(Const("a2")),
                                name="outer"), unsqueeze_plan_replacement, condition=unsqueeze_chain_condition,
@@ -290,12 +302,12 @@ RULES = [
     Rule("expand_elimination", Op("Expand", "x", Const("shape")), _x, condition=expand_elimination_condition,
          exact=True, doc="Expand to a shape x already covers is x."),
     Rule("slice_elimination", Op("Slice", "x", Const("starts"), Const("ends"), Opt(Const("axes")), Opt(Const("steps"))),
-         _x, condition=slice_elimination_condition, exact=True, doc="Slice from 0 to past the end with step 1 is x."),
+         _x, condition=exact_removal(slice_elimination_condition, "Slice", _slice_onnxruntime_keeps), exact=True, doc="Slice from 0 to past the end with step 1 is x."),
     Rule("pad_elimination", Op("Pad", "x", Const("pads"), Opt("value"), Opt("axes")), _x,
-         condition=pad_elimination_condition, exact=True, doc="Pad by zeros on every side is x."),
-    Rule("concat_elimination", Op("Concat", "x"), _x, exact=True,
+         condition=exact_removal(pad_elimination_condition, "Pad"), exact=True, doc="Pad by zeros on every side is x."),
+    Rule("concat_elimination", Op("Concat", "x"), _x, condition=exact_removal(None, "Concat"), exact=True,
          doc="Concat of one input is it (the pattern takes one input)."),
-    Rule("split_elimination", Op("Split", "x", Opt(Const("split"))), _x, condition=split_elimination_condition,
+    Rule("split_elimination", Op("Split", "x", Opt(Const("split"))), _x, condition=exact_removal(split_elimination_condition, "Split"),
          exact=True, doc="Split into one piece is x."),
     Rule("range_scalar_inputs", Op("Range", "start", "limit", "delta"), range_scalar_inputs_replacement,
          condition=range_scalar_inputs_condition,

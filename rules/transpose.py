@@ -15,6 +15,7 @@ from onnxopt.irutil import constant_tensor
 from onnxopt.layout_pass import SETTLED, moves_data, perm_of
 from onnxopt.pattern import Match, Op, Refuse, Rule, forward
 
+from ._exact import exact_removal
 from .shape_ops import unsqueeze
 
 _x = forward("x")
@@ -114,7 +115,7 @@ RULES = [
          transpose_pair_replacement, exact=True,
          doc="Two Transposes are one, or none when they cancel (then also where the inner one has other readers)."),
     Rule("transpose_elimination", Op("Transpose", "x", name="transpose"), _x,
-         condition=transpose_elimination_condition, exact=True, doc="Transpose by the identity permutation is x."),
+         condition=exact_removal(transpose_elimination_condition, "identity Transpose"), exact=True, doc="Transpose by the identity permutation is x."),
     Rule("transpose_to_reshape", Op("Transpose", "x", name="transpose"), transpose_to_reshape_replacement,
          condition=transpose_to_reshape_condition, exact=True,
          doc="A Transpose that moves only size-1 dimensions (the others keep their order) is a Reshape "
