@@ -236,26 +236,31 @@ def _rms_condition(m: Match):
         return "a mean is subtracted (layer_normalization's form)"
     _, x, eps, gamma, _, dtype = plan
     target, opset = _target(m), m.opset("")
-    if opset >= 23 and kernel("RMSNormalization", "", opset, target, dtype):
-        return "std", x, eps, gamma
-    # before opset 23 ONNX has no RMS normalization, and onnxruntime's SimplifiedLayerNormalization
-    # is registered in the ONNX domain without being an ONNX operator (onnx.checker refuses the
-    # model); the residual Add before it makes com.microsoft SkipSimplifiedLayerNormalization
+    std = opset >= 23 and kernel("RMSNormalization", "", opset, target, dtype)
+    # the residual Add before it makes com.microsoft SkipSimplifiedLayerNormalization (one kernel for
+    # both); before opset 23 that is the only form: ONNX has no RMS normalization, and onnxruntime's
+    # SimplifiedLayerNormalization is registered in the ONNX domain without being an ONNX operator
+    # (onnx.checker refuses the model)
     add = producer(x, m.graph, "Add", only_use=False)
-    if add is None:
-        if opset >= 23:
-            return f"no RMSNormalization kernel for {dtype.name.lower()} on {target}"
-        return (f"ONNX has no RMS normalization before opset 23 (the model imports {opset}) and no residual "
-                "Add precedes it (onnxruntime's SimplifiedLayerNormalization is no ONNX operator)")
-    op = "SkipSimplifiedLayerNormalization"
-    operands = _skip_operands(m, add.inputs[0], add.inputs[1], gamma.shape[0], op)
-    if isinstance(operands, str):
-        return f"the residual Add before it: {operands}"
-    a, skip, bias, bias_node = operands
-    if reason := _sum_read_on(m, x, m.root, set(m.nodes)):
-        return reason
-    m.nodes = tuple(dict.fromkeys((*m.nodes, add) + ((bias_node,) if bias_node is not None else ())))
-    return "skip", x, eps, gamma, a, skip, bias
+    reason = None
+    if add is not None:
+        op = "SkipSimplifiedLayerNormalization"
+        operands = _skip_operands(m, add.inputs[0], add.inputs[1], gamma.shape[0], op)
+        if isinstance(operands, str):
+            reason = f"the residual Add before it: {operands}"
+        else:
+            reason = _sum_read_on(m, x, m.root, set(m.nodes))
+        if reason is None:
+            a, skip, bias, bias_node = operands
+            m.nodes = tuple(dict.fromkeys((*m.nodes, add) + ((bias_node,) if bias_node is not None else ())))
+            return "skip", x, eps, gamma, a, skip, bias
+        m.outputs = m.outputs[:1]
+    if std:
+        return "std", x, eps, gamma
+    if opset >= 23:
+        return reason or f"no RMSNormalization kernel for {dtype.name.lower()} on {target}"
+    return reason or (f"ONNX has no RMS normalization before opset 23 (the model imports {opset}) and no "
+                      "residual Add precedes it (onnxruntime's SimplifiedLayerNormalization is no ONNX operator)")
 
 
 def _rms_replace(m: Match, b):

@@ -212,6 +212,13 @@ def test_rms_normalization_opset23_standard():
     assert ops(out) == {"RMSNormalization": 1}
 
 
+def test_rms_normalization_opset23_residual_is_skip():
+    """At opset 23 too, the RMSNorm of a residual sum is one SkipSimplifiedLayerNormalization."""
+    m = build(rms_nodes(opset=23, residual=True), RMS_CONSTS, opset=23, extra_inputs=[("res", ("b", "s", H))])
+    out, _ = fires("rms_normalization", m, tol=TOL, **CPU)
+    assert ops(out) == {"com.microsoft:SkipSimplifiedLayerNormalization": 1}
+
+
 def test_rms_normalization_refuses():
     refuses("rms_normalization", build(ln_nodes(), LN_CONSTS), "a mean is subtracted (layer_normalization's form)",
             **CPU)
