@@ -13,6 +13,9 @@ Guarantees:
 - Bounded: at most ``max_rewrites`` rewrites; a rule that fires again on the same structure over
   the same inputs (rules undoing each other) is reported as a cycle and not applied again there.
 - Graph outputs keep their names; a rewrite that cannot honour that is refused.
+- Valid ONNX: a node a rule makes in a domain the model does not import (com.microsoft's contrib
+  ops, in any graph) adds the model's import of it (version 1); one in onnx's own domains that onnx
+  does not define at the model's opset is refused with the reason.
 - A rule that raises is a bug (``onnxopt.errors.RuleBug``): raised with ``strict``, else recorded
   and the rule skipped at that node; the model is left as it was there.
 - Dead code goes only where that changes nothing (``onnxopt.purity``); the nodes a rule matched

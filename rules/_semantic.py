@@ -9,7 +9,6 @@ decomposed expression by what it computes rather than by one exporter's node lay
   constant, Pow by 2 or 3, Neg), through intermediates read once: ({power: coefficient}, x, nodes).
 - ``kernel(op, domain, opset, target, dtype)``: whether the installed onnxruntime registers a
   kernel for the op on the target's provider and element type (None when it cannot tell).
-- ``add_import(m, domain)``: the model imports ``domain`` (version 1) for a contrib op.
 - ``unrepresentable(what, exact, dtype)``: why a constant a fusion computes (an attribute such as
   attention's ``scale`` or a normalization's ``epsilon``, or folded factors) cannot be stored in
   ``dtype``: it rounds to inf or NaN, to 0 from a nonzero value (attention's ``scale=0`` means
@@ -28,7 +27,6 @@ import onnx_ir as ir
 
 from onnxopt.irutil import constant_tensor, use_count
 from onnxopt.kernels import kernel_defs
-from onnxopt.pattern import Refuse
 from onnxopt.shapes import infer
 
 _PROVIDERS = {"ort-cpu": "CPUExecutionProvider", "ort-cuda": "CUDAExecutionProvider"}
@@ -217,17 +215,6 @@ def kernel(op: str, domain: str, opset: int, target: str, dtype: ir.DataType | N
         if name == op and dom == domain and prov == provider and lo <= opset <= hi and (want is None or want in types):
             return True
     return False
-
-
-def add_import(m, domain: str, version: int = 1) -> None:
-    """The model imports ``domain`` (added to the main graph's imports; a subgraph's imports are not
-    the model's: there the model must import it already, else the rewrite is refused)."""
-    imports = m.graph.opset_imports
-    if domain in m.opsets or domain in imports:
-        return
-    if "" not in imports and "ai.onnx" not in imports:
-        raise Refuse(f"the model does not import {domain} and a subgraph cannot add it")
-    imports[domain] = version
 
 
 def unrepresentable(what: str, exact, dtype=np.float32) -> str | None:

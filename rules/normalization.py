@@ -30,7 +30,7 @@ from onnxopt.pattern import Const, Match, Op, Opt, Rule
 from onnxopt.shapes import infer
 from onnxopt.targets import ORT_CPU, ORT_CUDA
 
-from ._semantic import (FLOATS, add_import, const_array, dtype_of, kernel, private, producer, scalar, typed,
+from ._semantic import (FLOATS, const_array, dtype_of, kernel, private, producer, scalar, typed,
                         unrepresentable)
 
 ORT = (ORT_CPU, ORT_CUDA)
@@ -402,7 +402,6 @@ def _skip_replace(m: Match, b):
     a, skip, bias = m.plan
     gamma = m["gamma"]
     beta = m["beta"]
-    add_import(m, "com.microsoft")
     eps = float(m.attr("ln", "epsilon", 1e-5))
     if m.root.op_type == "LayerNormalization":
         op, ins = "SkipLayerNormalization", [a, skip, gamma, beta, bias]

@@ -95,3 +95,19 @@ def test_zoo_outputs_are_valid_fixpoints(name):
     m = zoo_cases.load(name)
     for target in TARGETS:
         _check_output(m, target)
+
+
+def test_fusion_in_a_subgraph_imports_the_domain_in_the_model(every_fusion):
+    """A GELU inside an If branch becomes com.microsoft Gelu; the import is the model's (a
+    subgraph's imports are not written): the output passes the checker."""
+    from onnx import helper
+
+    branch = helper.make_graph(act.gelu_dynamo("x", "g"), "then", [], [helper.make_tensor_value_info("g", 1, None)])
+    other = helper.make_graph([act.n("Relu", ["x"], "r")], "else", [], [helper.make_tensor_value_info("r", 1, None)])
+    m = act.build([act.n("ReduceSum", ["x"], "s", keepdims=0), act.n("Greater", ["s", "c_zero"], "c"),
+                   helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=other)],
+                  {**act.GELU_CONSTS, "c_zero": 0.0})
+    out = _check_output(m, "ort-cpu")
+    node = next(n for n in out.graph.node if n.op_type == "If")
+    body = next(a.g for a in node.attribute if a.name == "then_branch")
+    assert [(n.domain, n.op_type) for n in body.node] == [("com.microsoft", "Gelu")]
