@@ -302,6 +302,15 @@ def test_refuses_a_scale_float32_cannot_hold(values, form, reason):
     refuses(RULE, m, reason, feeds=feeds(m), depends=not overflow, **CPU)
 
 
+def test_refuses_a_scale_float16_cannot_hold_in_a_float16_model():
+    """fp16 on ort-cuda: 1e-3 on Q and on K is 1e-6, below float16's smallest normal (6.1e-5)."""
+    m = attention_model(mask=None, guard=False, dtype=TensorProto.FLOAT16)
+    for i in m.graph.initializer:
+        if i.name == "qk_scale":
+            i.CopyFrom(onnx.numpy_helper.from_array(np.array(1e-3, np.float16), i.name))
+    refuses(RULE, m, "is subnormal in float16", feeds=feeds(m), target="ort-cuda")
+
+
 def test_tiny_scale_that_float32_holds_fuses():
     """1e-18 on Q and on K: 1e-36 is a normal float32, the fused op gives the original's outputs."""
     m = _with_scale(attention_model(mask=None, guard=False), qk_scale=1e-18)
