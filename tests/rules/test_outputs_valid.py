@@ -111,3 +111,36 @@ def test_fusion_in_a_subgraph_imports_the_domain_in_the_model(every_fusion):
     node = next(n for n in out.graph.node if n.op_type == "If")
     body = next(a.g for a in node.attribute if a.name == "then_branch")
     assert [(n.domain, n.op_type) for n in body.node] == [("com.microsoft", "Gelu")]
+
+
+def test_a_rule_writing_an_op_onnx_does_not_define_is_refused():
+    """The driver refuses a rewrite into an operator of onnx's domain that onnx does not define at
+    the model's opset (what rms_normalization did with SimplifiedLayerNormalization), with the
+    reason; the model is left valid."""
+    from onnxopt.pattern import Op, Rule
+
+    rule = Rule("to_simplified", Op("Relu", "x"), lambda m, b: b.op("SimplifiedLayerNormalization", m["x"]))
+    m = act.build([act.n("Relu", ["x"], "y")], {})
+    out, report = optimize(m, rules=[rule], return_report=True)
+    assert report.rules["to_simplified"].fired == 0
+    assert any("onnx defines no SimplifiedLayerNormalization in domain 'ai.onnx' at opset 17" in r
+               for r in report.rules["to_simplified"].reasons)
+    onnx.checker.check_model(out, full_check=True)
+
+
+def test_declare_domains_imports_what_nodes_use():
+    """io.give_back's last step: a contrib op's domain, and a local function's (in the model and in
+    the function), are imported."""
+    import onnx_ir as ir
+    from onnx import helper
+
+    from onnxopt.irutil import declare_domains
+
+    fn = helper.make_function("local", "f", ["a"], ["b"], [helper.make_node("Gelu", ["a"], ["b"], domain="com.microsoft")],
+                              opset_imports=[helper.make_opsetid("", 17)])
+    m = act.build([helper.make_node("f", ["x"], ["y"], domain="local")], {})
+    m.functions.append(fn)
+    model = ir.from_proto(m)
+    assert sorted(declare_domains(model)) == ["f:com.microsoft", "local"]
+    onnx.checker.check_model(ir.to_proto(model), full_check=True)
+    assert declare_domains(model) == []

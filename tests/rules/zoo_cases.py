@@ -34,7 +34,7 @@ def load(name: str) -> onnx.ModelProto:
 
     path = zoo.get(name).path()
     if not path.exists():
-        pytest.skip(f"{name} is not in the zoo cache ({path}): python -m onnxopt.models.zoo builds it")
+        pytest.skip(f"{name} is not in the zoo cache ({path}): python -m onnxopt.models build --only {name} builds it")
     return onnx.load(str(path))
 
 
