@@ -13,6 +13,9 @@ Guarantees:
 - Bounded: at most ``max_rewrites`` rewrites; a rule that fires again on the same structure over
   the same inputs (rules undoing each other) is reported as a cycle and not applied again there.
 - Graph outputs keep their names; a rewrite that cannot honour that is refused.
+- Valid ONNX: a node a rule makes in a domain the model does not import (com.microsoft's contrib
+  ops, in any graph) adds the model's import of it (version 1); one in onnx's own domains that onnx
+  does not define at the model's opset is refused with the reason.
 - A rule that raises is a bug (``onnxopt.errors.RuleBug``): raised with ``strict``, else recorded
   and the rule skipped at that node; the model is left as it was there.
 - Dead code goes only where that changes nothing (``onnxopt.purity``); the nodes a rule matched
@@ -30,10 +33,12 @@ it replaces (``outputs``) when they are not the root's outputs.
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import time
 from collections.abc import Iterable, Sequence
 
+import onnx
 import onnx_ir as ir
 
 from .errors import RuleBug, RuleError
@@ -47,6 +52,14 @@ from .shapes import DECLARED, opsets_of
 _FIRED, _STOP = "fired", "stop"  # what trying one rule at one node came to (else None)
 _FEW_USES = 16  # a value with more uses than this has more than one reader for every pattern
 _MAX_ORIGINS = 64  # origin sets larger than this become one token (see Driver._cycle_key)
+
+
+_ONNX_DOMAINS = frozenset({"", "ai.onnx.ml", "ai.onnx.preview.training"})
+
+
+@functools.cache
+def _onnx_defines(op_type: str, version: int, dom: str) -> bool:
+    return onnx.defs.has(op_type, version, dom)
 
 
 class _InRule(Exception):
@@ -334,7 +347,7 @@ class Driver:
             builder.abort()
             raise _InRule() from TypeError(f"the replacement returned {replacement!r}, not values")
         olds = list(getattr(m, "outputs", root.outputs))  # (an onnxscript match may name others)
-        reason = builder.check(olds, news)
+        reason = builder.check(olds, news) or self._undefined_op(m, builder)
         if reason is not None:
             builder.abort()
             return reason
@@ -344,6 +357,34 @@ class Driver:
             self._origin[node] = key[3]
         self._commit(m, builder, olds, news)
         return None
+
+    def _undefined_op(self, m: Match, builder: Builder) -> str | None:
+        """Why a node the rewrite made would make the model invalid ONNX, or None: an operator of
+        onnx's own domains that onnx does not define at the version the model imports (onnx.checker
+        refuses it; onnxruntime's SimplifiedLayerNormalization is registered in the ONNX domain but
+        is no ONNX operator). A rewrite of such a node into itself (the input has it) is let be."""
+        matched = {(domain(n), n.op_type) for n in m.nodes}
+        for node in builder.nodes:
+            dom = domain(node)
+            if dom not in _ONNX_DOMAINS or (dom, node.op_type) in matched:
+                continue
+            version = self.opsets.get(dom, 1) if dom else self.opsets[""]
+            if not _onnx_defines(node.op_type, version, dom) and not self._local_function(node):
+                return (f"onnx defines no {node.op_type} in domain '{dom or 'ai.onnx'}' at opset {version} "
+                        "(the output would fail onnx.checker)")
+        return None
+
+    def _local_function(self, node: ir.Node) -> bool:
+        return (node.domain, node.op_type, node.overload) in self.model.functions
+
+    def _declare_domains(self, builder: Builder) -> None:
+        """The model imports every domain the new nodes use (com.microsoft for a contrib op): the
+        imports are the model's, for its subgraphs too."""
+        imports = self.model.opset_imports
+        for node in builder.nodes:
+            dom = domain(node)
+            if dom and dom not in imports:
+                imports[dom] = self.opsets[dom] = 1  # (com.microsoft's contrib ops are version 1)
 
     def _source_tree(self, node: ir.Node) -> tuple:
         tree = self._sources.get(node)
@@ -370,6 +411,7 @@ class Driver:
             node.metadata_props[REPLACED_KEY] = replaced_text
             self._sources[node] = sources
         self._unwritten.extend(builder.nodes)
+        self._declare_domains(builder)
         if builder.nodes:
             graph.insert_before(root, builder.nodes)
         if builder.initializers and self.model.ir_version < 4:

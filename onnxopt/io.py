@@ -26,6 +26,7 @@ import onnx
 import onnx_ir as ir
 
 from .errors import InvalidModelError, UsageError
+from .irutil import declare_domains
 
 ModelLike = Union[str, os.PathLike, bytes, onnx.ModelProto, ir.Model, "onnx_graphsurgeon.Graph"]
 
@@ -1030,9 +1031,11 @@ def record_version(model: ir.Model) -> None:
 
 def give_back(loaded: Loaded, output: str | os.PathLike | None, plan: SavePlan | None):
     """Return the optimized model in the form it came in, writing it as planned; it records the
-    onnxopt version that made it (:func:`record_version`)."""
+    onnxopt version that made it (:func:`record_version`), and imports every domain its nodes use
+    (:func:`irutil.declare_domains`: a contrib op made by a rule or a pass)."""
     model = loaded.model
     record_version(model)
+    declare_domains(model)
     if plan is not None:
         write(model, plan)
     if loaded.kind == "path":

@@ -30,6 +30,30 @@ def domain(node: ir.Node) -> str:
     return "" if node.domain == "ai.onnx" else node.domain
 
 
+def declare_domains(model: ir.Model) -> list[str]:
+    """Import every operator domain a node uses and the model (or the local function holding the
+    node) does not import: onnx.checker refuses a node of a domain its model does not import.
+    Version 1 (com.microsoft's contrib ops, a local function's domain); a function's standard
+    domain at the model's version. Returns what was added ("domain" or "function:domain")."""
+    added: list[str] = []
+    standard = opset_of(model.opset_imports, "")
+
+    def declare(nodes, imports: dict, where: str) -> None:
+        for node in nodes:
+            dom = domain(node)
+            if dom not in imports and not (dom == "" and "ai.onnx" in imports):
+                imports[dom] = standard if dom == "" else 1
+                added.append(where + dom)
+
+    declare(model.graph.all_nodes(), model.opset_imports, "")
+    for function in model.functions.values():
+        declare(function.all_nodes(), function.opset_imports, f"{function.name}:")
+        if function.domain and function.domain not in model.opset_imports:
+            model.opset_imports[function.domain] = 1
+            added.append(function.domain)
+    return added
+
+
 def is_standard(node: ir.Node) -> bool:
     return node.domain in STANDARD_DOMAINS
 

@@ -111,7 +111,10 @@ def eliminate_common_subexpressions(model: ir.Model, touched: Touched | None = N
             if any(old.is_graph_output() and not can_take_output(new) for old, new in pairs):
                 continue
             redirected = [reader for old, new in pairs for reader in redirect(old, new)]
-            merged_names.setdefault(first, []).append(node.name or node.op_type)
+            if node.metadata_props.get(RULE_KEY) != "memory_recomputation":
+                # (a copy memory_recomputation made of an earlier run's node stands for nothing new: its
+                # name would pile up in the record each time the output is optimized again)
+                merged_names.setdefault(first, []).append(node.name or node.op_type)
             made = recorded_sources(node)
             record = node.metadata_props.get(REPLACED_KEY) if RULE_KEY in node.metadata_props else None
             if record is not None:

@@ -9,7 +9,11 @@ decomposed expression by what it computes rather than by one exporter's node lay
   constant, Pow by 2 or 3, Neg), through intermediates read once: ({power: coefficient}, x, nodes).
 - ``kernel(op, domain, opset, target, dtype)``: whether the installed onnxruntime registers a
   kernel for the op on the target's provider and element type (None when it cannot tell).
-- ``add_import(m, domain)``: the model imports ``domain`` (version 1) for a contrib op.
+- ``unrepresentable(what, exact, dtype)``: why a constant a fusion computes (an attribute such as
+  attention's ``scale`` or a normalization's ``epsilon``, or folded factors) cannot be stored in
+  ``dtype``: it rounds to inf or NaN, to 0 from a nonzero value (attention's ``scale=0`` means
+  1/sqrt(head_size) to onnxruntime), or to a subnormal (flushed to 0 where a kernel runs with
+  denormals off, and few significant bits where not).
 """
 
 from __future__ import annotations
@@ -17,12 +21,12 @@ from __future__ import annotations
 import functools
 import math
 
+import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
 from onnxopt.irutil import constant_tensor, use_count
 from onnxopt.kernels import kernel_defs
-from onnxopt.pattern import Refuse
 from onnxopt.shapes import infer
 
 _PROVIDERS = {"ort-cpu": "CPUExecutionProvider", "ort-cuda": "CUDAExecutionProvider"}
@@ -213,15 +217,29 @@ def kernel(op: str, domain: str, opset: int, target: str, dtype: ir.DataType | N
     return False
 
 
-def add_import(m, domain: str, version: int = 1) -> None:
-    """The model imports ``domain`` (added to the main graph's imports; a subgraph's imports are not
-    the model's: there the model must import it already, else the rewrite is refused)."""
-    imports = m.graph.opset_imports
-    if domain in m.opsets or domain in imports:
-        return
-    if "" not in imports and "ai.onnx" not in imports:
-        raise Refuse(f"the model does not import {domain} and a subgraph cannot add it")
-    imports[domain] = version
+def unrepresentable(what: str, exact, dtype=np.float32) -> str | None:
+    """The refusal for a fused constant whose exact value(s) ``exact`` (float64 or a Python float)
+    do not survive storage in ``dtype`` (an attribute of type float: float32), else None."""
+    exact = np.asarray(exact, dtype=np.float64)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        stored = exact.astype(dtype)
+    if not np.all(np.isfinite(stored)):
+        return f"{what} is inf or NaN in {np.dtype(dtype).name} ({_show(exact)})"
+    if np.any((stored == 0) & (exact != 0)):
+        return f"{what} rounds to 0 in {np.dtype(dtype).name} ({_show(exact)})"
+    tiny = float(ml_dtypes.finfo(dtype).tiny)
+    if np.any((stored != 0) & (np.abs(stored.astype(np.float64)) < tiny)):
+        return f"{what} is subnormal in {np.dtype(dtype).name} ({_show(exact)})"
+    return None
+
+
+def _show(exact: np.ndarray) -> str:
+    if exact.size == 1:
+        return f"{float(exact.reshape(-1)[0]):.3g}"
+    finite = exact[np.isfinite(exact) & (exact != 0)]
+    low = float(np.abs(finite).min()) if finite.size else 0.0
+    high = float(np.abs(exact).max())
+    return f"magnitudes {low:.3g} to {high:.3g}"
 
 
 def last_dim(m, name: str) -> int | None:

@@ -26,7 +26,7 @@ import onnx_ir as ir
 from onnxopt.pattern import Const, Match, Op, Rule
 from onnxopt.targets import ORT_CPU, ORT_CUDA
 
-from ._semantic import add_import, close, dtype_of, factors, kernel, poly, private, scalar, typed
+from ._semantic import close, dtype_of, factors, kernel, poly, private, scalar, typed
 
 ORT = (ORT_CPU, ORT_CUDA)
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -148,7 +148,6 @@ def _gelu_replace(m: Match, b):
     form, x = m.plan
     if form == "std":
         return typed(b.op("Gelu", x), x, m)
-    add_import(m, "com.microsoft")
     return typed(b.op("Gelu", x, domain="com.microsoft"), x, m)
 
 
@@ -162,7 +161,6 @@ def _fast_gelu_condition(m: Match):
 
 
 def _fast_gelu_replace(m: Match, b):
-    add_import(m, "com.microsoft")
     return typed(b.op("FastGelu", m.plan, domain="com.microsoft"), m.plan, m)
 
 
@@ -184,7 +182,6 @@ def _bias_condition(op: str):
 
 
 def _bias_gelu_replace(m: Match, b):
-    add_import(m, "com.microsoft")
     return typed(b.op("BiasGelu", m["y"], m["bias"], domain="com.microsoft"), m["y"], m)
 
 

@@ -16,7 +16,9 @@ attention output (``Reshape(Transpose(...))``) and the condition walks back from
   V the second as [B,N,T,D], and the root's output must be [B,S,N*D]: a view that breaks this is
   refused with its reason.
 - the scale: Mul/Div by scalar constants on Q, on K, or on the scores; their product is the fused
-  op's ``scale`` (no scale is ``scale=1``, not the ops' default 1/sqrt(D)).
+  op's ``scale`` (no scale is ``scale=1``, not the ops' default 1/sqrt(D)). A product that rounds
+  to 0 in float32 (the attribute's type, where 0 means the default 1/sqrt(D)), to a subnormal or
+  to inf is refused (float16 models: in float16 too).
 - the mask: an additive mask (Add on the scores, before Softmax: GPT-2's causal-and-padding
   ``Where(mask, 0, -inf)`` and BERT's padding mask of transformers 5 are both this) becomes the
   fused op's ``attention_bias``. onnxruntime wants it as [B or 1, N or 1, S, T]; where the model's
@@ -51,6 +53,8 @@ import onnx_ir as ir
 from onnxopt.irutil import constant_tensor
 from onnxopt.pattern import Match, Op, Rule
 from onnxopt.shapes import infer, infer_outputs, same_symbol, shape_elements
+
+from ._semantic import unrepresentable
 
 _MS = "com.microsoft"
 _FLOATS = {"ort-cpu": (ir.DataType.FLOAT,), "ort-cuda": (ir.DataType.FLOAT, ir.DataType.FLOAT16)}
@@ -560,6 +564,8 @@ def attention_condition(m: Match):
     if dtype not in floats or _dtype(xk, m.opsets) != dtype or _dtype(xv, m.opsets) != dtype:
         return f"type {dtype or 'unknown'} has no fused kernel on {target}"
     scale *= sq * sk
+    if reason := _scale_refusal(scale, dtype):
+        return reason
     bias = None
     if mask is not None:
         bias = _mask_plan(m, ctx, mask, xq, xk, t)
@@ -571,6 +577,19 @@ def attention_condition(m: Match):
     return {"xq": xq, "xk": xk, "xv": xv, "dtype": dtype, "scale": scale, "keep_guard": keep_guard,
             "mask": mask, "expand": bias,
             "num_heads": ctx.size("N"), "head": ctx.size("D"), "guarded": guarded, "reshape": reshape}
+
+
+def _scale_refusal(scale: float, dtype: ir.DataType) -> str | None:
+    """Why the product of the scales cannot be the fused op's ``scale`` (a float32 attribute), or
+    None: 0 means 1/sqrt(head_size) to the fused ops, so a product that rounds to 0 (1e-25 on Q and
+    on K: 1e-50) would change the answer, as would inf or a subnormal; a float16 model's kernels may
+    apply it in float16, where it must be a normal number too."""
+    if scale == 0.0 or not math.isfinite(scale):  # (the factors are nonzero and finite: float64 ran out)
+        return f"the attention scale (the product of the scales) is {scale} in float64"
+    reason = unrepresentable("the attention scale (the product of the scales)", scale, np.float32)
+    if reason is None and dtype == ir.DataType.FLOAT16:
+        reason = unrepresentable("the attention scale (the product of the scales)", scale, np.float16)
+    return reason
 
 
 def _zeros_fit(elements, allowzero, before, ctx) -> bool:

@@ -4,7 +4,8 @@ All arithmetic is done in float64 and cast back to the weights' type once, so fo
 more rounding than storing the folded weights needs (conv_bn_fold instead rounds the way
 onnxruntime's own fusion does). The result equals the BatchNormalization's up to rounding, NaN and
 infinities of the input included: parameters that hold inf or NaN or have var + epsilon <= 0,
-weights that do, a zero factor (for a conv), and folded values that overflow or flush to 0 are
+weights that do, a zero factor (for a conv), a factor scale / sqrt(var + epsilon) that rounds to 0,
+to a subnormal or to inf in the parameters' type, and folded values that overflow or flush to 0 are
 refused (see rules/_weights.py).
 """
 
@@ -17,6 +18,7 @@ import ml_dtypes
 
 from onnxopt.pattern import Const, Match, Op, Opt, Refuse, Rule
 
+from ._semantic import unrepresentable
 from ._weights import fold_weights, non_finite
 
 _FLOAT_DTYPES = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64, ml_dtypes.bfloat16))
@@ -52,7 +54,11 @@ def _bn_inference(m: Match) -> str | None:
     work = np.float64 if params[3].dtype == np.float64 else np.float32
     if np.any(params[3].astype(work) + work(m.attr("bn", "epsilon", 1e-5)) <= 0):
         return "BatchNormalization var + epsilon <= 0"
-    return None
+    # the per-channel factor scale / sqrt(var + eps) is what every fold multiplies by: where it rounds
+    # to 0 from a nonzero scale, to a subnormal (flushed to 0 with denormals off) or to inf in the
+    # parameters' type, the input would no longer count as it does in the BatchNormalization
+    s, _ = _bn_factors(m)
+    return unrepresentable("the BatchNormalization factor scale / sqrt(var + epsilon)", s, params[0].dtype)
 
 
 def _bn_factors(m: Match) -> tuple[np.ndarray, np.ndarray]:

@@ -30,7 +30,8 @@ from onnxopt.pattern import Const, Match, Op, Opt, Rule
 from onnxopt.shapes import infer
 from onnxopt.targets import ORT_CPU, ORT_CUDA
 
-from ._semantic import FLOATS, add_import, const_array, dtype_of, kernel, private, producer, scalar, typed
+from ._semantic import (FLOATS, const_array, dtype_of, kernel, private, producer, scalar, typed,
+                        unrepresentable)
 
 ORT = (ORT_CPU, ORT_CUDA)
 
@@ -183,6 +184,8 @@ def _norm_match(m: Match):
             out = shifted[0].outputs[0]
     if gamma is None and h is None:
         return "the last dimension is unknown (for a scale of ones)"
+    if reason := unrepresentable("the epsilon", eps, np.float32):  # (the fused op's float attribute)
+        return reason
     dtype = dtype_of(x, m.opsets)
     if dtype not in FLOATS:
         return f"the input's type {dtype} is not a float type"
@@ -231,19 +234,49 @@ def _rms_condition(m: Match):
         return plan
     if plan[0] != "rms":
         return "a mean is subtracted (layer_normalization's form)"
-    target, dtype, opset = _target(m), plan[5], m.opset("")
-    if opset >= 23 and kernel("RMSNormalization", "", opset, target, dtype):
-        return ("std",) + plan[1:]
-    if kernel("SimplifiedLayerNormalization", "", 1, target, dtype) is False and target == ORT_CPU:
-        return f"no SimplifiedLayerNormalization kernel for {dtype.name.lower()} on {target}"
-    return ("ort",) + plan[1:]
+    _, x, eps, gamma, _, dtype = plan
+    target, opset = _target(m), m.opset("")
+    std = opset >= 23 and kernel("RMSNormalization", "", opset, target, dtype)
+    # the residual Add before it makes com.microsoft SkipSimplifiedLayerNormalization (one kernel for
+    # both); before opset 23 that is the only form: ONNX has no RMS normalization, and onnxruntime's
+    # SimplifiedLayerNormalization is registered in the ONNX domain without being an ONNX operator
+    # (onnx.checker refuses the model)
+    add = producer(x, m.graph, "Add", only_use=False)
+    reason = None
+    if add is not None:
+        op = "SkipSimplifiedLayerNormalization"
+        operands = _skip_operands(m, add.inputs[0], add.inputs[1], gamma.shape[0], op)
+        if isinstance(operands, str):
+            reason = f"the residual Add before it: {operands}"
+        else:
+            reason = _sum_read_on(m, x, m.root, set(m.nodes))
+        if reason is None:
+            a, skip, bias, bias_node = operands
+            m.nodes = tuple(dict.fromkeys((*m.nodes, add) + ((bias_node,) if bias_node is not None else ())))
+            return "skip", x, eps, gamma, a, skip, bias
+        m.outputs = m.outputs[:1]
+    if std:
+        return "std", x, eps, gamma
+    if opset >= 23:
+        return reason or f"no RMSNormalization kernel for {dtype.name.lower()} on {target}"
+    return reason or (f"ONNX has no RMS normalization before opset 23 (the model imports {opset}) and no "
+                      "residual Add precedes it (onnxruntime's SimplifiedLayerNormalization is no ONNX operator)")
 
 
 def _rms_replace(m: Match, b):
-    form, x, eps, gamma, _, _ = m.plan
+    form, x, eps, gamma = m.plan[:4]
     scale = b.const(gamma, name="rms_scale")
-    op = "RMSNormalization" if form == "std" else "SimplifiedLayerNormalization"
-    return typed(b.op(op, x, scale, axis=-1, epsilon=float(eps)), x, m)
+    if form == "std":
+        return typed(b.op("RMSNormalization", x, scale, axis=-1, epsilon=float(eps)), x, m)
+    a, skip, bias = m.plan[4:]
+    ins = [a, skip, scale, bias]
+    while ins[-1] is None:
+        ins.pop()
+    op = "SkipSimplifiedLayerNormalization"
+    if len(m.outputs) == 2:
+        y, _, _, total = b.op(op, *ins, domain="com.microsoft", outputs=4, epsilon=float(eps))
+        return [typed(y, x, m), typed(total, x, m)]
+    return typed(b.op(op, *ins, domain="com.microsoft", epsilon=float(eps)), x, m)
 
 
 # --- SkipLayerNormalization ------------------------------------------------------------------
@@ -280,7 +313,7 @@ def _fits(inp, skip) -> bool:
 
 
 def _skip_condition(m: Match):
-    graph, ln, add = m.graph, m.node("ln"), m.node("add")
+    ln, add = m.node("ln"), m.node("add")
     for out in ln.outputs[1:]:
         if out.uses() or out.is_graph_output():
             return "the normalization's mean or inverse deviation outputs are used"
@@ -296,9 +329,23 @@ def _skip_condition(m: Match):
     for what, p in (("scale", gamma), ("shift", beta)):
         if p is not None and (p.ndim != 1 or p.shape[0] != gamma.shape[0]):
             return f"the normalization's {what} is not 1-D along the last axis"
-    h = gamma.shape[0]
+    op = "SkipLayerNormalization" if m.root.op_type == "LayerNormalization" else "SkipSimplifiedLayerNormalization"
+    operands = _skip_operands(m, m["a"], m["b"], gamma.shape[0], op)
+    if isinstance(operands, str):
+        return operands
+    a, b_, bias, bias_node = operands
+    if reason := _sum_read_on(m, total, ln, {ln}):
+        return reason
+    if bias_node is not None:
+        m.nodes = tuple(dict.fromkeys((*m.nodes, bias_node)))
+    return a, b_, bias
+
+
+def _skip_operands(m: Match, a: ir.Value, b_: ir.Value, h: int, op: str):
+    """(input, skip, bias or None, the bias's Add or None) of ``op`` (Skip[Simplified]LayerNormalization)
+    for the sum a + b normalized over ``h`` channels, or the reason it cannot take them."""
+    graph, bias, bias_node = m.graph, None, None
     # a bias added to one operand first: (a + bias) + b
-    a, b_, bias, bias_node = m["a"], m["b"], None, None
     for first, second in ((a, b_), (b_, a)):
         inner = producer(first, graph, "Add")
         if inner is None:
@@ -325,24 +372,26 @@ def _skip_condition(m: Match):
     if dtype not in FLOATS or dtype_of(b_, m.opsets) != dtype:
         return "the operands are not of one float type"
     target = _target(m)
-    op = "SkipLayerNormalization" if m.root.op_type == "LayerNormalization" else "SkipSimplifiedLayerNormalization"
     if kernel(op, "com.microsoft", 1, target, dtype) is False and target == ORT_CPU:
         return f"no {op} kernel for {dtype.name.lower()} on {target}"
-    # the sum is read elsewhere: the fused node's fourth output gives it, and it must be computed
-    # before its first reader (the new node goes where the LayerNormalization is)
-    readers = {u.node for u in total.uses()} - {ln}
+    return a, b_, bias, bias_node
+
+
+def _sum_read_on(m: Match, total: ir.Value, root: ir.Node, fused: set) -> str | None:
+    """Where the sum is read by other nodes than ``fused`` (a pre-norm transformer's residual stream),
+    the fused node's fourth output gives it (``m.outputs`` gets it), and it must be computed before
+    its first reader (the new node goes where ``root`` is); the reason when it is not."""
+    readers = {u.node for u in total.uses()} - fused
     if total.is_graph_output() or readers:
         before = set()
-        for node in graph:
-            if node is ln:
+        for node in m.graph:
+            if node is root:
                 break
             before.add(node)
         if readers & before:
             return "the sum is read before the normalization"
-        m.outputs = [ln.outputs[0], total]
-    if bias_node is not None:
-        m.nodes = tuple(dict.fromkeys((*m.nodes, bias_node)))
-    return a, b_, bias
+        m.outputs = [m.outputs[0] if getattr(m, "outputs", None) else root.outputs[0], total]
+    return None
 
 
 def constant_free(value) -> bool:
@@ -353,7 +402,6 @@ def _skip_replace(m: Match, b):
     a, skip, bias = m.plan
     gamma = m["gamma"]
     beta = m["beta"]
-    add_import(m, "com.microsoft")
     eps = float(m.attr("ln", "epsilon", 1e-5))
     if m.root.op_type == "LayerNormalization":
         op, ins = "SkipLayerNormalization", [a, skip, gamma, beta, bias]
@@ -407,6 +455,11 @@ def _fold_condition(m: Match):
             new_bias = ((0 if bias is None else bias.astype(np.float64)) + vec.astype(np.float64)).astype(scale.dtype)
     if not all(np.all(np.isfinite(a)) for a in (new_scale, new_bias) if a is not None):
         return "the folded constants overflow"
+    # a scale that rounds to 0 or to a subnormal loses the input (a subnormal is flushed to 0 where
+    # the kernel runs with denormals off); a shift is added, so only its overflow matters
+    if nxt.op_type == "Mul" and (reason := unrepresentable("the folded scale", scale.astype(np.float64) * vec,
+                                                            scale.dtype)):
+        return reason
     m.nodes = tuple(dict.fromkeys((*m.nodes, nxt)))
     m.outputs = [nxt.outputs[0]]
     return new_scale, new_bias
@@ -429,7 +482,7 @@ RULES = [
     Rule("rms_normalization", Op("Sqrt", "v"), _rms_replace, condition=_rms_condition, targets=ORT,
          benefit="rms_normalization", exact=False,
          doc="x / sqrt(mean(x^2) + eps) [* weight] over the last axis becomes RMSNormalization (opset >= 23 with "
-             "onnxruntime's kernel) or onnxruntime's SimplifiedLayerNormalization."),
+             "onnxruntime's kernel), or with the residual Add before it com.microsoft SkipSimplifiedLayerNormalization."),
     Rule("skip_layer_normalization",
          Op("LayerNormalization", Op("Add", "a", "b", name="add", shared=True), Const("gamma"), Opt(Const("beta")),
             name="ln"),

@@ -276,6 +276,49 @@ def test_refuses(form, reason):
     refuses(RULE, m, reason, feeds=feeds(m), **CPU)
 
 
+def _with_scale(m: onnx.ModelProto, **values) -> onnx.ModelProto:
+    """``m`` with its scale constants (qk_scale, sqrt_d) set to ``values``."""
+    for i in m.graph.initializer:
+        if i.name in values:
+            i.CopyFrom(onnx.numpy_helper.from_array(np.array(values[i.name], np.float32), i.name))
+    return m
+
+
+UNDERFLOWS = [
+    (dict(qk_scale=1e-25), dict(), "rounds to 0 in float32"),  # 1e-50: scale=0 would mean 1/sqrt(D)
+    (dict(qk_scale=1e-20), dict(), "is subnormal in float32"),  # 1e-40
+    (dict(sqrt_d=3e38), dict(scale="div"), "is subnormal in float32"),  # scores / 3e38: 3.3e-39
+    (dict(qk_scale=1e20), dict(), "is inf or NaN in float32"),  # 1e40
+]
+
+
+@pytest.mark.parametrize("values,form,reason", UNDERFLOWS, ids=[r + str(v) for v, _, r in UNDERFLOWS])
+def test_refuses_a_scale_float32_cannot_hold(values, form, reason):
+    """Issue 27: the product of the scales is the fused op's float32 ``scale``; where it rounds to 0
+    (onnxruntime then uses 1/sqrt(head_size): the output moved by 1.7x its largest value), to a
+    subnormal or to inf, the fusion is refused with the reason."""
+    m = _with_scale(attention_model(mask=None, guard=False, **form), **values)
+    overflow = "inf" in reason  # (the original's scores overflow: its outputs are NaN at every input)
+    refuses(RULE, m, reason, feeds=feeds(m), depends=not overflow, **CPU)
+
+
+def test_refuses_a_scale_float16_cannot_hold_in_a_float16_model():
+    """fp16 on ort-cuda: 1e-3 on Q and on K is 1e-6, below float16's smallest normal (6.1e-5)."""
+    m = attention_model(mask=None, guard=False, dtype=TensorProto.FLOAT16)
+    for i in m.graph.initializer:
+        if i.name == "qk_scale":
+            i.CopyFrom(onnx.numpy_helper.from_array(np.array(1e-3, np.float16), i.name))
+    refuses(RULE, m, "is subnormal in float16", feeds=feeds(m), target="ort-cuda")
+
+
+def test_tiny_scale_that_float32_holds_fuses():
+    """1e-18 on Q and on K: 1e-36 is a normal float32, the fused op gives the original's outputs."""
+    m = _with_scale(attention_model(mask=None, guard=False), qk_scale=1e-18)
+    out, _ = fires(RULE, m, feeds=feeds(m), tol=1e-4, **CPU)
+    scale = [a.f for n in out.graph.node if n.domain == "com.microsoft" for a in n.attribute if a.name == "scale"]
+    assert scale == [pytest.approx(1e-36, rel=1e-6)]
+
+
 # --------------------------------------------------------------------------------------------
 # The zoo's transformers
 

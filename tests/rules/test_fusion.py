@@ -257,6 +257,8 @@ CONV_BN = {
     "negative-var": (W2, ([1, 1], [0, 0], [0, 0], [-1, 1]), 1e-5, X, "var + epsilon"),
     "inf-weights": (np.array([[[INF, 1.0]], [[1.0, 1.0]]], f32), ([1, 1], [0, 0], [0, 0], [1, 1]), 1e-5, X,
                     "inf or NaN"),
+    # issue 27: the factor 1e-20 / sqrt(3e38) = 5.8e-40 is a float32 subnormal (0 where denormals are off)
+    "subnormal-factor": (W2, ([1e-20, 1], [0, 0], [0, 0], [3e38, 1]), 1e-5, X, "is subnormal in float32"),
 }
 
 
@@ -277,7 +279,8 @@ def test_conv_bn_fold_at_the_edges(case, transpose):
     (([3e38, 1], [0, 0], [0, 0], [1e-6, 1]), "inf or NaN"),  # scale / sqrt(var + eps) overflows
     (([1, 1], [0, 0], [0, 0], [-1, 1]), "var + epsilon"),
     (([1, 1], [INF, 0], [0, 0], [1, 1]), "inf or NaN"),
-], ids=["scale-overflow", "negative-var", "inf-beta"])
+    (([1e-20, 1], [0, 0], [0, 0], [3e38, 1]), "is subnormal in float32"),  # the factor: 5.8e-40 (issue 27)
+], ids=["scale-overflow", "negative-var", "inf-beta", "subnormal-factor"])
 def test_bn_to_mul_add_refuses_non_finite_factors(params, reason):
     nodes = [helper.make_node("Relu", ["x"], ["r"]),
              helper.make_node("BatchNormalization", ["r", "scale", "beta", "mean", "var"], ["y"])]

@@ -122,6 +122,21 @@ def test_layer_normalization_refuses(kw, reason):
     refuses("layer_normalization", m, reason, **CPU)
 
 
+@pytest.mark.parametrize("dtype,eps,reason", [
+    (TensorProto.FLOAT, 1e-40, "the epsilon is subnormal in float32"),
+    (TensorProto.DOUBLE, 1e-50, "the epsilon rounds to 0 in float32"),
+], ids=["subnormal", "double-to-zero"])
+def test_normalization_refuses_an_epsilon_float32_cannot_hold(dtype, eps, reason):
+    """Issue 27: the fused op's epsilon is a float32 attribute; an epsilon that rounds to 0 there
+    turns a row of zeros into NaN (0 / sqrt(0)), one that rounds to a subnormal is flushed to 0
+    where denormals are off. Refused with the reason, for both fusions."""
+    consts = {**LN_CONSTS, "eps": eps}
+    refuses("layer_normalization", build(ln_nodes(), consts, dtype=dtype), reason, **CPU)
+    rms = build(rms_nodes(residual=True), {**RMS_CONSTS, "eps": eps}, dtype=dtype,
+                extra_inputs=[("res", ("b", "s", H))])
+    refuses("rms_normalization", rms, reason, **CPU)
+
+
 def test_layer_normalization_refuses_per_row_scale():
     m = build(ln_nodes(), {**LN_CONSTS, "gamma": RNG.uniform(0.5, 1.5, (3, 1)).astype(np.float32)},
               shape=("b", 3, H))
@@ -142,17 +157,18 @@ def test_layer_normalization_refuses_not_a_square():
 
 # --- RMS normalization ----------------------------------------------------------------------------
 
-def rms_nodes(*, form="reciprocal", opset=17, weight=True, swap=False):
+def rms_nodes(*, form="reciprocal", opset=17, weight=True, swap=False, residual=False):
     """Llama's RMSNorm: x * rsqrt(mean(x^2) + eps) * w (torch.onnx dynamo: Reciprocal(Sqrt); legacy:
-    Div(1, Sqrt)); also x / sqrt(...)."""
-    nodes = [n("Pow", ["x", "two"], "sq"), *mean("sq", "var", opset), n("Add", ["var", "eps"], "ve"),
-             n("Sqrt", ["ve"], "sd")]
+    Div(1, Sqrt)); also x / sqrt(...). ``residual``: of the sum x + res (input "res")."""
+    x, nodes = ("xs", [n("Add", ["x", "res"], "xs")]) if residual else ("x", [])
+    nodes += [n("Pow", [x, "two"], "sq"), *mean("sq", "var", opset), n("Add", ["var", "eps"], "ve"),
+              n("Sqrt", ["ve"], "sd")]
     if form == "reciprocal":
-        nodes += [n("Reciprocal", ["sd"], "r"), n("Mul", ["r", "x"] if swap else ["x", "r"], "nd")]
+        nodes += [n("Reciprocal", ["sd"], "rc"), n("Mul", ["rc", x] if swap else [x, "rc"], "nd")]
     elif form == "one-div":
-        nodes += [n("Div", ["one", "sd"], "r"), n("Mul", ["x", "r"], "nd")]
+        nodes += [n("Div", ["one", "sd"], "rc"), n("Mul", [x, "rc"], "nd")]
     else:
-        nodes += [n("Div", ["x", "sd"], "nd")]
+        nodes += [n("Div", [x, "sd"], "nd")]
     nodes += [n("Mul", ["w", "nd"] if swap else ["nd", "w"], "y")] if weight else [n("Identity", ["nd"], "y")]
     return nodes
 
@@ -164,16 +180,43 @@ RMS_CONSTS = {"two": 2.0, "eps": 1e-6, "one": 1.0, "w": GAMMA, "axes": np.array(
                                 dict(weight=False), dict(opset=18)],
                          ids=["dynamo", "legacy", "div", "swapped", "no-weight", "opset18"])
 def test_rms_normalization_forms(kw):
-    m = build(rms_nodes(**kw), RMS_CONSTS, opset=kw.get("opset", 17))
-    out, _ = fires("rms_normalization", m, tol=TOL, check=False, **CPU)
+    """Before opset 23 (no ONNX RMS op), the RMSNorm of a residual sum becomes com.microsoft
+    SkipSimplifiedLayerNormalization, a valid model; alone it is refused (issue 27: it became
+    onnxruntime's SimplifiedLayerNormalization in the ONNX domain, which onnx.checker refuses)."""
+    opset = kw.get("opset", 17)
+    m = build(rms_nodes(residual=True, **kw), RMS_CONSTS, opset=opset, extra_inputs=[("res", ("b", "s", H))])
+    out, _ = fires("rms_normalization", m, tol=TOL, **CPU)
     counts = ops(out)
-    assert counts["SimplifiedLayerNormalization"] == 1 and set(counts) <= {"SimplifiedLayerNormalization", "Identity"}
+    assert counts["com.microsoft:SkipSimplifiedLayerNormalization"] == 1, counts
+    assert set(counts) <= {"com.microsoft:SkipSimplifiedLayerNormalization", "Identity"}, counts
+    onnx.checker.check_model(out, full_check=True)
+    refuses("rms_normalization", build(rms_nodes(**kw), RMS_CONSTS, opset=opset),
+            "ONNX has no RMS normalization before opset 23", **CPU)
+
+
+def test_rms_normalization_sum_read_on():
+    """A pre-norm residual stream: the sum is read after the norm too; the fused node's fourth
+    output gives it."""
+    nodes = rms_nodes(residual=True)
+    nodes[-1] = n("Mul", ["nd", "w"], "yn")
+    nodes.append(n("Add", ["yn", "xs"], "y"))
+    m = build(nodes, RMS_CONSTS, extra_inputs=[("res", ("b", "s", H))])
+    out, _ = fires("rms_normalization", m, tol=TOL, **CPU)
+    assert ops(out) == {"com.microsoft:SkipSimplifiedLayerNormalization": 1, "Add": 1}
+    onnx.checker.check_model(out, full_check=True)
 
 
 def test_rms_normalization_opset23_standard():
     """At opset 23 the installed onnxruntime (1.2x) has the standard RMSNormalization's CPU kernel."""
     out, _ = fires("rms_normalization", build(rms_nodes(opset=23), RMS_CONSTS, opset=23), tol=TOL, **CPU)
     assert ops(out) == {"RMSNormalization": 1}
+
+
+def test_rms_normalization_opset23_residual_is_skip():
+    """At opset 23 too, the RMSNorm of a residual sum is one SkipSimplifiedLayerNormalization."""
+    m = build(rms_nodes(opset=23, residual=True), RMS_CONSTS, opset=23, extra_inputs=[("res", ("b", "s", H))])
+    out, _ = fires("rms_normalization", m, tol=TOL, **CPU)
+    assert ops(out) == {"com.microsoft:SkipSimplifiedLayerNormalization": 1}
 
 
 def test_rms_normalization_refuses():
@@ -203,6 +246,15 @@ def test_scale_folds():
                 {"gamma": GAMMA, "w2": w2}, opset=23)
     out, _ = fires("rms_normalization_std_scale_fold", rms, tol=TOL, **CPU)
     assert ops(out) == {"RMSNormalization": 1}
+
+
+def test_scale_fold_refuses_a_scale_that_underflows():
+    """Issue 27: gamma 1e-20 times a following 1e-20 is 1e-40, a float32 subnormal: not folded."""
+    nodes = [n("LayerNormalization", ["x", "gamma", "beta"], "l", axis=-1), n("Mul", ["l", "w2"], "m"),
+             n("Mul", ["m", "big"], "y")]
+    m = build(nodes, {"gamma": np.full(H, 1e-20, np.float32), "beta": np.zeros(H, np.float32),
+                      "w2": np.full(H, 1e-20, np.float32), "big": np.float32(1e38)})
+    refuses("layer_normalization_affine_fold", m, "the folded scale is subnormal in float32", **CPU)
 
 
 def test_scale_fold_refusals():
@@ -384,9 +436,10 @@ def test_torch_exports(tmp_path, exporter):
 
 @pytest.mark.parametrize("exporter", ["legacy", "dynamo"])
 def test_llama_rms_normalization(tmp_path, exporter):
-    """A small transformers Llama (2 layers, random weights): its 5 RMSNorms fuse, the 4 after a
-    residual Add into SkipSimplifiedLayerNormalization, the first (on the embeddings) into
-    SimplifiedLayerNormalization; logits within 1e-4 of their range, padded rows included."""
+    """A small transformers Llama (2 layers, random weights): of its 5 RMSNorms the 4 after a
+    residual Add fuse into SkipSimplifiedLayerNormalization, the first (on the embeddings) stays
+    (opset < 23: no ONNX op for it); logits within 1e-4 of their range, padded rows included; the
+    output passes onnx.checker."""
     import warnings
 
     torch = pytest.importorskip("torch", reason="torch exports the model")
@@ -428,7 +481,9 @@ def test_llama_rms_normalization(tmp_path, exporter):
     out = optimize(src, **CPU)
     counts = ops(out)
     assert counts["com.microsoft:SkipSimplifiedLayerNormalization"] == 4, counts
-    assert counts["SimplifiedLayerNormalization"] == 1 and not counts["ReduceMean"], counts
+    # the first (on the embeddings, no residual Add) stays: ONNX has no RMS op before opset 23
+    assert not counts["SimplifiedLayerNormalization"] and counts["ReduceMean"] == 1, counts
+    onnx.checker.check_model(out, full_check=True)
     rng = np.random.default_rng(0)
     for batch, seq in ((2, 16), (1, 9)):
         m = np.ones((batch, seq), np.int64)
