@@ -378,6 +378,7 @@ def format_verification(report: dict) -> Doc:
                          f"(x{lat.get('ratio_median', float('nan')):.3f}), p90 {lat['before']['p90_ms']:.3f} -> "
                          f"{lat['after']['p90_ms']:.3f} ms (x{lat.get('ratio_p90', float('nan')):.3f})")
         lines += _culprit_lines(e.get("culprit") or {})
+    lines += _fp16_arith_lines(report.get("fp16") or {})
     for key, by_label in report.get("cross_provider", {}).items():
         for label, rows in by_label.items():
             model = "original" if label == "before" else "optimized"
@@ -386,16 +387,43 @@ def format_verification(report: dict) -> Doc:
     if report.get("coverage"):
         lines += ["", format_coverage(report["coverage"])]
     lines += _bisect_lines(report)
-    lines += ["", Styled("verdict: " + ("outputs agree on " + ", ".join(report["providers"]) if report["ok"]
+    arith = (report.get("fp16") or {}).get("arithmetic")
+    lines += ["", Styled("verdict: " + ("outputs agree on " + ", ".join(report["providers"])
+                                        + (f" and in {_arith_short(arith)}" if arith else "") if report["ok"]
                                         else summary_line(report)), "bold green" if report["ok"] else "bold red")]
     return Doc(lines)
+
+
+def _arith_short(arith: str) -> str:
+    """'float16 arithmetic (every op's output rounded ...)' -> the words before the parenthesis, and its provider."""
+    return "float16 arithmetic" + (" (onnx's reference evaluator)" if "reference" in arith else
+                                   " (emulated: each op's output rounded to float16)")
+
+
+def _fp16_arith_lines(f: Mapping) -> list:
+    """The float16 model judged in float16 arithmetic (onnxopt.verify.fp16.judge)."""
+    if "ok" not in f:
+        return []
+    head = "== FLOAT16 ARITHMETIC: " + ("outputs agree" if f["ok"] else "OUTPUTS DIFFER")
+    lines = ["", Styled(head, "bold green" if f["ok"] else "bold red"),
+             f"arithmetic: {f.get('arithmetic') or 'none could run'}; {f.get('note', '')}"]
+    if f.get("error"):
+        return lines + [Styled(f["error"], "red")]
+    return lines + [table(_output_rows(f.get("outputs") or []), _OUT_HEADER)]
 
 
 def summary_line(report: dict) -> str:
     """One line naming the worst output, the culprit and the rewrite bisect found, for errors."""
     p, entry = next(((p, e) for p, e in report["providers"].items() if not e["ok"]), (None, None))
+    f = report.get("fp16") or {}
+    if entry is None and f.get("ok") is False:  # agree on the providers, not in float16 arithmetic
+        if f.get("error"):
+            return f["error"]
+        r = next(r for r in f["outputs"] if not r["ok"])
+        return (f"outputs differ in {_arith_short(f['arithmetic'])}: {r['name']}: {problem_text(r)} "
+                f"({f.get('note', '')}; onnxruntime's CPU provider computes many float16 ops in float32)")
     if entry is None:
-        return "outputs agree"
+        return "outputs agree" + (f" (and in {_arith_short(f['arithmetic'])})" if f.get("arithmetic") else "")
     if entry.get("error"):
         text = entry["error"]
     else:

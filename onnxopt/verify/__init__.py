@@ -232,6 +232,8 @@ def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_s
                 entry["culprit"] = {"message": f"could not run the models with their intermediate values exposed: "
                                                f"{io.first_line(exc, 300)}"}
         report["providers"][p] = entry
+    if fp16 and outputs:  # the float16 model in float16 arithmetic: what onnxruntime's CPU provider does not do
+        report["fp16"].update(_judge_fp16(before, after, outputs, model_feeds["after"], edges, progress))
     if "cpu" in outputs and len(outputs) > 1:
         report["cross_provider"] = {}
         for p in outputs:
@@ -241,8 +243,22 @@ def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_s
                 label: compare_all(outputs["cpu"][label], outputs[p][label], rtol=rtol, atol=atol,
                                    low_precision=low or (fp16 and label == "after"))
                 for label in ("before", "after")}
-    report["ok"] = all(e["ok"] for e in report["providers"].values())
+    report["ok"] = all(e["ok"] for e in report["providers"].values()) and report.get("fp16", {}).get("ok", True)
     return report
+
+
+def _judge_fp16(before: OrtModel, after: OrtModel, outputs: dict, feeds, edges, progress) -> dict:
+    """``fp16.judge``: the optimized model in float16 arithmetic (on CUDA where verified there, else
+    the CPU) against the original's outputs on that provider."""
+    import onnx
+
+    from . import fp16 as fp16_arith
+
+    p = "cuda" if "cuda" in outputs else next(iter(outputs))
+    progress("judging the float16 model in float16 arithmetic")
+    proto = onnx.load(after.path) if after.external else after.proto
+    back = (lambda got: layouts.outputs_back(edges, got)) if edges else None
+    return fp16_arith.judge(outputs[p]["before"], proto, feeds, p, back=back)
 
 
 def _compare_int8(before, after, min_db: float) -> list[dict]:
