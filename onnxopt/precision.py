@@ -495,7 +495,7 @@ class _Converter:
                                                 f"of its spread at the data ({spread:.4g})")
             return out
         for name, b in _bounds(self).items():
-            if FP16_MAX < b < self.sentinel:
+            if FP16_MAX < b < SENTINEL:  # (a mask of finfo.min overflowing to -inf keeps its meaning)
                 out[name] = ("bound", f"can reach {b:.4g} (bound from the weights and constants)")
         return out
 
@@ -693,7 +693,7 @@ def _bounds(conv: "_Converter") -> dict[str, float]:
             return inf
         a = np.abs(a[np.isfinite(a)]) if a.size else a
         b = float(a.max()) if a.size else 0.0
-        return inf if b >= conv.sentinel else b  # (sentinel masks: handled as constants are)
+        return inf if b >= SENTINEL else b  # (sentinel masks: handled as constants are)
 
     def attr(node, name, default):
         a = node.attributes.get(name)
@@ -765,7 +765,8 @@ def value_ranges(model: bytes, feeds_list, sentinel: float = SENTINEL) -> dict[s
     """(min, max) of each float32 value of the main graph (graph inputs, node outputs) over the
     runs of the float32 ``model`` on ``feeds_list`` (onnxruntime's CPU provider, its graph
     optimizations off so each value is the graph's own); non-finite values and sentinels
-    (|x| >= ``sentinel``) left out."""
+    (|x| >= ``sentinel``: masks of finfo(float32).min, whose overflow to -inf in float16 keeps
+    their meaning; the sentinel policy decides their readers) left out."""
     import onnxruntime as ort
 
     proto = onnx.load_from_string(model)
@@ -1021,9 +1022,7 @@ def convert_fp16_checked(model: ir.Model, feeds, *, keep_io_types: bool = True, 
         raise UsageError(f"onnxruntime (cpu) cannot run the original model on the verification inputs, so the "
                          f"float16 conversion cannot be measured: {first_line(exc, 300)}") from None
     progress("fp16: measuring value ranges")
-    sentinel = SENTINEL if (target == targets.ORT_CUDA if clamp_sentinels is None else clamp_sentinels) \
-        else float("inf")
-    ranges = value_ranges(fp32, feeds_list, sentinel)
+    ranges = value_ranges(fp32, feeds_list)
     bad0, _, conv0 = attempt(frozenset())
     runs = 1
     info = {"feeds": len(feeds_list), "badness_before": round(bad0, 4), "kept": [], "runs": runs}
