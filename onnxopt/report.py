@@ -378,7 +378,7 @@ def format_verification(report: dict) -> Doc:
                          f"(x{lat.get('ratio_median', float('nan')):.3f}), p90 {lat['before']['p90_ms']:.3f} -> "
                          f"{lat['after']['p90_ms']:.3f} ms (x{lat.get('ratio_p90', float('nan')):.3f})")
         lines += _culprit_lines(e.get("culprit") or {})
-    lines += _fp16_arith_lines(report.get("fp16") or {})
+    lines += _fp16_arith_lines(report.get("fp16") or report.get("fp16_arithmetic") or {})
     for key, by_label in report.get("cross_provider", {}).items():
         for label, rows in by_label.items():
             model = "original" if label == "before" else "optimized"
@@ -387,7 +387,7 @@ def format_verification(report: dict) -> Doc:
     if report.get("coverage"):
         lines += ["", format_coverage(report["coverage"])]
     lines += _bisect_lines(report)
-    arith = (report.get("fp16") or {}).get("arithmetic")
+    arith = (report.get("fp16") or report.get("fp16_arithmetic") or {}).get("arithmetic")
     lines += ["", Styled("verdict: " + ("outputs agree on " + ", ".join(report["providers"])
                                         + (f" and in {_arith_short(arith)}" if arith else "") if report["ok"]
                                         else summary_line(report)), "bold green" if report["ok"] else "bold red")]
@@ -415,7 +415,7 @@ def _fp16_arith_lines(f: Mapping) -> list:
 def summary_line(report: dict) -> str:
     """One line naming the worst output, the culprit and the rewrite bisect found, for errors."""
     p, entry = next(((p, e) for p, e in report["providers"].items() if not e["ok"]), (None, None))
-    f = report.get("fp16") or {}
+    f = report.get("fp16") or report.get("fp16_arithmetic") or {}
     if entry is None and f.get("ok") is False:  # agree on the providers, not in float16 arithmetic
         if f.get("error"):
             return f["error"]
@@ -447,6 +447,8 @@ def format_bisect(report: dict) -> Doc:
     outputs and the first diverging value right after it; the culprit on the last line."""
     lines = [Styled(f"bisect {report['model']} on {report['provider']} ({report['rewrites']} rewrites in the full "
                     "run)", "bold")]
+    if report.get("arithmetic"):  # a float16 model: outputs in float16 arithmetic (onnxopt.verify.fp16)
+        lines.append(f"outputs in {report['arithmetic']}")
     lines += [Styled(f"warning: {w}", "yellow") for w in report.get("warnings", ())]
     if report["ok"]:
         return Doc(lines + [Styled(report["message"], "green")])

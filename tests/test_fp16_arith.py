@@ -187,3 +187,39 @@ def test_a_realistic_model_still_converts_nearly_everything():
     assert p["nodes_fp16"] >= 0.95 * (p["nodes_fp16"] + p["nodes_fp32"]), p
     assert p["ranges"]["values_kept"] == 0, p["ranges"]
     assert v["ok"] and v["fp16"]["ok"] and v["fp16"]["arithmetic"].startswith("float16"), v["fp16"]
+
+
+def _fp16_chain(order):
+    """A float16 model: MatMul, then x*300/1e4*300 (in range) or x*300*300/1e4 (9e4 x |h|: overflow)."""
+    F16 = TensorProto.FLOAT16
+    ops = {"safe": [("Mul", "a"), ("Div", "d"), ("Mul", "a")], "overflow": [("Mul", "a"), ("Mul", "a"), ("Div", "d")]}
+    nodes, prev = [helper.make_node("MatMul", ["x", "W"], ["h"])], "h"
+    for k, (op, c) in enumerate(ops[order]):
+        nodes.append(helper.make_node(op, [prev, c], [f"t{k}"]))
+        prev = f"t{k}"
+    nodes.append(helper.make_node("MatMul", [prev, "W"], ["y"]))
+    return model(nodes, [tinfo("x", [4, 16], F16)], [tinfo("y", [4, 16], F16)],
+                 [init("W", W16.astype(np.float16)), init("a", np.array(300, np.float16)),
+                  init("d", np.array(1e4, np.float16))])
+
+
+def test_verify_judges_two_float16_models_in_float16_arithmetic():
+    """An optimized float16 model (a rewrite reordered x*300/1e4*300 into x*300*300/1e4): both
+    models in float16 arithmetic, where the rewrite overflows; onnxruntime's CPU provider agrees."""
+    feeds = {"x": np.random.default_rng(0).uniform(0, 2, (4, 16)).astype(np.float16)}
+    report = verify(_fp16_chain("safe"), _fp16_chain("overflow"), feeds=feeds, runs=0)
+    f = report["fp16_arithmetic"]
+    assert report["providers"]["cpu"]["ok"] and not report["ok"] and f["ok"] is False, f
+    assert f["arithmetic"].startswith("float16") and not f["outputs"][0]["ok"]
+    same = verify(_fp16_chain("safe"), _fp16_chain("safe"), feeds=feeds, runs=0)
+    assert same["ok"] and same["fp16_arithmetic"]["ok"]
+
+
+def test_bisect_runs_a_float16_model_in_float16_arithmetic(tmp_path):
+    from onnxopt.bisect import bisect
+
+    path = tmp_path / "m.onnx"
+    onnx.save(_fp16_chain("safe"), path)
+    feeds = {"x": np.random.default_rng(0).uniform(0, 2, (4, 16)).astype(np.float16)}
+    report = bisect(str(path), feeds=feeds)
+    assert report["arithmetic"].startswith("float16"), report

@@ -139,7 +139,7 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
                          provider_options, fp16, edges)
         if not report["ok"] and int8 is None and not fp16 and not edges:
             report["bisect_command"] = bisect_command(
-                original, next(p for p, e in report["providers"].items() if not e["ok"]), inputs=inputs,
+                original, next((p for p, e in report["providers"].items() if not e["ok"]), providers[0]), inputs=inputs,
                 input_shapes=input_shapes, int_ranges=int_ranges, seed=seed, rtol=rtol, atol=atol,
                 options=bisect_options)
         return report
@@ -234,6 +234,10 @@ def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_s
         report["providers"][p] = entry
     if fp16 and outputs:  # the float16 model in float16 arithmetic: what onnxruntime's CPU provider does not do
         report["fp16"].update(_judge_fp16(before, after, outputs, model_feeds["after"], edges, progress))
+    elif outputs and int8 is None and low and is_fp16(before.proto) and is_fp16(after.proto):
+        # an optimized float16 model: both in float16 arithmetic (a rewrite's overflow shows there only)
+        report["fp16_arithmetic"] = _judge_fp16(before, after, outputs, model_feeds, edges, progress, rtol, atol,
+                                                pair=True)
     if "cpu" in outputs and len(outputs) > 1:
         report["cross_provider"] = {}
         for p in outputs:
@@ -243,22 +247,28 @@ def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_s
                 label: compare_all(outputs["cpu"][label], outputs[p][label], rtol=rtol, atol=atol,
                                    low_precision=low or (fp16 and label == "after"))
                 for label in ("before", "after")}
-    report["ok"] = all(e["ok"] for e in report["providers"].values()) and report.get("fp16", {}).get("ok", True)
+    report["ok"] = all(e["ok"] for e in report["providers"].values()) and \
+        all((report.get(k) or {}).get("ok", True) for k in ("fp16", "fp16_arithmetic"))
     return report
 
 
-def _judge_fp16(before: OrtModel, after: OrtModel, outputs: dict, feeds, edges, progress) -> dict:
+def _judge_fp16(before: OrtModel, after: OrtModel, outputs: dict, feeds, edges, progress, rtol=None, atol=None,
+                pair: bool = False) -> dict:
     """``fp16.judge``: the optimized model in float16 arithmetic (on CUDA where verified there, else
-    the CPU) against the original's outputs on that provider."""
+    the CPU) against the original's outputs on that provider; ``pair`` (two float16 models, ``feeds``
+    both models' inputs by "before"/"after"): ``fp16.judge_pair``, both in float16 arithmetic."""
     import onnx
 
     from . import fp16 as fp16_arith
 
     p = "cuda" if "cuda" in outputs else next(iter(outputs))
     progress("judging the float16 model in float16 arithmetic")
-    proto = onnx.load(after.path) if after.external else after.proto
+    load = lambda m: onnx.load(m.path) if m.external else m.proto  # noqa: E731
     back = (lambda got: layouts.outputs_back(edges, got)) if edges else None
-    return fp16_arith.judge(outputs[p]["before"], proto, feeds, p, back=back)
+    if pair:
+        return fp16_arith.judge_pair(load(before), load(after), feeds["before"], feeds["after"], p, back=back,
+                                     rtol=rtol, atol=atol)
+    return fp16_arith.judge(outputs[p]["before"], load(after), feeds, p, back=back)
 
 
 def _compare_int8(before, after, min_db: float) -> list[dict]:

@@ -217,4 +217,24 @@ def judge(before: list[tuple[str, np.ndarray]], model, feeds: Mapping[str, np.nd
     return {"arithmetic": how, "note": AT_INPUTS, "ok": all(r["ok"] for r in rows), "outputs": rows}
 
 
-__all__ = ["AT_INPUTS", "Fp16Unavailable", "REFERENCE_MAX_PARAMS", "emulated", "judge", "run_fp16", "value_dtypes"]
+def judge_pair(before_model, after_model, feeds_before: Mapping[str, np.ndarray], feeds_after: Mapping[str, np.ndarray],
+               provider: str = "cpu", back=None, rtol: float | None = None, atol: float | None = None) -> dict:
+    """Two float16 models (an fp16 model and its optimization) both run in float16 arithmetic and
+    compared at the low-precision tolerances (or ``rtol``/``atol``): a rewrite that makes an
+    intermediate value overflow or round differently in float16 shows here, not on onnxruntime's CPU
+    provider. The same keys as :func:`judge`."""
+    from .compare import compare_all
+
+    try:
+        (ref,), how = run_fp16(before_model, [feeds_before], provider)
+        (got,), _ = run_fp16(after_model, [feeds_after], provider)
+    except Fp16Unavailable as exc:
+        return {"arithmetic": None, "ok": False, "note": AT_INPUTS,
+                "error": f"the float16 models could not be run in float16 arithmetic: {exc}"}
+    if back is not None:
+        got = back(got)
+    rows = compare_all(ref, got, low_precision=True, rtol=rtol, atol=atol)
+    return {"arithmetic": how, "note": AT_INPUTS, "ok": all(r["ok"] for r in rows), "outputs": rows}
+
+
+__all__ = ["AT_INPUTS", "Fp16Unavailable", "REFERENCE_MAX_PARAMS", "emulated", "judge", "judge_pair", "run_fp16", "value_dtypes"]
