@@ -177,6 +177,12 @@ def format_precision(p: Mapping) -> str:
             + f"; {p.get('casts', 0)} Casts; weights {p.get('weight_bytes_before', 0) / mib:.1f} -> "
             f"{p.get('weight_bytes_after', 0) / mib:.1f} MiB; input and output types "
             + ("kept" if p.get("keep_io_types", True) else "float16"))
+    rg = p.get("ranges")
+    if rg and rg.get("values_kept"):  # values float16 cannot hold (precision.Converter._limits)
+        text += (f"; {rg['values_kept']} value(s) float16 cannot hold, by "
+                 + ("the data" if rg.get("source", "").startswith("values at the data") else
+                    "bounds from the weights and constants") + ": " + ", ".join(
+                     f"{k} ({v})" for k, v in list(rg.get("values", {}).items())[:3]))
     fb = p.get("fallback")
     if fb:
         text += f"; fidelity fallback: {fb}" if not isinstance(fb, Mapping) else \

@@ -223,3 +223,21 @@ def test_bisect_runs_a_float16_model_in_float16_arithmetic(tmp_path):
     feeds = {"x": np.random.default_rng(0).uniform(0, 2, (4, 16)).astype(np.float16)}
     report = bisect(str(path), feeds=feeds)
     assert report["arithmetic"].startswith("float16"), report
+
+
+def test_the_command_line_names_the_arithmetic_in_its_line_json_and_html(tmp_path, capsys):
+    src, feeds = _cancel()
+    a, npz = tmp_path / "a.onnx", tmp_path / "in.npz"
+    onnx.save(src, a)
+    np.savez(npz, **feeds)
+    code = cli_main([str(a), "-o", str(tmp_path / "b.onnx"), "--precision", "fp16", "--verify", "cpu", "--inputs",
+                     str(npz), "--runs", "0", "--json", str(tmp_path / "r.json"), "--report", str(tmp_path / "r.html")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "verdict: outputs agree on cpu and in float16 arithmetic" in out and "these inputs only" in out
+    assert "value(s) float16 cannot hold, by the data" in out
+    saved = json.loads((tmp_path / "r.json").read_text())
+    v = saved.get("verification") or saved["report"]["verification"]
+    assert v["fp16"]["arithmetic"].startswith("float16") and v["fp16"]["ok"]
+    page = (tmp_path / "r.html").read_text()
+    assert "FLOAT16 ARITHMETIC: outputs agree" in page and "these inputs only" in page
