@@ -183,6 +183,8 @@ def format_precision(p: Mapping) -> str:
                  + ("the data" if rg.get("source", "").startswith("values at the data") else
                     "bounds from the weights and constants") + ": " + ", ".join(
                      f"{k} ({v})" for k, v in list(rg.get("values", {}).items())[:3]))
+    if rg and not rg.get("source", "").startswith("values at the data"):
+        text += "; float16's range judged by bounds from the weights only (with --verify, at its inputs too)"
     fb = p.get("fallback")
     if fb:
         text += f"; fidelity fallback: {fb}" if not isinstance(fb, Mapping) else \
