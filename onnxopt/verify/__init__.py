@@ -116,7 +116,10 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
     float output passes when its cosine is at least FP16_MIN_COSINE (0.999), its max abs error at
     most FP16_MAX_ERROR (1%) of the original output's range, and, for logits, its top-1 agreement at
     least FP16_MIN_TOP1 (99%); ``rtol``/``atol``, when given, apply instead. ``report["fp16"]`` states
-    the criterion; culprit search and bisect are skipped (every value differs by design)."""
+    the criterion; culprit search and bisect are skipped (every value differs by design). It is also
+    judged in float16 arithmetic (:mod:`.fp16`: every op's output rounded to float16, which
+    onnxruntime's CPU provider does not do), at these inputs only: ``report["fp16"]["arithmetic"]``,
+    ``["ok"]``, ``["outputs"]``; two float16 models are both run so (``report["fp16_arithmetic"]``)."""
     providers = check_settings(providers, runs=runs, warmup=warmup, threads=threads, rtol=rtol, atol=atol,
                                min_sqnr=min_sqnr, provider_options=provider_options)
     provider_options = parse_provider_options(provider_options)
