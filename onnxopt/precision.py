@@ -72,6 +72,7 @@ SENTINEL = 1e30
 # Values observed at the data are kept float32 when they reach within this factor of 65504: other
 # inputs than the sample may go further.
 FP16_HEADROOM = 4.0
+RANGE_CHUNK = 256  # values exposed per run when measuring value ranges (value_ranges)
 
 F32, F16 = ir.DataType.FLOAT, ir.DataType.FLOAT16
 
@@ -770,37 +771,48 @@ def value_ranges(model: bytes, feeds_list, sentinel: float = SENTINEL) -> dict[s
     import onnxruntime as ort
 
     proto = onnx.load_from_string(model)
-    have = {o.name for o in proto.graph.output}
     m = ir.serde.deserialize_model(proto)
     conv = _Converter(m, True, frozenset(), targets.PORTABLE)
     conv._infer_types()
+    inputs = {i.name for i in proto.graph.input}
     names = [v.name for n in m.graph for v in n.outputs if v.name and conv.dt(v) == F32]
-    names += [v.name for v in m.graph.inputs if v.name and conv.dt(v) == F32]
-    for name in dict.fromkeys(names):
-        if name not in have and name not in {i.name for i in proto.graph.input}:
-            vi = proto.graph.output.add()
-            vi.name = name
-            vi.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+    names = [n for n in dict.fromkeys(names) if n not in inputs]
+    want = set(names) | {v.name for v in m.graph.inputs if v.name and conv.dt(v) == F32}
+    del m, conv
     so = ort.SessionOptions()
     so.log_severity_level = 4
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    outs = [o.name for o in sess.get_outputs()]
-    want = set(names)
     ranges: dict[str, list[float]] = {}
-    for feeds in feeds_list:
-        got = dict(zip(outs, sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()})))
-        got.update({k: v for k, v in feeds.items() if k in want})
-        for name, a in got.items():
-            if name not in want or not isinstance(a, np.ndarray) or a.dtype != np.float32:
-                continue
-            a = a[np.isfinite(a) & (np.abs(a) < sentinel)]
-            if not a.size:
-                continue
+
+    def take(name: str, a) -> None:
+        if name not in want or not isinstance(a, np.ndarray) or a.dtype != np.float32:
+            return
+        a = a[np.isfinite(a) & (np.abs(a) < sentinel)]
+        if a.size:
             lo, hi = float(a.min()), float(a.max())
             r = ranges.setdefault(name, [lo, hi])
             r[0], r[1] = min(r[0], lo), max(r[1], hi)
-        del got
+
+    for feeds in feeds_list:
+        for k, v in feeds.items():
+            take(k, v)
+    # the values exposed RANGE_CHUNK at a time: one run each, so that no more than that many
+    # activations are alive at once beside the run's own
+    for start in range(0, len(names), RANGE_CHUNK):
+        chunk = names[start:start + RANGE_CHUNK]
+        p = onnx.ModelProto()
+        p.CopyFrom(proto)
+        del p.graph.output[:]
+        for name in chunk:
+            vi = p.graph.output.add()
+            vi.name = name
+            vi.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+        sess = ort.InferenceSession(p.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        del p
+        for feeds in feeds_list:
+            for name, a in zip(chunk, sess.run(chunk, {i.name: feeds[i.name] for i in sess.get_inputs()})):
+                take(name, a)
+        del sess
     return {k: (v[0], v[1]) for k, v in ranges.items()}
 
 
@@ -1022,7 +1034,10 @@ def convert_fp16_checked(model: ir.Model, feeds, *, keep_io_types: bool = True, 
         raise UsageError(f"onnxruntime (cpu) cannot run the original model on the verification inputs, so the "
                          f"float16 conversion cannot be measured: {first_line(exc, 300)}") from None
     progress("fp16: measuring value ranges")
-    ranges = value_ranges(fp32, feeds_list)
+    try:
+        ranges = value_ranges(fp32, feeds_list)
+    except Exception:  # noqa: BLE001 - a value onnxruntime will not expose: bounds from the weights instead
+        ranges = None
     bad0, _, conv0 = attempt(frozenset())
     runs = 1
     info = {"feeds": len(feeds_list), "badness_before": round(bad0, 4), "kept": [], "runs": runs}
