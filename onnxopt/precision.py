@@ -723,7 +723,8 @@ def _bounds(conv: "_Converter") -> dict[str, float]:
                 if d is not None and d.size and np.all(np.abs(d) > 0):
                     b = bound(ins[0]) / float(np.abs(d).min())
             elif op == "Clip":
-                lim = [np.abs(c).max() for c in (const(v) for v in ins[1:3] if v is not None) if c is not None and c.size]
+                lim = [np.abs(c).max() for c in (const(v) for v in ins[1:3] if v is not None)
+                       if c is not None and c.size]
                 b = min([bound(ins[0]), *lim]) if len(lim) == 2 else bound(ins[0])
             elif op == "Pad":
                 b = max(bound(ins[0]), bound(ins[2]) if len(ins) > 2 else 0.0)

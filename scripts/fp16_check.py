@@ -8,8 +8,8 @@ verify=provider)`` on the zoo's realistic inputs (with the fidelity fallback tho
 then the verifier's report against the float32 original: per output cosine, max abs error over the
 range, top-1 agreement for logits (on the provider, and in float16 arithmetic: ``fp16_arithmetic``),
 the kernels per run by provider (nodes onnxruntime left on the CPU, Memcpy), and the interleaved
-latency of the original and the fp16 model. A model that fails is a row with its one-line error. On the GPU machine: ``--provider cuda`` (see scripts/gpu_bench.sh for
-the setup lines).
+latency of the original and the fp16 model. A model that fails is a row with its one-line error.
+On the GPU machine: ``--provider cuda`` (see scripts/gpu_bench.sh for the setup lines).
 """
 
 from __future__ import annotations

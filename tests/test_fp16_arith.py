@@ -49,7 +49,8 @@ def _mulmul():  # MatMul, then *300 *300 /1e4 (9e4 x |h| overflows float16), the
 def _cancel():  # MatMul, then (h + 1000) - 1000 (float16 rounds by 0.25 at 1000), then MatMul
     nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Add", ["h", "c"], ["t"]),
              helper.make_node("Sub", ["t", "c"], ["t3"]), helper.make_node("MatMul", ["t3", "W"], ["y"])]
-    m = model(nodes, [tinfo("x", [4, 16])], [tinfo("y", [4, 16])], [init("W", W16), init("c", np.array(1000, np.float32))])
+    m = model(nodes, [tinfo("x", [4, 16])], [tinfo("y", [4, 16])],
+              [init("W", W16), init("c", np.array(1000, np.float32))])
     return m, {"x": np.random.default_rng(0).uniform(0, 1, (4, 16)).astype(np.float32)}
 
 

@@ -184,7 +184,8 @@ def run_fp16(model, feeds_list: Sequence[Mapping[str, np.ndarray]], provider: st
         runs = []
         with np.errstate(all="ignore"):
             for f in feeds_list:
-                runs.append(list(zip(names, (np.asarray(v) for v in ref.run(None, {k: f[k] for k in ref.input_names})))))
+                outs = ref.run(None, {k: f[k] for k in ref.input_names})
+                runs.append(list(zip(names, (np.asarray(v) for v in outs))))
         return runs, REFERENCE
     except Exception as exc:  # noqa: BLE001
         raise Fp16Unavailable(f"float16 emulation failed ({why}); onnx's reference evaluator too: "
@@ -237,4 +238,5 @@ def judge_pair(before_model, after_model, feeds_before: Mapping[str, np.ndarray]
     return {"arithmetic": how, "note": AT_INPUTS, "ok": all(r["ok"] for r in rows), "outputs": rows}
 
 
-__all__ = ["AT_INPUTS", "Fp16Unavailable", "REFERENCE_MAX_PARAMS", "emulated", "judge", "judge_pair", "run_fp16", "value_dtypes"]
+__all__ = ["AT_INPUTS", "Fp16Unavailable", "REFERENCE_MAX_PARAMS", "emulated", "judge", "judge_pair", "run_fp16",
+           "value_dtypes"]
