@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 from collections.abc import Iterable
 
 import numpy as np
@@ -57,6 +56,7 @@ import onnx_ir as ir
 from . import targets
 from .errors import UsageError
 from .irutil import REPLACED_KEY, RULE_KEY, constant_tensor, opset_of, subgraphs
+from .optypes import Formal as _Formal, formal as _formal, infer_dtypes, type_str as _type_str
 
 FP16_MAX = 65504.0
 FP16_MIN_NORMAL = 2.0 ** -14  # 6.1e-5
@@ -176,53 +176,7 @@ def check_convertible(model: ir.Model) -> None:
 # Schemas: which inputs/outputs a type constraint lets become float16
 
 
-@functools.lru_cache(maxsize=None)
-def _ort_schemas() -> dict:
-    try:
-        from onnxruntime.capi import onnxruntime_pybind11_state as C
-    except Exception:  # noqa: BLE001 - no onnxruntime: com.microsoft ops stay float32
-        return {}
-    table: dict = {}
-    for s in C.get_all_operator_schema():
-        table.setdefault((s.domain, s.name), []).append(s)
-    return table
-
-
-@dataclasses.dataclass(frozen=True)
-class _Formal:
-    inputs: tuple  # (type_str, variadic) per formal input
-    outputs: tuple
-    allowed: dict  # type var -> frozenset of allowed type strings
-
-
-@functools.lru_cache(maxsize=4096)
-def _formal(domain: str, op: str, opset: int) -> _Formal | None:
-    if domain in ("", "ai.onnx"):
-        try:
-            s = onnx.defs.get_schema(op, opset, "")
-        except Exception:  # noqa: BLE001 - not an onnx op at this opset: onnxruntime's registry
-            s = None
-        if s is not None:
-            Var = onnx.defs.OpSchema.FormalParameterOption.Variadic
-            return _Formal(tuple((p.type_str, p.option == Var) for p in s.inputs),
-                           tuple((p.type_str, p.option == Var) for p in s.outputs),
-                           {t.type_param_str: frozenset(t.allowed_type_strs) for t in s.type_constraints})
-        domain = ""
-    found = [s for s in _ort_schemas().get((domain, op), []) if s.since_version <= opset]
-    if not found:
-        return None
-    s = max(found, key=lambda s: s.since_version)
-    return _Formal(tuple((p.typeStr, str(p.option).endswith("Variadic")) for p in s.inputs),
-                   tuple((p.typeStr, str(p.option).endswith("Variadic")) for p in s.outputs),
-                   {t.type_param_str: frozenset(t.allowed_type_strs) for t in s.type_constraints})
-
-
-def _type_str(params: tuple, i: int) -> str | None:
-    if i < len(params):
-        return params[i][0]
-    if params and params[-1][1]:  # a variadic last parameter takes the rest
-        return params[-1][0]
-    return None
+# (onnxopt.optypes: each op's formal parameters, onnx's schema or onnxruntime's for com.microsoft)
 
 
 # --------------------------------------------------------------------------------------------
@@ -268,38 +222,9 @@ class _Converter:
         return v.dtype if v.type is not None else (v.const_value.dtype if v.const_value is not None else None)
 
     def _infer_types(self) -> None:
-        """Every main-graph value's dtype: declared, else from the producer's schema (a type var
-        takes its bound input's dtype; Cast its ``to``; ConstantOfShape its value's)."""
-        for node in self.nodes:
-            formal = self._schema(node)
-            for i, out in enumerate(node.outputs):
-                if out.type is not None:
-                    self.dtype[out] = out.dtype
-                    continue
-                self.dtype[out] = self._output_dtype(node, formal, i)
-
-    def _output_dtype(self, node: ir.Node, formal: _Formal | None, i: int) -> ir.DataType | None:
-        if node.op_type == "Cast" and (to := node.attributes.get("to")) is not None:
-            return ir.DataType(to.value)
-        if node.op_type == "CastLike":
-            return self.dt(node.inputs[1]) if len(node.inputs) > 1 else None
-        if node.op_type == "ConstantOfShape":
-            a = node.attributes.get("value")
-            return a.value.dtype if a is not None else F32
-        if node.op_type == "Constant":
-            t = constant_tensor(node.outputs[0])
-            return t.dtype if t is not None else None
-        if formal is None:
-            return None
-        ts = _type_str(formal.outputs, i)
-        if ts is None:
-            return None
-        if ts.startswith("tensor("):
-            return _DTYPE_OF_STR.get(ts)
-        for j, inp in enumerate(node.inputs):
-            if inp is not None and _type_str(formal.inputs, j) == ts and self.dt(inp) is not None:
-                return self.dt(inp)
-        return None
+        """Every main-graph value's dtype: declared, else from the producer's schema
+        (:func:`onnxopt.optypes.infer_dtypes`)."""
+        self.dtype.update(infer_dtypes(self.graph, self.opsets))
 
     def _schema(self, node: ir.Node) -> _Formal | None:
         dom = "" if node.domain == "ai.onnx" else node.domain
@@ -641,10 +566,6 @@ class _Converter:
 
 
 _MADE = "onnxopt.fp16_cast"
-_DTYPE_OF_STR = {f"tensor({name})": dt for name, dt in (
-    ("float", F32), ("float16", F16), ("double", ir.DataType.DOUBLE), ("bfloat16", ir.DataType.BFLOAT16),
-    ("int64", ir.DataType.INT64), ("int32", ir.DataType.INT32), ("bool", ir.DataType.BOOL),
-    ("int8", ir.DataType.INT8), ("uint8", ir.DataType.UINT8), ("string", ir.DataType.STRING))}
 
 
 def _half(a: np.ndarray, sentinel: float = SENTINEL) -> np.ndarray:
@@ -773,13 +694,12 @@ def value_ranges(model: bytes, feeds_list, sentinel: float = SENTINEL) -> dict[s
 
     proto = onnx.load_from_string(model)
     m = ir.serde.deserialize_model(proto)
-    conv = _Converter(m, True, frozenset(), targets.PORTABLE)
-    conv._infer_types()
+    dt = infer_dtypes(m.graph, dict(m.opset_imports))
     inputs = {i.name for i in proto.graph.input}
-    names = [v.name for n in m.graph for v in n.outputs if v.name and conv.dt(v) == F32]
+    names = [v.name for n in m.graph for v in n.outputs if v.name and dt.get(v) == F32]
     names = [n for n in dict.fromkeys(names) if n not in inputs]
-    want = set(names) | {v.name for v in m.graph.inputs if v.name and conv.dt(v) == F32}
-    del m, conv
+    want = set(names) | {v.name for v in m.graph.inputs if v.name and v.type is not None and v.dtype == F32}
+    del m, dt
     so = ort.SessionOptions()
     so.log_severity_level = 4
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL

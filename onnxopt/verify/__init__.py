@@ -262,16 +262,16 @@ def _judge_fp16(before: OrtModel, after: OrtModel, outputs: dict, feeds, edges, 
     both models' inputs by "before"/"after"): ``fp16.judge_pair``, both in float16 arithmetic."""
     import onnx
 
-    from . import fp16 as fp16_arith
+    from .fp16 import judge, judge_pair
 
     p = "cuda" if "cuda" in outputs else next(iter(outputs))
     progress("judging the float16 model in float16 arithmetic")
     load = lambda m: onnx.load(m.path) if m.external else m.proto  # noqa: E731
     back = (lambda got: layouts.outputs_back(edges, got)) if edges else None
     if pair:
-        return fp16_arith.judge_pair(load(before), load(after), feeds["before"], feeds["after"], p, back=back,
+        return judge_pair(load(before), load(after), feeds["before"], feeds["after"], p, back=back,
                                      rtol=rtol, atol=atol)
-    return fp16_arith.judge(outputs[p]["before"], load(after), feeds, p, back=back)
+    return judge(outputs[p]["before"], load(after), feeds, p, back=back)
 
 
 def _compare_int8(before, after, min_db: float) -> list[dict]:

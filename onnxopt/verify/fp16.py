@@ -46,17 +46,15 @@ def value_dtypes(proto: onnx.ModelProto) -> dict[str, int]:
     onnxruntime's for com.microsoft ops; a type variable takes its bound input's type)."""
     import onnx_ir as ir
 
-    from ..precision import _Converter
-    from .. import targets
+    from ..optypes import infer_dtypes
 
     model = ir.serde.deserialize_model(proto)
-    conv = _Converter(model, True, frozenset(), targets.PORTABLE)
-    conv._infer_types()
+    found = infer_dtypes(model.graph, dict(model.opset_imports))
     out: dict[str, int] = {}
-    values = [*model.graph.inputs, *model.graph.initializers.values()]
-    values += [v for n in model.graph for v in n.outputs]
-    for v in values:
-        dt = conv.dt(v)
+    for v in [*model.graph.inputs, *model.graph.initializers.values()]:
+        if v.name and v.type is not None:
+            out[v.name] = int(v.dtype.value)
+    for v, dt in found.items():
         if v.name and dt is not None:
             out[v.name] = int(dt.value)
     return out
@@ -198,7 +196,7 @@ def judge(before: list[tuple[str, np.ndarray]], model, feeds: Mapping[str, np.nd
     float32 original's ``before`` by fp16 fidelity (``compare_fp16``): ``{"arithmetic", "note", "ok",
     "outputs"}``, or ``{"arithmetic": None, "ok": False, "error"}`` when it cannot run. ``back``: a
     function taking the outputs to the original's layouts (a model with changed edges)."""
-    from . import _compare_fp16
+    from .compare import compare_all, compare_fp16
 
     try:
         (got,), how = run_fp16(model, [feeds], provider)
@@ -207,7 +205,10 @@ def judge(before: list[tuple[str, np.ndarray]], model, feeds: Mapping[str, np.nd
                 "error": f"the float16 model could not be run in float16 arithmetic: {exc}"}
     if back is not None:
         got = back(got)
-    rows = _compare_fp16(before, got)
+    rows = compare_all(before, got, low_precision=True)  # (outputs matched by name and place)
+    for i, (name, value) in enumerate(before):
+        if i < len(got) and got[i][0] == name:
+            rows[i] = {"name": name, **compare_fp16(value, got[i][1], name)}
     for r, (_, b), (_, v) in zip(rows, before, got):
         if isinstance(v, np.ndarray) and isinstance(b, np.ndarray) and v.dtype.kind == "f" and v.shape == b.shape \
                 and (~np.isfinite(v) & np.isfinite(b)).any():
