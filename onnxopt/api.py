@@ -193,10 +193,13 @@ def optimize(
             ``target``); ``Report.precision`` says what was converted and why the rest was not. A
             model already in float16 or quantized is refused. With ``verify``, each output is judged
             by fp16 fidelity against the original (cosine, max error over the output's range, top-1
-            agreement for logits; ``onnxopt.verify.compare_fp16``), and the conversion is measured
-            first on the verifier's inputs: where it misses those bounds, the fewest heavy nodes
-            that meet them stay float32 (``onnxopt.precision.convert_fp16_checked``;
-            ``Report.precision["fallback"]``).
+            agreement for logits; ``onnxopt.verify.compare_fp16``) on each provider and in float16
+            arithmetic (``onnxopt.verify.fp16``), and the conversion is measured first on the
+            verifier's inputs: values float16 cannot hold there (beyond its range, or rounded by
+            more than 1% of their spread) stay float32, and where the conversion misses those
+            bounds, the fewest heavy nodes that meet them stay float32 too
+            (``onnxopt.precision.convert_fp16_checked``; ``Report.precision["ranges"]`` and
+            ``["fallback"]``). Without ``verify``, bounds from the weights and constants decide.
         input_layout: inputs the model is to take channels-last, ``{"x": "NHWC"}`` (or ``"NHWC"``
             for every input of rank 4; text as ``--input-layout`` takes it): the input keeps its
             name and takes the new shape, and a Transpose at it gives the model what it computed

@@ -18,10 +18,11 @@ import numpy as np
 from . import evaluate, io, pipeline, registry
 from .errors import InvalidModelError, bug_warnings, strict_default
 from .input_shapes import fix as fix_input_shapes, normalize as normalize_input_shapes
-from .verify import (Progress, check_providers, check_tolerances, compare_all, find_culprit, is_low_precision,
-                     parse_providers)
+from .verify import (Progress, check_providers, check_tolerances, compare_all, find_culprit, is_fp16,
+                     is_low_precision, parse_providers)
 from .verify.inputs import inputs_for, run_shapes
-from .verify.runtime import OrtModel, run_outputs
+from .verify.fp16 import Fp16Unavailable, run_fp16
+from .verify.runtime import OrtModel, run_outputs as _run_outputs
 
 
 def bisect(model, *, rules=None, extra_rules=(), disable: Iterable[str] = (), target: str | None = None,
@@ -64,6 +65,19 @@ def _bisect(original: OrtModel, rules, extra_rules, disable, target, provider, i
             input_shapes = run_shapes(source, input_shapes, inputs)
     feeds, how = inputs_for(original, feeds, inputs, input_shapes, int_ranges, seed)
     low = is_low_precision(original.proto)
+    arithmetic: list[str] = []
+
+    def run_outputs(model, feeds, provider):  # a float16 model in float16 arithmetic (onnxruntime's CPU
+        if half:                              # provider computes many float16 ops in float32)
+            try:
+                (got,), how = run_fp16(model, [feeds], provider)
+                arithmetic[:] = [how]
+                return got
+            except Fp16Unavailable:
+                pass
+        return _run_outputs(model, feeds, provider)
+
+    half = is_fp16(original.proto)
     try:
         reference = run_outputs(original.source(), feeds, provider)
     except Exception as exc:  # noqa: BLE001
@@ -96,6 +110,8 @@ def _bisect(original: OrtModel, rules, extra_rules, disable, target, provider, i
         report: dict = {"model": original.name, "provider": provider, "inputs": how, "seed": seed,
                         "rewrites": total, "errors": [bug.as_dict() for bug in full["bugs"]],
                         "warnings": bug_warnings(full["bugs"])}  # rule bugs met (without strict)
+        if arithmetic:
+            report["arithmetic"] = arithmetic[0]
         if full["ok"]:
             report.update(ok=True, message=f"the fully optimized model ({total} rewrites) verifies on {provider}: "
                                            "nothing to bisect")

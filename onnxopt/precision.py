@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 from collections.abc import Iterable
 
 import numpy as np
@@ -57,6 +56,7 @@ import onnx_ir as ir
 from . import targets
 from .errors import UsageError
 from .irutil import REPLACED_KEY, RULE_KEY, constant_tensor, opset_of, subgraphs
+from .optypes import Formal as _Formal, formal as _formal, infer_dtypes, type_str as _type_str
 
 FP16_MAX = 65504.0
 FP16_MIN_NORMAL = 2.0 ** -14  # 6.1e-5
@@ -69,6 +69,10 @@ FP16_MIN_NORMAL = 2.0 ** -14  # 6.1e-5
 # padded positions, the others unchanged). Without it, their readers stay float32 (the default on
 # ort-cpu and portable: exact masks, a few more Casts).
 SENTINEL = 1e30
+# Values observed at the data are kept float32 when they reach within this factor of 65504: other
+# inputs than the sample may go further.
+FP16_HEADROOM = 4.0
+RANGE_CHUNK = 256  # values exposed per run when measuring value ranges (value_ranges)
 
 F32, F16 = ir.DataType.FLOAT, ir.DataType.FLOAT16
 
@@ -132,6 +136,7 @@ class Fp16Report:
     keep_io_types: bool = True
     target: str = targets.PORTABLE
     fallback: dict | None = None  # convert_fp16_checked: the fidelity measured, the nodes kept in float32
+    ranges: dict | None = None  # where value ranges came from, how many values cannot be float16
 
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -171,53 +176,7 @@ def check_convertible(model: ir.Model) -> None:
 # Schemas: which inputs/outputs a type constraint lets become float16
 
 
-@functools.lru_cache(maxsize=None)
-def _ort_schemas() -> dict:
-    try:
-        from onnxruntime.capi import onnxruntime_pybind11_state as C
-    except Exception:  # noqa: BLE001 - no onnxruntime: com.microsoft ops stay float32
-        return {}
-    table: dict = {}
-    for s in C.get_all_operator_schema():
-        table.setdefault((s.domain, s.name), []).append(s)
-    return table
-
-
-@dataclasses.dataclass(frozen=True)
-class _Formal:
-    inputs: tuple  # (type_str, variadic) per formal input
-    outputs: tuple
-    allowed: dict  # type var -> frozenset of allowed type strings
-
-
-@functools.lru_cache(maxsize=4096)
-def _formal(domain: str, op: str, opset: int) -> _Formal | None:
-    if domain in ("", "ai.onnx"):
-        try:
-            s = onnx.defs.get_schema(op, opset, "")
-        except Exception:  # noqa: BLE001 - not an onnx op at this opset: onnxruntime's registry
-            s = None
-        if s is not None:
-            Var = onnx.defs.OpSchema.FormalParameterOption.Variadic
-            return _Formal(tuple((p.type_str, p.option == Var) for p in s.inputs),
-                           tuple((p.type_str, p.option == Var) for p in s.outputs),
-                           {t.type_param_str: frozenset(t.allowed_type_strs) for t in s.type_constraints})
-        domain = ""
-    found = [s for s in _ort_schemas().get((domain, op), []) if s.since_version <= opset]
-    if not found:
-        return None
-    s = max(found, key=lambda s: s.since_version)
-    return _Formal(tuple((p.typeStr, str(p.option).endswith("Variadic")) for p in s.inputs),
-                   tuple((p.typeStr, str(p.option).endswith("Variadic")) for p in s.outputs),
-                   {t.type_param_str: frozenset(t.allowed_type_strs) for t in s.type_constraints})
-
-
-def _type_str(params: tuple, i: int) -> str | None:
-    if i < len(params):
-        return params[i][0]
-    if params and params[-1][1]:  # a variadic last parameter takes the rest
-        return params[-1][0]
-    return None
+# (onnxopt.optypes: each op's formal parameters, onnx's schema or onnxruntime's for com.microsoft)
 
 
 # --------------------------------------------------------------------------------------------
@@ -236,8 +195,11 @@ class _Plan:
 
 class _Converter:
     def __init__(self, model: ir.Model, keep_io_types: bool, block_ops: frozenset, target: str,
-                 keep_nodes: frozenset = frozenset(), clamp_sentinels: bool | None = None):
+                 keep_nodes: frozenset = frozenset(), clamp_sentinels: bool | None = None,
+                 ranges: dict | None = None):
         self.keep_nodes = keep_nodes
+        self.ranges = ranges  # value name -> (min, max) at the data (value_ranges), or None: bounds only
+        self.limits: dict[str, str] = {}  # value name -> why it cannot be float16 (its range or spacing)
         self.sentinel = SENTINEL if (target == targets.ORT_CUDA if clamp_sentinels is None else clamp_sentinels) \
             else float("inf")
         self.model, self.graph = model, model.graph
@@ -260,38 +222,9 @@ class _Converter:
         return v.dtype if v.type is not None else (v.const_value.dtype if v.const_value is not None else None)
 
     def _infer_types(self) -> None:
-        """Every main-graph value's dtype: declared, else from the producer's schema (a type var
-        takes its bound input's dtype; Cast its ``to``; ConstantOfShape its value's)."""
-        for node in self.nodes:
-            formal = self._schema(node)
-            for i, out in enumerate(node.outputs):
-                if out.type is not None:
-                    self.dtype[out] = out.dtype
-                    continue
-                self.dtype[out] = self._output_dtype(node, formal, i)
-
-    def _output_dtype(self, node: ir.Node, formal: _Formal | None, i: int) -> ir.DataType | None:
-        if node.op_type == "Cast" and (to := node.attributes.get("to")) is not None:
-            return ir.DataType(to.value)
-        if node.op_type == "CastLike":
-            return self.dt(node.inputs[1]) if len(node.inputs) > 1 else None
-        if node.op_type == "ConstantOfShape":
-            a = node.attributes.get("value")
-            return a.value.dtype if a is not None else F32
-        if node.op_type == "Constant":
-            t = constant_tensor(node.outputs[0])
-            return t.dtype if t is not None else None
-        if formal is None:
-            return None
-        ts = _type_str(formal.outputs, i)
-        if ts is None:
-            return None
-        if ts.startswith("tensor("):
-            return _DTYPE_OF_STR.get(ts)
-        for j, inp in enumerate(node.inputs):
-            if inp is not None and _type_str(formal.inputs, j) == ts and self.dt(inp) is not None:
-                return self.dt(inp)
-        return None
+        """Every main-graph value's dtype: declared, else from the producer's schema
+        (:func:`onnxopt.optypes.infer_dtypes`)."""
+        self.dtype.update(infer_dtypes(self.graph, self.opsets))
 
     def _schema(self, node: ir.Node) -> _Formal | None:
         dom = "" if node.domain == "ai.onnx" else node.domain
@@ -361,6 +294,11 @@ class _Converter:
                 return fp32("an output of unknown type")
         if not conv_in and not conv_out:
             return fp32("no float16 in its type constraint")
+        for side, idx, vals in (("output", conv_out, node.outputs), ("input", conv_in, node.inputs)):
+            for j in sorted(idx):
+                lim = self.limits.get(vals[j].name) if vals[j] is not None else None
+                if lim:
+                    return fp32(("its output is " if side == "output" else "reads a value ") + _LIMIT_TEXT[lim[0]])
         for j in conv_in:
             t = constant_tensor(node.inputs[j])
             if t is not None:
@@ -417,6 +355,12 @@ class _Converter:
     # -- the plan -------------------------------------------------------------------------------
     def plan(self) -> None:
         self._infer_types()
+        self.limits = self._limits()
+        self.report.ranges = {"source": (f"values at the data ({len(self.ranges)} float values observed)"
+                                         if self.ranges is not None else
+                                         "bounds from the weights and constants (interval propagation)"),
+                              "values_kept": len(self.limits),
+                              "values": {k: d for k, (_, d) in sorted(self.limits.items())[:20]}}
         for node in self.nodes:
             plan = self._classify(node)
             if plan is not None:
@@ -454,6 +398,32 @@ class _Converter:
                     break
             if not changed:
                 break
+
+    def _limits(self) -> dict[str, tuple[str, str]]:
+        """Values that cannot be float16: at the data (``ranges``), those reaching beyond
+        float16's range with :data:`FP16_HEADROOM` to spare, or whose float16 spacing at their
+        magnitude is more than FP16_MAX_ERROR of their spread over the data ((x + 1000) - 1000: 0.5
+        at 1000); without data, those whose bound from the weights and constants exceeds 65504."""
+        from .verify.compare import FP16_MAX_ERROR
+
+        out: dict[str, tuple[str, str]] = {}
+        if self.ranges is not None:
+            for name, (lo, hi) in self.ranges.items():
+                top = max(abs(lo), abs(hi))
+                if top > FP16_MAX / FP16_HEADROOM:
+                    out[name] = ("range", f"reaches {top:.4g} at the data")
+                    continue
+                spread = hi - lo
+                if spread > 0 and top >= FP16_MIN_NORMAL:
+                    half = float(np.spacing(np.float16(top))) / 2  # float16's rounding error at that magnitude
+                    if half > FP16_MAX_ERROR * spread:
+                        out[name] = ("spacing", f"float16 rounds by up to {half:g} at {top:.4g}, {half / spread:.1%} "
+                                                f"of its spread at the data ({spread:.4g})")
+            return out
+        for name, b in _bounds(self).items():
+            if FP16_MAX < b < SENTINEL:  # (a mask of finfo.min overflowing to -inf keeps its meaning)
+                out[name] = ("bound", f"can reach {b:.4g} (bound from the weights and constants)")
+        return out
 
     def _try_flip(self, nodes: tuple) -> bool:
         """Flip the light ``nodes`` to the other precision if that lowers the Casts around them."""
@@ -596,10 +566,6 @@ class _Converter:
 
 
 _MADE = "onnxopt.fp16_cast"
-_DTYPE_OF_STR = {f"tensor({name})": dt for name, dt in (
-    ("float", F32), ("float16", F16), ("double", ir.DataType.DOUBLE), ("bfloat16", ir.DataType.BFLOAT16),
-    ("int64", ir.DataType.INT64), ("int32", ir.DataType.INT32), ("bool", ir.DataType.BOOL),
-    ("int8", ir.DataType.INT8), ("uint8", ir.DataType.UINT8), ("string", ir.DataType.STRING))}
 
 
 def _half(a: np.ndarray, sentinel: float = SENTINEL) -> np.ndarray:
@@ -618,7 +584,165 @@ def _fits(a: np.ndarray, sentinel: float = SENTINEL) -> bool:
     return not finite.size or float(finite.max()) <= FP16_MAX
 
 
+# Interval propagation (magnitude bounds |x| <= B), for the conversion without data: sound bounds
+# from the weights and constants where an op's output is bounded whatever its input (Sigmoid, Tanh,
+# Softmax, a normalization) and through the ops after it; a graph input is unbounded (inf).
+_UNIT = frozenset({"Sigmoid", "Tanh", "Softmax", "Erf", "Sin", "Cos", "HardSigmoid"})
+_SAME = frozenset({"Relu", "Abs", "Neg", "Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten",
+                   "Slice", "Gather", "GatherElements", "GatherND", "Expand", "Tile", "Dropout", "MaxPool",
+                   "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Split", "Floor", "Ceil", "Round",
+                   "DepthToSpace", "SpaceToDepth", "ReduceMax", "ReduceMin", "ReduceMean", "Sign", "Shrink",
+                   "ThresholdedRelu", "Softsign"})
+_EITHER = frozenset({"Concat", "Max", "Min", "Mean"})
+
+
+def _bounds(conv: "_Converter") -> dict[str, float]:
+    """A bound on |x| for each float32 value of the main graph (inf where none is known)."""
+    inf = float("inf")
+    B: dict[ir.Value, float] = {}
+
+    def const(v: ir.Value) -> np.ndarray | None:
+        t = constant_tensor(v)
+        return None if t is None or t.dtype not in (F32, ir.DataType.DOUBLE) else np.asarray(t.numpy(), np.float64)
+
+    def bound(v: ir.Value | None) -> float:
+        if v is None:
+            return 0.0
+        if v in B:
+            return B[v]
+        a = const(v)
+        if a is None:
+            return inf
+        a = np.abs(a[np.isfinite(a)]) if a.size else a
+        b = float(a.max()) if a.size else 0.0
+        return inf if b >= SENTINEL else b  # (sentinel masks: handled as constants are)
+
+    def attr(node, name, default):
+        a = node.attributes.get(name)
+        return a.value if a is not None else default
+
+    for node in conv.nodes:
+        if node.domain not in ("", "ai.onnx") or not node.outputs or conv.dt(node.outputs[0]) != F32:
+            continue
+        op, ins = node.op_type, list(node.inputs)
+        b = inf
+        try:
+            if op in _UNIT:
+                b = 1.0
+            elif op in _SAME or (op == "LeakyRelu" and abs(attr(node, "alpha", 0.01)) <= 1):
+                b = bound(ins[0])
+            elif op in _EITHER:
+                b = max((bound(v) for v in ins), default=inf)
+            elif op == "Where":
+                b = max(bound(ins[1]), bound(ins[2]))
+            elif op in ("Add", "Sub", "Sum"):
+                b = sum(bound(v) for v in ins)
+            elif op == "Mul":
+                b = bound(ins[0]) * bound(ins[1])
+            elif op == "Div":
+                d = const(ins[1])
+                if d is not None and d.size and np.all(np.abs(d) > 0):
+                    b = bound(ins[0]) / float(np.abs(d).min())
+            elif op == "Clip":
+                lim = [np.abs(c).max() for c in (const(v) for v in ins[1:3] if v is not None)
+                       if c is not None and c.size]
+                b = min([bound(ins[0]), *lim]) if len(lim) == 2 else bound(ins[0])
+            elif op == "Pad":
+                b = max(bound(ins[0]), bound(ins[2]) if len(ins) > 2 else 0.0)
+            elif op in ("MatMul", "Gemm"):
+                w = const(ins[1])
+                if w is not None and w.ndim >= 2:
+                    if op == "Gemm" and attr(node, "transB", 0):
+                        w = w.T
+                    gain = float(np.abs(w).sum(axis=-2).max())
+                    b = bound(ins[0]) * gain
+                    if op == "Gemm":
+                        b = b * abs(attr(node, "alpha", 1.0)) + abs(attr(node, "beta", 1.0)) * \
+                            (bound(ins[2]) if len(ins) > 2 else 0.0)
+            elif op == "Conv":
+                w = const(ins[1])
+                if w is not None and w.ndim >= 3:
+                    gain = float(np.abs(w).reshape(w.shape[0], -1).sum(axis=1).max())
+                    b = bound(ins[0]) * gain + (bound(ins[2]) if len(ins) > 2 else 0.0)
+            elif op == "BatchNormalization" and len(ins) >= 5:
+                sc, bi, mu, var = (const(v) for v in ins[1:5])
+                if all(x is not None for x in (sc, bi, mu, var)):
+                    g = np.abs(sc) / np.sqrt(var + attr(node, "epsilon", 1e-5))
+                    b = float((g * (bound(ins[0]) + np.abs(mu)) + np.abs(bi)).max())
+            elif op == "LayerNormalization":
+                shape = ins[0].shape
+                axis = attr(node, "axis", -1)
+                dims = list(shape)[axis:] if shape is not None else None
+                if dims and all(isinstance(d, int) for d in dims):
+                    n = float(np.prod(dims))
+                    b = np.sqrt(n) * bound(ins[1]) + (bound(ins[2]) if len(ins) > 2 else 0.0)
+        except (TypeError, ValueError, IndexError):  # a shape or constant this analysis does not follow
+            b = inf
+        for out in node.outputs:
+            if conv.dt(out) == F32:
+                B[out] = float(b) if b == b else inf
+    return {v.name: b for v, b in B.items() if v.name}
+
+
+def value_ranges(model: bytes, feeds_list, sentinel: float = SENTINEL) -> dict[str, tuple[float, float]]:
+    """(min, max) of each float32 value of the main graph (graph inputs, node outputs) over the
+    runs of the float32 ``model`` on ``feeds_list`` (onnxruntime's CPU provider, its graph
+    optimizations off so each value is the graph's own); non-finite values and sentinels
+    (|x| >= ``sentinel``: masks of finfo(float32).min, whose overflow to -inf in float16 keeps
+    their meaning; the sentinel policy decides their readers) left out."""
+    import onnxruntime as ort
+
+    proto = onnx.load_from_string(model)
+    m = ir.serde.deserialize_model(proto)
+    dt = infer_dtypes(m.graph, dict(m.opset_imports))
+    inputs = {i.name for i in proto.graph.input}
+    names = [v.name for n in m.graph for v in n.outputs if v.name and dt.get(v) == F32]
+    names = [n for n in dict.fromkeys(names) if n not in inputs]
+    want = set(names) | {v.name for v in m.graph.inputs if v.name and v.type is not None and v.dtype == F32}
+    del m, dt
+    so = ort.SessionOptions()
+    so.log_severity_level = 4
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    ranges: dict[str, list[float]] = {}
+
+    def take(name: str, a) -> None:
+        if name not in want or not isinstance(a, np.ndarray) or a.dtype != np.float32:
+            return
+        a = a[np.isfinite(a) & (np.abs(a) < sentinel)]
+        if a.size:
+            lo, hi = float(a.min()), float(a.max())
+            r = ranges.setdefault(name, [lo, hi])
+            r[0], r[1] = min(r[0], lo), max(r[1], hi)
+
+    for feeds in feeds_list:
+        for k, v in feeds.items():
+            take(k, v)
+    # the values exposed RANGE_CHUNK at a time: one run each, so that no more than that many
+    # activations are alive at once beside the run's own
+    for start in range(0, len(names), RANGE_CHUNK):
+        chunk = names[start:start + RANGE_CHUNK]
+        p = onnx.ModelProto()
+        p.CopyFrom(proto)
+        del p.graph.output[:]
+        for name in chunk:
+            vi = p.graph.output.add()
+            vi.name = name
+            vi.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+        sess = ort.InferenceSession(p.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        del p
+        for feeds in feeds_list:
+            for name, a in zip(chunk, sess.run(chunk, {i.name: feeds[i.name] for i in sess.get_inputs()})):
+                take(name, a)
+        del sess
+    return {k: (v[0], v[1]) for k, v in ranges.items()}
+
+
 _TINY = "a constant below float16's smallest normal (|x| < 6.1e-5)"
+_LIMIT_TEXT = {  # why a value cannot be float16 (Converter._limits)
+    "range": "beyond float16's range at the data (|x| > 65504/4: float16 overflows to inf)",
+    "spacing": "too fine for float16 at its magnitude at the data (float16's rounding > 1% of its spread)",
+    "bound": "beyond float16's range by the bounds from the weights and constants (|x| may exceed 65504)",
+}
 _DIVIDING = {"Sqrt": (0,), "Reciprocal": (0,), "Div": (1,), "Log": (0,), "Pow": (0,)}
 
 
@@ -720,7 +844,7 @@ def _remove_dead(graph: ir.Graph) -> None:
 
 def convert_fp16(model: ir.Model, *, keep_io_types: bool = True, block_ops: Iterable[str] | None = None,
                  target: str | None = None, keep_nodes: Iterable[str] = (),
-                 clamp_sentinels: bool | None = None) -> Fp16Report:
+                 clamp_sentinels: bool | None = None, ranges: dict | None = None) -> Fp16Report:
     """Convert ``model`` (in place) from float32 to float16 compute and weights; returns what was done.
 
     ``keep_io_types``: graph inputs and outputs keep float32 (Casts at the edges); else float32
@@ -731,11 +855,15 @@ def convert_fp16(model: ir.Model, *, keep_io_types: bool = True, block_ops: Iter
     ``clamp_sentinels``: float32 constants of magnitude >= 1e30 (``finfo(float32).min`` masks)
     become +-65504 instead of keeping their readers in float32 (default: on for ``ort-cuda`` only;
     see :data:`SENTINEL`).
+    ``ranges``: ``{value name: (min, max)}`` at data (:func:`value_ranges`): values reaching near
+    float16's range, or whose float16 spacing is coarse against their spread, keep their producers
+    and float16 readers float32; without it, bounds from the weights and constants do (a value
+    that can exceed 65504 whatever the inputs).
     Raises ``UsageError`` for a model already in float16/bfloat16 or quantized."""
     check_convertible(model)
     target = targets.normalize(target)
     conv = _Converter(model, keep_io_types, frozenset(DEFAULT_BLOCK_OPS if block_ops is None else block_ops), target,
-                      frozenset(keep_nodes), clamp_sentinels)
+                      frozenset(keep_nodes), clamp_sentinels, ranges)
     conv.plan()
     return conv.apply()
 
@@ -768,8 +896,11 @@ def _badness(ref: list, got: list) -> float:
 def convert_fp16_checked(model: ir.Model, feeds, *, keep_io_types: bool = True, block_ops: Iterable[str] | None = None,
                          target: str | None = None, max_kept: float = 0.25, progress=None,
                          clamp_sentinels: bool | None = None) -> Fp16Report:
-    """:func:`convert_fp16`, measured: the float32 ``model`` and its conversion run on onnxruntime's
-    CPU provider on ``feeds`` (one dict of inputs, or a list of them); when an output misses the
+    """:func:`convert_fp16`, measured: the float32 ``model`` runs on onnxruntime's CPU provider on
+    ``feeds`` (one dict of inputs, or a list of them), its value ranges there decide which values
+    cannot be float16 (``ranges`` of :func:`convert_fp16`), and the conversion runs in float16
+    arithmetic (``onnxopt.verify.fp16``: every op's output rounded to float16, which onnxruntime's
+    CPU provider does not do); when an output misses the
     fidelity bounds (``onnxopt.verify.compare_fp16``), each heavy float16 node (MatMul, Conv, ...) is
     kept in float32 alone and ranked by the fidelity that gives, and the fewest top-ranked nodes that
     bring every output within the bounds (at most ``max_kept`` of them) stay float32. Where no such
@@ -793,12 +924,26 @@ def convert_fp16_checked(model: ir.Model, feeds, *, keep_io_types: bool = True, 
         names = [o.name for o in sess.get_outputs()]
         return [list(zip(names, sess.run(None, f))) for f in feeds_list]
 
+    arithmetic = []
+
+    def run_half(proto: onnx.ModelProto) -> list:
+        # in float16 arithmetic (every op's output rounded to float16): onnxruntime's CPU provider
+        # computes many float16 ops in float32, hiding overflow and rounding (verify.fp16)
+        from .verify.fp16 import Fp16Unavailable, run_fp16
+
+        try:
+            got, how = run_fp16(proto, feeds_list)
+        except Fp16Unavailable as exc:
+            got, how = run(proto.SerializeToString()), f"onnxruntime cpu ({exc})"
+        arithmetic[:] = [how]
+        return got
+
     def attempt(keep: frozenset):
         m = ir.serde.deserialize_model(onnx.load_from_string(fp32))
-        conv = _Converter(m, keep_io_types, block, target, keep, clamp_sentinels)
+        conv = _Converter(m, keep_io_types, block, target, keep, clamp_sentinels, ranges)
         conv.plan()
         rep = conv.apply()
-        got = run(ir.serde.serialize_model(m).SerializeToString())
+        got = run_half(ir.serde.serialize_model(m))
         return max(_badness(r, g) for r, g in zip(ref, got)), rep, conv
 
     progress("fp16: measuring fidelity")
@@ -809,6 +954,11 @@ def convert_fp16_checked(model: ir.Model, feeds, *, keep_io_types: bool = True, 
 
         raise UsageError(f"onnxruntime (cpu) cannot run the original model on the verification inputs, so the "
                          f"float16 conversion cannot be measured: {first_line(exc, 300)}") from None
+    progress("fp16: measuring value ranges")
+    try:
+        ranges = value_ranges(fp32, feeds_list)
+    except Exception:  # noqa: BLE001 - a value onnxruntime will not expose: bounds from the weights instead
+        ranges = None
     bad0, _, conv0 = attempt(frozenset())
     runs = 1
     info = {"feeds": len(feeds_list), "badness_before": round(bad0, 4), "kept": [], "runs": runs}
@@ -851,16 +1001,16 @@ def convert_fp16_checked(model: ir.Model, feeds, *, keep_io_types: bool = True, 
                 keep = frozenset(ranked[:hi])
             else:
                 info["gave_up"] = f"no set of up to {limit} float32 nodes meets the bounds; plain conversion kept"
-    conv = _Converter(model, keep_io_types, block, target, keep, clamp_sentinels)
+    conv = _Converter(model, keep_io_types, block, target, keep, clamp_sentinels, ranges)
     conv.plan()
     rep = conv.apply()
     if keep:
-        got = run(ir.serde.serialize_model(model).SerializeToString())
+        got = run_half(ir.serde.serialize_model(model))
         info["badness_after"] = round(max(_badness(r, g) for r, g in zip(ref, got)), 4)
         runs += 1
     else:
         info["badness_after"] = info["badness_before"]
-    info.update(kept=sorted(keep), runs=runs, ok=info["badness_after"] <= 1)
+    info.update(kept=sorted(keep), runs=runs, ok=info["badness_after"] <= 1, arithmetic=arithmetic[0])
     rep.fallback = info
     return rep
 

@@ -177,6 +177,14 @@ def format_precision(p: Mapping) -> str:
             + f"; {p.get('casts', 0)} Casts; weights {p.get('weight_bytes_before', 0) / mib:.1f} -> "
             f"{p.get('weight_bytes_after', 0) / mib:.1f} MiB; input and output types "
             + ("kept" if p.get("keep_io_types", True) else "float16"))
+    rg = p.get("ranges")
+    if rg and rg.get("values_kept"):  # values float16 cannot hold (precision.Converter._limits)
+        text += (f"; {rg['values_kept']} value(s) float16 cannot hold, by "
+                 + ("the data" if rg.get("source", "").startswith("values at the data") else
+                    "bounds from the weights and constants") + ": " + ", ".join(
+                     f"{k} ({v})" for k, v in list(rg.get("values", {}).items())[:3]))
+    if rg and not rg.get("source", "").startswith("values at the data"):
+        text += "; float16's range judged by bounds from the weights only (with --verify, at its inputs too)"
     fb = p.get("fallback")
     if fb:
         text += f"; fidelity fallback: {fb}" if not isinstance(fb, Mapping) else \
@@ -375,6 +383,7 @@ def format_verification(report: dict) -> Doc:
         if lat and "before" in lat and "after" in lat:
             lines += _latency_lines(lat)
         lines += _culprit_lines(e.get("culprit") or {})
+    lines += _fp16_arith_lines(report.get("fp16") or report.get("fp16_arithmetic") or {})
     for key, by_label in report.get("cross_provider", {}).items():
         for label, rows in by_label.items():
             model = "original" if label == "before" else "optimized"
@@ -383,7 +392,9 @@ def format_verification(report: dict) -> Doc:
     if report.get("coverage"):
         lines += ["", format_coverage(report["coverage"])]
     lines += _bisect_lines(report)
-    lines += ["", Styled("verdict: " + ("outputs agree on " + ", ".join(report["providers"]) if report["ok"]
+    arith = (report.get("fp16") or report.get("fp16_arithmetic") or {}).get("arithmetic")
+    lines += ["", Styled("verdict: " + ("outputs agree on " + ", ".join(report["providers"])
+                                        + (f" and in {_arith_short(arith)}" if arith else "") if report["ok"]
                                         else summary_line(report)), "bold green" if report["ok"] else "bold red")]
     return Doc(lines)
 
@@ -409,11 +420,36 @@ def _latency_lines(lat: Mapping) -> list:
             Styled(f"latency: optimized {latency_text(lat)}", latency_style(lat))]
 
 
+def _arith_short(arith: str) -> str:
+    """'float16 arithmetic (every op's output rounded ...)' -> the words before the parenthesis, and its provider."""
+    return "float16 arithmetic" + (" (onnx's reference evaluator)" if "reference" in arith else
+                                   " (emulated: each op's output rounded to float16)")
+
+
+def _fp16_arith_lines(f: Mapping) -> list:
+    """The float16 model judged in float16 arithmetic (onnxopt.verify.fp16.judge)."""
+    if "ok" not in f:
+        return []
+    head = "== FLOAT16 ARITHMETIC: " + ("outputs agree" if f["ok"] else "OUTPUTS DIFFER")
+    lines = ["", Styled(head, "bold green" if f["ok"] else "bold red"),
+             f"arithmetic: {f.get('arithmetic') or 'none could run'}; {f.get('note', '')}"]
+    if f.get("error"):
+        return lines + [Styled(f["error"], "red")]
+    return lines + [table(_output_rows(f.get("outputs") or []), _OUT_HEADER)]
+
+
 def summary_line(report: dict) -> str:
     """One line naming the worst output, the culprit and the rewrite bisect found, for errors."""
     p, entry = next(((p, e) for p, e in report["providers"].items() if not e["ok"]), (None, None))
+    f = report.get("fp16") or report.get("fp16_arithmetic") or {}
+    if entry is None and f.get("ok") is False:  # agree on the providers, not in float16 arithmetic
+        if f.get("error"):
+            return f["error"]
+        r = next(r for r in f["outputs"] if not r["ok"])
+        return (f"outputs differ in {_arith_short(f['arithmetic'])}: {r['name']}: {problem_text(r)} "
+                f"({f.get('note', '')}; onnxruntime's CPU provider computes many float16 ops in float32)")
     if entry is None:
-        return "outputs agree"
+        return "outputs agree" + (f" (and in {_arith_short(f['arithmetic'])})" if f.get("arithmetic") else "")
     if entry.get("error"):
         text = entry["error"]
     else:
@@ -437,6 +473,8 @@ def format_bisect(report: dict) -> Doc:
     outputs and the first diverging value right after it; the culprit on the last line."""
     lines = [Styled(f"bisect {report['model']} on {report['provider']} ({report['rewrites']} rewrites in the full "
                     "run)", "bold")]
+    if report.get("arithmetic"):  # a float16 model: outputs in float16 arithmetic (onnxopt.verify.fp16)
+        lines.append(f"outputs in {report['arithmetic']}")
     lines += [Styled(f"warning: {w}", "yellow") for w in report.get("warnings", ())]
     if report["ok"]:
         return Doc(lines + [Styled(report["message"], "green")])

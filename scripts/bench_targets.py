@@ -34,7 +34,8 @@ Measured, per model, batch and set of provider options (``--option-sets``; the s
 kernels per run by provider and Memcpy nodes (onnxruntime's profiler, ``onnxopt.verify.count_kernels``);
 latency: one session per tool, all timed in interleaved rounds (median, p10, p90); fidelity against the
 fp32 original on the same provider (CUDA without TF32 for these comparisons; latency with the
-provider's defaults): per output cosine, max abs error / the output's range, next-token top-1
+provider's defaults; a float16 model on the CPU in float16 arithmetic, as onnxruntime's CPU provider
+computes many float16 ops in float32): per output cosine, max abs error / the output's range, next-token top-1
 agreement for logits (real tokens only), against the bounds of issue 15 (fp16: cosine >= 0.999, error
 <= 1% of the range, top-1 >= 99%; fp32: cosine >= 0.9999, error <= 0.1% of the range, top-1 >= 99%).
 
@@ -493,11 +494,17 @@ def _kernels_of_run(events: list[dict], run_index: int) -> dict:
 
 def job_evaluate(job: dict) -> dict:
     """One model: nodes; per option set and batch, kernels of one profiled run; outputs of the first
-    option set saved (npz per batch) for the fidelity comparison."""
+    option set saved (npz per batch) for the fidelity comparison (a float16 model's on the CPU in
+    float16 arithmetic, ``onnxopt.verify.fp16.run_fp16``)."""
     import onnx
+
+    from onnxopt.verify import is_fp16
 
     proto = onnx.load(job["models"][0][1], load_external_data=False)
     nodes, ops = bench.count_nodes(proto)
+    # a float16 model on the CPU: outputs in float16 arithmetic (onnxruntime's CPU provider computes
+    # many float16 ops in float32, so overflow would not show; onnxopt.verify.fp16)
+    half = job["provider"] == "cpu" and is_fp16(proto)
     del proto
     out: dict = {"nodes": nodes, "op_types": ops, "kernels": {}, "errors": {}}
     for k, (label, options) in enumerate(job["option_sets"]):
@@ -523,6 +530,11 @@ def job_evaluate(job: dict) -> dict:
                     outs = sess.run(None, feeds)  # profiled (after one warm-up run)
                     done.append((b, 2 * len(done) + 1))
                     if k == 0:
+                        if half:
+                            from onnxopt.verify.fp16 import run_fp16
+
+                            (got,), _ = run_fp16(path, [feeds], "cpu")
+                            outs = [v for _, v in got]
                         np.savez(job["outputs"][str(b)], __names__=np.array([o.name for o in sess.get_outputs()]),
                                  **{f"out{i}": np.asarray(v) for i, v in enumerate(outs)})
                 except Exception as exc:  # noqa: BLE001

@@ -130,7 +130,10 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
     float output passes when its cosine is at least FP16_MIN_COSINE (0.999), its max abs error at
     most FP16_MAX_ERROR (1%) of the original output's range, and, for logits, its top-1 agreement at
     least FP16_MIN_TOP1 (99%); ``rtol``/``atol``, when given, apply instead. ``report["fp16"]`` states
-    the criterion; culprit search and bisect are skipped (every value differs by design)."""
+    the criterion; culprit search and bisect are skipped (every value differs by design). It is also
+    judged in float16 arithmetic (:mod:`.fp16`: every op's output rounded to float16, which
+    onnxruntime's CPU provider does not do), at these inputs only: ``report["fp16"]["arithmetic"]``,
+    ``["ok"]``, ``["outputs"]``; two float16 models are both run so (``report["fp16_arithmetic"]``)."""
     providers = check_settings(providers, runs=runs, warmup=warmup, threads=threads, rtol=rtol, atol=atol,
                                min_sqnr=min_sqnr, provider_options=provider_options, budget_s=budget_s)
     provider_options = parse_provider_options(provider_options)
@@ -153,7 +156,7 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
                          provider_options, fp16, edges, budget_s)
         if not report["ok"] and int8 is None and not fp16 and not edges:
             report["bisect_command"] = bisect_command(
-                original, next(p for p, e in report["providers"].items() if not e["ok"]), inputs=inputs,
+                original, next((p for p, e in report["providers"].items() if not e["ok"]), providers[0]), inputs=inputs,
                 input_shapes=input_shapes, int_ranges=int_ranges, seed=seed, rtol=rtol, atol=atol,
                 options=bisect_options)
         return report
@@ -263,6 +266,12 @@ def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_s
                 entry["culprit"] = {"message": f"could not run the models with their intermediate values exposed: "
                                                f"{io.first_line(exc, 300)}"}
         report["providers"][p] = entry
+    if fp16 and outputs:  # the float16 model in float16 arithmetic: what onnxruntime's CPU provider does not do
+        report["fp16"].update(_judge_fp16(before, after, outputs, model_feeds["after"], edges, progress))
+    elif outputs and int8 is None and low and is_fp16(before.proto) and is_fp16(after.proto):
+        # an optimized float16 model: both in float16 arithmetic (a rewrite's overflow shows there only)
+        report["fp16_arithmetic"] = _judge_fp16(before, after, outputs, model_feeds, edges, progress, rtol, atol,
+                                                pair=True)
     if "cpu" in outputs and len(outputs) > 1:
         report["cross_provider"] = {}
         for p in outputs:
@@ -272,8 +281,28 @@ def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_s
                 label: compare_all(outputs["cpu"][label], outputs[p][label], rtol=rtol, atol=atol,
                                    low_precision=low or (fp16 and label == "after"))
                 for label in ("before", "after")}
-    report["ok"] = all(e["ok"] for e in report["providers"].values())
+    report["ok"] = all(e["ok"] for e in report["providers"].values()) and \
+        all((report.get(k) or {}).get("ok", True) for k in ("fp16", "fp16_arithmetic"))
     return report
+
+
+def _judge_fp16(before: OrtModel, after: OrtModel, outputs: dict, feeds, edges, progress, rtol=None, atol=None,
+                pair: bool = False) -> dict:
+    """``fp16.judge``: the optimized model in float16 arithmetic (on CUDA where verified there, else
+    the CPU) against the original's outputs on that provider; ``pair`` (two float16 models, ``feeds``
+    both models' inputs by "before"/"after"): ``fp16.judge_pair``, both in float16 arithmetic."""
+    import onnx
+
+    from .fp16 import judge, judge_pair
+
+    p = "cuda" if "cuda" in outputs else next(iter(outputs))
+    progress("judging the float16 model in float16 arithmetic")
+    load = lambda m: onnx.load(m.path) if m.external else m.proto  # noqa: E731
+    back = (lambda got: layouts.outputs_back(edges, got)) if edges else None
+    if pair:
+        return judge_pair(load(before), load(after), feeds["before"], feeds["after"], p, back=back,
+                                     rtol=rtol, atol=atol)
+    return judge(outputs[p]["before"], load(after), feeds, p, back=back)
 
 
 def _compare_int8(before, after, min_db: float) -> list[dict]:

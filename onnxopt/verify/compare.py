@@ -91,7 +91,8 @@ def compare_int8(before, after, min_db: float = INT8_MIN_SQNR_DB) -> dict:
 
 # A float16 model (onnxopt's --precision fp16) against its float32 original: each float output
 # passes when its cosine similarity is at least FP16_MIN_COSINE, its largest absolute error at most
-# FP16_MAX_ERROR of the original output's range (max - min), and, for logits (a name with "logit",
+# FP16_MAX_ERROR of the original output's range (max - min; its largest magnitude for a constant
+# output), and, for logits (a name with "logit",
 # or a [batch, classes] output of 1000 or more classes), the top-1 class along the last axis agrees
 # at FP16_MIN_TOP1 of the positions or more (next-token agreement for a language model).
 FP16_MIN_COSINE = 0.999
@@ -119,6 +120,8 @@ def compare_fp16(before, after, name: str = "") -> dict:
     a = before.astype(np.float64)
     finite = a[np.isfinite(a)]
     span = float(finite.max() - finite.min()) if finite.size else 0.0
+    if span == 0 and finite.size:  # a constant output: the error against its magnitude
+        span = float(np.abs(finite).max())
     max_abs = row.get("max_abs", 0.0)
     frac = 0.0 if max_abs == 0 else (max_abs / span if span > 0 else float("inf"))
     if frac != frac:  # NaN: a non-finite mismatch
