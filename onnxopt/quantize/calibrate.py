@@ -74,7 +74,7 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 import onnx
 
-from ..errors import UsageError
+from ..errors import OnnxoptError, UsageError
 from .data import CalibrationSet, open_calibration
 
 __all__ = ["METHODS", "DEFAULT_BINS", "RangeStats", "HistStats", "collect_ranges", "collect_histograms",
@@ -313,7 +313,55 @@ class _Runner:
         self.inputs = [i.name for i in self.session.get_inputs()]
 
     def run(self, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        return self.session.run(self.tensors, {k: feed[k] for k in self.inputs})
+        try:
+            return self.session.run(self.tensors, {k: feed[k] for k in self.inputs})
+        except Exception as exc:  # noqa: BLE001 - sorted below: the user's data, or a bug of ours
+            raise feed_error(exc, feed, self.session, "calibration") or exc
+
+
+def _dims(shape) -> str:
+    return "x".join(str(d) if isinstance(d, int) and d >= 0 else "?" for d in shape) if len(shape) else "scalar"
+
+
+def feed_error(exc: BaseException, feed: Mapping[str, np.ndarray], session, what: str) -> UsageError | None:
+    """The one-line UsageError for onnxruntime refusing to run a float model on the user's feed (a shape
+    the model's layers cannot take, a wrong rank or type), naming the feed's shapes and the model's declared
+    ones; None for anything else (an error raised by our code is a bug, and stays one). Used only for runs
+    of the float model the user gave (cleaned up): a quantized model failing where the float one ran is ours."""
+    from .. import io
+
+    if isinstance(exc, OnnxoptError) or not type(exc).__module__.startswith("onnxruntime"):
+        return None
+    given = ", ".join(f"{k} {_dims(np.shape(v))} {np.asarray(v).dtype}" for k, v in feed.items())
+    declared = ", ".join(f"{i.name} {'x'.join(str(d) if isinstance(d, int) else '?' for d in (i.shape or []))}"
+                         f" {str(i.type).replace('tensor(', '').rstrip(')')}" for i in session.get_inputs())
+    return UsageError(f"{what} data: onnxruntime cannot run the model on a feed of {given} (the model declares "
+                      f"{declared}; '?' is any size, but its layers may need particular sizes): "
+                      f"{io.first_line(exc, 300)}")
+
+
+def check_runs(model, feeds: Sequence[Mapping[str, np.ndarray]], what: str, threads: int = 0) -> None:
+    """Run the float ``model`` once on each distinct set of feed shapes and types in ``feeds``: a feed it
+    cannot run is a one-line UsageError (:func:`feed_error`) before any later step runs it."""
+    from ..verify.runtime import OrtModel, session
+
+    seen: dict[tuple, Mapping] = {}
+    for feed in feeds:
+        seen.setdefault(tuple((k, np.shape(v), np.asarray(v).dtype.str) for k, v in sorted(feed.items())), feed)
+    if not seen:
+        return
+    om = OrtModel(model, what) if not isinstance(model, OrtModel) else model
+    try:
+        sess = session(om.source(), "cpu", threads=threads)
+        names = [i.name for i in sess.get_inputs()]
+        for feed in seen.values():
+            try:
+                sess.run(None, {k: feed[k] for k in names if k in feed})
+            except Exception as exc:  # noqa: BLE001 - sorted as in _Runner.run
+                raise feed_error(exc, feed, sess, what) or exc
+    finally:
+        if om is not model:
+            om.close()
 
 
 def _exposed(model, tensors: Sequence[str]):
