@@ -86,3 +86,57 @@ def test_errors_of_our_own_stay_bugs(tmp_path):
     assert cal.feed_error(KeyError("x"), feed, sess, "calibration") is None
     assert cal.feed_error(UsageError("x"), feed, sess, "calibration") is None
     cal.check_runs(str(model), [{"x": np.zeros((1, 3, 8, 8), np.float32)}] * 3, "calibration")  # runs: no error
+
+
+def _matmul(path):
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((8, 4)) * 1e-3).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", 1, [1, 8])],
+                              [helper.make_tensor_value_info("y", 1, [1, 4])], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+@pytest.mark.parametrize("method", ["minmax", "entropy"])
+def test_values_at_float32s_limit_exit_2(tmp_path, capsys, method):
+    """Calibration values spanning +-3.4e38: the 8-bit scale's lowest code dequantizes to -inf (was a model
+    computing inf, written with exit 0). Refused in one line naming the tensor; 3e37 still quantizes."""
+    model = _matmul(tmp_path / "m.onnx")
+    big = np.finfo(np.float32).max
+    folder = tmp_path / "c"
+    folder.mkdir()
+    rng = np.random.default_rng(2)
+    for i in range(6):
+        a = rng.uniform(-1, 1, (1, 8)).astype(np.float32)
+        a[0, :2] = (-big, big)
+        np.save(folder / f"{i}.npy", a)
+    out = tmp_path / "q.onnx"
+    code, lines, err = _main(capsys, "quantize", model, "-o", out, "--calib", folder, "--method", method,
+                             "--target", "portable", "--keep-float", "never")
+    assert code == 2 and len(lines) == 1, err
+    assert "calibration: tensor 'x' ranges over [-3.403e+38, 3.403e+38], too wide" in lines[0]
+    assert not out.exists()
+    near = tmp_path / "near"
+    near.mkdir()
+    for i in range(6):
+        np.save(near / f"{i}.npy", (rng.uniform(-1, 1, (1, 8)) * 3e37).astype(np.float32))
+    code, lines, err = _main(capsys, "quantize", model, "-o", out, "--calib", near, "--method", method,
+                             "--target", "portable", "--keep-float", "never")
+    assert code == 0, err
+    q = onnx.load(str(out))
+    onnx.checker.check_model(q, full_check=True)
+    import onnxruntime as ort
+
+    x = (rng.uniform(-1, 1, (1, 8)) * 3e37).astype(np.float32)
+    got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert np.isfinite(got).all()
+
+
+def test_check_scale_bounds():
+    big = float(np.finfo(np.float32).max)
+    cal._check_scale("t", -3e37, 3e37)
+    cal._check_scale("t", 0.0, big)  # (0 .. 255 * scale: the top code is float32's largest)
+    for lo, hi in ((-big, big), (-big / 1.001, big)):
+        with pytest.raises(UsageError, match="too wide for an 8-bit float32 scale"):
+            cal._check_scale("t", lo, hi)

@@ -591,7 +591,24 @@ def choose_ranges(ranges: RangeStats, hists: HistStats | None, method: str, *, p
         if method != "minmax":  # never wider than what was seen
             lo, hi = max(lo, min(r[0], 0.0)), min(hi, max(r[1], 0.0))
         out[t] = _finish(lo, hi, steps)
+        _check_scale(t, *out[t])
     return out
+
+
+def _check_scale(tensor: str, lo: float, hi: float) -> None:
+    """A range whose 8-bit float32 scale, or the values it dequantizes to, leave float32 (values near its
+    limit, 3.4e38: DequantizeLinear would give inf) is the data's: one line, exit 2, not a model that
+    computes inf."""
+    from .plan import activation_params
+
+    scale, zp = activation_params(lo, hi)
+    with np.errstate(over="ignore", under="ignore"):
+        ends = (np.float32(0 - int(zp)) * scale, np.float32(255 - int(zp)) * scale)
+    if not (np.isfinite(scale) and scale >= np.finfo(np.float32).tiny and all(np.isfinite(e) for e in ends)):
+        raise UsageError(f"calibration: tensor {tensor!r} ranges over [{lo:.4g}, {hi:.4g}], too wide for an 8-bit "
+                         f"float32 scale (its ends would dequantize to inf; float32 ends at "
+                         f"{float(np.finfo(np.float32).max):.4g}): scale the calibration data to the model's range, "
+                         f"or leave the nodes that read it float (--exclude)")
 
 
 # --- the whole calibration, in one process or several -----------------------------------------------
