@@ -125,3 +125,24 @@ def load_json(path: str | os.PathLike, what: str, limit: int = MAX_JSON_BYTES):
         return json.loads(text)
     except (ValueError, RecursionError) as exc:
         raise UsageError(f"{path}: not a valid JSON {what} ({str(exc).splitlines()[0]})") from None
+
+
+MAX_NPZ_BYTES = 4 << 30  # what the arrays of one .npz may inflate to (numpy reads each member whole)
+
+
+def check_npz(path: str | os.PathLike, what: str, limit: int | None = None, *, compressed_only: bool = False) -> None:
+    """Refuse (one line) an .npz whose arrays inflate past ``limit`` bytes before numpy reads them: a few
+    megabytes of compressed zeros can declare gigabytes. ``compressed_only``: count only the members read
+    whole (a stored member is memory-mapped by onnxopt's calibration). A file that is not a zip archive is
+    left to the caller's own message."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as zf:
+            infos = zf.infolist()
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return
+    limit = MAX_NPZ_BYTES if limit is None else limit
+    total = sum(i.file_size for i in infos if not compressed_only or i.compress_type != zipfile.ZIP_STORED)
+    if total > limit:
+        raise UsageError(f"{what} {path}: its arrays inflate to {total:,} bytes, more than {_size_text(limit)}")

@@ -140,3 +140,42 @@ def test_check_scale_bounds():
     for lo, hi in ((-big, big), (-big / 1.001, big)):
         with pytest.raises(UsageError, match="too wide for an 8-bit float32 scale"):
             cal._check_scale("t", lo, hi)
+
+
+def _bomb(path, name, shape):
+    """A compressed .npz whose one array inflates to 4 bytes per element of ``shape`` (zeros: a few KB)."""
+    np.savez_compressed(path, **{name: np.zeros(shape, np.float32)})
+    return path
+
+
+def test_npz_that_inflates_past_the_limit_is_refused(tmp_path, capsys, monkeypatch):
+    """issue 27 item 8's class: numpy reads an .npz member whole, so a small compressed file can declare
+    gigabytes. verify --inputs and calibration files are refused in one line when their arrays inflate past
+    readers.MAX_NPZ_BYTES (4 GiB; 1 MiB here so the test stays small), before numpy allocates them."""
+    from onnxopt import readers
+
+    monkeypatch.setattr(readers, "MAX_NPZ_BYTES", 1 << 20)
+    model = _strided(tmp_path / "m.onnx")
+    bomb = _bomb(tmp_path / "big.npz", "x", (1, 3, 256, 256))  # 786,432 bytes: under the limit...
+    assert bomb.stat().st_size < 20_000
+    bomb = _bomb(tmp_path / "big.npz", "x", (2, 3, 256, 256))  # ...1,572,864: over it
+    code, lines, err = _main(capsys, "verify", model, model, "--inputs", bomb)
+    assert code == 2 and len(lines) == 1, err
+    assert f"inputs file {bomb}: its arrays inflate to 1,572,992 bytes, more than 1 MiB" in lines[0]
+    # calibration: one .npz of samples (compressed members are read whole), and a folder of per-feed files
+    out = tmp_path / "q.onnx"
+    code, lines, err = _main(capsys, "quantize", model, "-o", out, "--calib", bomb)
+    assert code == 2 and len(lines) == 1 and "inflate to 1,572,992 bytes" in lines[0], err
+    folder = tmp_path / "c"
+    folder.mkdir()
+    _bomb(folder / "0.npz", "x", (1, 3, 8, 8))
+    _bomb(folder / "1.npz", "x", (1, 3, 512, 512))
+    code, lines, err = _main(capsys, "quantize", model, "-o", out, "--calib", folder)
+    assert code == 2 and len(lines) == 1 and "1.npz: its arrays inflate to 3,145,856 bytes" in lines[0], err
+    assert not out.exists()
+    # stored (uncompressed) samples are memory-mapped, not read whole: not counted
+    stored = tmp_path / "stored.npz"
+    np.savez(stored, x=np.zeros((2, 1, 3, 256, 256), np.float32))
+    readers.check_npz(stored, "calibration file", compressed_only=True)
+    with pytest.raises(UsageError, match="inflate"):
+        readers.check_npz(stored, "inputs file")
