@@ -51,8 +51,8 @@ def test_calibration_shapes_the_model_cannot_run_exit_2(tmp_path, capsys, worker
                              "--workers", workers)
     assert code == 2 and "Traceback" not in err, err
     assert len(lines) == 1 and "internal error" not in lines[0], lines
-    assert "calibration data: onnxruntime cannot run the model on a feed of x 1x3x6x6 float32" in lines[0]
-    assert "the model declares x ?x3x?x? float" in lines[0]
+    assert "calibration data: onnxruntime cannot run the model at inputs x 1x3x6x6 float32" in lines[0]
+    assert "(the model declares x ?x3x?x?;" in lines[0]
     assert not out.exists()
 
 
@@ -63,7 +63,7 @@ def test_held_out_shapes_the_model_cannot_run_exit_2(tmp_path, capsys):
     code, lines, err = _main(capsys, "quantize", model, "-o", out,
                              "--calib", _calib(tmp_path / "c", [8, 8, 8, 6, 8, 8]), "--held-out", "1")
     assert code == 2 and len(lines) == 1, err
-    assert "held-out calibration data: onnxruntime cannot run the model on a feed of x 1x3x6x6" in lines[0]
+    assert "held-out calibration data: onnxruntime cannot run the model at inputs x 1x3x6x6" in lines[0]
     assert not out.exists()
     # the same data at sizes the model takes is quantized
     code, _, err = _main(capsys, "quantize", model, "-o", out, "--calib", _calib(tmp_path / "ok", [8] * 6),
@@ -179,3 +179,16 @@ def test_npz_that_inflates_past_the_limit_is_refused(tmp_path, capsys, monkeypat
     readers.check_npz(stored, "calibration file", compressed_only=True)
     with pytest.raises(UsageError, match="inflate"):
         readers.check_npz(stored, "inputs file")
+
+
+@pytest.mark.parametrize("face", ["verify", "bisect"])
+def test_verify_and_bisect_name_the_shapes_the_model_cannot_run(tmp_path, capsys, face):
+    """The class of item 11 in verify and bisect: the original refusing the user's inputs was already exit 2;
+    the line now names the shapes run and the model's declared ones."""
+    model = _strided(tmp_path / "m.onnx")
+    npz = tmp_path / "in.npz"
+    np.savez(npz, x=np.zeros((1, 3, 6, 6), np.float32))
+    args = [model, model] if face == "verify" else [model]
+    code, lines, err = _main(capsys, face, *args, "--inputs", npz)
+    assert code == 2 and len(lines) == 1, err
+    assert "cannot run the original model at inputs x 1x3x6x6 float32 (the model declares x ?x3x?x?;" in lines[0]

@@ -74,7 +74,7 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 import onnx
 
-from ..errors import OnnxoptError, UsageError
+from ..errors import OnnxoptError, UsageError, feeds_text
 from .data import CalibrationSet, open_calibration
 
 __all__ = ["METHODS", "DEFAULT_BINS", "RangeStats", "HistStats", "collect_ranges", "collect_histograms",
@@ -319,10 +319,6 @@ class _Runner:
             raise feed_error(exc, feed, self.session, "calibration") or exc
 
 
-def _dims(shape) -> str:
-    return "x".join(str(d) if isinstance(d, int) and d >= 0 else "?" for d in shape) if len(shape) else "scalar"
-
-
 def feed_error(exc: BaseException, feed: Mapping[str, np.ndarray], session, what: str) -> UsageError | None:
     """The one-line UsageError for onnxruntime refusing to run a float model on the user's feed (a shape
     the model's layers cannot take, a wrong rank or type), naming the feed's shapes and the model's declared
@@ -332,11 +328,7 @@ def feed_error(exc: BaseException, feed: Mapping[str, np.ndarray], session, what
 
     if isinstance(exc, OnnxoptError) or not type(exc).__module__.startswith("onnxruntime"):
         return None
-    given = ", ".join(f"{k} {_dims(np.shape(v))} {np.asarray(v).dtype}" for k, v in feed.items())
-    declared = ", ".join(f"{i.name} {'x'.join(str(d) if isinstance(d, int) else '?' for d in (i.shape or []))}"
-                         f" {str(i.type).replace('tensor(', '').rstrip(')')}" for i in session.get_inputs())
-    return UsageError(f"{what} data: onnxruntime cannot run the model on a feed of {given} (the model declares "
-                      f"{declared}; '?' is any size, but its layers may need particular sizes): "
+    return UsageError(f"{what} data: onnxruntime cannot run the model{feeds_text(feed, session.get_inputs())}: "
                       f"{io.first_line(exc, 300)}")
 
 
