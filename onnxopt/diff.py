@@ -211,7 +211,7 @@ def from_provenance(before: Graph, after: Graph) -> dict:
 def _json_list(text: str | None) -> list[str]:
     try:
         value = json.loads(text or "[]")
-    except ValueError:
+    except (ValueError, RecursionError):  # (a model's metadata may hold anything: 100,000 nested arrays)
         return []
     return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
 

@@ -192,3 +192,36 @@ def test_verify_and_bisect_name_the_shapes_the_model_cannot_run(tmp_path, capsys
     code, lines, err = _main(capsys, face, *args, "--inputs", npz)
     assert code == 2 and len(lines) == 1, err
     assert "cannot run the original model at inputs x 1x3x6x6 float32 (the model declares x ?x3x?x?;" in lines[0]
+
+
+def test_deep_json_in_a_models_metadata(tmp_path, capsys):
+    """issue 27 item 8's class, JSON read back from a model: onnxopt's provenance keys (onnxopt.sources,
+    .replaced, .merged) and the io_layout record hold JSON; 100,000 nested arrays there were a RecursionError
+    (exit 3) in optimize and diff. Provenance that is not onnxopt's is ignored; the layout record is refused
+    in one line."""
+    deep = "[" * 100_000 + "]" * 100_000
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="r0"), helper.make_node("Relu", ["x"], ["r2"], name="r1"),
+             helper.make_node("Add", ["r", "r2"], ["y"], name="a0")]
+    for n in nodes:
+        for key in ("onnxopt.sources", "onnxopt.rule", "onnxopt.replaced", "onnxopt.merged"):
+            n.metadata_props.add(key=key, value=deep)
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, [1, 4])],
+                              [helper.make_tensor_value_info("y", 1, [1, 4])])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    src = tmp_path / "deep.onnx"
+    onnx.save(m, src)
+    out = tmp_path / "o.onnx"
+    assert cli.main([str(src), "-o", str(out)]) == 0, capsys.readouterr().err
+    opt = onnx.load(str(out))
+    onnx.checker.check_model(opt, full_check=True)
+    assert sum(n.op_type == "Relu" for n in opt.graph.node) == 1  # the twin Relu merged, its record rewritten
+    import onnxruntime as ort
+
+    x = np.linspace(-2, 2, 4, dtype=np.float32).reshape(1, 4)
+    run = lambda p: ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]  # noqa: E731
+    np.testing.assert_array_equal(run(src), run(out))
+    assert cli.main(["diff", str(src), str(out), "--html", str(tmp_path / "d.html")]) == 0, capsys.readouterr().err
+    m.metadata_props.add(key="onnxopt.io_layout", value=deep)
+    onnx.save(m, src)
+    code, lines, err = _main(capsys, "verify", src, src)
+    assert code == 2 and len(lines) == 1 and "onnxopt.io_layout is not what onnxopt writes" in lines[0], err
