@@ -225,3 +225,35 @@ def test_deep_json_in_a_models_metadata(tmp_path, capsys):
     onnx.save(m, src)
     code, lines, err = _main(capsys, "verify", src, src)
     assert code == 2 and len(lines) == 1 and "onnxopt.io_layout is not what onnxopt writes" in lines[0], err
+
+
+def test_bias_scale_that_overflows_leaves_the_weights_float(tmp_path, capsys):
+    """issue 27 item 9's class, computed scales: activations near 3e37 times weights near 1e6 give a bias scale
+    (x_scale * w_scale) of inf in float32, written as a DequantizeLinear scale (0 * inf = NaN). The weights
+    rule now refuses such a node (weights and bias stay float); every scale written is a finite normal float."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((4, 3, 1, 1)) * 1e6).astype(np.float32), "w")
+    b = numpy_helper.from_array(np.ones(4, np.float32), "b")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w", "b"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", 1, [1, 3, 4, 4])],
+                              [helper.make_tensor_value_info("y", 1, [1, 4, 4, 4])], [w, b])
+    model = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    folder = tmp_path / "c"
+    folder.mkdir()
+    for i in range(6):
+        a = (rng.uniform(-1, 1, (1, 3, 4, 4)) * 3e37).astype(np.float32)
+        a[0, 1:] = 0
+        np.save(folder / f"{i}.npy", a)
+    out = tmp_path / "q.onnx"
+    code, _, err = _main(capsys, "quantize", model, "-o", out, "--calib", folder, "--target", "portable",
+                         "--keep-float", "never", "--no-fidelity")
+    assert code == 0, err
+    q = onnx.load(str(out))
+    onnx.checker.check_model(q, full_check=True)
+    inits = {t.name: numpy_helper.to_array(t) for t in q.graph.initializer}
+    scales = [inits[n.input[1]] for n in q.graph.node if n.op_type in ("DequantizeLinear", "QuantizeLinear")]
+    assert scales
+    for s in scales:
+        assert np.all(np.isfinite(s)) and np.all(s >= np.finfo(np.float32).tiny), s
+    assert any(n.op_type == "Conv" and n.input[1] == "w" for n in q.graph.node)  # the weights stay float
