@@ -101,13 +101,11 @@ class Table:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Table:
-        try:
-            with open(path) as f:
-                data = json.load(f)
-        except FileNotFoundError:
-            raise UsageError(f"benefit table {path}: no such file") from None
-        except (OSError, ValueError) as exc:
-            raise UsageError(f"benefit table {path}: {exc}") from None
+        from .readers import load_json
+
+        if not os.path.exists(path):
+            raise UsageError(f"benefit table {path}: no such file")
+        data = load_json(path, "benefit table")  # (bounded in size and nesting; one line otherwise)
         return cls.from_dict(data, str(path))
 
     def entry(self, key: str, target: str) -> dict | None:

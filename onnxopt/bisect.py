@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from . import evaluate, io, pipeline, registry
-from .errors import InvalidModelError, bug_warnings, strict_default
+from .errors import InvalidModelError, bug_warnings, feeds_text, strict_default
 from .input_shapes import fix as fix_input_shapes, normalize as normalize_input_shapes
 from .verify import (Progress, check_providers, check_tolerances, compare_all, find_culprit, is_fp16,
                      is_low_precision, parse_providers)
@@ -81,8 +81,10 @@ def _bisect(original: OrtModel, rules, extra_rules, disable, target, provider, i
     try:
         reference = run_outputs(original.source(), feeds, provider)
     except Exception as exc:  # noqa: BLE001
-        raise InvalidModelError(f"onnxruntime ({provider}) cannot run the original model: "
-                                f"{io.first_line(exc, 300)}") from None
+        inits = {t.name for t in original.proto.graph.initializer}
+        raise InvalidModelError(f"onnxruntime ({provider}) cannot run the original model"
+                                f"{feeds_text(feeds, [i for i in original.proto.graph.input if i.name not in inits])}"
+                                f": {io.first_line(exc, 300)}") from None
     chosen, graph_passes = registry.resolve(rules, extra_rules, disable, target, graph_passes, exact=options["exact"])
     runs: dict = {}
 

@@ -201,20 +201,25 @@ def _toml():
 def read(path: str | os.PathLike) -> dict:
     """The file's tables flattened to dotted keys (``{"verify.rtol": 1e-4}``); UsageError (one line)
     for a missing or unreadable file, bad TOML (with its line) or an unknown key."""
+    from . import readers
+
     toml = _toml()
+    # Bounded: 1 MiB (``-c /dev/zero`` is refused, not read without end), 64 levels of nesting (tomllib
+    # recurses: 5,000 nested arrays were a RecursionError), a UTF-8 byte order mark accepted.
+    raw = readers.read_bytes(path, "config file", readers.MAX_CONFIG_BYTES)
     try:
-        with open(path, "rb") as f:
-            data = toml.load(f)
-    except FileNotFoundError:
-        raise UsageError(f"{path}: no such config file") from None
-    except IsADirectoryError:
-        raise UsageError(f"{path}: a folder, not a config file") from None
-    except toml.TOMLDecodeError as exc:
-        raise UsageError(f"{path}: not valid TOML: {str(exc).splitlines()[0]}") from None
+        text = raw[len(readers.BOM):].decode("utf-8") if raw.startswith(readers.BOM) else raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UsageError(f"{path}: not valid TOML: not UTF-8 text (byte {exc.start})") from None
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read the config file ({exc.strerror or exc})") from None
+    readers.check_nesting(text, path, "config file")
+    try:
+        data = toml.loads(text)
+    except toml.TOMLDecodeError as exc:
+        raise UsageError(f"{path}: not valid TOML: {str(exc).splitlines()[0]}") from None
+    except RecursionError:  # (the count above should have caught it)
+        raise UsageError(f"{path}: nested too deeply for a config file") from None
+    if readers.data_depth(data) > readers.MAX_NESTING:  # dotted keys nest tables without brackets
+        raise UsageError(f"{path}: nested more than {readers.MAX_NESTING} levels of tables (dotted keys)")
     flat: dict = {}
     for name, value in data.items():
         if name in TABLES:

@@ -211,7 +211,7 @@ def from_provenance(before: Graph, after: Graph) -> dict:
 def _json_list(text: str | None) -> list[str]:
     try:
         value = json.loads(text or "[]")
-    except ValueError:
+    except (ValueError, RecursionError):  # (a model's metadata may hold anything: 100,000 nested arrays)
         return []
     return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
 
@@ -1013,11 +1013,12 @@ def run(before, after, *, html_out: str | None = None, json_out: str | None = No
     m = from_provenance(b, a) if has_provenance(a) else align(b, a)
     report = verify_report
     if isinstance(report, (str, os.PathLike)):
-        with open(report) as f:
-            try:
-                report = json.load(f)
-            except ValueError as exc:
-                raise UsageError(f"--verify-report {os.fspath(verify_report)}: not a JSON report ({exc})") from None
+        from .readers import load_json
+
+        try:  # (bounded in size and nesting: a 100,000-deep array was a RecursionError, exit 3)
+            report = load_json(report, "verify report")
+        except UsageError as exc:
+            raise UsageError(f"--verify-report {exc}") from None
         if not isinstance(report, dict):
             raise UsageError(f"--verify-report {os.fspath(verify_report)}: not a verify report (an object)")
     summ = summary(b, a, m, report)

@@ -1,6 +1,7 @@
 """The live diff: one local HTTP server, one origin, with both models side by side in Netron.
 
-``python -m onnxopt diff BEFORE AFTER`` (without ``--html``) calls :func:`run`. The server serves
+``python -m onnxopt diff BEFORE AFTER`` (without ``--html``) calls :func:`run`. The server serves, under a per-run secret path prefix ``/<secret>/`` (``secrets.token_urlsafe``; the
+URL it prints carries it, and every address below is relative to it)
 
 - ``/``                      the diff page (``onnxopt/data/diff/live.html``, ``live.js``, ``live.css``);
 - ``/mapping.json``          the mapping below, with a ``summary`` filled in where the caller gave none;
@@ -13,7 +14,7 @@
                              180 days after its build) and a ``consent`` cookie (no cookie prompt, no
                              request to ipinfo.io: the page works offline).
 
-The page puts two iframes (``/netron/index.html?url=/models/before/<file>`` and the same for after) side by
+The page puts two iframes (``netron/index.html?url=/<secret>/models/before/<file>`` and the same for after) side by
 side. Same origin, so the page reaches into each iframe's ``window.__view__`` (Netron's ``View``): it
 marks nodes by adding a class to Netron's SVG node group (``id="node-name-<name>"``) and brings a node
 into view with the view's own ``select`` and ``scrollTo`` (what Netron's find sidebar does).
@@ -38,7 +39,11 @@ node ``changed``. In BEFORE a removed node is ``removed``, a node a created node
 (``fused`` when that node fused many into one), a changed node ``changed``. A created node that replaced
 nothing (an inserted node) is ``created``.
 
-The server binds 127.0.0.1 only. Without ``port`` it takes the first free port from 8090 upward; with
+The server binds 127.0.0.1 only, and answers only requests a page it served can make: a request target
+in origin form (an absolute-form target such as ``GET http://evil.example/ HTTP/1.1`` is a 400), a
+``Host`` header naming a loopback host with its port (``127.0.0.1``, ``localhost`` or ``[::1]``; any
+other, as a DNS-rebinding page sends, is a 403) and the secret prefix (without it, a 404). A web page of
+another site can neither read the models through a rebound name nor guess the address. Without ``port`` it takes the first free port from 8090 upward; with
 ``port`` a port in use is a one-line :class:`~onnxopt.errors.UsageError`. :func:`run` blocks until
 Ctrl-C (or ``duration`` seconds) and stops the server on the way out; :func:`serve` returns a running
 :class:`DiffServer` for tests and ``with`` blocks.
@@ -49,10 +54,12 @@ from __future__ import annotations
 import collections
 import copy
 import errno
+import hmac
 import json
 import mimetypes
 import os
 import re
+import secrets
 import shutil
 import threading
 import time
@@ -117,15 +124,45 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format, *args):  # noqa: A002 - quiet: the command prints its own line
         pass
 
-    def do_GET(self):  # noqa: N802
-        path = unquote(urlsplit(self.path).path)
+    def _refused(self) -> bool:
+        """Answer (and return True) a request that is not one the served page makes: an absolute-form or
+        authority-form target, a Host that is not this server's loopback name and port (DNS rebinding), a
+        path without the run's secret prefix. Nothing is served before these checks."""
         srv = self.server
+        target = self.path
+        if not target.startswith("/") or target.startswith("//"):
+            self._send(b"bad request: only origin-form request targets are served", "text/plain", 400)
+            return True
+        host = (self.headers.get("Host") or "").strip().lower()
+        if len(self.headers.get_all("Host") or []) != 1 or host not in srv.hosts:
+            self._send(b"forbidden: this server answers only to a loopback host name with its port",
+                       "text/plain", 403)
+            return True
+        raw = urlsplit(target).path
+        prefix = f"/{srv.secret}"
+        head, sep, _ = raw[1:].partition("/")
+        if not hmac.compare_digest(head.encode("utf-8", "replace"), srv.secret.encode("ascii")):
+            self._send(b"not found", "text/plain", 404)
+            return True
+        if not sep:  # "/<secret>": the page's relative addresses need the trailing slash
+            self.send_response(301)
+            self.send_header("Location", prefix + "/")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return True
+        return False
+
+    def do_GET(self):  # noqa: N802
+        if self._refused():
+            return
+        srv = self.server
+        path = unquote(urlsplit(self.path).path)[len(srv.secret) + 1:]
         if path in ("/", "/index.html"):
             page = (ASSETS / "live.html").read_text(encoding="utf-8")
             for side, files in srv.models.items():
                 # Netron decodes the url parameter, then fetches it: the path is encoded, then encoded again
                 # as a query value (a '#', '?' or '%' in a file name survives both)
-                path = f"/models/{side}/{quote(files[0][0])}"
+                path = f"/{srv.secret}/models/{side}/{quote(files[0][0])}"
                 page = page.replace(f"__{side.upper()}_URL__", quote(path, safe=""))
                 page = page.replace(f"__{side.upper()}_FILE__", quote(files[0][0], safe=""))
             return self._send(page.encode("utf-8"), "text/html; charset=utf-8")
@@ -158,6 +195,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(length))
         self.send_header("Cache-Control", "no-store")
+        # The secret is in every URL: never sent on to another site as a Referer.
+        self.send_header("Referrer-Policy", "no-referrer")
+        self.send_header("X-Content-Type-Options", "nosniff")
         # Netron asks for consent (and looks the country up on ipinfo.io) unless this cookie is set.
         self.send_header("Set-Cookie", f"consent={int(time.time() * 1000)}; Path=/; SameSite=Strict")
         self.end_headers()
@@ -190,7 +230,8 @@ class DiffServer:
     def __init__(self, httpd: _Server):
         self._httpd = httpd
         self.port = httpd.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}/"
+        self.secret = httpd.secret
+        self.url = f"http://127.0.0.1:{self.port}/{self.secret}/"
         self._thread = threading.Thread(target=httpd.serve_forever, name="onnxopt-diff", daemon=True)
         self._thread.start()
 
@@ -245,6 +286,9 @@ def serve(before, after, mapping: dict, *, port: int | None = None) -> DiffServe
         if not Path(p).is_file():
             raise UsageError(f"{p}: no such model file")
     httpd = _bind(port)
+    httpd.secret = secrets.token_urlsafe(24)
+    bound = httpd.server_address[1]
+    httpd.hosts = {f"127.0.0.1:{bound}", f"localhost:{bound}", f"[::1]:{bound}"}
     httpd.netron = folder
     httpd.netron_index = _netron_index(folder)
     httpd.models = {"before": _served(before), "after": _served(after)}

@@ -53,3 +53,24 @@ def bug_warnings(bugs: "list[RuleBug]") -> list[str]:
         where = f"at node {met[0].node!r}" if len(met) == 1 else f"at {len(met)} nodes (the first {met[0].node!r})"
         lines.append(f"rule {rule} raised {exception} in its {phase} {where}: a bug in the rule, skipped there")
     return lines
+
+
+def feeds_text(feeds, declared=None) -> str:
+    """" at inputs x 1x3x48x192 float32 (the model declares x ?x3x?x? float)": the shapes a run of the user's
+    data used, and the model's declared ones (``declared``: onnx ValueInfoProtos or onnxruntime NodeArgs),
+    for a one-line message about onnxruntime refusing to run them."""
+    def dims(shape) -> str:
+        return "x".join(str(d) if isinstance(d, int) and d >= 0 else "?" for d in shape) if len(shape) else "scalar"
+
+    given = ", ".join(f"{k} {dims(getattr(v, 'shape', ()))} {getattr(v, 'dtype', type(v).__name__)}"
+                      for k, v in (feeds or {}).items())
+    text = f" at inputs {given}" if given else ""
+    shown = []
+    for d in declared or ():
+        if hasattr(d, "type") and hasattr(d.type, "tensor_type"):  # onnx ValueInfoProto
+            shape = [x.dim_value if x.HasField("dim_value") else None for x in d.type.tensor_type.shape.dim]
+        else:  # onnxruntime NodeArg
+            shape = [x if isinstance(x, int) else None for x in (d.shape or [])]
+        shown.append(f"{d.name} {dims([-1 if s is None else s for s in shape])}")
+    return text + (f" (the model declares {', '.join(shown)}; '?' is any size, but its layers may need "
+                   f"particular sizes)" if shown else "")

@@ -133,7 +133,7 @@ def recorded_sources(node: ir.Node) -> list[str]:
     for key in (SOURCES_KEY, REPLACED_KEY) if RULE_KEY in props else (SOURCES_KEY,):
         try:
             names = json.loads(props.get(key, "null"))
-        except ValueError:
+        except (ValueError, RecursionError):  # (not onnxopt's JSON: a model may hold anything there)
             continue
         if isinstance(names, list) and names and all(isinstance(n, str) for n in names):
             return names

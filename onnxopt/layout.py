@@ -813,7 +813,7 @@ def _record(metadata: Mapping[str, str] | None) -> dict:
             if "preprocess" in rec:
                 _preprocess(rec["preprocess"])
         return record
-    except (ValueError, TypeError, AttributeError) as exc:
+    except (ValueError, TypeError, AttributeError, RecursionError) as exc:
         raise UsageError(f"the model's metadata {EDGES_KEY} is not what onnxopt writes: {exc}") from None
 
 

@@ -131,7 +131,12 @@ def eliminate_common_subexpressions(model: ir.Model, touched: Touched | None = N
                 touched(redirected, lost)
             merged += 1
     for first, names in merged_names.items():
-        first.metadata_props[MERGED_KEY] = json.dumps(json.loads(first.metadata_props.get(MERGED_KEY, "[]")) + names)
+        try:  # (a model's own value there may be anything: not JSON, not a list, 100,000 nested arrays)
+            before = json.loads(first.metadata_props.get(MERGED_KEY, "[]"))
+        except (ValueError, RecursionError):
+            before = None
+        before = [n for n in before if isinstance(n, str)] if isinstance(before, list) else []
+        first.metadata_props[MERGED_KEY] = json.dumps(before + names)
     return merged
 
 

@@ -184,8 +184,15 @@ def weights_condition(m: Match):
     if not np.all(np.isfinite(w)) or (bias is not None and not np.all(np.isfinite(bias))):
         return "non-finite weights"
     per_channel = plan.rules.per_channel
-    wq, ws, bq, bs = quantize_weights(w, axis if per_channel else None, plan.rules.weight_qmax,
-                                      np.float32(xs.reshape(-1)[0]), bias)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+        wq, ws, bq, bs = quantize_weights(w, axis if per_channel else None, plan.rules.weight_qmax,
+                                          np.float32(xs.reshape(-1)[0]), bias)
+    tiny = np.finfo(np.float32).tiny
+    for what, scale in (("weight", ws), ("bias (activation scale x weight scale)", bs)):
+        # a scale that overflowed to inf (DequantizeLinear gives NaN: 0 * inf), or underflowed to 0 or
+        # a subnormal (values near float32's limits): the node stays float, with the reason
+        if scale is not None and not (np.all(np.isfinite(scale)) and np.all(scale >= tiny)):
+            return f"{what} scale leaves float32's normal range ({float(np.max(scale)):.3g}, {float(np.min(scale)):.3g})"
     return wq, ws, axis if per_channel else None, bq, bs, attrs
 
 

@@ -77,6 +77,13 @@ def test_bad_tables_are_one_line_errors(tmp_path):
             benefit.Table.load(p)
     with pytest.raises(UsageError, match="no such file"):
         benefit.Table.load(tmp_path / "missing.json")
+    # bounded in nesting and size (issue 27 item 8's class: json recursed, /dev/zero was read without end)
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"entries": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(UsageError, match="nested 100001 levels deep"):
+        benefit.Table.load(deep)
+    with pytest.raises(UsageError, match="larger than 64 MiB"):
+        benefit.Table.load("/dev/zero")
 
 
 def test_using_swaps_the_table_in_effect(tmp_path, monkeypatch):

@@ -507,3 +507,52 @@ def test_an_output_never_replaces_the_config_file(src, tmp_path, capsys):
         code, _, err = run_main(capsys, src, *flags, "-c", cfg)
         assert code == 2 and "the config file" in one_line(err)
         assert cfg.read_bytes() == before
+
+
+# --------------------------------------------------------------------------------------------
+# Bounded reading (issue 27): nesting, size, a byte order mark
+
+
+@pytest.mark.parametrize("text", [
+    "target = " + "[" * 5000 + "]" * 5000,                      # nested arrays: tomllib recursed
+    "input_shapes = " + "{a = " * 3000 + "1" + "}" * 3000,      # nested inline tables
+    "a = " + "[" * 65 + "]" * 65,                               # one level past the limit
+    "input_shapes." + ".".join(f"k{i}" for i in range(80)) + " = 1",  # dotted keys nest tables too
+], ids=["arrays-5000", "inline-tables-3000", "arrays-65", "dotted-keys-80"])
+def test_deep_nesting_is_one_line_exit_2(text, src, tmp_path, capsys):
+    cfg = write(tmp_path, text + "\n")
+    code, _, err = run_main(capsys, src, "-o", tmp_path / "o.onnx", "-c", cfg)
+    assert code == 2, err[-300:]
+    line = one_line(err)
+    assert line.startswith(f"onnxopt: error: {cfg}: nested") and "64" in line, line
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_nesting_within_the_limit_and_brackets_in_strings(tmp_path):
+    from onnxopt import readers
+
+    # brackets inside strings and comments are not nesting
+    text = ('disable = ["[[[[", \'{{{{\', """]]\n[[""", \'\'\'{{{\'\'\']  # [[[[[[\n'
+            'target = "ort-cpu"\n')
+    assert readers.nesting(text) == (1, 1)
+    assert config.read(write(tmp_path, text))["disable"] == ["[[[[", "{{{{", "]]\n[[", "{{{"]
+    assert readers.nesting("a = " + "[" * 64 + "]" * 64) == (64, 1)
+
+
+def test_size_is_bounded(src, tmp_path, capsys):
+    big = write(tmp_path, "# " + "x" * (1 << 20) + "\n", name="big.toml")
+    for path in (big, "/dev/zero"):
+        code, _, err = run_main(capsys, src, "-o", tmp_path / "o.onnx", "-c", path)
+        assert code == 2 and f"{path}: larger than 1 MiB" in one_line(err), err
+    # just under the limit is read
+    ok = write(tmp_path, "# " + "x" * ((1 << 20) - 40) + '\ntarget = "ort-cpu"\n', name="ok.toml")
+    assert config.read(ok) == {"target": "ort-cpu"}
+
+
+def test_byte_order_mark_is_accepted(src, tmp_path, capsys):
+    cfg = tmp_path / "bom.toml"
+    cfg.write_bytes(b"\xef\xbb\xbf" + b'target = "ort-cpu"\nmax_rewrites = 3\n')
+    assert config.read(cfg) == {"target": "ort-cpu", "max_rewrites": 3}
+    code, _, err = run_main(capsys, src, "-o", tmp_path / "o.onnx", "-c", cfg)
+    assert code == 0, err
+    onnx.checker.check_model(onnx.load(str(tmp_path / "o.onnx")), full_check=True)

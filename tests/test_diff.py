@@ -564,3 +564,20 @@ def test_an_identity_removed_inside_a_branch(tmp_path):
     m = diff.mapping(model(True), model(False))
     assert m["method"] == "alignment" and not m["created"], m
     assert len(m["removed"]) == 1 and m["removed"][0].endswith("#0") and len(m["kept"]) == 4
+
+
+@pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000, '{"a": ' * 70 + "1" + "}" * 70, None],
+                         ids=["deep-array", "deep-object", "dev-zero"])
+def test_a_deep_or_endless_verify_report_is_a_one_line_error(text, small, tmp_path, capsys):
+    """issue 27 item 8's class: a JSON file read back is bounded in nesting (json recursed: a 100,000-deep
+    array was a RecursionError, exit 3) and in size (/dev/zero was read without end)."""
+    before, after = small
+    rep = "/dev/zero" if text is None else tmp_path / "rep.json"
+    if text is not None:
+        rep.write_text(text)
+    assert cli.main(["diff", str(before), str(after), "--html", str(tmp_path / "p.html"), "--verify-report",
+                     str(rep)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "internal error" not in err, err[-300:]
+    assert f"--verify-report {rep}: " in err and ("nested" in err or "larger than 64 MiB" in err), err
+    assert not (tmp_path / "p.html").exists()

@@ -293,7 +293,9 @@ def test_cli_serves_the_live_view(tmp_path):
             [(c["after"], c["rule"], c["replaced"]) for c in expected["created"]]
         assert served["removed"] == expected["removed"] == ["ident0"]
         page = urllib.request.urlopen(url).read().decode()
-        assert "url=%2Fmodels%2Fbefore%2Fbefore.onnx" in page and "url=%2Fmodels%2Fafter%2Fafter.onnx" in page
+        secret = url.rstrip("/").rsplit("/", 1)[1]
+        assert f"url=%2F{secret}%2Fmodels%2Fbefore%2Fbefore.onnx" in page
+        assert f"url=%2F{secret}%2Fmodels%2Fafter%2Fafter.onnx" in page
         proc.send_signal(signal.SIGINT)
         assert proc.wait(10) == 0
     finally:
@@ -322,7 +324,7 @@ def test_external_data_is_served(tmp_path):
     (tmp_path / "ext" / "secret.txt").write_text("not served")
     with diff_live.serve(before, big, real_mapping(before, after)) as server:
         page = urllib.request.urlopen(server.url).read().decode()
-        assert "url=%2Fmodels%2Fafter%2Fafter%2520big.onnx" in page
+        assert f"url=%2F{server.secret}%2Fmodels%2Fafter%2Fafter%2520big.onnx" in page
         get = lambda p: urllib.request.urlopen(server.url + p).read()  # noqa: E731
         assert get("models/after/after%20big.onnx") == big.read_bytes()
         assert get("models/after/weights/after.data") == (tmp_path / "ext" / "weights" / "after.data").read_bytes()
@@ -351,3 +353,80 @@ def test_file_names_netron_fetches_as_given(name, tmp_path):
         driver.get(server.url)
         state = browser.wait_for_diff(driver, timeout=20)
         assert state["applied"]["before"] and state["applied"]["after"]
+
+
+def _raw(port: int, request: bytes) -> tuple[int, bytes]:
+    """Send a raw HTTP request; the status code and the body."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(request)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+def test_only_loopback_hosts_with_the_secret_are_served(tmp_path):
+    """DNS rebinding: a page of another site whose name now resolves to 127.0.0.1 sends its own Host. The
+    server answers only a loopback host name with its port, an origin-form target and the run's secret
+    prefix; the models, their weights and the mapping are never in a refusal."""
+    if diff_live.netron_dir() is None:
+        pytest.skip("netron is not installed (pip install 'onnxopt[diff]')")
+    import http.client
+
+    before, after = _small(tmp_path)
+    model_bytes = after.read_bytes()
+    with diff_live.serve(before, after, real_mapping(before, after)) as server:
+        port, secret = server.port, server.secret
+        assert len(secret) >= 32 and server.url == f"http://127.0.0.1:{port}/{secret}/"
+        assert server._httpd.server_address[0] == "127.0.0.1"
+        with diff_live.serve(before, after, {}) as other:
+            assert other.secret != secret  # one per run
+        paths = ["", "mapping.json", "models/after/after.onnx", "netron/index.html", "live.js"]
+
+        def get(path, host, target=None):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            conn.putrequest("GET", target or path, skip_host=True)
+            if host is not None:
+                conn.putheader("Host", host)
+            conn.endheaders()
+            r = conn.getresponse()
+            body = r.read()
+            conn.close()
+            return r.status, body
+
+        for p in paths:
+            good = f"/{secret}/{p}"
+            for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"LOCALHOST:{port}", f"[::1]:{port}"):
+                assert get(good, host)[0] == 200, (p, host)
+            for host in ("evil.example", f"evil.example:{port}", "127.0.0.1", f"127.0.0.1:{port + 1}",
+                         f"localhost.evil.example:{port}", f"127.0.0.1.nip.io:{port}", "", None):
+                status, body = get(good, host)
+                assert status == 403 and b"mapping" not in body and body != model_bytes, (p, host, status)
+            for bad in (f"/{p}", f"/{secret[:-1]}/{p}", f"/{secret}x/{p}", f"/x{secret}/{p}",
+                        f"/{p}?{secret}"):
+                status, body = get(bad, f"127.0.0.1:{port}")
+                assert status == 404 and body == b"not found", (bad, status)
+            # absolute-form and authority-form targets, even naming this very server
+            for target in (f"http://evil.example{good}", f"http://127.0.0.1:{port}{good}", f"127.0.0.1:{port}"):
+                status, body = get(None, f"127.0.0.1:{port}", target)
+                assert status == 400 and body != model_bytes, (target, status)
+            # (http.server reads a leading '//' as '/': not the secret prefix)
+            assert get(None, f"127.0.0.1:{port}", f"//evil.example{good}")[0] == 404
+        # the same with raw sockets: a rebinding page's request, and one with two Host headers
+        assert _raw(port, f"GET /{secret}/mapping.json HTTP/1.1\r\nHost: attacker.test:{port}\r\n"
+                          "Connection: close\r\n\r\n".encode())[0] == 403
+        assert _raw(port, f"GET /{secret}/mapping.json HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                          f"Host: attacker.test:{port}\r\nConnection: close\r\n\r\n".encode())[0] == 403
+        assert _raw(port, f"GET http://attacker.test/{secret}/mapping.json HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                          "Connection: close\r\n\r\n".encode())[0] == 400
+        status, body = _raw(port, f"GET /{secret}/mapping.json HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                                  "Connection: close\r\n\r\n".encode())
+        assert status == 200 and json.loads(body)["removed"] == ["ident0"]
+        # "/<secret>" without the slash: sent to "/<secret>/", where the page's relative addresses resolve
+        status, _ = get(f"/{secret}", f"127.0.0.1:{port}")
+        assert status == 301
+        # the page's own addresses all carry the secret
+        page = get(f"/{secret}/", f"127.0.0.1:{port}")[1].decode()
+        assert 'src="netron/index.html?url=%2F' + secret in page and 'src="/' not in page
+        assert "fetch('mapping.json')" in (diff_live.ASSETS / "live.js").read_text()

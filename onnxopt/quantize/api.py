@@ -198,7 +198,7 @@ def quantize(
 def _quantize(model, calibration, output, method, per_channel, target, exclude, fidelity, keep_float, reduce_range,
               workers, held_out, input_shapes, external_data, check, return_report, outputs, strict, progress,
               method_options, threads=1, latency_budget=10.0):
-    from .calibrate import calibrate
+    from .calibrate import calibrate, check_runs
     from .coverage import integer_coverage
     from .data import open_calibration
     from .fidelity import (fallback as run_fallback, held_out_estimate, latency_check, layer_sqnr, output_sqnr,
@@ -251,6 +251,8 @@ def _quantize(model, calibration, output, method, per_channel, target, exclude, 
                                           progress=progress, **method_options)
             seconds["calibrate"] = time.perf_counter() - t1
             held_feeds = list(held)
+            if k:  # feeds calibration did not run: one the float model cannot take is the user's (exit 2)
+                check_runs(float_path, held_feeds, "held-out calibration")
 
             # 5. plan and rewrite; requantize() is what the fallback calls with more layers in float
             t2 = time.perf_counter()

@@ -74,7 +74,7 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 import onnx
 
-from ..errors import UsageError
+from ..errors import OnnxoptError, UsageError, feeds_text
 from .data import CalibrationSet, open_calibration
 
 __all__ = ["METHODS", "DEFAULT_BINS", "RangeStats", "HistStats", "collect_ranges", "collect_histograms",
@@ -313,7 +313,47 @@ class _Runner:
         self.inputs = [i.name for i in self.session.get_inputs()]
 
     def run(self, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        return self.session.run(self.tensors, {k: feed[k] for k in self.inputs})
+        try:
+            return self.session.run(self.tensors, {k: feed[k] for k in self.inputs})
+        except Exception as exc:  # noqa: BLE001 - sorted below: the user's data, or a bug of ours
+            raise feed_error(exc, feed, self.session, "calibration") or exc
+
+
+def feed_error(exc: BaseException, feed: Mapping[str, np.ndarray], session, what: str) -> UsageError | None:
+    """The one-line UsageError for onnxruntime refusing to run a float model on the user's feed (a shape
+    the model's layers cannot take, a wrong rank or type), naming the feed's shapes and the model's declared
+    ones; None for anything else (an error raised by our code is a bug, and stays one). Used only for runs
+    of the float model the user gave (cleaned up): a quantized model failing where the float one ran is ours."""
+    from .. import io
+
+    if isinstance(exc, OnnxoptError) or not type(exc).__module__.startswith("onnxruntime"):
+        return None
+    return UsageError(f"{what} data: onnxruntime cannot run the model{feeds_text(feed, session.get_inputs())}: "
+                      f"{io.first_line(exc, 300)}")
+
+
+def check_runs(model, feeds: Sequence[Mapping[str, np.ndarray]], what: str, threads: int = 0) -> None:
+    """Run the float ``model`` once on each distinct set of feed shapes and types in ``feeds``: a feed it
+    cannot run is a one-line UsageError (:func:`feed_error`) before any later step runs it."""
+    from ..verify.runtime import OrtModel, session
+
+    seen: dict[tuple, Mapping] = {}
+    for feed in feeds:
+        seen.setdefault(tuple((k, np.shape(v), np.asarray(v).dtype.str) for k, v in sorted(feed.items())), feed)
+    if not seen:
+        return
+    om = OrtModel(model, what) if not isinstance(model, OrtModel) else model
+    try:
+        sess = session(om.source(), "cpu", threads=threads)
+        names = [i.name for i in sess.get_inputs()]
+        for feed in seen.values():
+            try:
+                sess.run(None, {k: feed[k] for k in names if k in feed})
+            except Exception as exc:  # noqa: BLE001 - sorted as in _Runner.run
+                raise feed_error(exc, feed, sess, what) or exc
+    finally:
+        if om is not model:
+            om.close()
 
 
 def _exposed(model, tensors: Sequence[str]):
@@ -543,7 +583,24 @@ def choose_ranges(ranges: RangeStats, hists: HistStats | None, method: str, *, p
         if method != "minmax":  # never wider than what was seen
             lo, hi = max(lo, min(r[0], 0.0)), min(hi, max(r[1], 0.0))
         out[t] = _finish(lo, hi, steps)
+        _check_scale(t, *out[t])
     return out
+
+
+def _check_scale(tensor: str, lo: float, hi: float) -> None:
+    """A range whose 8-bit float32 scale, or the values it dequantizes to, leave float32 (values near its
+    limit, 3.4e38: DequantizeLinear would give inf) is the data's: one line, exit 2, not a model that
+    computes inf."""
+    from .plan import activation_params
+
+    scale, zp = activation_params(lo, hi)
+    with np.errstate(over="ignore", under="ignore"):
+        ends = (np.float32(0 - int(zp)) * scale, np.float32(255 - int(zp)) * scale)
+    if not (np.isfinite(scale) and scale >= np.finfo(np.float32).tiny and all(np.isfinite(e) for e in ends)):
+        raise UsageError(f"calibration: tensor {tensor!r} ranges over [{lo:.4g}, {hi:.4g}], too wide for an 8-bit "
+                         f"float32 scale (its ends would dequantize to inf; float32 ends at "
+                         f"{float(np.finfo(np.float32).max):.4g}): scale the calibration data to the model's range, "
+                         f"or leave the nodes that read it float (--exclude)")
 
 
 # --- the whole calibration, in one process or several -----------------------------------------------

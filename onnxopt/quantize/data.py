@@ -246,9 +246,12 @@ def _read_npy_file(path: Path, label: str, spec_names: Sequence[str]) -> dict:
                                        f"{len(spec_names)} inputs ({_names(spec_names)}): use .npz files keyed "
                                        "by input name")
             return {spec_names[0]: arr}
+        from ..readers import check_npz
+
+        check_npz(path, f"{where}:")  # (numpy reads each member whole: a compressed one may declare gigabytes)
         with np.load(path, allow_pickle=False) as z:
             return {k: z[k] for k in z.files}
-    except CalibrationError:
+    except (CalibrationError, UsageError):
         raise
     except Exception as exc:  # noqa: BLE001 - anything np.load raises on a damaged file
         raise CalibrationError(f"{where}: cannot read it as {path.suffix} ({io.first_line(exc, 160)})") from None
@@ -364,7 +367,10 @@ class _NpzSource(_Source):
         return self.count
 
     def _arrays(self) -> dict[str, np.ndarray]:
-        """Each array, memory-mapped where stored uncompressed, else read."""
+        """Each array, memory-mapped where stored uncompressed, else read (bounded: readers.check_npz)."""
+        from ..readers import check_npz
+
+        check_npz(self.path, "calibration file", compressed_only=True)
         out = {}
         with zipfile.ZipFile(self.path) as zf:
             for name in self.plan:
@@ -391,6 +397,8 @@ class _NpzSource(_Source):
     def items(self, positions):
         try:
             arrays = self._arrays()
+        except UsageError:
+            raise
         except Exception as exc:  # noqa: BLE001
             raise CalibrationError(f"calibration file {self.path}: cannot read it as .npz "
                                    f"({io.first_line(exc, 160)})") from None

@@ -569,7 +569,7 @@ def _sources(node: ir.Node) -> tuple[str, ...]:
 
     try:
         names = json.loads(node.metadata_props.get(SOURCES_KEY, "[]"))
-    except ValueError:
+    except (ValueError, RecursionError):
         return ()
     return tuple(n for n in names if isinstance(n, str)) if isinstance(names, list) else ()
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import io
 from .. import layout as layouts
-from ..errors import InvalidModelError, OnnxoptError, UsageError
+from ..errors import InvalidModelError, OnnxoptError, UsageError, feeds_text
 from .compare import (FP16_MAX_ERROR, FP16_MIN_COSINE, FP16_MIN_TOP1, INT8_MIN_SQNR_DB, LOW_PRECISION, TOLERANCES,
                       check_tolerances, compare, compare_all, compare_fp16, compare_int8, compare_value, is_fp16,
                       is_logits, is_low_precision, is_quantized, problem_text, sqnr_db, tolerance)
@@ -188,6 +188,12 @@ def latency_entry(lat: Mapping, *, warmup: int, threads: int, budget_s: float) -
     return entry
 
 
+def _declared(model: OrtModel) -> list:
+    """The graph inputs of ``model`` that are not initializers (what a run feeds)."""
+    inits = {t.name for t in model.proto.graph.initializer}
+    return [i for i in model.proto.graph.input if i.name not in inits]
+
+
 def _metadata(proto) -> dict[str, str]:
     return {p.key: p.value for p in proto.metadata_props}
 
@@ -231,8 +237,9 @@ def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_s
                 raise
             except Exception as exc:  # noqa: BLE001 - onnxruntime refusing a model is a result
                 if label == "before":  # the reference itself does not run: bad input
-                    raise InvalidModelError(f"onnxruntime ({p}) cannot run the original model: {io.first_line(exc, 300)}") \
-                        from None
+                    raise InvalidModelError(f"onnxruntime ({p}) cannot run the original model"
+                                            f"{feeds_text(model_feeds[label], _declared(before))}: "
+                                            f"{io.first_line(exc, 300)}") from None
                 entry["error"] = f"onnxruntime ({p}) cannot run the optimized model: {io.first_line(exc, 300)}"
                 break
             entry.setdefault("kernels", {})[label] = {**kernels, "session_init_s": round(init_s, 4)}

@@ -143,7 +143,7 @@ def _tie(original: OrtModel, optimized: OrtModel, node: onnx.NodeProto, types: t
 def _json_list(text: str | None) -> list[str]:
     try:
         value = json.loads(text or "[]")
-    except ValueError:
+    except (ValueError, RecursionError):
         return []
     return [str(v) for v in value] if isinstance(value, list) else []
 

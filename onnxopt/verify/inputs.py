@@ -88,7 +88,10 @@ def _generated_dtype(elem_type: int) -> type | None:
 
 def _load_npz(path) -> dict[str, np.ndarray]:
     """The arrays of an .npz file by name; anything else (an .npy file, an empty, truncated or
-    corrupted file, pickled objects) is refused in one line."""
+    corrupted file, pickled objects) is refused in one line, as is one whose arrays inflate past 4 GiB."""
+    from ..readers import check_npz
+
+    check_npz(path, "inputs file")  # (numpy reads a member whole: a compressed one may declare gigabytes)
     try:
         with open(path, "rb") as f:
             is_zip = f.read(2) == b"PK"

@@ -204,7 +204,7 @@ function watch(side) {
 }
 
 async function main() {
-    const response = await fetch('/mapping.json');
+    const response = await fetch('mapping.json');
     const m = await response.json();
     state.mapping = m;
     state.marks = computeMarks(m);
