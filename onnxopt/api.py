@@ -337,12 +337,15 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
             if verify:  # measured on the verifier's inputs: the fewest float32 nodes that meet the bounds
                 vo = verify_options or {}
                 feeds = vo.get("feeds")
+                edges_made = layouts.edges_of(loaded.model.metadata_props) if edited else None
+                how = None
                 if feeds is None:
-                    feeds = verifier.make_inputs(original, shapes=vo.get("input_shapes"), npz=vo.get("inputs"),
-                                                 int_ranges=vo.get("int_ranges"), seed=vo.get("seed") or 0)[0]
-                if edited:  # the model being converted takes the edited edges' inputs
-                    feeds = layouts.edge_feeds(layouts.edges_of(loaded.model.metadata_props), feeds,
-                                               vo.get("seed") or 0)[1]
+                    feeds, how = verifier.make_inputs(original, shapes=vo.get("input_shapes"), npz=vo.get("inputs"),
+                                                      int_ranges=vo.get("int_ranges"), seed=vo.get("seed") or 0,
+                                                      pixels=layouts.pixel_inputs(edges_made))
+                if edited:  # the model being converted takes the edited edges' inputs (the data given)
+                    feeds = layouts.edge_feeds(edges_made, feeds, vo.get("seed") or 0,
+                                               how if how is not None else {k: {"source": "given"} for k in feeds})[1]
                 fp16 = precisions.convert_fp16_checked(loaded.model, feeds, target=target, progress=progress)
             else:
                 fp16 = precisions.convert_fp16(loaded.model, target=target)

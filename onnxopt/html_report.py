@@ -544,9 +544,10 @@ def _profile(before: str, after: str, verification: Mapping, options: Mapping, r
         edges = layouts.edges_between(*meta)
         seed = options.get("seed") or 0
         common = {"int_ranges": options.get("int_ranges"), "npz": options.get("inputs"), "seed": seed}
-        if edges:
-            feeds, _ = make_inputs(before, shapes=options.get("input_shapes"), **common)
-            fb, fa = layouts.edge_feeds(edges, feeds, seed)
+        if edges:  # (the data given, as the verifier runs it: onnxopt.layout.edge_feeds)
+            feeds, how = make_inputs(before, shapes=options.get("input_shapes"), pixels=layouts.pixel_inputs(edges),
+                                     **common)
+            fb, fa = layouts.edge_feeds(edges, feeds, seed, how)
         else:  # the optimized model's inputs (shapes fixed by --input-shape, if any) fit the original too
             fb = fa = make_inputs(after, **common)[0]
         kw = {"runs": runs, "warmup": 2, "threads": options.get("threads") or 0,

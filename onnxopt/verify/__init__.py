@@ -157,17 +157,18 @@ def _metadata(proto) -> dict[str, str]:
 def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_shapes, int_ranges, seed, rtol, atol,
             runs, warmup, latency, culprit, threads, progress, int8: float | None = None,
             provider_options: dict | None = None, fp16: bool = False, edges: dict | None = None) -> dict:
-    feeds, how = inputs_for(before, feeds, inputs, input_shapes, int_ranges, seed)
+    feeds, how = inputs_for(before, feeds, inputs, input_shapes, int_ranges, seed, layouts.pixel_inputs(edges))
     model_feeds = {"before": feeds, "after": feeds}
-    if edges:
-        model_feeds["before"], model_feeds["after"] = layouts.edge_feeds(edges, feeds, seed)
+    if edges:  # (the data given is what runs: raw pixels, or those the given float values are made of)
+        model_feeds["before"], model_feeds["after"] = layouts.edge_feeds(edges, feeds, seed, how)
+        feeds = model_feeds["before"]
     low = is_low_precision(before.proto)
     report: dict = {"original": before.name, "optimized": after.name,
                     "seed": seed, "inputs": how, "low_precision": low, "providers": {}}
     if provider_options:
         report["provider_options"] = provider_options
     if edges:
-        report["edges"] = layouts.describe_edges(edges)
+        report["edges"] = layouts.describe_edges(edges, how)
     if int8 is not None:
         report["int8"] = {"min_sqnr_db": int8, "criterion": f"each float output: SQNR >= {int8:g} dB against the "
                                                             "float model"}

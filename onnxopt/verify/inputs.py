@@ -131,7 +131,7 @@ def run_shapes(model: ir.Model, shapes: Mapping[str, Sequence[int]] | None = Non
 
 def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
                 int_ranges: Mapping[str, tuple[int, int]] | None = None, npz: str | os.PathLike | None = None,
-                seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
+                seed: int = 0, pixels: Mapping | None = None) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
     """Inputs for every graph input of ``model`` (path, proto or onnx_ir model), and how each was made.
 
     From ``npz`` where it has the input; otherwise generated, the same for the same seed:
@@ -140,6 +140,11 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
     name containing "mask", 0..9 otherwise), bools 0/1. Dynamic dimensions: from ``shapes``
     (per input, numbers: see ``onnxopt.input_shapes``), then the same named symbol elsewhere, else
     1 on the first axis and 16 on others.
+
+    ``pixels``: ``{name: onnxopt.layout.Preprocess}``, the inputs a model made from this one with
+    ``--input-preprocess`` takes as raw pixels (``layout.pixel_inputs``): ``npz`` may give those as
+    raw uint8 pixels in their pixel layout, returned as they are (``layout.edge_feeds`` gives the
+    original their preprocessing); ``how`` records them so.
     """
     proto = model.proto if isinstance(model, OrtModel) else OrtModel(model, "model").proto
     shapes = input_shapes.normalize(shapes, numbers=True)
@@ -155,7 +160,16 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
         extra = sorted(set(given) - known)
         if extra:
             raise UsageError(f"inputs file {npz} has {', '.join(extra)}, which the model does not take")
-    planned = run_dims(graph_inputs, shapes, {k: list(v.shape) for k, v in given.items()})
+    pixels = dict(pixels or {})
+    raw = {k for k, v in given.items() if k in pixels and v.dtype == np.uint8}  # raw pixels given
+    if raw:
+        from ..layout import model_shape
+    given_shapes = {k: model_shape(v.shape, pixels[k]) if k in raw else list(v.shape) for k, v in given.items()}
+    for k in raw:
+        if given[k].ndim != (4 if pixels[k].batched else 3):
+            raise UsageError(f"input {k!r} in {npz}: raw pixels of shape {dims_text(given[k].shape)}; the optimized "
+                             f"model takes {pixels[k].layout} pixels ({4 if pixels[k].batched else 3} dimensions)")
+    planned = run_dims(graph_inputs, shapes, given_shapes)
     bounds = _gather_bounds(proto)
     if seed < 0:
         raise UsageError(f"seed {seed}: must not be negative")
@@ -167,13 +181,20 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
             raise UsageError(f"input {vi.name!r} is not a tensor: the verifier makes and reads tensor inputs only "
                              "(from Python, give it in verify(feeds=...))")
         dtype = _generated_dtype(tt.elem_type)
+        if vi.name in raw:
+            arr = given[vi.name]
+            check_shape(vi, given_shapes[vi.name], f"input {vi.name!r} in {npz} (raw {pixels[vi.name].layout} "
+                                                   f"pixels {dims_text(arr.shape)})")
+            feeds[vi.name] = arr
+            how[vi.name] = {"source": "npz", "shape": list(arr.shape), "dtype": "uint8", "file": str(npz)}
+            continue
         if vi.name in given:
             arr = given[vi.name]
             if dtype is not None and arr.dtype != dtype:
                 raise UsageError(f"input {vi.name!r} in {npz} is {arr.dtype}, the model takes {np.dtype(dtype)}")
             check_shape(vi, list(arr.shape), f"input {vi.name!r} in {npz}")
             feeds[vi.name] = arr
-            how[vi.name] = {"source": "npz", "shape": list(arr.shape), "dtype": str(arr.dtype)}
+            how[vi.name] = {"source": "npz", "shape": list(arr.shape), "dtype": str(arr.dtype), "file": str(npz)}
             continue
         if dtype is None:
             raise UsageError(f"input {vi.name!r} has type {onnx.TensorProto.DataType.Name(tt.elem_type)}, "
@@ -218,10 +239,11 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
     return feeds, how
 
 
-def inputs_for(model: OrtModel, feeds, inputs, input_shapes, int_ranges, seed) -> tuple[dict, dict]:
-    """The inputs to run and how each was made: ``feeds`` as given, else :func:`make_inputs`."""
+def inputs_for(model: OrtModel, feeds, inputs, input_shapes, int_ranges, seed, pixels=None) -> tuple[dict, dict]:
+    """The inputs to run and how each was made: ``feeds`` as given, else :func:`make_inputs`
+    (``pixels``: as it takes them)."""
     if feeds is None:
-        return make_inputs(model, shapes=input_shapes, int_ranges=int_ranges, npz=inputs, seed=seed)
+        return make_inputs(model, shapes=input_shapes, int_ranges=int_ranges, npz=inputs, seed=seed, pixels=pixels)
     inits = {i.name for i in model.proto.graph.initializer}
     takes = {i.name for i in model.proto.graph.input if i.name not in inits}
     if set(feeds) != takes:

