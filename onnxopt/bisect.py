@@ -16,11 +16,11 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from . import evaluate, io, pipeline, registry
-from .errors import InvalidModelError, bug_warnings, strict_default
+from .errors import bug_warnings, strict_default
 from .input_shapes import fix as fix_input_shapes, normalize as normalize_input_shapes
 from .verify import (Progress, check_providers, check_tolerances, compare_all, find_culprit, is_low_precision,
                      parse_providers)
-from .verify.inputs import inputs_for, run_shapes
+from .verify.inputs import inputs_for, run_failure, run_shapes
 from .verify.runtime import OrtModel, run_outputs
 
 
@@ -66,9 +66,8 @@ def _bisect(original: OrtModel, rules, extra_rules, disable, target, provider, i
     low = is_low_precision(original.proto)
     try:
         reference = run_outputs(original.source(), feeds, provider)
-    except Exception as exc:  # noqa: BLE001
-        raise InvalidModelError(f"onnxruntime ({provider}) cannot run the original model: "
-                                f"{io.first_line(exc, 300)}") from None
+    except Exception as exc:  # noqa: BLE001 - the shapes and the options that change them, in one line
+        raise run_failure("the original model", exc, how, provider) from None
     chosen, graph_passes = registry.resolve(rules, extra_rules, disable, target, graph_passes, exact=options["exact"])
     runs: dict = {}
 

@@ -14,11 +14,14 @@ proves static become numbers. The rules fold what became static.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from fractions import Fraction
 from numbers import Integral
 from typing import Union
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 
@@ -287,16 +290,23 @@ def check_shape(vi: onnx.ValueInfoProto, shape: list[int], what: str) -> None:
             raise UsageError(f"{what}: dimension {v} where the model fixes {d.dim_value}")
 
 
+DEFAULT_DIM = 16  # a generated input's undeclared dimension (not the first), where the model suggests none
+
+
 def run_dims(graph_inputs: Sequence[onnx.ValueInfoProto], shapes: Mapping[str, Sequence[int]],
-              given: Mapping[str, Sequence[int]]) -> dict[str, list[int]]:
+              given: Mapping[str, Sequence[int]], suggested: Mapping[str, Mapping[int, int]] | None = None,
+              why: dict | None = None) -> dict[str, list[int]]:
     """The shape each tensor input is run at, for those ``given`` (arrays' shapes, by name) lacks:
     from ``shapes`` (checked against the input), else its declared dimensions, a named symbol
-    taking the value it has elsewhere (from ``shapes`` or ``given`` first), else 1 on the first
-    axis and 16 on others. An input with no declared shape and none in ``shapes`` is left out."""
+    taking the value it has elsewhere (from ``shapes`` or ``given`` first), else the value the model
+    suggests (``suggested``: :func:`suggest`'s, by input and axis), else 1 on the first axis and 16
+    on others. An input with no declared shape and none in ``shapes`` is left out. ``why``, when
+    given, receives ``{input: {axis: reason}}`` for each dimension onnxopt chose."""
     for name in shapes.keys() & given.keys():
         if list(shapes[name]) != list(given[name]):
             raise UsageError(f"input {name!r}: the inputs file gives shape {dims_text(given[name])}, --input-shape "
                              f"{dims_text(shapes[name])}")
+    suggested = suggested or {}
     tensors = [vi for vi in graph_inputs if vi.type.HasField("tensor_type")]
     symbols: dict[str, int] = {}
     for vi in tensors:  # symbols fixed by the shapes the user gave (or the npz arrays)
@@ -323,11 +333,149 @@ def run_dims(graph_inputs: Sequence[onnx.ValueInfoProto], shapes: Mapping[str, S
             elif d.dim_param and d.dim_param in symbols:
                 shape.append(symbols[d.dim_param])
             else:
-                v = 1 if k == 0 else 16
+                hint = suggested.get(vi.name, {}).get(k)
+                v = hint[0] if hint else 1 if k == 0 else DEFAULT_DIM
+                if why is not None:
+                    why.setdefault(vi.name, {})[k] = hint[1] if hint else "default"
                 if d.dim_param and d.dim_param not in PLACEHOLDER_DIMS:
                     symbols[d.dim_param] = v
                 shape.append(v)
         out[vi.name] = shape
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Shapes the model itself suggests for its undeclared dimensions
+
+
+_STRIDED = {"Conv", "MaxPool", "AveragePool", "LpPool", "QLinearConv", "ConvInteger"}
+_UPSAMPLED = {"ConvTranspose"}
+_GLOBAL = {"GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool", "Flatten"}
+
+
+def _graph_view(model) -> tuple[list, dict, list]:
+    """``(nodes, constants, inputs)`` of a main graph (an onnx.ModelProto or an onnx_ir model):
+    nodes as ``(op, input names, output names, {attribute: ints})``, constant integer/float
+    vectors by name (initializers and Constant nodes, small ones only), inputs as ValueInfoProtos."""
+    nodes, consts = [], {}
+
+    def small(arr):
+        return arr if arr is not None and arr.ndim <= 1 and arr.size <= 16 else None
+
+    if isinstance(model, onnx.ModelProto):
+        g = model.graph
+        for t in g.initializer:
+            if len(t.dims) <= 1 and (not t.dims or t.dims[0] <= 16) and t.data_location != onnx.TensorProto.EXTERNAL:
+                try:
+                    consts[t.name] = small(onnx.numpy_helper.to_array(t))
+                except Exception:  # noqa: BLE001 - not a constant onnxopt can read: no hint from it
+                    pass
+        for n in g.node:
+            attrs = {a.name: (list(a.ints) if a.ints else a.i if a.type == onnx.AttributeProto.INT else None)
+                     for a in n.attribute}
+            if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+                try:
+                    consts[n.output[0]] = small(onnx.numpy_helper.to_array(n.attribute[0].t))
+                except Exception:  # noqa: BLE001
+                    pass
+            nodes.append((n.op_type, list(n.input), list(n.output), attrs))
+        inits = {t.name for t in g.initializer}
+        return nodes, consts, [vi for vi in g.input if vi.name not in inits]
+    g = model.graph
+    for v in g.initializers.values():
+        if v.const_value is not None and len(v.const_value.shape) <= 1 and v.const_value.size <= 16:
+            try:
+                consts[v.name] = small(v.const_value.numpy())
+            except Exception:  # noqa: BLE001
+                pass
+    for n in g:
+        attrs = {}
+        for name, a in n.attributes.items():
+            try:
+                attrs[name] = list(a.as_ints()) if a.type == ir.AttributeType.INTS else \
+                    a.as_int() if a.type == ir.AttributeType.INT else None
+            except Exception:  # noqa: BLE001
+                attrs[name] = None
+        if n.op_type == "Constant" and n.domain == "" and "value" in n.attributes:
+            try:
+                consts[n.outputs[0].name] = small(n.attributes["value"].as_tensor().numpy())
+            except Exception:  # noqa: BLE001
+                pass
+        nodes.append((n.op_type, [v.name if v is not None else "" for v in n.inputs], [v.name for v in n.outputs],
+                      attrs))
+    return nodes, consts, [ir.serde.serialize_value(v) for v in g.inputs if not v.is_initializer()]
+
+
+def suggest(model) -> dict[str, dict[int, tuple[int, str]]]:
+    """Sizes the model itself suggests for its inputs' undeclared dimensions, by input and axis,
+    each with the reason the report gives: the shape of a Reshape that reads the input directly
+    (a constant with those dimensions), and for image inputs (rank 3 to 5) spatial dimensions that
+    are a multiple of the largest downsampling the model applies to them (the product of Conv and
+    pooling strides along any path, less ConvTranspose's and Resize's upsampling; a detector whose
+    features are added back after upsampling needs it), at least 16. ``model``: an
+    onnx.ModelProto or an onnx_ir model. Never raises: a model it cannot read suggests nothing."""
+    try:
+        return _suggest(*_graph_view(model))
+    except Exception:  # noqa: BLE001 - a hint only: the defaults stand
+        return {}
+
+
+def _suggest(nodes, consts, inputs) -> dict[str, dict[int, tuple[int, str]]]:
+    out: dict[str, dict[int, tuple[int, str]]] = {}
+    open_dims = {}
+    for vi in inputs:
+        if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
+            continue
+        dims = vi.type.tensor_type.shape.dim
+        undeclared = [k for k, d in enumerate(dims) if not (d.HasField("dim_value") and d.dim_value >= 0)]
+        if undeclared:
+            open_dims[vi.name] = (len(dims), undeclared)
+    if not open_dims:
+        return out
+    # a Reshape of the input itself to a constant shape of its rank with every dimension positive
+    for op, ins, _, _ in nodes:
+        if op == "Reshape" and len(ins) > 1 and ins[0] in open_dims and consts.get(ins[1]) is not None:
+            rank, undeclared = open_dims[ins[0]]
+            target = consts[ins[1]]
+            if len(target) == rank and all(int(t) > 0 for t in target):
+                for k in undeclared:
+                    out.setdefault(ins[0], {}).setdefault(k, (int(target[k]), "the Reshape that reads it"))
+    # image inputs: the largest downsampling along any path from each input
+    for name, (rank, undeclared) in open_dims.items():
+        spatial = [k for k in undeclared if k >= 2]
+        if not 3 <= rank <= 5 or not spatial:
+            continue
+        n = rank - 2  # per spatial axis
+        stride = {name: (Fraction(1),) * n}
+        largest = [Fraction(1)] * n
+
+        def along(values, default=1):
+            values = list(values or [])
+            return [Fraction(int(v)) for v in values] if len(values) == n else [Fraction(default)] * n
+
+        for op, ins, outs, attrs in nodes:
+            got = [stride[i] for i in ins if i in stride]
+            if not got or op in _GLOBAL:
+                continue
+            s = tuple(max(g[a] for g in got) for a in range(n))
+            first = stride.get(ins[0]) if ins else None
+            if first is not None and op in _STRIDED:
+                s = tuple(a * b for a, b in zip(first, along(attrs.get("strides"))))
+            elif first is not None and op in _UPSAMPLED:
+                s = tuple(a / b for a, b in zip(first, along(attrs.get("strides"))))
+            elif first is not None and op in ("Resize", "Upsample"):
+                scales = next((consts.get(i) for i in ins[1:][::-1] if consts.get(i) is not None and
+                               consts[i].dtype.kind == "f" and len(consts[i]) == rank), None)
+                if scales is not None and all(np.isfinite(scales)) and all(float(x) > 0 for x in scales[2:]):
+                    s = tuple(a / Fraction(float(x)).limit_denominator(64) for a, x in zip(first, scales[2:]))
+            for o in outs:
+                stride[o] = s
+            largest = [max(a, b) for a, b in zip(largest, s)]
+        for k in spatial:
+            step = math.ceil(largest[k - 2])
+            if step > 1:
+                out.setdefault(name, {}).setdefault(
+                    k, (step * math.ceil(DEFAULT_DIM / step), f"a multiple of its downsampling there, x{step}"))
     return out
 
 
@@ -338,4 +486,4 @@ def symbolic_run_shapes(model: ir.Model) -> dict[str, list[int]]:
     if not symbolic:
         return {}
     inputs = [ir.serde.serialize_value(v) for v in model.graph.inputs if not v.is_initializer()]
-    return {k: v for k, v in run_dims(inputs, {}, {}).items() if k in symbolic}
+    return {k: v for k, v in run_dims(inputs, {}, {}, suggest(model)).items() if k in symbolic}

@@ -335,7 +335,10 @@ def format_verification(report: dict) -> Doc:
     kernels, the latency and the culprit; the cross-provider comparisons, bisect's result and the verdict."""
     lines = [Styled(f"verify {report['original']} -> {report['optimized']}", "bold")]
     ins = ", ".join(f"{k} {dims_text(v['shape'])} {v['dtype']} ({v['source']}"
-                    + (f", {v['range'][0]}..{v['range'][1]}" if "range" in v else "") + ")"
+                    + (f", {v['range'][0]}..{v['range'][1]}" if "range" in v else "")
+                    + ("; sizes the model does not declare, chosen by onnxopt: " + ", ".join(
+                        f"dimension {a} = {v['shape'][int(a)]} ({why})" for a, why in v["chosen"].items())
+                       + "; --input-shape sets them" if v.get("chosen") else "") + ")"
                     for k, v in report["inputs"].items())
     lines.append(f"inputs (seed {report['seed']}): {ins or 'none'}")
     if report.get("provider_options"):

