@@ -23,7 +23,7 @@ from .memory import report_peak
 from .passes import MEMORY, RECOMPUTE
 from .pattern import Rule
 from .report import summary_line
-from .input_shapes import symbolic_run_shapes
+from .input_shapes import refine_fixed, symbolic_run_shapes
 from .verify.inputs import run_shapes
 
 
@@ -391,6 +391,7 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
                 raise verifier.VerificationError(f"verification failed, no output written: "
                                                  f"{summary_line(verification)}", verification)
         t3 = time.perf_counter()
+        refine_fixed(loaded.model)  # (every input static: the outputs' and values' dims that inference proves)
         progress(f"saving {output}" if output is not None else "converting the result")
         out = io.give_back(loaded, output, plan)
     except BaseException:

@@ -247,29 +247,83 @@ def _substitute(value: ir.Value, changed: Mapping[str, Dim]) -> None:
 
 def _refine(model: ir.Model) -> None:
     """Dimensions of the main graph's declared shapes (graph outputs, values the model records)
-    that are not numbers take the numbers onnx's shape inference now proves; nothing is added
+    that are not numbers take the numbers inference now proves (:func:`refine`); nothing is added
     where the model declares no shape. Left as they are when inference fails."""
+    refine(model, add=False)
+
+
+def refine(model: ir.Model, *, add: bool = True) -> int:
+    """Write in ``model``'s main graph the dimensions inference proves: onnx's shape inference
+    with data propagation (``onnxopt.shapes.infer_model``, bounded as it is), and onnxruntime's
+    symbolic shape inference where onnx's leaves a dimension open (exported shape arithmetic).
+    A declared dimension that is a symbol (or unknown) becomes the number proven; with ``add``, a
+    graph output or node output with no declared shape takes the shape (and type) inferred where
+    every dimension is proven. Numbers are never changed, symbols never invented. Returns how many
+    values changed; 0 where inference fails (the declared shapes stay as they are)."""
+    from .shapes import light_proto, symbolic_infer
+
     graph = model.graph
     values = list(dict.fromkeys([*graph.outputs, *(o for node in graph for o in node.outputs)]))
-    values = [v for v in values if v.shape is not None and not v.shape.is_static()]
+    values = [v for v in values if v.name and ((add and v.shape is None) or
+                                               (v.shape is not None and not v.shape.is_static()))]
     if not values:
-        return
+        return 0
     try:
         proto = infer_model(model)
     except Exception:  # noqa: BLE001 - inference refusing the model: the declared shapes stay as they are
-        return
+        return 0
     inferred = {vi.name: vi.type for vi in (*proto.graph.value_info, *proto.graph.output)}
+    if any(not _proven(inferred.get(v.name)) for v in values):
+        try:
+            deeper = symbolic_infer(light_proto(model))
+        except Exception:  # noqa: BLE001 - a second opinion only
+            deeper = None
+        if deeper is not None:
+            for vi in (*deeper.graph.value_info, *deeper.graph.output):
+                if _proven(vi.type) and not _proven(inferred.get(vi.name)):
+                    inferred[vi.name] = vi.type
+    changed = 0
     for value in values:
         tp = inferred.get(value.name)
         if tp is None or not tp.HasField("tensor_type") or not tp.tensor_type.HasField("shape"):
             continue
         found = tp.tensor_type.shape.dim
+        if value.shape is None:
+            if not _proven(tp) or (value.type is not None and not isinstance(value.type, ir.TensorType)):
+                continue
+            if value.type is None:
+                if not tp.tensor_type.elem_type:
+                    continue
+                value.type = ir.TensorType(ir.DataType(tp.tensor_type.elem_type))
+            elif value.dtype is not None and int(value.dtype) != tp.tensor_type.elem_type:
+                continue  # (inference disagrees with the declared type: leave it)
+            value.shape = ir.Shape([f.dim_value for f in found])
+            changed += 1
+            continue
         if len(found) != len(value.shape):
             continue
         dims = [d if isinstance(d, int) or not f.HasField("dim_value") or f.dim_value < 0 else f.dim_value
                 for d, f in zip(value.shape, found)]
         if dims != list(value.shape):
             value.shape = ir.Shape(dims, denotations=_denotations(value, len(dims)))
+            changed += 1
+    return changed
+
+
+def refine_fixed(model: ir.Model) -> int:
+    """:func:`refine` for a model whose every input has a static shape (fixed by ``--input-shape``
+    or by the model): after the rewrites, every shape follows from those, so the outputs and the
+    values the model records state the dimensions inference proves, as onnxsim and onnxslim write
+    them. A model with a symbolic input is left as it is (0)."""
+    if any(v.shape is None or not v.shape.is_static() for v in model.graph.inputs if not v.is_initializer()):
+        return 0
+    return refine(model)
+
+
+def _proven(tp) -> bool:
+    """A tensor type whose every dimension is a number."""
+    return (tp is not None and tp.HasField("tensor_type") and tp.tensor_type.HasField("shape")
+            and all(d.HasField("dim_value") and d.dim_value >= 0 for d in tp.tensor_type.shape.dim))
 
 
 def dims_text(shape) -> str:

@@ -239,3 +239,56 @@ def test_ppocr_verified_with_no_shapes_runs_at_workable_ones(name, at):
     path = _zoo(name)
     report = verifier.verify(str(path), str(path), runs=0)
     assert report["ok"] and report["inputs"]["x"]["shape"] == at
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 17: dimensions inference proves, written once every input is fixed
+
+
+def _reshaped():
+    """y = Relu(Reshape(x, [n / 1, 3, 2])) with n read from x's shape; y and the Reshape's output are
+    declared with symbols of their own (as exporters write them)."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "zero"], ["n2"], axis=0),
+             helper.make_node("Div", ["n2", "one"], ["n"]),  # (onnx's data propagation stops at Div)
+             helper.make_node("Concat", ["n", "rest"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["r"]),
+             helper.make_node("Relu", ["r"], ["y"])]
+    proto = model(nodes, [tinfo("x", ["n", 6])], [tinfo("y", ["a", "b", "c"])],
+                  [init("zero", np.array([0], np.int64)), init("one", np.array([1], np.int64)),
+                   init("rest", np.array([3, 2], np.int64))])
+    proto.graph.value_info.append(tinfo("r", ["p", "q", "c2"]))
+    return proto
+
+
+def _dims(vi):
+    return [d.dim_value if d.HasField("dim_value") else d.dim_param for d in vi.type.tensor_type.shape.dim]
+
+
+def test_outputs_and_values_take_the_dims_inference_proves():
+    proto = _reshaped()
+    out = optimize(proto, input_shapes={"x": [2, 6]})
+    onnx.checker.check_model(out, full_check=True)
+    assert _dims(out.graph.output[0]) == [2, 3, 2]
+    assert all(all(isinstance(d, int) for d in _dims(vi)) for vi in out.graph.value_info)
+    x = np.arange(12, dtype=np.float32).reshape(2, 6) - 6
+    import onnxruntime as ort
+
+    got = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got, np.maximum(x.reshape(2, 3, 2), 0))
+    # a symbolic input: the declared symbols stay (nothing is proven for every n)
+    kept = optimize(_reshaped())
+    assert isinstance(_dims(kept.graph.output[0])[0], str)
+
+
+def test_ppocr_rec_outputs_fixed_by_input_shape(tmp_path):
+    path = _zoo("ppocrv4-rec")
+    out = optimize(onnx.load(path), input_shapes={"x": [1, 3, 48, 320]})
+    assert _dims(out.graph.output[0]) == [1, 40, 6625]
+    assert out.graph.value_info and all(all(isinstance(d, int) for d in _dims(vi)) for vi in out.graph.value_info)
+    onnx.checker.check_model(out, full_check=True)
+    import onnxruntime as ort
+
+    x = np.random.default_rng(0).standard_normal((1, 3, 48, 320)).astype(np.float32)
+    got = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert list(got.shape) == [1, 40, 6625]
