@@ -256,15 +256,17 @@ def refine(model: ir.Model, *, add: bool = True) -> int:
     """Write in ``model``'s main graph the dimensions inference proves: onnx's shape inference
     with data propagation (``onnxopt.shapes.infer_model``, bounded as it is), and onnxruntime's
     symbolic shape inference where onnx's leaves a dimension open (exported shape arithmetic).
-    A declared dimension that is a symbol (or unknown) becomes the number proven; with ``add``, a
-    graph output or node output with no declared shape takes the shape (and type) inferred where
-    every dimension is proven. Numbers are never changed, symbols never invented. Returns how many
-    values changed; 0 where inference fails (the declared shapes stay as they are)."""
+    A declared dimension that is a symbol (or unknown), of a graph output or of a value the model
+    records (value_info), becomes the number proven; with ``add``, a graph output with no declared
+    shape takes the shape (and type) inferred where every dimension is proven. No value_info is
+    added where the model declares none; numbers are never changed, symbols never invented.
+    Returns how many values changed; 0 where inference fails (the declared shapes stay)."""
     from .shapes import light_proto, symbolic_infer
 
     graph = model.graph
     values = list(dict.fromkeys([*graph.outputs, *(o for node in graph for o in node.outputs)]))
-    values = [v for v in values if v.name and ((add and v.shape is None) or
+    outputs = set(graph.outputs)
+    values = [v for v in values if v.name and ((add and v.shape is None and v in outputs) or
                                                (v.shape is not None and not v.shape.is_static()))]
     if not values:
         return 0
