@@ -535,11 +535,25 @@ def _suggest(nodes, consts, inputs) -> dict[str, dict[int, tuple[int, str]]]:
     return out
 
 
+# graph.meta key: the shapes the verification's data runs a model's inputs at ({name: dims}), set
+# by optimize where its verifier reads them from --inputs (or feeds), so that the report's figures
+# (peak memory, FLOPs) are taken at those shapes, not at generated ones: one set of shapes per report
+RUN_SHAPES_KEY = "onnxopt.run_shapes"
+
+
 def symbolic_run_shapes(model: ir.Model) -> dict[str, list[int]]:
     """``onnxopt.verify.inputs.run_shapes`` for the inputs with a symbolic dimension only ({} where every input is fixed):
-    the shapes a dynamic model's figures (peak memory, FLOPs) are taken at, as the verifier runs it."""
-    symbolic = {v.name for v in model.graph.inputs if any(not isinstance(d, int) for d in (v.shape or ()))}
+    the shapes a dynamic model's figures (peak memory, FLOPs) are taken at, as the verifier runs it: the
+    shapes of its data where ``model.graph.meta[RUN_SHAPES_KEY]`` records them (each checked against
+    the input's rank and static dimensions), else generated ones."""
+    symbolic = {v.name: v for v in model.graph.inputs if any(not isinstance(d, int) for d in (v.shape or ()))}
     if not symbolic:
         return {}
+    data = model.graph.meta.get(RUN_SHAPES_KEY) or {}
+    data = {k: list(d) for k, d in data.items() if k in symbolic and _fits(symbolic[k].shape, d)}
     inputs = [ir.serde.serialize_value(v) for v in model.graph.inputs if not v.is_initializer()]
-    return {k: v for k, v in run_dims(inputs, {}, {}, suggest(model)).items() if k in symbolic}
+    return {k: v for k, v in run_dims(inputs, {}, data, suggest(model)).items() if k in symbolic} | data
+
+
+def _fits(shape: ir.Shape, dims) -> bool:
+    return len(shape) == len(dims) and all(not isinstance(d, int) or d < 0 or d == v for d, v in zip(shape, dims))

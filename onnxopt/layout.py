@@ -813,6 +813,16 @@ def model_shape(pixels_shape, pre: Preprocess) -> list[int]:
     return [shape[0], shape[-1], *shape[1:-1]] if pre.channels_last else shape
 
 
+def edge_shape(rec: Mapping, shape) -> list[int]:
+    """The shape the edited model's input takes for the original's input ``shape``; ``rec``: its
+    record in :func:`edges_of` (a channels-last layout, or raw pixels)."""
+    pre = rec.get("preprocess")
+    if pre is not None:
+        return pixel_shape(shape, pre)
+    shape = list(shape)
+    return [shape[i] for i in _perm_to_last(len(shape))] if str(rec.get("layout", "")).endswith("C") else shape
+
+
 PIXEL_TOLERANCE = 1e-2  # pixel units: how far a given float value's inverse may be from a whole pixel
 
 

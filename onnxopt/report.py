@@ -154,7 +154,11 @@ def format_memory(m: Mapping) -> str:
     b, a = m["before"].get("onnxruntime_peak_bytes"), m["after"].get("onnxruntime_peak_bytes")
     ort = f"; in onnxruntime's order {_size(b)} -> {_size(a)}" if None not in (b, a) and (b, a) != (
         m["before"]["peak_bytes"], m["after"]["peak_bytes"]) else ""
-    return f"peak activation memory: {side(m['before'])} -> {side(m['after'])}{note}{ort}"
+    at = m["before"].get("at") or m["after"].get("at")
+    source = "the shapes the verification data ran at" if m.get("at_source") == "data" else \
+        "the verifier's generated shapes"
+    at = f" (symbolic inputs at {', '.join(f'{k} {dims_text(v)}' for k, v in at.items())}: {source})" if at else ""
+    return f"peak activation memory: {side(m['before'])} -> {side(m['after'])}{note}{ort}{at}"
 
 
 def format_fusions(fusions: Mapping[str, Mapping]) -> list:

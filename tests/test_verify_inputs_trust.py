@@ -292,3 +292,37 @@ def test_ppocr_rec_outputs_fixed_by_input_shape(tmp_path):
     x = np.random.default_rng(0).standard_normal((1, 3, 48, 320)).astype(np.float32)
     got = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     assert list(got.shape) == [1, 40, 6625]
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 15: one set of shapes per report, the ones the data ran at
+
+
+def _dynamic_conv():
+    rng = np.random.default_rng(3)
+    nodes = [helper.make_node("Conv", ["x", "W"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    return model(nodes, [tinfo("x", ["n", 3, "h", "w"])], [tinfo("y", 4)],
+                 [init("W", rng.standard_normal((8, 3, 3, 3)).astype(np.float32))])
+
+
+def test_report_figures_are_taken_at_the_shapes_the_data_ran_at(tmp_path):
+    from onnxopt import html_report, memory
+    from onnxopt.analysis import analyze
+    from onnxopt.report import format_memory
+
+    src, out, npz = tmp_path / "m.onnx", tmp_path / "o.onnx", tmp_path / "x.npz"
+    onnx.save(_dynamic_conv(), src)
+    np.savez(npz, x=np.random.default_rng(0).standard_normal((1, 3, 40, 24)).astype(np.float32))
+    options = {"inputs": str(npz), "runs": 0}
+    _, report = optimize(str(src), output=str(out), verify=True, verify_options=options, return_report=True)
+    d = report.as_dict()
+    assert d["verification"]["inputs"]["x"]["shape"] == [1, 3, 40, 24]
+    at = {"x": [1, 3, 40, 24]}
+    assert d["memory"]["before"]["at"] == at and d["memory"]["after"]["at"] == at
+    assert d["memory"]["before"]["peak_bytes"] == memory.peak(str(src), input_shapes=at, curve=False)["peak_bytes"]
+    assert "x 1x3x40x24: the shapes the verification data ran at" in format_memory(d["memory"])
+    page = html_report.build(src, out, report, verify_options=options, profile_runs=0)
+    assert page["at"] == at
+    assert page["analysis"]["before"]["flops"] == analyze(str(src), input_shapes=at)["flops"]
+    assert "the shapes the verification&#x27;s data ran at: x 1x3x40x24" in html_report.render(page)

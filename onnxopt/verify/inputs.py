@@ -129,6 +129,29 @@ def run_shapes(model: ir.Model, shapes: Mapping[str, Sequence[int]] | None = Non
     return run_dims(inputs, shapes, given, input_shapes.suggest(model))
 
 
+def data_shapes(model: ir.Model, options: Mapping | None) -> dict[str, list[int]]:
+    """The shapes the verifier's data runs ``model``'s inputs at, for a verification with
+    ``options`` (``verify``'s keyword arguments): the arrays of ``feeds`` or of the ``inputs`` file
+    (where each has the input's rank), and for the inputs neither gives, ``input_shapes`` or the
+    generated shapes (:func:`run_shapes`). {} where the data cannot be read (the verifier says why)."""
+    options = options or {}
+    try:
+        if options.get("feeds") is not None:
+            arrays = {k: list(np.shape(v)) for k, v in options["feeds"].items()}
+            npz = None
+        else:
+            npz = options.get("inputs")
+            arrays = {k: list(v.shape) for k, v in (_load_npz(npz) if npz is not None else {}).items()}
+        ranks = {v.name: len(v.shape) for v in model.graph.inputs if not v.is_initializer() and v.shape is not None}
+        arrays = {k: d for k, d in arrays.items() if ranks.get(k) == len(d)}
+        rest = run_dims([ir.serde.serialize_value(v) for v in model.graph.inputs if not v.is_initializer()],
+                        input_shapes.normalize(options.get("input_shapes"), numbers=True), arrays,
+                        input_shapes.suggest(model))
+    except UsageError:
+        return {}
+    return {**rest, **arrays}
+
+
 def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
                 int_ranges: Mapping[str, tuple[int, int]] | None = None, npz: str | os.PathLike | None = None,
                 seed: int = 0, pixels: Mapping | None = None) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
