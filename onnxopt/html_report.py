@@ -645,6 +645,7 @@ def build(input_path, output_path, report, *, page=None, diff_page=None, verify_
         start = os.path.dirname(os.path.abspath(page)) if page is not None else os.getcwd()
         link = os.path.relpath(os.path.abspath(diff_page), start)
     return {"input": str(input_path), "output": str(output_path), "report": d, "analysis": analysis,
-            "memory": memory, "profile": profile, "diff_page": link, **({"at": at, "at_source": at_source} if at else {}),
+            "memory": memory, "profile": profile, "diff_page": link,
+            **({"at": at, "at_source": at_source} if at else {}),
             "sizes": {"before": _model_bytes(input_path), "after": _model_bytes(output_path)},
             **({"config": dict(config)} if config else {})}

@@ -326,3 +326,13 @@ def test_report_figures_are_taken_at_the_shapes_the_data_ran_at(tmp_path):
     assert page["at"] == at
     assert page["analysis"]["before"]["flops"] == analyze(str(src), input_shapes=at)["flops"]
     assert "the shapes the verification&#x27;s data ran at: x 1x3x40x24" in html_report.render(page)
+
+
+def test_raw_pixels_with_input_shape_on_a_dynamic_model(tmp_path, captured):
+    pixels = np.random.default_rng(4).integers(0, 256, (8, 8, 3), dtype=np.uint8)
+    np.savez(tmp_path / "raw.npz", x=pixels)
+    _, report = optimize(_dynamic_conv(), input_shapes={"x": [1, 3, 8, 8]},
+                         input_preprocess={"x": f"uint8,HWC,{IMAGENET}"}, verify=True, verify_options={"inputs": str(tmp_path / "raw.npz"), "runs": 0},
+                         return_report=True)
+    assert report.verification["ok"]
+    np.testing.assert_array_equal(captured[1]["x"], pixels)

@@ -109,6 +109,16 @@ def _load_npz(path) -> dict[str, np.ndarray]:
 GENERATED_INPUT_LIMIT = 4 << 30  # bytes: a declared shape that needs more is refused, not allocated
 
 
+def given_raw(vi: onnx.ValueInfoProto, npz, shape) -> bool:
+    """An array of ``npz`` for input ``vi`` that is uint8 pixels of another rank (raw pixels for
+    a model made with ``--input-preprocess``), which only ``make_inputs(pixels=...)`` reads."""
+    tt = vi.type.tensor_type
+    if not tt.HasField("shape") or len(shape) == len(tt.shape.dim):
+        return False
+    with np.load(npz, allow_pickle=False) as z:
+        return z[vi.name].dtype == np.uint8
+
+
 def run_shapes(model: ir.Model, shapes: Mapping[str, Sequence[int]] | None = None,
                npz: str | os.PathLike | None = None) -> dict[str, list[int]]:
     """The shape every input of ``model`` (an onnx_ir model, e.g. one whose inputs
@@ -124,7 +134,9 @@ def run_shapes(model: ir.Model, shapes: Mapping[str, Sequence[int]] | None = Non
             raise UsageError(f"the model has no input {name!r} (inputs: {', '.join(sorted(known)) or 'none'})")
     given = {k: list(v.shape) for k, v in (_load_npz(npz) if npz is not None else {}).items()}
     for vi in inputs:
-        if vi.name in given:
+        if vi.name in given and given_raw(vi, npz, given[vi.name]):  # (raw pixels: make_inputs checks them)
+            del given[vi.name]
+        elif vi.name in given:
             check_shape(vi, given[vi.name], f"input {vi.name!r} in {npz}")
     return run_dims(inputs, shapes, given, input_shapes.suggest(model))
 
