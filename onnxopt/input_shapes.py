@@ -247,15 +247,17 @@ def _substitute(value: ir.Value, changed: Mapping[str, Dim]) -> None:
 
 def _refine(model: ir.Model) -> None:
     """Dimensions of the main graph's declared shapes (graph outputs, values the model records)
-    that are not numbers take the numbers inference now proves (:func:`refine`); nothing is added
-    where the model declares no shape. Left as they are when inference fails."""
-    refine(model, add=False)
+    that are not numbers take the numbers onnx's inference now proves (:func:`refine`, not deep:
+    the rules fold the rest, and :func:`refine_fixed` writes it after them); nothing is added where
+    the model declares no shape. Left as they are when inference fails."""
+    refine(model, add=False, deep=False)
 
 
-def refine(model: ir.Model, *, add: bool = True) -> int:
+def refine(model: ir.Model, *, add: bool = True, deep: bool = True) -> int:
     """Write in ``model``'s main graph the dimensions inference proves: onnx's shape inference
     with data propagation (``onnxopt.shapes.infer_model``, bounded as it is), and onnxruntime's
-    symbolic shape inference where onnx's leaves a dimension open (exported shape arithmetic).
+    symbolic shape inference where onnx's leaves a dimension open (exported shape arithmetic;
+    with ``deep``).
     A declared dimension that is a symbol (or unknown), of a graph output or of a value the model
     records (value_info), becomes the number proven; with ``add``, a graph output with no declared
     shape takes the shape (and type) inferred where every dimension is proven. No value_info is
@@ -275,7 +277,7 @@ def refine(model: ir.Model, *, add: bool = True) -> int:
     except Exception:  # noqa: BLE001 - inference refusing the model: the declared shapes stay as they are
         return 0
     inferred = {vi.name: vi.type for vi in (*proto.graph.value_info, *proto.graph.output)}
-    if any(not _proven(inferred.get(v.name)) for v in values):
+    if deep and any(not _proven(inferred.get(v.name)) for v in values):
         try:
             deeper = symbolic_infer(light_proto(model))
         except Exception:  # noqa: BLE001 - a second opinion only

@@ -1,11 +1,13 @@
-"""Issue 27, items 10 and 12: the verifier runs the data it is given and says what it ran.
+"""Issue 27, items 10, 12, 15 and 17: the verifier runs the data it is given and says what it ran.
 
 Item 10: a model made with ``--input-preprocess`` takes raw uint8 pixels; ``verify --inputs`` with
 raw pixels, or with the original's float values that are pixels preprocessed, runs exactly those
 (the optimized model the pixels, the original their preprocessing); float values that are no
 pixels' preprocessing are refused in one line; generated inputs are recorded as the uint8 pixels
 they are. Item 12: a dynamic model verified with no shapes runs at shapes the model suggests, and a
-run that fails there names the shapes and the options that fix them (one line, exit 2).
+run that fails there names the shapes and the options that fix them (one line, exit 2). Item 15:
+optimize's report takes its figures at the shapes the verification data ran at. Item 17: once
+every input is fixed, the outputs and declared values state the dimensions inference proves.
 """
 
 from __future__ import annotations
