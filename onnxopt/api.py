@@ -358,6 +358,8 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
                 fp16 = precisions.convert_fp16_checked(loaded.model, feeds, target=target, progress=progress)
             else:
                 fp16 = precisions.convert_fp16(loaded.model, target=target)
+        # every input static: the outputs' and declared values' dims that inference proves (verified as written)
+        refine_fixed(loaded.model)
         after = node_counts(loaded.model)
         if transposes is not None:
             transposes["after"] = _transposes(loaded.model)
@@ -402,7 +404,6 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
                 raise verifier.VerificationError(f"verification failed, no output written: "
                                                  f"{summary_line(verification)}", verification)
         t3 = time.perf_counter()
-        refine_fixed(loaded.model)  # (every input static: the outputs' and values' dims that inference proves)
         progress(f"saving {output}" if output is not None else "converting the result")
         out = io.give_back(loaded, output, plan)
     except BaseException:

@@ -173,8 +173,9 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
     floats from a standard normal distribution, integers uniformly in a valid range (the user's
     ``int_ranges``; else 0..n-1 for an input that indexes a Gather table of n rows, 0..1 for a
     name containing "mask", 0..9 otherwise), bools 0/1. Dynamic dimensions: from ``shapes``
-    (per input, numbers: see ``onnxopt.input_shapes``), then the same named symbol elsewhere, else
-    1 on the first axis and 16 on others.
+    (per input, numbers: see ``onnxopt.input_shapes``), then the same named symbol elsewhere, then
+    the size the model suggests (``onnxopt.input_shapes.suggest``), else 1 on the first axis and 16
+    on others; ``how[name]["chosen"]`` names each dimension chosen so, and why.
 
     ``pixels``: ``{name: onnxopt.layout.Preprocess}``, the inputs a model made from this one with
     ``--input-preprocess`` takes as raw pixels (``layout.pixel_inputs``): ``npz`` may give those as
