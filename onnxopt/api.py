@@ -23,8 +23,8 @@ from .memory import report_peak
 from .passes import MEMORY, RECOMPUTE
 from .pattern import Rule
 from .report import summary_line
-from .input_shapes import symbolic_run_shapes
-from .verify.inputs import run_shapes
+from .input_shapes import RUN_SHAPES_KEY, refine_fixed, symbolic_run_shapes
+from .verify.inputs import data_shapes, run_shapes
 
 
 @dataclasses.dataclass
@@ -310,6 +310,11 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
             # (in the original's layout: taken before the edges change the inputs)
             verify_options = {**(verify_options or {}), "input_shapes": run_shapes(
                 loaded.model, (verify_options or {}).get("input_shapes"), (verify_options or {}).get("inputs"))}
+    # one set of shapes per report: the figures of symbolic inputs (peak memory) are taken at the
+    # shapes the verification's data runs them at (--inputs, feeds), not at generated ones
+    run_at = data_shapes(loaded.model, verify_options) if verify and return_report else {}
+    if run_at:
+        loaded.model.graph.meta[RUN_SHAPES_KEY] = run_at
     # the Transposes the model had (before its edges changed) and what they move, for the report
     transposes = {"before": _transposes(loaded.model)} if return_report else None
     # the input's peak: the pipeline records it before its first pass (the recomputation pass's limit);
@@ -317,6 +322,10 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
     early_peak = return_report and (bool(edges) or RECOMPUTE not in graph_passes)
     memory = {"before": report_peak(loaded.model)} if early_peak else {} if return_report else None
     edited = layouts.apply(loaded.model, edges) if edges else None
+    if edited and run_at:  # (the edited inputs' shapes: channels-last, raw pixels)
+        recs = (layouts.edges_of(loaded.model.metadata_props) or {}).get("inputs", {})
+        loaded.model.graph.meta[RUN_SHAPES_KEY] = {k: layouts.edge_shape(recs[k], v) if k in recs else v
+                                                   for k, v in run_at.items()}
     read = [(verify_options or {}).get("inputs")] if verify else []  # (the verifier's inputs file)
     plan = io.plan_give_back(loaded, output, external_data=external_data, outputs=outputs,
                              also_read=read)  # before the work
@@ -340,15 +349,20 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
             if verify:  # measured on the verifier's inputs: the fewest float32 nodes that meet the bounds
                 vo = verify_options or {}
                 feeds = vo.get("feeds")
+                edges_made = layouts.edges_of(loaded.model.metadata_props) if edited else None
+                how = None
                 if feeds is None:
-                    feeds = verifier.make_inputs(original, shapes=vo.get("input_shapes"), npz=vo.get("inputs"),
-                                                 int_ranges=vo.get("int_ranges"), seed=vo.get("seed") or 0)[0]
-                if edited:  # the model being converted takes the edited edges' inputs
-                    feeds = layouts.edge_feeds(layouts.edges_of(loaded.model.metadata_props), feeds,
-                                               vo.get("seed") or 0)[1]
+                    feeds, how = verifier.make_inputs(original, shapes=vo.get("input_shapes"), npz=vo.get("inputs"),
+                                                      int_ranges=vo.get("int_ranges"), seed=vo.get("seed") or 0,
+                                                      pixels=layouts.pixel_inputs(edges_made))
+                if edited:  # the model being converted takes the edited edges' inputs (the data given)
+                    feeds = layouts.edge_feeds(edges_made, feeds, vo.get("seed") or 0,
+                                               how if how is not None else {k: {"source": "given"} for k in feeds})[1]
                 fp16 = precisions.convert_fp16_checked(loaded.model, feeds, target=target, progress=progress)
             else:
                 fp16 = precisions.convert_fp16(loaded.model, target=target)
+        # every input static: the outputs' and declared values' dims that inference proves (verified as written)
+        refine_fixed(loaded.model)
         after = node_counts(loaded.model)
         if transposes is not None:
             transposes["after"] = _transposes(loaded.model)
@@ -364,6 +378,8 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
             else:  # (changed after the passes)
                 memory["after"] = report_peak(loaded.model)
             memory["reordered"] = bool(result.rules.get(MEMORY) and result.rules[MEMORY].fired)
+            if run_at and any(side.get("at") for side in (memory["before"], memory["after"])):
+                memory["at_source"] = "data"  # (the verification's --inputs/feeds: one set of shapes per report)
         advice = None
         if return_report and targets.normalize(target) == targets.ORT_CUDA:
             from .advice import advise

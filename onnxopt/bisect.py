@@ -16,11 +16,11 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from . import evaluate, io, pipeline, registry
-from .errors import InvalidModelError, bug_warnings, feeds_text, strict_default
+from .errors import bug_warnings, strict_default
 from .input_shapes import fix as fix_input_shapes, normalize as normalize_input_shapes
 from .verify import (Progress, check_providers, check_tolerances, compare_all, find_culprit, is_fp16,
                      is_low_precision, parse_providers)
-from .verify.inputs import inputs_for, run_shapes
+from .verify.inputs import inputs_for, run_failure, run_shapes
 from .verify.fp16 import Fp16Unavailable, run_fp16
 from .verify.runtime import OrtModel, run_outputs as _run_outputs
 
@@ -80,11 +80,8 @@ def _bisect(original: OrtModel, rules, extra_rules, disable, target, provider, i
     half = is_fp16(original.proto)
     try:
         reference = run_outputs(original.source(), feeds, provider)
-    except Exception as exc:  # noqa: BLE001
-        inits = {t.name for t in original.proto.graph.initializer}
-        raise InvalidModelError(f"onnxruntime ({provider}) cannot run the original model"
-                                f"{feeds_text(feeds, [i for i in original.proto.graph.input if i.name not in inits])}"
-                                f": {io.first_line(exc, 300)}") from None
+    except Exception as exc:  # noqa: BLE001 - the shapes and the options that change them, in one line
+        raise run_failure("the original model", exc, how, provider) from None
     chosen, graph_passes = registry.resolve(rules, extra_rules, disable, target, graph_passes, exact=options["exact"])
     runs: dict = {}
 

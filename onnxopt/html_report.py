@@ -287,7 +287,8 @@ def _summary(data: Mapping) -> str:
     s = r.get("settings") or {}
     settings = ", ".join(f"{k} {v}" for k, v in s.items() if v not in (None, {}, [], False)) or "defaults"
     if data.get("at"):
-        settings += ("; FLOPs, bytes and memory of the symbolic inputs at the verifier's shapes: "
+        where = data.get("at_source") or "the verifier's shapes"
+        settings += (f"; FLOPs, bytes and memory of the symbolic inputs at {where}: "
                      + ", ".join(f"{k} {'x'.join(map(str, v))}" for k, v in data["at"].items()))
     cfg = data.get("config")
     extra = (f'<p class="note">configuration: {_e(", ".join(f"{k}={v}" for k, v in cfg.items()))}</p>'
@@ -567,9 +568,10 @@ def _profile(before: str, after: str, verification: Mapping, options: Mapping, r
         edges = layouts.edges_between(*meta)
         seed = options.get("seed") or 0
         common = {"int_ranges": options.get("int_ranges"), "npz": options.get("inputs"), "seed": seed}
-        if edges:
-            feeds, _ = make_inputs(before, shapes=options.get("input_shapes"), **common)
-            fb, fa = layouts.edge_feeds(edges, feeds, seed)
+        if edges:  # (the data given, as the verifier runs it: onnxopt.layout.edge_feeds)
+            feeds, how = make_inputs(before, shapes=options.get("input_shapes"), pixels=layouts.pixel_inputs(edges),
+                                     **common)
+            fb, fa = layouts.edge_feeds(edges, feeds, seed, how)
         else:  # the optimized model's inputs (shapes fixed by --input-shape, if any) fit the original too
             fb = fa = make_inputs(after, **common)[0]
         threads = options.get("threads")
@@ -582,19 +584,54 @@ def _profile(before: str, after: str, verification: Mapping, options: Mapping, r
         return {"unavailable": f"profiling failed: {first_line(exc, 200)}"}
 
 
-def _run_shapes(path) -> dict:
+def _run_shapes(path, data: Mapping | None = None) -> dict:
     """The shapes the verifier runs a model's inputs with symbolic dimensions at
-    (``onnxopt.verify.inputs.symbolic_run_shapes``; the graph read without its external weights)."""
+    (``onnxopt.verify.inputs.symbolic_run_shapes``; the graph read without its external weights):
+    ``data``'s, the shapes the verification's data ran the original at (by input name), where they fit."""
     import onnx
 
     from . import io
-    from .input_shapes import symbolic_run_shapes
+    from .input_shapes import RUN_SHAPES_KEY, symbolic_run_shapes
 
     try:
         model = io.to_ir(onnx.load(str(path), load_external_data=False))
     except Exception:  # noqa: BLE001 - the sections say what failed when they read the model
         return {}
+    if data:
+        model.graph.meta[RUN_SHAPES_KEY] = dict(data)
     return symbolic_run_shapes(model)
+
+
+def _edited_shapes(path, data: Mapping) -> dict:
+    """``data`` (shapes of the original's inputs) as the optimized model at ``path`` takes them
+    where optimize changed its inputs' layout or made them raw pixels (``onnxopt.layout.edge_shape``)."""
+    if not data:
+        return {}
+    import onnx
+
+    from . import layout as layouts
+
+    try:
+        meta = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+        recs = (layouts.edges_of(meta) or {}).get("inputs", {})
+    except Exception:  # noqa: BLE001
+        return dict(data)
+    return {k: layouts.edge_shape(recs[k], v) if k in recs else v for k, v in data.items()}
+
+
+def _data_shapes(path, verify_options: Mapping | None) -> dict:
+    """``onnxopt.verify.inputs.data_shapes`` of the model at ``path`` (the original) for the verifier's options."""
+    import onnx
+
+    from . import io
+    from .verify.inputs import data_shapes
+
+    if not verify_options or (verify_options.get("inputs") is None and verify_options.get("feeds") is None):
+        return {}
+    try:
+        return data_shapes(io.to_ir(onnx.load(str(path), load_external_data=False)), verify_options)
+    except Exception:  # noqa: BLE001 - the sections say what failed when they read the model
+        return {}
 
 
 def build(input_path, output_path, report, *, page=None, diff_page=None, verify_options: Mapping | None = None,
@@ -608,9 +645,12 @@ def build(input_path, output_path, report, *, page=None, diff_page=None, verify_
     shapes = {k: v for k, v in ((d.get("settings") or {}).get("input_shapes") or {}).items()
               if all(isinstance(x, int) for x in v)}
     at = None
-    if not shapes:  # symbolic inputs: sized as the verifier runs them (its latency is taken at those shapes)
-        shapes = (_run_shapes(input_path), _run_shapes(output_path))
+    if not shapes:  # symbolic inputs: sized as the verifier runs them (its latency is taken at those shapes):
+        # at the shapes of its data where it was given some (one set of shapes per report)
+        data = _data_shapes(input_path, verify_options) if d.get("verification") else {}
+        shapes = (_run_shapes(input_path, data), _run_shapes(output_path, _edited_shapes(output_path, data)))
         at = shapes[0] or None
+        at_source = "the shapes the verification's data ran at" if data else "the verifier's shapes"
         if not any(shapes):
             shapes = {}
     analyze, why = _optional("analysis", "analyze")
@@ -629,6 +669,7 @@ def build(input_path, output_path, report, *, page=None, diff_page=None, verify_
         start = os.path.dirname(os.path.abspath(page)) if page is not None else os.getcwd()
         link = os.path.relpath(os.path.abspath(diff_page), start)
     return {"input": str(input_path), "output": str(output_path), "report": d, "analysis": analysis,
-            "memory": memory, "profile": profile, "diff_page": link, **({"at": at} if at else {}),
+            "memory": memory, "profile": profile, "diff_page": link,
+            **({"at": at, "at_source": at_source} if at else {}),
             "sizes": {"before": _model_bytes(input_path), "after": _model_bytes(output_path)},
             **({"config": dict(config)} if config else {})}

@@ -37,9 +37,11 @@ under ``exact`` (the rounding changes) or into grouped Convs; ``input_shapes`` a
 model's own layout.
 
 Verification: the edited model records its edges in its metadata (``EDGES_KEY``); the verifier
-(:func:`edge_feeds`, :func:`outputs_back`) gives it channels-last arrays or random raw pixels and
-the original the same data transposed, or preprocessed in numpy as a user would
-(:func:`reference_input`), and compares outputs in the original's layout.
+(:func:`edge_feeds`, :func:`outputs_back`) gives it channels-last arrays, or for raw-image inputs the
+pixels given (raw uint8, or derived from the original's float values by inverting the preprocessing,
+refused where they are no pixels' preprocessing) or random ones where none are given, and the original the
+same data transposed, or preprocessed in numpy as a user would (:func:`reference_input`), and compares
+outputs in the original's layout.
 """
 
 from __future__ import annotations
@@ -835,11 +837,85 @@ def edges_between(before: Mapping[str, str] | None, after: Mapping[str, str] | N
     return diff if diff["inputs"] or diff["outputs"] else None
 
 
-def edge_feeds(edges: dict, feeds: Mapping[str, np.ndarray], seed: int = 0) -> tuple[dict, dict]:
+def pixel_inputs(edges: dict | None) -> dict[str, Preprocess]:
+    """The raw-image inputs of ``edges`` (:func:`edges_between`) and their preprocessing, by name."""
+    return {name: rec["preprocess"] for name, rec in ((edges or {}).get("inputs") or {}).items()
+            if rec.get("preprocess") is not None}
+
+
+def pixel_shape(shape, pre: Preprocess) -> list[int]:
+    """The raw pixels' shape for the original's channels-first input ``shape`` ([N, C, H, W])."""
+    shape = list(shape)
+    if pre.channels_last:
+        shape = [shape[0], *shape[2:], shape[1]]
+    return shape if pre.batched else shape[1:]
+
+
+def model_shape(pixels_shape, pre: Preprocess) -> list[int]:
+    """The original's channels-first input shape for raw pixels of ``pixels_shape`` (:func:`pixel_shape`'s inverse)."""
+    shape = list(pixels_shape)
+    if not pre.batched:
+        shape = [1, *shape]
+    return [shape[0], shape[-1], *shape[1:-1]] if pre.channels_last else shape
+
+
+def edge_shape(rec: Mapping, shape) -> list[int]:
+    """The shape the edited model's input takes for the original's input ``shape``; ``rec``: its
+    record in :func:`edges_of` (a channels-last layout, or raw pixels)."""
+    pre = rec.get("preprocess")
+    if pre is not None:
+        return pixel_shape(shape, pre)
+    shape = list(shape)
+    return [shape[i] for i in _perm_to_last(len(shape))] if str(rec.get("layout", "")).endswith("C") else shape
+
+
+PIXEL_TOLERANCE = 1e-2  # pixel units: how far a given float value's inverse may be from a whole pixel
+
+
+def pixels_from(x: np.ndarray, pre: Preprocess, name: str, where: str) -> np.ndarray:
+    """The uint8 pixels whose :func:`reference_input` is ``x`` (the original's float input), the
+    preprocessing inverted: ``x*std + mean`` divided by ``scale``, the channel swap undone, in the
+    pixel layout. Refused (UsageError, one line) where ``x`` is not the preprocessing of whole
+    pixels 0..255 (random floats are not): the optimized model, which takes raw pixels, cannot be
+    given the same data then."""
+    x = np.asarray(x)
+    if x.ndim != 4 or (not pre.batched and x.shape[0] != 1):
+        raise UsageError(f"input {name} {where}: the optimized model takes one {pre.layout} image per run; the "
+                         f"original's input has shape {'x'.join(map(str, x.shape))}")
+    c = x.shape[1]
+    mean = _channel_vector(pre.mean, c, "mean", name).reshape(1, c, 1, 1)
+    std = _channel_vector(pre.std, c, "std", name).reshape(1, c, 1, 1)
+    with np.errstate(all="ignore"):
+        y = (x.astype(np.float64) * std + mean) / pre.scale
+    if pre.bgr:
+        y = y[:, ::-1]
+    r = np.rint(y)
+    bad = ~(np.isfinite(y) & (np.abs(y - r) <= PIXEL_TOLERANCE) & (r >= 0) & (r <= 255))
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise UsageError(
+            f"input {name} {where}: the float values are not uint8 pixels preprocessed (scale {pre.scale:g}, "
+            f"mean {list(pre.mean)}, std {list(pre.std)}{', bgr' if pre.bgr else ''}): {int(bad.sum())} of {bad.size} "
+            f"are not (at {list(at)} the value {float(x[at]):g} is pixel {float(y[at]):g}), so the optimized model, "
+            f"which takes raw uint8 {pre.layout} pixels, cannot run the same data; give the raw pixels instead "
+            f"(uint8, shape {'x'.join(map(str, pixel_shape(x.shape, pre)))}, under the name {name})")
+    pixels = r.astype(np.uint8)
+    if pre.channels_last:
+        pixels = np.transpose(pixels, (0, 2, 3, 1))
+    return np.ascontiguousarray(pixels if pre.batched else pixels[0])
+
+
+def edge_feeds(edges: dict, feeds: Mapping[str, np.ndarray], seed: int = 0,
+               how: dict | None = None) -> tuple[dict, dict]:
     """``(original's feeds, edited model's feeds)`` from ``feeds`` made for the original: a
-    channels-last input gets the array transposed; a raw-image input gets seeded random pixels
-    (0..255, shaped as the original's array in the pixel layout) and the original its
-    :func:`reference_input` of them (what a user's numpy preprocessing computes)."""
+    channels-last input gets the array transposed. A raw-image input uses the data given: raw uint8
+    pixels in ``feeds`` (in the pixel layout) go to the edited model and their
+    :func:`reference_input` (what a user's numpy preprocessing computes) to the original; float
+    values given for the original go to it as they are and the edited model gets the pixels they
+    are the preprocessing of (:func:`pixels_from`; refused where there are none). Only an input
+    ``how`` records as generated (``how[name]["source"] == "generated"``; all when ``how`` is None)
+    gets seeded random pixels (0..255, shaped as the original's array in the pixel layout) instead.
+    ``how`` (:func:`onnxopt.verify.inputs.make_inputs`'s record) is updated to say what each model got."""
     before, after = dict(feeds), dict(feeds)
     rng = np.random.default_rng(seed + 7919)
     for name, rec in edges.get("inputs", {}).items():
@@ -850,17 +926,28 @@ def edge_feeds(edges: dict, feeds: Mapping[str, np.ndarray], seed: int = 0) -> t
         if pre is None:
             after[name] = input_feed(x, rec["layout"])
             continue
-        if not pre.batched and x.shape[0] != 1:
-            raise UsageError(f"input {name}: takes one {pre.layout} image; the original's input has a batch of "
-                             f"{x.shape[0]}")
-        shape = list(x.shape)
-        if pre.channels_last:
-            shape = [shape[0], *shape[2:], shape[1]]
-        if not pre.batched:
-            shape = shape[1:]
-        pixels = rng.integers(0, 256, size=shape, dtype=np.uint8)
+        info = (how or {}).get(name) or {}
+        source = info.get("source", "generated")
+        px = f"uint8 {pre.layout} pixels{' (BGR)' if pre.bgr else ''}"
+        if x.dtype == np.uint8:  # raw pixels given (the edited model's own input)
+            pixels, given = x, None
+            note = f"the optimized model takes raw {px} as given; the original them preprocessed in numpy"
+        elif source != "generated":  # the original's float input given: the pixels it is made of
+            pixels, given = pixels_from(x, pre, name, f"in {info['file']}" if info.get("file") else f"({source})"), x
+            note = (f"the original takes the values as given; the optimized model the {px} they are the "
+                    f"preprocessing of (exact inverse)")
+        else:
+            if not pre.batched and x.shape[0] != 1:
+                raise UsageError(f"input {name}: takes one {pre.layout} image; the original's input has a batch "
+                                 f"of {x.shape[0]}")
+            pixels, given = rng.integers(0, 256, size=pixel_shape(x.shape, pre), dtype=np.uint8), None
+            note = f"the optimized model takes random {px} (seed {seed}); the original them preprocessed in numpy"
+            if how is not None and name in how:
+                how[name] = {**info, "shape": list(pixels.shape), "dtype": "uint8", "distribution": "uniform 0..255"}
         after[name] = pixels
-        before[name] = reference_input(pixels, pre)
+        before[name] = reference_input(pixels, pre) if given is None else given
+        if how is not None and name in how:
+            how[name]["pixels"] = note
     return before, after
 
 
@@ -877,8 +964,9 @@ def outputs_back(edges: dict, outputs: list[tuple[str, object]]) -> list[tuple[s
     return back
 
 
-def describe_edges(edges: dict) -> list[str]:
-    """What the verifier did at the edges, one line per input/output, for its report."""
+def describe_edges(edges: dict, how: Mapping | None = None) -> list[str]:
+    """What the verifier did at the edges, one line per input/output, for its report (``how``: the
+    inputs' record, as :func:`edge_feeds` updated it)."""
     lines = []
     for name, rec in edges.get("inputs", {}).items():
         pre = rec.get("preprocess")
@@ -886,9 +974,10 @@ def describe_edges(edges: dict) -> list[str]:
             lines.append(f"input {name}: the optimized model takes it {rec['layout']}; the original the same "
                          "values transposed")
         else:
-            lines.append(f"input {name}: the optimized model takes random uint8 {pre.layout} pixels"
-                         f"{' (BGR)' if pre.bgr else ''}; the original them preprocessed in numpy "
-                         f"(scale {pre.scale:g}, mean {list(pre.mean)}, std {list(pre.std)})")
+            note = (how or {}).get(name, {}).get("pixels") or (
+                f"the optimized model takes uint8 {pre.layout} pixels{' (BGR)' if pre.bgr else ''}; the original "
+                f"them preprocessed in numpy")
+            lines.append(f"input {name}: {note} (scale {pre.scale:g}, mean {list(pre.mean)}, std {list(pre.std)})")
     for name, rec in edges.get("outputs", {}).items():
         lines.append(f"output {name}: the optimized model returns it {rec['layout']}; compared transposed back")
     return lines

@@ -154,7 +154,11 @@ def format_memory(m: Mapping) -> str:
     b, a = m["before"].get("onnxruntime_peak_bytes"), m["after"].get("onnxruntime_peak_bytes")
     ort = f"; in onnxruntime's order {_size(b)} -> {_size(a)}" if None not in (b, a) and (b, a) != (
         m["before"]["peak_bytes"], m["after"]["peak_bytes"]) else ""
-    return f"peak activation memory: {side(m['before'])} -> {side(m['after'])}{note}{ort}"
+    at = m["before"].get("at") or m["after"].get("at")
+    source = "the shapes the verification data ran at" if m.get("at_source") == "data" else \
+        "the verifier's generated shapes"
+    at = f" (symbolic inputs at {', '.join(f'{k} {dims_text(v)}' for k, v in at.items())}: {source})" if at else ""
+    return f"peak activation memory: {side(m['before'])} -> {side(m['after'])}{note}{ort}{at}"
 
 
 def format_fusions(fusions: Mapping[str, Mapping]) -> list:
@@ -343,7 +347,10 @@ def format_verification(report: dict) -> Doc:
     kernels, the latency and the culprit; the cross-provider comparisons, bisect's result and the verdict."""
     lines = [Styled(f"verify {report['original']} -> {report['optimized']}", "bold")]
     ins = ", ".join(f"{k} {dims_text(v['shape'])} {v['dtype']} ({v['source']}"
-                    + (f", {v['range'][0]}..{v['range'][1]}" if "range" in v else "") + ")"
+                    + (f", {v['range'][0]}..{v['range'][1]}" if "range" in v else "")
+                    + ("; sizes the model does not declare, chosen by onnxopt: " + ", ".join(
+                        f"dimension {a} = {v['shape'][int(a)]} ({why})" for a, why in v["chosen"].items())
+                       + "; --input-shape sets them" if v.get("chosen") else "") + ")"
                     for k, v in report["inputs"].items())
     lines.append(f"inputs (seed {report['seed']}): {ins or 'none'}")
     if report.get("provider_options"):

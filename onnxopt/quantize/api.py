@@ -36,7 +36,7 @@ import onnx_ir as ir
 
 from .. import evaluate, io, pipeline, registry, targets
 from ..errors import UsageError, strict_default
-from ..input_shapes import fix as fix_input_shapes, normalize as normalize_input_shapes
+from ..input_shapes import fix as fix_input_shapes, normalize as normalize_input_shapes, refine_fixed
 from ..irutil import node_counts
 
 DEFAULT_FIDELITY_DB = 20.0
@@ -333,6 +333,7 @@ def _quantize(model, calibration, output, method, per_channel, target, exclude, 
                 result_model = cleaned
             nodes["output"] = node_counts(result_model)
         loaded.model = result_model
+        refine_fixed(loaded.model)  # (every input static: the dims that inference proves, as optimize writes them)
         progress(f"saving {output}" if output is not None else "converting the result")
         t6 = time.perf_counter()
         out = io.give_back(loaded, output, give_back_plan)

@@ -21,12 +21,12 @@ import numpy as np
 
 from .. import io
 from .. import layout as layouts
-from ..errors import InvalidModelError, OnnxoptError, UsageError, feeds_text
+from ..errors import OnnxoptError, UsageError
 from .compare import (FP16_MAX_ERROR, FP16_MIN_COSINE, FP16_MIN_TOP1, INT8_MIN_SQNR_DB, LOW_PRECISION, TOLERANCES,
                       check_tolerances, compare, compare_all, compare_fp16, compare_int8, compare_value, is_fp16,
                       is_logits, is_low_precision, is_quantized, problem_text, sqnr_db, tolerance)
 from .culprit import find_culprit
-from .inputs import inputs_for, make_inputs, parse_input_shapes, parse_int_ranges
+from .inputs import inputs_for, make_inputs, parse_input_shapes, parse_int_ranges, run_failure
 from .runtime import (CONFIDENCE, LATENCY_BUDGET_S, LATENCY_RUNS, LATENCY_THREADS, NO_DIFFERENCE, PROVIDERS, OrtModel,
                       VerifyUnavailable, check_providers, count_kernels, latency_text, measure_latency,
                       parse_provider_options, parse_providers, ratio_interval, run_profiled, session)
@@ -202,17 +202,18 @@ def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_s
             runs, warmup, latency, culprit, threads, progress, int8: float | None = None,
             provider_options: dict | None = None, fp16: bool = False, edges: dict | None = None,
             budget_s: float = LATENCY_BUDGET_S) -> dict:
-    feeds, how = inputs_for(before, feeds, inputs, input_shapes, int_ranges, seed)
+    feeds, how = inputs_for(before, feeds, inputs, input_shapes, int_ranges, seed, layouts.pixel_inputs(edges))
     model_feeds = {"before": feeds, "after": feeds}
-    if edges:
-        model_feeds["before"], model_feeds["after"] = layouts.edge_feeds(edges, feeds, seed)
+    if edges:  # (the data given is what runs: raw pixels, or those the given float values are made of)
+        model_feeds["before"], model_feeds["after"] = layouts.edge_feeds(edges, feeds, seed, how)
+        feeds = model_feeds["before"]
     low = is_low_precision(before.proto)
     report: dict = {"original": before.name, "optimized": after.name,
                     "seed": seed, "inputs": how, "low_precision": low, "providers": {}}
     if provider_options:
         report["provider_options"] = provider_options
     if edges:
-        report["edges"] = layouts.describe_edges(edges)
+        report["edges"] = layouts.describe_edges(edges, how)
     if int8 is not None:
         report["int8"] = {"min_sqnr_db": int8, "criterion": f"each float output: SQNR >= {int8:g} dB against the "
                                                             "float model"}
@@ -236,10 +237,8 @@ def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_s
             except UsageError:  # (a provider option the provider does not take)
                 raise
             except Exception as exc:  # noqa: BLE001 - onnxruntime refusing a model is a result
-                if label == "before":  # the reference itself does not run: bad input
-                    raise InvalidModelError(f"onnxruntime ({p}) cannot run the original model"
-                                            f"{feeds_text(model_feeds[label], _declared(before))}: "
-                                            f"{io.first_line(exc, 300)}") from None
+                if label == "before":  # the reference itself does not run: bad input, or inputs it cannot take
+                    raise run_failure("the original model", exc, how, p) from None
                 entry["error"] = f"onnxruntime ({p}) cannot run the optimized model: {io.first_line(exc, 300)}"
                 break
             entry.setdefault("kernels", {})[label] = {**kernels, "session_init_s": round(init_s, 4)}

@@ -112,6 +112,16 @@ def _load_npz(path) -> dict[str, np.ndarray]:
 GENERATED_INPUT_LIMIT = 4 << 30  # bytes: a declared shape that needs more is refused, not allocated
 
 
+def given_raw(vi: onnx.ValueInfoProto, npz, shape) -> bool:
+    """An array of ``npz`` for input ``vi`` that is uint8 pixels of another rank (raw pixels for
+    a model made with ``--input-preprocess``), which only ``make_inputs(pixels=...)`` reads."""
+    tt = vi.type.tensor_type
+    if not tt.HasField("shape") or len(shape) == len(tt.shape.dim):
+        return False
+    with np.load(npz, allow_pickle=False) as z:
+        return z[vi.name].dtype == np.uint8
+
+
 def run_shapes(model: ir.Model, shapes: Mapping[str, Sequence[int]] | None = None,
                npz: str | os.PathLike | None = None) -> dict[str, list[int]]:
     """The shape every input of ``model`` (an onnx_ir model, e.g. one whose inputs
@@ -127,22 +137,53 @@ def run_shapes(model: ir.Model, shapes: Mapping[str, Sequence[int]] | None = Non
             raise UsageError(f"the model has no input {name!r} (inputs: {', '.join(sorted(known)) or 'none'})")
     given = {k: list(v.shape) for k, v in (_load_npz(npz) if npz is not None else {}).items()}
     for vi in inputs:
-        if vi.name in given:
+        if vi.name in given and given_raw(vi, npz, given[vi.name]):  # (raw pixels: make_inputs checks them)
+            del given[vi.name]
+        elif vi.name in given:
             check_shape(vi, given[vi.name], f"input {vi.name!r} in {npz}")
-    return run_dims(inputs, shapes, given)
+    return run_dims(inputs, shapes, given, input_shapes.suggest(model))
+
+
+def data_shapes(model: ir.Model, options: Mapping | None) -> dict[str, list[int]]:
+    """The shapes the verifier's data runs ``model``'s inputs at, for a verification with
+    ``options`` (``verify``'s keyword arguments): the arrays of ``feeds`` or of the ``inputs`` file
+    (where each has the input's rank), and for the inputs neither gives, ``input_shapes`` or the
+    generated shapes (:func:`run_shapes`). {} where the data cannot be read (the verifier says why)."""
+    options = options or {}
+    try:
+        if options.get("feeds") is not None:
+            arrays = {k: list(np.shape(v)) for k, v in options["feeds"].items()}
+            npz = None
+        else:
+            npz = options.get("inputs")
+            arrays = {k: list(v.shape) for k, v in (_load_npz(npz) if npz is not None else {}).items()}
+        ranks = {v.name: len(v.shape) for v in model.graph.inputs if not v.is_initializer() and v.shape is not None}
+        arrays = {k: d for k, d in arrays.items() if ranks.get(k) == len(d)}
+        rest = run_dims([ir.serde.serialize_value(v) for v in model.graph.inputs if not v.is_initializer()],
+                        input_shapes.normalize(options.get("input_shapes"), numbers=True), arrays,
+                        input_shapes.suggest(model))
+    except UsageError:
+        return {}
+    return {**rest, **arrays}
 
 
 def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
                 int_ranges: Mapping[str, tuple[int, int]] | None = None, npz: str | os.PathLike | None = None,
-                seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
+                seed: int = 0, pixels: Mapping | None = None) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
     """Inputs for every graph input of ``model`` (path, proto or onnx_ir model), and how each was made.
 
     From ``npz`` where it has the input; otherwise generated, the same for the same seed:
     floats from a standard normal distribution, integers uniformly in a valid range (the user's
     ``int_ranges``; else 0..n-1 for an input that indexes a Gather table of n rows, 0..1 for a
     name containing "mask", 0..9 otherwise), bools 0/1. Dynamic dimensions: from ``shapes``
-    (per input, numbers: see ``onnxopt.input_shapes``), then the same named symbol elsewhere, else
-    1 on the first axis and 16 on others.
+    (per input, numbers: see ``onnxopt.input_shapes``), then the same named symbol elsewhere, then
+    the size the model suggests (``onnxopt.input_shapes.suggest``), else 1 on the first axis and 16
+    on others; ``how[name]["chosen"]`` names each dimension chosen so, and why.
+
+    ``pixels``: ``{name: onnxopt.layout.Preprocess}``, the inputs a model made from this one with
+    ``--input-preprocess`` takes as raw pixels (``layout.pixel_inputs``): ``npz`` may give those as
+    raw uint8 pixels in their pixel layout, returned as they are (``layout.edge_feeds`` gives the
+    original their preprocessing); ``how`` records them so.
     """
     proto = model.proto if isinstance(model, OrtModel) else OrtModel(model, "model").proto
     shapes = input_shapes.normalize(shapes, numbers=True)
@@ -158,7 +199,17 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
         extra = sorted(set(given) - known)
         if extra:
             raise UsageError(f"inputs file {npz} has {', '.join(extra)}, which the model does not take")
-    planned = run_dims(graph_inputs, shapes, {k: list(v.shape) for k, v in given.items()})
+    pixels = dict(pixels or {})
+    raw = {k for k, v in given.items() if k in pixels and v.dtype == np.uint8}  # raw pixels given
+    if raw:
+        from ..layout import model_shape
+    given_shapes = {k: model_shape(v.shape, pixels[k]) if k in raw else list(v.shape) for k, v in given.items()}
+    for k in raw:
+        if given[k].ndim != (4 if pixels[k].batched else 3):
+            raise UsageError(f"input {k!r} in {npz}: raw pixels of shape {dims_text(given[k].shape)}; the optimized "
+                             f"model takes {pixels[k].layout} pixels ({4 if pixels[k].batched else 3} dimensions)")
+    chosen: dict = {}  # the dimensions onnxopt chose, and why
+    planned = run_dims(graph_inputs, shapes, given_shapes, input_shapes.suggest(proto), chosen)
     bounds = _gather_bounds(proto)
     if seed < 0:
         raise UsageError(f"seed {seed}: must not be negative")
@@ -170,13 +221,20 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
             raise UsageError(f"input {vi.name!r} is not a tensor: the verifier makes and reads tensor inputs only "
                              "(from Python, give it in verify(feeds=...))")
         dtype = _generated_dtype(tt.elem_type)
+        if vi.name in raw:
+            arr = given[vi.name]
+            check_shape(vi, given_shapes[vi.name], f"input {vi.name!r} in {npz} (raw {pixels[vi.name].layout} "
+                                                   f"pixels {dims_text(arr.shape)})")
+            feeds[vi.name] = arr
+            how[vi.name] = {"source": "npz", "shape": list(arr.shape), "dtype": "uint8", "file": str(npz)}
+            continue
         if vi.name in given:
             arr = given[vi.name]
             if dtype is not None and arr.dtype != dtype:
                 raise UsageError(f"input {vi.name!r} in {npz} is {arr.dtype}, the model takes {np.dtype(dtype)}")
             check_shape(vi, list(arr.shape), f"input {vi.name!r} in {npz}")
             feeds[vi.name] = arr
-            how[vi.name] = {"source": "npz", "shape": list(arr.shape), "dtype": str(arr.dtype)}
+            how[vi.name] = {"source": "npz", "shape": list(arr.shape), "dtype": str(arr.dtype), "file": str(npz)}
             continue
         if dtype is None:
             raise UsageError(f"input {vi.name!r} has type {onnx.TensorProto.DataType.Name(tt.elem_type)}, "
@@ -188,6 +246,8 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
         if vi.name in int_ranges and not np.issubdtype(dtype, np.integer):
             raise UsageError(f"--int-range {vi.name}: the input is {np.dtype(dtype)}, not an integer type")
         info = {"source": "generated", "shape": shape, "dtype": str(np.dtype(dtype))}
+        if chosen.get(vi.name):  # (dimensions the model does not declare: what onnxopt chose, and why)
+            info["chosen"] = {str(k): why for k, why in sorted(chosen[vi.name].items())}
         if np.issubdtype(dtype, np.integer):
             if vi.name in int_ranges:
                 lo, hi = int_ranges[vi.name]
@@ -221,10 +281,51 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
     return feeds, how
 
 
-def inputs_for(model: OrtModel, feeds, inputs, input_shapes, int_ranges, seed) -> tuple[dict, dict]:
-    """The inputs to run and how each was made: ``feeds`` as given, else :func:`make_inputs`."""
+_ORT_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
+_ORT_SOURCE = re.compile(r"\s*/\S*onnxruntime\S*:\d+ .*? (?:was false|failed)\.")
+
+
+def ort_reason(exc: BaseException, limit: int = 400) -> str:
+    """onnxruntime's message without its code prefix and C++ source location (a file, a line and
+    the function's signature, which otherwise fill the room before the reason), on one line."""
+    text = _ORT_PREFIX.sub("", io.first_line(exc, 10_000))
+    text = _ORT_SOURCE.sub("", text).strip()
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def run_failure(model: str, exc: BaseException, how: Mapping[str, dict], provider: str = "cpu") -> UsageError:
+    """The one line for a model that onnxruntime cannot run at the inputs of ``how``
+    (:func:`make_inputs`'s record): the shapes it ran at, which of them onnxopt chose, the reason,
+    and the options that give other shapes. (Data a model cannot run is the user's to change:
+    exit 2, not an internal error.)"""
+    shapes = ", ".join(f"{k}={dims_text(v['shape'])}" for k, v in how.items())
+    chosen = {k: v["chosen"] for k, v in how.items() if v.get("chosen")}
+    made = [k for k, v in how.items() if v.get("source") == "generated"]
+    if chosen:
+        where = ", ".join(f"{k} dimension {a} = {how[k]['shape'][int(a)]} ({why})"
+                          for k, c in chosen.items() for a, why in c.items())
+        at = f"at the generated shapes {shapes} (the model does not declare every size; onnxopt chose {where})"
+    elif made:
+        at = f"at the shapes {shapes} (generated)"
+    else:
+        at = f"at the shapes of the data given ({shapes})"
+
+    def form(k):  # (the dimensions onnxopt chose shown as ?: the user's to fill)
+        return "x".join("?" if str(i) in how[k].get("chosen", {}) else str(d) for i, d in enumerate(how[k]["shape"]))
+
+    if chosen:
+        fix = (f"give the sizes it takes with {' '.join(f'--input-shape {k}={form(k)}' for k in chosen)}, or data "
+               f"with --inputs FILE.npz")
+    else:
+        fix = "give shapes it takes (--input-shape NAME=DIMS) or data it takes (--inputs FILE.npz)"
+    return UsageError(f"onnxruntime ({provider}) cannot run {model} {at}: {ort_reason(exc, 300)}; {fix}")
+
+
+def inputs_for(model: OrtModel, feeds, inputs, input_shapes, int_ranges, seed, pixels=None) -> tuple[dict, dict]:
+    """The inputs to run and how each was made: ``feeds`` as given, else :func:`make_inputs`
+    (``pixels``: as it takes them)."""
     if feeds is None:
-        return make_inputs(model, shapes=input_shapes, int_ranges=int_ranges, npz=inputs, seed=seed)
+        return make_inputs(model, shapes=input_shapes, int_ranges=int_ranges, npz=inputs, seed=seed, pixels=pixels)
     inits = {i.name for i in model.proto.graph.initializer}
     takes = {i.name for i in model.proto.graph.input if i.name not in inits}
     if set(feeds) != takes:
