@@ -81,7 +81,7 @@ def _bisect(original: OrtModel, rules, extra_rules, disable, target, provider, i
     try:
         reference = run_outputs(original.source(), feeds, provider)
     except Exception as exc:  # noqa: BLE001 - the shapes and the options that change them, in one line
-        raise run_failure("the original model", exc, how, provider) from None
+        raise run_failure("the original model", exc, how, provider, [i for i in original.proto.graph.input if i.name not in {t.name for t in original.proto.graph.initializer}]) from None
     chosen, graph_passes = registry.resolve(rules, extra_rules, disable, target, graph_passes, exact=options["exact"])
     runs: dict = {}
 

@@ -238,7 +238,7 @@ def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_s
                 raise
             except Exception as exc:  # noqa: BLE001 - onnxruntime refusing a model is a result
                 if label == "before":  # the reference itself does not run: bad input, or inputs it cannot take
-                    raise run_failure("the original model", exc, how, p) from None
+                    raise run_failure("the original model", exc, how, p, _declared(before)) from None
                 entry["error"] = f"onnxruntime ({p}) cannot run the optimized model: {io.first_line(exc, 300)}"
                 break
             entry.setdefault("kernels", {})[label] = {**kernels, "session_init_s": round(init_s, 4)}

@@ -293,11 +293,13 @@ def ort_reason(exc: BaseException, limit: int = 400) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def run_failure(model: str, exc: BaseException, how: Mapping[str, dict], provider: str = "cpu") -> UsageError:
+def run_failure(model: str, exc: BaseException, how: Mapping[str, dict], provider: str = "cpu",
+                declared=None) -> UsageError:
     """The one line for a model that onnxruntime cannot run at the inputs of ``how``
     (:func:`make_inputs`'s record): the shapes it ran at, which of them onnxopt chose, the reason,
-    and the options that give other shapes. (Data a model cannot run is the user's to change:
-    exit 2, not an internal error.)"""
+    and the options that give other shapes; ``declared`` (the graph inputs as onnx ValueInfoProtos):
+    the model's own shapes beside them. (Data a model cannot run is the user's to change: exit 2,
+    not an internal error.)"""
     shapes = ", ".join(f"{k}={dims_text(v['shape'])}" for k, v in how.items())
     chosen = {k: v["chosen"] for k, v in how.items() if v.get("chosen")}
     made = [k for k, v in how.items() if v.get("source") == "generated"]
@@ -309,6 +311,10 @@ def run_failure(model: str, exc: BaseException, how: Mapping[str, dict], provide
         at = f"at the shapes {shapes} (generated)"
     else:
         at = f"at the shapes of the data given ({shapes})"
+    if declared:
+        from ..errors import feeds_text
+
+        at += feeds_text({}, declared)
 
     def form(k):  # (the dimensions onnxopt chose shown as ?: the user's to fill)
         return "x".join("?" if str(i) in how[k].get("chosen", {}) else str(d) for i, d in enumerate(how[k]["shape"]))
