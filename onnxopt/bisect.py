@@ -115,6 +115,7 @@ def _bisect(original: OrtModel, rules, extra_rules, disable, target, provider, i
                     lo = mid
                 else:
                     hi = mid
+                _drop_models(runs, keep=(lo, hi, -1))  # (only the bounds' models are read again)
         bad = attempt(hi) if hi < total else full
         good_log = attempt(lo)["log"] if hi > 0 else []
         steps = bad["log"][len(good_log):] if hi > 0 else bad["log"]
@@ -125,17 +126,42 @@ def _bisect(original: OrtModel, rules, extra_rules, disable, target, provider, i
             report["message"] = ("outputs already differ before any rule fires: the graph passes that run first "
                                  f"({', '.join(named) or 'none'}) or the model itself")
         progress("locating the first diverging value", steps_total, steps_total)
+        # against the model right before the failing rewrite (the original where it is the first):
+        # against the original, the first value beyond tolerance may be an earlier rewrite's, within
+        # tolerance at the outputs then, and the report named two culprits (conv_bn_fold's value and
+        # the conv_mul_fold rewrite)
+        before = attempt(lo)["model"] if hi > 0 else original
         try:
-            report["culprit"] = find_culprit(original, bad["model"], feeds, provider, low_precision=low, rtol=rtol,
-                                             atol=atol)
+            culprit = find_culprit(before, bad["model"], feeds, provider, low_precision=low, rtol=rtol, atol=atol)
         except Exception as exc:  # noqa: BLE001
-            report["culprit"] = {"message": f"could not expose intermediate values: {io.first_line(exc, 300)}"}
+            culprit = {"message": f"could not expose intermediate values: {io.first_line(exc, 300)}"}
+        culprit["compared_with"] = f"the model after rewrite {lo}" if hi > 0 else "the original model"
+        report["culprit"] = consistent_culprit(culprit, named[0] if named else None)
         return report
     finally:
-        for r in runs.values():
-            r["model"].close()
+        _drop_models(runs, keep=())
         for r in runs.values():
             r.pop("model", None)
+
+
+def _drop_models(runs: dict, keep) -> None:
+    for key, r in runs.items():
+        if key not in keep and r.get("model") is not None:
+            r["model"].close()
+            r["model"] = None
+
+
+def consistent_culprit(culprit: dict, step: str | None) -> dict:
+    """``culprit`` (``onnxopt.verify.culprit.find_culprit``) naming no rule other than ``step``,
+    the rewrite bisect found: one with another rule keeps its value and node, and says why no rule
+    is named."""
+    other = culprit.get("rule")
+    if other is None or other == step:
+        return culprit
+    culprit = {k: v for k, v in culprit.items() if k not in ("rule", "replaced")}
+    culprit["reason"] = (f"the node that produced it was made by {other}, but outputs stay within tolerance until "
+                         f"{step or 'the rewrite bisect found'}: the difference adds up over several rewrites")
+    return culprit
 
 
 def _settings(max_rewrites: int | None = None, fold_size_limit: int = evaluate.DEFAULT_SIZE_LIMIT,
