@@ -183,7 +183,8 @@ def bisect_failure(model, report: dict, *, seconds: float, rewrites: int, verify
     the rewrites on the first provider that failed, with the same inputs, when the estimate,
     (log2(rewrites) + 1) x ``seconds`` (the measured optimize + verify time, less the latency
     measurement, which bisect does not repeat), is under ``budget_s`` (default
-    :data:`BISECT_BUDGET_S`); else ``{"skipped": why}``. ``optimize_settings``: rules,
+    :data:`BISECT_BUDGET_S`); else ``{"skipped": why}``. Where it names a rewrite, ``report``'s
+    culprits keep no rule other than that one (:func:`consistent_culprit`). ``optimize_settings``: rules,
     extra_rules, disable, target and optimize_options, as the optimization ran."""
     budget_s = BISECT_BUDGET_S if budget_s is None else budget_s
     seconds -= sum(e.get("latency", {}).get("seconds", 0) for e in report["providers"].values())
@@ -194,7 +195,12 @@ def bisect_failure(model, report: dict, *, seconds: float, rewrites: int, verify
     provider = next(p for p, e in report["providers"].items() if not e["ok"])
     keys = ("inputs", "feeds", "input_shapes", "int_ranges", "seed", "rtol", "atol", "progress")
     try:
-        return bisect(model, provider=provider, **{k: v for k, v in (verify_options or {}).items() if k in keys},
-                      **optimize_settings)
+        found = bisect(model, provider=provider, **{k: v for k, v in (verify_options or {}).items() if k in keys},
+                       **optimize_settings)
     except Exception as exc:  # noqa: BLE001 - the verification's verdict stands; say why there is no bisect
         return {"skipped": f"failed: {io.first_line(exc, 300)}"}
+    if found.get("culprit_rule"):  # one culprit in the report: the verification's names no other rule
+        for entry in report["providers"].values():
+            if entry.get("culprit"):
+                entry["culprit"] = consistent_culprit(entry["culprit"], found["culprit_rule"])
+    return found
