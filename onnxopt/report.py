@@ -401,14 +401,12 @@ def summary_line(report: dict) -> str:
     else:
         r = next(r for r in entry["outputs"] if not r["ok"])
         text = f"outputs differ on {p}: {r['name']}: {problem_text(r)}"
-    b = report.get("bisect") or {}
     c = entry.get("culprit") or {}
-    if b.get("culprit_rule") and (b.get("culprit") or {}).get("value"):
-        c = b["culprit"]  # (the value right after the rewrite bisect names: one culprit on the line)
     if c.get("value"):
         text += f"; first diverging value {c['value']!r} from {c['node']['op_type']} {c['node']['name']!r}"
         if c.get("rule"):
             text += f" (rule {c['rule']})"
+    b = report.get("bisect") or {}
     if b.get("culprit_rule"):
         text += f"; bisect: rewrite {b['first_failing_rewrite']} of {b['rewrites']}, {b['culprit_rule']}"
     elif report.get("bisect_command"):

@@ -490,7 +490,7 @@ def _with_cuts(proto: onnx.ModelProto, cut: set[str], types, consts) -> onnx.Mod
         rank_one = t is not None and t.tensor_type.HasField("shape") and len(t.tensor_type.shape.dim) == 1 \
             or name in consts and consts[name][0] == 1
         vi = onnx.helper.make_tensor_value_info(_CUT_PREFIX + name, elem or onnx.TensorProto.INT64,
-                                                [_CUT_PREFIX + name] if rank_one else None)
+                                                [None] if rank_one else None)
         copy.graph.input.append(vi)
     return copy
 
@@ -509,6 +509,9 @@ def _uncut(result: onnx.ModelProto, first: Mapping[str, onnx.TypeProto]) -> onnx
                 del field[:]
                 field.extend(keep)
         for vi in (*g.value_info, *g.output):
+            for d in vi.type.tensor_type.shape.dim:
+                if d.dim_param.startswith(_CUT_PREFIX):
+                    d.ClearField("dim_param")
             before = first.get(vi.name)
             if before is None or not before.tensor_type.HasField("shape"):
                 continue
@@ -540,16 +543,46 @@ def bounded_infer(proto: onnx.ModelProto, limit: int | None = None) -> onnx.Mode
         return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
     result = None
     for _ in range(_ROUNDS):
-        result = onnx.shape_inference.infer_shapes(_with_cuts(proto, cut, first, consts), check_type=False,
-                                                   strict_mode=False, data_prop=True)
+        cut_proto = _with_cuts(proto, cut, first, consts)
+        result = onnx.shape_inference.infer_shapes(cut_proto, check_type=False, strict_mode=False, data_prop=True)
         known = _types(result)
-        # (a stand-in's own value is typed by its producer: what propagation learned of its length)
-        smaller = {name for name in cut if not _risky(name, known, consts, limit)}
+        # A stand-in's own value is typed by its producer: what propagation learned of its length. One
+        # now known to be small is read again; so is one that no stand-in is upstream of, unless it is
+        # known to be large (its type is then what propagation alone gives it).
+        free = _upstream_free(cut_proto)
+        smaller = {name for name in cut if not _risky(name, known, consts, limit)
+                   or name in free and name not in consts and not _over(known.get(name), limit)}
         if not smaller:
             break
         cut -= smaller
         first = {**first, **{k: v for k, v in known.items() if k in smaller}}
+        if not cut:
+            return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
     return _uncut(result, _types(plain))
+
+
+def _over(t: onnx.TypeProto | None, limit: int) -> bool:
+    """A 1-D type of a known length over ``limit``."""
+    if t is None or not t.tensor_type.HasField("shape") or len(t.tensor_type.shape.dim) != 1:
+        return False
+    d = t.tensor_type.shape.dim[0]
+    return d.HasField("dim_value") and d.dim_value > limit
+
+
+def _upstream_free(proto: onnx.ModelProto) -> set[str]:
+    """The main graph's values that no stand-in (``_with_cuts``) is upstream of (subgraphs' reads
+    count as their node's)."""
+    tainted: set[str] = set()
+    for n in proto.graph.node:  # (topological order, as onnx's inference requires)
+        reads = set(n.input)
+        for attr in n.attribute:
+            if attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+                for g in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+                    for sub in _graphs(g):
+                        reads.update(i for m in sub.node for i in m.input)
+        if any(r.startswith(_CUT_PREFIX) or r in tainted for r in reads if r):
+            tainted.update(o for o in n.output if o)
+    return {o for n in proto.graph.node for o in n.output if o and o not in tainted}
 
 
 def light_proto(model: ir.Model) -> onnx.ModelProto:
