@@ -94,7 +94,7 @@ import numpy as np
 import onnx
 
 from .errors import UsageError
-from .shapes import symbolic_infer
+from .shapes import infer_proto, symbolic_infer
 
 FLOPS_CONVENTION = ("FLOPs = 2 x multiply-accumulates; element-wise and other ops per element (see "
                     "onnxopt.analysis); integer ops counted as their float equivalents")
@@ -500,7 +500,7 @@ def _read_small_external(proto: onnx.ModelProto, base: Path | None) -> None:
 
 def _infer(proto: onnx.ModelProto) -> onnx.ModelProto:
     try:
-        return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+        return infer_proto(proto)  # (bounded: onnxopt.shapes.bounded_infer)
     except Exception:  # (a model shape inference stops on is analyzed with the shapes it declares)
         return proto
 

@@ -483,11 +483,11 @@ def _transposes(model: ir.Model) -> dict:
     clone = model.clone()
     weights = sum(v.const_value.nbytes for v in clone.graph.initializers.values() if v.const_value is not None)
     if weights < _FULL_INFERENCE_BYTES:  # onnx's inference, with shape arithmetic propagated, sees further
-        import onnx
+        from .shapes import infer_proto
 
         try:
             proto = ir.serde.serialize_model(clone)
-            clone = ir.serde.deserialize_model(onnx.shape_inference.infer_shapes(proto, data_prop=True))
+            clone = ir.serde.deserialize_model(infer_proto(proto))  # (bounded: onnxopt.shapes.bounded_infer)
         except Exception:  # noqa: BLE001 - the figures then come from onnxopt's own inference
             clone = model.clone()
     return transpose_summary(clone)

@@ -130,6 +130,7 @@ def _bisect(original: OrtModel, rules, extra_rules, disable, target, provider, i
                     lo = mid
                 else:
                     hi = mid
+                _drop_models(runs, keep=(lo, hi, -1))  # (only the bounds' models are read again)
         bad = attempt(hi) if hi < total else full
         good_log = attempt(lo)["log"] if hi > 0 else []
         steps = bad["log"][len(good_log):] if hi > 0 else bad["log"]
@@ -140,17 +141,42 @@ def _bisect(original: OrtModel, rules, extra_rules, disable, target, provider, i
             report["message"] = ("outputs already differ before any rule fires: the graph passes that run first "
                                  f"({', '.join(named) or 'none'}) or the model itself")
         progress("locating the first diverging value", steps_total, steps_total)
+        # against the model right before the failing rewrite (the original where it is the first):
+        # against the original, the first value beyond tolerance may be an earlier rewrite's, within
+        # tolerance at the outputs then, and the report named two culprits (conv_bn_fold's value and
+        # the conv_mul_fold rewrite)
+        before = attempt(lo)["model"] if hi > 0 else original
         try:
-            report["culprit"] = find_culprit(original, bad["model"], feeds, provider, low_precision=low, rtol=rtol,
-                                             atol=atol)
+            culprit = find_culprit(before, bad["model"], feeds, provider, low_precision=low, rtol=rtol, atol=atol)
         except Exception as exc:  # noqa: BLE001
-            report["culprit"] = {"message": f"could not expose intermediate values: {io.first_line(exc, 300)}"}
+            culprit = {"message": f"could not expose intermediate values: {io.first_line(exc, 300)}"}
+        culprit["compared_with"] = f"the model after rewrite {lo}" if hi > 0 else "the original model"
+        report["culprit"] = consistent_culprit(culprit, named[0] if named else None)
         return report
     finally:
-        for r in runs.values():
-            r["model"].close()
+        _drop_models(runs, keep=())
         for r in runs.values():
             r.pop("model", None)
+
+
+def _drop_models(runs: dict, keep) -> None:
+    for key, r in runs.items():
+        if key not in keep and r.get("model") is not None:
+            r["model"].close()
+            r["model"] = None
+
+
+def consistent_culprit(culprit: dict, step: str | None) -> dict:
+    """``culprit`` (``onnxopt.verify.culprit.find_culprit``) naming no rule other than ``step``,
+    the rewrite bisect found: one with another rule keeps its value and node, and says why no rule
+    is named."""
+    other = culprit.get("rule")
+    if other is None or other == step:
+        return culprit
+    culprit = {k: v for k, v in culprit.items() if k not in ("rule", "replaced")}
+    culprit["reason"] = (f"the node that produced it was made by {other}, but outputs stay within tolerance until "
+                         f"{step or 'the rewrite bisect found'}: the difference adds up over several rewrites")
+    return culprit
 
 
 def _settings(max_rewrites: int | None = None, fold_size_limit: int = evaluate.DEFAULT_SIZE_LIMIT,
@@ -172,7 +198,8 @@ def bisect_failure(model, report: dict, *, seconds: float, rewrites: int, verify
     the rewrites on the first provider that failed, with the same inputs, when the estimate,
     (log2(rewrites) + 1) x ``seconds`` (the measured optimize + verify time, less the latency
     measurement, which bisect does not repeat), is under ``budget_s`` (default
-    :data:`BISECT_BUDGET_S`); else ``{"skipped": why}``. ``optimize_settings``: rules,
+    :data:`BISECT_BUDGET_S`); else ``{"skipped": why}``. Where it names a rewrite, ``report``'s
+    culprits keep no rule other than that one (:func:`consistent_culprit`). ``optimize_settings``: rules,
     extra_rules, disable, target and optimize_options, as the optimization ran."""
     budget_s = BISECT_BUDGET_S if budget_s is None else budget_s
     seconds -= sum(e.get("latency", {}).get("seconds", 0) for e in report["providers"].values())
@@ -183,7 +210,12 @@ def bisect_failure(model, report: dict, *, seconds: float, rewrites: int, verify
     provider = next(p for p, e in report["providers"].items() if not e["ok"])
     keys = ("inputs", "feeds", "input_shapes", "int_ranges", "seed", "rtol", "atol", "progress")
     try:
-        return bisect(model, provider=provider, **{k: v for k, v in (verify_options or {}).items() if k in keys},
-                      **optimize_settings)
+        found = bisect(model, provider=provider, **{k: v for k, v in (verify_options or {}).items() if k in keys},
+                       **optimize_settings)
     except Exception as exc:  # noqa: BLE001 - the verification's verdict stands; say why there is no bisect
         return {"skipped": f"failed: {io.first_line(exc, 300)}"}
+    if found.get("culprit_rule"):  # one culprit in the report: the verification's names no other rule
+        for entry in report["providers"].values():
+            if entry.get("culprit"):
+                entry["culprit"] = consistent_culprit(entry["culprit"], found["culprit_rule"])
+    return found

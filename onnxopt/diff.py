@@ -796,9 +796,38 @@ def agreement(reference: dict, other: dict, before_keys: Iterable[str] | None = 
 # Summary and exports
 
 
+def rule_firings(before: Graph, after: Graph, m: dict) -> collections.Counter:
+    """How many times each rule fired in the optimization that made AFTER of BEFORE, as its
+    provenance records it: a count of rewrites, not of nodes.
+
+    A rewrite's nodes share its rule and ``replaced`` list (bn_to_mul_add's Mul and Add are one
+    rewrite). A node a rewrite made and a later rewrite replaced is no longer in AFTER, but its name
+    is in that later node's ``replaced``: "<original root>::<rule>", with "_<k>" for a rewrite's
+    further nodes (``onnxopt.pattern.Builder``), so conv_mul_fold's Conv that conv_add_fold took
+    still counts. (Counted once per rule and original root; a rewrite whose every trace a third one
+    removed, or one that made no node, such as a fold into an initializer, is not seen.)"""
+    seen: dict[tuple, str] = {}
+    created = [c for c in m["created"] if c.get("rule")]
+    names_after = {n.key for n in after.nodes}
+    known = {c["rule"] for c in created}  # (no built-in rule's name ends in "_<digits>")
+    for c in created:
+        seen.setdefault(("made", c["rule"], tuple(c["replaced"])), c["rule"])
+    for c in created:
+        for name in c["replaced"]:
+            if name in before.by_key or name in names_after or "::" not in name:
+                continue  # an original node, or one still there
+            root, tail = name.rsplit("::", 1)
+            rule = tail
+            if tail not in known:
+                head, _, k = tail.rpartition("_")
+                rule = head if head and k.isdigit() else tail
+            seen.setdefault(("gone", root, rule), rule)
+    return collections.Counter(seen.values())
+
+
 def summary(before, after, m: dict, verify_report: dict | None = None) -> dict:
     b, a = (x if isinstance(x, Graph) else Graph(load(x)) for x in (before, after))
-    rules = collections.Counter(c["rule"] for c in m["created"] if c.get("rule"))
+    rules = rule_firings(b, a, m)
     cb, ca = b.op_counts(), a.op_counts()
     out = {"nodes_before": len(b.nodes), "nodes_after": len(a.nodes),
            "op_types": {op: [cb.get(op, 0), ca.get(op, 0)] for op in sorted(set(cb) | set(ca))},
@@ -931,7 +960,7 @@ def html_page(before_path: str, after_path: str, m: dict, summ: dict, on_disk: t
         return html.escape(str(x))
     rows = "".join(f"<tr><td>{e(op)}</td><td>{x}</td><td>{y}</td><td>{y - x:+d}</td></tr>"
                    for op, (x, y) in summ["op_types"].items())
-    rules = "".join(f"<li>{e(r)}: {c} node(s)</li>" for r, c in summ["rules"].items()) or "<li>none recorded</li>"
+    rules = "".join(f"<li>{e(r)}: fired {c} time(s)</li>" for r, c in summ["rules"].items()) or "<li>none recorded</li>"
     created = "".join(
         f"<tr id='n-{e(c['after'])}'><td>{e(c['after'])}</td><td>{e(c['rule'] or '(alignment)')}</td>"
         f"<td>{e(', '.join(c['replaced']))}</td><td>{e(', '.join(m['pairs'].get(c['after'], [])))}</td></tr>"

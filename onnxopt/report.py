@@ -500,7 +500,9 @@ def format_bisect(report: dict) -> Doc:
         lines.append(f"  {report['error']}")
     if report.get("outputs"):
         lines.append(table(_output_rows(report["outputs"]), _OUT_HEADER))
-    lines += _culprit_lines(report.get("culprit") or {}, "right after it")
+    c = report.get("culprit") or {}
+    lines += _culprit_lines(c, f"right after it, against {c['compared_with']}" if c.get("compared_with")
+                            else "right after it")
     lines.append(Styled(f"culprit: {report.get('culprit_rule') or 'unknown'}", "bold red"))
     return Doc(lines)
 

@@ -9,6 +9,7 @@ outputs are unknown, and records the results on those values, so each value is i
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -379,8 +380,209 @@ def infer_model(model: ir.Model):
 
 
 def infer_proto(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """onnx's shape inference as :func:`infer_model` runs it (data propagation on, strict mode off)."""
-    return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+    """onnx's shape inference as :func:`infer_model` runs it (data propagation on, strict mode off),
+    bounded as :func:`bounded_infer` bounds it."""
+    return bounded_infer(proto)
+
+
+# --- bounding onnx's data propagation ----------------------------------------------------------
+# onnx's data propagation (infer_shapes(data_prop=True)) keeps the value of every 1-D or scalar
+# integer tensor an op with a propagation function reads as a list of dimensions, one per element;
+# where it knows no value it makes one of unknown dimensions from the input's static length. A
+# ConstantOfShape of [1e9] feeding an Add so became 1e9 dimension objects (22.7 GB for a 139-byte
+# model). bounded_infer lets propagation read only inputs whose length is known to be within the
+# bound: the others (a length above it, or one only propagation itself could learn) are read through
+# a stand-in graph input of unknown length, and where propagation learns a small length for one, it
+# is read again in the next round.
+
+DATA_PROP_OPS = frozenset({"Add", "Cast", "Concat", "Gather", "Mul", "Shape", "Size", "Slice", "Squeeze", "Sub",
+                           "Unsqueeze"})  # onnx's ops with a data propagation function (onnx 1.23)
+_CUT_PREFIX = "onnxopt.bounded."
+_ROUNDS = 4
+
+
+def data_element_limit() -> int:
+    """The most elements one value may have for onnx's data propagation or onnxruntime's symbolic
+    inference to materialize it: constant folding's size limit (``evaluate.DEFAULT_SIZE_LIMIT``,
+    bytes) in int64 elements, the type shape values are computed in."""
+    from .evaluate import DEFAULT_SIZE_LIMIT
+
+    return DEFAULT_SIZE_LIMIT // 8
+
+
+def _graphs(graph: onnx.GraphProto):
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _graphs(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    yield from _graphs(g)
+
+
+def _types(proto: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+    types = {}
+    for g in _graphs(proto.graph):
+        for vi in (*g.input, *g.value_info, *g.output):
+            if vi.name and vi.type.HasField("tensor_type"):
+                types.setdefault(vi.name, vi.type)
+    return types
+
+
+def _constant_lengths(proto: onnx.ModelProto) -> dict[str, tuple[int, int, int]]:
+    """Initializers and Constant values by name: (rank, elements, elem_type)."""
+    out = {}
+    for g in _graphs(proto.graph):
+        for t in g.initializer:
+            out[t.name] = (len(t.dims), int(np.prod(t.dims)) if t.dims else 1, t.data_type)
+        for n in g.node:
+            if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and n.output:
+                for a in n.attribute:
+                    if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+                        out[n.output[0]] = (len(a.t.dims), int(np.prod(a.t.dims)) if a.t.dims else 1, a.t.data_type)
+                    elif a.name in ("value_ints", "value_floats", "value_strings"):
+                        out[n.output[0]] = (1, len(a.ints) + len(a.floats) + len(a.strings), 7)
+    return out
+
+
+def _risky(name: str, types: Mapping[str, onnx.TypeProto], consts: Mapping, limit: int) -> bool:
+    """Whether onnx's data propagation could make more than ``limit`` dimensions of ``name``: a
+    constant of rank 0 or 1 with more elements, or a value whose static type is not known to be of
+    another rank or of a length within the limit."""
+    if name in consts:
+        rank, size, _ = consts[name]
+        if rank <= 1 and size > limit:
+            return True
+    t = types.get(name)
+    if t is None or not t.tensor_type.HasField("shape"):
+        return name not in consts
+    dims = t.tensor_type.shape.dim
+    if len(dims) != 1:
+        return False
+    return not (dims[0].HasField("dim_value") and 0 <= dims[0].dim_value <= limit)
+
+
+def _reads(proto: onnx.ModelProto):
+    """(node, input position, name) for every input of an op with a data propagation function, or
+    of a call to one of the model's functions (onnx infers those through their bodies)."""
+    local = {(f.domain, f.name) for f in proto.functions}
+    for g in _graphs(proto.graph):
+        for n in g.node:
+            std = n.domain in ("", "ai.onnx")
+            if (std and n.op_type in DATA_PROP_OPS) or (n.domain, n.op_type) in local:
+                for i, name in enumerate(n.input):
+                    if name:
+                        yield n, i, name
+
+
+def _with_cuts(proto: onnx.ModelProto, cut: set[str], types, consts) -> onnx.ModelProto:
+    """A copy of ``proto`` whose propagating ops read each value of ``cut`` from a stand-in graph
+    input of the value's element type and unknown length."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    for n, i, name in _reads(copy):
+        if name in cut:
+            n.input[i] = _CUT_PREFIX + name
+    for name in sorted(cut):
+        t = types.get(name)
+        elem = t.tensor_type.elem_type if t is not None else consts.get(name, (0, 0, 0))[2]
+        rank_one = t is not None and t.tensor_type.HasField("shape") and len(t.tensor_type.shape.dim) == 1 \
+            or name in consts and consts[name][0] == 1
+        vi = onnx.helper.make_tensor_value_info(_CUT_PREFIX + name, elem or onnx.TensorProto.INT64,
+                                                [None] if rank_one else None)
+        copy.graph.input.append(vi)
+    return copy
+
+
+def _uncut(result: onnx.ModelProto, first: Mapping[str, onnx.TypeProto]) -> onnx.ModelProto:
+    """``result`` with the stand-ins gone (nodes read the values again), and where it knows a
+    dimension less than the inference without propagation (``first``) did, that one's."""
+    for g in _graphs(result.graph):
+        for n in g.node:
+            for i, name in enumerate(n.input):
+                if name.startswith(_CUT_PREFIX):
+                    n.input[i] = name[len(_CUT_PREFIX):]
+        for field in (g.input, g.value_info):
+            keep = [vi for vi in field if not vi.name.startswith(_CUT_PREFIX)]
+            if len(keep) != len(field):
+                del field[:]
+                field.extend(keep)
+        for vi in (*g.value_info, *g.output):
+            for d in vi.type.tensor_type.shape.dim:
+                if d.dim_param.startswith(_CUT_PREFIX):
+                    d.ClearField("dim_param")
+            before = first.get(vi.name)
+            if before is None or not before.tensor_type.HasField("shape"):
+                continue
+            if not vi.type.tensor_type.HasField("shape"):
+                vi.type.tensor_type.shape.CopyFrom(before.tensor_type.shape)
+                continue
+            now, was = vi.type.tensor_type.shape.dim, before.tensor_type.shape.dim
+            if len(now) == len(was):
+                for d, b in zip(now, was):
+                    if not d.HasField("dim_value") and b.HasField("dim_value"):
+                        d.dim_value = b.dim_value
+    return result
+
+
+def bounded_infer(proto: onnx.ModelProto, limit: int | None = None) -> onnx.ModelProto:
+    """onnx's shape inference with data propagation (strict mode off), its memory bounded: no value
+    it propagates has more than ``limit`` elements (default :func:`data_element_limit`). A first
+    inference without propagation gives the static lengths; the values an op with a propagation
+    function reads that are not known to be within the limit are read from stand-ins of unknown
+    length, and rounds are run while propagation makes more of them known to be small. Where no
+    value needs a stand-in, the result is onnx's own, as before. Raises what onnx's inference
+    raises."""
+    limit = data_element_limit() if limit is None else limit
+    plain = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=False)
+    first = _types(plain)
+    consts = _constant_lengths(proto)
+    cut = {name for _, _, name in _reads(proto) if _risky(name, first, consts, limit)}
+    if not cut:
+        return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+    result = None
+    for _ in range(_ROUNDS):
+        cut_proto = _with_cuts(proto, cut, first, consts)
+        result = onnx.shape_inference.infer_shapes(cut_proto, check_type=False, strict_mode=False, data_prop=True)
+        known = _types(result)
+        # A stand-in's own value is typed by its producer: what propagation learned of its length. One
+        # now known to be small is read again; so is one that no stand-in is upstream of, unless it is
+        # known to be large (its type is then what propagation alone gives it).
+        free = _upstream_free(cut_proto)
+        smaller = {name for name in cut if not _risky(name, known, consts, limit)
+                   or name in free and name not in consts and not _over(known.get(name), limit)}
+        if not smaller:
+            break
+        cut -= smaller
+        first = {**first, **{k: v for k, v in known.items() if k in smaller}}
+        if not cut:
+            return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+    return _uncut(result, _types(plain))
+
+
+def _over(t: onnx.TypeProto | None, limit: int) -> bool:
+    """A 1-D type of a known length over ``limit``."""
+    if t is None or not t.tensor_type.HasField("shape") or len(t.tensor_type.shape.dim) != 1:
+        return False
+    d = t.tensor_type.shape.dim[0]
+    return d.HasField("dim_value") and d.dim_value > limit
+
+
+def _upstream_free(proto: onnx.ModelProto) -> set[str]:
+    """The main graph's values that no stand-in (``_with_cuts``) is upstream of (subgraphs' reads
+    count as their node's)."""
+    tainted: set[str] = set()
+    for n in proto.graph.node:  # (topological order, as onnx's inference requires)
+        reads = set(n.input)
+        for attr in n.attribute:
+            if attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+                for g in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+                    for sub in _graphs(g):
+                        reads.update(i for m in sub.node for i in m.input)
+        if any(r.startswith(_CUT_PREFIX) or r in tainted for r in reads if r):
+            tainted.update(o for o in n.output if o)
+    return {o for n in proto.graph.node for o in n.output if o and o not in tainted}
 
 
 def light_proto(model: ir.Model) -> onnx.ModelProto:
@@ -437,7 +639,7 @@ def symbolic_infer(proto: onnx.ModelProto) -> onnx.ModelProto | None:
             # SymbolicShapeInference.infer_shapes's own loop, without its ending: where some shape stays
             # open it saves "sym_shape_infer_temp.onnx" into the current folder and raises, and the shapes
             # it did infer are what is wanted here
-            sym = SymbolicShapeInference(2**31 - 1, True, False, 0)
+            sym = _bounded_symbolic(SymbolicShapeInference)(2**31 - 1, True, False, 0)
             sym._preprocess(copy)
             while sym.run_:
                 sym._infer_impl()
@@ -447,3 +649,30 @@ def symbolic_infer(proto: onnx.ModelProto) -> onnx.ModelProto | None:
         return None
     finally:
         logger.setLevel(level)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _bounded_symbolic(base):
+    """onnxruntime's SymbolicShapeInference, bounded as :func:`bounded_infer` bounds onnx's: it
+    computes the value of an int64 ConstantOfShape whose shape it knows (``np.ones`` of that shape),
+    the one place it makes a value larger than the ones it reads; one of more than
+    :func:`data_element_limit` elements stops it (symbolic_infer then gives None)."""
+    limit = data_element_limit()
+
+    class Bounded(base):
+        def _infer_ConstantOfShape(self, node):  # noqa: N802 - the name onnxruntime dispatches to
+            dims = self._get_int_or_float_values(node)[0]
+            if dims is not None:
+                dims = dims if isinstance(dims, list) else [dims]
+                try:
+                    count = math.prod(int(d) for d in dims)
+                except (TypeError, ValueError):
+                    count = None  # (a symbolic dimension: no value is made)
+                if count is not None and count > limit:
+                    raise _TooLarge(f"ConstantOfShape of {count} elements")
+            return super()._infer_ConstantOfShape(node)
+
+    return Bounded

@@ -581,3 +581,47 @@ def test_a_deep_or_endless_verify_report_is_a_one_line_error(text, small, tmp_pa
     assert len(err.strip().splitlines()) == 1 and "internal error" not in err, err[-300:]
     assert f"--verify-report {rep}: " in err and ("nested" in err or "larger than 64 MiB" in err), err
     assert not (tmp_path / "p.html").exists()
+
+
+def _fired_rules(report_json) -> dict[str, int]:
+    """The report's own count of each rule's rewrites (graph passes leave no provenance: left out)."""
+    from onnxopt import passes
+
+    return {r: s["fired"] for r, s in report_json["rules"].items() if s["fired"] and r not in passes.NAMES}
+
+
+def test_summary_counts_rewrites_not_nodes(tmp_path):
+    """Issue 27, item 18: bn_to_mul_add makes two nodes in one rewrite (counted twice), and
+    conv_mul_fold's Conv is replaced by conv_add_fold's (its rule was left out): the summary counts
+    each rule's rewrites, as optimize's report does."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((4, 3, 1, 1)).astype(np.float32), "w")
+    k = numpy_helper.from_array(rng.standard_normal((1, 4, 1, 1)).astype(np.float32) + 2, "k")
+    b = numpy_helper.from_array(rng.standard_normal((1, 4, 1, 1)).astype(np.float32), "b")
+    bn = [numpy_helper.from_array(np.abs(rng.standard_normal(4)).astype(np.float32) + 1, f"bn_{n}")
+          for n in ("scale", "bias", "mean", "var")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Mul", ["c", "k"], ["m"], name="mul"),
+             helper.make_node("Add", ["m", "b"], ["a"], name="add"),
+             helper.make_node("Relu", ["a"], ["r"], name="relu"),
+             helper.make_node("BatchNormalization", ["r", *(t.name for t in bn)], ["y"], name="bn")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 4, 4])], [w, k, b, *bn])
+    src, out, rep = tmp_path / "m.onnx", tmp_path / "o.onnx", tmp_path / "r.json"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), src)
+    assert cli.main([str(src), "-o", str(out), "--json", str(rep), "-q"]) == 0
+    fired = _fired_rules(json.loads(rep.read_text()))
+    assert fired == {"conv_mul_fold": 1, "conv_add_fold": 1, "bn_to_mul_add": 1}, fired  # (the case itself)
+    m = diff.mapping(str(src), str(out))
+    assert diff.summary(str(src), str(out), m)["rules"] == fired
+
+
+def test_summary_rule_counts_match_the_report_on_a_zoo_model(tmp_path):
+    """PP-OCRv4 det: conv_mul_fold fired 28 times, bn_to_mul_add once; the summary says so."""
+    src = zoo_model("ppocrv4-det", tmp_path)
+    out, rep = tmp_path / "o.onnx", tmp_path / "r.json"
+    assert cli.main([str(src), "-o", str(out), "--json", str(rep), "-q"]) == 0
+    fired = _fired_rules(json.loads(rep.read_text()))
+    assert fired.get("conv_mul_fold", 0) > 0 and fired.get("bn_to_mul_add") == 1, fired
+    m = diff.mapping(str(src), str(out))
+    assert diff.summary(str(src), str(out), m)["rules"] == fired

@@ -50,6 +50,9 @@ def _fetch(model: OrtModel, names: Iterable[str], types: Mapping[str, onnx.TypeP
     return values
 
 
+CHUNKS = 4  # the shared values are compared in this many parts (see find_culprit)
+
+
 def find_culprit(original: OrtModel, optimized: OrtModel, feeds: Mapping[str, np.ndarray], provider: str = "cpu", *,
                  low_precision: bool = False, rtol: float | None = None, atol: float | None = None) -> dict:
     """The first value of the optimized graph (in its node order) that the original graph also
@@ -71,18 +74,24 @@ def find_culprit(original: OrtModel, optimized: OrtModel, feeds: Mapping[str, np
     if not names:
         result["message"] = "the two graphs share no intermediate value names"
         return result
-    before, after = _fetch(original, names, t_orig, feeds, provider), _fetch(optimized, names, t_opt, feeds, provider)
-
     def agree(a, b) -> bool:
         return compare_value(a, b, low_precision=low_precision, rtol=rtol, atol=atol)["ok"]
 
-    for name in names:
-        stats = compare_value(before[name], after[name], low_precision=low_precision, rtol=rtol, atol=atol)
-        if not stats["ok"]:
-            node = producer[name]
-            result.update(value=name, stats=stats, node=_describe(node))
-            result.update(_tie(original, optimized, node, (t_orig, t_opt), feeds, provider, agree))
-            return result
+    # In CHUNKS parts of about equal bytes, in order, stopping at the first that diverges: the values
+    # of both models held at once are a part's, so about half of one model's values (not all of
+    # both: 2.1 GB for a 4.7 MB detector at 640x640); a divergence early in the graph costs two runs.
+    for part in _parts(names, _value_bytes(opt_proto, feeds)):
+        before = _fetch(original, part, t_orig, feeds, provider)
+        after = _fetch(optimized, part, t_opt, feeds, provider)
+        for name in part:
+            stats = compare_value(before[name], after[name], low_precision=low_precision, rtol=rtol, atol=atol)
+            if not stats["ok"]:
+                del before, after
+                node = producer[name]
+                result.update(value=name, stats=stats, node=_describe(node))
+                result.update(_tie(original, optimized, node, (t_orig, t_opt), feeds, provider, agree))
+                return result
+        del before, after
     result["message"] = ("every shared intermediate value agrees; the difference arises in values the "
                          "optimized graph renamed or removed, or in onnxruntime's own graph optimizations")
     return result
@@ -138,6 +147,56 @@ def _tie(original: OrtModel, optimized: OrtModel, node: onnx.NodeProto, types: t
     else:
         out["reason"] = "an original node whose inputs agree with the original's, yet computes a different value"
     return out
+
+
+def _value_bytes(proto: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, int]:
+    """Bytes of the main graph's values at the shapes of ``feeds`` (onnx's inference, bounded:
+    ``onnxopt.shapes.infer_proto``); values it cannot size are left out."""
+    from ..shapes import infer_proto
+
+    light = onnx.ModelProto()
+    light.CopyFrom(proto)
+    del light.graph.value_info[:]
+    names = {t.name for t in light.graph.initializer}
+    light.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                             for t in light.graph.initializer if t.name not in {i.name for i in light.graph.input})
+    del light.graph.initializer[:]
+    for vi in light.graph.input:
+        if vi.name in feeds and vi.name not in names:
+            shape = vi.type.tensor_type.shape
+            shape.Clear()
+            for d in np.shape(feeds[vi.name]):
+                shape.dim.add().dim_value = int(d)
+    try:
+        inferred = infer_proto(light)
+    except Exception:  # noqa: BLE001 - sizes only balance the parts
+        return {}
+    out = {}
+    for vi in (*inferred.graph.value_info, *inferred.graph.output):
+        t = vi.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim]
+        if t.HasField("shape") and all(d >= 0 for d in dims) and t.elem_type:
+            out[vi.name] = int(np.prod(dims)) * onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).itemsize
+    return out
+
+
+def _parts(names: list[str], sizes: Mapping[str, int]) -> list[list[str]]:
+    """``names`` in order, cut into about CHUNKS parts of equal bytes (a value of unknown size counted
+    as the average)."""
+    known = [sizes[n] for n in names if n in sizes]
+    mean = sum(known) / len(known) if known else 1
+    weights = [sizes.get(n, mean) for n in names]
+    budget = max(sum(weights) / CHUNKS, 1)
+    parts, part, used = [], [], 0.0
+    for n, w in zip(names, weights):
+        if part and used + w > budget:
+            parts.append(part)
+            part, used = [], 0.0
+        part.append(n)
+        used += w
+    if part:
+        parts.append(part)
+    return parts
 
 
 def _json_list(text: str | None) -> list[str]:
