@@ -93,6 +93,26 @@ def test_conv_whose_weight_scale_overflows_stays_float():
     assert any(n.op_type == "Conv" and n.input[1] == "w" for n in q.graph.node)  # float weights
 
 
+def test_no_q_after_a_conv_left_float_whose_input_is_quantized_anyway():
+    """x -> conv0 (int8) and x -> conv1 (bias 1e20: weight scale inf, left float) -> conv2: conv2
+    quantized conv1's output, so conv1 sat between DQ(x) and a Q and onnxruntime quantized it itself
+    (its own scales: bias / (x_scale * w_scale) far beyond int32); the output came out 0. conv2 is
+    left float too, with the reason."""
+    w = [RNG.standard_normal((4, 4, 1, 1)) for _ in range(3)]
+    m = _model([helper.make_node("Conv", ["x", "w0"], ["a"], name="conv0"),
+                helper.make_node("Conv", ["x", "w1", "b1"], ["b"], name="conv1"),
+                helper.make_node("Conv", ["b", "w2"], ["c"], name="conv2"),
+                helper.make_node("Add", ["a", "c"], ["y"], name="add")],
+               {"w0": w[0] * 1e20, "w1": w[1], "b1": np.full(4, 1e20), "w2": w[2] * 1e-20}, [1, 4, 4, 4], [1, 4, 4, 4])
+    feeds = _feeds((1, 4, 4, 4), 1e-28)
+    clean, q, plan, _ = _quantize(m, feeds)
+    _close(clean, q, feeds[0])
+    assert "weight scale is inf" in plan.skipped["conv1"], plan.skipped
+    assert plan.skipped["conv2"] == "its input comes from conv1, left float for a scale float32 cannot hold"
+    assert "conv0" in plan.nodes
+    _scales_normal(q)
+
+
 def test_conv_whose_bias_scale_rounds_to_0_stays_float():
     """Inputs and weights near 1e-21, a bias near 1e-37 (all normal): x_scale * w_scale is 1e-46,
     0 in float32, so the bias dequantized to 0 and the output (2e-37, the bias) came out 0."""

@@ -986,6 +986,17 @@ def make_plan(model: ir.Model, ranges: Mapping[str, tuple[float, float]], rules:
                 why = qdq.quantized_weights(node, params[x.name][0], rules.per_channel, rules.weight_qmax)
                 if isinstance(why, str) and qdq.out_of_range(why):
                     new[keys[node]] = f"its int8 weights cannot be written: {why}"
+        # nor a Q after such a node where its input is quantized anyway (read by another node): an
+        # anchor reading its output is left float too (x -> Conv0 (int8) and x -> Conv1 (refused)
+        # -> Conv2: Conv1 between DQ(x) and Q, quantized by onnxruntime: the output came out 0)
+        by_key = {k: n for n, k in keys.items()}
+        for key in [*refused, *new]:
+            node = by_key.get(key)
+            for out in () if node is None else node.outputs:
+                for reader, slot in () if out is None else out.uses():
+                    k = keys.get(reader)
+                    if slot == 0 and s.kind.get(reader) == "anchor" and k not in refused and k not in new:
+                        new[k] = f"its input comes from {key}, left float for a scale float32 cannot hold"
         if not undo and not new:
             break
         no_absorb |= undo
