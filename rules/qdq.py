@@ -34,6 +34,7 @@ import onnx_ir as ir
 from onnxopt.irutil import constant_tensor, subgraphs, use_count
 from onnxopt.pattern import Const, Match, Namer, Op, Opt, Rule, forward
 from onnxopt.quantize.plan import activation_params
+from onnxopt.rules._semantic import unrepresentable
 
 _INT32 = np.iinfo(np.int32)
 
@@ -141,6 +142,28 @@ def quantize_weights(w: np.ndarray, axis: int | None, qmax: int, x_scale: np.flo
     return wq, scale, bq, bscale
 
 
+def out_of_range(reason: str) -> bool:
+    """Whether a refusal of these rules is one of a scale or constant out of float32's (or the bias's
+    int32) range (``unrepresentable``'s wording): apply_plan reports those, a planned node left float."""
+    return " in float32 (" in reason or "does not fit int32" in reason
+
+
+def scale_refusal(x_scale, w_scale: np.ndarray, bias: np.ndarray | None, bias_scale: np.ndarray | None) -> str | None:
+    """Why quantize_weights' result must not be written, else None: a scale float32 cannot hold
+    (``unrepresentable``: inf, 0 or subnormal) -- the activation's, the weights', or the int32
+    bias's x_scale * w_scale (0 there dequantizes every bias to 0) -- or a bias that does not fit
+    int32 at its scale (it would be clipped)."""
+    if np.any(w_scale == 0):  # (quantize_weights gives an all-zero channel scale 1: this one rounded to 0)
+        return "the weight scale rounds to 0 in float32 (the weights are below 127 times its smallest number)"
+    why = unrepresentable("the activation scale", float(x_scale)) or unrepresentable("the weight scale", w_scale)
+    if why is None and bias is not None:
+        why = unrepresentable("the bias scale (activation scale x weight scale)",
+                              float(x_scale) * w_scale.astype(np.float64))
+        if why is None and not np.all(np.abs(bias.astype(np.float64) / bias_scale.astype(np.float64)) <= _INT32.max):
+            why = "the bias does not fit int32 at its scale (activation scale x weight scale)"
+    return why
+
+
 def _dq_const(b, q: np.ndarray, scale: np.ndarray, axis: int | None, hint: str) -> ir.Value:
     zp = np.zeros(scale.shape, dtype=q.dtype)
     attrs = {} if axis is None or scale.ndim == 0 else {"axis": axis}
@@ -148,31 +171,45 @@ def _dq_const(b, q: np.ndarray, scale: np.ndarray, axis: int | None, hint: str) 
                 b.const(zp, name=f"{hint}_zero_point"), **attrs)
 
 
-def weights_condition(m: Match):
-    """The plan: (int8 weight, scale, axis, int32 bias, bias scale, attributes to set)."""
-    plan = _plan(m)
-    if plan is None or _base(m.root) not in m.options.get("quant_nodes", ()):
-        return "not planned"
-    xs = m.const("xs")
-    if xs.size != 1 or xs.dtype != np.float32:
-        return "activation scale is not a float32 scalar"
-    w = m.const("w")
+def quantized_weights(node: ir.Node, x_scale, per_channel: bool, qmax: int):
+    """The planned Conv/MatMul/Gemm ``node``'s int8 weights at activation scale ``x_scale``: (int8
+    weight, scale, axis, int32 bias, bias scale, attributes to set), or the reason it cannot have
+    them. make_plan asks too (a node refused here is left float by the plan, its output with no
+    Q: given DequantizeLinear -> Conv with float weights -> QuantizeLinear, onnxruntime quantizes
+    the weights itself, with the same scales)."""
+    op = node.op_type
+
+    def const(i):
+        t = constant_tensor(node.inputs[i]) if i < len(node.inputs) else None
+        return None if t is None else t.numpy()
+
+    def attr(name, default):
+        a = node.attributes.get(name)
+        return default if a is None else a.value
+
+    w = const(1)
+    if w is None:
+        return "weight is not a constant"
     if w.dtype != np.float32:
         return "weight is not float32"
-    op = m.root.op_type
-    bias = m.const("b") if op != "MatMul" else None
+    bias = const(2) if op != "MatMul" else None
+    if op != "MatMul" and len(node.inputs) > 2 and node.inputs[2] is not None and bias is None:
+        return "bias is not a constant"
     attrs = {}
     if op == "Gemm":
-        alpha, beta = float(m.attr("op", "alpha", 1.0)), float(m.attr("op", "beta", 1.0))
-        trans_b = int(m.attr("op", "transB", 0))
-        if int(m.attr("op", "transA", 0)):
+        alpha, beta = float(attr("alpha", 1.0)), float(attr("beta", 1.0))
+        trans_b = int(attr("transB", 0))
+        if int(attr("transA", 0)):
             return "Gemm with transA"
         n = w.shape[0] if trans_b else w.shape[1]
-        w = (w.astype(np.float64) * alpha).astype(np.float32)
+        # folded in float64, quantized from there: rounded to float32 first, a tiny alpha made whole
+        # channels 0 (then given scale 1: the channel's output lost), which the scales' checks below
+        # cannot see; alpha * w outside float32's range shows in the weight scale
+        w = w.astype(np.float64) * alpha
         if bias is not None:
             if bias.size not in (1, n):
                 return "Gemm bias is not per output channel"
-            bias = np.broadcast_to((bias.astype(np.float64) * beta).reshape(-1), (n,)).astype(np.float32)
+            bias = np.broadcast_to((bias.astype(np.float64) * beta).reshape(-1), (n,))
         axis = 0 if trans_b else 1
         attrs = {"alpha": 1.0, "beta": 1.0}
     elif op == "Conv":
@@ -183,17 +220,24 @@ def weights_condition(m: Match):
         axis = 1
     if not np.all(np.isfinite(w)) or (bias is not None and not np.all(np.isfinite(bias))):
         return "non-finite weights"
-    per_channel = plan.rules.per_channel
     with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
-        wq, ws, bq, bs = quantize_weights(w, axis if per_channel else None, plan.rules.weight_qmax,
-                                          np.float32(xs.reshape(-1)[0]), bias)
-    tiny = np.finfo(np.float32).tiny
-    for what, scale in (("weight", ws), ("bias (activation scale x weight scale)", bs)):
-        # a scale that overflowed to inf (DequantizeLinear gives NaN: 0 * inf), or underflowed to 0 or
-        # a subnormal (values near float32's limits): the node stays float, with the reason
-        if scale is not None and not (np.all(np.isfinite(scale)) and np.all(scale >= tiny)):
-            return f"{what} scale leaves float32's normal range ({float(np.max(scale)):.3g}, {float(np.min(scale)):.3g})"
+        wq, ws, bq, bs = quantize_weights(w, axis if per_channel else None, qmax, np.float32(x_scale), bias)
+    # a scale that overflowed to inf (DequantizeLinear gives NaN: 0 * inf), or underflowed to 0 or a
+    # subnormal (values near float32's limits): the node stays float, with the reason
+    if (why := scale_refusal(x_scale, ws, bias, bs)) is not None:
+        return why
     return wq, ws, axis if per_channel else None, bq, bs, attrs
+
+
+def weights_condition(m: Match):
+    """The plan: (int8 weight, scale, axis, int32 bias, bias scale, attributes to set)."""
+    plan = _plan(m)
+    if plan is None or _base(m.root) not in m.options.get("quant_nodes", ()):
+        return "not planned"
+    xs = m.const("xs")
+    if xs.size != 1 or xs.dtype != np.float32:
+        return "activation scale is not a float32 scalar"
+    return quantized_weights(m.root, xs.reshape(-1)[0], plan.rules.per_channel, plan.rules.weight_qmax)
 
 
 def weights_replacement(m: Match, b):
@@ -226,7 +270,11 @@ def constant_operand_condition(m: Match):
         c = t.numpy()
         if c.size == 0 or not np.all(np.isfinite(c)):
             return "constant operand is empty or not finite"
-        scale, zp = activation_params(float(c.min()), float(c.max()))
+        lo, hi = min(float(c.min()), 0.0), max(float(c.max()), 0.0)
+        # (activation_params gives float32's smallest normal for a scale that rounds to 0)
+        if hi > lo and (why := unrepresentable("the constant operand's scale", (hi - lo) / 255.0)) is not None:
+            return why
+        scale, zp = activation_params(lo, hi)
         q = np.clip(np.round(c.astype(np.float64) / float(scale)) + int(zp), 0, 255).astype(np.uint8)
         todo[i] = (q, scale, zp)
     return todo or "no float constant operand"
@@ -249,9 +297,16 @@ def div_constant_condition(m: Match):
     d = m.const("d")
     if d.dtype != np.float32 or d.size == 0 or not np.all(np.isfinite(d)) or np.any(d == 0):
         return "divisor is not a finite non-zero float32 constant"
-    r = (np.float32(1.0) / d).astype(np.float32)
+    exact = 1.0 / d.astype(np.float64)
+    with np.errstate(over="ignore", under="ignore"):
+        r = exact.astype(np.float32)
+    # float32 holds 1/d exactly only for d a power of two (x * r is then x / d bit for bit); any other
+    # reciprocal must be a normal number: for |d| above 2**126 it is subnormal and keeps as few as 21
+    # of float32's 24 bits (x * r is then off by up to 2**-21 of x / d)
+    if not np.all(r.astype(np.float64) == exact) and (why := unrepresentable("the reciprocal 1/d", exact)):
+        return why
     if not np.all(np.isfinite(r)):
-        return "reciprocal overflows"
+        return "the reciprocal 1/d is inf in float32"
     return r
 
 

