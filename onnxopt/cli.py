@@ -259,8 +259,9 @@ def _quantize_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="onnxopt quantize",
                 description="Quantize a float model to INT8 (QDQ) for onnxruntime's CPU provider: cleanup, "
                             "calibration, QDQ placement by rules, fidelity fallback to float, integer-kernel "
-                            "coverage, and (by default) a latency check that keeps the float model when int8 is "
-                            "not at least 3% faster.",
+                            "coverage, and (by default) a check against the cost table shipped in the package that keeps "
+                            "the float model when int8 is not estimated at least 3% faster (--keep-float measure "
+                            "times both on this machine instead).",
                 epilog="calibration data (--calib): a folder of .npy/.npz files (one feed each; .npz keys are input "
                        "names), or one .npz whose arrays hold the samples along their first axis.\n"
                        "exit codes: 0 written (int8, or the float model where --keep-float auto kept it), 2 bad "

@@ -73,7 +73,7 @@ from .shapes import SMALL_CONST, infer, infer_node_outputs, slice_positions, sma
 # would only copy it (identity_elimination forwards the value instead); the rest have subgraphs.
 NOT_FOLDED = RANDOM_OPS | frozenset({"Constant", "Identity", "If", "Loop", "Scan", "SequenceMap"})
 
-DEFAULT_SIZE_LIMIT = 1 << 20  # bytes: folded outputs up to this size are always accepted
+from .shapes import DEFAULT_SIZE_LIMIT  # noqa: E402,F401  bytes: folded outputs up to this size are always accepted
 # bytes: a node whose constant inputs add up to more is not evaluated (reading a multi-GiB weight
 # at optimization time to fold, say, its sum costs more than it saves; weights stay lazy).
 DEFAULT_INPUT_LIMIT = 256 << 20

@@ -401,12 +401,16 @@ _CUT_PREFIX = "onnxopt.bounded."
 _ROUNDS = 4
 
 
+# bytes: constant folding's size limit (folded outputs up to this size are always accepted), defined
+# here, below the evaluator, because inference is bounded by it too (``evaluate.DEFAULT_SIZE_LIMIT``
+# is this value)
+DEFAULT_SIZE_LIMIT = 1 << 20
+
+
 def data_element_limit() -> int:
     """The most elements one value may have for onnx's data propagation or onnxruntime's symbolic
-    inference to materialize it: constant folding's size limit (``evaluate.DEFAULT_SIZE_LIMIT``,
-    bytes) in int64 elements, the type shape values are computed in."""
-    from .evaluate import DEFAULT_SIZE_LIMIT
-
+    inference to materialize it: constant folding's size limit (:data:`DEFAULT_SIZE_LIMIT`, bytes)
+    in int64 elements, the type shape values are computed in."""
     return DEFAULT_SIZE_LIMIT // 8
 
 

@@ -10,7 +10,8 @@ Modules:
   point; the QDQ rewrite itself is the rule family ``rules/qdq.py``.
 - ``coverage``: which nodes onnxruntime runs as integer kernels and which stay float, and why.
 - ``fidelity``: per-layer and output SQNR, fallback to float until a fidelity target is met, and
-  the latency check that keeps the float model when int8 is not faster.
+  the keep-float decision (from the shipped cost table, or timed when asked) that keeps the float
+  model when int8 is not faster.
 
 The package is also the function: ``onnxopt.quantize(model, calibration, ...)`` calls
 :func:`onnxopt.quantize.api.quantize` (so does ``from onnxopt import quantize; quantize(...)``),

@@ -1,7 +1,8 @@
 """Fidelity of a quantized model against its float model, measured: SQNR per output and per
 quantized activation, the fallback that returns the layers that hurt most to float until an
-output SQNR target is met, and the latency check that keeps the float model when int8 is not
-faster.
+output SQNR target is met, and the keep-float decision that keeps the float model when int8 is not
+faster (from the cost table shipped in the package by default; a timing on this machine only when
+asked).
 
 SQNR (signal-to-quantization-noise ratio) of a test array against a reference is
 ``10 log10(sum ref^2 / sum (ref - test)^2)`` dB. Over several feeds the signal and noise

@@ -61,5 +61,13 @@ def test_conv_mul_fold_still_folds_within_the_range():
 
 
 def test_conv_bn_fold_refuses_weights_that_become_subnormal():
+    """A normal factor (1e-30) on weights of about 1e-10: the folded weights 1e-40 are subnormal."""
+    nodes, inits = _bn(1e-30)
+    refuses("conv_bn_fold", _conv_then(nodes, inits, weights=1e-10), "underflow to subnormal",
+            feeds={"x": (RNG.standard_normal((1, 3, 6, 6)) * 1e30).astype(f32)})
+
+
+def test_conv_bn_fold_refuses_a_factor_that_is_subnormal():
+    """The factor scale / sqrt(var + eps) itself subnormal (1e-39): refused before any weight is folded."""
     nodes, inits = _bn(1e-39)
-    refuses("conv_bn_fold", _conv_then(nodes, inits), "underflow to subnormal", feeds=_large_input())
+    refuses("conv_bn_fold", _conv_then(nodes, inits), "subnormal in float32", feeds=_large_input())
