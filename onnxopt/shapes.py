@@ -414,9 +414,14 @@ def data_element_limit() -> int:
     return DEFAULT_SIZE_LIMIT // 8
 
 
+_SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})  # the ONNX ops with graph attributes
+
+
 def _graphs(graph: onnx.GraphProto):
     yield graph
     for node in graph.node:
+        if node.domain in ("", "ai.onnx") and node.op_type not in _SUBGRAPH_OPS:
+            continue  # (no graph attribute: reading every node's attributes is most of the walk's time)
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.GRAPH:
                 yield from _graphs(attr.g)
@@ -439,12 +444,12 @@ def _constant_lengths(proto: onnx.ModelProto) -> dict[str, tuple[int, int, int]]
     out = {}
     for g in _graphs(proto.graph):
         for t in g.initializer:
-            out[t.name] = (len(t.dims), int(np.prod(t.dims)) if t.dims else 1, t.data_type)
+            out[t.name] = (len(t.dims), math.prod(t.dims), t.data_type)
         for n in g.node:
             if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and n.output:
                 for a in n.attribute:
                     if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
-                        out[n.output[0]] = (len(a.t.dims), int(np.prod(a.t.dims)) if a.t.dims else 1, a.t.data_type)
+                        out[n.output[0]] = (len(a.t.dims), math.prod(a.t.dims), a.t.data_type)
                     elif a.name in ("value_ints", "value_floats", "value_strings"):
                         out[n.output[0]] = (1, len(a.ints) + len(a.floats) + len(a.strings), 7)
     return out
