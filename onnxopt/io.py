@@ -26,7 +26,7 @@ import onnx
 import onnx_ir as ir
 
 from .errors import InvalidModelError, UsageError
-from .irutil import declare_domains
+from .irutil import declare_domains, proto_graphs  # noqa: F401  (proto_graphs: also io's, for its callers)
 
 ModelLike = Union[str, os.PathLike, bytes, onnx.ModelProto, ir.Model, "onnx_graphsurgeon.Graph"]
 
@@ -122,18 +122,6 @@ def _check(target: onnx.ModelProto | bytes | str, what: str) -> None:
         onnx.checker.check_model(target)
     except Exception as exc:
         raise InvalidModelError(f"{what} fails the ONNX checker: {first_line(exc)}") from None
-
-
-def proto_graphs(graph: onnx.GraphProto):
-    """A GraphProto and its subgraphs (If/Loop/Scan bodies, nested), depth first."""
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from proto_graphs(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    yield from proto_graphs(g)
 
 
 def _all_tensor_protos(proto: onnx.ModelProto):

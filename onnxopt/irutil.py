@@ -13,6 +13,7 @@ import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 
 # Provenance, in the metadata of the nodes onnxopt makes (Netron shows it in a node's properties).
@@ -301,3 +302,35 @@ def gc_paused():
             gc.freeze()
             gc.unfreeze()
             gc.enable()
+
+
+_SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})  # the ONNX ops with graph attributes
+
+
+def proto_graphs(graph: onnx.GraphProto):
+    """A GraphProto and its subgraphs (If/Loop/Scan/SequenceMap bodies, and any graph attribute of an
+    op of another domain, nested), depth first. (The attributes of ONNX ops without subgraphs are not
+    read: on large graphs that was most of the walk's time.)"""
+    yield graph
+    for node in graph.node:
+        if node.domain in ("", "ai.onnx") and node.op_type not in _SUBGRAPH_OPS:
+            continue
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from proto_graphs(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    yield from proto_graphs(g)
+
+
+def fresh_namer(taken: set) -> Callable[[str], str]:
+    """A function giving ``base``, else ``base_1``, ``base_2``, ...: the first name not in ``taken``
+    (which it then joins)."""
+    def fresh(base: str) -> str:
+        name, k = base, 1
+        while name in taken:
+            name, k = f"{base}_{k}", k + 1
+        taken.add(name)
+        return name
+
+    return fresh

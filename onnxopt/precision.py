@@ -55,7 +55,7 @@ import onnx_ir as ir
 
 from . import targets
 from .errors import UsageError
-from .irutil import REPLACED_KEY, RULE_KEY, constant_tensor, opset_of, subgraphs
+from .irutil import REPLACED_KEY, RULE_KEY, constant_tensor, fresh_namer, opset_of, subgraphs
 from .optypes import Formal as _Formal, formal as _formal, infer_dtypes, type_str as _type_str
 
 FP16_MAX = 65504.0
@@ -446,12 +446,7 @@ class _Converter:
         names = {v.name for v in _all_values(graph) if v.name}
         counter = collections.Counter()
 
-        def fresh(base: str) -> str:
-            name, k = base, 1
-            while name in names:
-                name, k = f"{base}_{k}", k + 1
-            names.add(name)
-            return name
+        fresh = fresh_namer(names)
 
         rep.weight_bytes_before = sum(v.const_value.nbytes for v in graph.initializers.values()
                                       if v.const_value is not None)

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from .irutil import constant_tensor, opset_of
+from .irutil import constant_tensor, opset_of, proto_graphs
 
 # Dimension names some exporters write for every unknown dimension: they name no one value.
 PLACEHOLDER_DIMS = frozenset({"?", "None", "none", "-1", "*", "unknown", "dynamic", "N/A"})
@@ -414,20 +414,7 @@ def data_element_limit() -> int:
     return DEFAULT_SIZE_LIMIT // 8
 
 
-_SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})  # the ONNX ops with graph attributes
-
-
-def _graphs(graph: onnx.GraphProto):
-    yield graph
-    for node in graph.node:
-        if node.domain in ("", "ai.onnx") and node.op_type not in _SUBGRAPH_OPS:
-            continue  # (no graph attribute: reading every node's attributes is most of the walk's time)
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    yield from _graphs(g)
+_graphs = proto_graphs  # (a graph and its subgraphs, depth first)
 
 
 def _types(proto: onnx.ModelProto) -> dict[str, onnx.TypeProto]:

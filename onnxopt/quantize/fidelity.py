@@ -134,29 +134,40 @@ SQNR_RESAMPLES = 2000
 SQNR_SEED = 20241127  # fixed: the same samples give the same interval
 
 
-def output_sqnr_samples(float_model, quant_model, feeds, *, provider: str = "cpu",
-                        threads: int = 0) -> dict[str, list[tuple[float, float]]]:
-    """Each float output's (signal, noise) energies per feed, the terms :func:`output_sqnr` sums
-    (outputs matched, and non-float ones left out, as there)."""
+def _float_output_runs(float_model, quant_model, feeds, provider: str, threads: int, not_float: set):
+    """Both models run on each feed: per feed, the float model's output names (in order) and
+    {name: (float output, quantized output)} of the outputs matched between them (by name, else by
+    position) that are floating-point in both; the names of those that are not join ``not_float``."""
     f = q = None
     try:
         f = _Runner(float_model, "float model", provider=provider, threads=threads)
         q = _Runner(quant_model, "quantized model", provider=provider, threads=threads)
         pairs = _match_outputs(f.outputs, q.outputs)
-        out: dict[str, list[tuple[float, float]]] = {fn: [] for fn, _ in pairs}
-        not_float: set[str] = set()
         for feed in _feed_list(feeds):
             a, b = f.run(feed), q.run(feed)
+            row = {}
             for fn, qn in pairs:
                 if a[fn].dtype.kind != "f" or b[qn].dtype.kind != "f":
                     not_float.add(fn)
                     continue
-                out[fn].append(tuple(float(x) for x in _energies(a[fn], b[qn])))
-        return {fn: v for fn, v in out.items() if fn not in not_float and v}
+                row[fn] = (a[fn], b[qn])
+            yield [fn for fn, _ in pairs], row
     finally:
         for r in (f, q):
             if r is not None:
                 r.close()
+
+
+def output_sqnr_samples(float_model, quant_model, feeds, *, provider: str = "cpu",
+                        threads: int = 0) -> dict[str, list[tuple[float, float]]]:
+    """Each float output's (signal, noise) energies per feed, the terms :func:`output_sqnr` sums
+    (outputs matched, and non-float ones left out, as there)."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    not_float: set[str] = set()
+    for _, row in _float_output_runs(float_model, quant_model, feeds, provider, threads, not_float):
+        for fn, (x, y) in row.items():
+            out.setdefault(fn, []).append(tuple(float(e) for e in _energies(x, y)))
+    return {fn: v for fn, v in out.items() if fn not in not_float and v}
 
 
 def sqnr_interval(energies: Sequence[tuple[float, float]], *, confidence: float = SQNR_CONFIDENCE,
@@ -204,29 +215,17 @@ def output_sqnr(float_model, quant_model, feeds, *, provider: str = "cpu", threa
     scored (an ArgMax's int64 classes or a bool mask is no signal plus noise: it is left out, as
     verify's int8 check does); a model with no float output gives {} (callers treat that as
     nothing to measure: ``min(result.values(), default=inf)``)."""
-    f = q = None
-    try:
-        f = _Runner(float_model, "float model", provider=provider, threads=threads)
-        q = _Runner(quant_model, "quantized model", provider=provider, threads=threads)
-        pairs = _match_outputs(f.outputs, q.outputs)
-        acc = _Energy()
-        count = 0
-        not_float: set[str] = set()
-        for feed in _feed_list(feeds):
-            a, b = f.run(feed), q.run(feed)
-            for fn, qn in pairs:
-                if a[fn].dtype.kind != "f" or b[qn].dtype.kind != "f":
-                    not_float.add(fn)
-                    continue
-                acc.add(fn, a[fn], b[qn])
-            count += 1
-        if not count:
-            raise UsageError("output SQNR: no feeds")
-        return {fn: acc.db(fn) for fn, _ in pairs if fn not in not_float}
-    finally:
-        for r in (f, q):
-            if r is not None:
-                r.close()
+    acc = _Energy()
+    count = 0
+    names: list[str] = []
+    not_float: set[str] = set()
+    for names, row in _float_output_runs(float_model, quant_model, feeds, provider, threads, not_float):
+        for fn, (x, y) in row.items():
+            acc.add(fn, x, y)
+        count += 1
+    if not count:
+        raise UsageError("output SQNR: no feeds")
+    return {fn: acc.db(fn) for fn in names if fn not in not_float}
 
 
 # ---- the QDQ graph's structure ---------------------------------------------------------------------------------

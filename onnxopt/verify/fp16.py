@@ -28,6 +28,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import onnx
 
+from ..irutil import fresh_namer
+
 F16, F32 = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
 REFERENCE_MAX_PARAMS = 50_000_000  # onnx's reference evaluator, the fallback: numpy, slow beyond this
 
@@ -88,12 +90,7 @@ def emulated(proto: onnx.ModelProto) -> onnx.ModelProto:
         names.update(n.input)
         names.update(n.output)
 
-    def fresh(base: str) -> str:
-        name, k = base, 1
-        while name in names:
-            name, k = f"{base}_{k}", k + 1
-        names.add(name)
-        return name
+    fresh = fresh_namer(names)
 
     def cast(src: str, dst: str, to: int) -> onnx.NodeProto:
         return onnx.helper.make_node("Cast", [src], [dst], name=fresh(f"{dst}_fp16emu"), to=to)
