@@ -27,7 +27,7 @@ from .compare import (FP16_MAX_ERROR, FP16_MIN_COSINE, FP16_MIN_TOP1, INT8_MIN_S
                       is_logits, is_low_precision, is_quantized, problem_text, sqnr_db, tolerance)
 from .culprit import find_culprit
 from .inputs import inputs_for, make_inputs, parse_input_shapes, parse_int_ranges, run_failure
-from .runtime import (CONFIDENCE, LATENCY_BUDGET_S, LATENCY_RUNS, LATENCY_THREADS, NO_DIFFERENCE, PROVIDERS, OrtModel,
+from .runtime import (LATENCY_BUDGET_S, LATENCY_RUNS, LATENCY_THREADS, NO_DIFFERENCE, PROVIDERS, OrtModel,
                       VerifyUnavailable, check_providers, count_kernels, latency_text, measure_latency,
                       parse_provider_options, parse_providers, ratio_interval, run_profiled, session)
 
