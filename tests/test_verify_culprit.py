@@ -202,11 +202,8 @@ NUDGES = textwrap.dedent('''
 ''')
 
 
-def test_bisect_names_one_culprit(tmp_path, capsys):
-    """nudge_small (rewrite 1) moves an intermediate value by 1%, which the output (scaled by 1e-4)
-    does not show; nudge_large (rewrite 2) moves the output. Compared with the original, the first
-    diverging value was nudge_small's, and the report named it beside bisect's nudge_large; compared
-    with the model right before rewrite 2 it is nudge_large's."""
+def _nudged_model(tmp_path):
+    """x*3*1e-4 + x*5 (the first product hidden by its scale) and the NUDGES rules file: their paths."""
     from onnx import TensorProto, helper, numpy_helper
     import numpy as np
 
@@ -220,6 +217,15 @@ def test_bisect_names_one_culprit(tmp_path, capsys):
     src, rules = tmp_path / "m.onnx", tmp_path / "r.py"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(src))
     rules.write_text(NUDGES)
+    return src, rules
+
+
+def test_bisect_names_one_culprit(tmp_path, capsys):
+    """nudge_small (rewrite 1) moves an intermediate value by 1%, which the output (scaled by 1e-4)
+    does not show; nudge_large (rewrite 2) moves the output. Compared with the original, the first
+    diverging value was nudge_small's, and the report named it beside bisect's nudge_large; compared
+    with the model right before rewrite 2 it is nudge_large's."""
+    src, rules = _nudged_model(tmp_path)
     code, out, err = run_main(capsys, "bisect", src, "--rules", rules, "--json", tmp_path / "b.json")
     assert code == 1, out + err
     report = json.loads((tmp_path / "b.json").read_text())
@@ -239,19 +245,7 @@ def test_a_culprit_of_another_rule_than_bisects_keeps_no_rule():
 
 def test_optimize_verify_names_one_culprit(tmp_path, capsys):
     """optimize --verify bisects by itself: its summary line names bisect's rewrite and no other rule."""
-    from onnx import TensorProto, helper, numpy_helper
-    import numpy as np
-
-    c = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("c1", 3.0), ("c2", 5.0), ("k", 1e-4))]
-    nodes = [helper.make_node("Mul", ["x", "c1"], ["a"], name="m1"),
-             helper.make_node("Mul", ["a", "k"], ["s"], name="scale"),
-             helper.make_node("Mul", ["x", "c2"], ["b"], name="m2"),
-             helper.make_node("Add", ["s", "b"], ["y"], name="add")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])], c)
-    src, rules = tmp_path / "m.onnx", tmp_path / "r.py"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(src))
-    rules.write_text(NUDGES)
+    src, rules = _nudged_model(tmp_path)
     code, out, err = run_main(capsys, src, "-o", tmp_path / "o.onnx", "--rules", rules, "--verify", "cpu",
                               "--json", tmp_path / "r.json")
     assert code == 1, out + err
