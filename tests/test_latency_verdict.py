@@ -91,7 +91,8 @@ def test_cli_latency_budget_threads_and_json(tmp_path, capsys):
                      "--json", str(out)]) == 0
     lat = json.loads(out.read_text())["providers"]["cpu"]["latency"]
     assert lat["threads"] == 1 and lat["budget_s"] == 0.5 and lat["verdict"] == NO_DIFFERENCE
-    assert 0.98 <= lat["interval"][0] <= 1.02 and lat["ratio_median"] > 0
+    # the model against itself: an interval that brackets its median (its width is timing, not asserted here)
+    assert lat["interval"][0] <= lat["ratio_median"] <= lat["interval"][1]
     assert NO_DIFFERENCE in capsys.readouterr().out
     # the same option from a config file, and a bad value refused in one line
     cfg = tmp_path / "c.toml"
