@@ -2,32 +2,19 @@
 
 The rule language (``Rule``, ``Op``, ``Const``, ...) and the errors load with the package; the
 optimizer (``optimize``, ``Report``, ``default_rules``) loads on first use, so that a rules file or
-``import onnxopt.pattern`` pays for neither the evaluator, the verifier, onnxruntime nor the
+``import onnxopt.core.pattern`` pays for neither the evaluator, the verifier, onnxruntime nor the
 built-in rule library.
 """
 
 __version__ = "0.1.0"
 
 
-def _source_checkout() -> None:
-    """In a source checkout, rules/ and models/ sit beside onnxopt/ (installed, they are the
-    subpackages onnxopt.rules and onnxopt.models): let them be found there, so that
-    ``python -m onnxopt ...`` from the repository root works whatever is installed."""
-    import os
+from . import _compat  # noqa: E402
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(here)
-    if os.path.isdir(os.path.join(here, "rules")):
-        return  # an installed package: its subpackages are in place
-    if os.path.isfile(os.path.join(root, "setup.cfg")) and os.path.isfile(os.path.join(root, "rules", "__init__.py")) \
-            and os.path.isfile(os.path.join(root, "models", "__init__.py")):
-        __path__.append(root)
+_compat.install()  # the 0.1 import paths (onnxopt.pattern, onnxopt.irutil, ...): onnxopt._compat
 
-
-_source_checkout()
-
-from .errors import InvalidModelError, OnnxoptError, RuleError, UsageError  # noqa: E402
-from .pattern import ANY, Builder, Const, Match, Op, Opt, Refuse, Rule, Var, forward  # noqa: E402
+from onnxopt.errors import InvalidModelError, OnnxoptError, RuleError, UsageError  # noqa: E402
+from onnxopt.core.pattern import ANY, Builder, Const, Match, Op, Opt, Refuse, Rule, Var, forward  # noqa: E402
 
 _LAZY = {"optimize": "api", "Report": "api", "default_rules": "api"}
 

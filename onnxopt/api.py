@@ -9,22 +9,28 @@ from collections.abc import Iterable, Sequence
 
 import onnx_ir as ir
 
-from . import evaluate, io, layout as layouts, pipeline, registry, targets
-from . import precision as precisions
-from . import verify as verifier
-from .bisect import bisect_failure
-from .errors import bug_warnings, strict_default
-from .input_shapes import fix as fix_input_shapes, normalize as normalize_input_shapes
-from .stats import RuleStats
-from .irutil import gc_paused, node_counts
-from .layout_pass import transpose_summary
-from .liveness import PEAK_KEY
-from .memory import report_peak
-from .passes import MEMORY, RECOMPUTE
-from .pattern import Rule
-from .report import summary_line
-from .input_shapes import RUN_SHAPES_KEY, refine_fixed, symbolic_run_shapes
-from .verify.inputs import data_shapes, run_shapes
+from onnxopt.ir import evaluate
+from onnxopt.ir import io
+from onnxopt.transforms import edges as layouts
+from onnxopt.core import pipeline
+from onnxopt.library import registry
+from onnxopt import targets
+from onnxopt.transforms import precision as precisions
+from onnxopt.verify import fp16_fallback
+from onnxopt import verify as verifier
+from onnxopt.verify.bisect import bisect_failure
+from onnxopt.errors import bug_warnings, strict_default
+from onnxopt.ir.input_shapes import fix as fix_input_shapes, normalize as normalize_input_shapes
+from onnxopt.core.stats import RuleStats
+from onnxopt.ir.util import gc_paused, node_counts
+from onnxopt.transforms.transposes import transpose_summary
+from onnxopt.transforms.liveness import PEAK_KEY
+from onnxopt.transforms.memory import report_peak
+from onnxopt.library.passes import MEMORY, RECOMPUTE
+from onnxopt.core.pattern import Rule
+from onnxopt.reporting.text import summary_line
+from onnxopt.ir.input_shapes import RUN_SHAPES_KEY, refine_fixed, symbolic_run_shapes
+from onnxopt.verify.inputs import data_shapes, run_shapes
 
 
 @dataclasses.dataclass
@@ -46,14 +52,14 @@ class Report:
     # rules left out for the target, with the reason (registry.select): not valid there, or the measured
     # benefit table says the fusion does not pay there
     skipped: list[dict] = dataclasses.field(default_factory=list)
-    advice: dict | None = None  # for ort-cuda: provider options that pay, CPU islands (onnxopt.advice)
+    advice: dict | None = None  # for ort-cuda: provider options that pay, CPU islands (onnxopt.targets.advice)
     fusions: dict = dataclasses.field(default_factory=dict)  # fusion rule -> hits, misses and why (below)
     precision: dict | None = None  # precision.Fp16Report.as_dict(), with precision="fp16"
-    layout: dict | None = None  # onnxopt.layout.apply's record: inputs/outputs whose layout or preprocessing changed
+    layout: dict | None = None  # onnxopt.transforms.edges.apply's record: inputs/outputs whose layout or preprocessing changed
     # Transposes of the main graph before and after, and what they move per inference
-    # (onnxopt.layout_pass.transpose_summary); None where neither has one
+    # (onnxopt.transforms.transposes.transpose_summary); None where neither has one
     transposes: dict | None = None
-    # peak activation memory of the main graph (onnxopt.memory.peak, without the curve): "before" (the
+    # peak activation memory of the main graph (onnxopt.transforms.memory.peak, without the curve): "before" (the
     # input at the fixed input shapes), "after", and "reordered" (the memory_reordering pass changed the order)
     memory: dict | None = None
 
@@ -138,7 +144,7 @@ def optimize(
             as many bytes of constants that become unused (default 1 MiB).
         fold_input_limit: bytes; a node whose constant inputs together pass this is not
             evaluated (default 256 MiB), so huge weights are not read to fold them.
-        graph_passes: whole-graph passes (``onnxopt.passes.NAMES``: constant lifting, initializer
+        graph_passes: whole-graph passes (``onnxopt.library.passes.NAMES``: constant lifting, initializer
             deduplication, common-subexpression elimination, shape completion); default all of them
             with the built-in rules, none with an explicit ``rules`` list. ``disable`` takes their
             names too.
@@ -155,14 +161,14 @@ def optimize(
             ``onnxopt.verify.verify``. When outputs differ beyond tolerance it raises
             ``onnxopt.verify.VerificationError`` (its ``report`` attribute has the details, and
             under ``"bisect"`` the rewrite after which outputs differ, see
-            ``onnxopt.bisect.bisect_failure``) and writes no output (an onnx_ir.Model rewritten
+            ``onnxopt.verify.bisect.bisect_failure``) and writes no output (an onnx_ir.Model rewritten
             ``inplace`` stays rewritten). The report is ``Report.verification``.
         verify_options: keyword arguments for ``onnxopt.verify.verify`` (inputs, input_shapes,
             int_ranges, seed, rtol, atol, runs, warmup, latency, threads, progress).
         input_shapes: fix the model's inputs before rewriting, e.g. ``{"x": [1, 3, 224, 224]}``:
             per input, whole numbers and symbol names (``["batch", 3, 224, 224]`` keeps or renames
             that dimension's symbol), or text as ``--input-shape`` takes it (``"1x3x224x224"``,
-            ``["x=batch,3,224,224"]``); see ``onnxopt.input_shapes``. A symbol given a number or a
+            ``["x=batch,3,224,224"]``); see ``onnxopt.ir.input_shapes``. A symbol given a number or a
             new name takes it everywhere in the model; the rules fold what becomes static. With
             ``verify``, the original (still dynamic) is run at the same shapes.
         strict: a rule whose condition or replacement raises (anything but ``Refuse``) has a bug:
@@ -173,13 +179,13 @@ def optimize(
             onnxruntime's CPU provider with default session options (``Rule.exact``; the passes
             likewise); rules that do not declare it are left out (a warning names them). With
             ``verify``, tolerances default to 0 (rtol and atol): outputs must be equal.
-        outputs: an ``onnxopt.io.Outputs`` to stage the written files in instead of putting them in
+        outputs: an ``onnxopt.ir.io.Outputs`` to stage the written files in instead of putting them in
             place at once: the caller commits them together with its own (the command line
             writes its JSON report so). Without it, ``output`` is written atomically here. Either
             way the input file and its data files are never written, and a failure leaves no
             output.
         progress: called as ``progress(step, done, total)`` as loading, rewriting and saving go
-            (``onnxopt.console.Status`` draws it on a terminal, as the command line does); pass it
+            (``onnxopt.reporting.console.Status`` draws it on a terminal, as the command line does); pass it
             in ``verify_options`` too for the verification's steps.
         quantize: INT8 quantization after the cleanup: a dict of ``onnxopt.quantize``'s options,
             ``calibration`` required (e.g. ``{"calibration": "calib/", "method": "entropy"}``);
@@ -189,7 +195,7 @@ def optimize(
             ``stop_after``.
         precision: "fp32" (the default: types as they are) or "fp16": after the rules' fixpoint,
             float32 weights and compute become float16 with precision-sensitive ops kept in float32
-            and the model's input and output types kept (``onnxopt.precision.convert_fp16``, for
+            and the model's input and output types kept (``onnxopt.transforms.precision.convert_fp16``, for
             ``target``); ``Report.precision`` says what was converted and why the rest was not. A
             model already in float16 or quantized is refused. With ``verify``, each output is judged
             by fp16 fidelity against the original (cosine, max error over the output's range, top-1
@@ -198,17 +204,17 @@ def optimize(
             verifier's inputs: values float16 cannot hold there (beyond its range, or rounded by
             more than 1% of their spread) stay float32, and where the conversion misses those
             bounds, the fewest heavy nodes that meet them stay float32 too
-            (``onnxopt.precision.convert_fp16_checked``; ``Report.precision["ranges"]`` and
+            (``onnxopt.transforms.precision.convert_fp16_checked``; ``Report.precision["ranges"]`` and
             ``["fallback"]``). Without ``verify``, bounds from the weights and constants decide.
         input_layout: inputs the model is to take channels-last, ``{"x": "NHWC"}`` (or ``"NHWC"``
             for every input of rank 4; text as ``--input-layout`` takes it): the input keeps its
             name and takes the new shape, and a Transpose at it gives the model what it computed
-            on (``onnxopt.layout``). ``input_shapes`` are given in the model's own layout.
+            on (``onnxopt.transforms.edges``). ``input_shapes`` are given in the model's own layout.
         output_layout: likewise for outputs, ``{"y": "NHWC"}``: a Transpose before the output.
         input_preprocess: inputs that become raw images, ``{"x": "uint8,HWC,scale=1/255,mean=
             0.485,0.456,0.406,std=0.229,0.224,0.225,bgr"}`` (or a dict of those settings): the
             input is uint8 pixels, the model casts, swaps channels and normalizes them itself,
-            folded into the first Convs where they take it (``onnxopt.layout``). With any of
+            folded into the first Convs where they take it (``onnxopt.transforms.edges``). With any of
             the three, the model records its edges (metadata ``onnxopt.io_layout``) and the
             verifier (here and ``python -m onnxopt verify``) feeds the original the same data in
             its own layout (raw pixels preprocessed in numpy), compares the outputs in the
@@ -221,15 +227,15 @@ def optimize(
     if diff is not None:
         return _optimize_with_diff(model, diff, locals())
     if precision not in ("fp32", "fp16"):
-        from .errors import UsageError
+        from onnxopt.errors import UsageError
         raise UsageError(f"precision {precision!r}: choose fp32 or fp16")
     if precision == "fp16" and (exact or quantize is not None):
-        from .errors import UsageError
+        from onnxopt.errors import UsageError
         raise UsageError(f"precision fp16 cannot be combined with {'exact' if exact else 'quantize'}: float16 "
                          f"changes every value")
     edges = layouts.spec(input_layout, output_layout, input_preprocess)  # one line on a bad spec
     if edges and quantize is not None:
-        from .errors import UsageError
+        from onnxopt.errors import UsageError
         raise UsageError("input/output layouts and preprocessing cannot be combined with quantize yet")
     if quantize is not None:
         return _optimize_quantized(model, quantize, rules=rules, extra_rules=extra_rules, disable=disable,
@@ -249,8 +255,8 @@ def _optimize_with_diff(model, page, args: dict):
     """optimize(), then the diff page between ``model`` and the result."""
     import onnx
 
-    from . import diff as diffs
-    from .errors import UsageError
+    from onnxopt import diff as diffs
+    from onnxopt.errors import UsageError
 
     if not isinstance(model, (str, os.PathLike, onnx.ModelProto)):
         raise UsageError(f"diff= needs the model as a path or an onnx.ModelProto, not {type(model).__name__}")
@@ -302,7 +308,7 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
         original = loaded.model.clone() if loaded.kind == "ir" and inplace else \
             model if loaded.exported is None else loaded.exported
     # (with edges the verifier feeds the original the same data in its own layout, preprocessed in
-    # numpy, and compares the outputs in its layout: onnxopt.layout.edge_feeds, outputs_back)
+    # numpy, and compares the outputs in its layout: onnxopt.transforms.edges.edge_feeds, outputs_back)
     if input_shapes:
         fix_input_shapes(loaded.model, input_shapes)
     if input_shapes:
@@ -358,7 +364,7 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
                 if edited:  # the model being converted takes the edited edges' inputs (the data given)
                     feeds = layouts.edge_feeds(edges_made, feeds, vo.get("seed") or 0,
                                                how if how is not None else {k: {"source": "given"} for k in feeds})[1]
-                fp16 = precisions.convert_fp16_checked(loaded.model, feeds, target=target, progress=progress)
+                fp16 = fp16_fallback.convert_fp16_checked(loaded.model, feeds, target=target, progress=progress)
             else:
                 fp16 = precisions.convert_fp16(loaded.model, target=target)
         # every input static: the outputs' and declared values' dims that inference proves (verified as written)
@@ -382,7 +388,7 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
                 memory["at_source"] = "data"  # (the verification's --inputs/feeds: one set of shapes per report)
         advice = None
         if return_report and targets.normalize(target) == targets.ORT_CUDA:
-            from .advice import advise
+            from onnxopt.targets.advice import advise
             advice = advise(loaded.model, targets.ORT_CUDA)
         t2 = time.perf_counter()
         verification = None
@@ -472,7 +478,7 @@ def _memory_warnings(memory: dict, fp16: bool = False) -> list[str]:
     why = ("the float16 conversion keeps float32 inputs and outputs: a float32 output is made from its float16 "
            "copy, both alive at once" if fp16 else "rewrites made values live longer or larger, and neither "
            "reordering nor recomputation wins it back")
-    return [f"peak activation memory rose ({moves}): {why}; onnxopt.memory.peak names what is alive at the peak"]
+    return [f"peak activation memory rose ({moves}): {why}; onnxopt.transforms.memory.peak names what is alive at the peak"]
 
 
 def _transposes(model: ir.Model) -> dict:
@@ -483,11 +489,11 @@ def _transposes(model: ir.Model) -> dict:
     clone = model.clone()
     weights = sum(v.const_value.nbytes for v in clone.graph.initializers.values() if v.const_value is not None)
     if weights < _FULL_INFERENCE_BYTES:  # onnx's inference, with shape arithmetic propagated, sees further
-        from .shapes import infer_proto
+        from onnxopt.ir.shapes import infer_proto
 
         try:
             proto = ir.serde.serialize_model(clone)
-            clone = ir.serde.deserialize_model(infer_proto(proto))  # (bounded: onnxopt.shapes.bounded_infer)
+            clone = ir.serde.deserialize_model(infer_proto(proto))  # (bounded: onnxopt.ir.shapes.bounded_infer)
         except Exception:  # noqa: BLE001 - the figures then come from onnxopt's own inference
             clone = model.clone()
     return transpose_summary(clone)
@@ -511,8 +517,8 @@ def _fusions(chosen, stats) -> dict:
 
 def _optimize_quantized(model, options, *, rules, extra_rules, disable, target, output, external_data, check, inplace,
                         return_report, stop_after, verify, outputs, strict, input_shapes, exact, progress):
-    from .errors import UsageError
-    from .quantize.api import quantize as _quantize
+    from onnxopt.errors import UsageError
+    from onnxopt.quantize.api import quantize as _quantize
 
     if not isinstance(options, dict) or "calibration" not in options:
         raise UsageError("optimize(quantize=...) takes a dict of onnxopt.quantize options with 'calibration', "

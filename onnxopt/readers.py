@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 
-from .errors import UsageError
+from onnxopt.errors import UsageError
 
 MAX_CONFIG_BYTES = 1 << 20  # a config file
 MAX_JSON_BYTES = 64 << 20  # a JSON report or table read back

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from onnxopt.pattern import Rule
+from onnxopt.core.pattern import Rule
 
 
 def _discover() -> list[Rule]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from onnxopt.pattern import Match
+from onnxopt.core.pattern import Match
 
 
 def joins_nodes(m: Match, what: str) -> str | None:

@@ -25,9 +25,9 @@ import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.irutil import constant_tensor, use_count
-from onnxopt.kernels import kernel_defs
-from onnxopt.shapes import infer
+from onnxopt.ir.util import constant_tensor, use_count
+from onnxopt.ir.kernels import kernel_defs
+from onnxopt.ir.shapes import infer
 
 _PROVIDERS = {"ort-cpu": "CPUExecutionProvider", "ort-cuda": "CUDAExecutionProvider"}
 _ONNX_TYPE = {ir.DataType.FLOAT: "tensor(float)", ir.DataType.FLOAT16: "tensor(float16)",
@@ -199,7 +199,7 @@ def _expand(node, graph, state, max_degree) -> dict[int, float]:
 
 @functools.lru_cache(maxsize=1)
 def _kernel_defs():
-    defs = kernel_defs()  # onnxopt.kernels: read in a child process where the listing can crash
+    defs = kernel_defs()  # onnxopt.ir.kernels: read in a child process where the listing can crash
     return None if defs is None else tuple((op, dom, (lo, hi), prov, types) for op, dom, lo, hi, prov, types in defs)
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from onnxopt.pattern import Match, Refuse
+from onnxopt.core.pattern import Match, Refuse
 
 
 def non_finite(arrays: dict[str, np.ndarray | None]) -> str | None:

@@ -23,10 +23,10 @@ import math
 
 import onnx_ir as ir
 
-from onnxopt.pattern import Const, Match, Op, Rule
+from onnxopt.core.pattern import Const, Match, Op, Rule
 from onnxopt.targets import ORT_CPU, ORT_CUDA
 
-from ._semantic import close, dtype_of, factors, kernel, poly, private, scalar, typed
+from onnxopt.rules._semantic import close, dtype_of, factors, kernel, poly, private, scalar, typed
 
 ORT = (ORT_CPU, ORT_CUDA)
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.irutil import constant_tensor
-from onnxopt.pattern import Const, Match, Op, Opt, Rule, forward
-from onnxopt.shapes import broadcast_keeps, is_dim_of, shape_elements
+from onnxopt.ir.util import constant_tensor
+from onnxopt.core.pattern import Const, Match, Op, Opt, Rule, forward
+from onnxopt.ir.shapes import broadcast_keeps, is_dim_of, shape_elements
 
 _x = forward("x")
 _FLOATS = frozenset({ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})

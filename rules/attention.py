@@ -10,7 +10,7 @@ attention output (``Reshape(Transpose(...))``) and the condition walks back from
   and between the second MatMul and the root, is followed as a *layout*: the tensor's dimensions
   as groups of the atoms B, S (query length), T (key length), N (heads), D (head size). A Reshape's
   target is read as numbers, 0s (copy), -1 and dimensions read back through Shape/Gather/Slice/
-  Concat arithmetic (``onnxopt.shapes.shape_elements``), so dynamic-shape exports (the legacy
+  Concat arithmetic (``onnxopt.ir.shapes.shape_elements``), so dynamic-shape exports (the legacy
   exporter's Shape->Gather->Concat, the dynamo exporter's 4-D -> 3-D -> transpose -> 4-D key) and
   folded fixed-shape ones are one case. Q must reach the first MatMul as [B,N,S,D], K as [B,N,D,T],
   V the second as [B,N,T,D], and the root's output must be [B,S,N*D]: a view that breaks this is
@@ -50,11 +50,11 @@ import math
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.irutil import constant_tensor
-from onnxopt.pattern import Match, Op, Rule
-from onnxopt.shapes import infer, infer_outputs, same_symbol, shape_elements
+from onnxopt.ir.util import constant_tensor
+from onnxopt.core.pattern import Match, Op, Rule
+from onnxopt.ir.shapes import infer, infer_outputs, same_symbol, shape_elements
 
-from ._semantic import unrepresentable
+from onnxopt.rules._semantic import unrepresentable
 
 _MS = "com.microsoft"
 _FLOATS = {"ort-cpu": (ir.DataType.FLOAT,), "ort-cuda": (ir.DataType.FLOAT, ir.DataType.FLOAT16)}

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from onnxopt.pattern import Match, Op, Rule, forward
+from onnxopt.core.pattern import Match, Op, Rule, forward
 
-from ._exact import exact_removal
+from onnxopt.rules._exact import exact_removal
 
 _D = ir.DataType
 # A source type whose every value the target type holds exactly (so a round trip is the identity).

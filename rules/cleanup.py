@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from onnxopt.pattern import Match, Op, Opt, Rule, forward
-from onnxopt.purity import dropout_training
+from onnxopt.core.pattern import Match, Op, Opt, Rule, forward
+from onnxopt.core.purity import dropout_training
 
 
 _forward_x = forward("x")

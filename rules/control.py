@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from onnxopt.irutil import inherit_metadata
-from onnxopt.pattern import Const, Match, Op, Refuse, Rule
+from onnxopt.ir.util import inherit_metadata
+from onnxopt.core.pattern import Const, Match, Op, Refuse, Rule
 
 
 def _branch(m: Match) -> ir.Graph | None:

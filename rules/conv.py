@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnxopt.pattern import Const, Match, Op, Opt, Refuse, Rule
+from onnxopt.core.pattern import Const, Match, Op, Opt, Refuse, Rule
 
-from ._weights import fold_weights, folded_refusal, non_finite
+from onnxopt.rules._weights import fold_weights, folded_refusal, non_finite
 
 
 def _per_channel(c: np.ndarray, out_channels: int, rank: int) -> np.ndarray | None:

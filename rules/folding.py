@@ -3,7 +3,7 @@
 Also the shape arithmetic exporters emit (``Shape -> Gather -> Unsqueeze -> Concat -> Reshape``):
 ``Shape``/``Size`` of a value whose shape is static fold, and so do ``Gather``/``Slice`` of a
 ``Shape`` that pick only static dimensions, so dynamic axes stay dynamic while everything known is
-computed once. Evaluation, exclusions and the size limit are described in ``onnxopt.evaluate``; the
+computed once. Evaluation, exclusions and the size limit are described in ``onnxopt.ir.evaluate``; the
 limit is ``optimize(fold_size_limit=...)`` / ``--fold-size-limit`` (default 1 MiB).
 
 Exact mode (``Rule.exact``): constant folding gives the bits onnxruntime's own folding gives (the same
@@ -17,11 +17,11 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt import evaluate
-from onnxopt.irutil import constant_tensor
-from onnxopt.pattern import Const, Match, Op, Opt, Refuse, Rule
-from onnxopt.purity import random_reason
-from onnxopt.shapes import gather_elements, slice_elements
+from onnxopt.ir import evaluate
+from onnxopt.ir.util import constant_tensor
+from onnxopt.core.pattern import Const, Match, Op, Opt, Refuse, Rule
+from onnxopt.core.purity import random_reason
+from onnxopt.ir.shapes import gather_elements, slice_elements
 
 
 def _limit(m: Match) -> int:

@@ -16,10 +16,10 @@ import onnx_ir as ir
 
 import ml_dtypes
 
-from onnxopt.pattern import Const, Match, Op, Opt, Refuse, Rule
+from onnxopt.core.pattern import Const, Match, Op, Opt, Refuse, Rule
 
-from ._semantic import unrepresentable
-from ._weights import fold_weights, non_finite
+from onnxopt.rules._semantic import unrepresentable
+from onnxopt.rules._weights import fold_weights, non_finite
 
 _FLOAT_DTYPES = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64, ml_dtypes.bfloat16))
 

@@ -26,11 +26,11 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.pattern import Const, Match, Op, Opt, Rule
-from onnxopt.shapes import infer
+from onnxopt.core.pattern import Const, Match, Op, Opt, Rule
+from onnxopt.ir.shapes import infer
 from onnxopt.targets import ORT_CPU, ORT_CUDA
 
-from ._semantic import (FLOATS, const_array, dtype_of, kernel, private, producer, scalar, typed,
+from onnxopt.rules._semantic import (FLOATS, const_array, dtype_of, kernel, private, producer, scalar, typed,
                         unrepresentable)
 
 ORT = (ORT_CPU, ORT_CUDA)

@@ -31,12 +31,24 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.irutil import constant_tensor, subgraphs, use_count
-from onnxopt.pattern import Const, Match, Namer, Op, Opt, Rule, forward
-from onnxopt.quantize.plan import activation_params
+from onnxopt.ir.util import constant_tensor, subgraphs, use_count
+from onnxopt.core.pattern import Const, Match, Namer, Op, Opt, Rule, forward
 from onnxopt.rules._semantic import unrepresentable
 
 _INT32 = np.iinfo(np.int32)
+
+
+def activation_params(lo: float, hi: float) -> tuple[np.float32, np.uint8]:
+    """uint8 asymmetric (scale, zero point) for the range [lo, hi] extended to contain 0:
+    scale = (hi - lo) / 255 (1.0 for an all-zero range), zero point round(-lo / scale) in [0, 255]."""
+    lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
+    if hi - lo <= 0:
+        return np.float32(1.0), np.uint8(0)
+    scale = np.float32((hi - lo) / 255.0)
+    if not np.isfinite(scale) or scale <= 0:
+        scale = np.float32(np.finfo(np.float32).tiny)
+    zp = int(np.clip(np.round(-lo / float(scale)), 0, 255))
+    return scale, np.uint8(zp)
 
 
 PLAN_KEY = "quantize.plan_node"  # node metadata apply_plan sets for the run (rewritten nodes inherit it)

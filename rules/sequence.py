@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnxopt.pattern import Const, Match, Op, Opt, Rule
+from onnxopt.core.pattern import Const, Match, Op, Opt, Rule
 
 
 def _pieces(m: Match) -> list[int] | None:

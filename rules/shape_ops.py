@@ -3,7 +3,7 @@
 
 Exact: each rule keeps every value and every output's shape and dtype. Reshape targets built from
 the input's own Shape (``Shape -> Gather -> Unsqueeze -> Concat -> Reshape``) are read back with
-``onnxopt.shapes.shape_elements``; a dimension the target copies becomes a 0 in a constant target.
+``onnxopt.ir.shapes.shape_elements``; a dimension the target copies becomes a 0 in a constant target.
 That one, reshape_shape_from_input, is not exact in exact mode's sense (``Rule.exact``): a constant
 target lets onnxruntime's own optimizer rewrite the graph around it differently (README, Exact mode).
 """
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnxopt.pattern import Const, Match, Op, Opt, Rule, forward
-from onnxopt.shapes import is_dim_of, same_symbol, shape_elements
+from onnxopt.core.pattern import Const, Match, Op, Opt, Rule, forward
+from onnxopt.ir.shapes import is_dim_of, same_symbol, shape_elements
 
-from ._exact import exact_removal
+from onnxopt.rules._exact import exact_removal
 
 _x = forward("x")
 _NO_END = 1 << 62  # a Slice end this large means "to the end" whatever the axis' size

@@ -3,7 +3,7 @@ dimensions turned into a Reshape (a view: no element moves).
 
 Pushing Transposes through the ops that do not care about layout is a whole-graph decision (a
 chain of pushes may pay only at its end): the pass ``transpose_optimization``
-(``onnxopt.layout_pass``) makes it, by a cost in elements moved. A Transpose of a constant is
+(``onnxopt.transforms.transposes``) makes it, by a cost in elements moved. A Transpose of a constant is
 folded by constant folding (rules/folding.py). All rules here are exact: they move no value.
 """
 
@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnxopt.irutil import constant_tensor
-from onnxopt.layout_pass import SETTLED, moves_data, perm_of
-from onnxopt.pattern import Match, Op, Refuse, Rule, forward
+from onnxopt.ir.util import constant_tensor
+from onnxopt.core.passes import SETTLED
+from onnxopt.ir.util import moves_data, perm_of
+from onnxopt.core.pattern import Match, Op, Refuse, Rule, forward
 
-from ._exact import exact_removal
-from .shape_ops import unsqueeze
+from onnxopt.rules._exact import exact_removal
+from onnxopt.rules.shape_ops import unsqueeze
 
 _x = forward("x")
 

@@ -1,4 +1,4 @@
-"""Measure whether each fusion pays on a target, and write the benefit table (onnxopt.benefit).
+"""Measure whether each fusion pays on a target, and write the benefit table (onnxopt.targets.benefit).
 
     python scripts/bench_benefit.py [--keys KEY ...] [--targets ort-cpu] [--models bert-legacy ...]
                                     [--model NAME=PATH ...] [--rules-file FILE] [--batch 1] [--sequence 128]
@@ -16,7 +16,7 @@ table in effect, that key's entry for the target set aside so they run) and *wit
 nowhere is recorded as not exercised. Both are run on the same inputs (outputs compared) and timed
 interleaved (``onnxopt.verify.runtime.measure_latency``: median, p10, p90). The key's verdict for
 the target: applied unless, over the models that exercised it, the geometric mean of the with/without
-median ratios is above 1 + ``onnxopt.benefit.NOISE`` (slower by more than noise). A model where
+median ratios is above 1 + ``onnxopt.targets.benefit.NOISE`` (slower by more than noise). A model where
 onnxruntime's own session-time fusions already make at least half as many of the fused ops in the
 unfused model (its profile counts them) does not isolate the key: reported, not counted.
 
@@ -105,7 +105,7 @@ def provenance(argv: list[str]) -> dict:
 
 def rules_by_key(rules_file: str | None) -> tuple[list, list, dict[str, list]]:
     """(base rules, extra rules, {benefit key: rules carrying it})."""
-    from onnxopt import registry
+    from onnxopt.library import registry
 
     base = registry.builtin_rules()
     extra = registry.load_rules_file(rules_file) if rules_file else []
@@ -189,7 +189,8 @@ def provider_missing(target: str) -> str | None:
 
 
 def _optimize(src: Path, dst: Path, *, target, base, extra, disable, table, input_shapes):
-    from onnxopt import benefit, optimize
+    from onnxopt.targets import benefit
+    from onnxopt import optimize
 
     with benefit.using(table):
         _, report = optimize(str(src), output=str(dst), rules=base, extra_rules=extra, disable=disable,
@@ -200,7 +201,7 @@ def _optimize(src: Path, dst: Path, *, target, base, extra, disable, table, inpu
 def bench_key(key: str, rules: list, target: str, models: dict, args, base, extra, work: Path) -> dict:
     """One key on one target over the models: per model the fired counts, outputs compared, latency with
     and without the key's rules; the verdict."""
-    from onnxopt import benefit
+    from onnxopt.targets import benefit
     from onnxopt.verify import compare_all, measure_latency, run_profiled
 
     provider = PROVIDER[target]
@@ -263,7 +264,7 @@ def bench_key(key: str, rules: list, target: str, models: dict, args, base, extr
 
 
 def verdict(key: str, target: str, rows: dict, names: list[str]) -> dict:
-    from onnxopt.benefit import NOISE
+    from onnxopt.targets.benefit import NOISE
 
     timed = {m: r for m, r in rows.items() if isinstance(r.get("ratio"), float) and r.get("outputs_ok", True)
              and r.get("isolated", True)}
@@ -306,7 +307,7 @@ def _time_iobinding(path: str, feeds: dict, options: dict, runs: int, warmup: in
 
 def bench_option(key: str, option: str, value: str, models: dict, args, work: Path) -> dict:
     from onnxopt import optimize
-    from onnxopt.advice import advise
+    from onnxopt.targets.advice import advise
     from onnxopt.verify import measure_latency
 
     import onnx_ir as ir
@@ -361,7 +362,7 @@ def bench_option(key: str, option: str, value: str, models: dict, args, work: Pa
 
 def to_table(results: dict, source: dict, settings: dict):
     """The benefit table of one run: an entry per key and target that has a verdict."""
-    from onnxopt.benefit import Table
+    from onnxopt.targets.benefit import Table
 
     t = Table(meta={"runs": [{**source, "settings": settings}]})
     for key, by_target in results.items():
@@ -380,7 +381,7 @@ def to_table(results: dict, source: dict, settings: dict):
 
 
 def merge_files(paths: list[str], keep: bool):
-    from onnxopt.benefit import Table
+    from onnxopt.targets.benefit import Table
 
     out = Table()
     runs = []
@@ -455,7 +456,7 @@ def parse_args(argv):
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
-    from onnxopt.benefit import Table
+    from onnxopt.targets.benefit import Table
 
     if args.merge:
         table = merge_files(args.merge, args.keep)

@@ -16,7 +16,7 @@ rewritten as tf2onnx writes Keras models). Tools (``KERAS_TOOLS``): the original
 target and with ``target="ort-cpu"``; onnxruntime's offline optimizer at the basic and the extended level
 (CPU provider, ``optimized_model_filepath``); onnxsim, onnxslim, onnxoptimizer, onnxscript's optimizer
 (scripts/_peers.py's adapters, each call in a subprocess: bench.run_job). Per tool: Transposes left, the
-elements and bytes they move per inference (``onnxopt.layout_pass.graph_cost``), nodes, CPU kernels per run,
+elements and bytes they move per inference (``onnxopt.transforms.transposes.graph_cost``), nodes, CPU kernels per run,
 max abs / rel difference from the original on a random input, and CPU latency of every tool in one
 interleaved run (bench's latency job: onnxruntime CPU with default session options, the same threads for
 all; median, p10, p90), with the ratio to the best peer. Target: fewest Transposes of all, median <= 1.02x
@@ -55,7 +55,7 @@ one-line error. The JSON is rewritten after each model; ``--deadline`` stops sta
 (gpu). CPU sessions timed in turn do not spin between runs (``--spin`` restores onnxruntime's default):
 idle spinning pools take the cores from the session being timed (resnet50 on 2 cores: 88 ms instead of 34).
 
-**benefit**: part C's runs as a measured-benefit entry (``onnxopt.benefit``'s table, key ``nhwc_conv``,
+**benefit**: part C's runs as a measured-benefit entry (``onnxopt.targets.benefit``'s table, key ``nhwc_conv``,
 target ort-cuda): per model, batch and precision the NhwcConv model under the provider's defaults against
 onnxopt's model under ``prefer_nhwc=1`` (the provider's own NHWC path, which ort-cuda's advice names);
 applied only where the geometric mean of those ratios is below 1. Merge it into the shipped table with
@@ -148,7 +148,7 @@ def transpose_facts(path: str) -> dict:
     import onnx
     import onnx_ir as ir
 
-    from onnxopt.layout_pass import graph_cost
+    from onnxopt.transforms.transposes import graph_cost
 
     proto = onnx.load(path, load_external_data=False)
     nodes, ops = bench.count_nodes(proto)
@@ -164,8 +164,8 @@ def transpose_facts(path: str) -> dict:
 
 
 def parse_preprocess(text: str):
-    """onnxopt.layout.Preprocess of ``uint8,LAYOUT,...`` (the API's text form)."""
-    from onnxopt import layout
+    """onnxopt.transforms.edges.Preprocess of ``uint8,LAYOUT,...`` (the API's text form)."""
+    from onnxopt.transforms import edges as layout
 
     return layout.parse_preprocess({"x": text})["x"]
 
@@ -267,7 +267,7 @@ def to_nhwc_conv(proto, *, target: str | None = "ort-cuda") -> tuple[object, dic
     rewritten as ``Transpose(0,2,3,1) -> com.microsoft.NhwcConv(W as [M, kH, kW, C/group]) ->
     Transpose(0,3,1,2)``, shapes recorded, then (``target`` not None) onnxopt's pipeline for that
     target: its transpose rules and pass cancel the pairs that meet between consecutive convolutions
-    and push the rest outwards (the pass alone, onnxopt.layout_pass.optimize_transposes, leaves the
+    and push the rest outwards (the pass alone, onnxopt.transforms.transposes.optimize_transposes, leaves the
     Transpose pairs that meet directly to the rules: on PP-OCRv4 det 78 Transposes of 124 instead of
     20). Returns (model, facts)."""
     import onnx
@@ -275,7 +275,7 @@ def to_nhwc_conv(proto, *, target: str | None = "ort-cuda") -> tuple[object, dic
     from onnx import helper, numpy_helper
 
     from onnxopt import optimize
-    from onnxopt.layout_pass import graph_cost
+    from onnxopt.transforms.transposes import graph_cost
 
     m = onnx.ModelProto()
     m.CopyFrom(proto)
@@ -1339,7 +1339,7 @@ def render_markdown(reports: list[dict]) -> str:
 
 
 def nhwc_conv_benefit(reports: list[dict], files: list[str]) -> dict:
-    """Part C's runs as a benefit table (``onnxopt.benefit``): key ``nhwc_conv``, target ort-cuda. The
+    """Part C's runs as a benefit table (``onnxopt.targets.benefit``): key ``nhwc_conv``, target ort-cuda. The
     NhwcConv model with the provider's defaults against onnxopt's model (same precision) with
     ``prefer_nhwc=1``, per model, batch and precision; the verdict from the geometric mean."""
     rows, sources = {}, []

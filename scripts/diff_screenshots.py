@@ -1,4 +1,4 @@
-"""Screenshots of the live diff page (onnxopt.diff_live) in headless Chromium, for the README.
+"""Screenshots of the live diff page (onnxopt.diff.live) in headless Chromium, for the README.
 
     python scripts/diff_screenshots.py resnet50-dynamo --out docs/img
     python scripts/diff_screenshots.py minilm-legacy --target ort-cpu --choose bias_gelu --out docs/img
@@ -19,7 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from onnxopt import diff, diff_live, optimize  # noqa: E402
+from onnxopt.diff import live as diff_live
+from onnxopt import diff, optimize  # noqa: E402
 from tests import browser  # noqa: E402
 
 ZOO = Path(os.path.expanduser("~/.cache/onnxopt/models"))

@@ -1,4 +1,4 @@
-"""onnxopt.analysis's FLOPs against published figures (FLOPs = 2 x multiply-accumulates).
+"""onnxopt.inspect.analysis's FLOPs against published figures (FLOPs = 2 x multiply-accumulates).
 
     python scripts/flops_check.py [--cache DIR] [--json OUT.json]
 
@@ -41,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from onnxopt import analysis  # noqa: E402
+from onnxopt.inspect import analysis  # noqa: E402
 from onnxopt.models import zoo  # noqa: E402
 from onnxopt.models.cache import DEFAULT_CACHE  # noqa: E402
 

@@ -66,7 +66,8 @@ for _p in (str(ROOT), str(ROOT / "scripts")):
 
 import _backend_cases as backend  # noqa: E402
 
-from onnxopt import evaluate, optimize  # noqa: E402
+from onnxopt.ir import evaluate
+from onnxopt import optimize  # noqa: E402
 from onnxopt.errors import OnnxoptError  # noqa: E402
 
 SUBSET_STEP = 53  # the CI subset: every 53rd generated case (and every hand-written one)

@@ -1,4 +1,4 @@
-"""Peak activation memory estimates (``onnxopt.memory.peak``) against what onnxruntime's CPU provider
+"""Peak activation memory estimates (``onnxopt.transforms.memory.peak``) against what onnxruntime's CPU provider
 really allocates, for every zoo model, before and after onnxopt.
 
     python scripts/memory_check.py [--models NAME ...] [--out scripts/results/memory/check.json]
@@ -135,7 +135,7 @@ def measure(model: Path, feeds_path: Path, level: str) -> dict:
 
 
 def _side(model, shapes, feeds_path: Path, path: Path) -> dict:
-    from onnxopt import memory
+    from onnxopt.transforms import memory
 
     est = memory.peak(model, shapes, curve=False, order="onnxruntime")
     expected = est["peak_bytes"] - est["inputs_bytes"]

@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import numpy as np
 
-    from onnxopt import memory
+    from onnxopt.transforms import memory
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("zoo", nargs="?", help="a zoo model, run at its zoo inputs")

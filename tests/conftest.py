@@ -6,6 +6,18 @@ import numpy as np
 import onnx
 import pytest
 
+import onnxopt.models
+import onnxopt.rules
+
+# The tests test this checkout: rules/ and models/ are installed as onnxopt.rules and onnxopt.models
+# (setup.cfg's package_dir; an editable install maps them here). A checkout tested against another
+# checkout's rules would pass or fail for the wrong code: say so, once, instead.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+for _pkg, _dir in ((onnxopt, "onnxopt"), (onnxopt.rules, "rules"), (onnxopt.models, "models")):
+    if os.path.dirname(os.path.abspath(_pkg.__file__)) != os.path.join(_ROOT, _dir):
+        raise pytest.UsageError(f"{_pkg.__name__} is imported from {os.path.dirname(_pkg.__file__)}, not this "
+                                f"checkout's {_dir}/: run `pip install -e .` here (or use a virtual environment)")
+
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime is needed to check rewrites numerically")
 
 # A bug in a rule (its condition or replacement raising) fails the test that meets it, in this

@@ -1,4 +1,4 @@
-"""Session advice for ort-cuda (onnxopt.advice): provider options with the benefit table's evidence,
+"""Session advice for ort-cuda (onnxopt.targets.advice): provider options with the benefit table's evidence,
 the static count of nodes onnxruntime's CUDA provider would leave on the CPU, and verify's provider
 options."""
 
@@ -10,11 +10,12 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper
 
-from onnxopt import benefit, optimize, verify
-from onnxopt.advice import advise, cuda_placement, provider_options_flags
+from onnxopt.targets import benefit
+from onnxopt import optimize, verify
+from onnxopt.targets.advice import advise, cuda_placement, provider_options_flags
 from onnxopt.errors import UsageError
 from onnxopt.models import zoo
-from onnxopt.report import format_advice, format_optimize
+from onnxopt.reporting.text import format_advice, format_optimize
 
 ort = pytest.importorskip("onnxruntime")
 

@@ -1,4 +1,4 @@
-"""onnxopt.analysis and ``onnxopt inspect``: FLOPs (2 x multiply-accumulates) and bytes per op
+"""onnxopt.inspect.analysis and ``onnxopt inspect``: FLOPs (2 x multiply-accumulates) and bytes per op
 family on tiny graphs counted by hand, symbolic dimensions, --input-shape, the device table and the
 cached measurement of this CPU, the command line, and a model with over 2 GB of external data
 analyzed without reading it."""
@@ -20,7 +20,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from helpers import init, model, tinfo, zoo_model
-from onnxopt import analysis, cli
+from onnxopt.inspect import analysis
+from onnxopt import cli
 from onnxopt.errors import InvalidModelError, UsageError
 
 DEV = "h100-sxm"  # (a table device: nothing is measured)
@@ -450,7 +451,7 @@ def test_inspect_prints_the_summary_and_writes_the_json(tmp_path, capsys):
 def test_inspect_sizes_the_memory_of_symbolic_inputs_at_the_verifiers_shapes(tmp_path, capsys):
     # without --input-shape every activation was of unknown size (a lower bound of the inputs alone:
     # 0 bytes); they are taken at the shapes optimize's report takes them at (x 1x16x8), and say so
-    from onnxopt import memory
+    from onnxopt.transforms import memory
 
     path = tmp_path / "m.onnx"
     onnx.save(two_layer(), str(path))
@@ -685,7 +686,7 @@ def test_symbols_shape_inference_invents_are_not_asked_for():
 def test_symbolic_inference_leaves_no_file_in_the_current_folder(tmp_path, monkeypatch):
     """onnxruntime's symbolic shape inference saves sym_shape_infer_temp.onnx into the current folder where
     a shape stays open (then raises); the analysis and the memory figures use its loop without that."""
-    from onnxopt import memory
+    from onnxopt.transforms import memory
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)

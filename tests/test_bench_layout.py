@@ -16,7 +16,7 @@ from conftest import run_ort
 from helpers import load_script
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxopt import layout
+from onnxopt.transforms import edges as layout
 from onnxopt.models.nhwc import keras_like
 
 ROOT = Path(__file__).resolve().parent.parent

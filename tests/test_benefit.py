@@ -1,4 +1,4 @@
-"""The measured benefit table (onnxopt.benefit) and the script that writes it (scripts/bench_benefit.py)."""
+"""The measured benefit table (onnxopt.targets.benefit) and the script that writes it (scripts/bench_benefit.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxopt import benefit
+from onnxopt.targets import benefit
 from onnxopt.errors import UsageError
 
 ROOT = Path(__file__).resolve().parent.parent

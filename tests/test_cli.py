@@ -220,14 +220,14 @@ def test_list_rules(capsys):
     code, stdout, stderr = run_main(capsys, "--list-rules")
     assert code == 0 and stderr == ""
     listed = listed_rules(stdout)
-    from onnxopt.passes import NAMES as PASSES
+    from onnxopt.library.passes import NAMES as PASSES
 
     expected = portable_rules() + list(PASSES)
     assert listed == expected
     assert {"conv_bn_fold", "identity_elimination", "bn_to_mul_add"} <= set(listed)
     # each pass says when it runs: the memory passes once at the end (they were listed "between rounds")
     rows = listed_rows(stdout)
-    from onnxopt.passes import BY_NAME
+    from onnxopt.library.passes import BY_NAME
 
     when = {"first": "first ", "between": "between rounds ", "last": "last (once, at the end) "}
     for name in PASSES:
@@ -239,7 +239,7 @@ def test_list_rules_with_disable(capsys):
     code, stdout, _ = run_main(capsys, "--list-rules", "--disable", "conv_bn_fold")
     assert code == 0
     listed = set(listed_rules(stdout))
-    from onnxopt.passes import NAMES as PASSES
+    from onnxopt.library.passes import NAMES as PASSES
 
     assert listed == (set(portable_rules()) | set(PASSES)) - {"conv_bn_fold"}
     # graph passes are disabled by the same flag
@@ -298,7 +298,7 @@ def test_user_rules_listed(user_rules, capsys):
     assert code == 0
     listed = listed_rules(stdout)
     assert f"{user_rules}: 1 rule\n" in stdout  # the family of a user's rule: its file
-    from onnxopt.passes import NAMES as PASSES
+    from onnxopt.library.passes import NAMES as PASSES
 
     assert listed == portable_rules() + ["relu_to_max"] + list(PASSES)
 

@@ -22,7 +22,7 @@ import pytest
 
 import onnxopt
 from onnxopt.targets import TARGETS
-import onnxopt.passes
+import onnxopt.library.passes
 import onnxopt.rules
 from onnxopt import optimize, verify
 from onnxopt.models import synthetic
@@ -240,7 +240,7 @@ def test_list_rules_by_family_with_targets_and_exactness(tmp_path, capsys):
     text = proc.stdout
     rules = onnxopt.default_rules()
     families = _default_families()
-    assert text.splitlines()[0] == (f"{len(rules) + 1} rules in {len(families) + 1} families and {len(onnxopt.passes.NAMES)} graph passes, "
+    assert text.splitlines()[0] == (f"{len(rules) + 1} rules in {len(families) + 1} families and {len(onnxopt.library.passes.NAMES)} graph passes, "
                                     "for target ort-cuda (--target portable|ort-cpu|ort-cuda)")
     blocks = {b.splitlines()[0]: b.splitlines()[1:] for b in text.split("\n\n")}
     for family in families:
@@ -258,9 +258,9 @@ def test_list_rules_by_family_with_targets_and_exactness(tmp_path, capsys):
     header, _, row = blocks[f"{cuda_rules}: 1 rule"]
     assert row.split()[:5] == ["relu_on_cuda", "Relu", "0", "ort-cuda", "?"]
     assert " ".join(row.split()[5:]) == "Only where the model runs on CUDA."
-    passes = blocks["graph passes (onnxopt/passes.py)"]
+    passes = blocks["graph passes (onnxopt/library/passes.py)"]
     assert passes[0].split() == ["pass", "runs", "exactness", "does"]
-    assert [r.split()[0] for r in passes[2:]] == list(onnxopt.passes.NAMES)
+    assert [r.split()[0] for r in passes[2:]] == list(onnxopt.library.passes.NAMES)
     # not valid for the default target (portable): not listed there
     proc = run_cli("--list-rules", "--rules", cuda_rules)
     assert "relu_on_cuda" not in listed_rules(proc.stdout) and f"{cuda_rules}" not in proc.stdout

@@ -1,4 +1,4 @@
-"""The config file (``onnxopt.config``): ``onnxopt MODEL -o OUT -c onnxopt.toml`` and
+"""The config file (``onnxopt.cli.config``): ``onnxopt MODEL -o OUT -c onnxopt.toml`` and
 ``onnxopt quantize ... -c``: every key reaches the call it stands for, flags given win over the
 file, relative paths, one-line errors, the echo in --json, and the README's example end to end."""
 
@@ -16,7 +16,8 @@ import pytest
 from onnx import helper
 
 import onnxopt.quantize.api as quantize_api
-from onnxopt import cli, config
+from onnxopt.cli import config
+from onnxopt import cli
 
 from helpers import init, model, tinfo
 

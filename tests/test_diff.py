@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxopt import cli, diff, optimize
-from onnxopt.irutil import MERGED_KEY, REPLACED_KEY, RULE_KEY, SOURCES_KEY
+from onnxopt.ir.util import MERGED_KEY, REPLACED_KEY, RULE_KEY, SOURCES_KEY
 from helpers import zoo_model
 
 
@@ -186,11 +186,11 @@ def test_cli_diff(small, tmp_path, capsys):
 
 
 def test_cli_diff_without_the_live_view(small, tmp_path, capsys, monkeypatch):
-    """Without onnxopt.diff_live (or Netron) the static page is written and the way to the live view said."""
+    """Without onnxopt.diff.live (or Netron) the static page is written and the way to the live view said."""
     before, after = small
     import onnxopt
 
-    monkeypatch.setitem(sys.modules, "onnxopt.diff_live", None)  # import fails
+    monkeypatch.setitem(sys.modules, "onnxopt.diff.live", None)  # import fails
     monkeypatch.delattr(onnxopt, "diff_live", raising=False)  # (even after another test imported it)
     rc = cli.main(["diff", str(before), str(after), "--no-browser"])
     out = capsys.readouterr().out
@@ -585,7 +585,7 @@ def test_a_deep_or_endless_verify_report_is_a_one_line_error(text, small, tmp_pa
 
 def _fired_rules(report_json) -> dict[str, int]:
     """The report's own count of each rule's rewrites (graph passes leave no provenance: left out)."""
-    from onnxopt import passes
+    from onnxopt.library import passes
 
     return {r: s["fired"] for r, s in report_json["rules"].items() if s["fired"] and r not in passes.NAMES}
 

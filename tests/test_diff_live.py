@@ -1,4 +1,4 @@
-"""The live diff page (onnxopt/diff_live.py) in headless Chromium: both graphs render, the marked nodes are
+"""The live diff page (onnxopt/diff/live.py) in headless Chromium: both graphs render, the marked nodes are
 the ones the mapping lists, choosing a created node brings it into view in both graphs.
 
 Needs Debian's chromium and chromium-driver, selenium and netron (``.ci/run`` installs them); skips with
@@ -18,7 +18,8 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from onnxopt import diff, diff_live, optimize, verify
+from onnxopt.diff import live as diff_live
+from onnxopt import diff, optimize, verify
 from onnxopt.errors import UsageError
 from tests import browser
 from tests.helpers import model, tinfo

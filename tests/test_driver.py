@@ -13,8 +13,10 @@ from conftest import assert_same_outputs, run_ort
 from helpers import bn_node, bn_params, feeds_for, init, model, op_types, tinfo
 from onnx import TensorProto, helper
 
-from onnxopt import Const, Op, Refuse, Rule, optimize, passes, pipeline
-from onnxopt.driver import Driver
+from onnxopt.library import passes
+from onnxopt.core import pipeline
+from onnxopt import Const, Op, Refuse, Rule, optimize
+from onnxopt.core.driver import Driver
 from onnxopt.errors import RuleError, UsageError
 from onnxopt.models import synthetic
 
@@ -46,7 +48,7 @@ def test_work_is_proportional_to_changes():
     with candidate rules is visited a bounded number of times."""
     m = synthetic.build(1000)
     model_ir = ir.from_proto(m)
-    from onnxopt.registry import builtin_rules
+    from onnxopt.library.registry import builtin_rules
 
     driver = Driver(model_ir, builtin_rules())
     result = driver.run()
@@ -403,8 +405,8 @@ def _work_per_node(build, n, monkeypatch) -> dict[str, float]:
     """What optimizing ``build(n)`` costs per node, counted: worklist pushes, rule match attempts,
     use entries copied by ``Value.uses()`` (onnx_ir copies them all on each call), origin-set
     elements in cycle keys, and characters of provenance JSON written or read."""
-    from onnxopt import driver as driver_module
-    from onnxopt.registry import builtin_rules
+    from onnxopt.core import driver as driver_module
+    from onnxopt.library.registry import builtin_rules
 
     counts = collections.Counter()
     real_uses, real_key = ir.Value.uses, Driver._cycle_key
@@ -536,7 +538,8 @@ def test_a_value_that_gains_a_reader_puts_its_other_readers_back():
 
 def test_a_built_in_rule_bug_is_an_internal_error_a_users_is_bad_input(monkeypatch, tmp_path, capsys):
     """Under --strict, a bug in a built-in rule is onnxopt's (exit 3), one in a rules file the user's (exit 2)."""
-    from onnxopt import cli, registry
+    from onnxopt.library import registry
+    from onnxopt import cli
 
     src = tmp_path / "m.onnx"
     onnx.save(synthetic.build(5), src)

@@ -21,7 +21,9 @@ from helpers import zoo_model as zoo_path
 from onnx import helper
 
 import onnxopt
-from onnxopt import Op, Rule, forward, optimize, passes, registry
+from onnxopt.library import passes
+from onnxopt.library import registry
+from onnxopt import Op, Rule, forward, optimize
 from onnxopt.models import zoo
 from rules.check import zoo_exact
 from test_cli import listed_rows

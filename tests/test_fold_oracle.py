@@ -30,7 +30,7 @@ def test_fold_oracle_subset():
 def test_oracle_finds_a_wrong_fold(monkeypatch):
     """The oracle is not blind: a folder that computes fp16 in fp16 (onnx's reference evaluator,
     as before issue 11) is caught on the large fp16 sum."""
-    from onnxopt import evaluate
+    from onnxopt.ir import evaluate
 
     def reference_evaluate(runtime, proto, opset, arrays):
         return evaluate._reference(proto, opset, arrays)

@@ -18,7 +18,8 @@ from conftest import run_ort
 from helpers import init, model, op_types, tinfo
 from onnx import TensorProto, helper
 
-from onnxopt import evaluate, optimize
+from onnxopt.ir import evaluate
+from onnxopt import optimize
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -206,7 +207,7 @@ def test_fold_size_is_decided_before_evaluating(runtime):
     process's peak memory barely moves (it grew by 0.4-1.5 GB per model when the limit was
     checked after evaluating)."""
     code = _BOMBS if runtime == "onnxruntime" else \
-        "import onnxopt.evaluate as f; f.folding_runtime = lambda: None\n" + _BOMBS
+        "import onnxopt.ir.evaluate as f; f.folding_runtime = lambda: None\n" + _BOMBS
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr[-2000:]

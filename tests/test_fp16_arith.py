@@ -21,7 +21,7 @@ from onnx.reference import ReferenceEvaluator
 
 from onnxopt import optimize
 from onnxopt.cli import main as cli_main
-from onnxopt.precision import convert_fp16
+from onnxopt.transforms.precision import convert_fp16
 from onnxopt.verify import verify
 
 from helpers import init, model, tinfo
@@ -217,7 +217,7 @@ def test_verify_judges_two_float16_models_in_float16_arithmetic():
 
 
 def test_bisect_runs_a_float16_model_in_float16_arithmetic(tmp_path):
-    from onnxopt.bisect import bisect
+    from onnxopt.verify.bisect import bisect
 
     path = tmp_path / "m.onnx"
     onnx.save(_fp16_chain("safe"), path)

@@ -41,7 +41,7 @@ def test_quantize_states_sample_size_and_interval_and_holds_out_enough():
         lo, hi = est["interval_db"][name]
         assert lo <= db + 0.01 and db - 0.01 <= hi and lo < hi
     assert not any("held-out sample" in w for w in report.warnings)
-    from onnxopt.report import format_quantize
+    from onnxopt.reporting.text import format_quantize
     text = format_quantize(report, "in.onnx", "out.onnx")
     assert "on 8 held-out sample(s)" in text and "90% interval" in text
 

@@ -1,4 +1,4 @@
-"""The HTML report page (``onnxopt MODEL -o OUT --report R.html``, ``onnxopt.html_report``) and the
+"""The HTML report page (``onnxopt MODEL -o OUT --report R.html``, ``onnxopt.reporting.html``) and the
 op-type latency it draws (``onnxopt.verify.profile``): the page from data built to the analysis and
 memory contracts, the command end to end, and the page in headless Chromium."""
 
@@ -16,7 +16,8 @@ from onnx import helper
 
 import browser
 from helpers import bn_node, bn_params, init, model, tinfo
-from onnxopt import cli, html_report
+from onnxopt.reporting import html as html_report
+from onnxopt import cli
 from onnxopt.verify import make_inputs
 from onnxopt.verify.profile import kernel_times, op_type_latency
 
@@ -63,7 +64,7 @@ def _stats(tried, fired):
 
 
 def fake_analysis(ops: dict[str, tuple[int, float, int]]) -> dict:
-    """onnxopt.analysis.analyze's dict (the contract) for {op: (nodes, flops, bytes)}."""
+    """onnxopt.inspect.analysis.analyze's dict (the contract) for {op: (nodes, flops, bytes)}."""
     by = {op: {"nodes": n, "flops": f, "bytes_read": b, "bytes_written": b // 2} for op, (n, f, b) in ops.items()}
     return {"op_types": {op: v["nodes"] for op, v in by.items()}, "flops": sum(v["flops"] for v in by.values()),
             "bytes_read": sum(v["bytes_read"] for v in by.values()),
@@ -73,7 +74,7 @@ def fake_analysis(ops: dict[str, tuple[int, float, int]]) -> dict:
 
 
 def fake_memory(curve: list[int]) -> dict:
-    """onnxopt.memory.peak's dict (the contract) for a curve."""
+    """onnxopt.transforms.memory.peak's dict (the contract) for a curve."""
     i = int(np.argmax(curve))
     return {"peak_bytes": curve[i], "peak_at": {"index": i, "name": f"node{i}<&>"}, "curve": curve,
             "alive_at_peak": [["t<1>", curve[i] // 2], ["t2", curve[i] // 4]], "weights_bytes": 1234,
@@ -292,7 +293,7 @@ def test_end_to_end_in_chromium(tmp_path, capsys):
 
 
 def test_build_gathers_to_the_contracts(tmp_path, monkeypatch):
-    """build() calls onnxopt.analysis.analyze and onnxopt.memory.peak on both models (fakes built to the
+    """build() calls onnxopt.inspect.analysis.analyze and onnxopt.transforms.memory.peak on both models (fakes built to the
     contracts here), keeps the report's "reordered", and links the diff page relative to the page."""
     import sys
     import types
@@ -314,8 +315,8 @@ def test_build_gathers_to_the_contracts(tmp_path, monkeypatch):
     from onnxopt import optimize
 
     _, report = optimize(str(src), output=str(out), return_report=True)  # (before the fakes: it may use memory)
-    monkeypatch.setitem(sys.modules, "onnxopt.analysis", types.SimpleNamespace(analyze=analyze))
-    monkeypatch.setitem(sys.modules, "onnxopt.memory", types.SimpleNamespace(peak=peak))
+    monkeypatch.setitem(sys.modules, "onnxopt.inspect.analysis", types.SimpleNamespace(analyze=analyze))
+    monkeypatch.setitem(sys.modules, "onnxopt.transforms.memory", types.SimpleNamespace(peak=peak))
     d = report.as_dict()
     d["memory"] = {"before": {"peak_bytes": 5}, "after": {"peak_bytes": 3}, "reordered": True}  # (no curves)
     d["settings"]["input_shapes"] = {"x": [1, 3, 32, 32]}
@@ -329,11 +330,11 @@ def test_build_gathers_to_the_contracts(tmp_path, monkeypatch):
     page = Page(html_report.render(data))
     assert len(page.chart("flops-before")) == 1 and page.find("svg", data_chart="memory-after")
     # the modules absent: the sections say so
-    monkeypatch.setitem(sys.modules, "onnxopt.analysis", None)
-    monkeypatch.setitem(sys.modules, "onnxopt.memory", None)
+    monkeypatch.setitem(sys.modules, "onnxopt.inspect.analysis", None)
+    monkeypatch.setitem(sys.modules, "onnxopt.transforms.memory", None)
     data = html_report.build(src, out, {**report.as_dict(), "memory": None})
-    assert data["analysis"] == {"unavailable": "onnxopt.analysis is not in this onnxopt"}
-    assert "memory curve: not available (onnxopt.memory is not in this onnxopt)" in html_report.render(data)
+    assert data["analysis"] == {"unavailable": "onnxopt.inspect.analysis is not in this onnxopt"}
+    assert "memory curve: not available (onnxopt.transforms.memory is not in this onnxopt)" in html_report.render(data)
 
 
 def test_inspect_page(tmp_path, capsys):
@@ -381,7 +382,7 @@ def test_report_of_a_dynamic_model_says_at_which_shapes(tmp_path):
     """Symbolic inputs: the page's FLOPs, bytes and memory are taken at the verifier's shapes, and it says
     so; the inspect page shows an input of unknown shape as '?', not as a scalar."""
     from onnxopt import optimize
-    from onnxopt.html_report import build, render, render_inspect
+    from onnxopt.reporting.html import build, render, render_inspect
 
     x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 8])
     y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", 8])

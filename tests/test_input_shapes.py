@@ -19,7 +19,9 @@ from onnx import TensorProto, helper
 
 from conftest import run_ort
 from helpers import init, model, tinfo
-from onnxopt import bisect, cli, input_shapes, optimize, verify
+from onnxopt.verify import bisect
+from onnxopt.ir import input_shapes
+from onnxopt import cli, optimize, verify
 from onnxopt.errors import UsageError
 
 pytest.importorskip("onnxruntime")

@@ -25,7 +25,7 @@ from onnx import TensorProto, helper
 
 from onnxopt import optimize
 from onnxopt.errors import RuleBug, RuleError
-from onnxopt.irutil import REPLACED_KEY, RULE_KEY
+from onnxopt.ir.util import REPLACED_KEY, RULE_KEY
 
 pytest.importorskip("onnxscript", reason="onnxscript (the 'export' extra) provides the rules")
 from onnxscript import rewriter  # noqa: E402

@@ -1,4 +1,4 @@
-"""The library face: ``onnxopt.optimize`` on every input form, and ``onnxopt.io`` (load/save)."""
+"""The library face: ``onnxopt.optimize`` on every input form, and ``onnxopt.ir.io`` (load/save)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import onnxopt
-import onnxopt.io
+import onnxopt.ir.io
 from onnxopt.models import synthetic
 
 from conftest import assert_same_outputs, run_ort
@@ -265,7 +265,7 @@ def test_external_data_true_for_in_memory_model(wide, wide_feeds, tmp_path):
 
 
 def test_load_does_not_read_weights_eagerly(external_model):
-    loaded = onnxopt.io.load(external_model)
+    loaded = onnxopt.ir.io.load(external_model)
     assert loaded.kind == "path" and loaded.external
     inits = list(loaded.model.graph.initializers.values())
     assert len(inits) == 4 * 2 + 4 * 4 - 1  # weights + biases (one block has none) + BN params
@@ -277,7 +277,7 @@ def test_load_external_data_model_from_another_directory(wide, wide_feeds, tmp_p
     src = save_external(wide, tmp_path / "src" / "m.onnx")
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
-    loaded = onnxopt.io.load(src)
+    loaded = onnxopt.ir.io.load(src)
     assert loaded.external
     out = onnxopt.optimize(src, output=tmp_path / "out.onnx")
     assert_same_outputs(wide, str(out), wide_feeds, rtol=1e-4, atol=1e-4)
@@ -298,7 +298,7 @@ def test_missing_external_data_file(wide, tmp_path):
     src = save_external(wide, tmp_path / "m.onnx", location="weights.bin")
     (tmp_path / "weights.bin").unlink()
     with pytest.raises(onnxopt.InvalidModelError, match=r"weights\.bin"):
-        onnxopt.io.load(src)
+        onnxopt.ir.io.load(src)
     with pytest.raises(onnxopt.InvalidModelError, match=r"weights\.bin"):
         onnxopt.optimize(src, output=tmp_path / "out.onnx")
     assert [p.name for p in tmp_path.iterdir()] == ["m.onnx"]
@@ -319,7 +319,7 @@ def test_truncated_external_data_file(wide, tmp_path):
 
 
 def test_ir_version_clamped_for_onnxruntime(tmp_path):
-    limit = onnxopt.io.onnxruntime_max_ir_version()
+    limit = onnxopt.ir.io.onnxruntime_max_ir_version()
     assert limit is not None and limit >= 7
     model = synthetic.build(10, ir_version=14)
     feeds = synthetic.inputs(model)
@@ -339,7 +339,7 @@ def test_ir_version_clamped_for_onnxruntime(tmp_path):
 def test_onnxruntime_max_ir_version_is_exact():
     import onnxruntime as ort
 
-    limit = onnxopt.io.onnxruntime_max_ir_version()
+    limit = onnxopt.ir.io.onnxruntime_max_ir_version()
     model = synthetic.build(5, ir_version=limit)
     ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     if limit < onnx.IR_VERSION:
@@ -531,7 +531,7 @@ def test_streamed_save_is_the_same_model(tmp_path):
     import ml_dtypes
     from onnx import TensorProto, helper, numpy_helper
 
-    from onnxopt import io as oio
+    from onnxopt.ir import io as oio
 
     rng = np.random.default_rng(0)
     big32 = rng.standard_normal((64, 64)).astype(np.float32)
@@ -578,7 +578,7 @@ def test_streamed_save_of_ml_dtypes_and_annotated_weights(tmp_path):
     quantization annotation are left to onnx_ir's serializer, which writes those beside them."""
     import ml_dtypes
 
-    from onnxopt import io as oio
+    from onnxopt.ir import io as oio
 
     x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([600]))
     bf = ir.Value(name="bf", const_value=ir.Tensor(np.arange(600).astype(ml_dtypes.bfloat16)))

@@ -1,4 +1,4 @@
-"""onnxopt.kernels: onnxruntime's kernel listing, read in this process on a CPU-only build and in a
+"""onnxopt.ir.kernels: onnxruntime's kernel listing, read in this process on a CPU-only build and in a
 child process elsewhere (on onnxruntime-gpu without TensorRT the listing segfaults the process)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from onnxopt import kernels
+from onnxopt.ir import kernels
 
 pytest.importorskip("onnxruntime")
 

@@ -16,7 +16,7 @@ import pytest
 from helpers import model, tinfo
 from onnx import TensorProto, helper
 
-from onnxopt import io as oio
+from onnxopt.ir import io as oio
 from onnxopt import optimize
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,7 +85,7 @@ def test_over_2gb_single_file_refused_in_one_line(big_model, tmp_path):
 def test_single_file_past_the_limit_refused_before_the_work(tmp_path, monkeypatch):
     """The refusal comes when the output is planned, not after the rewriting (a 3 GB model would
     be optimized for nothing); at a small scale, with the limit lowered."""
-    import onnxopt.pipeline
+    import onnxopt.core.pipeline
     from onnxopt.errors import UsageError
 
     weights = onnx.numpy_helper.from_array(np.zeros(4096, np.float32), "w")
@@ -100,7 +100,7 @@ def test_single_file_past_the_limit_refused_before_the_work(tmp_path, monkeypatc
     def no_work(*args, **kwargs):
         raise AssertionError("optimized a model it cannot write")
 
-    monkeypatch.setattr(onnxopt.pipeline, "run", no_work)
+    monkeypatch.setattr(onnxopt.core.pipeline, "run", no_work)
     with pytest.raises(UsageError, match="protobuf's 2 GiB limit for one file"):
         optimize(src, output=tmp_path / "out.onnx", external_data=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.data", "m.onnx"]

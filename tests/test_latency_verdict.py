@@ -62,8 +62,8 @@ def _small(tmp_path):
 
 
 def test_bit_identical_models_give_no_measurable_difference_uncoloured(tmp_path):
-    from onnxopt import html_report
-    from onnxopt.report import format_verification
+    from onnxopt.reporting import html as html_report
+    from onnxopt.reporting.text import format_verification
 
     path = _small(tmp_path)
     report = verify.verify(str(path), str(path), runs=400, budget_s=1.0)
@@ -80,7 +80,7 @@ def test_bit_identical_models_give_no_measurable_difference_uncoloured(tmp_path)
     # a significant change is coloured, in both
     slow = {**lat, "ratio_median": 1.9, "interval": [1.8, 2.0], "verdict": "slower"}
     assert 'class="up"' in html_report._latency_change(slow)
-    from onnxopt.report import latency_style
+    from onnxopt.reporting.text import latency_style
     assert latency_style(slow) == "yellow" and latency_style(lat) == ""
 
 

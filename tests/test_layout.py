@@ -1,4 +1,4 @@
-"""Input/output layouts and uint8 image preprocessing (onnxopt.layout): the grammar, one-line
+"""Input/output layouts and uint8 image preprocessing (onnxopt.transforms.edges): the grammar, one-line
 errors, the edges on small onnx-helper models (every folding case), and the zoo's resnet50 and
 mobilenet_v2 taking raw NHWC/HWC uint8 images and giving the NCHW model's outputs on the same
 images preprocessed in numpy."""
@@ -12,7 +12,8 @@ from conftest import run_ort
 from helpers import init, model, tinfo
 from onnx import TensorProto, helper
 
-from onnxopt import cli, layout, optimize
+from onnxopt.transforms import edges as layout
+from onnxopt import cli, optimize
 from onnxopt.errors import UsageError
 from onnxopt.models import zoo
 

@@ -18,7 +18,8 @@ import pytest
 from helpers import init, model, tinfo
 from onnx import helper
 
-from onnxopt import layout, optimize
+from onnxopt.transforms import edges as layout
+from onnxopt import optimize
 from onnxopt.errors import UsageError
 
 ROOT = Path(__file__).resolve().parent.parent

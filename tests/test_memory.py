@@ -1,4 +1,4 @@
-"""onnxopt.memory: peak activation memory by liveness (hand-computed on tiny graphs), the
+"""onnxopt.transforms.memory: peak activation memory by liveness (hand-computed on tiny graphs), the
 memory_reordering pass (lowers the peak where an order can, never changes outputs, deterministic)
 and optimize()'s report of both."""
 
@@ -14,9 +14,12 @@ from onnx import TensorProto, helper
 
 from conftest import run_ort
 from helpers import feeds_for, init, load_script, model, tinfo, zoo_model
-from onnxopt import io, liveness, memory, optimize
-from onnxopt.shapes import infer_model
-from onnxopt.report import format_memory
+from onnxopt.ir import io
+from onnxopt.transforms import liveness
+from onnxopt.transforms import memory
+from onnxopt import optimize
+from onnxopt.ir.shapes import infer_model
+from onnxopt.reporting.text import format_memory
 
 F = 4  # bytes of a float32
 X = 256 * F  # the input x: [1, 256] float32
@@ -145,7 +148,7 @@ def test_zoo_candidate_orders_keep_outputs(name, tmp_path):
     proto = onnx.load(str(path))
     m = io.to_ir(proto)
     if name == "ppocrv4-det":
-        from onnxopt.input_shapes import fix
+        from onnxopt.ir.input_shapes import fix
         fix(m, {"x": [1, 3, 320, 320]})
     g = liveness.Liveness(m, liveness.Sizes(m, infer_model))
     greedy, depth_first, nodes0 = g.greedy(), g.depth_first(), list(g.nodes)
@@ -580,7 +583,7 @@ def _profiled_ops(proto: onnx.ModelProto) -> list[str]:
 
 
 def _without_cpu_hardswish():
-    from onnxopt.kernels import kernel_defs
+    from onnxopt.ir.kernels import kernel_defs
 
     kernels = kernel_defs()
     if kernels is None or any(op == "HardSwish" and domain == "" and provider == "CPUExecutionProvider"

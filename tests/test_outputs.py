@@ -23,7 +23,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxopt
-from onnxopt import io as oio
+from onnxopt.ir import io as oio
 from onnxopt.errors import InvalidModelError, RuleError, UsageError
 
 from conftest import run_ort
@@ -168,7 +168,7 @@ def test_bisect_json_never_overwrites_the_model(plain):
     assert_one_line_error(r.stderr)
 
 
-_RULES_TEXT = ('from onnxopt.pattern import Op, Rule\n'
+_RULES_TEXT = ('from onnxopt.core.pattern import Op, Rule\n'
                'RULES = [Rule("abs_abs", Op("Abs", Op("Abs", "x")), lambda m, b: b.op("Abs", m["x"]))]\n')
 
 
@@ -526,7 +526,7 @@ def test_rules_file_raising_system_exit_is_an_error(plain, tmp_path):
     rules = tmp_path / "r.py"
     rules.write_text("raise SystemExit(0)\n")
     with pytest.raises(RuleError, match="SystemExit"):
-        onnxopt.registry.load_rules_file(rules)
+        onnxopt.library.registry.load_rules_file(rules)
     r = run_cli(plain, "-o", tmp_path / "o.onnx", "--rules", rules)
     assert r.returncode == 2 and "SystemExit" in assert_one_line_error(r.stderr)
     assert not (tmp_path / "o.onnx").exists()

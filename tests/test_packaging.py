@@ -126,7 +126,9 @@ def test_readme_rules_table_lists_every_rule_in_its_family_file():
     import importlib
     import pkgutil
 
-    from onnxopt import passes, registry, rules
+    from onnxopt.library import passes
+    from onnxopt.library import registry
+    from onnxopt import rules
 
     family_of = {}
     for info in pkgutil.iter_modules(rules.__path__):
@@ -142,10 +144,10 @@ def test_readme_rules_table_lists_every_rule_in_its_family_file():
 
 
 def test_the_rule_language_loads_light():
-    """``import onnxopt.pattern`` (what a rules file needs) loads neither onnxruntime, nor onnx's
+    """``import onnxopt.core.pattern`` (what a rules file needs) loads neither onnxruntime, nor onnx's
     reference evaluator, nor the verifier, nor the rule library; ``from onnxopt import optimize,
     Rule`` still works."""
-    code = ("import sys, onnxopt.pattern\n"
+    code = ("import sys, onnxopt.core.pattern\n"
             "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('onnxopt', 'onnxruntime')"
             " or m.startswith('onnx.reference'))))\n"
             "from onnxopt import optimize, Rule\n"
@@ -153,9 +155,9 @@ def test_the_rule_language_loads_light():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=ROOT).stdout.splitlines()
     loaded = set(out[0].split())
-    assert loaded == {"onnxopt", "onnxopt.errors", "onnxopt.irutil", "onnxopt.pattern", "onnxopt.shapes",
+    assert loaded == {"onnxopt", "onnxopt.errors", "onnxopt.ir.util", "onnxopt.core.pattern", "onnxopt.ir.shapes",
                       "onnxopt.targets"}, loaded
-    assert out[1] == "onnxopt.api onnxopt.pattern"
+    assert out[1] == "onnxopt.api onnxopt.core.pattern"
 
 
 def _imports(package: str) -> dict[str, set[str]]:
@@ -205,7 +207,7 @@ def test_no_import_circles(package):
 
 def test_no_module_uses_another_modules_private_names():
     """onnxopt/, rules/ and scripts/ use only each other's public names: a private name (``io._x``,
-    ``from onnxopt.evaluate import _y``) is its module's own business."""
+    ``from onnxopt.ir.evaluate import _y``) is its module's own business."""
     import ast
 
     used = []
@@ -226,7 +228,7 @@ def test_no_module_uses_another_modules_private_names():
             for node in ast.walk(tree):
                 if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
                     base = node.value
-                    while isinstance(base, ast.Attribute):  # onnxopt.evaluate._x
+                    while isinstance(base, ast.Attribute):  # onnxopt.ir.evaluate._x
                         base = base.value
                     if isinstance(base, ast.Name) and base.id in modules:
                         used.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")

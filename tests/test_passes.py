@@ -1,4 +1,4 @@
-"""Whole-graph passes and dead-code removal: what may be merged or removed (onnxopt.purity),
+"""Whole-graph passes and dead-code removal: what may be merged or removed (onnxopt.core.purity),
 initializer deduplication's cost, and shape completion (shapes for the rules, not for the output)."""
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from conftest import assert_same_outputs, run_ort
 from helpers import feeds_for, init, model, op_types, tinfo
 from onnx import TensorProto, helper
 
-from onnxopt import Op, Rule, optimize, passes
-from onnxopt.irutil import remove_unused
-from onnxopt.purity import Purity
+from onnxopt.library import passes
+from onnxopt import Op, Rule, optimize
+from onnxopt.ir.util import remove_unused
+from onnxopt.core.purity import Purity
 
 FOO = "com.example"
 
@@ -170,7 +171,7 @@ def test_a_producer_left_unused_by_a_rewrite_is_kept_when_it_may_have_effects():
         nodes = [helper.make_node(op_type, ["x"], ["f"], domain=domain, name="producer"),
                  helper.make_node("Relu", ["f"], ["y"], name="relu")]
         out = optimize(_custom_model(nodes, ["y"]), rules=[to_zero])
-        # a random op nobody reads goes: it changes no result (see onnxopt.purity)
+        # a random op nobody reads goes: it changes no result (see onnxopt.core.purity)
         assert op_types(out) == ([op_type] if kept else []), op_type
 
 

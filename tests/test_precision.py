@@ -1,4 +1,4 @@
-"""fp16 conversion (onnxopt.precision, optimize(precision="fp16"), --precision) and the verifier's
+"""fp16 conversion (onnxopt.transforms.precision, optimize(precision="fp16"), --precision) and the verifier's
 fp16 fidelity criterion.
 
 Small models check each decision (what converts, what stays float32 and why, where Casts go,
@@ -22,7 +22,7 @@ from onnx import TensorProto, helper
 from onnxopt import optimize
 from onnxopt.cli import main as cli_main
 from onnxopt.errors import UsageError
-from onnxopt.precision import DEFAULT_BLOCK_OPS, convert_fp16
+from onnxopt.transforms.precision import DEFAULT_BLOCK_OPS, convert_fp16
 from onnxopt.verify import compare_fp16, is_fp16, is_logits, verify
 
 from conftest import run_ort
@@ -466,7 +466,7 @@ def test_zoo_fp16(name, target):
 
 def test_the_checked_conversion_says_when_onnxruntime_cannot_run_the_original():
     from onnxopt.errors import UsageError
-    from onnxopt.precision import convert_fp16_checked
+    from onnxopt.verify.fp16_fallback import convert_fp16_checked
 
     g = helper.make_graph([helper.make_node("Add", ["x", "c"], ["y"])], "g",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],

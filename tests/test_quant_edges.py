@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxopt import io
+from onnxopt.ir import io
 from onnxopt.errors import UsageError
 from onnxopt.quantize import plan as qplan
 

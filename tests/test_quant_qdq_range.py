@@ -17,7 +17,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxopt
-from onnxopt import io
+from onnxopt.ir import io
 from onnxopt.quantize import plan as qplan
 
 from helpers import minmax

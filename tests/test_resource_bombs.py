@@ -2,7 +2,7 @@
 
 A 139-byte model (ConstantOfShape of [1e9] feeding an Add) drove optimize to 22.7 GB: onnx's shape
 inference with data propagation keeps one dimension object per element of every 1-D value an Add
-reads. Every call into onnx's inference (``onnxopt.shapes.bounded_infer``), onnxruntime's symbolic
+reads. Every call into onnx's inference (``onnxopt.ir.shapes.bounded_infer``), onnxruntime's symbolic
 inference and constant folding is bounded by folding's size limit: optimize, inspect and diff of
 each bomb run in a child process, exit 0 or 2, peak at most 512 MB of RSS and leave no temporary
 folder. (verify and quantize allocate the model's activations: exempt.)"""
@@ -22,7 +22,7 @@ import onnx
 import pytest
 from onnx import TensorProto as T, helper as h, numpy_helper as nh
 
-from onnxopt import shapes
+from onnxopt.ir import shapes
 
 BIG = 1_000_000_000
 PEAK_MB = 512

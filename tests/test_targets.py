@@ -8,9 +8,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from onnxopt import Op, Rule, benefit, optimize, registry
+from onnxopt.targets import benefit
+from onnxopt.library import registry
+from onnxopt import Op, Rule, optimize
 from onnxopt.errors import UsageError
-from onnxopt.report import format_optimize
+from onnxopt.reporting.text import format_optimize
 
 
 def _max0(m, b):
@@ -158,7 +160,7 @@ def test_provider_options_a_provider_does_not_take_are_one_line_errors(tmp_path)
 
 
 def test_the_verification_table_of_a_float16_model_shows_its_bounds():
-    from onnxopt.report import format_verification
+    from onnxopt.reporting.text import format_verification
     from onnxopt.verify import verify
 
     g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",

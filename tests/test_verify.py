@@ -16,7 +16,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from helpers import init, model, tinfo
-from onnxopt import bisect, cli, optimize, verify
+from onnxopt.verify import bisect
+from onnxopt import cli, optimize, verify
 from onnxopt.errors import InvalidModelError, UsageError
 from onnxopt.models import synthetic
 
@@ -230,7 +231,7 @@ def test_bisect_finds_the_rule_and_node(syn, tmp_path, capsys):
     assert out.strip().endswith("culprit: drop_relu")
     # the step before is fine and the step itself is not: replay both
     for n, ok in ((rep["first_failing_rewrite"] - 1, True), (rep["first_failing_rewrite"], False)):
-        from onnxopt import registry
+        from onnxopt.library import registry
 
         extra = registry.load_rules_file(str(syn["rules"]))
         out_model = optimize(onnx.load(str(syn["src"])), extra_rules=extra, stop_after=n)
@@ -306,7 +307,7 @@ def test_optimize_with_verify_reports_and_writes(syn, tmp_path):
 
 
 def test_optimize_with_verify_refuses_a_wrong_result_and_writes_nothing(syn, tmp_path, monkeypatch):
-    from onnxopt import registry
+    from onnxopt.library import registry
 
     monkeypatch.setattr(bisect, "BISECT_BUDGET_S", 3600.0)  # the bisect below runs whatever the machine's load
 

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 
 from helpers import init, model, tinfo
 from onnxopt import cli, verify
-from onnxopt.report import format_verification
+from onnxopt.reporting.text import format_verification
 
 pytest.importorskip("onnxruntime")
 

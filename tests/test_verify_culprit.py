@@ -14,7 +14,8 @@ import textwrap
 import onnx
 import pytest
 
-from onnxopt import bisect, cli
+from onnxopt.verify import bisect
+from onnxopt import cli
 
 pytest.importorskip("onnxruntime")
 

@@ -179,7 +179,8 @@ def test_feeds_must_name_the_model_inputs(feeds):
 @pytest.mark.parametrize("setting", [{"warmup": 0}, {"runs": -1}, {"threads": -2}, {"rtol": float("nan")}])
 def test_verify_settings_refused_before_optimizing(setting, monkeypatch):
     """optimize(verify=...) checks the verifier's settings before the rewrite: no work is wasted."""
-    from onnxopt import optimize, pipeline
+    from onnxopt.core import pipeline
+    from onnxopt import optimize
 
     monkeypatch.setattr(pipeline, "run", lambda *a, **k: pytest.fail("optimized before checking the settings"))
     with pytest.raises(UsageError):

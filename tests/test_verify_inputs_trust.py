@@ -24,7 +24,8 @@ from helpers import init, model, tinfo
 from onnx import TensorProto, helper
 
 import onnxopt.verify as verifier
-from onnxopt import layout, optimize
+from onnxopt.transforms import edges as layout
+from onnxopt import optimize
 from onnxopt.errors import UsageError
 
 IMAGENET = "scale=1/255,mean=0.485,0.456,0.406,std=0.229,0.224,0.225"
@@ -191,7 +192,7 @@ def test_a_dynamic_model_runs_at_the_shapes_its_strides_suggest():
     x = report["inputs"]["x"]
     assert x["shape"] == [1, 3, 64, 64]
     assert set(x["chosen"]) == {"0", "2", "3"} and "x64" in x["chosen"]["2"]
-    from onnxopt.report import format_verification
+    from onnxopt.reporting.text import format_verification
 
     assert "dimension 2 = 64 (a multiple of its downsampling there, x64)" in format_verification(report)
 
@@ -309,9 +310,10 @@ def _dynamic_conv():
 
 
 def test_report_figures_are_taken_at_the_shapes_the_data_ran_at(tmp_path):
-    from onnxopt import html_report, memory
-    from onnxopt.analysis import analyze
-    from onnxopt.report import format_memory
+    from onnxopt.reporting import html as html_report
+    from onnxopt.transforms import memory
+    from onnxopt.inspect.analysis import analyze
+    from onnxopt.reporting.text import format_memory
 
     src, out, npz = tmp_path / "m.onnx", tmp_path / "o.onnx", tmp_path / "x.npz"
     onnx.save(_dynamic_conv(), src)

@@ -24,7 +24,7 @@ import types as _types
 
 def quantize(model, calibration, **options):
     """INT8 quantization with calibration; see :func:`onnxopt.quantize.api.quantize`."""
-    from .api import quantize as _quantize
+    from onnxopt.quantize.api import quantize as _quantize
 
     return _quantize(model, calibration, **options)
 

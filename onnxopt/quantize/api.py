@@ -34,10 +34,14 @@ from pathlib import Path
 import numpy as np
 import onnx_ir as ir
 
-from .. import evaluate, io, pipeline, registry, targets
-from ..errors import UsageError, strict_default
-from ..input_shapes import fix as fix_input_shapes, normalize as normalize_input_shapes, refine_fixed
-from ..irutil import node_counts
+from onnxopt.ir import evaluate
+from onnxopt.ir import io
+from onnxopt.core import pipeline
+from onnxopt.library import registry
+from onnxopt import targets
+from onnxopt.errors import UsageError, strict_default
+from onnxopt.ir.input_shapes import fix as fix_input_shapes, normalize as normalize_input_shapes, refine_fixed
+from onnxopt.ir.util import node_counts
 
 DEFAULT_FIDELITY_DB = 20.0
 """The default minimum output SQNR (dB) of the quantized model against the float one."""
@@ -100,7 +104,7 @@ def refusal(model: ir.Model) -> str | None:
 def check_options(*, method: str, target: str | None, keep_float: str, fidelity, workers: int,
                   exclude, threads: int = 1) -> str:
     """The options checked before any work (a one-line UsageError each); the target, normalized."""
-    from .calibrate import METHODS
+    from onnxopt.quantize.calibrate import METHODS
 
     if method not in METHODS:
         raise UsageError(f"unknown calibration method {method!r}; choose from {', '.join(METHODS)}")
@@ -198,12 +202,12 @@ def quantize(
 def _quantize(model, calibration, output, method, per_channel, target, exclude, fidelity, keep_float, reduce_range,
               workers, held_out, input_shapes, external_data, check, return_report, outputs, strict, progress,
               method_options, threads=1, latency_budget=10.0):
-    from .calibrate import calibrate, check_runs
-    from .coverage import integer_coverage
-    from .data import open_calibration
-    from .fidelity import (fallback as run_fallback, held_out_estimate, latency_check, layer_sqnr, output_sqnr,
+    from onnxopt.quantize.calibrate import calibrate, check_runs
+    from onnxopt.quantize.coverage import integer_coverage
+    from onnxopt.quantize.data import open_calibration
+    from onnxopt.quantize.fidelity import (fallback as run_fallback, held_out_estimate, latency_check, layer_sqnr, output_sqnr,
                            table_decision)
-    from .plan import apply_plan, calibration_tensors, make_plan, strip_plan_keys, target_rules
+    from onnxopt.quantize.plan import apply_plan, calibration_tensors, make_plan, strip_plan_keys, target_rules
 
     seconds: dict[str, float] = {}
     warnings: list[str] = []
@@ -417,7 +421,7 @@ def _float_activations(model: ir.Model) -> list[str]:
 
 def _fill_types(model: ir.Model) -> None:
     """Types (and shapes, where missing) of the main graph's values from onnx's shape inference."""
-    from .. import passes
+    from onnxopt.library import passes
 
     values = {v.name: v for node in model.graph for v in node.outputs if v.name}
     if all(v.type is not None for v in values.values()):

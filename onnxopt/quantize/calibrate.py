@@ -74,8 +74,8 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 import onnx
 
-from ..errors import OnnxoptError, UsageError, feeds_text
-from .data import CalibrationSet, open_calibration
+from onnxopt.errors import OnnxoptError, UsageError, feeds_text
+from onnxopt.quantize.data import CalibrationSet, open_calibration
 
 __all__ = ["METHODS", "DEFAULT_BINS", "RangeStats", "HistStats", "collect_ranges", "collect_histograms",
            "choose_ranges", "calibrate", "tensor_types"]
@@ -263,10 +263,10 @@ def _proto(model) -> onnx.ModelProto:
     if isinstance(model, onnx.ModelProto):
         return model
     if isinstance(model, (str, os.PathLike)):
-        from ..verify.runtime import OrtModel
+        from onnxopt.verify.runtime import OrtModel
         m = OrtModel(model, "calibration")
         return m.proto
-    from .. import io
+    from onnxopt.ir import io
     return io.to_proto(model) if not isinstance(model, (bytes, bytearray)) else io.read_checked(bytes(model))[0]
 
 
@@ -307,7 +307,7 @@ class _Runner:
     """One onnxruntime session over the model with the tensors exposed as outputs."""
 
     def __init__(self, exposed, tensors: Sequence[str], threads: int):
-        from ..verify.runtime import session
+        from onnxopt.verify.runtime import session
         self.tensors = list(tensors)
         self.session = session(exposed, "cpu", threads=threads)
         self.inputs = [i.name for i in self.session.get_inputs()]
@@ -324,7 +324,7 @@ def feed_error(exc: BaseException, feed: Mapping[str, np.ndarray], session, what
     the model's layers cannot take, a wrong rank or type), naming the feed's shapes and the model's declared
     ones; None for anything else (an error raised by our code is a bug, and stays one). Used only for runs
     of the float model the user gave (cleaned up): a quantized model failing where the float one ran is ours."""
-    from .. import io
+    from onnxopt.ir import io
 
     if isinstance(exc, OnnxoptError) or not type(exc).__module__.startswith("onnxruntime"):
         return None
@@ -335,7 +335,7 @@ def feed_error(exc: BaseException, feed: Mapping[str, np.ndarray], session, what
 def check_runs(model, feeds: Sequence[Mapping[str, np.ndarray]], what: str, threads: int = 0) -> None:
     """Run the float ``model`` once on each distinct set of feed shapes and types in ``feeds``: a feed it
     cannot run is a one-line UsageError (:func:`feed_error`) before any later step runs it."""
-    from ..verify.runtime import OrtModel, session
+    from onnxopt.verify.runtime import OrtModel, session
 
     seen: dict[tuple, Mapping] = {}
     for feed in feeds:
@@ -358,7 +358,7 @@ def check_runs(model, feeds: Sequence[Mapping[str, np.ndarray]], what: str, thre
 
 def _exposed(model, tensors: Sequence[str]):
     """(the model with ``tensors`` as outputs: bytes or a path, the OrtModel to close)."""
-    from ..verify.runtime import OrtModel
+    from onnxopt.verify.runtime import OrtModel
     om = OrtModel(model, "calibration") if not isinstance(model, OrtModel) else model
     return om.with_outputs(list(tensors), tensor_types(om.proto, tensors)), om
 
@@ -591,7 +591,7 @@ def _check_scale(tensor: str, lo: float, hi: float) -> None:
     """A range whose 8-bit float32 scale, or the values it dequantizes to, leave float32 (values near its
     limit, 3.4e38: DequantizeLinear would give inf) is the data's: one line, exit 2, not a model that
     computes inf."""
-    from .plan import activation_params
+    from onnxopt.quantize.plan import activation_params
 
     scale, zp = activation_params(lo, hi)
     with np.errstate(over="ignore", under="ignore"):

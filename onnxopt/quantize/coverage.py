@@ -39,8 +39,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from .. import io
-from ..errors import UsageError
+from onnxopt.ir import io
+from onnxopt.errors import UsageError
 
 __all__ = ["Coverage", "FloatIsland", "IntegerNode", "INTEGER_KERNELS", "ORT_CPU_QDQ_OPS", "integer_coverage",
            "is_qdq_model"]
@@ -320,7 +320,7 @@ def integer_coverage(model, *, provider: str = "cpu", plan_reasons: Mapping[str,
 
     ``plan_reasons``: {node name: reason} the quantizer knows (a node excluded by the user, left
     float for fidelity): it comes first in that node's reason."""
-    from ..verify.runtime import OrtModel
+    from onnxopt.verify.runtime import OrtModel
 
     if provider != "cpu":
         raise UsageError(f"integer coverage: provider {provider!r}: only 'cpu' (onnxruntime's CUDA provider runs "

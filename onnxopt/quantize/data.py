@@ -51,8 +51,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from .. import io
-from ..errors import UsageError
+from onnxopt.ir import io
+from onnxopt.errors import UsageError
 
 __all__ = ["CalibrationError", "CalibrationSet", "InputSpec", "model_inputs", "open_calibration"]
 
@@ -246,7 +246,7 @@ def _read_npy_file(path: Path, label: str, spec_names: Sequence[str]) -> dict:
                                        f"{len(spec_names)} inputs ({_names(spec_names)}): use .npz files keyed "
                                        "by input name")
             return {spec_names[0]: arr}
-        from ..readers import check_npz
+        from onnxopt.readers import check_npz
 
         check_npz(path, f"{where}:")  # (numpy reads each member whole: a compressed one may declare gigabytes)
         with np.load(path, allow_pickle=False) as z:
@@ -368,7 +368,7 @@ class _NpzSource(_Source):
 
     def _arrays(self) -> dict[str, np.ndarray]:
         """Each array, memory-mapped where stored uncompressed, else read (bounded: readers.check_npz)."""
-        from ..readers import check_npz
+        from onnxopt.readers import check_npz
 
         check_npz(self.path, "calibration file", compressed_only=True)
         out = {}

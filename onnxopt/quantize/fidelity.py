@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from ..errors import UsageError
-from ..verify.compare import sqnr_db, sqnr_energies, sqnr_from_energies
+from onnxopt.errors import UsageError
+from onnxopt.verify.compare import sqnr_db, sqnr_energies, sqnr_from_energies
 
 __all__ = ["FallbackResult", "LatencyCheck", "decide_keep", "held_out_estimate", "sqnr_interval", "table_decision", "fallback", "latency_check", "layer_sqnr",
            "node_damage", "output_sqnr", "sqnr_db"]
@@ -70,13 +70,13 @@ def _feed_list(feeds) -> Iterable[Mapping[str, np.ndarray]]:
 
 
 def _ort_model(model, label: str):
-    from ..verify.runtime import OrtModel
+    from onnxopt.verify.runtime import OrtModel
 
     return OrtModel(model, label)
 
 
 def _types_with_float_default(proto: onnx.ModelProto, names: Iterable[str]) -> dict[str, onnx.TypeProto]:
-    from ..verify.culprit import value_types
+    from onnxopt.verify.culprit import value_types
 
     types = value_types(proto)
     for n in names:
@@ -92,7 +92,7 @@ class _Runner:
 
     def __init__(self, model, label: str, expose: Sequence[str] = (), *, optimization: str | None = None,
                  provider: str = "cpu", threads: int = 0):
-        from ..verify.runtime import session
+        from onnxopt.verify.runtime import session
 
         self.m = _ort_model(model, label)
         graph_outputs = [o.name for o in self.m.proto.graph.output]
@@ -719,7 +719,7 @@ def latency_check(float_model, quant_model, feeds, *, min_speedup: float = 0.03,
     least ``min_speedup`` below float's and the 90% bootstrap interval of the ratio
     (``ratio_interval``) lies below 1.0; the result depends on the machine and its load.
     ``measure``: a stand-in for measure_latency (tests)."""
-    from ..verify.runtime import ratio_interval
+    from onnxopt.verify.runtime import ratio_interval
 
     if not 0 <= min_speedup < 1:
         raise UsageError(f"min_speedup {min_speedup}: a fraction in [0, 1)")
@@ -729,7 +729,7 @@ def latency_check(float_model, quant_model, feeds, *, min_speedup: float = 0.03,
     if measure is None:
         import functools
 
-        from ..verify.runtime import measure_latency
+        from onnxopt.verify.runtime import measure_latency
 
         # thread pools that sleep between runs: the idle session's spinning pool would slow the other
         measure = functools.partial(measure_latency, spin=False)

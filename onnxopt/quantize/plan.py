@@ -56,9 +56,11 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from ..errors import UsageError
-from ..irutil import constant_tensor, use_count
-from ..shapes import infer, opsets_of
+from onnxopt.errors import UsageError
+from onnxopt.ir.util import constant_tensor, use_count
+from onnxopt.ir.shapes import infer, opsets_of
+from onnxopt.rules import qdq
+from onnxopt.rules.qdq import activation_params
 
 # --- Target rules -------------------------------------------------------------------------------
 
@@ -565,7 +567,7 @@ def _sources(node: ir.Node) -> tuple[str, ...]:
     ``exclude`` takes the names a user sees in the model they gave."""
     import json
 
-    from ..irutil import SOURCES_KEY
+    from onnxopt.ir.util import SOURCES_KEY
 
     try:
         names = json.loads(node.metadata_props.get(SOURCES_KEY, "[]"))
@@ -897,19 +899,6 @@ def _needs_opset(rules: TargetRules, opset: int, quantizes: bool) -> bool:
     return rules.per_channel or opset < 10
 
 
-def activation_params(lo: float, hi: float) -> tuple[np.float32, np.uint8]:
-    """uint8 asymmetric (scale, zero point) for the range [lo, hi] extended to contain 0:
-    scale = (hi - lo) / 255 (1.0 for an all-zero range), zero point round(-lo / scale) in [0, 255]."""
-    lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
-    if hi - lo <= 0:
-        return np.float32(1.0), np.uint8(0)
-    scale = np.float32((hi - lo) / 255.0)
-    if not np.isfinite(scale) or scale <= 0:
-        scale = np.float32(np.finfo(np.float32).tiny)
-    zp = int(np.clip(np.round(-lo / float(scale)), 0, 255))
-    return scale, np.uint8(zp)
-
-
 def representable(scale: np.float32, zero_point: np.uint8) -> tuple[float, float]:
     """The lowest and highest values DequantizeLinear gives for uint8 (float32 arithmetic, as
     onnxruntime computes (q - zp) * scale)."""
@@ -931,8 +920,6 @@ def make_plan(model: ir.Model, ranges: Mapping[str, tuple[float, float]], rules:
     float, one typed nowhere is skipped as "unknown type" (pass calibration_tensors the same).
     Nothing quantized: ``plan.empty`` (apply_plan then leaves the model, opset included, as it is).
     Exclude entries that match no node name, op type or source name: ``plan.unmatched_exclude``."""
-    from onnxopt.rules import qdq  # (the rule family imports this module)
-
     rules = _with_costs(rules, use_costs)
     exclude = tuple(sorted(set(exclude)))
     no_absorb: set[str] = set()
@@ -1048,7 +1035,7 @@ def _since(op: str, version: int) -> int | None:
 def _coerced_softmax(node: ir.Node) -> None:
     """Softmax/LogSoftmax/Hardmax before opset 13 along axis a (not the last) as opset 13 writes it:
     the input flattened to 2-D at a, the op along axis 1, reshaped back; the output keeps its name."""
-    from ..irutil import redirect
+    from onnxopt.ir.util import redirect
 
     graph = node.graph
     axis = node.attributes.get("axis")
@@ -1185,7 +1172,7 @@ def _conversions(model: ir.Model, version: int) -> list:
         if shape is not None:
             return len(shape)
         if ranks is None:  # once: onnx's whole-model inference, symbolic dimensions and all
-            from .. import io
+            from onnxopt.ir import io
 
             inferred = onnx.shape_inference.infer_shapes(io.to_proto(model))
             ranks = {vi.name: len(vi.type.tensor_type.shape.dim) for vi in
@@ -1302,8 +1289,6 @@ def raise_opset(model: ir.Model, version: int = 13) -> list[str]:
 
 def strip_plan_keys(model: ir.Model) -> None:
     """Remove the plan keys :func:`apply_plan` leaves with ``keep_plan_keys``."""
-    from onnxopt.rules import qdq
-
     for node in model.graph:
         node.metadata_props.pop(qdq.PLAN_KEY, None)
 
@@ -1311,16 +1296,15 @@ def strip_plan_keys(model: ir.Model) -> None:
 def apply_plan(model: ir.Model, plan: QuantPlan, *, strict: bool | None = None, keep_plan_keys: bool = False) -> dict:
     """Rewrite ``model`` in place into its QDQ form: opset raised to 13 where below, Q/DQ pairs
     after the graph inputs the plan quantizes, then the rule family ``rules/qdq.py`` to a fixpoint
-    (``onnxopt.pipeline.run`` with ``options={"quant_plan": plan}``), then one DequantizeLinear per
+    (``onnxopt.core.pipeline.run`` with ``options={"quant_plan": plan}``), then one DequantizeLinear per
     reader. Returns the rule statistics ({rule: fired count} plus "opset_converted", "dq_split"
     and, where a rule left a planned node float because a scale or constant it would write is out
     of float32's range, "kept_float": {"rule: reason": count}). ``keep_plan_keys``: leave each
     node's plan key (``rules/qdq.py``'s ``PLAN_KEY``) in its metadata, so that measurements on the
     QDQ model name nodes as the plan does (the fallback's); :func:`strip_plan_keys` removes them
     before the model is written."""
-    from .. import pipeline
-    from ..errors import strict_default
-    from onnxopt.rules import qdq  # the rule family (rules/qdq.py)
+    from onnxopt.core import pipeline
+    from onnxopt.errors import strict_default
 
     for i, node in enumerate(model.graph):
         node.metadata_props[qdq.PLAN_KEY] = node_key(node, i)

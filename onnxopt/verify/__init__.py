@@ -4,10 +4,10 @@ For every requested execution provider (``cpu``, ``cuda``) it compares every out
 (:mod:`.compare`), counts the kernels onnxruntime's profiler records per run and times both
 models (:mod:`.runtime`), on inputs given or generated (:mod:`.inputs`). With CPU and CUDA both
 requested it also compares each model's CPU outputs with its CUDA outputs. When outputs differ it
-finds the culprit (:mod:`.culprit`); :mod:`onnxopt.bisect` goes further and names the rewrite.
+finds the culprit (:mod:`.culprit`); :mod:`onnxopt.verify.bisect` goes further and names the rewrite.
 
 This package knows no command line; ``onnxopt.cli``, ``onnxopt.api`` and ``scripts/bench.py``
-use it, and ``onnxopt.report`` prints its reports.
+use it, and ``onnxopt.reporting.text`` prints its reports.
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from .. import io
-from .. import layout as layouts
-from ..errors import OnnxoptError, UsageError
-from .compare import (FP16_MAX_ERROR, FP16_MIN_COSINE, FP16_MIN_TOP1, INT8_MIN_SQNR_DB, LOW_PRECISION, TOLERANCES,
+from onnxopt.ir import io
+from onnxopt.transforms import edges as layouts
+from onnxopt.errors import OnnxoptError, UsageError
+from onnxopt.verify.compare import (FP16_MAX_ERROR, FP16_MIN_COSINE, FP16_MIN_TOP1, INT8_MIN_SQNR_DB, LOW_PRECISION, TOLERANCES,
                       check_tolerances, compare, compare_all, compare_fp16, compare_int8, compare_value, is_fp16,
                       is_logits, is_low_precision, is_quantized, problem_text, sqnr_db, tolerance)
-from .culprit import find_culprit
-from .inputs import inputs_for, make_inputs, parse_input_shapes, parse_int_ranges, run_failure
-from .runtime import (LATENCY_BUDGET_S, LATENCY_RUNS, LATENCY_THREADS, NO_DIFFERENCE, PROVIDERS, OrtModel,
+from onnxopt.verify.culprit import find_culprit
+from onnxopt.verify.inputs import inputs_for, make_inputs, parse_input_shapes, parse_int_ranges, run_failure
+from onnxopt.verify.runtime import (LATENCY_BUDGET_S, LATENCY_RUNS, LATENCY_THREADS, NO_DIFFERENCE, PROVIDERS, OrtModel,
                       VerifyUnavailable, check_providers, count_kernels, latency_text, measure_latency,
                       parse_provider_options, parse_providers, ratio_interval, run_profiled, session)
 
@@ -51,9 +51,9 @@ class VerificationError(OnnxoptError):
 
 
 class Progress:
-    """The hook verify() and ``onnxopt.bisect`` report their steps to: called as
+    """The hook verify() and ``onnxopt.verify.bisect`` report their steps to: called as
     ``progress(step, done, total)`` at each step, ``close()`` when they end. This one shows nothing;
-    ``onnxopt.console.Status`` (the command line's) draws it on a terminal."""
+    ``onnxopt.reporting.console.Status`` (the command line's) draws it on a terminal."""
 
     def __call__(self, step: str, done: int = 0, total: int = 0) -> None:
         pass
@@ -95,7 +95,7 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
            bisect_options: Sequence[str] | None = None, min_sqnr: float | None = None, provider_options=None,
            budget_s: float = LATENCY_BUDGET_S) -> dict:
     """Verify ``optimized`` against ``original`` on each provider; returns the report (a dict
-    that ``onnxopt.report.format_verification`` prints); ``report["ok"]`` is False when an
+    that ``onnxopt.reporting.text.format_verification`` prints); ``report["ok"]`` is False when an
     output differs.
 
     ``original``/``optimized``: paths, bytes, onnx.ModelProto or onnx_ir.Model. Inputs come from
@@ -148,7 +148,7 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
         # a float16 model against its float32 original: judged by fp16 fidelity (compare_fp16)
         fp16 = int8 is None and rtol is None and atol is None and is_fp16(after.proto) and \
             not is_low_precision(before.proto)
-        # a model optimize gave other input/output layouts or raw-image inputs (onnxopt.layout): the
+        # a model optimize gave other input/output layouts or raw-image inputs (onnxopt.transforms.edges): the
         # original gets the same data in its own layout, the outputs are compared in the original's
         edges = layouts.edges_between(_metadata(before.proto), _metadata(after.proto))
         report = _verify(before, after, providers, feeds, inputs, input_shapes, int_ranges, seed, rtol, atol, runs,
@@ -299,7 +299,7 @@ def _judge_fp16(before: OrtModel, after: OrtModel, outputs: dict, feeds, edges, 
     both models' inputs by "before"/"after"): ``fp16.judge_pair``, both in float16 arithmetic."""
     import onnx
 
-    from .fp16 import judge, judge_pair
+    from onnxopt.verify.fp16 import judge, judge_pair
 
     p = "cuda" if "cuda" in outputs else next(iter(outputs))
     progress("judging the float16 model in float16 arithmetic")

@@ -10,8 +10,9 @@ from collections.abc import Sequence
 import numpy as np
 import onnx
 
-from ..errors import UsageError
-from ..input_shapes import dims_text
+from onnxopt.errors import UsageError
+from onnxopt.ir.input_shapes import dims_text
+from onnxopt.targets import FP16_MAX_ERROR, FP16_MIN_COSINE, FP16_MIN_TOP1  # noqa: F401  (the fp16 policy's bounds)
 
 
 # Default tolerances by output dtype: (rtol, atol); an element passes when
@@ -89,15 +90,6 @@ def compare_int8(before, after, min_db: float = INT8_MIN_SQNR_DB) -> dict:
     return row
 
 
-# A float16 model (onnxopt's --precision fp16) against its float32 original: each float output
-# passes when its cosine similarity is at least FP16_MIN_COSINE, its largest absolute error at most
-# FP16_MAX_ERROR of the original output's range (max - min; its largest magnitude for a constant
-# output), and, for logits (a name with "logit",
-# or a [batch, classes] output of 1000 or more classes), the top-1 class along the last axis agrees
-# at FP16_MIN_TOP1 of the positions or more (next-token agreement for a language model).
-FP16_MIN_COSINE = 0.999
-FP16_MAX_ERROR = 0.01
-FP16_MIN_TOP1 = 0.99
 
 
 def is_logits(name: str, value) -> bool:

@@ -10,9 +10,9 @@ from collections.abc import Callable, Iterable, Mapping
 import numpy as np
 import onnx
 
-from ..irutil import REPLACED_KEY as _REPLACED, RULE_KEY as _RULE, SOURCES_KEY as _SOURCES
-from .compare import compare_value
-from .runtime import OrtModel, host_value, session
+from onnxopt.ir.util import REPLACED_KEY as _REPLACED, RULE_KEY as _RULE, SOURCES_KEY as _SOURCES
+from onnxopt.verify.compare import compare_value
+from onnxopt.verify.runtime import OrtModel, host_value, session
 
 
 def value_types(proto: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
@@ -107,7 +107,7 @@ def _tie(original: OrtModel, optimized: OrtModel, node: onnx.NodeProto, types: t
     same inputs. Otherwise the result says what is known, without a rule: an input that now
     comes from elsewhere and differs (a rewrite upstream rerouted it and left no node: a rule
     that forwards a value, or a graph pass), a node made through several rewrites, an original
-    node. ``onnxopt.bisect.bisect`` then names the rewrite."""
+    node. ``onnxopt.verify.bisect.bisect`` then names the rewrite."""
     orig, opt = original.proto, optimized.proto
     meta = _meta(node)
     rule = meta.get(_RULE)
@@ -151,8 +151,8 @@ def _tie(original: OrtModel, optimized: OrtModel, node: onnx.NodeProto, types: t
 
 def _value_bytes(proto: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, int]:
     """Bytes of the main graph's values at the shapes of ``feeds`` (onnx's inference, bounded:
-    ``onnxopt.shapes.infer_proto``); values it cannot size are left out."""
-    from ..shapes import infer_proto
+    ``onnxopt.ir.shapes.infer_proto``); values it cannot size are left out."""
+    from onnxopt.ir.shapes import infer_proto
 
     light = onnx.ModelProto()
     light.CopyFrom(proto)

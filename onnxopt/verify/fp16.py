@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import onnx
 
-from ..irutil import fresh_namer
+from onnxopt.ir.util import fresh_namer
 
 F16, F32 = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
 REFERENCE_MAX_PARAMS = 50_000_000  # onnx's reference evaluator, the fallback: numpy, slow beyond this
@@ -48,7 +48,7 @@ def value_dtypes(proto: onnx.ModelProto) -> dict[str, int]:
     onnxruntime's for com.microsoft ops; a type variable takes its bound input's type)."""
     import onnx_ir as ir
 
-    from ..optypes import infer_dtypes
+    from onnxopt.ir.optypes import infer_dtypes
 
     model = ir.serde.deserialize_model(proto)
     found = infer_dtypes(model.graph, dict(model.opset_imports))
@@ -154,7 +154,7 @@ def run_fp16(model, feeds_list: Sequence[Mapping[str, np.ndarray]], provider: st
     """``model`` (onnx.ModelProto, bytes or a path) run in float16 arithmetic on each of
     ``feeds_list``: the outputs of each run by name, and the arithmetic used (a phrase for reports).
     Raises :class:`Fp16Unavailable` when neither the emulation nor the reference evaluator can run it."""
-    from .runtime import host_value, session
+    from onnxopt.verify.runtime import host_value, session
 
     proto = model if isinstance(model, onnx.ModelProto) else onnx.load(model) if isinstance(model, str) \
         else onnx.load_from_string(model)
@@ -193,7 +193,7 @@ def judge(before: list[tuple[str, np.ndarray]], model, feeds: Mapping[str, np.nd
     float32 original's ``before`` by fp16 fidelity (``compare_fp16``): ``{"arithmetic", "note", "ok",
     "outputs"}``, or ``{"arithmetic": None, "ok": False, "error"}`` when it cannot run. ``back``: a
     function taking the outputs to the original's layouts (a model with changed edges)."""
-    from .compare import compare_all, compare_fp16
+    from onnxopt.verify.compare import compare_all, compare_fp16
 
     try:
         (got,), how = run_fp16(model, [feeds], provider)
@@ -222,7 +222,7 @@ def judge_pair(before_model, after_model, feeds_before: Mapping[str, np.ndarray]
     compared at the low-precision tolerances (or ``rtol``/``atol``): a rewrite that makes an
     intermediate value overflow or round differently in float16 shows here, not on onnxruntime's CPU
     provider. The same keys as :func:`judge`."""
-    from .compare import compare_all
+    from onnxopt.verify.compare import compare_all
 
     try:
         (ref,), how = run_fp16(before_model, [feeds_before], provider)

@@ -13,10 +13,11 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from .. import input_shapes, io
-from ..errors import UsageError
-from ..input_shapes import check_shape, dims_text, run_dims
-from .runtime import OrtModel
+from onnxopt.ir import input_shapes
+from onnxopt.ir import io
+from onnxopt.errors import UsageError
+from onnxopt.ir.input_shapes import check_shape, dims_text, run_dims
+from onnxopt.verify.runtime import OrtModel
 
 
 _INT = re.compile(r"-?[0-9]+")
@@ -38,7 +39,7 @@ def _parse_entries(items: Iterable[str], flag: str, parse: Callable[[str], objec
 
 def parse_input_shapes(items: Iterable[str]) -> dict[str, list[int]]:
     """``--input-shape`` entries for running a model (verify, bisect): the one grammar of
-    ``onnxopt.input_shapes`` (``NAME=1x3x224x224``, ``NAME=1,3,224,224``, ``NAME=`` for a
+    ``onnxopt.ir.input_shapes`` (``NAME=1x3x224x224``, ``NAME=1,3,224,224``, ``NAME=`` for a
     scalar), every dimension a number that fits ONNX's int64 dimensions (a symbol is refused)."""
     return {name: list(dims) for name, dims in input_shapes.parse(items, numbers=True).items()}
 
@@ -89,7 +90,7 @@ def _generated_dtype(elem_type: int) -> type | None:
 def _load_npz(path) -> dict[str, np.ndarray]:
     """The arrays of an .npz file by name; anything else (an .npy file, an empty, truncated or
     corrupted file, pickled objects) is refused in one line, as is one whose arrays inflate past 4 GiB."""
-    from ..readers import check_npz
+    from onnxopt.readers import check_npz
 
     check_npz(path, "inputs file")  # (numpy reads a member whole: a compressed one may declare gigabytes)
     try:
@@ -125,7 +126,7 @@ def given_raw(vi: onnx.ValueInfoProto, npz, shape) -> bool:
 def run_shapes(model: ir.Model, shapes: Mapping[str, Sequence[int]] | None = None,
                npz: str | os.PathLike | None = None) -> dict[str, list[int]]:
     """The shape every input of ``model`` (an onnx_ir model, e.g. one whose inputs
-    ``onnxopt.input_shapes.fix`` fixed) is run at when generated as :func:`make_inputs` does,
+    ``onnxopt.ir.input_shapes.fix`` fixed) is run at when generated as :func:`make_inputs` does,
     for those ``npz`` lacks; ``shapes`` and the arrays of ``npz`` are checked against its inputs.
     Given to :func:`make_inputs` for another model (the original, still dynamic), its generated
     inputs fit both."""
@@ -176,11 +177,11 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
     floats from a standard normal distribution, integers uniformly in a valid range (the user's
     ``int_ranges``; else 0..n-1 for an input that indexes a Gather table of n rows, 0..1 for a
     name containing "mask", 0..9 otherwise), bools 0/1. Dynamic dimensions: from ``shapes``
-    (per input, numbers: see ``onnxopt.input_shapes``), then the same named symbol elsewhere, then
-    the size the model suggests (``onnxopt.input_shapes.suggest``), else 1 on the first axis and 16
+    (per input, numbers: see ``onnxopt.ir.input_shapes``), then the same named symbol elsewhere, then
+    the size the model suggests (``onnxopt.ir.input_shapes.suggest``), else 1 on the first axis and 16
     on others; ``how[name]["chosen"]`` names each dimension chosen so, and why.
 
-    ``pixels``: ``{name: onnxopt.layout.Preprocess}``, the inputs a model made from this one with
+    ``pixels``: ``{name: onnxopt.transforms.edges.Preprocess}``, the inputs a model made from this one with
     ``--input-preprocess`` takes as raw pixels (``layout.pixel_inputs``): ``npz`` may give those as
     raw uint8 pixels in their pixel layout, returned as they are (``layout.edge_feeds`` gives the
     original their preprocessing); ``how`` records them so.
@@ -202,7 +203,7 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
     pixels = dict(pixels or {})
     raw = {k for k, v in given.items() if k in pixels and v.dtype == np.uint8}  # raw pixels given
     if raw:
-        from ..layout import model_shape
+        from onnxopt.transforms.edges import model_shape
     given_shapes = {k: model_shape(v.shape, pixels[k]) if k in raw else list(v.shape) for k, v in given.items()}
     for k in raw:
         if given[k].ndim != (4 if pixels[k].batched else 3):
@@ -312,7 +313,7 @@ def run_failure(model: str, exc: BaseException, how: Mapping[str, dict], provide
     else:
         at = f"at the shapes of the data given ({shapes})"
     if declared:
-        from ..errors import feeds_text
+        from onnxopt.errors import feeds_text
 
         at += feeds_text({}, declared)
 

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .runtime import session
+from onnxopt.verify.runtime import session
 
 # How the profiled sessions optimize the graph (for the reports that show the figures).
 GRAPH_OPTIMIZATION = "ORT_ENABLE_ALL"

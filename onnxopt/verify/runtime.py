@@ -21,8 +21,8 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from .. import io
-from ..errors import OnnxoptError, UsageError
+from onnxopt.ir import io
+from onnxopt.errors import OnnxoptError, UsageError
 
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}

@@ -52,7 +52,7 @@ _identical = zoo_exact.identical
 def run_rule(name: str, model: onnx.ModelProto, *, passes=(), **options):
     """``optimize`` with the rule ``name`` alone (and the graph passes named): (model, report); the
     rule runs whatever the measured benefit table says of its target (the rule itself is tested)."""
-    from onnxopt import benefit
+    from onnxopt.targets import benefit
 
     with benefit.using(None):
         return optimize(model, rules=[RULES[name]], graph_passes=passes, return_report=True, **options)

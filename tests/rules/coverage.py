@@ -6,7 +6,7 @@ checked the bits).
 
 ``RuleCoverage(directory, rules)`` is a pytest plugin (tests/rules/conftest.py registers it for
 tests/rules/ and the built-in rules). While a test of the directory runs it records, from the
-driver's statistics of every ``onnxopt.pipeline.run`` (each ``optimize``), the rules that fired
+driver's statistics of every ``onnxopt.core.pipeline.run`` (each ``optimize``), the rules that fired
 and those that were refused, by test. When the session collected every test of the directory
 (no node ids, nothing deselected by -k, -m, --deselect or --lf), it adds one last item, ``rule
 coverage``, which fails naming each rule that never fired or never refused; a session that runs
@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from onnxopt import pipeline
-from onnxopt.pattern import Refuse, Rule
+from onnxopt.core import pipeline
+from onnxopt.core.pattern import Refuse, Rule
 
 ENV_TABLE = "ONNXOPT_RULE_COVERAGE"
 

@@ -10,7 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from onnxopt import Op, Refuse, Rule, forward, registry
+from onnxopt.library import registry
+from onnxopt import Op, Refuse, Rule, forward
 from onnxopt.targets import TARGETS
 
 from .check import RULES

@@ -4,7 +4,7 @@ become 0 or a subnormal number where the value it replaces was a normal one. A s
 keeps fewer bits than the type holds: the original scaled the sum (normal), the fold scales each
 weight, and a large input then shows more than rounding's difference.
 
-(The input preprocessing's fold, onnxopt/layout.py, is tested in tests/test_layout_preprocess_range.py.)
+(The input preprocessing's fold, onnxopt/transforms/edges.py, is tested in tests/test_layout_preprocess_range.py.)
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """rules/folding.py: Constant nodes become initializers, nodes of constants are evaluated, and the
 shape arithmetic exporters write folds where the dimensions it reads are static.
 
-(How values are evaluated, and what is never folded, is tests/test_folding.py's: onnxopt.evaluate.)"""
+(How values are evaluated, and what is never folded, is tests/test_folding.py's: onnxopt.ir.evaluate.)"""
 
 from __future__ import annotations
 

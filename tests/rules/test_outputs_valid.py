@@ -117,7 +117,7 @@ def test_a_rule_writing_an_op_onnx_does_not_define_is_refused():
     """The driver refuses a rewrite into an operator of onnx's domain that onnx does not define at
     the model's opset (what rms_normalization did with SimplifiedLayerNormalization), with the
     reason; the model is left valid."""
-    from onnxopt.pattern import Op, Rule
+    from onnxopt.core.pattern import Op, Rule
 
     rule = Rule("to_simplified", Op("Relu", "x"), lambda m, b: b.op("SimplifiedLayerNormalization", m["x"]))
     m = act.build([act.n("Relu", ["x"], "y")], {})
@@ -134,7 +134,7 @@ def test_declare_domains_imports_what_nodes_use():
     import onnx_ir as ir
     from onnx import helper
 
-    from onnxopt.irutil import declare_domains
+    from onnxopt.ir.util import declare_domains
 
     fn = helper.make_function("local", "f", ["a"], ["b"], [helper.make_node("Gelu", ["a"], ["b"], domain="com.microsoft")],
                               opset_imports=[helper.make_opsetid("", 17)])

@@ -1,5 +1,5 @@
 """rules/transpose.py (Transpose pairs, the identity, size-1-only Transposes as Reshape) and the pass
-``transpose_optimization`` (onnxopt/layout_pass.py: Transposes pushed through layout-agnostic ops by a
+``transpose_optimization`` (onnxopt/transforms/transposes.py: Transposes pushed through layout-agnostic ops by a
 cost in elements moved), each checked with onnxruntime CPU before and after."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import onnx_ir as ir
 
 from onnxopt import optimize
 from onnxopt.models.nhwc import keras_like
-from onnxopt.layout_pass import Cost, graph_cost, numel, plan_chain
-from onnxopt.shapes import opsets_of
+from onnxopt.transforms.transposes import Cost, graph_cost, numel, plan_chain
+from onnxopt.ir.shapes import opsets_of
 
 from .check import fires, i64, opaque, refuses, same_outputs, x_model
 
@@ -130,7 +130,7 @@ def test_a_transpose_of_a_constant_is_folded():
 
 def _run_pass(m, **options):
     """The pass alone (and the transpose rules the driver runs around it)."""
-    from onnxopt import benefit
+    from onnxopt.targets import benefit
 
     from .check import RULES
     rules = [RULES["transpose_pair"], RULES["transpose_elimination"], RULES["transpose_to_reshape"]]

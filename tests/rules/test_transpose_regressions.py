@@ -10,9 +10,9 @@ from helpers import init, model, op_types, tinfo
 from onnx import helper
 
 from onnxopt import optimize
-from onnxopt.layout_pass import _Apply, _remove_dead_transposes, graph_cost, plan_chain
-from onnxopt.pattern import Namer
-from onnxopt.shapes import opsets_of
+from onnxopt.transforms.transposes import _Apply, _remove_dead_transposes, graph_cost, plan_chain
+from onnxopt.core.pattern import Namer
+from onnxopt.ir.shapes import opsets_of
 
 from .check import same_outputs
 

@@ -20,7 +20,7 @@ def every_fusion():
     """The whole library on the target, whatever the shipped benefit table says (it leaves out on
     ort-cpu what measured slower there, tests/test_benefit.py checks that): these tests check the
     rules themselves."""
-    from onnxopt import benefit
+    from onnxopt.targets import benefit
 
     with benefit.using(None):
         yield

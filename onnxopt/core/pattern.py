@@ -1,0 +1,669 @@
+"""The rule language.
+
+A rule is one row of data: what it matches (a pattern), when it applies (a condition that gives the
+reason when it refuses), what it becomes (a replacement), a name, a priority, the targets it is
+valid for, and whether it is exact::
+
+    Rule("conv_bn_fold",
+         Op("BatchNormalization", Op("Conv", "x", Const("w"), Opt(Const("b")), name="conv"),
+            Const("scale"), Const("beta"), Const("mean"), Const("var"), name="bn"),
+         replacement=fold, condition=bn_is_inference, priority=10, exact=False,
+         doc="Conv followed by inference BatchNormalization becomes one Conv")
+
+``exact=True`` declares that the rewritten model gives the same bits as the original on the
+installed onnxruntime's CPU provider with its default session options (graph optimizations on), at
+any thread count, on every input (NaN, infinities and the sign of zero included): only such rules
+run under ``optimize(exact=True)``, where a condition can see ``m.options["exact"]`` and refuse the
+cases it is not exact for. ``exact=False`` says it is not; left out (None) it is undeclared,
+which exact mode treats as not exact.
+
+Patterns:
+    ``Op(op_type, *inputs, domain="", attrs={}, commutative=False, name=None, output=0, shared=False)``
+        a node; ``inputs`` are patterns (a plain string is shorthand for ``Var(string)``). A nested
+        ``Op`` matches the producer of an input; by default that producer's output must have no
+        other use and not be a graph output (``shared=True`` lifts this), and it must live in the
+        same graph as the root. ``attrs`` maps names to a required value or a predicate; a missing
+        attribute is compared through its schema default.
+    ``Var(name)``    any value, bound to ``name`` (the same name twice must be the same value)
+    ``Const(name, value=None, rtol=0, atol=0)``
+        a value known at optimization time: an initializer that is not also a graph input, or the
+        output of a Constant node; with ``value`` the constant must equal it (within tolerance).
+    ``Op("*", domain="", name=...)`` (root only) any node of that domain, whatever its inputs:
+        for rules such as constant folding whose condition inspects the node itself.
+    ``Opt(pattern)`` an optional input: absent (bound to None) or matching ``pattern``
+    ``ANY``          any value, unbound
+
+A condition returns ``None``/``True`` to accept, a string (the reason) / ``False`` to refuse (a
+numpy bool counts as the bool it is), or any other object to accept with a *plan*: the replacement finds it as ``match.plan``, so what the
+condition computed (a target shape, per-channel factors) is not computed again. A replacement
+takes ``(match, builder)`` and returns the value(s) that replace the root node's outputs, built
+with ``builder.op(...)`` and ``builder.const(...)``; it may raise ``Refuse(reason)``. Any other
+exception in a condition or a replacement is a bug in the rule: the driver reports it as an error
+(``optimize(strict=True)`` raises it), never as a refusal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Union
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from onnxopt import targets as _targets
+from onnxopt.errors import RuleError, UsageError
+from onnxopt.ir.util import constant_tensor, opset_of, use_count
+from onnxopt.ir.shapes import infer
+
+class Refuse(Exception):
+    """Raised by a replacement (or a condition) that finds it cannot apply; the message is the reason."""
+
+
+# --------------------------------------------------------------------------------------------
+# Patterns
+
+
+class Pattern:
+    """Base class. ``_match(value, state)`` returns None on success or a reason string."""
+
+    def _match(self, value: ir.Value | None, state: _State) -> str | None:  # pragma: no cover
+        raise NotImplementedError
+
+
+def _as_pattern(p: Any) -> Pattern:
+    if isinstance(p, Pattern):
+        return p
+    if isinstance(p, str):
+        return Var(p)
+    raise TypeError(f"not a pattern: {p!r}")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Var(Pattern):
+    name: str | None = None
+    check: Callable[[ir.Value], bool] | None = None
+
+    def _match(self, value, state):
+        if value is None:
+            return f"{self.name or 'input'} is absent"
+        if self.check is not None and not self.check(value):
+            return f"{self.name or 'input'}: check failed"
+        return state.bind(self.name, value)
+
+
+ANY = Var()
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Const(Pattern):
+    name: str | None = None
+    value: Any = None
+    rtol: float = 0.0
+    atol: float = 0.0
+
+    def _match(self, value, state):
+        if value is None:
+            return f"{self.name or 'constant'} is absent"
+        tensor = constant_tensor(value)
+        if tensor is None:
+            return f"{self.name or value.name!r} is not a constant"
+        if self.value is not None:
+            try:
+                actual = tensor.numpy()
+                # every element equals the value (an empty tensor equals nothing)
+                ok = actual.size > 0 and bool(
+                    np.all(np.isclose(actual, np.asarray(self.value), rtol=self.rtol, atol=self.atol)))
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
+                return f"{self.name or value.name!r} is not {self.value!r}"
+        if self.name is not None:
+            state.consts[self.name] = tensor
+        return state.bind(self.name, value)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Opt(Pattern):
+    pattern: Pattern
+
+    def __init__(self, pattern: Any):
+        object.__setattr__(self, "pattern", _as_pattern(pattern))
+
+    def _match(self, value, state):
+        if value is None:
+            name = getattr(self.pattern, "name", None)
+            return state.bind(name, None) if name else None
+        return self.pattern._match(value, state)
+
+
+def _schema_default(node: ir.Node, attr_name: str, opset: int):
+    return _schema_default_cached(node.op_type, node.domain, opset, attr_name)
+
+
+@functools.lru_cache(maxsize=4096)
+def _schema_default_cached(op_type: str, domain: str, opset: int, attr_name: str):
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, domain)
+    except Exception:
+        return None
+    attr = schema.attributes.get(attr_name)
+    if attr is None or not attr.default_value.name:
+        return None
+    return onnx.helper.get_attribute_value(attr.default_value)
+
+
+ANY_OP = "*"
+
+
+class Op(Pattern):
+    """A node pattern; see the module docstring."""
+
+    __slots__ = ("op_type", "inputs", "domain", "attrs", "commutative", "name", "output", "shared")
+
+    def __init__(
+        self,
+        op_type: str,
+        *inputs: Any,
+        domain: str = "",
+        attrs: Mapping[str, Any] | None = None,
+        commutative: bool = False,
+        name: str | None = None,
+        output: int = 0,
+        shared: bool = False,
+    ):
+        self.op_type = op_type
+        self.inputs = tuple(_as_pattern(p) for p in inputs)
+        self.domain = "" if domain == "ai.onnx" else domain
+        self.attrs = dict(attrs or {})
+        self.commutative = commutative
+        self.name = name
+        self.output = output
+        self.shared = shared
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.domain, self.op_type)
+
+    def __repr__(self) -> str:
+        return f"Op({self.op_type!r}{', ' if self.inputs else ''}{', '.join(map(repr, self.inputs))})"
+
+    # Matching a value: the value must be produced by a node this pattern accepts.
+    def _match(self, value, state):
+        if value is None:
+            return f"{self.op_type} input is absent"
+        node = value.producer()
+        if node is None:
+            return f"{value.name!r} is not produced by {self.op_type}"
+        if node.graph is not state.graph:
+            return f"{value.name!r} comes from another graph"
+        if self.output >= len(node.outputs) or node.outputs[self.output] is not value:
+            return f"{value.name!r} is not output {self.output} of {node.op_type}"
+        if not self.shared:
+            uses = use_count(value)
+            if uses != 1:
+                return f"{value.name!r} ({node.op_type}) has {uses} uses"
+            if value.is_graph_output():
+                return f"{value.name!r} ({node.op_type}) is a graph output"
+        return self.match_node(node, state)
+
+    def match_node(self, node: ir.Node, state: _State) -> str | None:
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        if domain != self.domain or (node.op_type != self.op_type and self.op_type != ANY_OP):
+            return f"expected {self.op_type}, found {node.op_type}"
+        if node in state.node_set:
+            return f"{node.name} is matched twice"
+        if self.op_type == ANY_OP:  # any node of the domain; its inputs are the condition's business
+            state.push_node(node, self.name)
+            return None
+        for key, want in self.attrs.items():
+            attr = node.attributes.get(key)
+            if attr is not None:
+                if attr.is_ref():
+                    return f"{node.name}: attribute {key} is a reference"
+                have = attr.value
+                if isinstance(have, Sequence) and not isinstance(have, (str, bytes)):
+                    have = list(have)
+            else:
+                have = _schema_default(node, key, state.opset(node.domain))
+            ok = want(have) if callable(want) else have == want
+            if not ok:
+                return f"{node.name}: attribute {key}={have!r} does not fit"
+        actual = list(node.inputs)
+        while actual and actual[-1] is None:
+            actual.pop()
+        if len(actual) > len(self.inputs):
+            return f"{node.name} has {len(actual)} inputs, pattern takes {len(self.inputs)}"
+        actual += [None] * (len(self.inputs) - len(actual))
+        state.push_node(node, self.name)
+        orders = [actual]
+        if self.commutative and len(actual) > 1:
+            # all orders for up to 4 inputs; beyond that (24+ orders) only the given and reversed
+            orders = ([list(p) for p in itertools.permutations(actual)] if len(actual) <= 4
+                      else [actual, actual[::-1]])
+        reason = None
+        for order in orders:
+            saved = state.save()
+            reason = None
+            for i, (pattern, value) in enumerate(zip(self.inputs, order)):
+                reason = pattern._match(value, state)
+                if reason is not None:
+                    reason = f"{node.name} input {i}: {reason}"
+                    break
+            if reason is None:
+                return None
+            state.restore(saved)
+        state.pop_node(node, self.name)
+        return reason
+
+
+class _State:
+    """Bindings being built during one match; supports backtracking."""
+
+    __slots__ = ("graph", "values", "consts", "nodes", "node_set", "named", "opsets", "options")
+
+    def __init__(self, graph: ir.Graph, opsets: Mapping[str, int], options: Mapping[str, Any] | None = None):
+        self.options = options or {}
+        self.graph = graph
+        self.values: dict[str, ir.Value | None] = {}
+        self.consts: dict[str, ir.TensorProtocol] = {}
+        self.nodes: list[ir.Node] = []
+        self.node_set: set[ir.Node] = set()
+        self.named: dict[str, ir.Node] = {}
+        self.opsets = opsets
+
+    def opset(self, domain: str) -> int:
+        return self.opsets.get(domain, self.opsets.get("ai.onnx", 1) if domain == "" else 1)
+
+    def bind(self, name: str | None, value: ir.Value | None) -> str | None:
+        if name is None:
+            return None
+        if name in self.values:
+            if self.values[name] is not value:
+                return f"{name} is bound to two different values"
+            return None
+        self.values[name] = value
+        return None
+
+    def push_node(self, node: ir.Node, name: str | None) -> None:
+        self.nodes.append(node)
+        self.node_set.add(node)
+        if name is not None:
+            self.named[name] = node
+
+    def pop_node(self, node: ir.Node, name: str | None) -> None:
+        self.nodes.remove(node)
+        self.node_set.discard(node)
+        if name is not None:
+            self.named.pop(name, None)
+
+    def save(self):
+        return (dict(self.values), dict(self.consts), len(self.nodes), dict(self.named))
+
+    def restore(self, saved) -> None:
+        values, consts, n, named = saved
+        self.values, self.consts, self.named = values, consts, named
+        for node in self.nodes[n:]:
+            self.node_set.discard(node)
+        del self.nodes[n:]
+
+
+# --------------------------------------------------------------------------------------------
+# Matches and rules
+
+
+class Match:
+    """What a pattern bound. ``m["x"]`` is a value, ``m.const("w")`` a numpy array,
+    ``m.node("bn")`` a node, ``m.attr("bn", "epsilon", 1e-5)`` an attribute value; ``m.dtype("x")``,
+    ``m.shape("x")``, ``m.dims("x")`` and ``m.static_shape("x")`` are the one way to ask about a
+    value's type and shape (inferred locally when the model lacks them); ``m.opset("")`` the
+    imported version of a domain; ``m.plan`` what the condition computed for the replacement.
+
+    Asking for a name the rule's pattern does not bind is a bug in the rule: it raises RuleError
+    (an optional input that is absent is bound to None: ``m["b"]`` is None, ``"b" in m`` False).
+    """
+
+    def __init__(self, rule: Rule, root: ir.Node, state: _State):
+        self.rule = rule
+        self.root = root
+        self.graph = state.graph
+        self.values = state.values
+        self.tensors = state.consts
+        self.nodes: tuple[ir.Node, ...] = tuple(state.nodes)
+        self.named = state.named
+        self.opsets: Mapping[str, int] = state.opsets  # the model's imports (see opset())
+        self.options = state.options  # the optimize() call's settings (e.g. fold_size_limit)
+        self.plan: Any = None  # what the condition returned beyond "yes" (see Rule)
+        self._arrays: dict[str, np.ndarray] = {}
+
+    def _unbound(self, name: str, kind: str, names) -> RuleError:
+        return RuleError(f"rule {self.rule.name} asks for {kind} {name!r}, which its pattern does not bind "
+                         f"(it binds {', '.join(sorted(names)) or 'none'})")
+
+    def _value_name(self, name: str) -> str:
+        if name not in self.rule.value_names:
+            raise self._unbound(name, "the value", self.rule.value_names)
+        return name
+
+    def __getitem__(self, name: str) -> ir.Value | None:
+        return self.values.get(self._value_name(name))
+
+    def __contains__(self, name: str) -> bool:
+        """``name`` is bound to a value (an optional input that is absent is not)."""
+        return self.values.get(self._value_name(name)) is not None
+
+    def const(self, name: str) -> np.ndarray | None:
+        """The constant bound to ``name`` as a numpy array (converted once per match); None for an
+        optional constant that is absent."""
+        if name not in self.rule.const_names:
+            raise self._unbound(name, "the constant", self.rule.const_names)
+        array = self._arrays.get(name)
+        if array is None:
+            tensor = self.tensors.get(name)
+            if tensor is None:
+                return None
+            array = self._arrays[name] = tensor.numpy()
+        return array
+
+    def node(self, name: str) -> ir.Node | None:
+        """The node bound to ``name`` (None for an optional one that is absent)."""
+        if name not in self.rule.node_names:
+            raise self._unbound(name, "the node", self.rule.node_names)
+        return self.named.get(name)
+
+    def attr(self, node_name: str, attr_name: str, default: Any = None) -> Any:
+        node = self.node(node_name)
+        attr = None if node is None else node.attributes.get(attr_name)
+        if attr is None:
+            return default
+        value = attr.value
+        if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+            return list(value)
+        return value
+
+    def opset(self, domain: str = "") -> int:
+        """The version the model imports for ``domain`` ("" and "ai.onnx" are one domain)."""
+        return opset_of(self.opsets, domain)
+
+    def shape(self, name: str) -> ir.Shape | None:
+        """The shape of the value bound to ``name``, inferred locally when the model lacks it."""
+        return infer(self[name], self.opsets)
+
+    def dims(self, name: str) -> list[int | None] | None:
+        """The dimensions of ``name``'s value: numbers, None for a dimension that is not one; None
+        when even the rank is unknown."""
+        shape = self.shape(name)
+        return None if shape is None else [d if isinstance(d, int) else None for d in shape]
+
+    def output_dims(self, k: int = 0) -> list[int | None] | None:
+        """The dimensions the root node's output ``k`` has as the model records it (not inferred:
+        what the output will be is the rule's business), like :meth:`dims`."""
+        shape = self.root.outputs[k].shape
+        return None if shape is None else [d if isinstance(d, int) else None for d in shape]
+
+    def static_shape(self, name: str) -> tuple[int, ...] | None:
+        """``name``'s shape when every dimension is a number, else None."""
+        dims = self.dims(name)
+        return None if dims is None or any(d is None for d in dims) else tuple(dims)
+
+    def dtype(self, name: str) -> ir.DataType | None:
+        """The element type of ``name``'s value, inferred locally when the model lacks it."""
+        value = self[name]
+        if value is None:
+            return None
+        if value.type is None:
+            infer(value, self.opsets)
+        return value.type.dtype if isinstance(value.type, ir.TensorType) else None  # (not a sequence's)
+
+
+Condition = Callable[[Match], Union[None, bool, str]]
+Replacement = Callable[[Match, "Builder"], Union[ir.Value, Sequence[ir.Value], None]]
+
+
+def forward(name: str) -> Replacement:
+    """A replacement that is the value bound to ``name``: the matched nodes compute nothing new
+    (Identity, x * 1, a Cast to the same type...)."""
+
+    def replace(m: Match, b) -> ir.Value:
+        return m[name]
+
+    replace.__name__ = f"forward_{name}"
+    return replace
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Rule:
+    name: str
+    pattern: Op
+    replacement: Replacement
+    condition: Condition | None = None
+    doc: str = ""
+    priority: int = 0
+    targets: frozenset[str] = frozenset(_targets.TARGETS)
+    exact: bool | None = None  # see the module docstring; None: undeclared (not run under exact mode)
+    # A key of the measured benefit table (``onnxopt.targets.benefit``): where a fusion helps on one target and
+    # hurts on another, the table (written by a benchmark script) says per target whether it runs.
+    benefit: str | None = None
+
+    def __post_init__(self):
+        if self.exact is not None and not isinstance(self.exact, bool):
+            raise TypeError(f"rule {self.name}: exact must be True, False or None (undeclared), not {self.exact!r}")
+        if not isinstance(self.pattern, Op):
+            raise TypeError(f"rule {self.name}: the pattern's root must be an Op")
+        values, consts, nodes = _names(self.pattern)
+        object.__setattr__(self, "value_names", frozenset(values))
+        object.__setattr__(self, "const_names", frozenset(consts))
+        object.__setattr__(self, "node_names", frozenset(nodes))
+        if self.pattern.op_type == ANY_OP and self.pattern.inputs:
+            raise TypeError(f"rule {self.name}: Op('*') takes no input patterns")
+        try:  # (one name alone is one target, not its letters)
+            targets = _targets.normalize_all([self.targets] if isinstance(self.targets, str) else self.targets)
+        except UsageError as exc:
+            raise ValueError(f"rule {self.name}: {exc}") from None
+        object.__setattr__(self, "targets", targets)
+
+    @property
+    def summary(self) -> str:
+        return (self.doc or "").strip().splitlines()[0] if self.doc else ""
+
+    def bind(self, node: ir.Node, opsets: Mapping[str, int], options: Mapping[str, Any] | None = None
+             ) -> Match | str:
+        """A Match of the pattern rooted at ``node``, or why the pattern does not match there."""
+        state = _State(node.graph, opsets, options)
+        reason = self.pattern.match_node(node, state)
+        return reason if reason is not None else Match(self, node, state)
+
+    def judge(self, m: Match) -> str | None:
+        """The condition's verdict on ``m``: None to go ahead (what it returned beyond "yes" is
+        ``m.plan``, for the replacement), or the reason it refuses."""
+        if self.condition is None:
+            return None
+        try:
+            verdict = self.condition(m)
+        except Refuse as exc:  # (a helper the condition shares with the replacement may raise it)
+            return str(exc) or "condition refused"
+        if verdict is None:
+            return None
+        if isinstance(verdict, (bool, np.bool_)):  # (numpy's False, from np.all(...), refuses too)
+            return None if verdict else "condition refused"
+        if isinstance(verdict, str):
+            return verdict
+        m.plan = verdict
+        return None
+
+    def match(self, node: ir.Node, opsets: Mapping[str, int], options: Mapping[str, Any] | None = None
+              ) -> Match | str:
+        """A Match, or the reason this rule does not apply at ``node`` (its pattern, or its condition)."""
+        m = self.bind(node, opsets, options)
+        if isinstance(m, str):
+            return m
+        reason = self.judge(m)
+        return reason if reason is not None else m
+
+
+def _names(pattern: Pattern, values=None, consts=None, nodes=None) -> tuple[set, set, set]:
+    """The names a pattern binds: values (Var and Const), constants (Const), nodes (Op)."""
+    values, consts, nodes = (set() if values is None else values, set() if consts is None else consts,
+                             set() if nodes is None else nodes)
+    if isinstance(pattern, Opt):
+        return _names(pattern.pattern, values, consts, nodes)
+    if isinstance(pattern, (Var, Const)) and pattern.name is not None:
+        values.add(pattern.name)
+        if isinstance(pattern, Const):
+            consts.add(pattern.name)
+    if isinstance(pattern, Op):
+        if pattern.name is not None:
+            nodes.add(pattern.name)
+        for inner in pattern.inputs:
+            _names(inner, values, consts, nodes)
+    return values, consts, nodes
+
+
+# --------------------------------------------------------------------------------------------
+# Building replacements
+
+
+class Namer:
+    """Unique, deterministic names for new nodes and values across the whole model."""
+
+    def __init__(self, model: ir.Model):
+        taken: set[str] = set()
+        for graph in model.graphs():
+            for value in graph.inputs:
+                taken.add(value.name)
+            for name in graph.initializers:
+                taken.add(name)
+            for node in graph:
+                taken.add(node.name)
+                for value in node.outputs:
+                    taken.add(value.name)
+        taken.discard(None)
+        self.taken = taken
+        self.counters: dict[str, int] = {}
+
+    def __call__(self, hint: str) -> str:
+        if hint not in self.taken:
+            self.taken.add(hint)
+            return hint
+        n = self.counters.get(hint, 0)
+        while True:
+            n += 1
+            name = f"{hint}_{n}"
+            if name not in self.taken:
+                self.counters[hint] = n
+                self.taken.add(name)
+                return name
+
+
+class Builder:
+    """Creates the replacement nodes and initializers of one rewrite.
+
+    Nothing touches the graph until the driver commits; an aborted rewrite leaves no trace.
+    """
+
+    def __init__(self, match: Match, namer: Callable[[str], str]):
+        self.match = match
+        self._namer = namer
+        self.nodes: list[ir.Node] = []
+        self.initializers: list[ir.Value] = []
+
+    def op(
+        self,
+        op_type: str,
+        *inputs: ir.Value | None,
+        domain: str = "",
+        outputs: int = 1,
+        attrs: Mapping[str, Any] | Sequence[ir.Attr] | None = None,
+        overload: str = "",
+        **kwattrs: Any,
+    ) -> Any:
+        """Create a node; returns its output (or a tuple of outputs when ``outputs > 1``).
+        ``overload`` names the overload of a model-local function being called."""
+        attributes: list[ir.Attr] = []
+        if attrs is not None:
+            if isinstance(attrs, Mapping):
+                kwattrs = {**attrs, **kwattrs}
+            else:
+                taken = set(kwattrs)
+                attributes = [_copy_attr(a) for a in attrs if a.name not in taken]
+        attributes += [_to_attr(k, v) for k, v in kwattrs.items()]
+        # "<original node name>::<rule>": earlier rules' suffixes are dropped, so names do not grow
+        root_name = (self.match.root.name or self.match.root.op_type).split("::")[0]
+        base = self._namer(f"{root_name}::{self.match.rule.name}")
+        outs = [ir.Value(name=self._namer(f"{base}_out{i}" if outputs > 1 else f"{base}_out")) for i in range(outputs)]
+        node = ir.Node(domain, op_type, list(inputs), attributes=attributes, outputs=outs, name=base,
+                       overload=overload)
+        self.nodes.append(node)
+        return outs[0] if outputs == 1 else tuple(outs)
+
+    def const(self, array: Any, name: str = "const") -> ir.Value:
+        """A new initializer holding ``array`` (numpy array or ir tensor)."""
+        if isinstance(array, np.ndarray):
+            tensor = ir.Tensor(array)
+        elif isinstance(array, (ir.Tensor, ir.ExternalTensor, ir.StringTensor, ir.LazyTensor)):
+            tensor = array
+        else:
+            tensor = ir.tensor(np.asarray(array))
+        value = ir.Value(
+            name=self._namer(name),
+            shape=ir.Shape(tensor.shape),
+            type=ir.TensorType(tensor.dtype),
+            const_value=tensor,
+        )
+        tensor.name = value.name
+        self.initializers.append(value)
+        return value
+
+    def check(self, olds: Sequence[ir.Value], news: Sequence[ir.Value]) -> str | None:
+        """Why the replacement ``news`` cannot take the place of the root's outputs ``olds``, or
+        None: at most one value per output, every used output replaced, and a graph output
+        replaced only by a value made here or by an intermediate of this graph that can take its
+        name."""
+        graph, builder = self.match.graph, self
+        if len(news) > len(olds):
+            return f"replacement gives {len(news)} values for {len(olds)} outputs"
+        for old in olds[len(news):]:
+            if old.uses() or old.is_graph_output():
+                return f"output {old.name!r} is used but not replaced"
+        if len({id(v) for v in news}) != len(news):
+            return "the replacement gives one value for two outputs"
+        created = {v for n in builder.nodes for v in n.outputs} | set(builder.initializers)
+        seen_outputs: set[ir.Value] = set()
+        for old, new in zip(olds, news):
+            if new is old:
+                continue
+            if not old.is_graph_output():
+                continue
+            if new in created:
+                continue
+            # An existing value would become this graph output: it must be an ordinary
+            # intermediate of this graph that can take the output's name.
+            producer = new.producer()
+            if producer is None or producer.graph is not graph:
+                return f"{old.name!r} is a graph output and {new.name!r} cannot take its place"
+            if new.is_graph_output() or new in seen_outputs:
+                return f"{old.name!r} and {new.name!r} would be the same graph output"
+            seen_outputs.add(new)
+        return None
+
+    def abort(self) -> None:
+        for node in self.nodes:
+            for i in range(len(node.inputs)):
+                node.replace_input_with(i, None)
+        self.nodes.clear()
+        self.initializers.clear()
+
+
+def _copy_attr(attr: ir.Attr) -> ir.Attr:
+    if attr.is_ref():
+        return ir.RefAttr(attr.name, attr.ref_attr_name, attr.type)
+    return ir.Attr(attr.name, attr.type, attr.value)
+
+
+def _to_attr(name: str, value: Any) -> ir.Attr:
+    if isinstance(value, ir.Attr):
+        return _copy_attr(value) if value.name == name else ir.Attr(name, value.type, value.value)
+    return ir.convenience.convert_attribute(name, value)

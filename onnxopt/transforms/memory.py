@@ -1,0 +1,176 @@
+"""Peak activation memory by liveness, and a node order that lowers it.
+
+:func:`peak` walks the main graph's nodes in their order: a node's outputs are allocated when it
+runs and freed after the last node that reads them (a node with subgraphs reads what its bodies
+read from outside); graph outputs live to the end. Graph inputs are counted, alive from the start
+to the end (the caller owns them; the runtime cannot free them); their total is ``inputs_bytes``.
+Initializers and Constant nodes' tensors are weights, counted apart (``weights_bytes``) and never in
+the curve (a runtime holds them for the session's life; onnxruntime makes Constants initializers). The figure at
+a node is what is alive while it runs: its inputs and its outputs together. A node with subgraphs
+(If, Loop, Scan) is charged, while it runs, every value its bodies compute, all at once (every
+branch of an If, one iteration of a Loop): conservative.
+
+Sizes come from onnx's shape inference (data propagation on; ``onnxopt.ir.shapes.infer_model``, weights
+not serialized). A dimension inference leaves symbolic (or a value it gives no shape, a string
+tensor) makes the value's size unknown: it is listed in ``unknown`` and counted as 0, and the peak
+is then a lower bound (``lower_bound``). ``input_shapes`` (``onnxopt.ir.input_shapes``'s grammar) fixes
+symbols first. Element sizes are ``bitwidth`` bits (sub-byte types packed: ``ceil(n * bits / 8)``).
+
+:func:`reorder` (the pipeline's last pass, ``memory_reordering``) changes only the order of the
+main graph's nodes, never a node: among topological orders it tries a greedy list scheduler that
+runs next the ready node that frees the most for what it allocates (ties: the original order), and
+a depth-first order that finishes one operand before starting the next (Sethi-Ullman's order for
+trees, taken on the DAG), and keeps the one with the lowest peak only when it is strictly below the
+current order's. A graph with a node output of unknown size is left alone (fix the symbols with
+``input_shapes`` to have it reordered).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import onnx
+import onnx_ir as ir
+
+from onnxopt.ir import io
+from onnxopt.errors import UsageError
+from onnxopt.ir.input_shapes import fix, normalize
+from onnxopt.transforms.liveness import Liveness, Sizes, onnxruntime_graph, onnxruntime_order, plan_shapes, reorder as _reorder, result
+from onnxopt.ir.shapes import infer_proto, light_proto, symbolic_infer
+
+
+def _as_ir(model) -> ir.Model:
+    """``model`` itself when it is an onnx_ir.Model (not to be changed), else a new one."""
+    if isinstance(model, ir.Model):
+        return model
+    if isinstance(model, onnx.ModelProto):
+        return io.to_ir(model)
+    if isinstance(model, (str, os.PathLike)):
+        return io.load(model, check=False).model
+    raise UsageError(f"memory.peak takes a path, an onnx.ModelProto or an onnx_ir.Model, not {type(model).__name__}")
+
+
+def peak(model, input_shapes=None, *, curve: bool = True, order: str = "graph") -> dict:
+    """Peak activation memory of ``model`` (a path, onnx.ModelProto or onnx_ir.Model) in its node
+    order: ``peak_bytes``, ``peak_at`` (node index and name), ``alive_at_peak`` ([value, bytes],
+    largest first), ``curve`` (bytes alive while each node runs), ``onnxruntime_peak_bytes`` (the
+    peak in the order onnxruntime runs the nodes in, whatever ``order``), ``weights_bytes``,
+    ``inputs_bytes`` (counted in every figure), ``unknown`` (values of unknown or symbolic size,
+    counted as 0) and ``lower_bound`` (some are). JSON-ready; the same model gives the same dict.
+    ``order``: "graph" (the nodes' order in the model) or "onnxruntime": the graph onnxruntime's CPU
+    session runs (ops it has no CPU kernel for but ONNX defines as functions, HardSwish or CastLike,
+    inlined: ``onnxopt.transforms.liveness.onnxruntime_graph``; Constant nodes' values are weights), in the
+    order it runs the nodes (``onnxopt.transforms.liveness.onnxruntime_order``), with the buffers its
+    allocation plan shares (views, activations in place, and released buffers taken again for
+    values of the same shape as its planner knows it, which keeps them allocated in between; its
+    planner's shapes: onnx's inference without data propagation on the model as given, before
+    ``input_shapes``, names inference invents for unknown dimensions not being names) and the
+    working memory its kernels allocate (``onnxopt.transforms.liveness.kernel_scratch``: Where's two
+    selections, a Softmax's transposes, a ConvTranspose's columns); ``peak_at``'s index is then a
+    step of that order. ``onnxruntime_peak_bytes`` in results of the graph order leaves the reuse
+    and the inlining out (they need a second shape inference)."""
+    if order not in ("graph", "onnxruntime"):
+        raise UsageError(f"memory.peak: order {order!r}: choose graph or onnxruntime")
+    planned, late = None, frozenset()
+    m = _as_ir(model)
+    if order == "onnxruntime":
+        # the graph its session runs (function bodies inlined), and what its planner knows of it: the
+        # model as given, inputs as declared
+        m, late = onnxruntime_graph(m)
+        planned = plan_shapes(ir.serde.serialize_model(m))
+    if input_shapes:
+        if m is model:  # (the caller's: left as it is)
+            m = m.clone()
+        fix(m, normalize(input_shapes))
+    g = Liveness(m, Sizes(m, _infer), planned, late)
+    steps = range(len(g.nodes)) if order == "graph" else onnxruntime_order(g)
+    return result(g, steps, curve=curve, runtime=order == "onnxruntime")
+
+
+def reorder(model: ir.Model, touched=None) -> int:
+    """The ``memory_reordering`` pass: ``onnxopt.transforms.liveness.reorder`` with onnx's shape inference
+    (weights not serialized; onnxruntime's symbolic inference where onnx's leaves sizes open), inputs
+    with symbolic dimensions taken at the shapes the verifier runs them at (``run_shapes``: the first
+    dimension 1, others 16); returns 1 when the order changed."""
+    return _reorder(model, _sized_once)
+
+
+def report_peak(model: ir.Model) -> dict:
+    """:func:`peak` of ``model`` without the curve, at the shapes the verifier runs it at where its
+    inputs have symbolic dimensions (the first 1, others 16, a symbol the same everywhere), those
+    recorded as ``at``: optimize's report's figure (the model is left as it is)."""
+    from onnxopt.ir.input_shapes import symbolic_run_shapes
+
+    shapes = symbolic_run_shapes(model)
+    result = peak(model, input_shapes=shapes or None, curve=False)
+    return {**result, "at": shapes} if shapes else result
+
+
+def baseline(model: ir.Model) -> None:
+    """Record ``model``'s :func:`report_peak` (as the pipeline receives it) for the
+    ``memory_recomputation`` pass, and for optimize's report as its "before"."""
+    from onnxopt.transforms.recompute import BASELINE_KEY
+
+    model.graph.meta[BASELINE_KEY] = report_peak(model)
+
+
+def recompute(model: ir.Model, touched=None) -> int:
+    """The ``memory_recomputation`` pass (``onnxopt.transforms.recompute``), sized as :func:`reorder` sizes."""
+    from onnxopt.transforms.recompute import recompute as _recompute
+
+    return _recompute(model, _sized_once)
+
+
+def _sized_once(model: ir.Model) -> onnx.ModelProto:
+    """:func:`_sized`, taken again from ``model.graph.meta`` while the graph's nodes are the same
+    objects in the same order (the two memory passes run back to back: where the first changed
+    nothing, the second needs no second inference). The pipeline drops the entry when it ends."""
+    from onnxopt.transforms.recompute import SIZES_KEY
+
+    seen = tuple(model.graph)
+    cached = model.graph.meta.get(SIZES_KEY)
+    if cached is not None and len(cached[0]) == len(seen) and all(a is b for a, b in zip(cached[0], seen)):
+        return cached[1]
+    proto = _sized(model)
+    model.graph.meta[SIZES_KEY] = (seen, proto)
+    return proto
+
+
+def _sized(model: ir.Model) -> onnx.ModelProto:
+    """Shapes for ``model``'s values by name, symbolic inputs at the verifier's run shapes (the model is
+    not changed)."""
+    from onnxopt.ir.input_shapes import symbolic_run_shapes
+
+    shapes = symbolic_run_shapes(model)
+    m = model
+    if shapes:
+        m = model.clone()
+        fix(m, normalize(shapes))
+    return _infer(m)
+
+
+def _infer(model: ir.Model) -> onnx.ModelProto:
+    """onnx's shape inference (as ``onnxopt.ir.shapes.infer_model``), and onnxruntime's symbolic inference where onnx's leaves
+    a node output's size open (exported shape arithmetic, a symbolic dimension) and it knows more."""
+    light = light_proto(model)
+    proto = infer_proto(light)
+    names = {o.name for n in model.graph for o in n.outputs if o.name}
+    if not names <= _sized_names(proto):
+        deeper = symbolic_infer(light)  # (the weights left out: it copies the model it is given)
+        if deeper is not None and len(names & _sized_names(deeper)) > len(names & _sized_names(proto)):
+            return deeper
+    return proto
+
+
+def _sized_names(proto: onnx.ModelProto) -> set[str]:
+    """The values whose every dimension a shape inference made concrete."""
+    return {vi.name for vi in (*proto.graph.value_info, *proto.graph.output) if vi.type.tensor_type.HasField("shape")
+            and all(d.HasField("dim_value") and d.dim_value >= 0 for d in vi.type.tensor_type.shape.dim)}
+
+
+def without_curve(peak_result: Mapping) -> dict:
+    return {k: v for k, v in peak_result.items() if k != "curve"}
+
+
+__all__ = ["peak", "reorder", "report_peak", "without_curve"]
