@@ -1,11 +1,14 @@
 """Optimize every zoo model and print the sha256 of each output, or compare with a recorded set.
 
-    python scripts/zoo_hashes.py [--cache DIR] [--models NAME ...] [--record HASHES.json] [--check HASHES.json]
+    python scripts/zoo_hashes.py [--cache DIR] [--models NAME ...] [--configs CONFIG ...]
+                                 [--record HASHES.json] [--check HASHES.json]
 
 A refactoring that must not change what onnxopt writes is checked by recording the hashes before
 it (``--record``) and checking them after (``--check``: exit 1 and the models that changed when
-any output differs). Each model is optimized with the default rules into a temporary folder; the
-hash covers the model file and, when there is one, its data file.
+any output differs). Each model is optimized into a temporary folder once per config: ``portable``
+(the default optimize), ``ort-cpu`` and ``ort-cuda`` (the targets, whose fusions emit onnxruntime's
+contrib ops) and ``ort-cuda-fp16`` (``precision="fp16"``, no data); the hash covers the model file
+and, when there is one, its data file.
 """
 
 from __future__ import annotations
@@ -25,9 +28,17 @@ from onnxopt import optimize  # noqa: E402
 from onnxopt.models import zoo  # noqa: E402
 
 
-def output_hash(src: Path, work: Path) -> str:
+CONFIGS = {
+    "portable": {},
+    "ort-cpu": {"target": "ort-cpu"},
+    "ort-cuda": {"target": "ort-cuda"},
+    "ort-cuda-fp16": {"target": "ort-cuda", "precision": "fp16"},
+}
+
+
+def output_hash(src: Path, work: Path, config: str = "portable") -> str:
     out = work / f"{src.stem}.opt.onnx"
-    optimize(str(src), output=str(out))
+    optimize(str(src), output=str(out), **CONFIGS[config])
     digest = hashlib.sha256()
     for path in sorted(work.glob(f"{out.name}*")):  # the model and its data file, in name order
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
@@ -38,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cache", type=Path, help="zoo cache directory (default $ONNXOPT_CACHE)")
     p.add_argument("--models", nargs="+", help="zoo models (default: every one that is built)")
+    p.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=list(CONFIGS),
+                   help="how each model is optimized (default: all of them)")
     p.add_argument("--record", type=Path, help="write the hashes here (JSON)")
     p.add_argument("--check", type=Path, help="compare with hashes recorded earlier; exit 1 on a difference")
     args = p.parse_args(argv)
@@ -50,15 +63,17 @@ def main(argv: list[str] | None = None) -> int:
             if not src.exists():
                 print(f"{name:<28} not built (python -m onnxopt.models build --only {name})")
                 continue
-            work = Path(tmp) / name
-            work.mkdir()
-            hashes[name] = output_hash(src, work)
-            verdict = ""
-            if args.check:
-                verdict = "same" if recorded.get(name) == hashes[name] else "CHANGED" if name in recorded else "new"
-                if verdict == "CHANGED":
-                    changed.append(name)
-            print(f"{name:<28} {hashes[name]}  {verdict}".rstrip())
+            for config in args.configs:
+                key = name if config == "portable" else f"{name}@{config}"
+                work = Path(tmp) / key
+                work.mkdir()
+                hashes[key] = output_hash(src, work, config)
+                verdict = ""
+                if args.check:
+                    verdict = "same" if recorded.get(key) == hashes[key] else "CHANGED" if key in recorded else "new"
+                    if verdict == "CHANGED":
+                        changed.append(key)
+                print(f"{key:<42} {hashes[key]}  {verdict}".rstrip())
     if args.record:
         args.record.write_text(json.dumps(hashes, indent=2) + "\n")
     if changed:

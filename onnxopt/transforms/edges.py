@@ -68,7 +68,7 @@ PREPROCESS_FORM = ("NAME=uint8,LAYOUT[,scale=S][,mean=M[,M2,...]][,std=S[,S2,...
                    f"{'/'.join(PIXEL_LAYOUTS)}, e.g. x=uint8,HWC,scale=1/255,mean=0.485,0.456,0.406,"
                    "std=0.229,0.224,0.225")
 LAYOUT_FORM = f"NAME=LAYOUT or LAYOUT with LAYOUT one of {', '.join(LAYOUTS)}"
-PROVENANCE = "onnxopt.transforms.edges"  # metadata key of the nodes inserted here (and of the Convs folded into)
+PROVENANCE = "onnxopt.layout"  # metadata key of the nodes inserted here (and of the Convs folded into)
 # model metadata: the edges a model was given (:func:`edges_of`), so that ``verify`` can feed the
 # original model what the edited one takes and compare their outputs in one layout
 EDGES_KEY = "onnxopt.io_layout"

@@ -607,7 +607,7 @@ def result(g: Liveness, order: Sequence[int], curve=True, runtime: bool = False)
     return out
 
 
-PEAK_KEY = "onnxopt.transforms.memory.peak"  # graph.meta (in memory only): the pass's result() of the order it leaves
+PEAK_KEY = "onnxopt.memory.peak"  # graph.meta (in memory only): the pass's result() of the order it leaves
 
 
 def reorder(model: ir.Model, infer: Callable[[ir.Model], onnx.ModelProto]) -> int:

@@ -38,8 +38,8 @@ from onnxopt.ir.util import MERGED_KEY, REPLACED_KEY, RULE_KEY, subgraphs
 from onnxopt.transforms.liveness import Liveness, Sizes, onnxruntime_order, result as peak_result, PEAK_KEY
 from onnxopt.core.purity import Purity
 
-BASELINE_KEY = "onnxopt.transforms.memory.baseline"  # graph.meta (in memory only): the input's memory.peak, recorded first
-SIZES_KEY = "onnxopt.transforms.memory.sizes"  # graph.meta (in memory only): the memory passes' last inference, and its nodes
+BASELINE_KEY = "onnxopt.memory.baseline"  # graph.meta (in memory only): the input's memory.peak, recorded first
+SIZES_KEY = "onnxopt.memory.sizes"  # graph.meta (in memory only): the memory passes' last inference, and its nodes
 
 # not cheap to compute again: work beyond one pass over the data (products, convolutions, recurrences)
 _COSTLY = frozenset({
