@@ -125,8 +125,8 @@ def test_input_shapes_that_are_accepted(text, shape):
 
 
 def test_the_readme_forms_are_what_is_accepted():
-    """The README: `--input-shape NAME=1x3x224x224`, `--warmup` at least 1."""
-    readme = (ROOT / "README.md").read_text()
+    """The manual (docs/verify.md): `--input-shape NAME=1x3x224x224`, `--warmup` at least 1."""
+    readme = (ROOT / "docs" / "verify.md").read_text()
     assert "--input-shape NAME=1x3x224x224" in readme and "(`--warmup`, default 5, at least 1)" in readme
     with pytest.raises(UsageError):
         verify.verify(_text_model(), _text_model(), runs=1, warmup=0)
