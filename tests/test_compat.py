@@ -234,3 +234,31 @@ def test_a_0_1_rules_file_runs_through_the_command_line(rules_0_1, tmp_path):
     proc = _run_cli(src, "-o", out2, "-c", tmp_path / "onnxopt.toml", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert [n.op_type for n in onnx.load(out2).graph.node] == ["Relu"]
+
+
+def test_onnxopt_itself_uses_no_old_path():
+    """The 0.1 paths are for users: onnxopt, its rules, model builders and scripts import the new ones
+    (an old path would warn in every user's run)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    shorts = {old.rpartition(".")[2] for old in MOVED}
+    found = []
+    for folder in ("onnxopt", "rules", "models", "scripts"):
+        for path in sorted((root / folder).rglob("*.py")):
+            if path.name == "_compat.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                names = []
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module:
+                    names = [node.module] + ([f"onnxopt.{a.name}" for a in node.names if a.name in shorts]
+                                             if node.module == "onnxopt" else [])
+                elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+                      and getattr(node.func, "attr", None) == "import_module"):
+                    names = [str(node.args[0].value)]
+                found += [f"{path.relative_to(root)}:{node.lineno}: {n}" for n in names
+                          if any(n == old or n.startswith(old + ".") for old in MOVED)]
+    assert found == []
