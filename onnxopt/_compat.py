@@ -42,7 +42,8 @@ MOVED = {
     "onnxopt.console": "onnxopt.reporting.console", "onnxopt.config": "onnxopt.cli.config",
 }
 
-# 0.1 names that left the module MOVED names, for one its new home may not import: name -> new module.
+# 0.1 names that did not go where their module went, because its new home may not import theirs (a layer
+# above it): old path -> name -> the module holding the name now.
 MOVED_NAMES = {
     "onnxopt.precision": {"convert_fp16_checked": "onnxopt.verify.fp16_fallback",
                           "MAX_CANDIDATES": "onnxopt.verify.fp16_fallback"},
