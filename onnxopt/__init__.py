@@ -6,7 +6,7 @@ optimizer (``optimize``, ``Report``, ``default_rules``) loads on first use, so t
 built-in rule library.
 """
 
-__version__ = "0.1.0"
+from onnxopt._version import __version__  # noqa: E402,F401
 
 
 from . import _compat  # noqa: E402

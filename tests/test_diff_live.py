@@ -240,7 +240,7 @@ def test_ctrl_c_stops_the_server(tmp_path):
     if diff_live.netron_dir() is None:
         pytest.skip("netron is not installed (pip install 'onnxopt[diff]')")
     before, after = _small(tmp_path)
-    code = ("import sys; from onnxopt import diff_live; "
+    code = ("import sys; from onnxopt.diff import live as diff_live; "
             f"sys.exit(diff_live.run({str(before)!r}, {str(after)!r}, {{}}, open_browser=False, "
             "echo=lambda s: print(s, flush=True)))")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

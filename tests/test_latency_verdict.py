@@ -116,5 +116,5 @@ def test_the_diff_page_shows_the_verdict_not_a_bare_ratio():
 
     lat = {"before": {"median_ms": 2.0}, "after": {"median_ms": 2.2}, "ratio_median": 1.1, "interval": [0.9, 1.3],
            "confidence": 0.9, "verdict": NO_DIFFERENCE}
-    rows = diff._verify_summary({"providers": {"cpu": {"ok": True, "kernels": {}, "latency": lat}}})
+    rows = diff.verify_summary({"providers": {"cpu": {"ok": True, "kernels": {}, "latency": lat}}})
     assert NO_DIFFERENCE in rows["cpu"]["latency_verdict"] and "0.900" in rows["cpu"]["latency_verdict"]

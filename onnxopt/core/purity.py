@@ -25,14 +25,11 @@ from collections.abc import Mapping
 
 import onnx_ir as ir
 
-from onnxopt.ir.util import constant_tensor
+from onnxopt.ir.util import RANDOM_OPS, constant_tensor
 
 PURE, RANDOM, OPAQUE = 0, 1, 2
 
 STANDARD_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml"})
-RANDOM_OPS = frozenset({
-    "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
-})
 
 # onnxruntime contrib ops that compute a function of their inputs and nothing else: the fused ops
 # onnxruntime's graph optimizer and its transformers optimizer write into the models they save, and

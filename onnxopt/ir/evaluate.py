@@ -65,8 +65,7 @@ from onnx.reference import ReferenceEvaluator
 
 from onnxopt.ir.io import first_line, onnxruntime_module  # noqa: E402
 from onnxopt.ir.kernels import kernel_defs  # noqa: E402
-from onnxopt.ir.util import constant_tensor, nbytes, use_count  # noqa: E402
-from onnxopt.core.purity import RANDOM_OPS  # noqa: E402  (one list: what is never folded, merged or assumed fixed)
+from onnxopt.ir.util import RANDOM_OPS, constant_tensor, nbytes, use_count  # noqa: E402  (RANDOM_OPS: one list, what is never folded, merged or assumed fixed)
 from onnxopt.ir.shapes import SMALL_CONST, infer, infer_node_outputs, slice_positions, small_tensor_proto  # noqa: E402
 
 # Not folded here: Constant nodes become initializers by their own rule; Identity of a constant

@@ -1012,7 +1012,7 @@ def record_version(model: ir.Model) -> None:
     package version alone (no date or commit: the same input still gives the same bytes). A model
     optimized again keeps one entry, holding the version that ran last; ``producer_name`` (the
     exporter) is left alone."""
-    from onnxopt import __version__
+    from onnxopt._version import __version__
 
     model.metadata_props[VERSION_KEY] = __version__
 

@@ -24,6 +24,11 @@ MERGED_KEY = "onnxopt.merged"  # the nodes a graph pass merged into this one
 OWN_PREFIX = "onnxopt."  # onnxopt's own keys: provenance, recorded by onnxopt, never inherited
 
 STANDARD_DOMAINS = frozenset({"", "ai.onnx"})
+# The ops of the standard domain that draw random values: never folded (onnxopt.ir.evaluate), never
+# merged with a twin (onnxopt.core.purity). Here, below both, so that the evaluator needs no core module.
+RANDOM_OPS = frozenset({
+    "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
+})
 
 
 def domain(node: ir.Node) -> str:

@@ -653,12 +653,12 @@ def build(input_path, output_path, report, *, page=None, diff_page=None, verify_
         at_source = "the shapes the verification's data ran at" if data else "the verifier's shapes"
         if not any(shapes):
             shapes = {}
-    analyze, why = _optional("analysis", "analyze")
+    analyze, why = _optional("inspect.analysis", "analyze")
     analysis = _both(analyze, str(input_path), str(output_path), shapes) if analyze else {"unavailable": why}
     memory = d.get("memory")
     if not (memory and all((memory.get(side) or {}).get("curve") is not None for side in ("before", "after"))):
         # (the Report keeps the peaks without their curves: the curves are taken from the models on disk)
-        peak, why = _optional("memory", "peak")
+        peak, why = _optional("transforms.memory", "peak")
         curves = _both(peak, str(input_path), str(output_path), shapes) if peak else {"unavailable": why}
         memory = {**curves, "reordered": bool((memory or {}).get("reordered"))} if "before" in curves else curves
     profile = None

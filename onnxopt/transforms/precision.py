@@ -404,8 +404,6 @@ class _Converter:
         float16's range with :data:`FP16_HEADROOM` to spare, or whose float16 spacing at their
         magnitude is more than FP16_MAX_ERROR of their spread over the data ((x + 1000) - 1000: 0.5
         at 1000); without data, those whose bound from the weights and constants exceeds 65504."""
-        from onnxopt.verify.compare import FP16_MAX_ERROR
-
         out: dict[str, tuple[str, str]] = {}
         if self.ranges is not None:
             for name, (lo, hi) in self.ranges.items():
@@ -416,7 +414,7 @@ class _Converter:
                 spread = hi - lo
                 if spread > 0 and top >= FP16_MIN_NORMAL:
                     half = float(np.spacing(np.float16(top))) / 2  # float16's rounding error at that magnitude
-                    if half > FP16_MAX_ERROR * spread:
+                    if half > targets.FP16_MAX_ERROR * spread:
                         out[name] = ("spacing", f"float16 rounds by up to {half:g} at {top:.4g}, {half / spread:.1%} "
                                                 f"of its spread at the data ({spread:.4g})")
             return out
