@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import configparser
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import onnx
 import onnxopt
 import pytest
 
@@ -87,21 +89,36 @@ def test_readme_starts_with_two_setup_commands_and_ci_runs_the_second():
     assert "sed -n '3p'" in ci  # the second command of the first block, verbatim
 
 
-def test_source_checkout_finds_rules_and_models_without_an_install(tmp_path):
-    """The README's first command runs `python -m onnxopt...` from the repository root after a
-    non-editable install: the source onnxopt/ shadows the installed one there, and must still
-    find rules/ and models/ beside it."""
+def test_readme_first_command_runs_from_the_repository_root(tmp_path):
+    """The README's first command, past its `pip install -e`: from the repository root, the
+    checkout's onnxopt finds rules/ and models/ through the install's mapping (setup.cfg's
+    package_dir), not through an import-time path edit."""
+    first = (ROOT / "README.md").read_text().split("```bash\n", 1)[1].splitlines()[0]
+    assert first.startswith('pip install -e ".[ort]" && ')
+    demo, out = tmp_path / "demo.onnx", tmp_path / "demo.opt.onnx"
+    cmd = first.split(" && ", 1)[1].replace("demo.opt.onnx", str(out)).replace("demo.onnx", str(demo))
+    cmd = cmd.replace("python -m", f"{sys.executable} -m")  # this interpreter (a virtual environment's too)
+    res = subprocess.run(cmd, shell=True, capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": ""})
+    assert res.returncode == 0, res.stderr
+    assert onnx.load(str(out)).graph.node and "rewrites" in res.stdout + res.stderr
+
+
+def test_a_checkout_without_the_install_says_so_in_one_line(tmp_path):
+    """Without the install's mapping (an uninstalled checkout on sys.path), the rule library is
+    missing: one line naming the fix, exit 2; no path edit hides it."""
     code = (
         "import sys\n"
         f"sys.path.insert(0, {str(ROOT)!r})\n"
         "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]\n"
-        "import onnxopt, onnxopt.rules, onnxopt.models.synthetic\n"
+        "import onnxopt\n"
         f"assert onnxopt.__file__.startswith({str(ROOT)!r}), onnxopt.__file__\n"
-        "print(len(onnxopt.default_rules()))\n"
+        "from onnxopt import cli\n"
+        "sys.exit(cli.main(['--list-rules']))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
-    assert int(out.stdout.strip()) == len(onnxopt.default_rules())
+    assert out.returncode == 2, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "pip install -e ." in out.stderr
 
 
 def _readme_table(header: str) -> dict[str, str]:

@@ -17,8 +17,16 @@ from onnxopt.core.pattern import Rule
 
 def builtin_rules() -> list[Rule]:
     """The rules shipped in onnxopt's rule library (``rules/``, installed as ``onnxopt.rules``)."""
-    from onnxopt.rules import RULES
+    try:
+        from onnxopt.rules import RULES
+    except ModuleNotFoundError as exc:
+        if exc.name != "onnxopt.rules":
+            raise
+        import onnxopt
 
+        raise UsageError(f"onnxopt's rule library (onnxopt.rules) is not installed: {Path(onnxopt.__file__).parent} "
+                         f"is a source checkout's; run `pip install -e .` in the checkout (setup.cfg maps rules/ "
+                         f"to onnxopt.rules)") from None
     return list(RULES)
 
 
