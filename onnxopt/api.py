@@ -19,7 +19,8 @@ from onnxopt.transforms import precision as precisions
 from onnxopt.verify import fp16_fallback
 from onnxopt import verify as verifier
 from onnxopt.verify.bisect import bisect_failure
-from onnxopt.errors import bug_warnings, strict_default
+from onnxopt.errors import UsageError, bug_warnings, strict_default
+from onnxopt.options import OptimizeOptions, QuantizeOptions, TargetOptions, described
 from onnxopt.ir.input_shapes import fix as fix_input_shapes, normalize as normalize_input_shapes
 from onnxopt.core.stats import RuleStats
 from onnxopt.ir.util import gc_paused, node_counts
@@ -93,38 +94,14 @@ class Report:
         }
 
 
-def optimize(
-    model: io.ModelLike,
-    *,
-    rules: Sequence[Rule] | None = None,
-    extra_rules: Sequence[Rule] = (),
-    disable: Iterable[str] = (),
-    target: str | None = None,
-    output: str | os.PathLike | None = None,
-    external_data: str | bool | None = None,
-    max_rewrites: int | None = None,
-    fold_size_limit: int = evaluate.DEFAULT_SIZE_LIMIT,
-    fold_input_limit: int = evaluate.DEFAULT_INPUT_LIMIT,
-    graph_passes: Iterable[str] | None = None,
-    check: bool = True,
-    inplace: bool = False,
-    return_report: bool = False,
-    stop_after: int | None = None,
-    verify: bool | str | Sequence[str] = False,
-    verify_options: dict | None = None,
-    outputs: io.Outputs | None = None,
-    strict: bool | None = None,
-    input_shapes=None,
-    exact: bool = False,
-    progress=None,
-    quantize: dict | None = None,
-    precision: str = "fp32",
-    input_layout=None,
-    output_layout=None,
-    input_preprocess=None,
-    diff: str | os.PathLike | None = None,
-):
+def optimize(model: io.ModelLike, output: str | os.PathLike | None = None, *, options: OptimizeOptions | None = None,
+             **shortcuts):
     """Rewrite ``model`` with the rules until nothing more applies.
+
+    The settings are ``options`` (``onnxopt.options.OptimizeOptions``: one frozen dataclass per
+    concern) and the keywords below, each a shortcut for one of its fields, applied over
+    ``options`` (``optimize(m, target="ort-cuda")`` is
+    ``optimize(m, options=OptimizeOptions(target=TargetOptions(target="ort-cuda")))``).
 
     Args:
         model: a path, bytes, onnx.ModelProto, onnx_ir.Model or onnx_graphsurgeon.Graph; the
@@ -224,51 +201,53 @@ def optimize(
             ``verify`` ran); ``model`` must be a path or an onnx.ModelProto. The live view is
             ``python -m onnxopt diff BEFORE AFTER``.
     """
-    if diff is not None:
-        return _optimize_with_diff(model, diff, locals())
-    if precision not in ("fp32", "fp16"):
-        from onnxopt.errors import UsageError
-        raise UsageError(f"precision {precision!r}: choose fp32 or fp16")
+    opts = (options or OptimizeOptions()).with_shortcuts(**shortcuts)
+    if opts.report.diff is not None:
+        return _optimize_with_diff(model, output, opts)
+    target, precision = opts.target.target, opts.target.precision
+    rw, save, report = opts.rewrite, opts.save, opts.report
+    exact, quantize = rw.exact, opts.quantize
+    for f, opt in described(TargetOptions):  # (one line on a bad value)
+        if opt.validate is not None:
+            opt.validate(getattr(opts.target, f.name))
     if precision == "fp16" and (exact or quantize is not None):
-        from onnxopt.errors import UsageError
         raise UsageError(f"precision fp16 cannot be combined with {'exact' if exact else 'quantize'}: float16 "
                          f"changes every value")
-    edges = layouts.spec(input_layout, output_layout, input_preprocess)  # one line on a bad spec
+    edges = opts.layout.edges()  # one line on a bad spec
     if edges and quantize is not None:
-        from onnxopt.errors import UsageError
         raise UsageError("input/output layouts and preprocessing cannot be combined with quantize yet")
+    verify, verify_options = opts.verify.providers, opts.verify.verifier_kwargs()
     if quantize is not None:
-        return _optimize_quantized(model, quantize, rules=rules, extra_rules=extra_rules, disable=disable,
-                                   target=target, output=output, external_data=external_data, check=check,
-                                   inplace=inplace, return_report=return_report, stop_after=stop_after,
-                                   verify=verify, outputs=outputs, strict=strict, input_shapes=input_shapes,
-                                   exact=exact, progress=progress)
+        return _optimize_quantized(model, quantize, rules=rw.rules, extra_rules=rw.extra_rules, disable=rw.disable,
+                                   target=target, output=output, external_data=save.external_data, check=save.check,
+                                   inplace=save.inplace, return_report=report.return_report,
+                                   stop_after=rw.stop_after, verify=verify, outputs=save.outputs, strict=rw.strict,
+                                   input_shapes=opts.layout.input_shapes, exact=exact, progress=report.progress)
     with gc_paused():
-        return _optimize(model, rules, extra_rules, disable, target, output, external_data, max_rewrites,
-                         check, inplace, return_report, fold_size_limit, graph_passes, fold_input_limit,
-                         stop_after, verify, verify_options, outputs,
-                         strict_default(strict), normalize_input_shapes(input_shapes), exact,
-                         progress or verifier.Progress(), precision, edges)
+        return _optimize(model, rw.rules, rw.extra_rules, rw.disable, target, output, save.external_data,
+                         rw.max_rewrites, save.check, save.inplace, report.return_report, rw.fold_size_limit,
+                         rw.graph_passes, rw.fold_input_limit, rw.stop_after, verify, verify_options, save.outputs,
+                         strict_default(rw.strict), normalize_input_shapes(opts.layout.input_shapes), exact,
+                         report.progress or verifier.Progress(), precision, edges)
 
 
-def _optimize_with_diff(model, page, args: dict):
+def _optimize_with_diff(model, output, opts: OptimizeOptions):
     """optimize(), then the diff page between ``model`` and the result."""
     import onnx
 
     from onnxopt import diff as diffs
-    from onnxopt.errors import UsageError
 
+    page = opts.report.diff
     if not isinstance(model, (str, os.PathLike, onnx.ModelProto)):
         raise UsageError(f"diff= needs the model as a path or an onnx.ModelProto, not {type(model).__name__}")
-    args = {k: v for k, v in args.items() if k not in ("model", "diff")}
-    want_report = args["return_report"]
-    args["return_report"] = True
+    want_report = opts.report.return_report
+    opts = opts.with_shortcuts(diff=None, return_report=True)
     with io.Outputs() as outputs:  # the page: claimed first (never an input or the output), put in place atomically
-        for path in (model, args["output"]):
+        for path in (model, output):
             if isinstance(path, (str, os.PathLike)):
                 outputs.protect(path)
         outputs.claim(page, "diff=")
-        result, report = optimize(model, **args)
+        result, report = optimize(model, output, options=opts)
         after = os.fspath(result) if isinstance(result, (str, os.PathLike)) else result
         if not isinstance(after, (str, onnx.ModelProto)):
             after = ir.serde.serialize_model(result)
@@ -517,7 +496,6 @@ def _fusions(chosen, stats) -> dict:
 
 def _optimize_quantized(model, options, *, rules, extra_rules, disable, target, output, external_data, check, inplace,
                         return_report, stop_after, verify, outputs, strict, input_shapes, exact, progress):
-    from onnxopt.errors import UsageError
     from onnxopt.quantize.api import quantize as _quantize
 
     if not isinstance(options, dict) or "calibration" not in options:
@@ -533,9 +511,7 @@ def _optimize_quantized(model, options, *, rules, extra_rules, disable, target, 
                          f"quantization runs onnxopt's built-in cleanup and takes these from optimize's own arguments")
     options = dict(options)
     calibration = options.pop("calibration")
-    import inspect
-
-    known = set(inspect.signature(_quantize).parameters) - {"model", "calibration"}
+    known = {"output", *QuantizeOptions.keywords()}
     unknown = sorted(set(options) - known)
     if unknown:
         raise UsageError(f"optimize(quantize=...): unknown option(s) {', '.join(map(repr, unknown))}; onnxopt.quantize "

@@ -18,6 +18,7 @@ from onnx import helper
 import onnxopt.quantize.api as quantize_api
 from onnxopt.cli import config
 from onnxopt import cli
+cli_optimize = cli  # (the module that calls optimize())
 
 from helpers import init, model, tinfo
 
@@ -79,13 +80,14 @@ def seen(monkeypatch) -> dict:
     calls: dict = {}
 
     def spy(name):
-        def record(*args, **kwargs):
-            calls[name] = {"args": args, **kwargs}
+        def record(*args, options=None, **kwargs):
+            # the call as keywords: its options (onnxopt.options) as the shortcuts they stand for
+            calls[name] = {"args": args, **(options.shortcuts() if options is not None else {}), **kwargs}
             raise _Stop()
 
         return record
 
-    monkeypatch.setattr(cli, "optimize", spy("optimize"))
+    monkeypatch.setattr(cli_optimize, "optimize", spy("optimize"))
     monkeypatch.setattr(quantize_api, "quantize", spy("quantize"))
     return calls
 

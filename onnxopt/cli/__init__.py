@@ -35,7 +35,7 @@ from onnxopt.ir import evaluate
 from onnxopt.ir import input_shapes
 from onnxopt.ir import io
 from onnxopt.library import registry
-from onnxopt import __version__, targets, verify
+from onnxopt import __version__, options, targets, verify
 from onnxopt.api import optimize
 from onnxopt.verify.bisect import bisect
 from onnxopt.reporting.console import Status, say, show
@@ -87,29 +87,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--list-rules", action="store_true",
                    help="list the rules by family (targets, exactness, what each does) and the graph passes, "
                         "and exit")
-    _add_rule_args(p)
-    ext = p.add_mutually_exclusive_group()
-    ext.add_argument("--external-data", metavar="NAME", nargs="?", const=True,
-                     help="save weights to an external data file (default name: OUTPUT.data)")
-    ext.add_argument("--single-file", action="store_true", help="save weights inside the model file")
-    p.add_argument("--precision", choices=("fp32", "fp16"), default="fp32",
-                   help="fp16: after the rules, float32 weights and compute become float16 (precision-sensitive "
-                        "ops stay float32, input and output types are kept); default fp32")
-    p.add_argument("--verify", metavar="PROVIDERS",
-                   help="before writing, verify the result against the input on onnxruntime (cpu, cuda or "
-                        "cpu,cuda): on a difference, exit 1 and write nothing")
-    _add_layout_args(p)
-    _add_verify_args(p)
-    _add_report_args(p, quiet="print nothing on success")
-    p.add_argument("--diff", metavar="PAGE.html",
-                   help="also write the static diff page (what each rule did, node by node; the live view: "
-                        "onnxopt diff MODEL OUTPUT)")
-    p.add_argument("--report", metavar="PAGE.html",
-                   help="also write the report as one self-contained HTML page: the tables, where FLOPs, bytes and "
-                        "(with --verify) measured latency go by op type, memory over time, the verification, a "
-                        "link to --diff's page")
+    flags = _Flags(p, options.OPTIMIZE)
+    flags.add(*_RULE_FLAGS, "external_data", "precision", "providers", "input_layout", "output_layout",
+              "input_preprocess", *_INPUT_FLAGS, *_MEASURE_FLAGS, "json", "quiet", "diff", "html")
     _add_config_arg(p)
     p.add_argument("--version", action="version", version=f"onnxopt {__version__}")
+    flags.add_rest()
     return p
 
 
@@ -128,85 +111,40 @@ def _add_config_arg(p: argparse.ArgumentParser) -> None:
                         "override it, relative paths in it are relative to its folder")
 
 
-def _add_rule_args(parser: argparse.ArgumentParser) -> None:
-    p = parser.add_argument_group("rules")
-    p.add_argument("--disable", metavar="RULE", action="append", default=[], help="leave a rule out (repeatable)")
-    p.add_argument("--rules", metavar="FILE", action="append", default=[],
-                   help="a Python file whose RULES are added to the built-in ones (repeatable)")
-    p.add_argument("--no-builtin-rules", action="store_true", help="use only the rules given with --rules")
-    p.add_argument("--builtin-rules", dest="no_builtin_rules", action="store_false", default=argparse.SUPPRESS,
-                   help="the built-in rules too (the default; overrides a config file's no_builtin_rules)")
-    p.add_argument("--target", choices=[*targets.TARGETS, *targets.ALIASES], metavar="TARGET",
-                   help="where the model will run: portable (default: standard ONNX ops only), ort-cpu, ort-cuda "
-                        "(onnxruntime's CPU or CUDA provider; cpu and cuda are aliases); only rules valid there run")
-    p.add_argument("--exact", action=argparse.BooleanOptionalAction, default=False,
-                   help="only rewrites that keep every output bit-identical on onnxruntime's CPU provider with its "
-                        "default settings (rules declared exact; see --list-rules); --no-exact overrides a config "
-                        "file's exact")
-    p.add_argument("--max-rewrites", type=int, metavar="N", help="cap on the number of rewrites")
-    p.add_argument("--strict", action=argparse.BooleanOptionalAction, default=None,
-                   help="a rule that raises (a bug in it) stops the run with an error instead of being skipped "
-                        "and reported (default: on when ONNXOPT_STRICT=1); --no-strict overrides a config file's "
-                        "strict")
-    p.add_argument("--fold-size-limit", type=int, metavar="BYTES", default=evaluate.DEFAULT_SIZE_LIMIT,
-                   help="constant folding creates a larger tensor only in place of at least as many bytes of "
-                        "constants that become unused (default 1 MiB)")
+_RULE_FLAGS = ("disable", "extra_rules", "rules", "target", "exact", "max_rewrites", "strict", "fold_size_limit")
+_INPUT_FLAGS = ("inputs", "input_shapes", "int_ranges", "seed", "rtol", "atol")
+_MEASURE_FLAGS = ("runs", "latency_budget", "warmup", "threads", "provider_options")
 
 
-def _add_layout_args(parser: argparse.ArgumentParser) -> None:
-    p = parser.add_argument_group("layout")
-    p.add_argument("--input-layout", metavar="NAME=LAYOUT", action="append", default=[],
-                   help="an input the model is to take channels-last, e.g. x=NHWC (or NHWC: every 4-D input); "
-                        "a Transpose at the input gives the model its NCHW (repeatable)")
-    p.add_argument("--output-layout", metavar="NAME=LAYOUT", action="append", default=[],
-                   help="an output the model is to return channels-last, e.g. y=NHWC (repeatable)")
-    p.add_argument("--input-preprocess", metavar="NAME=SPEC", action="append", default=[],
-                   help="an input that becomes raw images, e.g. x=uint8,HWC,scale=1/255,mean=0.485,0.456,0.406,"
-                        "std=0.229,0.224,0.225[,bgr]: the model casts, swaps channels and normalizes itself (folded "
-                        "into the first Conv where it can be) (repeatable)")
+class _Flags:
+    """A command's flags, from the options' declarations (``onnxopt.options``): ``add`` puts the
+    named ones in the order the command shows them (in their argparse group, made on first use),
+    ``add_rest`` every other option the command takes (a new option needs no edit here)."""
 
+    def __init__(self, parser: argparse.ArgumentParser, command: str):
+        self.parser, self.command = parser, command
+        self.options = dict(options.flag_options(command))
+        self.groups: dict[str, argparse._ArgumentGroup] = {}
+        self.added: set[str] = set()
 
-def _add_report_args(p: argparse.ArgumentParser, quiet: str) -> None:
-    p.add_argument("--json", metavar="REPORT", help="also write the report as JSON to this file")
+    def add(self, *names: str) -> None:
+        for name in names:
+            opt = self.options[name]
+            where = self.parser
+            if opt.group is not None:
+                if opt.group not in self.groups:
+                    self.groups[opt.group] = self.parser.add_argument_group(opt.group)
+                where = self.groups[opt.group]
+            if opt.exclusive:
+                where = where.add_mutually_exclusive_group()
+            kwargs = {k: (v() if k == "choices" and callable(v) else v) for k, v in opt.argparse.items()}
+            where.add_argument(*opt.flags, help=opt.help_for(self.command), **kwargs)
+            for flags, more in opt.also:
+                where.add_argument(*flags, **more)
+            self.added.add(name)
 
-    p.add_argument("-q", "--quiet", action="store_true", help=f"{quiet}; no progress on stderr")
-    p.add_argument("--no-quiet", dest="quiet", action="store_false", default=argparse.SUPPRESS,
-                   help="print as usual (overrides a config file's report.quiet)")
-
-
-def _add_input_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("inputs and tolerances")
-    g.add_argument("--inputs", metavar="FILE.npz", help="input arrays by name (others are generated)")
-    g.add_argument("--input-shape", metavar="NAME=DIMS", action="append", default=[],
-                   help="an input's shape, NAME=D1,D2,... or NAME=1x3x224x224 (repeatable): optimize fixes the "
-                        "model's input to it (a D may be a symbol name, which keeps or renames that dimension's "
-                        "symbol) and --verify runs at it; verify and bisect generate the input at it (numbers only)")
-    g.add_argument("--int-range", metavar="NAME=LOW:HIGH", action="append", default=[],
-                   help="inclusive range of a generated integer input, e.g. input_ids=0:30521 (repeatable; "
-                        "default: the rows of the Gather table it indexes, 0:1 for names with 'mask', else 0:9)")
-    g.add_argument("--seed", type=int, default=0, help="seed of the generated inputs (default 0)")
-    g.add_argument("--rtol", type=float, help="relative tolerance for every output (default per dtype: "
-                                              "float32 1e-4, float16 1e-2, ...)")
-    g.add_argument("--atol", type=float, help="absolute tolerance for every output (default per dtype: "
-                                              "float32 1e-5, float16 1e-3, ...)")
-
-
-def _add_verify_args(p: argparse.ArgumentParser) -> None:
-    _add_input_args(p)
-    g = p.add_argument_group("measurement")
-    g.add_argument("--runs", type=int, default=verify.LATENCY_RUNS, metavar="N",
-                   help="at most N interleaved timing rounds (each runs both models) per provider after the warm-up "
-                        f"(default {verify.LATENCY_RUNS}; 0: no latency)")
-    g.add_argument("--latency-budget", type=float, default=verify.LATENCY_BUDGET_S, metavar="SECONDS",
-                   help="at most this many seconds of timing rounds per provider (default "
-                        f"{verify.LATENCY_BUDGET_S:g}); the ratio's 90%% interval narrows with more rounds")
-    g.add_argument("--warmup", type=int, default=5, metavar="N", help="warm-up runs per session (default 5)")
-    g.add_argument("--threads", type=int, default=verify.LATENCY_THREADS, metavar="N",
-                   help=f"onnxruntime intra-op threads of the sessions (default {verify.LATENCY_THREADS}: timings "
-                        "that repeat; 0: onnxruntime's choice)")
-    g.add_argument("--provider-option", action="append", default=[], metavar="PROVIDER:NAME=VALUE",
-                   help="an execution provider option for both models' sessions, e.g. cuda:prefer_nhwc=1 or "
-                        "cuda:enable_cuda_graph=1 (repeatable; the advice of --target ort-cuda names them)")
+    def add_rest(self) -> None:
+        self.add(*[name for name in self.options if name not in self.added])
 
 
 def _status(args) -> Status:
@@ -214,12 +152,15 @@ def _status(args) -> Status:
     return Status(enabled=False if args.quiet else None)
 
 
-def _verify_options(args, progress: Status) -> dict:
-    return {"inputs": args.inputs, "int_ranges": verify.parse_int_ranges(args.int_range), "seed": args.seed,
-            "rtol": args.rtol, "atol": args.atol, "runs": args.runs, "warmup": args.warmup, "threads": args.threads,
-            "budget_s": args.latency_budget,
-            "progress": progress, **({"provider_options": verify.parse_provider_options(args.provider_option)}
-                                     if args.provider_option else {})}
+def _verify_options(args, progress: Status, command: str = options.VERIFY) -> dict:
+    """The verifier's settings the flags give (``onnxopt.options.VerifyOptions``), with ``progress``."""
+    return {**(options.VerifyOptions(**_values(args, options.VerifyOptions, command)).verifier_kwargs() or {}),
+            "progress": progress}
+
+
+def _values(args, cls, command: str) -> dict:
+    """The fields of ``cls`` that ``command``'s flags set, from the parsed ``args``."""
+    return {f.name: opt.value_from(args) for f, opt in options.described(cls) if opt.flags and command in opt.commands}
 
 
 def _verify_parser() -> argparse.ArgumentParser:
@@ -235,8 +176,9 @@ def _verify_parser() -> argparse.ArgumentParser:
                    help="a quantized OPTIMIZED against a float ORIGINAL: each float output passes when its SQNR is "
                         f"at least DB (default {verify.INT8_MIN_SQNR_DB:g}; --rtol/--atol instead judge it "
                         "elementwise); the integer-kernel coverage table is shown")
-    _add_verify_args(p)
-    _add_report_args(p, quiet="print only the verdict line")
+    flags = _Flags(p, options.VERIFY)
+    flags.add(*_INPUT_FLAGS, *_MEASURE_FLAGS, "json", "quiet")
+    flags.add_rest()
     return p
 
 
@@ -248,19 +190,17 @@ def _bisect_parser() -> argparse.ArgumentParser:
                        "found, 2 bad input or usage, 3 internal error.")
     p.add_argument("model", help="the original model")
     p.add_argument("--provider", default="cpu", choices=["cpu", "cuda"], help="where to run (default cpu)")
-    _add_rule_args(p)
+    flags = _Flags(p, options.BISECT)
+    flags.add(*_RULE_FLAGS)
     p.add_argument("--fix-input-shape", metavar="NAME=DIMS", action="append", default=[],
                    help="an input shape the optimization fixed (optimize's --input-shape, the same grammar): MODEL's "
                         "input is fixed to it before the rewrites are replayed (repeatable)")
-    _add_input_args(p)
-    _add_report_args(p, quiet="print only the culprit line")
+    flags.add(*_INPUT_FLAGS, "json", "quiet")
+    flags.add_rest()
     return p
 
 
 def _quantize_parser() -> argparse.ArgumentParser:
-    from onnxopt.quantize.api import DEFAULT_FIDELITY_DB, DEFAULT_METHOD
-    from onnxopt.quantize.calibrate import METHODS
-
     p = _Parser(prog="onnxopt quantize",
                 description="Quantize a float model to INT8 (QDQ) for onnxruntime's CPU provider: cleanup, "
                             "calibration, QDQ placement by rules, fidelity fallback to float, integer-kernel "
@@ -273,44 +213,12 @@ def _quantize_parser() -> argparse.ArgumentParser:
                        "input, bad calibration data or usage, 3 internal error.")
     p.add_argument("input", metavar="MODEL", help="the float ONNX model (never modified)")
     p.add_argument("-o", "--output", required=True, help="where to write the quantized model (atomically)")
-    p.add_argument("--calib", metavar="DATA", help="calibration data (see below; required, here or as "
-                                                   "calibration in the config file's [quantize])")
-    p.add_argument("--method", choices=METHODS, default=DEFAULT_METHOD,
-                   help=f"calibration method (default {DEFAULT_METHOD})")
-    pc = p.add_mutually_exclusive_group()
-    pc.add_argument("--per-channel", dest="per_channel", action="store_true", default=True,
-                    help="weights per output channel where the op allows (default)")
-    pc.add_argument("--per-tensor", dest="per_channel", action="store_false", help="weights per tensor")
-    p.add_argument("--target", default="ort-cpu", metavar="TARGET",
-                   help="ort-cpu (default) or portable; ort-cuda is refused (its QDQ kernels run in float)")
-    p.add_argument("--exclude", metavar="NAME_OR_OP", nargs="+", action="extend", default=[],
-                   help="node names or op types to leave in float")
-    p.add_argument("--fidelity", type=float, default=DEFAULT_FIDELITY_DB, metavar="DB",
-                   help=f"minimum output SQNR (dB) against the float model on held-out calibration samples "
-                        f"(default {DEFAULT_FIDELITY_DB:g}); the layers that hurt most fall back to float until met")
-    p.add_argument("--no-fidelity", dest="fidelity", action="store_const", const=None,
-                   help="no fidelity target (no fallback)")
-    p.add_argument("--keep-float", choices=["auto", "measure", "never"], default="auto",
-                   help="auto (default): keep the float model unless the shipped cost table estimates int8 at least "
-                        "3%% faster (no timing: the same bytes run to run); measure: time both models on this "
-                        "machine instead (machine-dependent; --threads); never: always int8")
-    p.add_argument("--threads", type=int, default=1, metavar="N",
-                   help="onnxruntime intra-op threads of --keep-float measure's timing (default 1; 0: onnxruntime's)")
-    p.add_argument("--latency-budget", type=float, default=10.0, metavar="SECONDS",
-                   help="seconds of --keep-float measure's timing rounds at most (default 10)")
-    p.add_argument("--reduce-range", action="store_true", default=None,
-                   help="7-bit weights, for x86 CPUs without VNNI (default off)")
-    p.add_argument("--workers", type=int, default=1, metavar="N",
-                   help="calibration processes (results bit-identical for any N)")
-    p.add_argument("--held-out", type=int, default=None, metavar="N",
-                   help="calibration samples kept to measure fidelity (default a quarter, at least 8 where half remain, at most 64)")
-    p.add_argument("--percentile", type=float, default=None, metavar="P",
-                   help="--method percentile: the percentile kept (default 99.999)")
-    p.add_argument("--input-shape", metavar="NAME=DIMS", action="append", default=[],
-                   help="fix an input's shape first (as onnxopt MODEL --input-shape)")
-    p.add_argument("--strict", action="store_true", default=None, help="a rule bug stops the run")
-    _add_report_args(p, quiet="print nothing on success")
+    flags = _Flags(p, options.QUANTIZE)
+    flags.add("calibration", "method", "per_channel", "target", "exclude", "fidelity", "keep_float", "threads",
+              "latency_budget", "reduce_range", "workers", "held_out", "percentile", "input_shapes", "strict", "json",
+              "quiet")
     _add_config_arg(p)
+    flags.add_rest()
     return p
 
 
@@ -328,20 +236,14 @@ def quantize_main(argv: list[str]) -> int:
         from onnxopt.quantize.api import quantize
         from onnxopt.reporting.text import format_quantize
 
-        method_options = {} if args.percentile is None else {"percentile": args.percentile}
         with _outputs(args, args.input, data_files=False) as outputs, _status(args) as progress:
             outputs.protect(args.calib, f"the calibration data {args.calib}")
             if os.path.isdir(args.calib):  # (its files: an output may not replace one)
                 for entry in sorted(os.scandir(args.calib), key=lambda e: e.name):
                     if entry.is_file() and entry.name.endswith((".npy", ".npz")):
                         outputs.protect(entry.path, f"calibration data file {entry.path}")
-            _, report = quantize(
-                args.input, args.calib, output=args.output, method=args.method, per_channel=args.per_channel,
-                target=args.target, exclude=args.exclude, fidelity=args.fidelity, keep_float=args.keep_float,
-                reduce_range=args.reduce_range, workers=args.workers, held_out=args.held_out,
-                input_shapes=input_shapes.parse(args.input_shape), return_report=True, outputs=outputs,
-                strict=args.strict, progress=progress, method_options=method_options, threads=args.threads,
-                latency_budget=args.latency_budget)
+            opts = options.QuantizeOptions.from_args(args, return_report=True, outputs=outputs, progress=progress)
+            _, report = quantize(args.input, args.calib, args.output, options=opts)
             _stage_json(outputs, args.json, {"input": args.input, "output": args.output, **report.as_dict(),
                                              **config.report_entry(args)})
         if not args.quiet:
@@ -790,19 +692,15 @@ def _optimize_main(args) -> int:
             outputs.claim(args.diff, "--diff")
         if args.report:  # likewise
             outputs.claim(args.report, "--report")
-        verify_args = {}
+        # the options the flags set (onnxopt.options); the diff page is written here, after the model
+        given = {"rules": base, "extra_rules": extra, "outputs": outputs, "progress": progress, "return_report": True,
+                 "diff": None}
         if args.verify is not None:
-            verify_args = {"verify": args.verify,
-                           "verify_options": {**_verify_options(args, progress), "bisect_options": _rule_words(args)}}
+            given["verify_options"] = {"progress": progress, "bisect_options": _rule_words(args)}
+        without = () if args.verify is not None else ("verify",)  # (its flags are read only with --verify)
+        opts = options.OptimizeOptions.from_args(args, options.OPTIMIZE, without=without, **given)
         try:
-            _, report = optimize(
-                args.input, rules=base, extra_rules=extra, disable=args.disable, target=args.target,
-                output=args.output, external_data=external, max_rewrites=args.max_rewrites, return_report=True,
-                strict=args.strict, input_shapes=input_shapes.parse(args.input_shape), exact=args.exact,
-                fold_size_limit=args.fold_size_limit, outputs=outputs, progress=progress, precision=args.precision,
-                input_layout=args.input_layout, output_layout=args.output_layout,
-                input_preprocess=args.input_preprocess, **verify_args,
-            )
+            _, report = optimize(args.input, args.output, options=opts)
         except VerificationError as exc:  # the evidence (and its JSON), then the one-line verdict (exit 1)
             _stage_json(outputs, args.json, {"input": args.input, "output": None, "verification": exc.report,
                                              **config.report_entry(args)})
