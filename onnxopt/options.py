@@ -514,6 +514,14 @@ class OptimizeOptions:
         return dataclasses.replace(self, **own, **{c: dataclasses.replace(getattr(self, c), **kw)
                                                    for c, kw in changes.items()})
 
+    def validate(self) -> None:
+        """Each field's own check (``Option.validate``), in declaration order: a one-line UsageError."""
+        for concern in (*self.CONCERNS, None):
+            part = self if concern is None else getattr(self, concern)
+            for f, opt in described(type(part)):
+                if opt.validate is not None:
+                    opt.validate(getattr(part, f.name))
+
     def shortcuts(self) -> dict:
         """The options as ``optimize()``'s keywords (``verify_options``: the verifier's keywords)."""
         out = {}

@@ -25,8 +25,7 @@ from onnxopt.errors import UsageError
 from onnxopt.options import (LayoutOptions, OptimizeOptions, QuantizeOptions, RewriteOptions, TargetOptions,
                              VerifyOptions, option)
 from onnxopt.quantize.api import quantize
-
-CLI_OPTIMIZE = cli  # the module whose optimize() the main command calls
+from onnxopt.cli import optimize as CLI_OPTIMIZE  # (the module whose optimize() the main command calls)
 
 # --------------------------------------------------------------------------------------------
 # At 7558f2d
@@ -805,8 +804,8 @@ def test_verify_options_keyword_and_fields_meet():
 
 
 def _parsers() -> dict:
-    return {"optimize": cli._parser, "verify": cli._verify_parser, "bisect": cli._bisect_parser,
-            "quantize": cli._quantize_parser, "diff": cli._diff_parser, "inspect": cli._inspect_parser}
+    return {"optimize": CLI_OPTIMIZE.parser, "verify": cli.verify.parser, "bisect": cli.bisect.parser,
+            "quantize": cli.quantize.parser, "diff": cli.diff.parser, "inspect": cli.inspect.parser}
 
 
 @pytest.mark.parametrize("command", list(FLAGS))
@@ -903,19 +902,20 @@ def throwaway(monkeypatch):
 def test_a_new_option_is_a_flag_a_config_key_and_a_keyword(throwaway, tmp_path):
     # a flag of the commands it names, in its group, with its help
     argv = ["m.onnx", "-o", "o.onnx", "--max-fanout", "4"]
-    args = cli._parser().parse_args(argv)
+    args = CLI_OPTIMIZE.parser().parse_args(argv)
     assert args.max_fanout == 4
-    assert "--max-fanout N" in cli._parser().format_help() and "--max-fanout" in cli._bisect_parser().format_help()
-    assert "--max-fanout" not in cli._verify_parser().format_help()
+    assert "--max-fanout N" in CLI_OPTIMIZE.parser().format_help()
+    assert "--max-fanout" in cli.bisect.parser().format_help()
+    assert "--max-fanout" not in cli.verify.parser().format_help()
     assert OptimizeOptions.from_args(args).rewrite.max_fanout == 4
     # a config key, checked like the others, that the flag overrides
     assert "max_fanout" in config.KEYS and config.KEYS["max_fanout"].dests == {"optimize": ("max_fanout",)}
     cfg = tmp_path / "c.toml"
     cfg.write_text("max_fanout = 7\n")
     argv = ["m.onnx", "-o", "o.onnx", "-c", str(cfg)]
-    assert config.merge(cli._parser().parse_args(argv), argv, cli._parser).max_fanout == 7
-    assert config.merge(cli._parser().parse_args(argv + ["--max-fanout", "2"]), argv + ["--max-fanout", "2"],
-                        cli._parser).max_fanout == 2
+    assert config.merge(CLI_OPTIMIZE.parser().parse_args(argv), argv, CLI_OPTIMIZE.parser).max_fanout == 7
+    assert config.merge(CLI_OPTIMIZE.parser().parse_args(argv + ["--max-fanout", "2"]), argv + ["--max-fanout", "2"],
+                        CLI_OPTIMIZE.parser).max_fanout == 2
     cfg.write_text("max_fanout = 0\n")
     with pytest.raises(UsageError, match="max_fanout: 0 is below 1"):
         config.load(cfg)

@@ -28,7 +28,7 @@ import numbers
 import os
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +43,7 @@ from onnxopt.errors import UsageError, strict_default
 from onnxopt.ir.input_shapes import fix as fix_input_shapes, normalize as normalize_input_shapes, refine_fixed
 from onnxopt.ir.util import node_counts
 
-from onnxopt.options import DEFAULT_FIDELITY_DB, DEFAULT_METHOD, QuantizeOptions  # (the defaults live there)
+from onnxopt.options import DEFAULT_FIDELITY_DB, DEFAULT_METHOD, QuantizeOptions  # noqa: F401 (the defaults: there)
 KEEP_FLOAT = ("auto", "measure", "never")
 MIN_SPEEDUP = 0.03  # keep_float="auto": the int8 model must be at least this much faster
 MAX_HELD_OUT = 64
