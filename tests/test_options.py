@@ -923,3 +923,28 @@ def test_a_new_option_is_a_flag_a_config_key_and_a_keyword(throwaway, tmp_path):
     # an optimize() keyword
     assert OptimizeOptions.keywords()["max_fanout"] == ("rewrite", "max_fanout")
     assert OptimizeOptions().with_shortcuts(max_fanout=3).rewrite.max_fanout == 3
+
+
+# --------------------------------------------------------------------------------------------
+# The stages: optimize()'s flow is a list
+
+
+def test_the_flow_is_a_list_of_stages_and_a_stage_is_one_entry(monkeypatch):
+    from onnxopt import api
+
+    assert [s.__name__ for s in api.STAGES] == ["_load", "_measure_input", "_edges", "_plan_output", "_rewrite",
+                                                "_precision", "_measure", "_verify", "_save"]
+    model = _relu_model()
+    plain, report = optimize(model, target="ort-cpu", return_report=True, input_shapes={"x": [1, 3, 4, 4]})
+    assert set(report.seconds) == {"load", "rewrite", "save", "total"}
+
+    seen = []
+
+    def count_convs(run):  # a new stage: reads the options and what the stages before it left
+        seen.append((run.options.target.target, run.after.get("Conv"), run.before.get("Conv")))
+
+    at = api.STAGES.index(api._measure) + 1
+    monkeypatch.setattr(api, "STAGES", (*api.STAGES[:at], count_convs, *api.STAGES[at:]))
+    again, report2 = optimize(model, target="ort-cpu", return_report=True, input_shapes={"x": [1, 3, 4, 4]})
+    assert seen == [("ort-cpu", 1, 1)]
+    assert again.SerializeToString() == plain.SerializeToString() and report2.after == report.after

@@ -2,7 +2,7 @@
 options' declarations (``onnxopt.options``), the outputs a command claims and protects, the JSON
 report, and the one place every error becomes one line and an exit code (:func:`run_face`).
 
-Imports the library (api, verify, ir, reporting, options); no subcommand module.
+Imports the library (options, verify, ir, library, reporting, errors); no subcommand module.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT)
 
 
-EXIT_CODES_TEXT = ("exit codes: 0 ok, 1 outputs differ (verification), 2 bad input or usage, 3 internal error (a bug "
-               "in onnxopt), 130 interrupted, 141 the output's reader went away.")
+EXIT_CODES_TEXT = ("exit codes: 0 ok, 1 outputs differ (verification), 2 bad input or usage, 3 internal error "
+                   "(a bug in onnxopt), 130 interrupted, 141 the output's reader went away.")
 
 
 class Once(argparse.Action):
