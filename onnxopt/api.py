@@ -1,15 +1,22 @@
-"""``optimize()``: the library face."""
+"""``optimize()``: the library face.
+
+``optimize()`` reads its settings (``onnxopt.options.OptimizeOptions``, the keywords as shortcuts),
+checks them, and runs :data:`STAGES` in order on one :class:`_Run`: load, the input's figures,
+edges, the output planned, rewrite, precision, the result's figures, verify, save; each stage is a
+function that reads the options and what the stages before it left, and adds its part of the
+:class:`Report` (built at the end by ``_report``).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable
+from typing import Any
 
 import onnx_ir as ir
 
-from onnxopt.ir import evaluate
 from onnxopt.ir import io
 from onnxopt.transforms import edges as layouts
 from onnxopt.core import pipeline
@@ -19,7 +26,8 @@ from onnxopt.transforms import precision as precisions
 from onnxopt.verify import fp16_fallback
 from onnxopt import verify as verifier
 from onnxopt.verify.bisect import bisect_failure
-from onnxopt.errors import bug_warnings, strict_default
+from onnxopt.errors import UsageError, bug_warnings, strict_default
+from onnxopt.options import OptimizeOptions, QuantizeOptions
 from onnxopt.ir.input_shapes import fix as fix_input_shapes, normalize as normalize_input_shapes
 from onnxopt.core.stats import RuleStats
 from onnxopt.ir.util import gc_paused, node_counts
@@ -93,38 +101,14 @@ class Report:
         }
 
 
-def optimize(
-    model: io.ModelLike,
-    *,
-    rules: Sequence[Rule] | None = None,
-    extra_rules: Sequence[Rule] = (),
-    disable: Iterable[str] = (),
-    target: str | None = None,
-    output: str | os.PathLike | None = None,
-    external_data: str | bool | None = None,
-    max_rewrites: int | None = None,
-    fold_size_limit: int = evaluate.DEFAULT_SIZE_LIMIT,
-    fold_input_limit: int = evaluate.DEFAULT_INPUT_LIMIT,
-    graph_passes: Iterable[str] | None = None,
-    check: bool = True,
-    inplace: bool = False,
-    return_report: bool = False,
-    stop_after: int | None = None,
-    verify: bool | str | Sequence[str] = False,
-    verify_options: dict | None = None,
-    outputs: io.Outputs | None = None,
-    strict: bool | None = None,
-    input_shapes=None,
-    exact: bool = False,
-    progress=None,
-    quantize: dict | None = None,
-    precision: str = "fp32",
-    input_layout=None,
-    output_layout=None,
-    input_preprocess=None,
-    diff: str | os.PathLike | None = None,
-):
+def optimize(model: io.ModelLike, output: str | os.PathLike | None = None, *, options: OptimizeOptions | None = None,
+             **shortcuts):
     """Rewrite ``model`` with the rules until nothing more applies.
+
+    The settings are ``options`` (``onnxopt.options.OptimizeOptions``: one frozen dataclass per
+    concern) and the keywords below, each a shortcut for one of its fields, applied over
+    ``options`` (``optimize(m, target="ort-cuda")`` is
+    ``optimize(m, options=OptimizeOptions(target=TargetOptions(target="ort-cuda")))``).
 
     Args:
         model: a path, bytes, onnx.ModelProto, onnx_ir.Model or onnx_graphsurgeon.Graph; the
@@ -224,51 +208,47 @@ def optimize(
             ``verify`` ran); ``model`` must be a path or an onnx.ModelProto. The live view is
             ``python -m onnxopt diff BEFORE AFTER``.
     """
-    if diff is not None:
-        return _optimize_with_diff(model, diff, locals())
-    if precision not in ("fp32", "fp16"):
-        from onnxopt.errors import UsageError
-        raise UsageError(f"precision {precision!r}: choose fp32 or fp16")
+    opts = (options or OptimizeOptions()).with_shortcuts(**shortcuts)
+    if opts.report.diff is not None:
+        return _optimize_with_diff(model, output, opts)
+    opts.validate()  # each field's own check: one line on a bad value
+    target, precision = opts.target.target, opts.target.precision
+    rw, save, report = opts.rewrite, opts.save, opts.report
+    exact, quantize = rw.exact, opts.quantize
     if precision == "fp16" and (exact or quantize is not None):
-        from onnxopt.errors import UsageError
         raise UsageError(f"precision fp16 cannot be combined with {'exact' if exact else 'quantize'}: float16 "
                          f"changes every value")
-    edges = layouts.spec(input_layout, output_layout, input_preprocess)  # one line on a bad spec
+    edges = opts.layout.edges()  # one line on a bad spec
     if edges and quantize is not None:
-        from onnxopt.errors import UsageError
         raise UsageError("input/output layouts and preprocessing cannot be combined with quantize yet")
     if quantize is not None:
-        return _optimize_quantized(model, quantize, rules=rules, extra_rules=extra_rules, disable=disable,
-                                   target=target, output=output, external_data=external_data, check=check,
-                                   inplace=inplace, return_report=return_report, stop_after=stop_after,
-                                   verify=verify, outputs=outputs, strict=strict, input_shapes=input_shapes,
-                                   exact=exact, progress=progress)
+        return _optimize_quantized(model, quantize, rules=rw.rules, extra_rules=rw.extra_rules, disable=rw.disable,
+                                   target=target, output=output, external_data=save.external_data, check=save.check,
+                                   inplace=save.inplace, return_report=report.return_report,
+                                   stop_after=rw.stop_after, verify=opts.verify.providers, outputs=save.outputs,
+                                   strict=rw.strict,
+                                   input_shapes=opts.layout.input_shapes, exact=exact, progress=report.progress)
     with gc_paused():
-        return _optimize(model, rules, extra_rules, disable, target, output, external_data, max_rewrites,
-                         check, inplace, return_report, fold_size_limit, graph_passes, fold_input_limit,
-                         stop_after, verify, verify_options, outputs,
-                         strict_default(strict), normalize_input_shapes(input_shapes), exact,
-                         progress or verifier.Progress(), precision, edges)
+        return _optimize(model, output, opts, edges)
 
 
-def _optimize_with_diff(model, page, args: dict):
+def _optimize_with_diff(model, output, opts: OptimizeOptions):
     """optimize(), then the diff page between ``model`` and the result."""
     import onnx
 
     from onnxopt import diff as diffs
-    from onnxopt.errors import UsageError
 
+    page = opts.report.diff
     if not isinstance(model, (str, os.PathLike, onnx.ModelProto)):
         raise UsageError(f"diff= needs the model as a path or an onnx.ModelProto, not {type(model).__name__}")
-    args = {k: v for k, v in args.items() if k not in ("model", "diff")}
-    want_report = args["return_report"]
-    args["return_report"] = True
+    want_report = opts.report.return_report
+    opts = opts.with_shortcuts(diff=None, return_report=True)
     with io.Outputs() as outputs:  # the page: claimed first (never an input or the output), put in place atomically
-        for path in (model, args["output"]):
+        for path in (model, output):
             if isinstance(path, (str, os.PathLike)):
                 outputs.protect(path)
         outputs.claim(page, "diff=")
-        result, report = optimize(model, **args)
+        result, report = optimize(model, output, options=opts)
         after = os.fspath(result) if isinstance(result, (str, os.PathLike)) else result
         if not isinstance(after, (str, onnx.ModelProto)):
             after = ir.serde.serialize_model(result)
@@ -278,152 +258,272 @@ def _optimize_with_diff(model, page, args: dict):
     return (result, report) if want_report else result
 
 
-def _optimize(model, rules, extra_rules, disable, target, output, external_data, max_rewrites, check,
-              inplace, return_report, fold_size_limit=evaluate.DEFAULT_SIZE_LIMIT, graph_passes=None,
-              fold_input_limit=evaluate.DEFAULT_INPUT_LIMIT, stop_after=None, verify=False, verify_options=None,
-              outputs=None, strict=False, input_shapes=None, exact=False, progress=None, precision="fp32", edges=None):
-    t0 = time.perf_counter()
-    disable = list(disable)
-    if rules is not None:  # onnxscript's rules made Rules once, for the run, the warning and a bisect
-        rules = registry.as_rules(rules)
-    extra_rules = registry.as_rules(extra_rules, "extra_rules")
-    skipped: list[dict] = []
-    chosen, graph_passes = registry.resolve(rules, extra_rules, disable, target, graph_passes, exact=exact,
-                                            skipped=skipped)
-    if verify and exact:  # exact mode's promise, checked as made: no tolerance unless one is given
-        verify_options = {**(verify_options or {})}
-        verify_options.update({k: 0.0 for k in ("rtol", "atol") if verify_options.get(k) is None})
-    if verify:
+@dataclasses.dataclass
+class _Run:
+    """One optimize() call as the stages see it: the settings (read from the options once), the
+    model as it goes, and what the report gathers. A stage reads the settings and what the stages
+    before it left, and adds its part."""
+
+    model: Any  # the input as given
+    output: str | os.PathLike | None
+    options: OptimizeOptions
+    rules: list | None
+    extra_rules: list
+    disable: list
+    target: str | None
+    strict: bool
+    input_shapes: dict
+    progress: Any
+    edges: Any
+    verify_options: dict | None
+    clock: dict[str, float]  # stage name -> when it started (perf_counter); "start" and "end"
+    chosen: list = dataclasses.field(default_factory=list)
+    graph_passes: list = dataclasses.field(default_factory=list)
+    skipped: list[dict] = dataclasses.field(default_factory=list)
+    providers: list | None = None
+    loaded: Any = None  # onnxopt.ir.io.load's result: the model being rewritten
+    original: Any = None  # what the verifier runs as the original
+    run_at: dict = dataclasses.field(default_factory=dict)
+    transposes: dict | None = None
+    memory: dict | None = None
+    edited: dict | None = None
+    plan: Any = None  # onnxopt.ir.io.plan_give_back's: the outputs claimed before the work
+    result: Any = None  # onnxopt.core.pipeline.run's
+    fp16: Any = None
+    before: dict | None = None
+    after: dict | None = None
+    advice: dict | None = None
+    verification: dict | None = None
+    out: Any = None
+
+    @property
+    def verify(self):
+        return self.options.verify.providers
+
+    @property
+    def exact(self) -> bool:
+        return self.options.rewrite.exact
+
+    @property
+    def precision(self) -> str:
+        return self.options.target.precision
+
+    @property
+    def return_report(self) -> bool:
+        return self.options.report.return_report
+
+
+def _load(run: _Run) -> None:
+    """The rules chosen for the target, the verifier's settings checked, the model loaded (a
+    copy unless ``inplace``), its inputs fixed, and what the verifier will run as the original."""
+    opts = run.options
+    if run.rules is not None:  # onnxscript's rules made Rules once, for the run, the warning and a bisect
+        run.rules = registry.as_rules(run.rules)
+    run.extra_rules = registry.as_rules(run.extra_rules, "extra_rules")
+    run.chosen, run.graph_passes = registry.resolve(run.rules, run.extra_rules, run.disable, run.target,
+                                                    opts.rewrite.graph_passes, exact=run.exact, skipped=run.skipped)
+    if run.verify and run.exact:  # exact mode's promise, checked as made: no tolerance unless one is given
+        run.verify_options = {**(run.verify_options or {})}
+        run.verify_options.update({k: 0.0 for k in ("rtol", "atol") if run.verify_options.get(k) is None})
+    if run.verify:
         # before the work: a missing provider or a bad setting is a usage error
-        providers = verifier.check_settings(verify, **(verify_options or {}))
-    progress(f"loading {model}" if isinstance(model, (str, os.PathLike)) else "loading the model")
-    loaded = io.load(model, check=check, copy_ir=not inplace)
-    if precision == "fp16":
+        run.providers = verifier.check_settings(run.verify, **(run.verify_options or {}))
+    model = run.model
+    run.progress(f"loading {model}" if isinstance(model, (str, os.PathLike)) else "loading the model")
+    run.loaded = loaded = io.load(model, check=opts.save.check, copy_ir=not opts.save.inplace)
+    if run.precision == "fp16":
         precisions.check_convertible(loaded.model)  # before the work: one line
     # what the verifier runs as the original: the input as given (a path, bytes, a proto, an IR
     # model left untouched, a graphsurgeon Graph's export), or for an IR model rewritten in place,
     # a clone taken now (tensors are shared: rules make new initializers rather than change them)
-    original = None
-    if verify:
-        original = loaded.model.clone() if loaded.kind == "ir" and inplace else \
+    if run.verify:
+        run.original = loaded.model.clone() if loaded.kind == "ir" and opts.save.inplace else \
             model if loaded.exported is None else loaded.exported
     # (with edges the verifier feeds the original the same data in its own layout, preprocessed in
     # numpy, and compares the outputs in its layout: onnxopt.transforms.edges.edge_feeds, outputs_back)
-    if input_shapes:
-        fix_input_shapes(loaded.model, input_shapes)
-    if input_shapes:
-        if verify and "feeds" not in (verify_options or {}):  # the original runs at the shapes fixed
+    if run.input_shapes:
+        fix_input_shapes(loaded.model, run.input_shapes)
+    if run.input_shapes:
+        vo = run.verify_options
+        if run.verify and "feeds" not in (vo or {}):  # the original runs at the shapes fixed
             # (in the original's layout: taken before the edges change the inputs)
-            verify_options = {**(verify_options or {}), "input_shapes": run_shapes(
-                loaded.model, (verify_options or {}).get("input_shapes"), (verify_options or {}).get("inputs"))}
+            run.verify_options = {**(vo or {}), "input_shapes": run_shapes(
+                loaded.model, (vo or {}).get("input_shapes"), (vo or {}).get("inputs"))}
     # one set of shapes per report: the figures of symbolic inputs (peak memory) are taken at the
     # shapes the verification's data runs them at (--inputs, feeds), not at generated ones
-    run_at = data_shapes(loaded.model, verify_options) if verify and return_report else {}
-    if run_at:
-        loaded.model.graph.meta[RUN_SHAPES_KEY] = run_at
+    run.run_at = data_shapes(loaded.model, run.verify_options) if run.verify and run.return_report else {}
+    if run.run_at:
+        loaded.model.graph.meta[RUN_SHAPES_KEY] = run.run_at
+
+
+def _measure_input(run: _Run) -> None:
+    """For the report, the input's figures before the edges change it: its Transposes and what
+    they move, and its peak activation memory where the pipeline will not record it."""
+    loaded = run.loaded
     # the Transposes the model had (before its edges changed) and what they move, for the report
-    transposes = {"before": _transposes(loaded.model)} if return_report else None
+    run.transposes = {"before": _transposes(loaded.model)} if run.return_report else None
     # the input's peak: the pipeline records it before its first pass (the recomputation pass's limit);
     # taken here where the layout edges change the model first or that pass does not run
-    early_peak = return_report and (bool(edges) or RECOMPUTE not in graph_passes)
-    memory = {"before": report_peak(loaded.model)} if early_peak else {} if return_report else None
-    edited = layouts.apply(loaded.model, edges) if edges else None
-    if edited and run_at:  # (the edited inputs' shapes: channels-last, raw pixels)
+    early_peak = run.return_report and (bool(run.edges) or RECOMPUTE not in run.graph_passes)
+    run.memory = {"before": report_peak(loaded.model)} if early_peak else {} if run.return_report else None
+
+
+def _edges(run: _Run) -> None:
+    """Channels-last inputs and outputs and raw-pixel inputs (``onnxopt.transforms.edges``)."""
+    loaded = run.loaded
+    run.edited = layouts.apply(loaded.model, run.edges) if run.edges else None
+    if run.edited and run.run_at:  # (the edited inputs' shapes: channels-last, raw pixels)
         recs = (layouts.edges_of(loaded.model.metadata_props) or {}).get("inputs", {})
         loaded.model.graph.meta[RUN_SHAPES_KEY] = {k: layouts.edge_shape(recs[k], v) if k in recs else v
-                                                   for k, v in run_at.items()}
-    read = [(verify_options or {}).get("inputs")] if verify else []  # (the verifier's inputs file)
-    plan = io.plan_give_back(loaded, output, external_data=external_data, outputs=outputs,
-                             also_read=read)  # before the work
+                                                   for k, v in run.run_at.items()}
+
+
+def _plan_output(run: _Run) -> None:
+    """The output claimed before the work (a clash is an error now, and a failure later leaves
+    nothing): ``onnxopt.ir.io.plan_give_back``."""
+    read = [(run.verify_options or {}).get("inputs")] if run.verify else []  # (the verifier's inputs file)
+    run.plan = io.plan_give_back(run.loaded, run.output, external_data=run.options.save.external_data,
+                                 outputs=run.options.save.outputs, also_read=read)
+
+
+def _rewrite(run: _Run) -> None:
+    """The rules and passes to their fixpoint (``onnxopt.core.pipeline.run``), then the edges'
+    preprocessing folded into the weights."""
+    rw, loaded, edited = run.options.rewrite, run.loaded, run.edited
+    run.before = node_counts(loaded.model)
+    run.result = pipeline.run(loaded.model, run.chosen, max_rewrites=rw.max_rewrites, graph_passes=run.graph_passes,
+                              stop_after=rw.stop_after, keep_log=rw.stop_after is not None, strict=run.strict,
+                              progress=run.progress,
+                              options={"fold_size_limit": int(rw.fold_size_limit),
+                                       "fold_input_limit": int(rw.fold_input_limit), "exact": bool(run.exact),
+                                       "target": targets.normalize(run.target), "precision": run.precision})
+    if edited and not run.exact and rw.stop_after is None:  # (folding changes the rounding: not exact)
+        layouts.fold(loaded.model, edited)
+    elif edited:
+        for rec in edited["inputs"].values():
+            rec.setdefault("not_folded", "exact: folding into the weights changes the rounding" if run.exact else
+                           "stop_after: rewrites are being bisected")
+
+
+def _precision(run: _Run) -> None:
+    """With precision "fp16", after the fusion fixpoint (the fused ops convert whole): float16
+    weights and compute, measured on the verifier's inputs where it verifies; then the dims that
+    inference proves once every input is static (the last change to the model)."""
+    loaded, edited = run.loaded, run.edited
+    if run.precision == "fp16":
+        run.progress("converting to float16")
+        if run.verify:  # measured on the verifier's inputs: the fewest float32 nodes that meet the bounds
+            vo = run.verify_options or {}
+            feeds = vo.get("feeds")
+            edges_made = layouts.edges_of(loaded.model.metadata_props) if edited else None
+            how = None
+            if feeds is None:
+                feeds, how = verifier.make_inputs(run.original, shapes=vo.get("input_shapes"), npz=vo.get("inputs"),
+                                                  int_ranges=vo.get("int_ranges"), seed=vo.get("seed") or 0,
+                                                  pixels=layouts.pixel_inputs(edges_made))
+            if edited:  # the model being converted takes the edited edges' inputs (the data given)
+                feeds = layouts.edge_feeds(edges_made, feeds, vo.get("seed") or 0,
+                                           how if how is not None else {k: {"source": "given"} for k in feeds})[1]
+            run.fp16 = fp16_fallback.convert_fp16_checked(loaded.model, feeds, target=run.target,
+                                                          progress=run.progress)
+        else:
+            run.fp16 = precisions.convert_fp16(loaded.model, target=run.target)
+    # every input static: the outputs' and declared values' dims that inference proves (verified as written)
+    refine_fixed(loaded.model)
+
+
+def _measure(run: _Run) -> None:
+    """For the report, the result's figures: node counts, Transposes, peak activation memory, and
+    for ort-cuda the provider advice (none of it changes the model)."""
+    loaded, result, memory, transposes = run.loaded, run.result, run.memory, run.transposes
+    run.after = node_counts(loaded.model)
+    if transposes is not None:
+        transposes["after"] = _transposes(loaded.model)
+        if not (transposes["before"]["count"] or transposes["after"]["count"]):
+            run.transposes = None
+    kept = loaded.model.graph.meta.pop(PEAK_KEY, None)  # (the reorder pass's figure for the order it left)
+    if memory is not None:
+        if "before" not in memory:
+            memory["before"] = result.memory_before
+        if kept is not None and not (run.edited or run.fp16):  # (the reorder pass's, sized as report_peak sizes)
+            shapes = symbolic_run_shapes(loaded.model)
+            memory["after"] = {**kept, "at": shapes} if shapes else kept
+        else:  # (changed after the passes)
+            memory["after"] = report_peak(loaded.model)
+        memory["reordered"] = bool(result.rules.get(MEMORY) and result.rules[MEMORY].fired)
+        if run.run_at and any(side.get("at") for side in (memory["before"], memory["after"])):
+            memory["at_source"] = "data"  # (the verification's --inputs/feeds: one set of shapes per report)
+    if run.return_report and targets.normalize(run.target) == targets.ORT_CUDA:
+        from onnxopt.targets.advice import advise
+        run.advice = advise(loaded.model, targets.ORT_CUDA)
+
+
+def _verify(run: _Run) -> None:
+    """With ``verify``: onnxruntime on the original and the result; on a difference the rewrite
+    that caused it where bisecting is quick enough, and a VerificationError (nothing written)."""
+    if not run.verify:
+        return
+    rw, result, fp16, edges = run.options.rewrite, run.result, run.fp16, run.edges
+    verification = verifier.verify(run.original, run.loaded.model, providers=run.providers,
+                                   **(run.verify_options or {}))
+    run.verification = verification
+    # bisect names the rewrite, when that is quick enough (it replays the rules without the edges)
+    if not verification["ok"]:
+        if fp16 is None and not edges:
+            verification["bisect"] = bisect_failure(
+                run.original, verification, seconds=time.perf_counter() - run.clock["start"],
+                rewrites=result.rewrites, verify_options=run.verify_options, rules=run.rules,
+                extra_rules=run.extra_rules, disable=run.disable, target=run.target, optimize_options={
+                    "max_rewrites": rw.max_rewrites, "fold_size_limit": rw.fold_size_limit,
+                    "fold_input_limit": rw.fold_input_limit, "graph_passes": run.graph_passes,
+                    "strict": run.strict, "input_shapes": run.input_shapes, "exact": run.exact})
+        elif verification.get("bisect_command"):  # (it would replay the rewrites alone)
+            what = ("the fp16 conversion" if fp16 is not None else "the changed edges") + (
+                " and the changed edges" if fp16 is not None and edges else "")
+            verification["bisect_command"] += (f" (it replays the rewrites without {what}: where the "
+                                               f"verification passes without them, they are the cause)")
+        # (with fp16 or changed edges too: a model that fails its verification is never written)
+        raise verifier.VerificationError(f"verification failed, no output written: "
+                                         f"{summary_line(verification)}", verification)
+
+
+def _save(run: _Run) -> None:
+    """The result written (atomically, with the outputs planned) or converted to the input's kind."""
+    run.progress(f"saving {run.output}" if run.output is not None else "converting the result")
+    run.out = io.give_back(run.loaded, run.output, run.plan)
+
+
+# optimize()'s flow, in order: a stage is a function of the run (adding a stage is adding an entry)
+STAGES: tuple[Callable[[_Run], None], ...] = (_load, _measure_input, _edges, _plan_output, _rewrite, _precision,
+                                              _measure, _verify, _save)
+
+
+def _optimize(model, output, opts: OptimizeOptions, edges):
+    rw = opts.rewrite
+    run = _Run(model=model, output=output, options=opts, rules=rw.rules, extra_rules=rw.extra_rules,
+               disable=list(rw.disable), target=opts.target.target, strict=strict_default(rw.strict),
+               input_shapes=normalize_input_shapes(opts.layout.input_shapes),
+               progress=opts.report.progress or verifier.Progress(), edges=edges,
+               verify_options=opts.verify.verifier_kwargs(), clock={"start": time.perf_counter()})
     try:
-        t1 = time.perf_counter()
-        before = node_counts(loaded.model)
-        result = pipeline.run(loaded.model, chosen, max_rewrites=max_rewrites, graph_passes=graph_passes,
-                              stop_after=stop_after, keep_log=stop_after is not None, strict=strict, progress=progress,
-                              options={"fold_size_limit": int(fold_size_limit),
-                                       "fold_input_limit": int(fold_input_limit), "exact": bool(exact),
-                                       "target": targets.normalize(target), "precision": precision})
-        if edited and not exact and stop_after is None:  # (folding changes the rounding: not exact)
-            layouts.fold(loaded.model, edited)
-        elif edited:
-            for rec in edited["inputs"].values():
-                rec.setdefault("not_folded", "exact: folding into the weights changes the rounding" if exact else
-                               "stop_after: rewrites are being bisected")
-        fp16 = None
-        if precision == "fp16":  # after the fusion fixpoint: the fused ops convert whole
-            progress("converting to float16")
-            if verify:  # measured on the verifier's inputs: the fewest float32 nodes that meet the bounds
-                vo = verify_options or {}
-                feeds = vo.get("feeds")
-                edges_made = layouts.edges_of(loaded.model.metadata_props) if edited else None
-                how = None
-                if feeds is None:
-                    feeds, how = verifier.make_inputs(original, shapes=vo.get("input_shapes"), npz=vo.get("inputs"),
-                                                      int_ranges=vo.get("int_ranges"), seed=vo.get("seed") or 0,
-                                                      pixels=layouts.pixel_inputs(edges_made))
-                if edited:  # the model being converted takes the edited edges' inputs (the data given)
-                    feeds = layouts.edge_feeds(edges_made, feeds, vo.get("seed") or 0,
-                                               how if how is not None else {k: {"source": "given"} for k in feeds})[1]
-                fp16 = fp16_fallback.convert_fp16_checked(loaded.model, feeds, target=target, progress=progress)
-            else:
-                fp16 = precisions.convert_fp16(loaded.model, target=target)
-        # every input static: the outputs' and declared values' dims that inference proves (verified as written)
-        refine_fixed(loaded.model)
-        after = node_counts(loaded.model)
-        if transposes is not None:
-            transposes["after"] = _transposes(loaded.model)
-            if not (transposes["before"]["count"] or transposes["after"]["count"]):
-                transposes = None
-        kept = loaded.model.graph.meta.pop(PEAK_KEY, None)  # (the reorder pass's figure for the order it left)
-        if memory is not None:
-            if "before" not in memory:
-                memory["before"] = result.memory_before
-            if kept is not None and not (edited or fp16):  # (the reorder pass's, sized as report_peak sizes)
-                shapes = symbolic_run_shapes(loaded.model)
-                memory["after"] = {**kept, "at": shapes} if shapes else kept
-            else:  # (changed after the passes)
-                memory["after"] = report_peak(loaded.model)
-            memory["reordered"] = bool(result.rules.get(MEMORY) and result.rules[MEMORY].fired)
-            if run_at and any(side.get("at") for side in (memory["before"], memory["after"])):
-                memory["at_source"] = "data"  # (the verification's --inputs/feeds: one set of shapes per report)
-        advice = None
-        if return_report and targets.normalize(target) == targets.ORT_CUDA:
-            from onnxopt.targets.advice import advise
-            advice = advise(loaded.model, targets.ORT_CUDA)
-        t2 = time.perf_counter()
-        verification = None
-        if verify:
-            verification = verifier.verify(original, loaded.model, providers=providers, **(verify_options or {}))
-            # bisect names the rewrite, when that is quick enough (it replays the rules without the edges)
-            if not verification["ok"]:
-                if fp16 is None and not edges:
-                    verification["bisect"] = bisect_failure(
-                        original, verification, seconds=time.perf_counter() - t0, rewrites=result.rewrites,
-                        verify_options=verify_options, rules=rules, extra_rules=extra_rules, disable=disable,
-                        target=target, optimize_options={
-                            "max_rewrites": max_rewrites, "fold_size_limit": fold_size_limit,
-                            "fold_input_limit": fold_input_limit, "graph_passes": graph_passes, "strict": strict,
-                            "input_shapes": input_shapes, "exact": exact})
-                elif verification.get("bisect_command"):  # (it would replay the rewrites alone)
-                    what = ("the fp16 conversion" if fp16 is not None else "the changed edges") + (
-                        " and the changed edges" if fp16 is not None and edges else "")
-                    verification["bisect_command"] += (f" (it replays the rewrites without {what}: where the "
-                                                       f"verification passes without them, they are the cause)")
-                # (with fp16 or changed edges too: a model that fails its verification is never written)
-                raise verifier.VerificationError(f"verification failed, no output written: "
-                                                 f"{summary_line(verification)}", verification)
-        t3 = time.perf_counter()
-        progress(f"saving {output}" if output is not None else "converting the result")
-        out = io.give_back(loaded, output, plan)
+        for stage in STAGES:
+            run.clock[stage.__name__.lstrip("_")] = time.perf_counter()
+            stage(run)
     except BaseException:
-        if plan is not None and plan.own:
-            plan.outputs.abort()  # the claimed output's staging goes; nothing was written
+        if run.plan is not None and run.plan.own:
+            run.plan.outputs.abort()  # the claimed output's staging goes; nothing was written
         raise
-    t4 = time.perf_counter()
-    if not return_report:
-        return out
+    run.clock["end"] = time.perf_counter()
+    if not run.return_report:
+        return run.out
+    return run.out, _report(run)
+
+
+def _report(run: _Run) -> Report:
+    """The Report of a run: what each stage left, the warnings in their order, the timings."""
+    result, fp16, memory, target, clock = run.result, run.fp16, run.memory, run.target, run.clock
     warnings = [c["message"] for c in result.cycles]
-    left_out = registry.undeclared([*(rules or ()), *extra_rules]) if exact else []
+    left_out = registry.undeclared([*(run.rules or ()), *run.extra_rules]) if run.exact else []
     if left_out:
         warnings.append(f"exact: left out {len(left_out)} rule(s) that do not declare exact=True or False: "
                         f"{', '.join(left_out)}")
@@ -444,19 +544,20 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
     if result.hit_limit:
         warnings.append(f"stopped at the rewrite limit ({result.rewrites} rewrites); the result is valid but "
                         "may not be fully optimized")
-    seconds = {"load": t1 - t0, "rewrite": t2 - t1, "save": t4 - t3, "total": t4 - t0}
-    if verification is not None:
-        seconds["verify"] = t3 - t2
-    report = Report(before, after, result.rules, result.rewrites, seconds, result.cycles, result.hit_limit,
-                    warnings, [bug.as_dict() for bug in result.errors], log=result.log, verification=verification,
-                    settings={"target": targets.normalize(target), "exact": bool(exact),
-                              "input_shapes": {name: list(dims) for name, dims in input_shapes.items()},
-                              **({"precision": precision} if precision != "fp32" else {}),
-                              **(edges.as_dict() if edges else {})},
-                    skipped=skipped, advice=advice, fusions=_fusions(chosen, result.rules),
-                    precision=fp16.as_dict() if fp16 is not None else None, layout=edited, transposes=transposes,
-                    memory=memory)
-    return out, report
+    seconds = {"load": clock["rewrite"] - clock["start"], "rewrite": clock["verify"] - clock["rewrite"],
+               "save": clock["end"] - clock["save"], "total": clock["end"] - clock["start"]}
+    if run.verification is not None:
+        seconds["verify"] = clock["save"] - clock["verify"]
+    precision, edges = run.precision, run.edges
+    return Report(run.before, run.after, result.rules, result.rewrites, seconds, result.cycles, result.hit_limit,
+                  warnings, [bug.as_dict() for bug in result.errors], log=result.log, verification=run.verification,
+                  settings={"target": targets.normalize(target), "exact": bool(run.exact),
+                            "input_shapes": {name: list(dims) for name, dims in run.input_shapes.items()},
+                            **({"precision": precision} if precision != "fp32" else {}),
+                            **(edges.as_dict() if edges else {})},
+                  skipped=run.skipped, advice=run.advice, fusions=_fusions(run.chosen, result.rules),
+                  precision=fp16.as_dict() if fp16 is not None else None, layout=run.edited,
+                  transposes=run.transposes, memory=memory)
 
 
 def _memory_warnings(memory: dict, fp16: bool = False) -> list[str]:
@@ -517,7 +618,6 @@ def _fusions(chosen, stats) -> dict:
 
 def _optimize_quantized(model, options, *, rules, extra_rules, disable, target, output, external_data, check, inplace,
                         return_report, stop_after, verify, outputs, strict, input_shapes, exact, progress):
-    from onnxopt.errors import UsageError
     from onnxopt.quantize.api import quantize as _quantize
 
     if not isinstance(options, dict) or "calibration" not in options:
@@ -533,9 +633,7 @@ def _optimize_quantized(model, options, *, rules, extra_rules, disable, target, 
                          f"quantization runs onnxopt's built-in cleanup and takes these from optimize's own arguments")
     options = dict(options)
     calibration = options.pop("calibration")
-    import inspect
-
-    known = set(inspect.signature(_quantize).parameters) - {"model", "calibration"}
+    known = {"output", *QuantizeOptions.keywords()}
     unknown = sorted(set(options) - known)
     if unknown:
         raise UsageError(f"optimize(quantize=...): unknown option(s) {', '.join(map(repr, unknown))}; onnxopt.quantize "

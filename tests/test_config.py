@@ -18,6 +18,7 @@ from onnx import helper
 import onnxopt.quantize.api as quantize_api
 from onnxopt.cli import config
 from onnxopt import cli
+from onnxopt.cli import optimize as cli_optimize  # (the module that calls optimize())
 
 from helpers import init, model, tinfo
 
@@ -79,13 +80,14 @@ def seen(monkeypatch) -> dict:
     calls: dict = {}
 
     def spy(name):
-        def record(*args, **kwargs):
-            calls[name] = {"args": args, **kwargs}
+        def record(*args, options=None, **kwargs):
+            # the call as keywords: its options (onnxopt.options) as the shortcuts they stand for
+            calls[name] = {"args": args, **(options.shortcuts() if options is not None else {}), **kwargs}
             raise _Stop()
 
         return record
 
-    monkeypatch.setattr(cli, "optimize", spy("optimize"))
+    monkeypatch.setattr(cli_optimize, "optimize", spy("optimize"))
     monkeypatch.setattr(quantize_api, "quantize", spy("quantize"))
     return calls
 
@@ -229,8 +231,8 @@ def test_report_html_sets_the_report_page(src, tmp_path):
     """``report.html`` stands for the main command's --report (the HTML report page)."""
     cfg = write(tmp_path, '[report]\nhtml = "page.html"\n')
     argv = [str(src), "-o", str(tmp_path / "o.onnx"), "-c", str(cfg)]
-    args = cli._parser().parse_args(argv)
-    assert config.merge(args, argv, cli._parser).report == str(tmp_path / "page.html")
+    args = cli_optimize.parser().parse_args(argv)
+    assert config.merge(args, argv, cli_optimize.parser).report == str(tmp_path / "page.html")
 
 
 # --------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 A TOML file (``tomllib``; ``tomli`` before Python 3.11) whose keys are the command line's settings:
 :data:`SCHEMA` names every key, its type, its allowed values, the flag it stands for and which
-commands read it. Values are checked with the same parsers the flags go through
+commands read it; it is derived from the declarations of ``onnxopt.options`` (a key is written once, there). Values are checked with the same parsers the flags go through
 (``onnxopt.ir.input_shapes``, ``onnxopt.transforms.edges``, ``onnxopt.verify``), so one grammar holds.
 
 - A flag given on the command line replaces the file's value of its key (lists included); a flag
@@ -32,13 +32,11 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from onnxopt.ir import input_shapes as shapes
-from onnxopt.transforms import edges as layouts
-from onnxopt import targets
-from onnxopt import verify as verifier
+from onnxopt import options
 from onnxopt.errors import UsageError
+from onnxopt.options import shown as _shown
 
-OPTIMIZE, QUANTIZE = "optimize", "quantize"
+OPTIMIZE, QUANTIZE = options.OPTIMIZE, options.QUANTIZE
 _ATTR = "config_echo"  # where merge() leaves the echo on the Namespace
 
 
@@ -62,126 +60,17 @@ class Key:
     minimum: int | None = None
 
 
-def _quantize_methods() -> tuple:
-    from onnxopt.quantize.calibrate import METHODS
-
-    return tuple(METHODS)
-
-
-def _input_shapes(value, key):
-    parsed = shapes.normalize(value)
-    return [f"{name}={shapes.format_dims(dims)}" for name, dims in parsed.items()]
+def _key(name: str, declared: list) -> Key:
+    """The key of the options that declare ``name`` (the first one describes it; each one's
+    command reads it into its flag's destinations)."""
+    first = declared[0]
+    dests = {c: opt.dests for opt in declared for c in opt.commands if c in options.CONFIG_COMMANDS}
+    return Key(name, first.kind, first.about, dests, first.flag, choices=first.choices, path=first.path,
+               check=first.check, minimum=first.minimum)
 
 
-def _layout(value, key):
-    layouts.parse_layouts(value, key)  # (one line on a bad one; optimize takes the file's forms)
-    return value
-
-
-def _preprocess(value, key):
-    layouts.parse_preprocess(value, key)
-    return dict(value)
-
-
-def _providers(value, key):
-    return ",".join(verifier.parse_providers(value))
-
-
-def _int_ranges(value, key):
-    items = []
-    for name, given in ((str(n), v) for n, v in value.items()):
-        if isinstance(given, list) and len(given) == 2 and all(_is_int(v) for v in given):
-            given = f"{given[0]}:{given[1]}"
-        if not isinstance(given, str):
-            raise UsageError(f"{key}.{name}: expected \"LOW:HIGH\" or [LOW, HIGH], got {_shown(given)}")
-        items.append(f"{name}={given}")
-    verifier.parse_int_ranges(items)
-    return items
-
-
-def _provider_options(value, key):
-    parsed = verifier.parse_provider_options(value)
-    return [f"{prov}:{name}={text}" for prov, options in parsed.items() for name, text in options.items()]
-
-
-def _fidelity(value, key):
-    return None if value is False else float(value)
-
-
-_MAIN, _QUANT, _BOTH = (OPTIMIZE,), (QUANTIZE,), (OPTIMIZE, QUANTIZE)
-
-
-def _k(name, kind, flag, help, commands=_MAIN, dest=None, **kw) -> Key:
-    dest = dest or (flag.lstrip("-").replace("-", "_"),)
-    return Key(name, kind, help, {c: tuple(dest) for c in commands}, flag, **kw)
-
-
-SCHEMA: tuple[Key, ...] = (
-    _k("target", "string", "--target", "where the model will run: portable, ort-cpu, ort-cuda (cpu and cuda are "
-       "aliases); onnxopt quantize: ort-cpu or portable", _BOTH,
-       choices=lambda: (*targets.TARGETS, *targets.ALIASES)),
-    _k("precision", "string", "--precision", "fp32 or fp16 (float16 weights and compute after the rules)",
-       choices=lambda: ("fp32", "fp16")),
-    _k("exact", "boolean", "--exact", "only rewrites that keep every output bit-identical on onnxruntime's CPU"),
-    _k("max_rewrites", "integer", "--max-rewrites", "cap on the number of rewrites", minimum=0),
-    _k("fold_size_limit", "integer", "--fold-size-limit", "bytes: the largest tensor constant folding creates "
-       "without freeing as many", minimum=0),
-    _k("strict", "boolean", "--strict", "a rule that raises stops the run instead of being skipped", _BOTH),
-    _k("rules", "strings", "--rules", "Python files whose RULES are added to the built-in ones (paths)", path=True),
-    _k("disable", "strings", "--disable", "rules (or passes) to leave out"),
-    _k("no_builtin_rules", "boolean", "--no-builtin-rules", "use only the rules of `rules`"),
-    _k("external_data", "boolean|string", "--external-data", "true: weights in OUTPUT.data; a file name: weights "
-       "there; false: one file (--single-file)", dest=("external_data", "single_file")),
-    _k("input_shapes", "table", "--input-shape", "input name = \"1x3x224x224\", \"batch,3,224,224\" or "
-       "[1, 3, 224, 224] (symbols keep or rename a dimension)", _BOTH, dest=("input_shape",), check=_input_shapes),
-    _k("layout.input", "string|table", "--input-layout", "input name = \"NHWC\" (channels-last input), or "
-       "\"NHWC\" for every 4-D input", check=_layout),
-    _k("layout.output", "string|table", "--output-layout", "output name = \"NHWC\" (channels-last output)",
-       check=_layout),
-    _k("layout.preprocess", "table", "--input-preprocess", "input name = \"uint8,HWC,scale=1/255,mean=...,std=...\" "
-       "or a table {layout = \"HWC\", scale = ..., mean = [...], std = [...], bgr = true}", check=_preprocess),
-    _k("verify.providers", "string|strings", "--verify", "verify before writing on these providers: \"cpu\", "
-       "\"cuda\", \"cpu,cuda\" or a list", dest=("verify",), check=_providers),
-    _k("verify.rtol", "number", "--rtol", "relative tolerance for every output", minimum=0),
-    _k("verify.atol", "number", "--atol", "absolute tolerance for every output", minimum=0),
-    _k("verify.runs", "integer", "--runs", "the most interleaved timing rounds per provider (0: no latency)",
-       minimum=0),
-    _k("verify.latency_budget", "number", "--latency-budget", "seconds of timing rounds per provider at most",
-       minimum=0),
-    _k("verify.warmup", "integer", "--warmup", "warm-up runs per session", minimum=1),
-    _k("verify.threads", "integer", "--threads", "onnxruntime intra-op threads (default 1; 0: onnxruntime's)",
-       minimum=0),
-    _k("verify.seed", "integer", "--seed", "seed of the generated inputs", minimum=0),
-    _k("verify.inputs", "string", "--inputs", "an .npz of input arrays by name (path)", path=True),
-    _k("verify.int_ranges", "table", "--int-range", "integer input name = \"LOW:HIGH\" or [LOW, HIGH] (inclusive)",
-       dest=("int_range",), check=_int_ranges),
-    _k("verify.provider_options", "table", "--provider-option", "provider = {option = value}, e.g. "
-       "cuda = {prefer_nhwc = 1}", dest=("provider_option",), check=_provider_options),
-    _k("report.json", "string", "--json", "also write the report as JSON here (path)", _BOTH, path=True),
-    _k("report.quiet", "boolean", "--quiet", "print nothing on success; no progress", _BOTH),
-    _k("report.diff", "string", "--diff", "also write the static diff page here (path)", path=True),
-    _k("report.html", "string", "--report", "also write the HTML report page here (path)", path=True),
-    _k("quantize.calibration", "string", "--calib", "calibration data: a folder of .npy/.npz, or one .npz (path)",
-       _QUANT, dest=("calib",), path=True),
-    _k("quantize.method", "string", "--method", "calibration method", _QUANT, choices=_quantize_methods),
-    _k("quantize.per_channel", "boolean", "--per-channel", "weights per output channel (false: --per-tensor)",
-       _QUANT),
-    _k("quantize.exclude", "strings", "--exclude", "node names or op types left in float", _QUANT),
-    _k("quantize.fidelity", "number|false", "--fidelity", "minimum output SQNR (dB) on held-out samples; false: "
-       "none (--no-fidelity)", _QUANT, check=_fidelity),
-    _k("quantize.keep_float", "string", "--keep-float", "auto: keep the float model unless the shipped cost table "
-       "estimates int8 3% faster; measure: time both on this machine (machine-dependent); never: always int8",
-       _QUANT, choices=lambda: ("auto", "measure", "never")),
-    _k("quantize.threads", "integer", "--threads", "onnxruntime intra-op threads of --keep-float measure (default 1)",
-       _QUANT, minimum=0),
-    _k("quantize.latency_budget", "number", "--latency-budget", "seconds of --keep-float measure's timing at most",
-       _QUANT, minimum=0),
-    _k("quantize.reduce_range", "boolean", "--reduce-range", "7-bit weights (x86 CPUs without VNNI)", _QUANT),
-    _k("quantize.workers", "integer", "--workers", "calibration processes", _QUANT, minimum=1),
-    _k("quantize.held_out", "integer", "--held-out", "calibration samples kept to measure fidelity", _QUANT,
-       minimum=0),
-    _k("quantize.percentile", "number", "--percentile", "method percentile: the percentile kept", _QUANT, minimum=0),
-)
+# Derived from the options' declarations (onnxopt.options): a key is written there, once.
+SCHEMA: tuple[Key, ...] = tuple(_key(name, declared) for name, declared in options.config_options())
 KEYS = {k.name: k for k in SCHEMA}
 TABLES = sorted({k.name.split(".")[0] for k in SCHEMA if "." in k.name})
 
@@ -251,13 +140,6 @@ def _suggest(name: str) -> str:
 
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _shown(value) -> str:
-    kind = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
-            dict: "a table"}.get(type(value), type(value).__name__)
-    text = repr(value)
-    return f"{kind} ({text if len(text) <= 40 else text[:37] + '...'})"
 
 
 _KIND_TEXT = {"string": "a string", "integer": "an integer", "number": "a number", "boolean": "true or false",

@@ -28,7 +28,7 @@ import numbers
 import os
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -43,9 +43,7 @@ from onnxopt.errors import UsageError, strict_default
 from onnxopt.ir.input_shapes import fix as fix_input_shapes, normalize as normalize_input_shapes, refine_fixed
 from onnxopt.ir.util import node_counts
 
-DEFAULT_FIDELITY_DB = 20.0
-"""The default minimum output SQNR (dB) of the quantized model against the float one."""
-DEFAULT_METHOD = "minmax"
+from onnxopt.options import DEFAULT_FIDELITY_DB, DEFAULT_METHOD, QuantizeOptions  # noqa: F401 (the defaults: there)
 KEEP_FLOAT = ("auto", "measure", "never")
 MIN_SPEEDUP = 0.03  # keep_float="auto": the int8 model must be at least this much faster
 MAX_HELD_OUT = 64
@@ -126,32 +124,12 @@ def check_options(*, method: str, target: str | None, keep_float: str, fidelity,
     return target
 
 
-def quantize(
-    model: io.ModelLike,
-    calibration,
-    *,
-    output: str | os.PathLike | None = None,
-    method: str = DEFAULT_METHOD,
-    per_channel: bool = True,
-    target: str | None = None,
-    exclude: Iterable[str] = (),
-    fidelity: float | None = DEFAULT_FIDELITY_DB,
-    keep_float: str = "auto",
-    reduce_range: bool | None = None,
-    workers: int = 1,
-    held_out: int | None = None,
-    input_shapes=None,
-    external_data: str | bool | None = None,
-    check: bool = True,
-    return_report: bool = False,
-    outputs: io.Outputs | None = None,
-    strict: bool | None = None,
-    progress=None,
-    method_options: dict | None = None,
-    threads: int = 1,
-    latency_budget: float = 10.0,
-):
+def quantize(model: io.ModelLike, calibration, output: str | os.PathLike | None = None, *,
+             options: QuantizeOptions | None = None, **shortcuts):
     """Quantize ``model`` to INT8 (QDQ) for onnxruntime's CPU provider, calibrated on ``calibration``.
+
+    The settings are ``options`` (``onnxopt.options.QuantizeOptions``) and the keywords below, each
+    a shortcut for its field, applied over ``options``.
 
     Args:
         model: a path, bytes, onnx.ModelProto or onnx_ir.Model (the result is of the same kind; for a
@@ -186,16 +164,18 @@ def quantize(
             onnxruntime's choice).
         latency_budget: seconds of ``keep_float="measure"``'s timing rounds at most (default 10).
     """
-    strict = strict_default(strict)
-    exclude = list(exclude or ())
-    target = check_options(method=method, target=target, keep_float=keep_float, fidelity=fidelity,
-                           workers=workers, exclude=exclude, threads=threads)
+    o = (options or QuantizeOptions()).with_shortcuts(**shortcuts)
+    strict = strict_default(o.strict)
+    exclude = list(o.exclude or ())
+    target = check_options(method=o.method, target=o.target, keep_float=o.keep_float, fidelity=o.fidelity,
+                           workers=o.workers, exclude=exclude, threads=o.threads)
+    latency_budget = o.latency_budget
     if isinstance(latency_budget, bool) or not isinstance(latency_budget, (int, float)) or not 0 < latency_budget < 1e6:
         raise UsageError(f"latency_budget {latency_budget!r}: a number of seconds above 0")
-    progress = progress or (lambda step, done=0, total=0: None)
-    return _quantize(model, calibration, output, method, per_channel, target, exclude, fidelity, keep_float,
-                     reduce_range, workers, held_out, normalize_input_shapes(input_shapes), external_data, check,
-                     return_report, outputs, strict, progress, dict(method_options or {}), threads,
+    progress = o.progress or (lambda step, done=0, total=0: None)
+    return _quantize(model, calibration, output, o.method, o.per_channel, target, exclude, o.fidelity, o.keep_float,
+                     o.reduce_range, o.workers, o.held_out, normalize_input_shapes(o.input_shapes), o.external_data,
+                     o.check, o.return_report, o.outputs, strict, progress, dict(o.method_options or {}), o.threads,
                      latency_budget)
 
 
