@@ -44,6 +44,8 @@ CONFIG_COMMANDS = (OPTIMIZE, QUANTIZE)  # the commands that read a config file (
 DEFAULT_FIDELITY_DB = 20.0
 """The default minimum output SQNR (dB) of the quantized model against the float one."""
 DEFAULT_METHOD = "minmax"
+# the calibration methods onnxopt.quantize.calibrate implements (it reads them from here: settings are declared once)
+QUANTIZE_METHODS = ("minmax", "percentile", "entropy", "mse")
 
 _order = itertools.count()
 
@@ -182,9 +184,7 @@ def _fidelity(value, key):
 
 
 def _quantize_methods() -> tuple:
-    from onnxopt.quantize.calibrate import METHODS
-
-    return tuple(METHODS)
+    return QUANTIZE_METHODS
 
 
 def _all_targets() -> tuple:
@@ -692,6 +692,6 @@ def config_options() -> list[tuple[str, list[Option]]]:
     return list(keys.items())
 
 
-__all__ = ["DEFAULT_FIDELITY_DB", "DEFAULT_METHOD", "LayoutOptions", "OptimizeOptions", "Option", "QuantizeOptions",
+__all__ = ["DEFAULT_FIDELITY_DB", "DEFAULT_METHOD", "QUANTIZE_METHODS", "LayoutOptions", "OptimizeOptions", "Option", "QuantizeOptions",
            "ReportOptions", "RewriteOptions", "SaveOptions", "TargetOptions", "VerifyOptions", "config_options",
            "declared", "flag_options", "option"]

@@ -20,6 +20,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from helpers import init, model, tinfo, zoo_model
+from onnxopt.reporting.inspect_text import format_inspect
 from onnxopt.inspect import analysis
 from onnxopt import cli
 from onnxopt.errors import InvalidModelError, UsageError
@@ -624,7 +625,7 @@ def test_nodes_the_fit_counted_have_known_shapes():
     attn = r["nodes"][0]
     assert attn["op"] == "com.microsoft.Attention" and attn.get("shapes_known", True) is True
     assert attn["expr"]["bytes_written"] == "64*batch*seq" and attn["intensity"] is not None
-    text = analysis.format_inspect(r, "m.onnx")
+    text = format_inspect(r, "m.onnx")
     assert "unknown shapes" not in text
 
 
@@ -641,7 +642,7 @@ def test_a_node_of_unknown_shapes_has_no_intensity_or_bound():
         assert n["shapes_known"] is False and n["intensity"] is None and n["bound"] is None
     assert r["nodes"][2]["intensity"] > 0 and r["nodes"][2]["bound"] == "memory"
     assert json.loads(json.dumps(r))["nodes"][1]["intensity"] is None
-    lines = analysis.format_inspect(r, "m.onnx", top=3).splitlines()
+    lines = format_inspect(r, "m.onnx", top=3).splitlines()
     relu = next(line.split() for line in lines if line.startswith("relu "))
     assert relu[-2:] == ["-", "-"]  # FLOPs/byte and bound
     assert "nodes compute-bound: 0, memory-bound: 1" in "\n".join(lines)
@@ -674,12 +675,12 @@ def test_symbols_shape_inference_invents_are_not_asked_for():
     (unk,) = r["symbols"]["undetermined"]
     assert r["symbols"]["inputs"] == [] and unk in r["expr"]["flops"]
     assert f"{unk}: dimensions shape inference could not determine" in r["symbols_note"]
-    text = analysis.format_inspect(r, "m.onnx")
+    text = format_inspect(r, "m.onnx")
     assert "--input-shape cannot set them" in text and unk in text and "give them with --input-shape" not in text
     # an input's own symbol is still asked for, the invented one named apart
     r = analysis.analyze(_nonzero_model("n"), device=DEV)
     assert r["symbols"] == {"inputs": ["n"], "undetermined": [unk]}
-    text = analysis.format_inspect(r, "m.onnx")
+    text = format_inspect(r, "m.onnx")
     assert "(give them with --input-shape): n;" in text and f"cannot set them): {unk}" in text
 
 

@@ -7,6 +7,7 @@ import argparse
 import os
 from pathlib import Path
 
+from onnxopt.reporting.inspect_text import format_inspect
 from onnxopt.cli.common import EXIT_OK, Parser, outputs_for, run_face, stage_json
 from onnxopt.ir import input_shapes
 from onnxopt.ir import io
@@ -75,7 +76,7 @@ def main(argv: list[str]) -> int:
                 Path(outputs.stage(args.html)).write_text(render_inspect(args.input, report, memory, args.top),
                                                           encoding="utf-8")
         if not args.quiet:
-            show(analysis.format_inspect(report, args.input, args.top))
+            show(format_inspect(report, args.input, args.top))
         return EXIT_OK
 
     return run_face(run)

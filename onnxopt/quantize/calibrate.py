@@ -75,12 +75,13 @@ import numpy as np
 import onnx
 
 from onnxopt.errors import OnnxoptError, UsageError, feeds_text
+from onnxopt.options import QUANTIZE_METHODS
 from onnxopt.quantize.data import CalibrationSet, open_calibration
 
 __all__ = ["METHODS", "DEFAULT_BINS", "RangeStats", "HistStats", "collect_ranges", "collect_histograms",
            "choose_ranges", "calibrate", "tensor_types"]
 
-METHODS = ("minmax", "percentile", "entropy", "mse")
+METHODS = QUANTIZE_METHODS  # (declared with the options: onnxopt.options)
 DEFAULT_BINS = 2048
 _OPTIONS = {
     "minmax": {"qmin", "qmax"},

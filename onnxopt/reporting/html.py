@@ -22,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from urllib.parse import quote
 
 from onnxopt import __version__
+from onnxopt.inspect.analysis import analyze
+from onnxopt.transforms.memory import peak
 from onnxopt.reporting.text import Doc, Styled, Table, format_verification
 
 BAR_ROWS = 14  # op types drawn per chart; the rest are one "other" bar
@@ -531,16 +533,6 @@ def _model_bytes(path) -> int | None:
         return None
 
 
-def _optional(module: str, function: str):
-    """``onnxopt.<module>.<function>``, or the reason it is not there."""
-    import importlib
-
-    try:
-        return getattr(importlib.import_module(f"onnxopt.{module}"), function), None
-    except (ImportError, AttributeError):
-        return None, f"onnxopt.{module} is not in this onnxopt"
-
-
 def _both(fn, before, after, shapes):
     """``fn`` on both models; ``shapes``: one set of input shapes for both, or a pair (before's, after's)."""
     pair = shapes if isinstance(shapes, tuple) else (shapes, shapes)
@@ -653,13 +645,11 @@ def build(input_path, output_path, report, *, page=None, diff_page=None, verify_
         at_source = "the shapes the verification's data ran at" if data else "the verifier's shapes"
         if not any(shapes):
             shapes = {}
-    analyze, why = _optional("inspect.analysis", "analyze")
-    analysis = _both(analyze, str(input_path), str(output_path), shapes) if analyze else {"unavailable": why}
+    analysis = _both(analyze, str(input_path), str(output_path), shapes)
     memory = d.get("memory")
     if not (memory and all((memory.get(side) or {}).get("curve") is not None for side in ("before", "after"))):
         # (the Report keeps the peaks without their curves: the curves are taken from the models on disk)
-        peak, why = _optional("transforms.memory", "peak")
-        curves = _both(peak, str(input_path), str(output_path), shapes) if peak else {"unavailable": why}
+        curves = _both(peak, str(input_path), str(output_path), shapes)
         memory = {**curves, "reordered": bool((memory or {}).get("reordered"))} if "before" in curves else curves
     profile = None
     if d.get("verification") and profile_runs:
