@@ -1,8 +1,8 @@
-"""The tools scripts/bench.py compares, each called the way its documentation shows a user.
+"""The tools scripts/bench/peers.py compares, each called the way its documentation shows a user.
 
 A tool is a ``Tool`` whose ``target`` names a ``setup(ctx)`` function ("module:function").
 ``setup`` does the imports (not timed) and returns ``run(src, dst)``, which reads the model file
-``src``, optimizes it and writes ``dst``; bench.py times that call, in a subprocess of its own.
+``src``, optimizes it and writes ``dst``; peers.py times that call, in a subprocess of its own.
 ``run`` may return a dict of extra facts for the JSON report (computed inside the timed region,
 so keep it cheap).
 """
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.machinery
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -24,7 +26,7 @@ class Tool:
     package: str  # distribution whose version BENCHMARKS.md reports
     timed: str  # what the timed region holds, for BENCHMARKS.md
     families: tuple[str, ...] | None = None  # only models of these families (None: all)
-    pythonpath: str | None = None  # a directory the subprocess adds to sys.path (tests' fake tools)
+    pythonpath: str | None = None  # a folder the target's module is found in (tests' fake tools)
 
     def applies(self, family: str) -> bool:
         return self.families is None or family in self.families
@@ -64,7 +66,7 @@ def attention_params(model_name: str) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# What a peer logs while it runs (bench.py's optimize job captures it): a failure caused by the way
+# What a peer logs while it runs (peers.py's optimize job captures it): a failure caused by the way
 # the peer was called is a configuration failure, never a result of the peer.
 
 # Messages a peer logs when it was called without a parameter it needs or with a wrong one
@@ -278,23 +280,23 @@ def setup_ort_transformers(ctx: dict):
 _LOAD_SAVE = "`onnx.load(src)` + {call} + `onnx.save(dst)`"
 
 TOOLS: list[Tool] = [
-    Tool("onnxopt", "_peers:setup_onnxopt", "onnxopt",
+    Tool("onnxopt", "scripts.bench._peers:setup_onnxopt", "onnxopt",
          "`onnxopt.optimize(src, output=dst, return_report=True)` (load, checker, rewrite, save)"),
-    Tool("onnxopt-exact", "_peers:setup_onnxopt_exact", "onnxopt",
+    Tool("onnxopt-exact", "scripts.bench._peers:setup_onnxopt_exact", "onnxopt",
          "`onnxopt.optimize(src, output=dst, exact=True, return_report=True)`: only rewrites that keep every output "
          "bit-identical on onnxruntime's CPU provider with its default settings"),
-    Tool("onnxsim", "_peers:setup_onnxsim", "onnxsim",
+    Tool("onnxsim", "scripts.bench._peers:setup_onnxsim", "onnxsim",
          _LOAD_SAVE.format(call="`onnxsim.simplify(model)` (defaults; the returned check flag must be true)")),
-    Tool("onnxslim", "_peers:setup_onnxslim", "onnxslim", _LOAD_SAVE.format(call="`onnxslim.slim(model)`")),
-    Tool("onnxoptimizer", "_peers:setup_onnxoptimizer", "onnxoptimizer",
+    Tool("onnxslim", "scripts.bench._peers:setup_onnxslim", "onnxslim", _LOAD_SAVE.format(call="`onnxslim.slim(model)`")),
+    Tool("onnxoptimizer", "scripts.bench._peers:setup_onnxoptimizer", "onnxoptimizer",
          _LOAD_SAVE.format(call="`onnxoptimizer.optimize(model)` (its default fuse-and-elimination passes)")),
-    Tool("onnxscript", "_peers:setup_onnxscript", "onnxscript",
+    Tool("onnxscript", "scripts.bench._peers:setup_onnxscript", "onnxscript",
          _LOAD_SAVE.format(call="`onnxscript.optimizer.optimize(model)` (defaults)")),
-    Tool("ort-extended", "_peers:setup_ort_extended", "onnxruntime",
+    Tool("ort-extended", "scripts.bench._peers:setup_ort_extended", "onnxruntime",
          "`onnxruntime.InferenceSession(src, so, providers=['CPUExecutionProvider'])` with "
          "`so.graph_optimization_level = ORT_ENABLE_EXTENDED` and `so.optimized_model_filepath = dst` "
          "(load, optimize, save, and the session's own initialization)"),
-    Tool("ort-transformers", "_peers:setup_ort_transformers", "onnxruntime",
+    Tool("ort-transformers", "scripts.bench._peers:setup_ort_transformers", "onnxruntime",
          "`onnxruntime.transformers.optimizer.optimize_model(src, model_type=..., num_heads=N, hidden_size=H)` "
          "with N and H from the model's transformers config, as its documentation asks (default opt_level: 1 for "
          "bert/gpt2, i.e. onnxruntime basic level then its Python fusions) + `.save_model_to_file(dst)`; "
@@ -311,13 +313,17 @@ def get_tool(name: str) -> Tool:
 
 
 def load_setup(tool_target: str, pythonpath: str | None = None):
-    if pythonpath and pythonpath not in sys.path:
-        sys.path.insert(0, pythonpath)
-    here = str(Path(__file__).resolve().parent)
-    if here not in sys.path:
-        sys.path.insert(0, here)
+    """The function a "module:function" target names; the module is looked up in the folder
+    ``pythonpath`` first when given (tests' fake tools), else imported (``scripts.bench._peers``, ...)."""
     module, _, func = tool_target.partition(":")
-    return getattr(importlib.import_module(module), func)
+    spec = importlib.machinery.PathFinder.find_spec(module, [pythonpath]) if pythonpath else None
+    if spec is None:
+        return getattr(importlib.import_module(module), func)
+    if module not in sys.modules:
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[module] = mod
+        spec.loader.exec_module(mod)
+    return getattr(sys.modules[module], func)
 
 
 __all__ = ["CONFIG_FAILURES", "PeerLog", "TOOLS", "Tool", "attention_params", "config_failures", "get_tool",

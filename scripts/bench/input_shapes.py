@@ -2,7 +2,7 @@
 legacy and dynamo exports; dynamic batch and sequence) optimized as they are and with batch and
 sequence fixed (``optimize(input_shapes=...)``), on onnxruntime CPU.
 
-    python scripts/bench_input_shapes.py [--models NAME ...] [--batch 1] [--sequence 128]
+    python -m scripts.bench.input_shapes [--models NAME ...] [--batch 1] [--sequence 128]
                                          [--runs 50] [--warmup 5] [--threads 1]
                                          [--json scripts/results/input-shapes-cpu.json]
 
@@ -35,10 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench import machine_info, onnxopt_commit, versions  # noqa: E402
+from scripts import RESULTS
+from scripts.bench.peers import machine_info, onnxopt_commit, versions
 
 MODELS = [f"{kind}-{exporter}" for kind in ("bert", "gpt2", "minilm") for exporter in ("legacy", "dynamo")]
 VARIANTS = ("original", "fixed", "onnxopt", "onnxopt-fixed")
@@ -114,7 +112,7 @@ def _ort_version() -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m scripts.bench.input_shapes", description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", default=MODELS, metavar="NAME", help="zoo models (default: the six "
                    "transformer exports)")
     p.add_argument("--batch", type=int, default=1, help="batch size fixed (default 1)")
@@ -125,7 +123,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--latency-budget", type=float, default=120.0, metavar="S",
                    help="seconds of timed rounds per model, at most (fewer rounds then; default 120)")
     p.add_argument("--cache", type=Path, default=None, help="zoo cache directory (default $ONNXOPT_CACHE)")
-    p.add_argument("--json", type=Path, default=ROOT / "scripts" / "results" / "input-shapes-cpu.json",
+    p.add_argument("--json", type=Path, default=RESULTS / "input-shapes-cpu.json",
                    help="where to write the report (default scripts/results/input-shapes-cpu.json)")
     args = p.parse_args(argv)
     if not (1 <= args.batch <= 2 and 1 <= args.sequence <= 128):
@@ -147,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     cache = args.cache or zoo.DEFAULT_CACHE
     report = {"meta": {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": "python scripts/bench_input_shapes.py " + shlex.join(sys.argv[1:] if argv is None else argv),
+        "command": "python -m scripts.bench.input_shapes " + shlex.join(sys.argv[1:] if argv is None else argv),
         "machine": machine_info(), "versions": {**versions([]), "onnxruntime": _ort_version()},
         "onnxopt_commit": onnxopt_commit(),
         "options": {"batch": args.batch, "sequence": args.sequence, "runs": args.runs, "warmup": args.warmup,

@@ -1,11 +1,11 @@
 """Layout benchmark (issue 16): Transposes and latency of channels-last models, three parts.
 
-    python scripts/bench_layout.py keras [--models PATH ...] [--tools T ...] [--tiny] [common options]
-    python scripts/bench_layout.py edge  [--models NAME ...] [--pixels HWC NHWC] [--photos N] [--tiny] [common]
-    python scripts/bench_layout.py gpu   [--provider cuda|cpu] [--models NAME ...] [--batches 1,32]
+    python -m scripts.bench.layout keras [--models PATH ...] [--tools T ...] [--tiny] [common options]
+    python -m scripts.bench.layout edge  [--models NAME ...] [--pixels HWC NHWC] [--photos N] [--tiny] [common]
+    python -m scripts.bench.layout gpu   [--provider cuda|cpu] [--models NAME ...] [--batches 1,32]
                                          [--precisions fp32,fp16] [--deadline S] [--tiny] [common]
-    python scripts/bench_layout.py render A.json [B.json ...] --markdown OUT.md
-    python scripts/bench_layout.py benefit GPU.json [...] --json OUT.json   (the NhwcConv verdict)
+    python -m scripts.bench.layout render A.json [B.json ...] --markdown OUT.md
+    python -m scripts.bench.layout benefit GPU.json [...] --json OUT.json   (the NhwcConv verdict)
 
     common: [--runs N] [--warmup N] [--threads N] [--latency-budget S] [--timeout S] [--cache DIR]
             [--work DIR] [--json OUT.json] [--markdown OUT.md]
@@ -15,7 +15,7 @@
 rewritten as tf2onnx writes Keras models). Tools (``KERAS_TOOLS``): the original; onnxopt with its default
 target and with ``target="ort-cpu"``; onnxruntime's offline optimizer at the basic and the extended level
 (CPU provider, ``optimized_model_filepath``); onnxsim, onnxslim, onnxoptimizer, onnxscript's optimizer
-(scripts/_peers.py's adapters, each call in a subprocess: bench.run_job). Per tool: Transposes left, the
+(scripts/bench/_peers.py's adapters, each call in a subprocess: bench.run_job). Per tool: Transposes left, the
 elements and bytes they move per inference (``onnxopt.transforms.transposes.graph_cost``), nodes, CPU kernels per run,
 max abs / rel difference from the original on a random input, and CPU latency of every tool in one
 interleaved run (bench's latency job: onnxruntime CPU with default session options, the same threads for
@@ -59,9 +59,9 @@ idle spinning pools take the cores from the session being timed (resnet50 on 2 c
 target ort-cuda): per model, batch and precision the NhwcConv model under the provider's defaults against
 onnxopt's model under ``prefer_nhwc=1`` (the provider's own NHWC path, which ort-cuda's advice names);
 applied only where the geometric mean of those ratios is below 1. Merge it into the shipped table with
-``python scripts/bench_benefit.py --merge OUT.json --into onnxopt/data/benefit.json``.
+``python -m scripts.data.benefit --merge OUT.json --into onnxopt/data/benefit.json``.
 
-On the GPU machine, one model (or batch) per command: ``bash scripts/gpu_layout.sh resnet50-legacy
+On the GPU machine, one model (or batch) per command: ``bash scripts/gpu/layout.sh resnet50-legacy
 --batches 1`` (``TAG=...`` names the files), then ``render`` the JSONs together with parts A and B.
 """
 
@@ -81,14 +81,8 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-for _p in (str(ROOT), str(HERE)):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
-
-import bench  # noqa: E402  (subprocess jobs, node counts, output comparison, machine facts)
-import bench_targets  # noqa: E402  (model builds, sessions with provider options, kernels, fidelity)
+from scripts.bench import peers as bench  # the peer benchmark: subprocess jobs, node counts, output comparison, machine facts
+from scripts.bench import targets as bench_targets  # model builds, sessions with provider options, kernels, fidelity
 
 peers = bench.peers
 
@@ -117,16 +111,16 @@ class LTool:
 
 
 KERAS_TOOLS: list[LTool] = [
-    LTool("onnxopt", "_peers:setup_onnxopt", "`onnxopt.optimize(src, output=dst)` (default target)", peer=False),
-    LTool("onnxopt-ort-cpu", "bench_layout:setup_onnxopt_options", "`onnxopt.optimize(src, output=dst, "
+    LTool("onnxopt", "scripts.bench._peers:setup_onnxopt", "`onnxopt.optimize(src, output=dst)` (default target)", peer=False),
+    LTool("onnxopt-ort-cpu", "scripts.bench.layout:setup_onnxopt_options", "`onnxopt.optimize(src, output=dst, "
           "target=\"ort-cpu\")`", peer=False, options={"target": "ort-cpu"}),
-    LTool("ort-basic", "_peers:setup_ort_basic", "onnxruntime's offline optimizer: a CPU session with "
+    LTool("ort-basic", "scripts.bench._peers:setup_ort_basic", "onnxruntime's offline optimizer: a CPU session with "
           "`ORT_ENABLE_BASIC` (its transpose optimizer is at this level) and `optimized_model_filepath=dst`"),
-    LTool("ort-extended", "_peers:setup_ort_extended", "the same with `ORT_ENABLE_EXTENDED`"),
-    LTool("onnxsim", "_peers:setup_onnxsim", peers.get_tool("onnxsim").timed),
-    LTool("onnxslim", "_peers:setup_onnxslim", peers.get_tool("onnxslim").timed),
-    LTool("onnxoptimizer", "_peers:setup_onnxoptimizer", peers.get_tool("onnxoptimizer").timed),
-    LTool("onnxscript", "_peers:setup_onnxscript", peers.get_tool("onnxscript").timed),
+    LTool("ort-extended", "scripts.bench._peers:setup_ort_extended", "the same with `ORT_ENABLE_EXTENDED`"),
+    LTool("onnxsim", "scripts.bench._peers:setup_onnxsim", peers.get_tool("onnxsim").timed),
+    LTool("onnxslim", "scripts.bench._peers:setup_onnxslim", peers.get_tool("onnxslim").timed),
+    LTool("onnxoptimizer", "scripts.bench._peers:setup_onnxoptimizer", peers.get_tool("onnxoptimizer").timed),
+    LTool("onnxscript", "scripts.bench._peers:setup_onnxscript", peers.get_tool("onnxscript").timed),
 ]
 
 
@@ -556,7 +550,7 @@ def _job(job: dict) -> dict:
 
 
 def run_job(job: dict, work: Path, timeout: float) -> dict:
-    return bench.run_job(job, work, timeout, script=__file__)
+    return bench.run_job(job, work, timeout, module="scripts.bench.layout")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -871,7 +865,7 @@ def bench_edge(em: EdgeModel, path: Path, pixels: list[str], opts: Options, work
         todo[f"onnxopt-uint8-{lay.lower()}"] = {"input_preprocess": {name: f"uint8,{lay},{em.preprocess}"}}
     for v, options in todo.items():
         dst = work / f"{v}.onnx"
-        r = run_job({"kind": "optimize", "target": "bench_layout:setup_onnxopt_options", "src": str(src),
+        r = run_job({"kind": "optimize", "target": "scripts.bench.layout:setup_onnxopt_options", "src": str(src),
                      "dst": str(dst), "ctx": {"model": em.name, "options": options}}, work / "jobs", opts.timeout)
         if not r.get("ok"):
             variants[v] = {"status": "error", "error": r["error"], "options": options}
@@ -1016,7 +1010,7 @@ def _gpu_batch(bm, b, src, name, f_pix, f_float, pre_text, provider, target, pre
             v = f"{tool}/{prec}"
             options = {"target": target, **extra, **({"precision": prec} if prec != "fp32" else {})}
             dst = work / f"{tool}-{prec}.onnx"
-            r = run_job({"kind": "optimize", "target": "bench_layout:setup_onnxopt_options", "src": str(src),
+            r = run_job({"kind": "optimize", "target": "scripts.bench.layout:setup_onnxopt_options", "src": str(src),
                          "dst": str(dst), "ctx": {"model": bm.name, "options": options}}, work / "jobs", opts.timeout)
             row = variants[v] = {"tool": tool, "precision": prec, "options": options,
                                  "inputs": str(f_pix if tool == "onnxopt-uint8" else f_float)}
@@ -1127,7 +1121,7 @@ def _meta(part: str, argv: list[str], opts: Options, provider: str = "cpu") -> d
     pk = [types.SimpleNamespace(package=p) for p in ("onnxruntime", "onnxsim", "onnxslim", "onnxoptimizer",
                                                       "onnxscript")]
     return {"part": part, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "command": "python scripts/bench_layout.py " + shlex.join(argv), "machine": bench.machine_info(),
+            "command": "python -m scripts.bench.layout " + shlex.join(argv), "machine": bench.machine_info(),
             "gpu": bench.gpu_info() if provider == "cuda" else None, "versions": bench.versions(pk),
             "options": dataclasses.asdict(opts), "onnxopt_commit": bench.onnxopt_commit()}
 
@@ -1374,7 +1368,7 @@ def nhwc_conv_benefit(reports: list[dict], files: list[str]) -> dict:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python scripts/bench_layout.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m scripts.bench.layout", description=__doc__.split("\n\n")[0])
     p.add_argument("part", choices=("keras", "edge", "gpu", "render", "benefit"))
     p.add_argument("reports", nargs="*", type=Path, help="render: the JSON reports")
     p.add_argument("--models", nargs="+", default=None, help="keras: model files; edge, gpu: zoo / benchmark names")

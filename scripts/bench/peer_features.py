@@ -14,10 +14,10 @@ Python API where the expectation is about the API) on zoo models, and what came 
   producer_name, metadata entries added;
 - graphsurgeon: whether the Python face takes a ``gs.Graph``;
 - colour: escape codes in the output when piped, and colour on a terminal with NO_COLOR=1;
-- models over 2 GB (``--big MODEL.onnx``, e.g. from scripts/big_model.py): exit code, seconds and
+- models over 2 GB (``--big MODEL.onnx``, e.g. from scripts/oracles/big_model.py): exit code, seconds and
   peak resident memory of each tool on it.
 
-    python scripts/peer_features.py [--out scripts/results/peer-features.json] [--big big/model.onnx]
+    python -m scripts.bench.peer_features [--out scripts/results/peer-features.json] [--big big/model.onnx]
 
 Prints a markdown table per expectation; the JSON holds every run's facts.
 """
@@ -35,8 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+from scripts import RESULTS, ROOT
+
 BIN = Path(sys.executable).parent
 ANSI = re.compile(rb"\x1b\[")
 SGR = re.compile(rb"\x1b\[([0-9;]*)m")
@@ -283,9 +283,9 @@ def table(title: str, rows: dict, cols: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python scripts/peer_features.py", description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default=str(HERE / "results" / "peer-features.json"))
-    parser.add_argument("--big", help="a model over 2 GB (scripts/big_model.py makes one)")
+    parser = argparse.ArgumentParser(prog="python -m scripts.bench.peer_features", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=str(RESULTS / "peer-features.json"))
+    parser.add_argument("--big", help="a model over 2 GB (python -m scripts.oracles.big_model makes one)")
     parser.add_argument("--only", nargs="*", help="shapes exact metadata gs colour big")
     args = parser.parse_args(argv)
     import onnxruntime

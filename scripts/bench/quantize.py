@@ -1,17 +1,17 @@
 """INT8 quantization side by side: onnxopt against onnxruntime's quantize_static and AMD Quark,
 with the same calibration data, on onnxruntime CPU (issue 14's benchmark).
 
-    python scripts/bench_quantize.py --phase fidelity --models NAME ... [--tools T ...] [--eval 500] [--calib 64]
-    python scripts/bench_quantize.py --phase latency  --models NAME ... [--runs 100] [--budget 240]
-    python scripts/bench_quantize.py --phase memory   [--models resnet50-legacy minilm-legacy] [--cap-gb 16]
-    python scripts/bench_quantize.py --report         [--markdown scripts/results/quantize-cpu.md]
+    python -m scripts.bench.quantize --phase fidelity --models NAME ... [--tools T ...] [--eval 500] [--calib 64]
+    python -m scripts.bench.quantize --phase latency  --models NAME ... [--runs 100] [--budget 240]
+    python -m scripts.bench.quantize --phase memory   [--models resnet50-legacy minilm-legacy] [--cap-gb 16]
+    python -m scripts.bench.quantize --report         [--markdown scripts/results/quantize-cpu.md]
 
 Each phase runs per model and writes ``scripts/results/quantize/<model>.<phase>.json`` (a later run
 of some tools only replaces those tools' entries: run the tools of a big model in pieces of a few
 minutes each). Quantized models are kept in ``--work`` (default ``~/.cache/onnxopt/quant-bench``),
 so the latency phase times the very files the fidelity phase measured.
 
-Models (zoo, ``python -m onnxopt.models build``): ``MODELS``. Data (scripts/_quant_data.py):
+Models (zoo, ``python -m onnxopt.models build``): ``MODELS``. Data (scripts/bench/_quant_data.py):
 photographs of scikit-image (crops, flips, scales; calibration and evaluation photographs
 disjoint), rendered text for the OCR models and English sentences for MiniLM (calibration and
 evaluation texts from disjoint stdlib modules). Calibration: ``--calib`` inputs (64), written as a
@@ -21,7 +21,7 @@ Tools (``--tools``; a group name selects its members):
   ort-minmax ort-entropy ort-percentile ort-distribution   onnxruntime ``quant_pre_process`` then
         ``quantize_static`` (QDQ, per_channel, activations QUInt8, weights QInt8), one method each;
         the one with the best fidelity per model is marked chosen (the "ORT" of the ratios)
-  quark-a8w8 quark-cle quark-adaround    AMD Quark through ``scripts/_quant_quark.py`` run by
+  quark-a8w8 quark-cle quark-adaround    AMD Quark through ``scripts/bench/_quant_quark.py`` run by
         ``/work/quark-venv/bin/python`` (``--quark-python``); absent or failing: the one-line reason
   onnxopt-minmax onnxopt-percentile onnxopt-entropy onnxopt-mse    ``onnxopt.quantize(...,
         keep_float="never")``; onnxopt-auto: keep_float="auto" with the best of those methods;
@@ -68,17 +68,12 @@ from pathlib import Path
 
 import numpy as np
 
+from scripts import RESULTS as _RESULTS, ROOT, child_env
+from scripts.bench import _quant_data as qd
+
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
-
-import _quant_data as qd  # noqa: E402
-
-RESULTS = HERE / "results" / "quantize"
-MARKDOWN = HERE / "results" / "quantize-cpu.md"
+RESULTS = _RESULTS / "quantize"
+MARKDOWN = _RESULTS / "quantize-cpu.md"
 WORK = Path(os.environ.get("ONNXOPT_QUANT_BENCH", Path.home() / ".cache" / "onnxopt" / "quant-bench"))
 QUARK_PYTHON = "/work/quark-venv/bin/python"
 QUARK_SCRIPT = HERE / "_quant_quark.py"
@@ -143,8 +138,8 @@ def zoo_task(name: str) -> Task:
     """The ``Task`` of zoo model ``name`` (its file must be in the zoo cache)."""
     import onnx
 
-    from models import zoo
-    from models.inputs import graph_inputs
+    from onnxopt.models import zoo
+    from onnxopt.models.inputs import graph_inputs
 
     spec = zoo.get(name)
     path = spec.path()
@@ -347,14 +342,13 @@ def run_quantizer(tool: str, model: Path, calib: Path, out: Path, *, timeout: fl
         cmd = [quark_python, str(quark_script), "--model", str(model), "--calib", str(calib), "--out", str(out),
                "--variant", tool[6:]]
     else:
-        cmd = [sys.executable, str(Path(__file__).resolve()), "_quantize", "--tool", tool, "--model", str(model),
+        cmd = [sys.executable, "-m", "scripts.bench.quantize", "_quantize", "--tool", tool, "--model", str(model),
                "--calib", str(calib), "--out", str(out)]
         if onnxopt_method:
             cmd += ["--method", onnxopt_method]
         if fidelity is not None:
             cmd += ["--fidelity", fidelity]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env = child_env()
     t0 = time.perf_counter()
     # in a scratch folder: the quantizers leave files in the working directory (onnxruntime's
     # augmented model's external data and shape-inference temporaries, Quark's quantized_info.csv)
@@ -749,12 +743,11 @@ def phase_memory(task: Task, *, work: Path, out_dir: Path, onnxopt_batches=(10, 
         src, pre_notes = ort_pre_process(task.path, pre)
         if src != pre:
             shutil.copy(task.path, pre)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env = child_env()
     cap = int(cap_gb * 2**30)
 
     def one(tool: str, model: Path, batches: int) -> dict:
-        cmd = [sys.executable, str(Path(__file__).resolve()), "_memory", "--tool", tool, "--model", str(model),
+        cmd = [sys.executable, "-m", "scripts.bench.quantize", "_memory", "--tool", tool, "--model", str(model),
                "--calib", str(calib), "--batches", str(batches)]
         log(f"{task.name}: memory: {tool} on {batches} batches")
         with tempfile.TemporaryDirectory(prefix=f"cwd-{tool}-", dir=mdir) as cwd:
@@ -823,7 +816,7 @@ def _short(note: str, limit: int = 160) -> str:
 def report(out_dir: Path, md: Path) -> str:
     """The markdown table of every result file in ``out_dir``, written to ``md``."""
     lines = ["# INT8 quantization on onnxruntime CPU: onnxopt, onnxruntime's quantize_static, AMD Quark", "",
-             "Written by `python scripts/bench_quantize.py --report` from scripts/results/quantize/*.json. "
+             "Written by `python -m scripts.bench.quantize --report` from scripts/results/quantize/*.json. "
              "Fidelity is against the fp32 model on the evaluation set (disjoint from calibration by "
              "source photograph / text); `*` marks the onnxruntime method with the best fidelity, the ORT "
              "of the `vs ORT` column. Latency: median (p10/p90) ms, all models of a row group timed "
@@ -898,7 +891,7 @@ def report(out_dir: Path, md: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("_quantize", "_memory"):
-        w = argparse.ArgumentParser(prog=f"bench_quantize.py {argv[0]}")
+        w = argparse.ArgumentParser(prog=f"python -m scripts.bench.quantize {argv[0]}")
         w.add_argument("--tool", required=True)
         w.add_argument("--model", required=True)
         w.add_argument("--calib", required=True)
@@ -908,7 +901,7 @@ def main(argv: list[str] | None = None) -> int:
         w.add_argument("--batches", type=int)
         a = w.parse_args(argv[1:])
         return quantize_worker(a) if argv[0] == "_quantize" else memory_worker(a)
-    p = argparse.ArgumentParser(prog="python scripts/bench_quantize.py", description=__doc__.splitlines()[0],
+    p = argparse.ArgumentParser(prog="python -m scripts.bench.quantize", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--phase", choices=("fidelity", "latency", "memory"))
     p.add_argument("--report", action="store_true", help="write the markdown table from the result files")

@@ -1,12 +1,12 @@
 """Target benchmark (issue 15): onnxopt for onnxruntime's CPU or CUDA provider against the peers
 people use there, every tool in one interleaved run on one machine.
 
-    python scripts/bench_targets.py --target ort-cuda|ort-cpu [--models NAME ... | --set core|full]
+    python -m scripts.bench.targets --target ort-cuda|ort-cpu [--models NAME ... | --set core|full]
         [--part N/M] [--batches 1,8] [--precisions fp32,fp16] [--tools T ...] [--runs N] [--warmup N]
         [--provider-option [cuda:]KEY=VALUE ...] [--cache DIR] [--work DIR] [--jobs N] [--deadline S]
         [--json OUT.json] [--markdown OUT.md] [--tiny]
-    python scripts/bench_targets.py --merge a.json b.json ... -o all.json [--markdown OUT.md]
-    python scripts/bench_targets.py --list [--part N/M] [--set core|full]
+    python -m scripts.bench.targets --merge a.json b.json ... -o all.json [--markdown OUT.md]
+    python -m scripts.bench.targets --list [--part N/M] [--set core|full]
 
 Models (``MODELS``): BERT-base and GPT-2 small (transformers configs, random weights, eager and sdpa
 attention, legacy and dynamo exporters; ``onnxopt.models.transformers_models.export_bench``), GPT-2
@@ -46,7 +46,7 @@ is kept (``variants[v]["log"]``); a line saying it was called wrongly (``_peers.
 peer that does not support a model's pattern (the transformers optimizer on these GPT-2 exports'
 attention) keeps its row with a note saying so.
 
-On the GPU machine, one part per command: ``bash scripts/gpu_targets.sh N/M`` (installs the carried
+On the GPU machine, one part per command: ``bash scripts/gpu/targets.sh N/M`` (installs the carried
 onnxruntime-gpu; ``--jobs 6``: tools and evaluations run side by side, latency alone; no model started
 after ``--deadline``; the JSON is rewritten after each model). ``--list --part N/M`` shows a part's models;
 ``--set full`` adds the other attention/exporter combinations and minilm-dynamo.
@@ -77,18 +77,10 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-for _p in (str(ROOT), str(HERE)):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
-
-import bench  # noqa: E402  (scripts/bench.py: subprocess jobs, node counts, machine facts)
-
-peers = bench.peers  # scripts/_peers.py: save_proto, model_type, load_setup
-
-from onnxopt.verify import count_kernels  # noqa: E402
-from onnxopt.verify.runtime import PROVIDERS  # noqa: E402
+from onnxopt.verify import count_kernels
+from onnxopt.verify.runtime import PROVIDERS
+from scripts.bench import _peers as peers  # save_proto, model_type, load_setup
+from scripts.bench import peers as bench  # the peer benchmark: subprocess jobs, node counts, machine facts
 
 ORIGINAL = "original"
 PRECISIONS = ("fp32", "fp16")
@@ -436,25 +428,25 @@ def setup_ort_extended(ctx: dict):
 
 
 TOOLS: list[BTool] = [
-    BTool("onnxopt", "bench_targets:setup_onnxopt",
+    BTool("onnxopt", "scripts.bench.targets:setup_onnxopt",
           "`onnxopt.optimize(src, output=dst, target=<target>[, precision=\"fp16\"])`", peer=False),
-    BTool("onnxopt-fixed", "bench_targets:setup_onnxopt",
+    BTool("onnxopt-fixed", "scripts.bench.targets:setup_onnxopt",
           "the same with `input_shapes` fixed to the batch measured (one model per batch)", per_batch=True,
           peer=False),
-    BTool("ort-transformers", "bench_targets:setup_ort_transformers",
+    BTool("ort-transformers", "scripts.bench.targets:setup_ort_transformers",
           "`onnxruntime.transformers.optimizer.optimize_model(src, model_type=bert|gpt2, num_heads=N, hidden_size=H, "
           "use_gpu=<cuda>)` with N, H from the model's transformers config, as its documentation asks (default "
           "opt_level: 1, onnxruntime's basic level then its Python fusions), fp16: "
           "`.convert_float_to_float16(keep_io_types=True)`, `.save_model_to_file(dst)`; model_type gpt2 for the "
           "decoders (it has none for Llama)", families=("encoder", "decoder")),
-    BTool("ort-transformers-o2", "bench_targets:setup_ort_transformers",
+    BTool("ort-transformers-o2", "scripts.bench.targets:setup_ort_transformers",
           "the same at `opt_level=2` (onnxruntime's extended level, on the target's provider with use_gpu, before "
           "its Python fusions); the better of the two configurations is the one that counts",
           families=("encoder", "decoder"), config=(("opt_level", 2),)),
-    BTool("onnxscript-ort", "bench_targets:setup_onnxscript_ort",
+    BTool("onnxscript-ort", "scripts.bench.targets:setup_onnxscript_ort",
           "`onnxscript.rewriter.ort_fusions.optimize_for_ort(onnx_ir.load(src))`, `onnx_ir.save`; fp16: onnxruntime's "
           "`float16.convert_float_to_float16(keep_io_types=True)` afterwards", families=("encoder", "decoder")),
-    BTool("ort-extended", "bench_targets:setup_ort_extended",
+    BTool("ort-extended", "scripts.bench.targets:setup_ort_extended",
           "onnxruntime's offline optimizer: a session on the target's provider with `ORT_ENABLE_EXTENDED` and "
           "`optimized_model_filepath=dst`; fp16: onnxruntime's `float16.convert_float_to_float16(keep_io_types=True)` "
           "first", families=("vision", "ocr")),
@@ -614,7 +606,7 @@ def _job(job: dict) -> dict:
 
 
 def run_job(job: dict, work: Path, timeout: float) -> dict:
-    return bench.run_job(job, work, timeout, script=__file__)
+    return bench.run_job(job, work, timeout, module="scripts.bench.targets")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -954,7 +946,7 @@ def _meta(opts: Options, argv: list[str], tools: list[BTool]) -> dict:
     packages = [types.SimpleNamespace(package=p) for p in ("onnxruntime", "onnxscript")]
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": "python scripts/bench_targets.py " + shlex.join(argv),
+        "command": "python -m scripts.bench.targets " + shlex.join(argv),
         "target": opts.target, "provider": opts.provider,
         "machine": bench.machine_info(),
         "gpu": bench.gpu_info() if opts.provider == "cuda" else None,
@@ -1076,7 +1068,7 @@ def _ratio(x, bound) -> str:
 def render_markdown(report: dict) -> str:
     runs = report.get("runs") or [report["meta"]]
     L = ["# Target benchmark: onnxopt against onnxruntime's transformers optimizer and onnxscript's ort_fusions", ""]
-    L.append(f"Generated by `scripts/bench_targets.py`; target(s): {', '.join(sorted({r['target'] for r in runs}))}.")
+    L.append(f"Generated by `python -m scripts.bench.targets`; target(s): {', '.join(sorted({r['target'] for r in runs}))}.")
     L.append("")
     L.append("Runs (each model's table names the run it came from):")
     L.append("")
@@ -1373,7 +1365,7 @@ def _option_sets(texts: list[str] | None, provider: str) -> tuple[tuple[str, dic
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python scripts/bench_targets.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m scripts.bench.targets", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", choices=sorted(TARGET_PROVIDER), default="ort-cpu")
     p.add_argument("--models", nargs="+", metavar="NAME")
     p.add_argument("--set", choices=("core", "full", "zoo", "transformers"), default="core",

@@ -1,12 +1,12 @@
 """Measure whether each fusion pays on a target, and write the benefit table (onnxopt.targets.benefit).
 
-    python scripts/bench_benefit.py [--keys KEY ...] [--targets ort-cpu] [--models bert-legacy ...]
-                                    [--model NAME=PATH ...] [--rules-file FILE] [--batch 1] [--sequence 128]
-                                    [--fix-shapes] [--runs 30] [--warmup 5] [--threads 1]
-                                    [-o scripts/results/benefit/benefit-cpu.json] [--into onnxopt/data/benefit.json]
-    python scripts/bench_benefit.py --advice --targets ort-cuda [--models resnet50-legacy bert-legacy ...]
-                                    [--batch 32] [--precision fp16]
-    python scripts/bench_benefit.py --merge a.json b.json [-o all.json] [--into onnxopt/data/benefit.json]
+    python -m scripts.data.benefit [--keys KEY ...] [--targets ort-cpu] [--models bert-legacy ...]
+                                   [--model NAME=PATH ...] [--rules-file FILE] [--batch 1] [--sequence 128]
+                                   [--fix-shapes] [--runs 30] [--warmup 5] [--threads 1]
+                                   [-o scripts/results/benefit/benefit-cpu.json] [--into onnxopt/data/benefit.json]
+    python -m scripts.data.benefit --advice --targets ort-cuda [--models resnet50-legacy bert-legacy ...]
+                                   [--batch 32] [--precision fp16]
+    python -m scripts.data.benefit --merge a.json b.json [-o all.json] [--into onnxopt/data/benefit.json]
 
 For every benefit key (``Rule(..., benefit="<key>")``: the built-in rules' and a ``--rules-file``'s;
 ``--keys`` picks some) and every target (``ort-cpu`` runs on onnxruntime's CPU provider, ``ort-cuda``
@@ -48,10 +48,6 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 TEXT_MODELS = [f"{kind}-{exporter}" for kind in ("bert", "gpt2", "minilm") for exporter in ("legacy", "dynamo")]
 NHWC_MODELS = ["resnet50-legacy", "mobilenet_v2-legacy", "ppocrv4-det"]
@@ -79,7 +75,7 @@ def _stats(times_ms: list[float]) -> dict:
 
 
 def provenance(argv: list[str]) -> dict:
-    from bench import gpu_info, machine_info, onnxopt_commit
+    from scripts.bench.peers import gpu_info, machine_info, onnxopt_commit
 
     import onnxruntime
 
@@ -92,7 +88,7 @@ def provenance(argv: list[str]) -> dict:
 
     import onnxopt
 
-    return {"command": "python scripts/bench_benefit.py " + shlex.join(argv),
+    return {"command": "python -m scripts.data.benefit " + shlex.join(argv),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": machine, "commit": onnxopt_commit(),
             "versions": {"onnxruntime": onnxruntime.__version__, "onnx": onnx.__version__,
@@ -422,7 +418,7 @@ def summary(results: dict) -> str:
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m scripts.data.benefit", description=__doc__.split("\n\n")[0])
     p.add_argument("--keys", nargs="+", metavar="KEY",
                    help="benefit keys to measure (default: every key the rules use)")
     p.add_argument("--targets", nargs="+", default=["ort-cpu"], choices=sorted(PROVIDER),

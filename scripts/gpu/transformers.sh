@@ -6,21 +6,21 @@
 # at most 9.5 minutes).
 #
 # 1. Here, in the repository's root (the checkout the device tool copies):
-#        bash scripts/gpu_transformers.sh prepare
+#        bash scripts/gpu/transformers.sh prepare
 #    -> .gpu/part0..part4 (the onnxruntime-gpu 1.31.1 wheel in 5 parts; git-ignored), .gpu/minilm-a and
 #       .gpu/minilm-b (all-MiniLM-L6-v2's config and weights in two parts: the machine reaches no registry).
 # 2. On the GPU machine, back to back (it is released 30 s after a command ends, and /tmp with it):
 #        mkdir -p /tmp/gw && cp .gpu/partN /tmp/gw/                 carry [".gpu/partN"], N = 0..4
 #        mkdir -p /tmp/gm && cp .gpu/minilm-a/* /tmp/gm/            carry [".gpu/minilm-a"]
 #        mkdir -p /tmp/gm && cp .gpu/minilm-b/* /tmp/gm/            carry [".gpu/minilm-b"]
-#        bash scripts/gpu_transformers.sh 1/3                       (then 2/3, 3/3; timeout_s 600)
+#        bash scripts/gpu/transformers.sh 1/3                       (then 2/3, 3/3; timeout_s 600)
 #    Each part writes $OUT/targets-transformers-partNof3.{json,md,log}; no model is started after DEADLINE
 #    (default 330 s) and the run stops at LIMIT (default 570 s), the JSON rewritten after each model.
-# 3. Here: bash scripts/gpu_transformers.sh merge DIR ...   (the folders the three parts came back in)
+# 3. Here: bash scripts/gpu/transformers.sh merge DIR ...   (the folders the three parts came back in)
 #    -> scripts/results/targets/cuda-transformers.{json,md}, and the table put into BENCHMARKS.md and its
 #       summary line into README.md (between their <!-- cuda-transformers... --> markers)
 set -uo pipefail
-cmd=${1:?usage: gpu_transformers.sh prepare | N/M | merge DIR...}
+cmd=${1:?usage: scripts/gpu/transformers.sh prepare | N/M | merge DIR...}
 shift
 case $cmd in
 prepare)
@@ -52,16 +52,16 @@ merge)
   mkdir -p "$out"
   files=()
   for d in "$@"; do files+=("$d"/targets-transformers-*.json); done
-  python3 scripts/bench_targets.py --merge "${files[@]}" -o "$out/cuda-transformers.json" \
+  python3 -m scripts.bench.targets --merge "${files[@]}" -o "$out/cuda-transformers.json" \
     --markdown "$out/cuda-transformers.md" --compact "$out/cuda-transformers-table.md" --into BENCHMARKS.md README.md
   ;;
 */*)
   export TAG=transformers-part${cmd/\//of}
   LIMIT=${LIMIT:-570} DEADLINE=${DEADLINE:-330} JOBS=${JOBS:-6} \
-    bash "$(dirname "$0")/gpu_targets.sh" "$cmd" --set transformers "$@"
+    bash "$(dirname "$0")/targets.sh" "$cmd" --set transformers "$@"
   ;;
 *)
-  echo "usage: gpu_transformers.sh prepare | N/M | merge DIR..." >&2
+  echo "usage: scripts/gpu/transformers.sh prepare | N/M | merge DIR..." >&2
   exit 2
   ;;
 esac

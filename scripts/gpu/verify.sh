@@ -10,12 +10,10 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT" /tmp/opt
-W=/tmp/gw/onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl
-[ -d /tmp/site/onnxruntime ] || { cat /tmp/gw/part? > $W && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $W; }
+. "$(dirname "$0")/env.sh"  # onnxruntime-gpu, onnxopt and the scripts on the path
 for whl in /tmp/gw/onnx_ir-*.whl; do
   [ -f "$whl" ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$whl"
 done
-export PYTHONPATH=/tmp/site:$PWD
 export ONNXOPT_CACHE=/tmp/zoo
 mkdir -p /tmp/zoo/_wheels
 if ls /tmp/gw/mpart? >/dev/null 2>&1; then

@@ -1,5 +1,5 @@
 """The ONNX backend node test cases, offline, for the oracles that compare onnxopt with onnxruntime
-(tests/test_backend_oracle.py, scripts/fold_oracle.py).
+(tests/test_backend_oracle.py, scripts/oracles/fold.py).
 
 onnx's own generator (``onnx.backend.test.case.node.collect_testcases``) gives about 1,900 one-node
 models (and expanded function bodies) with inputs and expected outputs. Here: collecting them,

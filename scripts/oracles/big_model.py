@@ -1,6 +1,6 @@
 """A model over 2 GB, end to end: generate, optimize (the command line), verify on onnxruntime CPU.
 
-    python scripts/big_model.py [--dir DIR] [--layers 4] [--hidden 4096] [--json scripts/results/big-model-cpu.json]
+    python -m scripts.oracles.big_model [--dir DIR] [--layers 4] [--hidden 4096] [--json scripts/results/big-model-cpu.json]
 
 1. Generates a BERT-shaped encoder (token and position embeddings, ``--layers`` post-norm layers
    of self-attention and a GELU feed-forward network of 4 x ``--hidden``; fp32 weights drawn from a
@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import onnx_ir as ir
 
-ROOT = Path(__file__).resolve().parent.parent
+from scripts import child_env
 ALIGN = 1 << 16  # offsets in the data file: onnxruntime memory-maps aligned external data
 SLICE = 64 << 20  # bytes drawn and written at a time
 SAMPLE_SECONDS = 0.01  # how often the optimize command's memory is read
@@ -162,7 +162,7 @@ def generate(path: Path, *, layers: int, hidden: int, heads: int, vocab: int, po
     x.type, x.shape = ir.TensorType(ir.DataType.FLOAT), ir.Shape(["batch", "sequence", hidden])
     graph = ir.Graph([ids], [x], nodes=tape.nodes, initializers=tape.initializers,
                      opset_imports={"": 17}, name="big_encoder")
-    model = ir.Model(graph, ir_version=8, producer_name="onnxopt scripts/big_model.py")
+    model = ir.Model(graph, ir_version=8, producer_name="onnxopt scripts/oracles/big_model.py")
     ir.save(model, path)  # (the external tensors already point into the data file beside it)
     return path
 
@@ -230,7 +230,7 @@ def _files_size(path: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m scripts.oracles.big_model", description=__doc__.splitlines()[0])
     p.add_argument("--dir", type=Path, help="where to write the models (default: a temporary folder, removed)")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--hidden", type=int, default=4096)
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args, folder: Path, size: int) -> int:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = child_env()
     src, out = folder / "big.onnx", folder / "big.opt.onnx"
     t0 = time.perf_counter()
     generate(src, layers=args.layers, hidden=args.hidden, heads=args.heads, vocab=args.vocab,

@@ -1,10 +1,10 @@
 """Build the Keras benchmark models of issue 16 and convert them with tf2onnx (optimizer on and off).
 
-    <tf-venv>/bin/python scripts/build_keras_models.py [--out DIR] [--models mobilenetv2,resnet50,efficientnetb0]
+    <tf-venv>/bin/python -m scripts.oracles.build_keras_models [--out DIR] [--models mobilenetv2,resnet50,efficientnetb0]
                                                        [--opset 18] [--seed 0]
 
 Run it with the python of its own virtual environment (tensorflow-cpu, tf2onnx: the pins are in
-``scripts/keras_models-requirements.txt``; ``scripts/keras_models.sh`` makes that environment and runs
+``scripts/oracles/keras_models-requirements.txt``; ``scripts/oracles/keras_models.sh`` makes that environment and runs
 this script and the onnxruntime check). It does not import onnxopt, nor onnxruntime.
 
 For each model, ``keras.applications.<Model>(weights=None, input_shape=(224, 224, 3))``: random weights
@@ -39,7 +39,7 @@ it in the process; tf2onnx writes no value_info, so nothing else names them; the
 Keras's own prediction on one random input (batch 1, from ``seed``) is saved as
 ``keras-<name>.ref.npz`` (``input``, ``output``). ``manifest.json`` in the same folder records the tool
 versions, the opset, each file's node count, Transpose count, op histogram, inputs and outputs with
-their shapes, sha256 and the seconds each step took; ``scripts/verify_keras_models.py`` (the project's
+their shapes, sha256 and the seconds each step took; ``scripts/oracles/keras_models.py`` (the project's
 environment) adds onnxruntime's max abs difference to Keras's prediction.
 
 The same arguments give the same graph and numbers, but not always the same bytes: the names tf2onnx
@@ -270,7 +270,7 @@ def main(argv=None) -> int:
         import tensorflow as tf
         import tf2onnx
     except ImportError as e:
-        print(f"build_keras_models: {e} (run it with the python of the environment scripts/keras_models.sh makes)",
+        print(f"build_keras_models: {e} (run it with the python of the environment scripts/oracles/keras_models.sh makes)",
               file=sys.stderr)
         return 1
 

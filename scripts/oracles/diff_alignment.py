@@ -1,7 +1,7 @@
 """How far onnxopt.diff's alignment (no provenance) agrees with the provenance mapping, on every zoo
 model in the cache.
 
-    python scripts/diff_alignment.py [--models NAME ...] [--json OUT.json]
+    python -m scripts.oracles.diff_alignment [--models NAME ...] [--json OUT.json]
 
 Each model is optimized with the default rules; the mapping from the output's provenance is the
 reference; the output is then stripped of provenance (``diff.strip_provenance``) and aligned with the
@@ -48,14 +48,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import onnx
 
-import onnx  # noqa: E402
-
-from onnxopt import diff, optimize  # noqa: E402
-from onnxopt.models import zoo  # noqa: E402
+from onnxopt import diff, optimize
+from onnxopt.models import zoo
 
 
 def measure(path: Path, work: Path) -> dict:
@@ -77,7 +73,7 @@ def measure(path: Path, work: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m scripts.oracles.diff_alignment", description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="*", help="zoo model names (default: every one in the cache)")
     p.add_argument("--json", help="write the rows here")
     args = p.parse_args(argv)

@@ -1,6 +1,6 @@
 """onnxopt.inspect.analysis's FLOPs against published figures (FLOPs = 2 x multiply-accumulates).
 
-    python scripts/flops_check.py [--cache DIR] [--json OUT.json]
+    python -m scripts.oracles.flops [--cache DIR] [--json OUT.json]
 
 Models (built into the zoo cache when absent; random weights: FLOPs do not depend on them):
 
@@ -39,13 +39,12 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from onnxopt.inspect import analysis
+from onnxopt.models import zoo
+from onnxopt.models.cache import DEFAULT_CACHE
+from scripts import RESULTS
 
-from onnxopt.inspect import analysis  # noqa: E402
-from onnxopt.models import zoo  # noqa: E402
-from onnxopt.models.cache import DEFAULT_CACHE  # noqa: E402
-
-OUT = Path(__file__).resolve().parent / "results" / "analysis" / "flops.json"
+OUT = RESULTS / "analysis" / "flops.json"
 SEQ = 128
 TORCHVISION_RESNET50_GMACS = 4.09
 TORCHVISION_SOURCE = ("torchvision ResNet50_Weights.IMAGENET1K_V1: GFLOPS 4.09 (multiply-accumulates), "
@@ -63,7 +62,7 @@ def kaplan(n_layer: int, d_model: int, d_ff: int, n_ctx: int, d_attn: int | None
 
 def transformer(kind: str, cache: Path) -> Path:
     """The benchmark export of ``kind`` (bert-base, gpt2-small), built once into ``cache/bench``
-    (the name scripts/bench_targets.py gives it)."""
+    (the name scripts/bench/targets.py gives it)."""
     from onnxopt.models import transformers_models as tm
 
     path = cache / "bench" / f"{kind}-eager-legacy.onnx"
@@ -125,7 +124,7 @@ def rows(cache: Path) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m scripts.oracles.flops", description=__doc__.split("\n")[0])
     p.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="the model cache (default: the zoo's)")
     p.add_argument("--json", type=Path, default=OUT, help=f"where the results go (default {OUT})")
     args = p.parse_args(argv)

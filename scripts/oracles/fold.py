@@ -1,6 +1,6 @@
 """Folding oracle: onnxopt's constant folding against onnxruntime, op by op, dtype by dtype.
 
-    python scripts/fold_oracle.py [--jobs N] [--mode both|ort|exact] [--ops Add,Div] [--subset]
+    python -m scripts.oracles.fold [--jobs N] [--mode both|ort|exact] [--ops Add,Div] [--subset]
                                   [--show N] [--all-rules] [--max-memory GIB]
 
 Every case is one node whose inputs are initializers. onnxruntime CPU runs that model as given
@@ -51,7 +51,6 @@ import multiprocessing
 import resource
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -59,16 +58,11 @@ import onnx
 import onnx_ir as ir
 from onnx import TensorProto, helper, numpy_helper
 
-ROOT = Path(__file__).resolve().parent.parent
-for _p in (str(ROOT), str(ROOT / "scripts")):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
-
-import _backend_cases as backend  # noqa: E402
+from scripts.oracles import _backend_cases as backend
 
 from onnxopt.ir import evaluate
-from onnxopt import optimize  # noqa: E402
-from onnxopt.errors import OnnxoptError  # noqa: E402
+from onnxopt import optimize
+from onnxopt.errors import OnnxoptError
 
 SUBSET_STEP = 53  # the CI subset: every 53rd generated case (and every hand-written one)
 MAX_RESULT_BYTES = 64 << 20
@@ -488,7 +482,7 @@ def _run_chunk(args):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m scripts.oracles.fold", description=__doc__.split("\n\n")[0])
     p.add_argument("--mode", choices=("both", "ort", "exact"), default="both")
     p.add_argument("--ops", help="comma-separated op types (default: all)")
     p.add_argument("--subset", action="store_true", help="the fixed subset CI runs")

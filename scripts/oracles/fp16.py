@@ -1,6 +1,6 @@
 """fp16 conversion on the zoo, verified on onnxruntime: fidelity, Casts, kernels by provider, latency.
 
-    python scripts/fp16_check.py [--models NAME ...] [--target ort-cuda] [--provider cuda] [--runs N]
+    python -m scripts.oracles.fp16 [--models NAME ...] [--target ort-cuda] [--provider cuda] [--runs N]
                                  [--cache DIR] [--json OUT.json]
 
 For each model (built into the zoo cache when absent): ``optimize(precision="fp16", target=...,
@@ -9,7 +9,7 @@ then the verifier's report against the float32 original: per output cosine, max 
 range, top-1 agreement for logits (on the provider, and in float16 arithmetic: ``fp16_arithmetic``),
 the kernels per run by provider (nodes onnxruntime left on the CPU, Memcpy), and the interleaved
 latency of the original and the fp16 model. A model that fails is a row with its one-line error.
-On the GPU machine: ``--provider cuda`` (see scripts/gpu_bench.sh for the setup lines).
+On the GPU machine: ``--provider cuda`` (see scripts/gpu/bench.sh for the setup lines).
 """
 
 from __future__ import annotations
@@ -20,12 +20,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import onnx
 
-import onnx  # noqa: E402
-
-from onnxopt import optimize  # noqa: E402
-from onnxopt.models import zoo  # noqa: E402
+from onnxopt import optimize
+from onnxopt.models import zoo
 
 DEFAULT_MODELS = ["bert-legacy", "bert-dynamo", "gpt2-legacy", "gpt2-dynamo", "minilm-legacy", "minilm-dynamo",
                   "resnet50-legacy", "mobilenet_v2-legacy", "ppocrv4-det", "ppocrv4-rec"]
@@ -61,7 +59,7 @@ def check(name: str, target: str, provider: str, runs: int, cache) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m scripts.oracles.fp16", description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="*", default=DEFAULT_MODELS)
     ap.add_argument("--target", default="ort-cuda")
     ap.add_argument("--provider", default="cpu", choices=["cpu", "cuda"])

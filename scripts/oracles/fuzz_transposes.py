@@ -1,12 +1,11 @@
 # A fuzzer for the transpose pass: random NHWC-style graphs (transposes, SiLU, residuals, forks,
 # reductions, Concat/Split, Q/DQ, graph outputs in the middle, opsets 11-18); each is optimized and
 # checked on onnxruntime (outputs within 1e-5) and for byte-identical output on a second optimize.
-# Run from the repository root: PYTHONPATH=. python scripts/fuzz_transposes.py LO HI  (seeds LO..HI-1)
-import sys; sys.path[:0]=['tests','tests/rules']
+# Run from the repository root: python -m scripts.oracles.fuzz_transposes LO HI  (seeds LO..HI-1)
 import numpy as np, onnx
 from onnx import helper
-from helpers import model, tinfo, init, feeds_for
-from conftest import run_ort
+from tests.helpers import model, tinfo, init, feeds_for
+from tests.conftest import run_ort
 from onnxopt import optimize
 
 PERMS=[[0,2,3,1],[0,3,1,2],[0,1,3,2],[0,2,1,3],[3,2,1,0],[1,0,2,3]]
@@ -182,8 +181,14 @@ def check(seed):
             return f"seed {seed}: outputs differ"
     return None
 
-if __name__=="__main__":
-    lo,hi=int(sys.argv[1]),int(sys.argv[2])
+def main(argv=None):
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m scripts.oracles.fuzz_transposes",
+                                description="Fuzz the transpose pass on random NHWC-style graphs (seeds LO..HI-1).")
+    p.add_argument("lo", type=int)
+    p.add_argument("hi", type=int)
+    args = p.parse_args(argv)
+    lo, hi = args.lo, args.hi
     for s in range(lo,hi):
         try:
             r=check(s)
@@ -191,3 +196,7 @@ if __name__=="__main__":
             r=f"seed {s}: gen/ort error {type(e).__name__}: {str(e)[:150]}"
         if r: print(r, flush=True)
     print("done",lo,hi)
+
+
+if __name__=="__main__":
+    main()

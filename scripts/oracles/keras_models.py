@@ -1,6 +1,6 @@
-"""Check the Keras benchmark models that ``scripts/build_keras_models.py`` wrote, on onnxruntime CPU.
+"""Check the Keras benchmark models that ``scripts/oracles/build_keras_models.py`` wrote, on onnxruntime CPU.
 
-    python scripts/verify_keras_models.py [--dir DIR]
+    python -m scripts.oracles.keras_models [--dir DIR]
 
 Run it in the project's environment (onnxruntime; no TensorFlow). For each model in ``DIR/manifest.json``
 and each of its files (tf2onnx optimizer on and off): the sha256 is the one the build recorded; onnxruntime
@@ -64,7 +64,7 @@ def check_file(path: Path, record: dict, x: np.ndarray, y: np.ndarray, tol: floa
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m scripts.oracles.keras_models", description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"the build's output folder (default {DEFAULT_DIR})")
     ap.add_argument("--tol", type=float, default=1e-4, help="largest max abs difference to Keras taken (default 1e-4)")
     args = ap.parse_args(argv)

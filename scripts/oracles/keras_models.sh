@@ -2,10 +2,10 @@
 # Rebuild the Keras benchmark models of issue 16 (MobileNetV2, ResNet50, EfficientNetB0; tf2onnx optimizer on
 # and off) and check them on onnxruntime CPU:
 #
-#     bash scripts/keras_models.sh [--out DIR] [--models mobilenetv2,...] [--opset 18] [--seed 0] [--keras-init]
+#     bash scripts/oracles/keras_models.sh [--out DIR] [--models mobilenetv2,...] [--opset 18] [--seed 0] [--keras-init]
 #
 # TensorFlow lives in its own virtual environment, $KERAS_VENV (default ~/.cache/onnxopt/tf-venv), made here
-# with python3.11 and the pins of scripts/keras_models-requirements.txt if it is missing. The check runs with
+# with python3.11 and the pins of scripts/oracles/keras_models-requirements.txt if it is missing. The check runs with
 # $PYTHON (default: python3), the project's environment with onnxruntime. Output: DIR (default
 # ~/.cache/onnxopt/models/keras) with the .onnx files, keras-<name>.ref.npz and manifest.json.
 set -euo pipefail
@@ -33,4 +33,4 @@ if [ ! -x "$venv/bin/python" ]; then
     fi
 fi
 "$venv/bin/python" "$here/build_keras_models.py" "$@"
-"$py" "$here/verify_keras_models.py" --dir "$out"
+"$py" "$here/keras_models.py" --dir "$out"

@@ -1,8 +1,8 @@
 """Peak activation memory estimates (``onnxopt.transforms.memory.peak``) against what onnxruntime's CPU provider
 really allocates, for every zoo model, before and after onnxopt.
 
-    python scripts/memory_check.py [--models NAME ...] [--out scripts/results/memory/check.json]
-    python scripts/memory_check.py --timing [--models NAME ...]   # -> scripts/results/memory/timing.json
+    python -m scripts.oracles.memory_check [--models NAME ...] [--out scripts/results/memory/check.json]
+    python -m scripts.oracles.memory_check --timing [--models NAME ...]   # -> scripts/results/memory/timing.json
 
 ``--timing``: what the memory work costs optimize(): the two memory passes (the recomputation's
 figure for the input, taken before the first pass and shown by the report as "before", and its check
@@ -38,17 +38,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from scripts import RESULTS, child_env
 
-OUT = ROOT / "scripts" / "results" / "memory" / "check.json"
+OUT = RESULTS / "memory" / "check.json"
 LEVELS = ("disabled", "all")
 MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
 
@@ -126,8 +123,8 @@ def child(model: str, feeds_path: str, level: str) -> dict:
 
 
 def measure(model: Path, feeds_path: Path, level: str) -> dict:
-    env = {**os.environ, **MALLOC}
-    proc = subprocess.run([sys.executable, __file__, "--child", str(model), str(feeds_path), level],
+    env = {**child_env(), **MALLOC}
+    proc = subprocess.run([sys.executable, "-m", "scripts.oracles.memory_check", "--child", str(model), str(feeds_path), level],
                           capture_output=True, text=True, env=env, timeout=600)
     if proc.returncode:
         return {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
@@ -191,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     from onnxopt import optimize
     from onnxopt.models import zoo
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m scripts.oracles.memory_check", description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", help="zoo models (default: every one that is built)")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--timing", action="store_true", help="measure what the memory work costs optimize()")

@@ -1,6 +1,6 @@
 """What fixing the input shapes does to onnxruntime's memory, apart from what onnxopt's rewrites do.
 
-    python scripts/memory_planner.py [--models NAME ...] [--out scripts/results/memory/planner.json]
+    python -m scripts.oracles.memory_planner [--models NAME ...] [--out scripts/results/memory/planner.json]
 
 With every shape known when the session is made, onnxruntime's allocation planner gives a new value a
 released buffer of the same shape and holds that buffer from its release to the new value's end (with
@@ -16,7 +16,7 @@ did, and the question is which part the rewrites made. Each zoo model, fed its z
 
 under three session settings: onnxruntime's defaults (arena and memory pattern on, all graph
 optimizations), the arena and pattern off with graph optimizations on, and everything off (what
-``scripts/memory_check.py`` compares with the estimate). Measured as memory_check.py measures (a fresh
+``scripts/oracles/memory_check.py`` compares with the estimate). Measured as memory_check.py measures (a fresh
 subprocess, one thread, glibc's mmap threshold at 64 KiB and trim at 0, the kernel's resident
 high-water mark reset before each run): the growth of the peak resident set over the first run
 (what the arena takes) and over the third (steady state).
@@ -26,20 +26,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-for _path in (ROOT, ROOT / "scripts"):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
+from scripts import RESULTS, child_env
+from scripts.oracles.memory_check import MALLOC, load_feeds, session_options, status, zoo_feeds  # the measurement's own pieces
 
-from memory_check import MALLOC, load_feeds, session_options, status, zoo_feeds  # noqa: E402  (the measurement's own pieces)
-
-OUT = ROOT / "scripts" / "results" / "memory" / "planner.json"
+OUT = RESULTS / "memory" / "planner.json"
 MODELS = ["bert-legacy", "bert-dynamo", "minilm-legacy", "minilm-dynamo", "gpt2-legacy", "resnet50-legacy"]
 SETTINGS = {"defaults": (True, True, True), "arena and pattern off": (False, False, True),
             "all off": (False, False, False)}
@@ -63,8 +58,9 @@ def child(model: str, feeds_path: str, setting: str) -> list[int]:
 
 
 def measure(model: Path, feeds_path: Path, setting: str) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--child", str(model), str(feeds_path), setting],
-                          capture_output=True, text=True, env={**os.environ, **MALLOC}, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "scripts.oracles.memory_planner", "--child", str(model),
+                           str(feeds_path), setting],
+                          capture_output=True, text=True, env={**child_env(), **MALLOC}, timeout=600)
     if proc.returncode:
         return {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
     first, _, third = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -77,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from onnxopt import optimize
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m scripts.oracles.memory_planner", description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=MODELS)
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)

@@ -1,6 +1,6 @@
 """Does optimize leave the peak activation memory above the input's? Every zoo model, and random graphs.
 
-    python scripts/memory_rises.py [--models NAME ...] [--random N] [--sizes 30 60] [--no-zoo]
+    python -m scripts.oracles.memory_rises [--models NAME ...] [--random N] [--sizes 30 60] [--no-zoo]
                                    [--out scripts/results/memory/rises.json]
 
 Each zoo model through ``optimize(..., return_report=True)`` for the targets portable, ort-cpu and
@@ -17,16 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-for path in (ROOT, ROOT / "tests"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+from scripts import RESULTS
 
-OUT = ROOT / "scripts" / "results" / "memory" / "rises.json"
+OUT = RESULTS / "memory" / "rises.json"
 TARGETS = ("portable", "ort-cpu", "ort-cuda")
 
 
@@ -39,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     from onnxopt import optimize
     from onnxopt.models import zoo
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m scripts.oracles.memory_rises", description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", help="zoo models (default: every one that is built)")
     p.add_argument("--random", type=int, default=600, help="random graphs (default 600)")
     p.add_argument("--sizes", type=int, nargs="+", default=[60, 30], help="their node counts, in turn (default 60 30)")
@@ -72,12 +68,12 @@ def main(argv: list[str] | None = None) -> int:
                           f"{a['onnxruntime_peak_bytes']:>10}{'  (input: at least)' if b['lower_bound'] else ''}"
                           f"{copies}"
                           f"{'  ROSE' if row['rose'] else ''}", flush=True)
-    from test_memory import _random_twins
+    from tests.helpers import random_twins
 
     random = {"graphs": args.random, "sizes": args.sizes, "rose_with_pass": 0, "rose_without_pass": 0,
               "rose_with_pass_nodes_order": 0, "rose_with_pass_onnxruntime_order": 0, "largest_rise_bytes": 0}
     for seed in range(args.random):
-        m = _random_twins(seed, args.sizes[seed % len(args.sizes)])
+        m = random_twins(seed, args.sizes[seed % len(args.sizes)])
         for key, disable in (("rose_with_pass", []), ("rose_without_pass", ["memory_recomputation"])):
             report = optimize(m, return_report=True, disable=disable)[1]
             b, a = report.memory["before"], report.memory["after"]

@@ -3,8 +3,8 @@
 mmap), under ``strace``, with the session's profile saying which node was running when each mapping
 came and went.
 
-    python scripts/memory_trace.py ZOO_NAME [--optimized] [--level disabled|all]
-    python scripts/memory_trace.py --model PATH --feeds FEEDS.npz [--level ...]
+    python -m scripts.oracles.memory_trace ZOO_NAME [--optimized] [--level disabled|all]
+    python -m scripts.oracles.memory_trace --model PATH --feeds FEEDS.npz [--level ...]
 
 One line per mapping of the measured (second) run: ``+`` or ``-``, its size and the total mapped
 then (MiB), and the node running (a tensor a kernel allocates, its output or its own working
@@ -26,12 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-for _path in (ROOT, ROOT / "scripts"):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
-
-from memory_check import MALLOC, load_feeds, session_options, zoo_feeds  # noqa: E402  (the run it traces)
+from scripts import child_env
+from scripts.oracles.memory_check import MALLOC, load_feeds, session_options, zoo_feeds  # the run it traces
 
 _BEGIN, _END = b"onnxopt-trace-begin\n", b"onnxopt-trace-end\n"
 _CALL = re.compile(r"^\d+\s+(\d+\.\d+) (mmap|munmap)\((.*)\) += (\S+)")  # (strace pads a short pid)
@@ -112,9 +108,9 @@ def trace(model: Path, feeds: Path, level: str) -> tuple[list[dict], int]:
     with tempfile.TemporaryDirectory() as tmp:
         out, meta = Path(tmp) / "strace.txt", Path(tmp) / "meta.json"
         cmd = ["strace", "-f", "-ttt", "-e", "trace=mmap,munmap,write", "-e", "signal=none", "-o", str(out),
-               sys.executable, __file__, "--child", str(model), str(feeds), level, str(Path(tmp) / "profile"),
+               sys.executable, "-m", "scripts.oracles.memory_trace", "--child", str(model), str(feeds), level, str(Path(tmp) / "profile"),
                str(meta)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **MALLOC}, timeout=600)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env={**child_env(), **MALLOC}, timeout=600)
         if proc.returncode or not meta.exists():
             raise SystemExit(f"memory_trace: the traced run failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
         info = json.loads(meta.read_text())
@@ -129,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from onnxopt.transforms import memory
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m scripts.oracles.memory_trace", description=__doc__.splitlines()[0])
     p.add_argument("zoo", nargs="?", help="a zoo model, run at its zoo inputs")
     p.add_argument("--optimized", action="store_true", help="trace optimize()'s output at those shapes")
     p.add_argument("--model", type=Path, help="a model file (with --feeds)")

@@ -1,6 +1,6 @@
 """Where the time goes, per op type, in a float model and its int8 version on onnxruntime CPU.
 
-    python scripts/quant_profile.py FLOAT.onnx INT8.onnx [--runs 200] [--json OUT.json]
+    python -m scripts.oracles.quant_profile FLOAT.onnx INT8.onnx [--runs 200] [--json OUT.json]
 
 Both models run with onnxruntime's profiler on (default session options otherwise), on the zoo's
 realistic input when the model is in the zoo (else generated inputs), after a warm-up; the kernel
@@ -21,8 +21,6 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def _feeds(path: str) -> dict:
@@ -67,7 +65,7 @@ def profile(path: str, feeds: dict, runs: int) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m scripts.oracles.quant_profile", description=__doc__.splitlines()[0])
     p.add_argument("float_model")
     p.add_argument("int8_model")
     p.add_argument("--runs", type=int, default=200)

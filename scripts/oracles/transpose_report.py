@@ -1,7 +1,7 @@
 """Transposes before and after onnxopt, and the bytes they move per inference (from shapes), with
 onnxruntime's offline optimizer (basic level: its transpose optimizer) beside it.
 
-    python scripts/transpose_report.py [--zoo NAME ...] [--nhwc-zoo NAME ...] [--blocks N ...]
+    python -m scripts.oracles.transpose_report [--zoo NAME ...] [--nhwc-zoo NAME ...] [--blocks N ...]
 
 The NHWC graphs are models/nhwc.py's keras_like (Transposes around every Conv, as tf2onnx writes
 Keras models with its optimizer off); zoo models come from the zoo cache. Bytes are "-" where a
@@ -15,16 +15,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import onnx
+import onnx_ir as ir
 
-import onnx  # noqa: E402
-import onnx_ir as ir  # noqa: E402
-
-from onnxopt import optimize  # noqa: E402
-from onnxopt.transforms.transposes import graph_cost  # noqa: E402
-from onnxopt.models.nhwc import keras_like  # noqa: E402
+from onnxopt import optimize
+from onnxopt.transforms.transposes import graph_cost
+from onnxopt.models.nhwc import keras_like
 
 
 def ort_offline(m: onnx.ModelProto) -> onnx.ModelProto:
@@ -48,7 +44,7 @@ def row(name: str, m: onnx.ModelProto) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m scripts.oracles.transpose_report", description=__doc__.splitlines()[0])
     p.add_argument("--zoo", nargs="*", default=[], help="zoo models (from the cache), as they are")
     p.add_argument("--nhwc-zoo", nargs="*", default=["mobilenet_v2-legacy", "resnet50-legacy", "efficientnet_b0-legacy"],
                    help="zoo CNNs rewritten channels-last as tf2onnx writes Keras models (models/nhwc.py)")

@@ -2,7 +2,7 @@
 (NaN where NaN, the sign of zero included) on onnxruntime's CPU provider with its default session
 options, at 1 and 2 intra-op threads; the default mode is shown beside it.
 
-    python scripts/zoo_exact.py [--cache DIR] [--models NAME ...] [--json OUT.json]
+    python -m scripts.oracles.zoo_exact [--cache DIR] [--models NAME ...] [--json OUT.json]
 
 One line per model: nodes (original, default, exact), then for each mode whether the outputs are
 bit-identical at 1 and 2 threads and the largest absolute difference. Exit 1 when exact mode is
@@ -13,17 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from onnxopt import optimize  # noqa: E402
-from onnxopt.models import zoo  # noqa: E402
+from onnxopt import optimize
+from onnxopt.models import zoo
 
 THREADS = (1, 2)
 
@@ -74,7 +69,7 @@ def check_model(path: Path, feeds: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m scripts.oracles.zoo_exact", description=__doc__.splitlines()[0])
     p.add_argument("--cache", type=Path, help="zoo cache directory (default $ONNXOPT_CACHE)")
     p.add_argument("--models", nargs="+", help="zoo models (default: every one that is built)")
     p.add_argument("--json", type=Path, help="write the results here")

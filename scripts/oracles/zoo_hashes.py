@@ -1,6 +1,6 @@
 """Optimize every zoo model and print the sha256 of each output, or compare with a recorded set.
 
-    python scripts/zoo_hashes.py [--cache DIR] [--models NAME ...] [--configs CONFIG ...]
+    python -m scripts.oracles.zoo_hashes [--cache DIR] [--models NAME ...] [--configs CONFIG ...]
                                  [--record HASHES.json] [--check HASHES.json]
 
 A refactoring that must not change what onnxopt writes is checked by recording the hashes before
@@ -16,16 +16,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from onnxopt import optimize  # noqa: E402
-from onnxopt.models import zoo  # noqa: E402
+from onnxopt import optimize
+from onnxopt.models import zoo
 
 
 CONFIGS = {
@@ -46,7 +41,7 @@ def output_hash(src: Path, work: Path, config: str = "portable") -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m scripts.oracles.zoo_hashes", description=__doc__.splitlines()[0])
     p.add_argument("--cache", type=Path, help="zoo cache directory (default $ONNXOPT_CACHE)")
     p.add_argument("--models", nargs="+", help="zoo models (default: every one that is built)")
     p.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=list(CONFIGS),
