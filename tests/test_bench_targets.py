@@ -153,7 +153,7 @@ def test_provider_options():
 def test_bench_one_tool_failure_is_a_row(tmp_path):
     """A tool that fails is a row with its one-line error; the others are measured (kernels, latency,
     fidelity) at every batch."""
-    broken = bt.BTool("broken", "bench_targets:no_such_setup", "fails", peer=True)
+    broken = bt.BTool("broken", "scripts.bench.targets:no_such_setup", "fails", peer=True)
     tools = [bt.get_tool("onnxopt"), bt.get_tool("onnxopt-fixed"), bt.get_tool("ort-extended"), broken]
     opts = bt.Options(target="ort-cpu", precisions=("fp32", "fp16"), runs=3, warmup=1, min_rounds=2,
                       latency_budget=2, tiny=True, timeout=120)

@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         specs = [zoo.get(n) for n in args.models]
     except KeyError as exc:
-        print(f"bench_input_shapes: error: {exc.args[0]}", file=sys.stderr)
+        print(f"scripts.bench.input_shapes: error: {exc.args[0]}", file=sys.stderr)
         return 2
     cache = args.cache or zoo.DEFAULT_CACHE
     report = {"meta": {

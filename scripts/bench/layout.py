@@ -81,7 +81,7 @@ from pathlib import Path
 
 import numpy as np
 
-from scripts.bench import peers as bench  # the peer benchmark: subprocess jobs, node counts, output comparison, machine facts
+from scripts.bench import peers as bench  # the peer benchmark: jobs, node counts, output comparison, machine facts
 from scripts.bench import targets as bench_targets  # model builds, sessions with provider options, kernels, fidelity
 
 peers = bench.peers
@@ -111,7 +111,8 @@ class LTool:
 
 
 KERAS_TOOLS: list[LTool] = [
-    LTool("onnxopt", "scripts.bench._peers:setup_onnxopt", "`onnxopt.optimize(src, output=dst)` (default target)", peer=False),
+    LTool("onnxopt", "scripts.bench._peers:setup_onnxopt", "`onnxopt.optimize(src, output=dst)` (default target)",
+          peer=False),
     LTool("onnxopt-ort-cpu", "scripts.bench.layout:setup_onnxopt_options", "`onnxopt.optimize(src, output=dst, "
           "target=\"ort-cpu\")`", peer=False, options={"target": "ort-cpu"}),
     LTool("ort-basic", "scripts.bench._peers:setup_ort_basic", "onnxruntime's offline optimizer: a CPU session with "
@@ -1413,28 +1414,28 @@ def main(argv: list[str] | None = None) -> int:
     written = [p for p in (args.json, args.markdown) if p is not None]
     clash = [p for p in written if any(p.resolve() == r.resolve() for r in args.reports)]
     if clash:
-        print(f"bench_layout: error: {clash[0]} is one of the reports read; write elsewhere", file=sys.stderr)
+        print(f"scripts.bench.layout: error: {clash[0]} is one of the reports read; write elsewhere", file=sys.stderr)
         return 2
     if args.part == "render":
         if not args.reports or not args.markdown:
-            print("bench_layout: error: render takes JSON reports and --markdown OUT", file=sys.stderr)
+            print("scripts.bench.layout: error: render takes JSON reports and --markdown OUT", file=sys.stderr)
             return 2
         try:
             reports = [json.loads(p.read_text()) for p in args.reports]
             args.markdown.write_text(render_markdown(reports))
         except (OSError, ValueError, KeyError) as exc:
-            print(f"bench_layout: error: {bench.one_line(exc)}", file=sys.stderr)
+            print(f"scripts.bench.layout: error: {bench.one_line(exc)}", file=sys.stderr)
             return 2
         print(f"wrote {args.markdown}")
         return 0
     if args.part == "benefit":
         if not args.reports or not args.json:
-            print("bench_layout: error: benefit takes part C's JSON reports and --json OUT", file=sys.stderr)
+            print("scripts.bench.layout: error: benefit takes part C's JSON reports and --json OUT", file=sys.stderr)
             return 2
         try:
             table = nhwc_conv_benefit([json.loads(p.read_text()) for p in args.reports], [str(p) for p in args.reports])
         except (OSError, ValueError, KeyError) as exc:
-            print(f"bench_layout: error: {bench.one_line(exc)}", file=sys.stderr)
+            print(f"scripts.bench.layout: error: {bench.one_line(exc)}", file=sys.stderr)
             return 2
         args.json.write_text(json.dumps(table, indent=1) + "\n")
         e = table["entries"]["nhwc_conv"]["ort-cuda"]
@@ -1446,7 +1447,7 @@ def main(argv: list[str] | None = None) -> int:
         import onnxruntime
 
         if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
-            print("bench_layout: error: --provider cuda needs onnxruntime-gpu", file=sys.stderr)
+            print("scripts.bench.layout: error: --provider cuda needs onnxruntime-gpu", file=sys.stderr)
             return 2
     opts = Options(runs=max(1, args.runs or (100 if provider == "cuda" else 50)),
                    warmup=max(1, args.warmup or (20 if provider == "cuda" else 5)), min_rounds=max(1, args.min_rounds),
@@ -1469,7 +1470,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             tools = [get_keras_tool(t) for t in args.tools] if args.tools else list(KERAS_TOOLS)
         except KeyError as exc:
-            print(f"bench_layout: error: {exc.args[0]}", file=sys.stderr)
+            print(f"scripts.bench.layout: error: {exc.args[0]}", file=sys.stderr)
             return 2
         meta["tool_docs"] = [{"name": t.name, "doc": t.doc, "peer": t.peer} for t in tools]
         models = keras_models([Path(m) for m in args.models] if args.models else None, cache, work, args.tiny, log)
@@ -1512,7 +1513,7 @@ def main(argv: list[str] | None = None) -> int:
             if set(precisions) - set(bench_targets.PRECISIONS):
                 raise ValueError(f"--precisions: choose from {', '.join(bench_targets.PRECISIONS)}")
         except (KeyError, ValueError) as exc:
-            print(f"bench_layout: error: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
+            print(f"scripts.bench.layout: error: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
             return 2
         option_sets = ((("default", {}), ("prefer_nhwc=1", {"prefer_nhwc": "1"})) if provider == "cuda"
                        else (("default", {}),))

