@@ -1,7 +1,7 @@
 """Folding oracle: onnxopt's constant folding against onnxruntime, op by op, dtype by dtype.
 
     python -m scripts.oracles.fold [--jobs N] [--mode both|ort|exact] [--ops Add,Div] [--subset]
-                                  [--show N] [--all-rules] [--max-memory GIB]
+                                   [--show N] [--all-rules] [--max-memory GIB]
 
 Every case is one node whose inputs are initializers. onnxruntime CPU runs that model as given
 (default session options): the reference. onnxopt optimizes it (with the folding rules; every

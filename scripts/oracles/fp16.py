@@ -1,7 +1,7 @@
 """fp16 conversion on the zoo, verified on onnxruntime: fidelity, Casts, kernels by provider, latency.
 
     python -m scripts.oracles.fp16 [--models NAME ...] [--target ort-cuda] [--provider cuda] [--runs N]
-                                 [--cache DIR] [--json OUT.json]
+                                   [--cache DIR] [--json OUT.json]
 
 For each model (built into the zoo cache when absent): ``optimize(precision="fp16", target=...,
 verify=provider)`` on the zoo's realistic inputs (with the fidelity fallback those inputs drive),

@@ -1,7 +1,7 @@
 """Does optimize leave the peak activation memory above the input's? Every zoo model, and random graphs.
 
     python -m scripts.oracles.memory_rises [--models NAME ...] [--random N] [--sizes 30 60] [--no-zoo]
-                                   [--out scripts/results/memory/rises.json]
+                                           [--out scripts/results/memory/rises.json]
 
 Each zoo model through ``optimize(..., return_report=True)`` for the targets portable, ort-cpu and
 ort-cuda, with its inputs left dynamic (sized at the verifier's run shapes) and fixed to the zoo

@@ -1,7 +1,7 @@
 """Optimize every zoo model and print the sha256 of each output, or compare with a recorded set.
 
     python -m scripts.oracles.zoo_hashes [--cache DIR] [--models NAME ...] [--configs CONFIG ...]
-                                 [--record HASHES.json] [--check HASHES.json]
+                                         [--record HASHES.json] [--check HASHES.json]
 
 A refactoring that must not change what onnxopt writes is checked by recording the hashes before
 it (``--record``) and checking them after (``--check``: exit 1 and the models that changed when
