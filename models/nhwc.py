@@ -1,5 +1,5 @@
 """NHWC graphs as tf2onnx writes Keras models: Transposes around every Conv (tf2onnx's own
-optimizer off), for the transpose-optimization tests and scripts/transpose_report.py.
+optimizer off), for the transpose-optimization tests and scripts/oracles/transpose_report.py.
 
 ``keras_like(blocks, batch, size, c)``: x (NHWC) -> [T -> Conv 3x3 -> T] -> Relu, then ``blocks``
 residual blocks (Relu -> [T -> Conv 1x1 -> T] -> Add -> Mul by a channels-last constant ->

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-_FONT = {
+FONT = {
     "A": "01110 10001 10001 11111 10001 10001 10001", "B": "11110 10001 10001 11110 10001 10001 11110",
     "C": "01110 10001 10000 10000 10000 10001 01110", "D": "11110 10001 10001 10001 10001 10001 11110",
     "E": "11111 10000 10000 11110 10000 10000 11111", "F": "11111 10000 10000 11110 10000 10000 10000",
@@ -46,7 +46,7 @@ def text_line(rng, max_chars: int) -> str:
 def render_text(text: str, scale: int):
     """Ink coverage (0 paper, 1 ink) of ``text`` at ``scale`` pixels per font pixel, 1-pixel
     spacing, softened at the edges."""
-    glyphs = [np.array([[c == "1" for c in row] for row in _FONT[ch].split()], np.float32) for ch in text]
+    glyphs = [np.array([[c == "1" for c in row] for row in FONT[ch].split()], np.float32) for ch in text]
     spaced = [np.pad(g, ((0, 0), (0, 1))) for g in glyphs]
     bitmap = np.concatenate(spaced, axis=1)[:, :-1] if spaced else np.zeros((7, 0), np.float32)
     ink = np.kron(bitmap, np.ones((scale, scale), np.float32))
@@ -56,7 +56,7 @@ def render_text(text: str, scale: int):
     return ink
 
 
-def _to_rgb(ink, rng, noise: float = 0.02):
+def to_rgb(ink, rng, noise: float = 0.02):
     """RGB in [0, 1], HWC: dark ink on slightly tinted paper with sensor noise."""
     paper = np.array([0.96, 0.95, 0.92], np.float32) + rng.uniform(-0.03, 0.03, 3).astype(np.float32)
     inkc = np.array([0.08, 0.08, 0.12], np.float32)
@@ -76,7 +76,7 @@ def page_image(h: int, w: int, rng, scale: int = 3):
         glyphs = render_text(text, scale)[:, : w - x - 2 * scale]
         ink[y:y + glyphs.shape[0], x:x + glyphs.shape[1]] = glyphs
         y += int(line_h * rng.uniform(1.6, 2.4))
-    return _to_rgb(ink, rng)
+    return to_rgb(ink, rng)
 
 
 def line_image(h: int, max_w: int, rng, scale: int | None = None):
@@ -89,4 +89,4 @@ def line_image(h: int, max_w: int, rng, scale: int | None = None):
     top = (h - glyphs.shape[0]) // 2
     ink = np.zeros((h, min(max_w, glyphs.shape[1] + 2 * scale)), np.float32)
     ink[top:top + glyphs.shape[0], scale:scale + glyphs.shape[1]] = glyphs
-    return _to_rgb(ink, rng)
+    return to_rgb(ink, rng)

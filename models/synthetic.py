@@ -2,7 +2,7 @@
 
 ``build(n_nodes)`` makes a model of about ``n_nodes`` nodes (5 per block) with random weights and
 randomized BatchNormalization statistics, so that folding changes numbers measurably. Used by the
-tests and by scripts/bench_engine.py to show that optimize time grows linearly with graph size.
+tests and by scripts/bench/engine.py to show that optimize time grows linearly with graph size.
 ``inputs(model, seed)``: standard normal feeds for any of them.
 """
 

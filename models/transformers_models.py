@@ -11,7 +11,7 @@ and ``dynamo`` (``torch.export`` with ``dynamic_shapes``, onnxscript, not optimi
 plain tensors (``return_dict=False``, ``use_cache=False``); weights inline, IR version <= 13.
 Needs the ``export`` extra (torch, onnxscript) and transformers; never reaches a model hub.
 
-Benchmark models (``BENCH_KINDS``, scripts/bench_targets.py), real sizes with random weights, the
+Benchmark models (``BENCH_KINDS``, scripts/bench/targets.py), real sizes with random weights, the
 attention implementation chosen (``attn``: "eager" or "sdpa"; None leaves transformers' default):
 
     bert-base   BertModel, bert-base-uncased's config (768 wide, 12 layers, 12 heads)
@@ -66,7 +66,7 @@ OUTPUT_NAMES = {
 }
 VOCAB_SIZE = {"bert": BERT_CONFIG["vocab_size"], "gpt2": GPT2_CONFIG["vocab_size"], "minilm": MINILM_VOCAB}
 
-# ---- benchmark models (scripts/bench_targets.py): real sizes, random weights
+# ---- benchmark models (scripts/bench/targets.py): real sizes, random weights
 BENCH_KINDS = ("bert-base", "gpt2-small", "gpt2-past", "llama")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
 BERT_BASE_CONFIG = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,

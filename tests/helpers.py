@@ -1,9 +1,8 @@
-"""Small model builders for the tests, and the scripts under scripts/ loaded as modules."""
+"""Small model builders for the tests (imported as ``helpers`` by the tests, as ``tests.helpers`` by the
+scripts under scripts/ that reuse them: it imports nothing of tests/)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -92,20 +91,87 @@ def minmax(proto: onnx.ModelProto, tensors, feeds) -> dict[str, tuple[float, flo
     return ranges
 
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+# issue 27 item 3's float16 arithmetic cases (tests/test_fp16_arith.py; on CUDA: scripts/oracles/gpu_fp16_arith.py):
+# each returns (model, feeds) whose plain float16 conversion overflows or misses in float16 arithmetic
+
+FP16_W16 = (np.random.default_rng(1).standard_normal((16, 16)) / 2).astype(np.float32)
 
 
-def load_script(file: str, name: str | None = None):
-    """scripts/``file`` imported as the module ``name`` (default: the file's stem), once: the
-    scripts import each other by those names (``_peers``, ``bench``)."""
-    name = name or Path(file).stem
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / file)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+def _fp16_matmul():  # x[2,4096] @ 10s reaches 409,600; / 1000 brings it back to 409.6
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["t"], name="mm"), helper.make_node("Div", ["t", "k"], ["y"])]
+    m = model(nodes, [tinfo("x", [2, 4096])], [tinfo("y", [2, 8])],
+              [init("W", np.full((4096, 8), 10, np.float32)), init("k", np.array(1000, np.float32))])
+    x = np.random.default_rng(0).uniform(9.5, 10.5, (2, 4096)).astype(np.float32)
+    return m, {"x": x}
+
+
+def _fp16_mulmul():  # MatMul, then *300 *300 /1e4 (9e4 x |h| overflows float16), then MatMul
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Mul", ["h", "a"], ["t1"]),
+             helper.make_node("Mul", ["t1", "a"], ["t2"]), helper.make_node("Div", ["t2", "d"], ["t3"]),
+             helper.make_node("MatMul", ["t3", "W"], ["y"])]
+    m = model(nodes, [tinfo("x", [4, 16])], [tinfo("y", [4, 16])],
+              [init("W", FP16_W16), init("a", np.array(300, np.float32)), init("d", np.array(1e4, np.float32))])
+    return m, {"x": np.random.default_rng(0).uniform(0, 2, (4, 16)).astype(np.float32)}
+
+
+def _fp16_cancel():  # MatMul, then (h + 1000) - 1000 (float16 rounds by 0.25 at 1000), then MatMul
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Add", ["h", "c"], ["t"]),
+             helper.make_node("Sub", ["t", "c"], ["t3"]), helper.make_node("MatMul", ["t3", "W"], ["y"])]
+    m = model(nodes, [tinfo("x", [4, 16])], [tinfo("y", [4, 16])],
+              [init("W", FP16_W16), init("c", np.array(1000, np.float32))])
+    return m, {"x": np.random.default_rng(0).uniform(0, 1, (4, 16)).astype(np.float32)}
+
+
+FP16_ARITH_CASES = {"matmul-409600": _fp16_matmul, "mul300x300": _fp16_mulmul, "plus-minus-1000": _fp16_cancel}
+
+
+def reference_output(proto, feeds):
+    """The first output of onnx's reference evaluator (float16 computed in float16)."""
+    from onnx.reference import ReferenceEvaluator
+
+    with np.errstate(all="ignore"):
+        return ReferenceEvaluator(proto).run(None, feeds)[0]
+
+
+def error_of_range(ref, got):
+    """max |got - ref| over the range of ref."""
+    span = float(ref.max() - ref.min()) or float(np.abs(ref).max())
+    return float(np.abs(got.astype(np.float64) - ref).max()) / span
+
+
+def random_twins(seed: int, n: int = 30) -> onnx.ModelProto:
+    """A random DAG on [1, 16] of element-wise ops, Tiles (large), reductions (small) and twins of
+    earlier nodes (CSE merges them); every value nothing reads is a graph output."""
+    rng = np.random.default_rng(seed)
+    values = {"x": 16}  # name -> elements
+    nodes, inits = [], [init("reps", np.array([8, 1], np.int64))]
+    for k in range(n):
+        kind = str(rng.choice(["tile", "reduce", "add", "relu", "twin", "neg"]))
+        names = list(values)
+        a = names[int(rng.integers(len(names)))]
+        out = f"v{k}"
+        if kind == "twin" and nodes:
+            src = nodes[int(rng.integers(len(nodes)))]
+            attrs = {at.name: helper.get_attribute_value(at) for at in src.attribute}
+            nodes.append(helper.make_node(src.op_type, list(src.input), [out], name=f"n{k}", **attrs))
+            values[out] = values[src.output[0]]
+        elif kind == "tile" and values[a] == 16:
+            nodes.append(helper.make_node("Tile", [a, "reps"], [out], name=f"n{k}"))
+            values[out] = 128
+        elif kind == "reduce" and values[a] == 128:
+            nodes.append(helper.make_node("ReduceMax", [a], [out], name=f"n{k}", axes=[0], keepdims=1))
+            values[out] = 16
+        elif kind == "add":
+            same = [v for v in names if values[v] == values[a]]
+            nodes.append(helper.make_node("Add", [a, same[int(rng.integers(len(same)))]], [out], name=f"n{k}"))
+            values[out] = values[a]
+        else:
+            nodes.append(helper.make_node("Neg" if kind == "neg" else "Relu", [a], [out], name=f"n{k}"))
+            values[out] = values[a]
+    read = {i for node in nodes for i in node.input}
+    outs = [tinfo(node.output[0], [1, 16] if values[node.output[0]] == 16 else [8, 16])
+            for node in nodes if node.output[0] not in read]
+    return model(nodes, [tinfo("x", [1, 16])], outs, inits, opset=17)
 
 
 def zoo_model(name: str, folder: Path) -> Path:

@@ -400,7 +400,7 @@ def test_a_cache_that_cannot_be_written_gives_the_figures_uncached(tmp_path, mon
 
 
 # ---------------------------------------------------------------------------------------------
-# published figures (scripts/flops_check.py has the whole table)
+# published figures (scripts/oracles/flops.py has the whole table)
 
 
 def test_resnet50_within_5_percent_of_torchvision(tmp_path):

@@ -1,7 +1,7 @@
 """Correctness oracle: the ONNX backend node tests.
 
 onnx's own generator gives about 1,900 one-node models with inputs and expected outputs, offline
-(``scripts/_backend_cases.py``, shared with the folding oracle ``scripts/fold_oracle.py``). For
+(``scripts/oracles/_backend_cases.py``, shared with the folding oracle ``scripts/oracles/fold.py``). For
 every case whose expected outputs onnxruntime itself reproduces, onnxopt's output must reproduce them too:
 
 - as given (the inputs stay graph inputs), and
@@ -18,8 +18,6 @@ N-th case only, for a quick local loop.
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -30,8 +28,7 @@ ort = pytest.importorskip("onnxruntime")
 from onnxopt import optimize  # noqa: E402
 from onnxopt.errors import OnnxoptError  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-import _backend_cases as backend  # noqa: E402
+from scripts.oracles import _backend_cases as backend  # noqa: E402
 
 
 CASES = backend.cases()

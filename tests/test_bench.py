@@ -1,4 +1,4 @@
-"""scripts/bench.py: kernel counting, output comparison, error rows, markdown bold, on small models."""
+"""scripts/bench/peers.py: kernel counting, output comparison, error rows, markdown bold, on small models."""
 
 from __future__ import annotations
 
@@ -7,12 +7,11 @@ import textwrap
 import numpy as np
 import onnx
 import pytest
-from helpers import load_script
 from onnx import TensorProto, helper
 
 pytest.importorskip("onnxruntime")
 
-bench = load_script("bench.py", "onnxopt_bench_script")
+from scripts.bench import peers as bench
 
 
 def _chain_model(ops=("Relu", "Neg", "Abs")) -> onnx.ModelProto:

@@ -1,4 +1,4 @@
-"""scripts/bench_layout.py (issue 16's layout benchmark): its pure parts (numpy preprocessing, the
+"""scripts/bench/layout.py (issue 16's layout benchmark): its pure parts (numpy preprocessing, the
 NhwcConv rewrite and its CPU emulation, transpose facts, ranking) on onnx-helper models, and each part
 end to end with --tiny on the CPU provider (seconds)."""
 
@@ -13,17 +13,16 @@ import numpy as np
 import onnx
 import pytest
 from conftest import run_ort
-from helpers import load_script
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxopt.transforms import edges as layout
 from onnxopt.models.nhwc import keras_like
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "bench_layout.py"
+SCRIPT = ["-m", "scripts.bench.layout"]
 
 
-bl = load_script("bench_layout.py")
+from scripts.bench import layout as bl
 IMAGENET = bl.IMAGENET
 
 
@@ -155,10 +154,10 @@ def test_raw_photo():
 
 def _run(tmp_path, *args):
     out = tmp_path / f"{args[0]}.json"
-    r = subprocess.run([sys.executable, str(SCRIPT), *args, "--tiny", "--runs", "3", "--warmup", "1",
+    r = subprocess.run([sys.executable, *SCRIPT, *args, "--tiny", "--runs", "3", "--warmup", "1",
                         "--min-rounds", "2", "--work", str(tmp_path / "work"), "--cache", str(tmp_path / "cache"),
                         "--json", str(out), "--markdown", str(tmp_path / f"{args[0]}.md")],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     return json.loads(out.read_text()), (tmp_path / f"{args[0]}.md").read_text()
 
@@ -196,8 +195,8 @@ def test_tiny_end_to_end(tmp_path):
 
     both = tmp_path / "all.md"
     jsons = [str(tmp_path / f"{part}.json") for part in ("keras", "edge", "gpu")]
-    r = subprocess.run([sys.executable, str(SCRIPT), "render", *jsons, "--markdown", str(both)],
-                       capture_output=True, text=True)
+    r = subprocess.run([sys.executable, *SCRIPT, "render", *jsons, "--markdown", str(both)],
+                       capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     text = both.read_text()
     assert text.count("- part ") == 3 and "## A." in text and "## B." in text and "## C." in text
@@ -208,7 +207,7 @@ def test_an_output_that_is_an_input_is_refused(tmp_path, part, flag):
     report = tmp_path / "r.json"
     report.write_text('{"meta": {}, "models": {}}')
     before = report.read_bytes()
-    r = subprocess.run([sys.executable, str(SCRIPT), part, str(report), flag, str(report)], capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run([sys.executable, *SCRIPT, part, str(report), flag, str(report)], capture_output=True,
+                       text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 2 and "is one of the reports read" in r.stderr and len(r.stderr.splitlines()) == 1
     assert report.read_bytes() == before

@@ -1,4 +1,4 @@
-"""scripts/bench_quantize.py and scripts/_quant_data.py: metrics, data sets (disjoint, deterministic),
+"""scripts/bench/quantize.py and scripts/bench/_quant_data.py: metrics, data sets (disjoint, deterministic),
 and a small end-to-end run of the harness with onnxruntime's quantizer as the only peer."""
 
 from __future__ import annotations
@@ -11,13 +11,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from helpers import load_script
 from onnx import TensorProto, helper, numpy_helper
 
 pytest.importorskip("onnxruntime")
 
-qd = load_script("_quant_data.py")
-bq = load_script("bench_quantize.py", "onnxopt_bench_quantize_script")
+from scripts.bench import _quant_data as qd
+from scripts.bench import quantize as bq
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""scripts/bench_targets.py and the benchmark builders of onnxopt.models.transformers_models, on tiny
+"""scripts/bench/targets.py and the benchmark builders of onnxopt.models.transformers_models, on tiny
 configs and the CPU provider (seconds)."""
 
 from __future__ import annotations
@@ -12,13 +12,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from helpers import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "bench_targets.py"
+SCRIPT = ["-m", "scripts.bench.targets"]
 
 
-bt = load_script("bench_targets.py")
+from scripts.bench import targets as bt
 
 needs_torch = pytest.mark.skipif(
     importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None,
@@ -154,7 +153,7 @@ def test_provider_options():
 def test_bench_one_tool_failure_is_a_row(tmp_path):
     """A tool that fails is a row with its one-line error; the others are measured (kernels, latency,
     fidelity) at every batch."""
-    broken = bt.BTool("broken", "bench_targets:no_such_setup", "fails", peer=True)
+    broken = bt.BTool("broken", "scripts.bench.targets:no_such_setup", "fails", peer=True)
     tools = [bt.get_tool("onnxopt"), bt.get_tool("onnxopt-fixed"), bt.get_tool("ort-extended"), broken]
     opts = bt.Options(target="ort-cpu", precisions=("fp32", "fp16"), runs=3, warmup=1, min_rounds=2,
                       latency_budget=2, tiny=True, timeout=120)
@@ -186,11 +185,12 @@ def test_cli_parts_and_merge(tmp_path):
     """The command line on a tiny GPT-2 with the transformer peers, then --merge of two runs."""
     cache, out = tmp_path / "cache", tmp_path / "out"
     out.mkdir()
-    common = [sys.executable, str(SCRIPT), "--target", "ort-cpu", "--tiny", "--cache", str(cache),
+    common = [sys.executable, *SCRIPT, "--target", "ort-cpu", "--tiny", "--cache", str(cache),
               "--runs", "3", "--warmup", "1", "--min-rounds", "2", "--latency-budget", "2", "--precisions", "fp32"]
     r = subprocess.run(common + ["--models", "gpt2-small-eager-legacy", "--batches", "2",
                                  "--tools", "onnxopt", "ort-transformers", "onnxscript-ort",
-                                 "--json", str(out / "a.json")], capture_output=True, text=True, timeout=300)
+                                 "--json", str(out / "a.json")], capture_output=True, text=True, timeout=300,
+                       cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     a = json.loads((out / "a.json").read_text())
     res = a["models"]["gpt2-small-eager-legacy"]
@@ -202,19 +202,19 @@ def test_cli_parts_and_merge(tmp_path):
         assert rows[name]["latency"]["median_ms"] > 0
     assert res["variants"]["ort-transformers/fp32"]["info"]["model_type"] == "gpt2"
     r = subprocess.run(common + ["--models", "tinyconv", "--tools", "onnxopt", "--json", str(out / "b.json")],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
-    r = subprocess.run([sys.executable, str(SCRIPT), "--merge", str(out / "a.json"), str(out / "b.json"),
+    r = subprocess.run([sys.executable, *SCRIPT, "--merge", str(out / "a.json"), str(out / "b.json"),
                         "-o", str(out / "all.json"), "--markdown", str(out / "all.md")],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     merged = json.loads((out / "all.json").read_text())
     assert list(merged["models"]) == ["gpt2-small-eager-legacy", "tinyconv"]
     assert len(merged["runs"]) == 2 and merged["models"]["tinyconv"]["run"] == 1
     md = (out / "all.md").read_text()
     assert "## gpt2-small-eager-legacy" in md and "## tinyconv" in md and "Run 2." in md
-    bad = subprocess.run([sys.executable, str(SCRIPT), "--models", "nope"], capture_output=True, text=True,
-                         timeout=120)
+    bad = subprocess.run([sys.executable, *SCRIPT, "--models", "nope"], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT)
     assert bad.returncode == 2 and "no benchmark model 'nope'" in bad.stderr
 
 

@@ -1,4 +1,4 @@
-"""The measured benefit table (onnxopt.targets.benefit) and the script that writes it (scripts/bench_benefit.py)."""
+"""The measured benefit table (onnxopt.targets.benefit) and the script that writes it (scripts/data/benefit.py)."""
 
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def test_using_swaps_the_table_in_effect(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------
-# scripts/bench_benefit.py on a tiny model with a test rule
+# scripts/data/benefit.py on a tiny model with a test rule
 
 RULES_FILE = '''
 import numpy as np
@@ -128,7 +128,7 @@ def _tiny(path: Path) -> Path:
 
 
 def _script(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_benefit.py"), *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "scripts.data.benefit", *map(str, args)],
                           capture_output=True, text=True, cwd=cwd, timeout=120)
 
 
@@ -149,7 +149,7 @@ def test_bench_benefit_measures_writes_and_merges(tmp_path):
     assert row["fired"] == {"test_relu_as_max": 3} and row["outputs_ok"] and row["with_ms"] > 0
     assert e["apply"] == (e["evidence"]["ratio"] <= 1 + benefit.NOISE)
     src = e["evidence"]["source"]
-    assert "bench_benefit.py" in src["command"] and src["date"] and src["machine"]["logical_cores"]
+    assert src["command"].startswith("python -m scripts.data.benefit ") and src["date"] and src["machine"]["logical_cores"]
     assert data["runs"][0]["command"] == src["command"]
     merged = benefit.Table.load(table)  # the run merged into a table: its old entries kept
     assert merged.entry("test_relu_as_max", "ort-cpu") == e

@@ -1,19 +1,16 @@
-"""The folding oracle's fixed subset (scripts/fold_oracle.py --subset): the hand-written edge cases
+"""The folding oracle's fixed subset (scripts/oracles/fold.py --subset): the hand-written edge cases
 and every SUBSET_STEP-th generated one, with and without onnxruntime. Every folded node must give
 what onnxruntime computes on the unfolded model (floats within 1 ulp), or be left unfolded.
-The whole oracle: ``python scripts/fold_oracle.py --jobs 2``."""
+The whole oracle: ``python -m scripts.oracles.fold --jobs 2``."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("onnxruntime")
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-import fold_oracle  # noqa: E402
+from scripts.oracles import fold as fold_oracle  # noqa: E402
 
 
 def test_fold_oracle_subset():

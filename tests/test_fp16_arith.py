@@ -17,55 +17,15 @@ import onnx
 import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper
-from onnx.reference import ReferenceEvaluator
 
 from onnxopt import optimize
 from onnxopt.cli import main as cli_main
 from onnxopt.transforms.precision import convert_fp16
 from onnxopt.verify import verify
 
-from helpers import init, model, tinfo
-
-W16 = (np.random.default_rng(1).standard_normal((16, 16)) / 2).astype(np.float32)
-
-
-def _matmul():  # x[2,4096] @ 10s reaches 409,600; / 1000 brings it back to 409.6
-    nodes = [helper.make_node("MatMul", ["x", "W"], ["t"], name="mm"), helper.make_node("Div", ["t", "k"], ["y"])]
-    m = model(nodes, [tinfo("x", [2, 4096])], [tinfo("y", [2, 8])],
-              [init("W", np.full((4096, 8), 10, np.float32)), init("k", np.array(1000, np.float32))])
-    x = np.random.default_rng(0).uniform(9.5, 10.5, (2, 4096)).astype(np.float32)
-    return m, {"x": x}
-
-
-def _mulmul():  # MatMul, then *300 *300 /1e4 (9e4 x |h| overflows float16), then MatMul
-    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Mul", ["h", "a"], ["t1"]),
-             helper.make_node("Mul", ["t1", "a"], ["t2"]), helper.make_node("Div", ["t2", "d"], ["t3"]),
-             helper.make_node("MatMul", ["t3", "W"], ["y"])]
-    m = model(nodes, [tinfo("x", [4, 16])], [tinfo("y", [4, 16])],
-              [init("W", W16), init("a", np.array(300, np.float32)), init("d", np.array(1e4, np.float32))])
-    return m, {"x": np.random.default_rng(0).uniform(0, 2, (4, 16)).astype(np.float32)}
-
-
-def _cancel():  # MatMul, then (h + 1000) - 1000 (float16 rounds by 0.25 at 1000), then MatMul
-    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Add", ["h", "c"], ["t"]),
-             helper.make_node("Sub", ["t", "c"], ["t3"]), helper.make_node("MatMul", ["t3", "W"], ["y"])]
-    m = model(nodes, [tinfo("x", [4, 16])], [tinfo("y", [4, 16])],
-              [init("W", W16), init("c", np.array(1000, np.float32))])
-    return m, {"x": np.random.default_rng(0).uniform(0, 1, (4, 16)).astype(np.float32)}
-
-
-CASES = {"matmul-409600": _matmul, "mul300x300": _mulmul, "plus-minus-1000": _cancel}
-
-
-def _reference(proto, feeds):
-    with np.errstate(all="ignore"):
-        return ReferenceEvaluator(proto).run(None, feeds)[0]
-
-
-def _error_of_range(ref, got):
-    span = float(ref.max() - ref.min()) or float(np.abs(ref).max())
-    return float(np.abs(got.astype(np.float64) - ref).max()) / span
-
+from helpers import FP16_ARITH_CASES as CASES
+from helpers import FP16_W16 as W16
+from helpers import error_of_range, init, model, reference_output, tinfo
 
 @pytest.mark.parametrize("case", CASES)
 def test_the_plain_conversion_fails_in_float16_arithmetic(case):
@@ -73,12 +33,12 @@ def test_the_plain_conversion_fails_in_float16_arithmetic(case):
     onnx's reference evaluator, while onnxruntime's CPU provider agrees with the original."""
     src, feeds = CASES[case]()
     half = optimize(src, precision="fp16")
-    ref32 = _reference(src, feeds)
-    got = _reference(half, feeds)
-    assert not np.isfinite(got).all() or _error_of_range(ref32, got) > 0.01
+    ref32 = reference_output(src, feeds)
+    got = reference_output(half, feeds)
+    assert not np.isfinite(got).all() or error_of_range(ref32, got) > 0.01
     import onnxruntime as ort
     cpu = ort.InferenceSession(half.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-    assert np.isfinite(cpu).all() and _error_of_range(ref32, cpu) <= 0.01  # what misled verify
+    assert np.isfinite(cpu).all() and error_of_range(ref32, cpu) <= 0.01  # what misled verify
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -113,8 +73,8 @@ def test_conversion_with_data_keeps_what_float16_cannot_hold(case):
     v = rep.verification
     assert v["ok"], v
     # in true float16 (onnx's reference evaluator, declared types) the result is finite and in bounds
-    got = _reference(out, feeds)
-    assert np.isfinite(got).all() and _error_of_range(_reference(src, feeds), got) <= 0.01
+    got = reference_output(out, feeds)
+    assert np.isfinite(got).all() and error_of_range(reference_output(src, feeds), got) <= 0.01
     p = rep.precision
     assert p["ranges"]["source"].startswith("values at the data") and p["ranges"]["values_kept"] >= 1
     reasons = " ".join(p["kept_fp32"])
@@ -126,7 +86,7 @@ def test_conversion_with_data_keeps_what_float16_cannot_hold(case):
 def test_the_converter_keeps_only_the_values_at_fault():
     """x*300*300/1e4 between MatMuls: the MatMuls and h*300 (|h| < 8: < 2400) stay float16; the
     second Mul, which overflows, and the Div reading it are float32."""
-    src, feeds = _mulmul()
+    src, feeds = CASES["mul300x300"]()
     out, rep = optimize(src, precision="fp16", return_report=True, verify="cpu",
                         verify_options={"feeds": feeds, "runs": 0})
     kept = rep.precision["kept_fp32"]
@@ -143,7 +103,7 @@ def test_emulation_matches_the_reference_evaluator(case):
     src, feeds = CASES[case]()
     half = optimize(src, precision="fp16")
     (got,), how = run_fp16(half, [feeds])
-    ref = _reference(half, feeds)
+    ref = reference_output(half, feeds)
     assert "rounded to float16" in how
     assert np.array_equal(np.isfinite(got[0][1]), np.isfinite(ref))
     fin = np.isfinite(ref)
@@ -165,8 +125,8 @@ def test_bounds_from_the_weights_keep_an_overflowing_op_without_data():
     assert rep.ranges["source"].startswith("bounds from the weights")
     assert any(k.startswith("Mul:") and "bounds from the weights" in k for k in rep.kept_fp32), rep.kept_fp32
     feeds = {"x": np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)}
-    got = _reference(out, feeds)
-    assert np.isfinite(got).all() and _error_of_range(_reference(src, feeds), got) <= 0.01
+    got = reference_output(out, feeds)
+    assert np.isfinite(got).all() and error_of_range(reference_output(src, feeds), got) <= 0.01
     assert rep.nodes_fp16 >= 2  # the MatMuls
 
 
@@ -227,7 +187,7 @@ def test_bisect_runs_a_float16_model_in_float16_arithmetic(tmp_path):
 
 
 def test_the_command_line_names_the_arithmetic_in_its_line_json_and_html(tmp_path, capsys):
-    src, feeds = _cancel()
+    src, feeds = CASES["plus-minus-1000"]()
     a, npz = tmp_path / "a.onnx", tmp_path / "in.npz"
     onnx.save(src, a)
     np.savez(npz, **feeds)

@@ -1,5 +1,5 @@
 """A model whose weights pass protobuf's 2 GiB limit: loaded lazily, saved with external data, refused as
-one file; scripts/big_model.py (the 3 GB end-to-end benchmark) at a small scale."""
+one file; scripts/oracles/big_model.py (the 3 GB end-to-end benchmark) at a small scale."""
 
 from __future__ import annotations
 
@@ -107,10 +107,10 @@ def test_single_file_past_the_limit_refused_before_the_work(tmp_path, monkeypatc
 
 
 def test_big_model_script_end_to_end_small_scale(tmp_path):
-    """scripts/big_model.py as run for the figures (generate, optimize by the command line with
+    """scripts/oracles/big_model.py as run for the figures (generate, optimize by the command line with
     memory sampled, verify on onnxruntime), on a small encoder."""
     figures = tmp_path / "big.json"
-    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "big_model.py"), "--dir", str(tmp_path / "work"),
+    run = subprocess.run([sys.executable, "-m", "scripts.oracles.big_model", "--dir", str(tmp_path / "work"),
                           "--layers", "2", "--hidden", "64", "--heads", "2", "--vocab", "32", "--positions", "32",
                           "--json", str(figures)], capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 0, run.stdout + run.stderr

@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from conftest import run_ort
-from helpers import feeds_for, init, load_script, model, tinfo, zoo_model
+from helpers import feeds_for, init, model, random_twins, tinfo, zoo_model
 from onnxopt.ir import io
 from onnxopt.transforms import liveness
 from onnxopt.transforms import memory
@@ -505,47 +505,12 @@ def test_fp16_output_cast_rise_is_named():
     assert not any("peak activation memory rose" in x for x in plain.warnings)
 
 
-def _random_twins(seed: int, n: int = 30) -> onnx.ModelProto:
-    """A random DAG on [1, 16] of element-wise ops, Tiles (large), reductions (small) and twins of
-    earlier nodes (CSE merges them); every value nothing reads is a graph output."""
-    rng = np.random.default_rng(seed)
-    values = {"x": 16}  # name -> elements
-    nodes, inits = [], [init("reps", np.array([8, 1], np.int64))]
-    for k in range(n):
-        kind = str(rng.choice(["tile", "reduce", "add", "relu", "twin", "neg"]))
-        names = list(values)
-        a = names[int(rng.integers(len(names)))]
-        out = f"v{k}"
-        if kind == "twin" and nodes:
-            src = nodes[int(rng.integers(len(nodes)))]
-            attrs = {at.name: helper.get_attribute_value(at) for at in src.attribute}
-            nodes.append(helper.make_node(src.op_type, list(src.input), [out], name=f"n{k}", **attrs))
-            values[out] = values[src.output[0]]
-        elif kind == "tile" and values[a] == 16:
-            nodes.append(helper.make_node("Tile", [a, "reps"], [out], name=f"n{k}"))
-            values[out] = 128
-        elif kind == "reduce" and values[a] == 128:
-            nodes.append(helper.make_node("ReduceMax", [a], [out], name=f"n{k}", axes=[0], keepdims=1))
-            values[out] = 16
-        elif kind == "add":
-            same = [v for v in names if values[v] == values[a]]
-            nodes.append(helper.make_node("Add", [a, same[int(rng.integers(len(same)))]], [out], name=f"n{k}"))
-            values[out] = values[a]
-        else:
-            nodes.append(helper.make_node("Neg" if kind == "neg" else "Relu", [a], [out], name=f"n{k}"))
-            values[out] = values[a]
-    read = {i for node in nodes for i in node.input}
-    outs = [tinfo(node.output[0], [1, 16] if values[node.output[0]] == 16 else [8, 16])
-            for node in nodes if node.output[0] not in read]
-    return model(nodes, [tinfo("x", [1, 16])], outs, inits, opset=17)
-
-
 def test_random_graphs_with_twins_never_end_above_the_input():
     # CSE raises the peak of many of these (a twin read far away, a graph output merged with an
     # early twin); with the recomputation pass neither order ends above the input's, outputs equal
     rose_without, copied = 0, 0
     for seed in range(80):
-        m = _random_twins(seed, 30 if seed % 2 else 60)
+        m = random_twins(seed, 30 if seed % 2 else 60)
         out, report = optimize(m, return_report=True)
         b, a = report.memory["before"], report.memory["after"]
         assert a["peak_bytes"] <= b["peak_bytes"], seed
@@ -689,7 +654,7 @@ def test_onnxruntime_planner_shapes_decide_in_place_and_constants_are_weights():
 
 
 def test_estimate_against_a_measured_onnxruntime_run(tmp_path):
-    """One real run (scripts/memory_check.py's measurement: a fresh process, arena and memory pattern
+    """One real run (scripts/oracles/memory_check.py's measurement: a fresh process, arena and memory pattern
     off, the peak resident growth) of a graph where the rules above decide the figure: a HardSwish
     onnxruntime inlines and a Where with its two selections, 1 MiB values."""
     import os
@@ -697,7 +662,7 @@ def test_estimate_against_a_measured_onnxruntime_run(tmp_path):
     if not os.access("/proc/self/clear_refs", os.W_OK):
         pytest.skip("needs Linux's /proc/self/clear_refs to reset the peak resident size")
     _without_cpu_hardswish()
-    check = load_script("memory_check.py")
+    from scripts.oracles import memory_check as check
     n = [256, 1024]
     m = model([helper.make_node("Neg", ["x"], ["a"]), helper.make_node("HardSwish", ["a"], ["h"]),
                helper.make_node("IsNaN", ["h"], ["nan"]), helper.make_node("Where", ["nan", "x", "h"], ["w"]),
@@ -717,7 +682,7 @@ def test_estimate_against_a_measured_onnxruntime_run(tmp_path):
 
 
 def test_memory_trace_parses_strace_and_lines_mappings_up_with_nodes():
-    trace = load_script("memory_trace.py")
+    from scripts.oracles import memory_trace as trace
     nodes = [(10.0, 10.5, "w [Where]"), (11.0, 11.2, "r [ReduceSum]")]
     text = "\n".join([
         "7 9.000000 mmap(NULL, 8192, PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS, -1, 0) = 0x10",  # (warm-up run)
@@ -747,7 +712,7 @@ def test_memory_trace_shows_wheres_selections_in_a_real_run(tmp_path):
 
     if shutil.which("strace") is None or subprocess.run(["strace", "-o", os.devnull, "true"]).returncode:
         pytest.skip("needs strace, with ptrace allowed")
-    trace = load_script("memory_trace.py")
+    from scripts.oracles import memory_trace as trace
     n = [256, 1024]
     # then a Softmax over the first axis (its two transposed temporaries; its output in place, in w's
     # buffer) and a ConvTranspose (its 2 MiB of columns: 2 output channels x 4 x 4 kernel x 128 x 128 input

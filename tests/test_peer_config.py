@@ -3,7 +3,7 @@
 onnxruntime's transformers optimizer was called with ``num_heads=0, hidden_size=0``: it logged "Failed to
 detect num_heads and hidden_size for Attention fusion" (the adapter had lowered its logger to ERROR, so
 nobody saw it) and fused no attention, which made onnxopt look 1.5x ahead on CUDA where it is behind.
-Here every peer of scripts/bench.py and scripts/bench_targets.py runs, the way the benchmarks run it, on
+Here every peer of scripts/bench/peers.py and scripts/bench/targets.py runs, the way the benchmarks run it, on
 small BERT and GPT-2 exports; what it logs is captured, and a line saying it was called wrongly fails
 the test. A pattern a peer does not support (the transformers optimizer on GPT-2's attention) keeps the
 row, with a note saying so.
@@ -17,11 +17,10 @@ import warnings
 from pathlib import Path
 
 import pytest
-from helpers import load_script
 
-bt = load_script("bench_targets.py")
-bench = load_script("bench.py")
-peers = load_script("_peers.py")
+from scripts.bench import _peers as peers
+from scripts.bench import peers as bench
+from scripts.bench import targets as bt
 
 needs_torch = pytest.mark.skipif(
     importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None,
@@ -121,7 +120,7 @@ def exports(tmp_path_factory):
 
 
 def _targets_job(bm_name: str, tool, src: Path, dst: Path) -> dict:
-    """The optimize job scripts/bench_targets.py gives ``tool`` for model ``bm_name`` (tiny config, fp32,
+    """The optimize job scripts/bench/targets.py gives ``tool`` for model ``bm_name`` (tiny config, fp32,
     CPU), run in this process."""
     bm = bt.get_model(bm_name)
     ctx = {"model": bm.name, "target": "ort-cpu", "provider": "cpu", "precision": "fp32",
@@ -153,8 +152,8 @@ def test_target_bench_peers_run_as_documented(exports, tmp_path, kind):
 
 @needs_torch
 def test_side_by_side_bench_peers_run_as_documented(exports, tmp_path):
-    """scripts/bench.py's peers (onnxsim, onnxslim, onnxoptimizer, onnxscript, ort-extended,
-    ort-transformers) with the context bench.py gives them, on a small BERT: no configuration failure
+    """scripts/bench/peers.py's peers (onnxsim, onnxslim, onnxoptimizer, onnxscript, ort-extended,
+    ort-transformers) with the context scripts/bench/peers.py gives them, on a small BERT: no configuration failure
     logged; the transformers optimizer is given the model's heads and width and fuses its attention."""
     ctx = {"model": "bert-legacy", "family": "transformer", "model_type": "bert", "num_heads": 4,
            "hidden_size": 64, "use_gpu": False}
@@ -166,7 +165,7 @@ def test_side_by_side_bench_peers_run_as_documented(exports, tmp_path):
         assert not res.get("config_failures"), (tool.name, res.get("config_failures"))
         if tool.name == "ort-transformers":
             assert res["info"]["fused"].get("Attention") == LAYERS, res["info"]
-    # bench.py's own context: the zoo's config of the model it names
+    # peers.py's own context: the zoo's config of the model it names
     assert peers.attention_params("bert-legacy") == {"num_heads": 4, "hidden_size": 256}
     assert peers.attention_params("gpt2-dynamo") == {"num_heads": 4, "hidden_size": 256}
     assert peers.attention_params("minilm-legacy") == {"num_heads": 12, "hidden_size": 384}

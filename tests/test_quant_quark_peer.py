@@ -1,4 +1,4 @@
-"""scripts/_quant_quark.py, the AMD Quark peer of the quantization benchmark (issue 14).
+"""scripts/bench/_quant_quark.py, the AMD Quark peer of the quantization benchmark (issue 14).
 
 The worker runs in Quark's own virtual environment (amd-quark pins older onnx/onnxruntime than this project):
 ``ONNXOPT_QUARK_PYTHON`` names its interpreter (default /work/quark-venv/bin/python). The quantizing test skips
@@ -23,7 +23,7 @@ from tests.helpers import init, model, tinfo
 
 ort = pytest.importorskip("onnxruntime")
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "_quant_quark.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench" / "_quant_quark.py"
 QUARK_PYTHON = os.environ.get("ONNXOPT_QUARK_PYTHON", "/work/quark-venv/bin/python")
 
 

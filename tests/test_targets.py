@@ -26,7 +26,7 @@ def _rule(name, targets=("ort-cpu", "ort-cuda"), key=None, exact=False):
 
 SLOW_ON_CPU = {"entries": {"fuse_k": {"ort-cpu": {"apply": False, "evidence": {
     "ratio": 1.07, "models": {"bert-legacy": {"without_ms": 10.0, "with_ms": 10.7, "ratio": 1.07}},
-    "source": {"command": "python scripts/bench_benefit.py --keys fuse_k", "date": "2026-11-23 22:00 UTC",
+    "source": {"command": "python -m scripts.data.benefit --keys fuse_k", "date": "2026-11-23 22:00 UTC",
                "machine": {"cpu": "AMD EPYC", "logical_cores": 2}}}},
     "ort-cuda": {"apply": True, "evidence": {"ratio": 0.8, "source": {"command": "gpu run", "date": "2026-11-23"}}}}}}
 
@@ -42,7 +42,7 @@ def test_select_records_rules_left_out_for_the_target():
         assert skipped[0]["reason"] == "cuda_only: not valid for ort-cpu (valid for ort-cuda)"
         reason = skipped[1]["reason"]
         assert reason.startswith("fused: skipped for ort-cpu: measured 1.07x slower (bert-legacy 1.07x slower)")
-        assert "bench_benefit.py --keys fuse_k" in reason and "2026-11-23" in reason and "AMD EPYC" in reason
+        assert "scripts.data.benefit --keys fuse_k" in reason and "2026-11-23" in reason and "AMD EPYC" in reason
         assert skipped[1]["key"] == "fuse_k" and skipped[1]["evidence"]["ratio"] == 1.07
         skipped = []
         assert [r.name for r in registry.select(rules, target="cuda", skipped=skipped)] == [

@@ -2,7 +2,7 @@
 
 A folded value is what onnxruntime's CPU provider (the installed version) computes for the node,
 or the node is not folded: integer, bool and shape results exactly, float results within 1 ulp.
-``scripts/fold_oracle.py`` checks this for every op and dtype, with edge values.
+``scripts/oracles/fold.py`` checks this for every op and dtype, with edge values.
 
 **With onnxruntime** (the ``[ort]`` extra), onnxruntime evaluates the node: a one-node model
 whose constant inputs are its graph inputs (graph optimizations off, one thread, no memory

@@ -31,7 +31,7 @@ How the plan is made (one pass over the main graph in order):
   is inserted and onnxruntime drops their Q/DQ and runs them on uint8.
 
 On ort-cpu (``use_costs``, the default) the plan also reads the measured cost table
-``ort_cpu_costs.json`` (scripts/quant_costs.py: single-layer timings, float vs int8, on
+``ort_cpu_costs.json`` (scripts/data/quant_costs.py: single-layer timings, float vs int8, on
 onnxruntime's CPU provider): a Conv/MatMul/Gemm, Add/Mul/Div, GlobalAveragePool or Sigmoid whose
 configuration is not measured at least 5% faster in int8, counting the QuantizeLinear /
 DequantizeLinear its float neighbours add, is left float with the measured figures as the reason
@@ -330,7 +330,7 @@ def _anchor_refusal(node: ir.Node, opsets, dtypes: Mapping[str, int] | None = No
 
 # --- Measured costs (ort-cpu) -------------------------------------------------------------------
 #
-# The table ``ort_cpu_costs.json`` (made by scripts/quant_costs.py) holds single-layer timings on
+# The table ``ort_cpu_costs.json`` (made by scripts/data/quant_costs.py) holds single-layer timings on
 # onnxruntime's CPU provider: for each layer configuration, the float layer, the same layer as an
 # integer kernel inside an int8 chain (uint8 in, uint8 out), and the QuantizeLinear /
 # DequantizeLinear of its input and output that a float neighbour adds. The plan reads the shipped

@@ -292,7 +292,7 @@ def _option(key: str, option: str, value: str, why: str, table: _benefit.Table) 
             # a verdict over several models: where some measured slower, say so; verify shows it for this one
             **({"caveat": f"measured slower on {', '.join(slower)}: check this model with the verify command"}
                if d.apply and slower else {}),
-            "evidence": d.reason if d.measured else f"not measured yet ({key}: scripts/bench_benefit.py --advice on "
+            "evidence": d.reason if d.measured else f"not measured yet ({key}: python -m scripts.data.benefit --advice on "
                                                     "a GPU); try it with verify --provider-option",
             "flag": f"--provider-option cuda:{option}={value}"}
 

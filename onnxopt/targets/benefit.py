@@ -8,7 +8,7 @@ lists it). Session advice (``onnxopt.targets.advice``) reads the same table for 
 (keys ``cuda_prefer_nhwc``, ``cuda_graph``).
 
 The table is data shipped in the package (``onnxopt/data/benefit.json``), written by
-``scripts/bench_benefit.py`` from the runs it cites; it is never measured while optimizing, so a
+``scripts/data/benefit.py`` from the runs it cites; it is never measured while optimizing, so a
 model's output depends only on the table's contents. Its form::
 
     {"schema": 1,

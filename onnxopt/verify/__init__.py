@@ -6,7 +6,7 @@ models (:mod:`.runtime`), on inputs given or generated (:mod:`.inputs`). With CP
 requested it also compares each model's CPU outputs with its CUDA outputs. When outputs differ it
 finds the culprit (:mod:`.culprit`); :mod:`onnxopt.verify.bisect` goes further and names the rewrite.
 
-This package knows no command line; ``onnxopt.cli``, ``onnxopt.api`` and ``scripts/bench.py``
+This package knows no command line; ``onnxopt.cli``, ``onnxopt.api`` and ``scripts/bench/peers.py``
 use it, and ``onnxopt.reporting.text`` prints its reports.
 """
 

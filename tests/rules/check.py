@@ -19,7 +19,6 @@ depend on its inputs shows nothing), and return ``(optimized model, report)``.
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -35,13 +34,9 @@ RULES = {rule.name: rule for rule in default_rules()}
 
 
 def _zoo_exact():
-    """scripts/zoo_exact.py, whose bit-for-bit comparison under onnxruntime's defaults is the one
+    """scripts/oracles/zoo_exact.py, whose bit-for-bit comparison under onnxruntime's defaults is the one
     exact mode is held to."""
-    path = Path(__file__).resolve().parents[2] / "scripts" / "zoo_exact.py"
-    spec = importlib.util.spec_from_file_location("onnxopt_script_zoo_exact", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("scripts.oracles.zoo_exact")
 
 
 zoo_exact = _zoo_exact()

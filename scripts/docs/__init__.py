@@ -1,0 +1,1 @@
+"""Makers of the documentation's images (``python -m scripts.docs.screenshots --help``)."""
