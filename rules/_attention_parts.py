@@ -186,7 +186,7 @@ def heads(p: str, what: str) -> Pattern:
 
 
 def scaled_dot_product(q: Pattern, k: Pattern) -> Pattern:
-    return Op("MatMul", q, k, name="qk", uses=one_reader)
+    return Explain(Op("MatMul", q, k, name="qk", uses=one_reader), "the scores are not a MatMul", deep=False)
 
 
 def additive_mask(scores: Pattern) -> Pattern:
@@ -202,13 +202,14 @@ def masked_scores(qk: Pattern) -> Pattern:
 
 def softmax(scores: Pattern) -> Pattern:
     """Softmax(scores), or torch's NaN guard around it: Where(IsNaN(p), 0, p)."""
-    return Or(Op("Softmax", scores, name="softmax", bind="probs", uses=one_reader),
-              Op("Where", Op("IsNaN", Op("Softmax", scores, name="softmax", bind="probs", uses=2), uses=one_reader),
-                 Const(check=is_zero), Var("probs"), name="guard", shared=True))
+    return Explain(Or(Op("Softmax", scores, name="softmax", bind="probs", uses=one_reader),
+                      Op("Where", Op("IsNaN", Op("Softmax", scores, name="softmax", bind="probs", uses=2),
+                                     uses=one_reader), Const(check=is_zero), Var("probs"), name="guard", shared=True)),
+                   "not an attention output (no Softmax before the MatMul)", deep=False)
 
 
 def attention_output(probs: Pattern, v: Pattern) -> Pattern:
-    return Op("MatMul", probs, v, name="pv", uses=one_reader)
+    return Explain(Op("MatMul", probs, v, name="pv", uses=one_reader), "not an attention output", deep=False)
 
 
 def head_merge(attn: Pattern) -> Op:

@@ -1,10 +1,13 @@
 """Scaled dot-product attention -> onnxruntime's com.microsoft Attention / MultiHeadAttention.
 
-Targets ``ort-cpu`` and ``ort-cuda`` only (``portable`` emits standard ops). The match is semantic,
-not one exporter's node sequence: the rule is rooted at the Reshape that merges the heads of the
-attention output (``Reshape(Transpose(...))``) and the condition walks back from it:
+Targets ``ort-cpu`` and ``ort-cuda`` only (``portable`` emits standard ops). The pattern says
+what is matched, from the pieces of rules/_attention_parts.py (shared with later attention fusions):
 
-    out = merge_heads(Softmax(scale * Q @ K^T + mask) @ V)
+    out = head_merge(softmax(masked_scores(scaled_dot_product(heads(Q), heads(K)))) @ heads(V))
+
+rooted at the Reshape that merges the heads (``Reshape(Transpose(...))``: the rewrite replaces
+these two and absorbs what lies under them). The match is semantic, not one exporter's node
+sequence: the views the pattern binds are read by the condition as layouts, the scales as numbers:
 
 - the views: every Reshape and Transpose between a projection ``X`` ([B, S, H]) and the MatMuls,
   and between the second MatMul and the root, is followed as a *layout*: the tensor's dimensions

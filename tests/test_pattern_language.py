@@ -166,6 +166,14 @@ def test_explain_gives_its_reason_for_the_piece_that_is_missing():
     m, nodes = _graph([_node("Abs", ["x"], "a"), _node("Neg", ["a"], "y")])
     rule = Rule("why", Op("Neg", Explain(Op("Relu", "x"), "no activation before the negation")), _noop)
     assert _bind(rule, m, nodes["y"]) == "y input 0: no activation before the negation"
+    # deep=False: only where the piece's first node is not there; found, a failure inside keeps its reason
+    m, nodes = _graph([_node("Abs", ["x"], "a"), _node("Relu", ["a"], "r"), _node("Neg", ["r"], "y")])
+    missing = Explain(Op("Sigmoid", Op("Exp", "x")), "no Sigmoid", deep=False)
+    assert _bind(Rule("missing", Op("Neg", missing), _noop), m, nodes["y"]) == "y input 0: no Sigmoid"
+    inside = Explain(Op("Relu", Op("Exp", "x")), "no Relu", deep=False)
+    assert "expected Exp, found Abs" in _bind(Rule("inside", Op("Neg", inside), _noop), m, nodes["y"])
+    deep = Explain(Op("Relu", Op("Exp", "x")), "no Relu over Exp")
+    assert _bind(Rule("deep", Op("Neg", deep), _noop), m, nodes["y"]) == "y input 0: no Relu over Exp"
 
 
 # -- Absorbed: what the driver records -----------------------------------------------------------------

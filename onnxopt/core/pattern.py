@@ -54,8 +54,10 @@ make a fragment say what it matches rather than leaving the walk to a condition)
         the rule's ends (``m.nodes``, the provenance's ``onnxopt.replaced``) but ``m.absorbed``;
         they go when the rewrite leaves them dead, and the new nodes' ``onnxopt.sources`` name
         them. A fusion matches its ends and absorbs what lay between.
-    ``Explain(pattern, reason)``  ``pattern``, failing with ``reason`` (what it means that this
-        piece is missing, rather than which node it stopped at).
+    ``Explain(pattern, reason, deep=True)``  ``pattern``, failing with ``reason`` (what it means
+        that this piece is missing, rather than which node it stopped at); ``deep=False`` only
+        where the piece is not there at all (its first node does not match): a failure further
+        inside keeps its own reason.
     Like a PEG, a choice once made is kept: when an alternative (an ``Or``'s, a commutative
     ``Op``'s order, a ``Repeat``'s count) matched, a later failure elsewhere does not come back
     to try the next. When every alternative fails, the reason is that of the one that matched
@@ -439,16 +441,22 @@ class Absorbed(Pattern):
 class Explain(Pattern):
     """``pattern``, failing with ``reason`` (see the module docstring)."""
 
-    __slots__ = ("pattern", "reason")
+    __slots__ = ("pattern", "reason", "deep")
 
-    def __init__(self, pattern: Any, reason: str):
-        self.pattern, self.reason = _as_pattern(pattern), reason
+    def __init__(self, pattern: Any, reason: str, *, deep: bool = True):
+        self.pattern, self.reason, self.deep = _as_pattern(pattern), reason, deep
 
     def __repr__(self) -> str:
         return f"Explain({self.pattern!r}, {self.reason!r})"
 
     def _match(self, value, state):
-        return None if self.pattern._match(value, state) is None else self.reason
+        high, start = state.high, len(state.nodes)
+        state.high = start
+        reason = self.pattern._match(value, state)
+        reached, state.high = state.high, max(high, state.high)
+        if reason is None:
+            return None
+        return self.reason if self.deep or reached == start else reason
 
 
 class _State:
