@@ -332,8 +332,8 @@ def attention_condition(m: Match):
     floats = _FLOATS.get(target)
     if floats is None:
         return f"not for target {target}"
-    softmax, guarded = m.node("softmax"), m.node("guard") is not None
-    rank_axis = softmax.attributes.get("axis")
+    guarded = m.node("guard") is not None
+    rank_axis = m.node("softmax").attributes.get("axis")
     axis = -1 if rank_axis is None and m.opset("") >= 13 else (rank_axis.value if rank_axis is not None else 1)
     if axis not in (-1, 3):
         return "Softmax is not over the last axis"
