@@ -24,10 +24,12 @@ Patterns:
         other use and not be a graph output (``shared=True`` lifts this), and it must live in the
         same graph as the root. ``attrs`` maps names to a required value or a predicate; a missing
         attribute is compared through its schema default.
-    ``Var(name)``    any value, bound to ``name`` (the same name twice must be the same value)
-    ``Const(name, value=None, rtol=0, atol=0)``
+    ``Var(name, check=None)``    any value, bound to ``name`` (the same name twice must be the
+        same value); ``check(value) -> bool`` a fact it must have
+    ``Const(name, value=None, rtol=0, atol=0, check=None)``
         a value known at optimization time: an initializer that is not also a graph input, or the
-        output of a Constant node; with ``value`` the constant must equal it (within tolerance).
+        output of a Constant node; with ``value`` the constant must equal it (within tolerance);
+        ``check(value) -> bool`` a fact it must have (a float scalar, nonzero).
     ``Op("*", domain="", name=...)`` (root only) any node of that domain, whatever its inputs:
         for rules such as constant folding whose condition inspects the node itself.
     ``Opt(pattern)`` an optional input: absent (bound to None) or matching ``pattern``
