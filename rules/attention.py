@@ -1,10 +1,13 @@
 """Scaled dot-product attention -> onnxruntime's com.microsoft Attention / MultiHeadAttention.
 
-Targets ``ort-cpu`` and ``ort-cuda`` only (``portable`` emits standard ops). The match is semantic,
-not one exporter's node sequence: the rule is rooted at the Reshape that merges the heads of the
-attention output (``Reshape(Transpose(...))``) and the condition walks back from it:
+Targets ``ort-cpu`` and ``ort-cuda`` only (``portable`` emits standard ops). The pattern says
+what is matched, from the pieces of rules/_attention_parts.py (shared with later attention fusions):
 
-    out = merge_heads(Softmax(scale * Q @ K^T + mask) @ V)
+    out = head_merge(softmax(masked_scores(scaled_dot_product(heads(Q), heads(K)))) @ heads(V))
+
+rooted at the Reshape that merges the heads (``Reshape(Transpose(...))``: the rewrite replaces
+these two and absorbs what lies under them). The match is semantic, not one exporter's node
+sequence: the views the pattern binds are read by the condition as layouts, the scales as numbers:
 
 - the views: every Reshape and Transpose between a projection ``X`` ([B, S, H]) and the MatMuls,
   and between the second MatMul and the root, is followed as a *layout*: the tensor's dimensions
@@ -50,16 +53,16 @@ import math
 import numpy as np
 import onnx_ir as ir
 
+from onnxopt.core.pattern import Match, Rule
+from onnxopt.ir.shapes import infer, same_symbol, shape_elements
 from onnxopt.ir.util import constant_tensor
-from onnxopt.core.pattern import Match, Op, Rule
-from onnxopt.ir.shapes import infer, infer_outputs, same_symbol, shape_elements
 
+from onnxopt.rules._attention_parts import (MS, SAME_SHAPE, attention_output, dims_of, float_scalar, head_merge, heads,
+                                            is_scale, masked_scores, one_reader, prime_shapes, scaled_dot_product,
+                                            softmax)
 from onnxopt.rules._semantic import unrepresentable
 
-_MS = "com.microsoft"
 _FLOATS = {"ort-cpu": (ir.DataType.FLOAT,), "ort-cuda": (ir.DataType.FLOAT, ir.DataType.FLOAT16)}
-_MAX_VIEWS = 8  # Reshape/Transpose/scale nodes followed on one path
-_MAX_LOOKUP = 4096  # values one shape question may look at (see _dims)
 
 
 class _NoFit(Exception):
@@ -93,47 +96,6 @@ class _Ctx:
         return [tuple(a for a in g if self.size(a) != 1) for g in groups]
 
 
-# contrib ops whose first output has their first input's shape (onnx's inference knows none of them)
-_SAME_SHAPE = frozenset({"SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization",
-                         "LayerNormalization", "Gelu", "FastGelu", "BiasGelu", "QuickGelu", "BiasAdd"})
-
-
-def _dims(value: ir.Value, opsets, seen: set | None = None) -> list | None:
-    """value's dimensions (inferred), looking through the contrib ops other fusions make (onnx's
-    inference knows none of them, nor then anything after one: a layer's projections read a
-    SkipLayerNormalization). What is found that way is recorded on the values as inference records
-    its findings (the pipeline drops inferred shapes at the end), so that shape_elements can read
-    Shape nodes of them."""
-    shape = infer(value, opsets)
-    if shape is not None:
-        return list(shape)
-    seen = set() if seen is None else seen
-    if value in seen or len(seen) > _MAX_LOOKUP:
-        return None
-    seen.add(value)
-    node = value.producer()
-    if node is None:
-        return None
-    if node.domain == _MS and node.op_type in _SAME_SHAPE and value is node.outputs[0]:
-        dims = _dims(node.inputs[0], opsets, seen)
-        if dims is not None:
-            value.shape = ir.Shape(dims)
-            if value.type is None:
-                value.type = node.inputs[0].type
-        return dims
-    if node.domain not in ("", "ai.onnx") or any(
-            a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values()):
-        return None
-    # a standard node: its inputs first, then onnx's inference for it once more
-    for v in node.inputs:
-        if v is None or v.name is None:
-            continue
-        if constant_tensor(v) is None and v.shape is None and _dims(v, opsets, seen) is None:
-            return None
-    infer_outputs(node, opsets)
-    return None if value.shape is None else list(value.shape)
-
-
 def _dtype(value: ir.Value, opsets, depth: int = 0) -> ir.DataType | None:
     """value's element type (inferred), looking through the contrib ops other fusions make and
     taking a projection's from its constant weight."""
@@ -143,27 +105,13 @@ def _dtype(value: ir.Value, opsets, depth: int = 0) -> ir.DataType | None:
         return value.type.dtype
     node = value.producer()
     if node is None or depth > 6 or not (node.domain in ("", "ai.onnx") and node.op_type in ("MatMul", "Add", "Split")
-                                         or node.domain == _MS and node.op_type in _SAME_SHAPE):
+                                         or node.domain == MS and node.op_type in SAME_SHAPE):
         return None
     for v in node.inputs:
         t = constant_tensor(v)
         if t is not None and node.op_type != "Split":
             return t.dtype
     return _dtype(node.inputs[0], opsets, depth + 1)
-
-
-def _prime_shapes(value: ir.Value | None, opsets, depth: int = 0) -> None:
-    """Infer the shapes the Shape nodes feeding a shape vector read (shape_elements needs ranks)."""
-    if value is None or depth > 8:
-        return
-    node = value.producer()
-    if node is None:
-        return
-    if node.op_type == "Shape" and node.inputs[0] is not None:
-        _dims(node.inputs[0], opsets)
-        return
-    for v in node.inputs:
-        _prime_shapes(v, opsets, depth + 1)
 
 
 def _group_of_dim(ctx: _Ctx, ref) -> tuple:
@@ -202,7 +150,7 @@ def _take(ctx: _Ctx, atoms: list, want: int, reverse: bool) -> tuple[tuple, list
 
 def _reshape(ctx: _Ctx, layout: list[tuple], node: ir.Node) -> list[tuple]:
     shape_value = node.inputs[1] if len(node.inputs) > 1 else None
-    _prime_shapes(shape_value, ctx.m.opsets)
+    prime_shapes(shape_value, ctx.m.opsets)
     elements = shape_elements(shape_value)
     if elements is None:
         raise _NoFit("a reshape target is not readable")
@@ -256,14 +204,14 @@ def _reshape(ctx: _Ctx, layout: list[tuple], node: ir.Node) -> list[tuple]:
 
 def _split_heads(ctx: _Ctx, x: ir.Value, node: ir.Node, b: str, s: str) -> list[tuple]:
     """The first Reshape of a projection x [B, S, H] into [B, S, N, D] (or its 3-D flattenings)."""
-    dims = _dims(x, ctx.m.opsets)
+    dims = dims_of(x, ctx.m.opsets)
     if dims is None or len(dims) != 3 or not isinstance(dims[2], int):
         raise _NoFit("a projection is not [B, S, H] with H known")
     h = dims[2]
     ctx.set_size(b, dims[0] if isinstance(dims[0], int) else None)
     ctx.set_size(s, dims[1] if isinstance(dims[1], int) else None)
     shape_value = node.inputs[1] if len(node.inputs) > 1 else None
-    _prime_shapes(shape_value, ctx.m.opsets)
+    prime_shapes(shape_value, ctx.m.opsets)
     elements = shape_elements(shape_value)
     if elements is None or len(elements) != 4:
         raise _NoFit("the heads are not split by a 4-D reshape")
@@ -289,61 +237,6 @@ def _split_heads(ctx: _Ctx, x: ir.Value, node: ir.Node, b: str, s: str) -> list[
     return ctx.norm([(b,), (s,), ("N",), ("D",)])
 
 
-def _scalar(value: ir.Value) -> float | None:
-    t = constant_tensor(value)
-    if t is None:
-        return None
-    a = t.numpy()
-    if a.size != 1 or a.ndim > 1 or a.dtype.kind != "f":  # (a [1,1,1,1] factor could raise the rank)
-        return None
-    return float(a.reshape(-1)[0])
-
-
-def _view_step(node: ir.Node, value: ir.Value) -> tuple[ir.Value, float] | None:
-    """(the input, the factor) of a view node Reshape/Transpose or scale Mul/Div by a scalar."""
-    if node.domain not in ("", "ai.onnx"):
-        return None
-    if node.op_type in ("Reshape", "Transpose"):
-        return node.inputs[0], 1.0
-    if node.op_type in ("Mul", "Div") and len(node.inputs) == 2:
-        a, c = node.inputs
-        f = _scalar(c)
-        if f is None and node.op_type == "Mul":
-            a, c = c, a
-            f = _scalar(c)
-        if f is None or f == 0 or not math.isfinite(f):
-            return None
-        return a, (f if node.op_type == "Mul" else 1.0 / f)
-    return None
-
-
-def _only_use(value: ir.Value, allowed: int = 1) -> bool:
-    """value is read once by the chain (readers that are Shape nodes do not count: they die with it)."""
-    if value.is_graph_output():
-        return False
-    others = [n for n, _ in value.uses() if n.op_type != "Shape"]
-    return len(others) <= allowed
-
-
-def _chain_back(value: ir.Value) -> tuple[list[ir.Node], ir.Value, float]:
-    """The view/scale nodes producing ``value`` (first to last), the value they start from, the scale."""
-    nodes, scale = [], 1.0
-    while len(nodes) < _MAX_VIEWS:
-        node = value.producer()
-        if node is None:
-            break
-        step = _view_step(node, value)
-        if step is None:
-            break
-        if not _only_use(value):
-            break
-        nodes.append(node)
-        value, f = step
-        scale *= f
-    nodes.reverse()
-    return nodes, value, scale
-
-
 def _apply(ctx: _Ctx, layout, node: ir.Node) -> list[tuple]:
     if node.op_type == "Transpose":
         perm = node.attributes.get("perm")
@@ -354,18 +247,6 @@ def _apply(ctx: _Ctx, layout, node: ir.Node) -> list[tuple]:
     if node.op_type == "Reshape":
         return _reshape(ctx, layout, node)
     return layout  # a scale
-
-
-def _locate(value: ir.Value, opsets):
-    """(the view nodes, the projection they start from, the scale on the way) for a MatMul input."""
-    nodes, start, scale = _chain_back(value)
-    # the projection is the input of the first Reshape that splits a [B, S, H] tensor into heads
-    while nodes and not (nodes[0].op_type == "Reshape" and _is_split(nodes[0], opsets)):
-        if nodes[0].op_type in ("Mul", "Div"):  # a scale on the projection itself: it stays there
-            scale /= _view_step(nodes[0], nodes[0].outputs[0])[1]
-        start = nodes[0].outputs[0]
-        nodes = nodes[1:]
-    return nodes, start, scale
 
 
 def _follow(ctx: _Ctx, located, b: str, s: str, want: list[tuple], what: str) -> None:
@@ -396,7 +277,7 @@ def _ancestors(x: ir.Value, opsets) -> list[ir.Value]:
         node = x.producer()
         if node is None:
             break
-        if node.domain == _MS and node.op_type in _SAME_SHAPE and x is node.outputs[0]:
+        if node.domain == MS and node.op_type in SAME_SHAPE and x is node.outputs[0]:
             nxt = node.inputs[0]
         elif node.domain not in ("", "ai.onnx"):
             break
@@ -409,26 +290,12 @@ def _ancestors(x: ir.Value, opsets) -> list[ir.Value]:
             break
         if nxt is None:
             break
-        dims = _dims(nxt, opsets)
+        dims = dims_of(nxt, opsets)
         if dims is None or len(dims) != 3:
             break
         out.append(nxt)
         x = nxt
     return out
-
-
-def _is_split(node: ir.Node, opsets) -> bool:
-    """node reshapes a rank-3 tensor into a rank-4 one."""
-    dims = _dims(node.inputs[0], opsets)
-    if dims is None or len(dims) != 3 or len(node.inputs) < 2:
-        return False
-    target = node.inputs[1]
-    _prime_shapes(target, opsets)
-    elements = shape_elements(target)
-    if elements is not None:
-        return len(elements) == 4
-    shape = infer(target, opsets)
-    return shape is not None and len(shape) == 1 and shape[0] == 4
 
 
 def _show(groups) -> str:
@@ -439,36 +306,25 @@ def _show(groups) -> str:
 # The condition
 
 
-def _probs(value: ir.Value) -> tuple[ir.Node, bool] | None:
-    """(the Softmax, guarded) when value is Softmax(...) or Where(IsNaN(p), 0, p) of one."""
-    node = value.producer()
-    if node is None or node.domain not in ("", "ai.onnx"):
-        return None
-    if node.op_type == "Softmax":
-        return (node, False) if _only_use(value) else None
-    if node.op_type == "Where" and len(node.inputs) == 3:
-        cond, zero, p = node.inputs
-        c = cond.producer() if cond is not None else None
-        sm = p.producer() if p is not None else None
-        if (c is not None and c.op_type == "IsNaN" and c.inputs[0] is p and sm is not None
-                and sm.op_type == "Softmax" and _scalar(zero) == 0.0 and _only_use(cond)
-                and not p.is_graph_output() and len(p.uses()) == 2):
-            return sm, True
-    return None
+def _factor(node: ir.Node) -> float:
+    """The factor a scale step (see _attention_parts.scale_step) multiplies by: a Mul's scalar operand
+    (the second where it is one), 1 / a Div's; 1 for a view."""
+    if node.op_type == "Mul":
+        a, c = node.inputs
+        return float_scalar(c) if is_scale(c) else float_scalar(a)
+    if node.op_type == "Div":
+        return 1.0 / float_scalar(node.inputs[1])
+    return 1.0
 
 
-def _leads_to_matmul(value: ir.Value) -> bool:
-    for _ in range(3):
-        node = value.producer()
-        if node is None:
-            return False
-        if node.op_type == "MatMul" and node.domain in ("", "ai.onnx"):
-            return True
-        step = _view_step(node, value)
-        if step is None or node.op_type not in ("Mul", "Div"):
-            return False
-        value = step[0]
-    return False
+def _located(m: Match, p: str) -> tuple[list[ir.Node], ir.Value, float]:
+    """(the head split and the views after it, the projection, the product of the scales on the
+    way) of what ``heads(p)`` bound; the product taken from the MatMul back."""
+    views = m.chain(f"{p}_views")
+    scale = 1.0
+    for node in reversed(views):
+        scale *= _factor(node)
+    return [m.node(f"{p}_split"), *views], m[f"x{p}"], scale
 
 
 def attention_condition(m: Match):
@@ -476,62 +332,22 @@ def attention_condition(m: Match):
     floats = _FLOATS.get(target)
     if floats is None:
         return f"not for target {target}"
-    # the output: MatMul(P, V) -> views -> root; walk back from the root's input
-    views = [m.node("out"), m.node("tr")]
-    value = m["x"]
-    while True:
-        node = value.producer()
-        if node is None or len(views) > _MAX_VIEWS:
-            return "not an attention output"
-        if node.op_type == "MatMul" and node.domain in ("", "ai.onnx"):
-            break
-        if node.op_type not in ("Reshape", "Transpose") or node.domain not in ("", "ai.onnx") \
-                or not _only_use(value):
-            return "not an attention output"
-        views.append(node)
-        value = node.inputs[0]
-    pv = node
-    if not _only_use(pv.outputs[0]):
-        return "the attention output has other readers"
-    probs = _probs(pv.inputs[0])
-    if probs is None:
-        return "not an attention output (no Softmax before the MatMul)"
-    softmax, guarded = probs
-    rank_axis = softmax.attributes.get("axis")
+    guarded = m.node("guard") is not None
+    rank_axis = m.node("softmax").attributes.get("axis")
     axis = -1 if rank_axis is None and m.opset("") >= 13 else (rank_axis.value if rank_axis is not None else 1)
     if axis not in (-1, 3):
         return "Softmax is not over the last axis"
-    if not _only_use(softmax.inputs[0]):
-        return "the scores have other readers"
-    # scores: [Mul/Div scale] [Add mask] [Mul/Div scale] MatMul(q, k)
-    scale, mask, value = 1.0, None, softmax.inputs[0]
-    for _ in range(4):
-        node = value.producer()
-        if node is None or node.domain not in ("", "ai.onnx"):
-            return "the scores are not a MatMul"
-        if node.op_type == "MatMul":
-            break
-        if node is not softmax.inputs[0].producer() and not _only_use(value):
-            return "the scores have other readers"
-        if node.op_type == "Add" and mask is None:
-            if scale != 1.0:
-                return "the mask is added before a scale"
-            a, c = node.inputs
-            value, mask = (a, c) if _leads_to_matmul(a) or not _leads_to_matmul(c) else (c, a)
-            continue
-        step = _view_step(node, value)
-        if step is None or node.op_type not in ("Mul", "Div"):
-            return f"the scores come from {node.op_type}"
-        value, f = step
-        scale *= f
-    else:
-        return "the scores are not a MatMul"
-    qk = node
-    if not _only_use(qk.outputs[0]):
-        return "the scores have other readers"
+    # the scales on the scores, from the Softmax back: after the mask (their product must be 1), before it
+    scale, mask = 1.0, m["mask"]
+    for node in reversed(m.chain("scores_scales")):
+        scale *= _factor(node)
+    if mask is not None and scale != 1.0:
+        return "the mask is added before a scale"
+    for node in reversed(m.chain("qk_scales")):
+        scale *= _factor(node)
     ctx = _Ctx(m)
     try:
-        lq, lk, lv = (_locate(v, m.opsets) for v in (qk.inputs[0], qk.inputs[1], pv.inputs[1]))
+        lq, lk, lv = (_located(m, p) for p in "qkv")
         xq, xk, xv = lq[1], lk[1], lv[1]
         sq, sk, sv = lq[2], lk[2], lv[2]
         # self-attention (the key's projection and the query's read one input): one length atom
@@ -547,8 +363,8 @@ def attention_condition(m: Match):
         if sv != 1.0:
             raise _NoFit("V is scaled")
         layout = ctx.norm([("B",), ("N",), ("S",), ("D",)])
-        ctx.layouts[pv.outputs[0]] = layout
-        for node in reversed(views):
+        ctx.layouts[m.node("pv").outputs[0]] = layout
+        for node in (*m.chain("merge_views"), m.node("tr"), m.node("out")):
             layout = _apply(ctx, layout, node)
             ctx.layouts[node.outputs[0]] = layout
         reshape = layout != ctx.norm([("B",), ("S",), ("N", "D")])
@@ -617,7 +433,7 @@ def _finite_mask(mask: ir.Value) -> bool:
 def _mask_plan(m: Match, ctx: _Ctx, mask: ir.Value, xq: ir.Value, xk: ir.Value, t: str):
     """False when the mask is already [B|1, N|1, S, T]; True when it must be Expanded to S, T;
     a reason string when it cannot be used."""
-    dims = _dims(mask, m.opsets)
+    dims = dims_of(mask, m.opsets)
     if _dtype(mask, m.opsets) != _dtype(xq, m.opsets):
         return "the mask's type is not the scores'"
     if dims is None:
@@ -656,7 +472,7 @@ def _projection(x: ir.Value):
                 break
         else:
             return None
-        if not _only_use(x):
+        if not one_reader(x):
             return None
         node = x.producer()
     if node is None or node.op_type != "MatMul" or node.domain not in ("", "ai.onnx"):
@@ -691,9 +507,9 @@ def _packed(plan, opsets) -> tuple[ir.Value, np.ndarray, np.ndarray | None] | No
     splits = [v.producer() for v in (xq, xk, xv)]
     if all(sp is not None and sp.op_type == "Split" and sp.domain in ("", "ai.onnx") for sp in splits):
         packed = splits[0].inputs[0]
-        dims = xq.shape if xq.shape is not None else _dims(xq, opsets)
+        dims = xq.shape if xq.shape is not None else dims_of(xq, opsets)
         h = dims[-1] if dims else None
-        ok = isinstance(h, int) and all(_only_use(v) for v in (xq, xk, xv))
+        ok = isinstance(h, int) and all(one_reader(v) for v in (xq, xk, xv))
         for k, (sp, v) in enumerate(zip(splits, (xq, xk, xv))):
             ok = ok and sp.inputs[0] is packed and len(sp.outputs) == 3 and sp.outputs[k] is v \
                 and _split_sizes(sp) in (None, [h] * 3)
@@ -707,7 +523,7 @@ def _packed(plan, opsets) -> tuple[ir.Value, np.ndarray, np.ndarray | None] | No
                 return proj
         return None
     # BERT: three MatMuls of one input
-    projs = [_projection(v) if _only_use(v) else None for v in (xq, xk, xv)]
+    projs = [_projection(v) if one_reader(v) else None for v in (xq, xk, xv)]
     if any(p is None for p in projs) or len({p[0] for p in projs}) != 1:
         return None
     ws = [p[1] for p in projs]
@@ -733,7 +549,7 @@ def attention_replacement(m: Match, b):
     packed = _packed(plan, m.opsets)
     if packed is not None:
         x, w, bias = packed
-        dims = _dims(x, m.opsets)
+        dims = dims_of(x, m.opsets)
         if dims is not None and len(dims) == 3:
             wv = b.const(w, name=f"{name}_qkv_weight")
             bv = b.const(bias if bias is not None else np.zeros(w.shape[1], w.dtype), name=f"{name}_qkv_bias")
@@ -741,11 +557,11 @@ def attention_replacement(m: Match, b):
             inputs = [x, wv, bv, None, None, _bias(m, b, x, x)]
             while inputs[-1] is None:
                 inputs.pop()
-            return _out(m, b, b.op("Attention", *inputs, domain=_MS, num_heads=n, scale=scale))
+            return _out(m, b, b.op("Attention", *inputs, domain=MS, num_heads=n, scale=scale))
     inputs = [plan["xq"], plan["xk"], plan["xv"], None, None, _bias(m, b, plan["xq"], plan["xk"])]
     while inputs[-1] is None:
         inputs.pop()
-    return _out(m, b, b.op("MultiHeadAttention", *inputs, domain=_MS, num_heads=n, scale=scale))
+    return _out(m, b, b.op("MultiHeadAttention", *inputs, domain=MS, num_heads=n, scale=scale))
 
 
 def _bias(m: Match, b, s_of: ir.Value, t_of: ir.Value) -> ir.Value | None:
@@ -833,7 +649,7 @@ def _out(m: Match, b, y: ir.Value) -> ir.Value:
     shape = infer(root, m.opsets)
     xq = m.plan["xq"]
     if m.plan["keep_guard"]:
-        qs = _dims(xq, m.opsets)
+        qs = dims_of(xq, m.opsets)
         lead = qs[:2] if qs is not None and len(qs) == 3 else [None, None]
         n, d = int(m.plan["num_heads"]), int(m.plan["head"])
         y.type = ir.TensorType(m.plan["dtype"])
@@ -851,9 +667,13 @@ def _out(m: Match, b, y: ir.Value) -> ir.Value:
     return y
 
 
+# out = merge_heads(Softmax(scale * Q @ K^T + mask) @ V): the pieces in rules/_attention_parts.py
+ENCODER_ATTENTION = head_merge(attention_output(
+    softmax(masked_scores(scaled_dot_product(heads("q", "Q"), heads("k", "K")))), heads("v", "V")))
+
 RULES = [
     Rule("attention_fusion",
-         Op("Reshape", Op("Transpose", "x", name="tr"), "shape", name="out"),
+         ENCODER_ATTENTION,
          attention_replacement, condition=attention_condition, priority=5,
          targets=("ort-cpu", "ort-cuda"), benefit="attention", exact=False,
          doc="Scaled dot-product attention (Q/K/V heads through any Reshape/Transpose views, scalar scales, an "

@@ -24,14 +24,47 @@ Patterns:
         other use and not be a graph output (``shared=True`` lifts this), and it must live in the
         same graph as the root. ``attrs`` maps names to a required value or a predicate; a missing
         attribute is compared through its schema default.
-    ``Var(name)``    any value, bound to ``name`` (the same name twice must be the same value)
-    ``Const(name, value=None, rtol=0, atol=0)``
+    ``Var(name, check=None)``    any value, bound to ``name`` (the same name twice must be the
+        same value); ``check(value) -> bool`` a fact it must have
+    ``Const(name, value=None, rtol=0, atol=0, check=None)``
         a value known at optimization time: an initializer that is not also a graph input, or the
-        output of a Constant node; with ``value`` the constant must equal it (within tolerance).
+        output of a Constant node; with ``value`` the constant must equal it (within tolerance);
+        ``check(value) -> bool`` a fact it must have (a float scalar, nonzero).
     ``Op("*", domain="", name=...)`` (root only) any node of that domain, whatever its inputs:
         for rules such as constant folding whose condition inspects the node itself.
     ``Opt(pattern)`` an optional input: absent (bound to None) or matching ``pattern``
     ``ANY``          any value, unbound
+
+    ``Op`` also takes ``uses=``: how many readers its output may have where it is nested (an int n:
+    exactly n uses and not a graph output; a callable(value) -> bool for any other policy, e.g.
+    readers that are Shape nodes do not count; ``shared=True`` is any number), ``bind=``: a name
+    for its output, as ``Var`` would bind it (the same name elsewhere must be the same value), and
+    ``check=``: a callable(node, opsets) -> bool for a fact about the node the rest of the
+    pattern cannot say (its input's rank, say).
+
+Composing patterns (a fragment is a Python function that returns a pattern; the pieces below
+make a fragment say what it matches rather than leaving the walk to a condition):
+    ``Or(*patterns)``  the first alternative that matches. Names bound by an alternative that
+        was not taken are unbound (``m["x"]`` is None, ``m.node("n")`` None).
+    ``Repeat(step, end, max=8, name=None)``
+        ``step(step(...step(end)))``: zero to ``max`` nodes, each matched by ``step(rest)`` (a
+        function from the pattern of what comes before to the pattern of one node), ending in
+        ``end``. Greedy: the most steps after which ``end`` matches. ``name`` binds the steps'
+        nodes as a tuple, in data order (``m.chain(name)``); names inside ``step`` are bound by
+        the outermost step.
+    ``Absorbed(pattern)``  the nodes matched inside are looked through, not claimed: they are not
+        the rule's ends (``m.nodes``, the provenance's ``onnxopt.replaced``) but ``m.absorbed``;
+        they go when the rewrite leaves them dead, and the new nodes' ``onnxopt.sources`` name
+        them. A fusion matches its ends and absorbs what lay between.
+    ``Explain(pattern, reason, deep=True)``  ``pattern``, failing with ``reason`` (what it means
+        that this piece is missing, rather than which node it stopped at); ``deep=False`` only
+        where the piece is not there at all (its first node does not match): a failure further
+        inside keeps its own reason.
+    Like a PEG, a choice once made is kept: when an alternative (an ``Or``'s, a commutative
+    ``Op``'s order, a ``Repeat``'s count) matched, a later failure elsewhere does not come back
+    to try the next. When every alternative fails, the reason is that of the one that matched
+    the most nodes before failing (on a tie: an ``Or``'s first, a commutative ``Op``'s last
+    order, a ``Repeat``'s fewest steps).
 
 A condition returns ``None``/``True`` to accept, a string (the reason) / ``False`` to refuse (a
 numpy bool counts as the bool it is), or any other object to accept with a *plan*: the replacement finds it as ``match.plan``, so what the
@@ -104,6 +137,7 @@ class Const(Pattern):
     value: Any = None
     rtol: float = 0.0
     atol: float = 0.0
+    check: Callable[[ir.Value], bool] | None = None  # a fact about the constant (it is a scalar, ...)
 
     def _match(self, value, state):
         if value is None:
@@ -121,6 +155,8 @@ class Const(Pattern):
                 ok = False
             if not ok:
                 return f"{self.name or value.name!r} is not {self.value!r}"
+        if self.check is not None and not self.check(value):
+            return f"{self.name or value.name!r}: check failed"
         if self.name is not None:
             state.consts[self.name] = tensor
         return state.bind(self.name, value)
@@ -162,7 +198,8 @@ ANY_OP = "*"
 class Op(Pattern):
     """A node pattern; see the module docstring."""
 
-    __slots__ = ("op_type", "inputs", "domain", "attrs", "commutative", "name", "output", "shared")
+    __slots__ = ("op_type", "inputs", "domain", "attrs", "commutative", "name", "output", "shared", "uses", "bind",
+                 "check")
 
     def __init__(
         self,
@@ -174,6 +211,9 @@ class Op(Pattern):
         name: str | None = None,
         output: int = 0,
         shared: bool = False,
+        uses: int | Callable[[ir.Value], bool] | None = None,
+        bind: str | None = None,
+        check: Callable[[ir.Node, Mapping[str, int]], bool] | None = None,
     ):
         self.op_type = op_type
         self.inputs = tuple(_as_pattern(p) for p in inputs)
@@ -183,6 +223,11 @@ class Op(Pattern):
         self.name = name
         self.output = output
         self.shared = shared
+        if uses is not None and not callable(uses) and (not isinstance(uses, int) or uses < 1):
+            raise TypeError(f"Op({op_type!r}): uses must be a count >= 1 or a callable, not {uses!r}")
+        self.uses = uses  # None: one use (see the module docstring)
+        self.bind = bind
+        self.check = check
 
     @property
     def key(self) -> tuple[str, str]:
@@ -202,12 +247,26 @@ class Op(Pattern):
             return f"{value.name!r} comes from another graph"
         if self.output >= len(node.outputs) or node.outputs[self.output] is not value:
             return f"{value.name!r} is not output {self.output} of {node.op_type}"
-        if not self.shared:
-            uses = use_count(value)
-            if uses != 1:
+        if self.shared:
+            pass
+        elif callable(self.uses):
+            if not self.uses(value):
+                return f"{value.name!r} ({node.op_type}) has readers that do not fit"
+        else:
+            uses, want = use_count(value), 1 if self.uses is None else self.uses
+            if uses != want:
                 return f"{value.name!r} ({node.op_type}) has {uses} uses"
             if value.is_graph_output():
                 return f"{value.name!r} ({node.op_type}) is a graph output"
+        if self.bind is not None:
+            if self.bind in state.values and state.values[self.bind] is not value:
+                return f"{self.bind} is bound to two different values"
+            saved = state.save()
+            reason = self.match_node(node, state)
+            if reason is None:
+                return state.bind(self.bind, value)
+            state.restore(saved)
+            return reason
         return self.match_node(node, state)
 
     def match_node(self, node: ir.Node, state: _State) -> str | None:
@@ -216,6 +275,8 @@ class Op(Pattern):
             return f"expected {self.op_type}, found {node.op_type}"
         if node in state.node_set:
             return f"{node.name} is matched twice"
+        if self.check is not None and not self.check(node, state.opsets):
+            return f"{node.name}: check failed"
         if self.op_type == ANY_OP:  # any node of the domain; its inputs are the condition's business
             state.push_node(node, self.name)
             return None
@@ -239,31 +300,173 @@ class Op(Pattern):
             return f"{node.name} has {len(actual)} inputs, pattern takes {len(self.inputs)}"
         actual += [None] * (len(self.inputs) - len(actual))
         state.push_node(node, self.name)
+        if not (self.commutative and len(actual) > 1):  # (the common case: one order)
+            for i, (pattern, value) in enumerate(zip(self.inputs, actual)):
+                reason = pattern._match(value, state)
+                if reason is not None:
+                    state.pop_node(node, self.name)
+                    return f"{node.name} input {i}: {reason}"
+            return None
         orders = [actual]
         if self.commutative and len(actual) > 1:
             # all orders for up to 4 inputs; beyond that (24+ orders) only the given and reversed
             orders = ([list(p) for p in itertools.permutations(actual)] if len(actual) <= 4
                       else [actual, actual[::-1]])
-        reason = None
+        best = None  # (progress, reason) of the order that matched the most nodes; the last on a tie
+        high = state.high
         for order in orders:
             saved = state.save()
+            state.high = len(state.nodes)
             reason = None
             for i, (pattern, value) in enumerate(zip(self.inputs, order)):
                 reason = pattern._match(value, state)
                 if reason is not None:
                     reason = f"{node.name} input {i}: {reason}"
                     break
+            progress = state.high
+            high = state.high = max(high, progress)
             if reason is None:
                 return None
             state.restore(saved)
+            if best is None or progress >= best[0]:
+                best = (progress, reason)
         state.pop_node(node, self.name)
-        return reason
+        return best[1]
+
+
+class Or(Pattern):
+    """The first of ``alternatives`` that matches (see the module docstring)."""
+
+    __slots__ = ("alternatives",)
+
+    def __init__(self, *alternatives: Any):
+        if len(alternatives) < 2:
+            raise TypeError("Or takes two or more alternatives")
+        self.alternatives = tuple(_as_pattern(p) for p in alternatives)
+
+    def __repr__(self) -> str:
+        return f"Or({', '.join(map(repr, self.alternatives))})"
+
+    def _match(self, value, state):
+        best = None  # (progress, reason) of the alternative that matched the most nodes; the first on a tie
+        high = state.high
+        for alternative in self.alternatives:
+            saved = state.save()
+            state.high = len(state.nodes)
+            reason = alternative._match(value, state)
+            progress = state.high
+            high = state.high = max(high, progress)
+            if reason is None:
+                return None
+            state.restore(saved)
+            if best is None or progress > best[0]:
+                best = (progress, reason)
+        return best[1]
+
+
+class Repeat(Pattern):
+    """``step`` applied zero to ``max`` times over ``end``, greedily (see the module docstring)."""
+
+    __slots__ = ("step", "end", "max", "name", "_steps")
+
+    def __init__(self, step: Callable[[Pattern], Any], end: Any, *, max: int = 8, name: str | None = None):
+        if max < 0:
+            raise TypeError(f"Repeat: max must be >= 0, not {max}")
+        self.step, self.end, self.max, self.name = step, _as_pattern(end), max, name
+        # the pattern at each depth: step d's input is depth d + 1 (built once: patterns are immutable)
+        levels = [_Level(self, d) for d in range(max + 1)]
+        self._steps = tuple(_as_pattern(step(levels[d + 1])) for d in range(max))
+        self.start = levels[0]
+
+    def __repr__(self) -> str:
+        return f"Repeat({getattr(self.step, '__name__', 'step')}, {self.end!r}, max={self.max})"
+
+    def _match(self, value, state):
+        return self.start._match(value, state)
+
+
+class _Level(Pattern):
+    """Depth ``depth`` of a Repeat: one more step (whose node is recorded in the chain), else its end."""
+
+    __slots__ = ("repeat", "depth")
+
+    def __init__(self, repeat: Repeat, depth: int):
+        self.repeat, self.depth = repeat, depth
+
+    def __repr__(self) -> str:
+        return f"<{self.repeat!r} at depth {self.depth}>"
+
+    def _match(self, value, state):
+        repeat, high = self.repeat, state.high
+        stepped = None
+        if self.depth < repeat.max and value is not None:
+            saved = state.save()
+            state.high = len(state.nodes)
+            reason = repeat._steps[self.depth]._match(value, state)
+            progress, state.high = state.high, max(high, state.high)
+            if reason is None:
+                if repeat.name is not None:  # (the deeper steps recorded theirs first: data order)
+                    state.chains[repeat.name] = state.chains.get(repeat.name, ()) + (value.producer(),)
+                return None
+            state.restore(saved)
+            stepped = (progress, reason)
+        high = state.high
+        state.high = len(state.nodes)
+        reason = repeat.end._match(value, state)
+        progress, state.high = state.high, max(high, state.high)
+        if reason is None:
+            if repeat.name is not None:
+                state.chains[repeat.name] = ()
+            return None
+        return stepped[1] if stepped is not None and stepped[0] > progress else reason
+
+
+class Absorbed(Pattern):
+    """``pattern``, its nodes looked through rather than claimed (see the module docstring)."""
+
+    __slots__ = ("pattern",)
+
+    def __init__(self, pattern: Any):
+        self.pattern = _as_pattern(pattern)
+
+    def __repr__(self) -> str:
+        return f"Absorbed({self.pattern!r})"
+
+    def _match(self, value, state):
+        state.absorbing += 1
+        try:
+            return self.pattern._match(value, state)
+        finally:
+            state.absorbing -= 1
+
+
+class Explain(Pattern):
+    """``pattern``, failing with ``reason`` (see the module docstring)."""
+
+    __slots__ = ("pattern", "reason", "deep")
+
+    def __init__(self, pattern: Any, reason: str, *, deep: bool = True):
+        self.pattern, self.reason, self.deep = _as_pattern(pattern), reason, deep
+
+    def __repr__(self) -> str:
+        return f"Explain({self.pattern!r}, {self.reason!r})"
+
+    def _match(self, value, state):
+        high, start = state.high, len(state.nodes)
+        state.high = start
+        reason = self.pattern._match(value, state)
+        reached, state.high = state.high, max(high, state.high)
+        if reason is None:
+            return None
+        return self.reason if self.deep or reached == start else reason
 
 
 class _State:
-    """Bindings being built during one match; supports backtracking."""
+    """Bindings being built during one match; supports backtracking. ``high`` is the most nodes
+    matched at once since an alternative began (how far it got, to choose the reason to give)."""
 
-    __slots__ = ("graph", "values", "consts", "nodes", "node_set", "named", "opsets", "options")
+    __slots__ = ("graph", "values", "consts", "nodes", "node_set", "named", "opsets", "options", "chains",
+                 "absorbed", "absorbing", "high")
 
     def __init__(self, graph: ir.Graph, opsets: Mapping[str, int], options: Mapping[str, Any] | None = None):
         self.options = options or {}
@@ -274,6 +477,10 @@ class _State:
         self.node_set: set[ir.Node] = set()
         self.named: dict[str, ir.Node] = {}
         self.opsets = opsets
+        self.chains: dict[str, tuple[ir.Node, ...]] = {}  # a Repeat's nodes, by its name
+        self.absorbed: set[ir.Node] = set()  # the matched nodes an Absorbed pattern looked through
+        self.absorbing = 0  # > 0 while matching inside an Absorbed pattern
+        self.high = 0
 
     def opset(self, domain: str) -> int:
         return self.opsets.get(domain, self.opsets.get("ai.onnx", 1) if domain == "" else 1)
@@ -291,23 +498,29 @@ class _State:
     def push_node(self, node: ir.Node, name: str | None) -> None:
         self.nodes.append(node)
         self.node_set.add(node)
+        if self.absorbing:
+            self.absorbed.add(node)
+        if len(self.nodes) > self.high:
+            self.high = len(self.nodes)
         if name is not None:
             self.named[name] = node
 
     def pop_node(self, node: ir.Node, name: str | None) -> None:
         self.nodes.remove(node)
         self.node_set.discard(node)
+        self.absorbed.discard(node)
         if name is not None:
             self.named.pop(name, None)
 
     def save(self):
-        return (dict(self.values), dict(self.consts), len(self.nodes), dict(self.named))
+        return (dict(self.values), dict(self.consts), len(self.nodes), dict(self.named), dict(self.chains))
 
     def restore(self, saved) -> None:
-        values, consts, n, named = saved
-        self.values, self.consts, self.named = values, consts, named
+        values, consts, n, named, chains = saved
+        self.values, self.consts, self.named, self.chains = values, consts, named, chains
         for node in self.nodes[n:]:
             self.node_set.discard(node)
+            self.absorbed.discard(node)
         del self.nodes[n:]
 
 
@@ -320,7 +533,9 @@ class Match:
     ``m.node("bn")`` a node, ``m.attr("bn", "epsilon", 1e-5)`` an attribute value; ``m.dtype("x")``,
     ``m.shape("x")``, ``m.dims("x")`` and ``m.static_shape("x")`` are the one way to ask about a
     value's type and shape (inferred locally when the model lacks them); ``m.opset("")`` the
-    imported version of a domain; ``m.plan`` what the condition computed for the replacement.
+    imported version of a domain; ``m.plan`` what the condition computed for the replacement;
+    ``m.chain("views")`` the nodes a named Repeat went through. ``m.nodes`` are the nodes the rule
+    replaces (root first), ``m.absorbed`` those it looked through (see ``Absorbed``).
 
     Asking for a name the rule's pattern does not bind is a bug in the rule: it raises RuleError
     (an optional input that is absent is bound to None: ``m["b"]`` is None, ``"b" in m`` False).
@@ -332,8 +547,12 @@ class Match:
         self.graph = state.graph
         self.values = state.values
         self.tensors = state.consts
-        self.nodes: tuple[ir.Node, ...] = tuple(state.nodes)
+        absorbed = getattr(state, "absorbed", ())  # (a state another matcher made may have neither)
+        self.nodes: tuple[ir.Node, ...] = tuple(n for n in state.nodes if n not in absorbed) if absorbed \
+            else tuple(state.nodes)
+        self.absorbed: tuple[ir.Node, ...] = tuple(n for n in state.nodes if n in absorbed) if absorbed else ()
         self.named = state.named
+        self.chains: Mapping[str, tuple[ir.Node, ...]] = getattr(state, "chains", {})
         self.opsets: Mapping[str, int] = state.opsets  # the model's imports (see opset())
         self.options = state.options  # the optimize() call's settings (e.g. fold_size_limit)
         self.plan: Any = None  # what the condition returned beyond "yes" (see Rule)
@@ -373,6 +592,13 @@ class Match:
         if name not in self.rule.node_names:
             raise self._unbound(name, "the node", self.rule.node_names)
         return self.named.get(name)
+
+    def chain(self, name: str) -> tuple[ir.Node, ...]:
+        """The nodes the Repeat named ``name`` went through, in data order (empty for none, or where
+        the alternative holding it was not taken)."""
+        if name not in self.rule.chain_names:
+            raise self._unbound(name, "the chain", self.rule.chain_names)
+        return self.chains.get(name, ())
 
     def attr(self, node_name: str, attr_name: str, default: Any = None) -> Any:
         node = self.node(node_name)
@@ -453,10 +679,11 @@ class Rule:
             raise TypeError(f"rule {self.name}: exact must be True, False or None (undeclared), not {self.exact!r}")
         if not isinstance(self.pattern, Op):
             raise TypeError(f"rule {self.name}: the pattern's root must be an Op")
-        values, consts, nodes = _names(self.pattern)
+        values, consts, nodes, chains = _names(self.pattern)
         object.__setattr__(self, "value_names", frozenset(values))
         object.__setattr__(self, "const_names", frozenset(consts))
         object.__setattr__(self, "node_names", frozenset(nodes))
+        object.__setattr__(self, "chain_names", frozenset(chains))
         if self.pattern.op_type == ANY_OP and self.pattern.inputs:
             raise TypeError(f"rule {self.name}: Op('*') takes no input patterns")
         try:  # (one name alone is one target, not its letters)
@@ -504,22 +731,39 @@ class Rule:
         return reason if reason is not None else m
 
 
-def _names(pattern: Pattern, values=None, consts=None, nodes=None) -> tuple[set, set, set]:
-    """The names a pattern binds: values (Var and Const), constants (Const), nodes (Op)."""
-    values, consts, nodes = (set() if values is None else values, set() if consts is None else consts,
-                             set() if nodes is None else nodes)
-    if isinstance(pattern, Opt):
-        return _names(pattern.pattern, values, consts, nodes)
-    if isinstance(pattern, (Var, Const)) and pattern.name is not None:
-        values.add(pattern.name)
-        if isinstance(pattern, Const):
-            consts.add(pattern.name)
-    if isinstance(pattern, Op):
-        if pattern.name is not None:
-            nodes.add(pattern.name)
-        for inner in pattern.inputs:
-            _names(inner, values, consts, nodes)
-    return values, consts, nodes
+def _names(pattern: Pattern) -> tuple[set, set, set, set]:
+    """The names a pattern binds: values (Var, Const and Op's ``bind``), constants (Const), nodes
+    (Op), chains (Repeat)."""
+    values: set[str] = set()
+    consts: set[str] = set()
+    nodes: set[str] = set()
+    chains: set[str] = set()
+    stack, seen = [pattern], set()
+    while stack:
+        p = stack.pop()
+        if id(p) in seen:  # (a fragment used twice, a Repeat's steps sharing their levels)
+            continue
+        seen.add(id(p))
+        if isinstance(p, (Var, Const)) and p.name is not None:
+            values.add(p.name)
+            if isinstance(p, Const):
+                consts.add(p.name)
+        elif isinstance(p, Op):
+            if p.name is not None:
+                nodes.add(p.name)
+            if p.bind is not None:
+                values.add(p.bind)
+            stack.extend(p.inputs)
+        elif isinstance(p, (Opt, Absorbed, Explain)):
+            stack.append(p.pattern)
+        elif isinstance(p, Or):
+            stack.extend(p.alternatives)
+        elif isinstance(p, Repeat):
+            if p.name is not None:
+                chains.add(p.name)
+            stack.append(p.end)
+            stack.extend(p._steps)
+    return values, consts, nodes, chains
 
 
 # --------------------------------------------------------------------------------------------

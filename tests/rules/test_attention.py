@@ -216,6 +216,27 @@ def test_fires(form):
     assert "Softmax" not in {n.op_type for n in out.graph.node}
 
 
+def test_the_fusion_replaces_the_head_merge_and_absorbs_what_lies_under_it():
+    """The pattern (rules/_attention_parts.py) matches the whole block; the rewrite claims its ends,
+    the head merge's Reshape and Transpose (onnxopt.replaced), and what lies under them goes with it
+    (onnxopt.sources): the provenance the rule wrote when its condition did the walking."""
+    import json
+
+    from onnxopt.ir.util import REPLACED_KEY, SOURCES_KEY
+
+    m = attention_model(proj="bert")
+    for n in m.graph.node:
+        n.name = n.output[0]
+    out = optimize(m, **CPU)
+    [node] = [n for n in out.graph.node if n.op_type == "Attention"]
+    meta = {p.key: p.value for p in node.metadata_props}
+    assert node.name.startswith("o::attention_fusion")
+    assert json.loads(meta[REPLACED_KEY]) == ["o", "o_t"]
+    sources = json.loads(meta[SOURCES_KEY])
+    assert sources[:2] == ["o", "o_t"]
+    assert {"o4", "probs", "scores", "q_r", "k_r", "v_r", "q_mm", "k_mm", "v_mm"} <= set(sources)
+
+
 @pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
 def test_rows_with_every_key_masked_stay_zero(static):
     """Left padding with a causal -inf mask: the first query of a padded row sees no key. torch's
