@@ -995,23 +995,6 @@ def analyze(model, input_shapes=None, device=None) -> dict:
 # the terminal report
 
 
-def _si(x, unit="") -> str:
-    if x is None:
-        return "-"
-    for k, p in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(x) >= p:
-            return f"{x / p:.3g} {k}{unit}".rstrip()
-    return f"{x:g} {unit}".rstrip()
-
-
-def _bytes(n) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return ""
-
-
 def check_top(top: int) -> int:
     if top < 0:
         raise UsageError(f"--top {top}: expected a whole number >= 0")

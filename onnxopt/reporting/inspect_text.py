@@ -3,8 +3,24 @@
 
 from __future__ import annotations
 
-from onnxopt.inspect.analysis import _bytes, _si
 from onnxopt.reporting.text import Doc, Styled, table
+
+
+def _si(x, unit="") -> str:
+    if x is None:
+        return "-"
+    for k, p in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= p:
+            return f"{x / p:.3g} {k}{unit}".rstrip()
+    return f"{x:g} {unit}".rstrip()
+
+
+def _bytes(n) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
 
 
 def format_inspect(report: dict, model: str, top: int = 10):
