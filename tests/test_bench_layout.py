@@ -152,36 +152,70 @@ def test_raw_photo():
 # End to end, --tiny, CPU
 
 
-def _run(tmp_path, *args):
+def _start(tmp_path, *args):
+    """One part of the script, --tiny, started (not waited for): the parts run side by side."""
     out = tmp_path / f"{args[0]}.json"
-    r = subprocess.run([sys.executable, *SCRIPT, *args, "--tiny", "--runs", "3", "--warmup", "1",
-                        "--min-rounds", "2", "--work", str(tmp_path / "work"), "--cache", str(tmp_path / "cache"),
-                        "--json", str(out), "--markdown", str(tmp_path / f"{args[0]}.md")],
-                       capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    return json.loads(out.read_text()), (tmp_path / f"{args[0]}.md").read_text()
+    return subprocess.Popen([sys.executable, *SCRIPT, *args, "--tiny", "--runs", "3", "--warmup", "1",
+                             "--min-rounds", "2", "--work", str(tmp_path / f"work-{args[0]}"),
+                             "--cache", str(tmp_path / f"cache-{args[0]}"), "--json", str(out),
+                             "--markdown", str(tmp_path / f"{args[0]}.md")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+
+def _finish(tmp_path, part, proc):
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stdout[-2000:] + stderr[-2000:]
+    return json.loads((tmp_path / f"{part}.json").read_text()), (tmp_path / f"{part}.md").read_text()
+
+
+def test_tiny_keras_stand_ins(tmp_path):
+    """What ``keras --tiny`` measures when no Keras export is cached: keras_like and bench_targets'
+    tinyconv rewritten as tf2onnx writes Keras models (the end-to-end test below feeds the first
+    one by path, the same bench_keras either way)."""
+    models = bl.keras_models(None, tmp_path / "cache", tmp_path / "work", True, lambda s: None)
+    assert [m[0] for m in models] == ["keras_like-2x16x8", "tinyconv-nhwc"]
+    assert all(m[3] is None and m[2].startswith("stand-in: ") for m in models)
+    assert bl.transpose_facts(str(models[0][1]))["transposes"] == 10
+    assert bl.transpose_facts(str(models[1][1]))["transposes"] > 1
+    given = bl.keras_models([models[0][1]], tmp_path / "cache", tmp_path / "work", True, lambda s: None)
+    assert given == [("keras_like-2x16x8", models[0][1], "given on the command line", None)]
 
 
 def test_tiny_end_to_end(tmp_path):
-    keras, md = _run(tmp_path, "keras", "--tools", "onnxopt", "ort-basic", "onnxsim")
-    rows = keras["models"]["keras_like-2x16x8"]["rows"]
-    assert rows["original"]["transposes"] == 10 and rows["onnxopt"]["transposes"] < rows["ort-basic"]["transposes"]
-    assert rows["onnxopt"]["status"] == "ok" and rows["onnxopt"]["latency"]["median_ms"] > 0
-    assert rows["onnxopt"]["target"]["fewest_transposes"] is True and "x_best_peer" in rows["onnxopt"]["latency"]
-    assert "## A. Keras models" in md and "| keras_like-2x16x8 | onnxopt | 1 |" in md
+    """The three parts side by side (two cores), each on one tiny model, then rendered together.
+    keras: the keras_like stand-in (test_tiny_keras_stand_ins checks what --tiny adds) with onnxopt
+    and one peer."""
+    src = tmp_path / "keras-models" / "keras_like-2x16x8.onnx"
+    src.parent.mkdir()
+    onnx.save(keras_like(2, 1, 16, 8), str(src))
+    procs = {"keras": _start(tmp_path, "keras", "--models", str(src), "--tools", "onnxopt", "ort-basic"),
+             "edge": _start(tmp_path, "edge", "--photos", "1"),
+             "gpu": _start(tmp_path, "gpu", "--provider", "cpu", "--precisions", "fp32")}
+    try:
+        keras, md = _finish(tmp_path, "keras", procs["keras"])
+        rows = keras["models"]["keras_like-2x16x8"]["rows"]
+        assert rows["original"]["transposes"] == 10 and rows["onnxopt"]["transposes"] < rows["ort-basic"]["transposes"]
+        assert rows["onnxopt"]["status"] == "ok" and rows["onnxopt"]["latency"]["median_ms"] > 0
+        assert rows["onnxopt"]["target"]["fewest_transposes"] is True and "x_best_peer" in rows["onnxopt"]["latency"]
+        assert "## A. Keras models" in md and "| keras_like-2x16x8 | onnxopt | 1 |" in md
 
-    edge, md = _run(tmp_path, "edge", "--photos", "1")
-    v = edge["models"]["tinyconv"]["variants"]
-    for lay in ("hwc", "nhwc"):
-        row = v[f"onnxopt-uint8-{lay}"]
-        assert row["target_one_transpose_at_input"] and row["outputs_equal"], row
-        assert row["x_numpy_nchw"] > 0
-    assert set(edge["models"]["tinyconv"]["latency"]) == {
-        "onnxopt-uint8-hwc", "numpy(HWC)+onnxopt-nchw", "numpy(HWC)+original", "onnxopt-uint8-nhwc",
-        "numpy(NHWC)+onnxopt-nchw", "numpy(NHWC)+original"}
-    assert "| tinyconv | HWC | 1 (1) |" in md
+        edge, md = _finish(tmp_path, "edge", procs["edge"])
+        v = edge["models"]["tinyconv"]["variants"]
+        for lay in ("hwc", "nhwc"):
+            row = v[f"onnxopt-uint8-{lay}"]
+            assert row["target_one_transpose_at_input"] and row["outputs_equal"], row
+            assert row["x_numpy_nchw"] > 0
+        assert set(edge["models"]["tinyconv"]["latency"]) == {
+            "onnxopt-uint8-hwc", "numpy(HWC)+onnxopt-nchw", "numpy(HWC)+original", "onnxopt-uint8-nhwc",
+            "numpy(NHWC)+onnxopt-nchw", "numpy(NHWC)+original"}
+        assert "| tinyconv | HWC | 1 (1) |" in md
 
-    gpu, md = _run(tmp_path, "gpu", "--provider", "cpu", "--precisions", "fp32")
+        gpu, md = _finish(tmp_path, "gpu", procs["gpu"])
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
     m = gpu["models"]["tinyconv"]["batch"]["1"]["variants"]
     assert set(m) == {"original/fp32", "onnxopt/fp32", "onnxopt-uint8/fp32", "onnxopt-nhwcconv/fp32"}
     for k, row in m.items():
