@@ -156,7 +156,7 @@ def test_bench_one_tool_failure_is_a_row(tmp_path):
     broken = bt.BTool("broken", "scripts.bench.targets:no_such_setup", "fails", peer=True)
     tools = [bt.get_tool("onnxopt"), bt.get_tool("onnxopt-fixed"), bt.get_tool("ort-extended"), broken]
     opts = bt.Options(target="ort-cpu", precisions=("fp32", "fp16"), runs=3, warmup=1, min_rounds=2,
-                      latency_budget=2, tiny=True, timeout=120)
+                      latency_budget=2, tiny=True, timeout=120, jobs=2)  # jobs: optimize/evaluate side by side
     res = bt.bench_one(bt.get_model("tinyconv"), tools, opts, tmp_path / "cache", tmp_path / "work", lambda s: None)
     v = res["variants"]
     assert v["broken/fp32"]["status"] == "error" and "no_such_setup" in v["broken/fp32"]["error"]
@@ -187,11 +187,25 @@ def test_cli_parts_and_merge(tmp_path):
     out.mkdir()
     common = [sys.executable, *SCRIPT, "--target", "ort-cpu", "--tiny", "--cache", str(cache),
               "--runs", "3", "--warmup", "1", "--min-rounds", "2", "--latency-budget", "2", "--precisions", "fp32"]
-    r = subprocess.run(common + ["--models", "gpt2-small-eager-legacy", "--batches", "2",
-                                 "--tools", "onnxopt", "ort-transformers", "onnxscript-ort",
-                                 "--json", str(out / "a.json")], capture_output=True, text=True, timeout=300,
-                       cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-2000:]
+    common_b = [str(tmp_path / "cache-b") if a == str(cache) else a for a in common]
+
+    def start(args):  # the two runs and the bad name side by side (two cores), each run in its own cache
+        return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+    procs = {"a": start(common + ["--models", "gpt2-small-eager-legacy", "--batches", "2", "--jobs", "2",
+                                  "--tools", "onnxopt", "ort-transformers", "onnxscript-ort",
+                                  "--json", str(out / "a.json")]),
+             "b": start(common_b + ["--models", "tinyconv", "--tools", "onnxopt", "--json", str(out / "b.json")]),
+             "bad": start([sys.executable, *SCRIPT, "--models", "nope"])}
+    try:
+        done = {name: (p.communicate(timeout=300), p.returncode) for name, p in procs.items()}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    (_, stderr), rc = done["a"]
+    assert rc == 0, stderr[-2000:]
     a = json.loads((out / "a.json").read_text())
     res = a["models"]["gpt2-small-eager-legacy"]
     assert res["build"]["all"]["cached"] is False and res["build"]["all"]["build_s"] > 0
@@ -201,9 +215,10 @@ def test_cli_parts_and_merge(tmp_path):
         assert rows[name]["fidelity"]["ok"] and rows[name]["fidelity"]["top1"] == 1.0
         assert rows[name]["latency"]["median_ms"] > 0
     assert res["variants"]["ort-transformers/fp32"]["info"]["model_type"] == "gpt2"
-    r = subprocess.run(common + ["--models", "tinyconv", "--tools", "onnxopt", "--json", str(out / "b.json")],
-                       capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-2000:]
+    (_, stderr), rc = done["b"]
+    assert rc == 0, stderr[-2000:]
+    (_, stderr), rc = done["bad"]
+    assert rc == 2 and "no benchmark model 'nope'" in stderr
     r = subprocess.run([sys.executable, *SCRIPT, "--merge", str(out / "a.json"), str(out / "b.json"),
                         "-o", str(out / "all.json"), "--markdown", str(out / "all.md")],
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
@@ -213,9 +228,6 @@ def test_cli_parts_and_merge(tmp_path):
     assert len(merged["runs"]) == 2 and merged["models"]["tinyconv"]["run"] == 1
     md = (out / "all.md").read_text()
     assert "## gpt2-small-eager-legacy" in md and "## tinyconv" in md and "Run 2." in md
-    bad = subprocess.run([sys.executable, *SCRIPT, "--models", "nope"], capture_output=True, text=True,
-                         timeout=120, cwd=ROOT)
-    assert bad.returncode == 2 and "no benchmark model 'nope'" in bad.stderr
 
 
 def test_advised_options_table():
