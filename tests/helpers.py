@@ -190,3 +190,22 @@ def zoo_model(name: str, folder: Path) -> Path:
     if not path.exists():
         spec.build(path)
     return path
+
+
+_SHARED_ZOO: dict[str, Path] = {}
+
+
+def shared_zoo_model(name: str) -> Path:
+    """``zoo_model``, built at most once per test session: from the zoo cache when built there, else
+    exported once into a folder of this process (removed at exit) and that file given to every later
+    caller. For tests that only read the model (as they do when the cache holds it): on CI's empty
+    cache, a model several tests read is exported once instead of once per test."""
+    if name not in _SHARED_ZOO:
+        import atexit
+        import shutil
+        import tempfile
+
+        folder = Path(tempfile.mkdtemp(prefix=f"onnxopt-zoo-{name}-"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        _SHARED_ZOO[name] = zoo_model(name, folder)
+    return _SHARED_ZOO[name]

@@ -19,7 +19,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from helpers import init, model, tinfo, zoo_model
+from helpers import init, model, shared_zoo_model, tinfo
 from onnxopt.reporting.inspect_text import format_inspect
 from onnxopt.inspect import analysis
 from onnxopt import cli
@@ -404,7 +404,7 @@ def test_a_cache_that_cannot_be_written_gives_the_figures_uncached(tmp_path, mon
 
 
 def test_resnet50_within_5_percent_of_torchvision(tmp_path):
-    r = analysis.analyze(zoo_model("resnet50-legacy", tmp_path), device=DEV)
+    r = analysis.analyze(shared_zoo_model("resnet50-legacy"), device=DEV)
     assert abs(r["flops"] / 8.18e9 - 1) < 0.05  # torchvision: 4.09 GMACs
     assert r["by_op_type"]["Conv"]["nodes"] == 53 and r["params"]["count"] > 25_000_000
 
@@ -412,7 +412,7 @@ def test_resnet50_within_5_percent_of_torchvision(tmp_path):
 def test_small_bert_matmuls_counted_by_hand(tmp_path):
     """The zoo's small BERT (4 layers, 256 wide, 4 heads of 64, 1024 intermediate) at 1x16."""
     s, d, ff, layers = 16, 256, 1024, 4
-    path = zoo_model("bert-legacy", tmp_path)
+    path = shared_zoo_model("bert-legacy")
     shapes = {n: [1, s] for n in ("input_ids", "attention_mask", "token_type_ids")}
     r = analysis.analyze(path, input_shapes=shapes, device=DEV)
     per_layer = 2 * s * d * (4 * d + 2 * ff) + 2 * 2 * s * s * d  # projections, FFN; Q K' and P V
@@ -585,7 +585,7 @@ def test_fusions_count_as_what_they_replace(tmp_path):
     com.microsoft ops): its FLOPs stay within 1% of the unfused model's."""
     from onnxopt import optimize
 
-    src = zoo_model("bert-legacy", tmp_path)
+    src = shared_zoo_model("bert-legacy")
     out = tmp_path / "bert-cpu.onnx"
     optimize(str(src), output=str(out), target="ort-cpu")
     shapes = {n: [1, 16] for n in ("input_ids", "attention_mask", "token_type_ids")}

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxopt import cli, diff, optimize
 from onnxopt.ir.util import MERGED_KEY, REPLACED_KEY, RULE_KEY, SOURCES_KEY
-from helpers import zoo_model
+from helpers import shared_zoo_model
 
 
 def _conv_bn_model() -> onnx.ModelProto:
@@ -122,7 +122,7 @@ def test_alignment_agrees_with_provenance_on_zoo(name, tmp_path):
     """Alignment (no provenance) finds what provenance says on real exports: in CI on a PaddleOCR and a
     dynamo model (conv+BN folds, residual adds); resnet50-dynamo too with
     ``ONNXOPT_FULL=1 python -m pytest -q tests/test_diff.py -k on_zoo``."""
-    path = zoo_model(name, tmp_path)
+    path = shared_zoo_model(name)
     out = tmp_path / "opt.onnx"
     optimize(str(path), output=str(out))
     b = diff.Graph(onnx.load(path))
@@ -442,7 +442,7 @@ def test_a_rewrites_helper_nodes_merged_by_cse_do_not_take_other_layers(tmp_path
     layer, so the kept helpers stand for the first layer only, not for every layer's attention."""
     import re
 
-    path = zoo_model("bert-legacy", tmp_path)
+    path = shared_zoo_model("bert-legacy")
     out = optimize(onnx.load(path), target="ort-cpu")
     fused = [n for n in out.graph.node if any(p.key == RULE_KEY and p.value == "attention_fusion" for p in n.metadata_props)]
     assert sum(n.op_type == "Attention" for n in fused) >= 2
@@ -623,7 +623,7 @@ def test_summary_counts_rewrites_not_nodes(tmp_path):
 
 def test_summary_rule_counts_match_the_report_on_a_zoo_model(tmp_path):
     """PP-OCRv4 det: conv_mul_fold fired 28 times, bn_to_mul_add once; the summary says so."""
-    src = zoo_model("ppocrv4-det", tmp_path)
+    src = shared_zoo_model("ppocrv4-det")
     out, rep = tmp_path / "o.onnx", tmp_path / "r.json"
     assert cli.main([str(src), "-o", str(out), "--json", str(rep), "-q"]) == 0
     fired = _fired_rules(json.loads(rep.read_text()))

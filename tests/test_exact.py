@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 import pytest
 from helpers import bn_node, bn_params, feeds_for, init, model, op_types, tinfo
-from helpers import zoo_model as zoo_path
+from helpers import shared_zoo_model
 from onnx import helper
 
 import onnxopt
@@ -170,7 +170,7 @@ E2E = {"mobilenet_v2-dynamo": True, "gpt2-dynamo": True, "bert-legacy": False, "
 def zoo_model(tmp_path_factory):
     """A zoo model: from the zoo cache when built there, else exported into a temporary folder
     (fetched models are skipped when not cached: no network in tests)."""
-    return lambda name: zoo_path(name, tmp_path_factory.mktemp(name))
+    return shared_zoo_model  # built once per session, shared with the other tests that read it
 
 
 @pytest.mark.parametrize("name", list(E2E))
