@@ -175,20 +175,21 @@ def random_twins(seed: int, n: int = 30) -> onnx.ModelProto:
 
 
 def zoo_model(name: str, folder: Path) -> Path:
-    """A zoo model: from the zoo cache when built there, else built into ``folder`` (models fetched from
-    a wheel are skipped when not cached: no network in tests)."""
-    import pytest
-
+    """A zoo model: from the zoo cache when built there, else a copy in ``folder`` of the one export
+    this session makes (:func:`shared_zoo_model`; models fetched from a wheel are skipped when not
+    cached: no network in tests)."""
     from onnxopt.models import zoo
 
     spec = zoo.get(name)
     if spec.path().exists():
         return spec.path()
-    if spec.family == "ocr" or spec.missing():
-        pytest.skip(f"{name} is not in the zoo cache (python -m onnxopt.models build --only {name})")
     path = Path(folder) / f"{name}.onnx"
-    if not path.exists():
-        spec.build(path)
+    if not path.exists():  # the test owns its copy
+        import shutil
+
+        built = shared_zoo_model(name)
+        for src in built.parent.glob(f"{built.name}*"):  # the model and any data file beside it
+            shutil.copyfile(src, Path(folder) / src.name)
     return path
 
 
@@ -196,16 +197,27 @@ _SHARED_ZOO: dict[str, Path] = {}
 
 
 def shared_zoo_model(name: str) -> Path:
-    """``zoo_model``, built at most once per test session: from the zoo cache when built there, else
+    """A zoo model built at most once per test session: from the zoo cache when built there, else
     exported once into a folder of this process (removed at exit) and that file given to every later
-    caller. For tests that only read the model (as they do when the cache holds it): on CI's empty
-    cache, a model several tests read is exported once instead of once per test."""
+    caller (``zoo_model`` gives each test its own copy of it). On CI's empty cache, a model several
+    tests read is exported once instead of once per test."""
     if name not in _SHARED_ZOO:
         import atexit
         import shutil
         import tempfile
 
-        folder = Path(tempfile.mkdtemp(prefix=f"onnxopt-zoo-{name}-"))
-        atexit.register(shutil.rmtree, folder, ignore_errors=True)
-        _SHARED_ZOO[name] = zoo_model(name, folder)
+        import pytest
+
+        from onnxopt.models import zoo
+
+        spec = zoo.get(name)
+        if spec.path().exists():
+            _SHARED_ZOO[name] = spec.path()
+        else:
+            if spec.family == "ocr" or spec.missing():
+                pytest.skip(f"{name} is not in the zoo cache (python -m onnxopt.models build --only {name})")
+            folder = Path(tempfile.mkdtemp(prefix=f"onnxopt-zoo-{name}-"))
+            atexit.register(shutil.rmtree, folder, ignore_errors=True)
+            spec.build(folder / f"{name}.onnx")
+            _SHARED_ZOO[name] = folder / f"{name}.onnx"
     return _SHARED_ZOO[name]
