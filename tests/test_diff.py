@@ -196,7 +196,9 @@ def test_cli_diff_without_the_live_view(small, tmp_path, capsys, monkeypatch):
     import onnxopt
 
     monkeypatch.setitem(sys.modules, "onnxopt.diff.live", None)  # import fails
-    monkeypatch.delattr(onnxopt, "diff_live", raising=False)  # (even after another test imported it)
+    import onnxopt.diff
+
+    monkeypatch.delattr(onnxopt.diff, "live", raising=False)  # (even after another test imported it)
     rc = cli.main(["diff", str(before), str(after), "--no-browser"])
     out = capsys.readouterr().out
     assert rc == 0
