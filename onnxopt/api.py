@@ -26,7 +26,8 @@ from onnxopt.ir.util import gc_paused, node_counts
 from onnxopt.transforms.transposes import transpose_summary
 from onnxopt.transforms.liveness import PEAK_KEY
 from onnxopt.transforms.memory import report_peak
-from onnxopt.library.passes import MEMORY, RECOMPUTE
+from onnxopt.core import passes
+from onnxopt.library.passes import MEMORY_BASELINE
 from onnxopt.core.pattern import Rule
 from onnxopt.reporting.text import summary_line
 from onnxopt.ir.input_shapes import RUN_SHAPES_KEY, refine_fixed, symbolic_run_shapes
@@ -323,9 +324,9 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
         loaded.model.graph.meta[RUN_SHAPES_KEY] = run_at
     # the Transposes the model had (before its edges changed) and what they move, for the report
     transposes = {"before": _transposes(loaded.model)} if return_report else None
-    # the input's peak: the pipeline records it before its first pass (the recomputation pass's limit);
-    # taken here where the layout edges change the model first or that pass does not run
-    early_peak = return_report and (bool(edges) or RECOMPUTE not in graph_passes)
+    # the input's peak: the pipeline records it before its first pass where a pass needs it (the recomputation
+    # pass's limit); taken here where the layout edges change the model first or no pass needs it
+    early_peak = return_report and (bool(edges) or not passes.needing(graph_passes, MEMORY_BASELINE))
     memory = {"before": report_peak(loaded.model)} if early_peak else {} if return_report else None
     edited = layouts.apply(loaded.model, edges) if edges else None
     if edited and run_at:  # (the edited inputs' shapes: channels-last, raw pixels)
@@ -377,13 +378,13 @@ def _optimize(model, rules, extra_rules, disable, target, output, external_data,
         kept = loaded.model.graph.meta.pop(PEAK_KEY, None)  # (the reorder pass's figure for the order it left)
         if memory is not None:
             if "before" not in memory:
-                memory["before"] = result.memory_before
+                memory["before"] = result.records[MEMORY_BASELINE.name]
             if kept is not None and not (edited or fp16):  # (the reorder pass's, sized as report_peak sizes)
                 shapes = symbolic_run_shapes(loaded.model)
                 memory["after"] = {**kept, "at": shapes} if shapes else kept
             else:  # (changed after the passes)
                 memory["after"] = report_peak(loaded.model)
-            memory["reordered"] = bool(result.rules.get(MEMORY) and result.rules[MEMORY].fired)
+            memory["reordered"] = passes.any_fired(graph_passes, passes.Effect.ORDER, result.rules)
             if run_at and any(side.get("at") for side in (memory["before"], memory["after"])):
                 memory["at_source"] = "data"  # (the verification's --inputs/feeds: one set of shapes per report)
         advice = None

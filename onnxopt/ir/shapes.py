@@ -55,6 +55,37 @@ def forget_tried(node: ir.Node) -> None:
     node.meta.pop(_TRIED, None)
 
 
+def mark_declared(model: ir.Model) -> None:
+    """Remember, on each main-graph node output, whether the input model recorded its type
+    and shape, its type only, or nothing (the driver carries the mark over to the value that
+    replaces it, which is the same tensor)."""
+    for node in model.graph:
+        for value in node.outputs:
+            if value.shape is not None:
+                value.meta[DECLARED] = "shape"
+            elif value.type is not None:
+                value.meta[DECLARED] = "type"
+
+
+def forget_inferred_shapes(model: ir.Model) -> int:
+    """Drop what the input model did not record on the main graph's node outputs (inferred
+    types and shapes, those of values rules created), so the output records what the input did:
+    a value declared with a type only keeps its type; graph outputs keep theirs."""
+    dropped = 0
+    for node in model.graph:
+        forget_tried(node)  # (else a later inference skips the node and finds no shape)
+        for value in node.outputs:
+            kept = value.meta.get(DECLARED)
+            if kept == "shape" or value.is_graph_output():
+                continue
+            if value.shape is not None or (kept is None and value.type is not None):
+                value.shape = None
+                if kept is None:
+                    value.type = None
+                dropped += 1
+    return dropped
+
+
 def _infer_node(node: ir.Node, opsets: Mapping[str, int]) -> None:
     # Once per node: a node whose outputs stay unknown is not asked again (new nodes are).
     if node.op_type == "If" and node.domain in ("", "ai.onnx"):
