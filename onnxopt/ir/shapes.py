@@ -448,12 +448,17 @@ def data_element_limit() -> int:
 _graphs = proto_graphs  # (a graph and its subgraphs, depth first)
 
 
-def _types(proto: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+def _types(proto: onnx.ModelProto, names: frozenset[str] | set[str] | None = None) -> dict[str, onnx.TypeProto]:
+    """The tensor types ``proto`` declares by name (the first declaration of each, graphs depth first);
+    only those of ``names`` where given (reading every declaration's type is the cost)."""
     types = {}
     for g in _graphs(proto.graph):
-        for vi in (*g.input, *g.value_info, *g.output):
-            if vi.name and vi.type.HasField("tensor_type"):
-                types.setdefault(vi.name, vi.type)
+        for field in (g.input, g.value_info, g.output):
+            for vi in field:
+                name = vi.name
+                if name and (names is None or name in names) and name not in types \
+                        and vi.type.HasField("tensor_type"):
+                    types[name] = vi.type
     return types
 
 
@@ -562,17 +567,20 @@ def bounded_infer(proto: onnx.ModelProto, limit: int | None = None) -> onnx.Mode
     value needs a stand-in, the result is onnx's own, as before. Raises what onnx's inference
     raises."""
     limit = data_element_limit() if limit is None else limit
+    read = {name for _, _, name in _reads(proto)}
+    if not read:  # (no op propagates data: nothing to bound, no inference without propagation needed)
+        return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
     plain = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=False)
-    first = _types(plain)
+    first = _types(plain, read)  # (only the values propagating ops read are judged, cut and typed)
     consts = _constant_lengths(proto)
-    cut = {name for _, _, name in _reads(proto) if _risky(name, first, consts, limit)}
+    cut = {name for name in read if _risky(name, first, consts, limit)}
     if not cut:
         return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
     result = None
     for _ in range(_ROUNDS):
         cut_proto = _with_cuts(proto, cut, first, consts)
         result = onnx.shape_inference.infer_shapes(cut_proto, check_type=False, strict_mode=False, data_prop=True)
-        known = _types(result)
+        known = _types(result, cut)
         # A stand-in's own value is typed by its producer: what propagation learned of its length. One
         # now known to be small is read again; so is one that no stand-in is upstream of, unless it is
         # known to be large (its type is then what propagation alone gives it).
