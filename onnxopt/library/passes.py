@@ -254,6 +254,8 @@ def lift_constants(model: ir.Model, touched: Touched | None = None) -> int:
     from onnx_ir.passes.common import LiftConstantsToInitializersPass
 
     before = sum(1 for g in model.graphs() for n in g if n.op_type == "Constant")
+    if not before:  # (nothing to lift: the pass would walk every graph again to find that)
+        return 0
     LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
     return before - sum(1 for g in model.graphs() for n in g if n.op_type == "Constant")
 
