@@ -23,7 +23,7 @@ from onnxopt.errors import bug_warnings, strict_default
 from onnxopt.ir.input_shapes import fix as fix_input_shapes, normalize as normalize_input_shapes
 from onnxopt.core.stats import RuleStats
 from onnxopt.ir.util import gc_paused, node_counts
-from onnxopt.transforms.transposes import transpose_summary
+from onnxopt.transforms.transposes import report_summary
 from onnxopt.transforms.liveness import PEAK_KEY
 from onnxopt.transforms.memory import report_peak
 from onnxopt.core import passes
@@ -483,24 +483,8 @@ def _memory_warnings(memory: dict, fp16: bool = False) -> list[str]:
 
 
 def _transposes(model: ir.Model) -> dict:
-    """transpose_summary of ``model``, taken on a clone: the shape inference it needs must not
-    change what the rules see or what is written (a report never changes the output)."""
-    if not any(n.op_type == "Transpose" for n in model.graph):
-        return {"count": 0, "elements": "0", "bytes": 0}
-    clone = model.clone()
-    weights = sum(v.const_value.nbytes for v in clone.graph.initializers.values() if v.const_value is not None)
-    if weights < _FULL_INFERENCE_BYTES:  # onnx's inference, with shape arithmetic propagated, sees further
-        from onnxopt.ir.shapes import infer_proto
-
-        try:
-            proto = ir.serde.serialize_model(clone)
-            clone = ir.serde.deserialize_model(infer_proto(proto))  # (bounded: onnxopt.ir.shapes.bounded_infer)
-        except Exception:  # noqa: BLE001 - the figures then come from onnxopt's own inference
-            clone = model.clone()
-    return transpose_summary(clone)
-
-
-_FULL_INFERENCE_BYTES = 256 << 20  # report: onnx's shape inference on models with fewer weight bytes
+    """The report's Transposes figure (``onnxopt.transforms.transposes.report_summary``: ``model`` left as it is)."""
+    return report_summary(model)
 
 
 def _fusions(chosen, stats) -> dict:
