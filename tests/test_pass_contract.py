@@ -159,6 +159,7 @@ def test_registering_twice_and_unknown_names_are_errors():
     with pytest.raises(UsageError, match="unknown graph pass"):
         optimize(_model(), graph_passes=["no_such_pass"])
     assert Pass("p", lambda m, t=None: 0, "between", "0.1 strings").phase is Phase.BETWEEN
+    assert Phase.LAST == "last" and {"first": 1}[Phase.FIRST] == 1  # (0.1 code compares with the strings)
 
 
 def test_the_builtin_table_declares_what_the_pipeline_special_cased():

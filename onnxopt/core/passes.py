@@ -46,12 +46,15 @@ Touched = Callable[[Sequence[ir.Node], Sequence[ir.Value]], None]
 values that lost a use (``Driver.touched`` re-queues what that can make match)."""
 
 
-class Phase(enum.Enum):
-    """When a pass runs in the pipeline."""
+class Phase(str, enum.Enum):
+    """When a pass runs in the pipeline (equal to the 0.1 strings, "first", "between", "last")."""
 
     FIRST = "first"  # once, before matching (dead code out, declared shapes marked)
     BETWEEN = "between"  # after each driver fixpoint; its changes go back on the worklist, until nothing changes
     LAST = "last"  # once, at the end (dead code out, inferred shapes forgotten)
+
+    def __str__(self) -> str:
+        return self.value
 
     @property
     def when(self) -> str:
@@ -59,12 +62,15 @@ class Phase(enum.Enum):
         return {"first": "first", "between": "between rounds", "last": "last (once, at the end)"}[self.value]
 
 
-class Effect(enum.Enum):
+class Effect(str, enum.Enum):
     """What a pass changes."""
 
     NODES = "nodes"  # nodes, values or initializers (its count is rewrites: fired)
     ORDER = "order"  # only the order of the main graph's nodes (fired)
     ANNOTATES = "annotates"  # no node: shapes or types for the rules (its count is reported as matched only)
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclasses.dataclass(frozen=True)

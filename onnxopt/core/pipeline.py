@@ -4,7 +4,7 @@ the whole-graph passes between its rounds, and the final cleanup. The passes are
 this module names none, and runs each by what it declares:
 
 0. The records of the input the chosen passes need (``Pass.needs``: the memory baseline), each once,
-   before anything changes (timed as the first pass that needs it's).
+   before anything changes (the time counted as that of the first pass needing it).
 1. Dead code out (a dead reader of a value would block patterns that need it to have one use),
    and a note on each value of what the input recorded of its type and shape.
 2. The passes of phase ``Phase.FIRST``, in table order (constant lifting, shape completion).
