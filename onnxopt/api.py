@@ -31,10 +31,11 @@ from onnxopt.options import OptimizeOptions, QuantizeOptions
 from onnxopt.ir.input_shapes import fix as fix_input_shapes, normalize as normalize_input_shapes
 from onnxopt.core.stats import RuleStats
 from onnxopt.ir.util import gc_paused, node_counts
-from onnxopt.transforms.transposes import transpose_summary
+from onnxopt.transforms.transposes import report_summary
 from onnxopt.transforms.liveness import PEAK_KEY
 from onnxopt.transforms.memory import report_peak
-from onnxopt.library.passes import MEMORY, RECOMPUTE
+from onnxopt.core import passes
+from onnxopt.library.passes import MEMORY_BASELINE
 from onnxopt.core.pattern import Rule
 from onnxopt.reporting.text import summary_line
 from onnxopt.ir.input_shapes import RUN_SHAPES_KEY, refine_fixed, symbolic_run_shapes
@@ -65,7 +66,7 @@ class Report:
     precision: dict | None = None  # precision.Fp16Report.as_dict(), with precision="fp16"
     layout: dict | None = None  # onnxopt.transforms.edges.apply's record: inputs/outputs whose layout or preprocessing changed
     # Transposes of the main graph before and after, and what they move per inference
-    # (onnxopt.transforms.transposes.transpose_summary); None where neither has one
+    # (onnxopt.transforms.transposes.report_summary); None where neither has one
     transposes: dict | None = None
     # peak activation memory of the main graph (onnxopt.transforms.memory.peak, without the curve): "before" (the
     # input at the fixed input shapes), "after", and "reordered" (the memory_reordering pass changed the order)
@@ -364,7 +365,7 @@ def _measure_input(run: _Run) -> None:
     run.transposes = {"before": _transposes(loaded.model)} if run.return_report else None
     # the input's peak: the pipeline records it before its first pass (the recomputation pass's limit);
     # taken here where the layout edges change the model first or that pass does not run
-    early_peak = run.return_report and (bool(run.edges) or RECOMPUTE not in run.graph_passes)
+    early_peak = run.return_report and (bool(run.edges) or not passes.needing(run.graph_passes, MEMORY_BASELINE))
     run.memory = {"before": report_peak(loaded.model)} if early_peak else {} if run.return_report else None
 
 
@@ -444,13 +445,13 @@ def _measure(run: _Run) -> None:
     kept = loaded.model.graph.meta.pop(PEAK_KEY, None)  # (the reorder pass's figure for the order it left)
     if memory is not None:
         if "before" not in memory:
-            memory["before"] = result.memory_before
+            memory["before"] = result.records[MEMORY_BASELINE.name]
         if kept is not None and not (run.edited or run.fp16):  # (the reorder pass's, sized as report_peak sizes)
             shapes = symbolic_run_shapes(loaded.model)
             memory["after"] = {**kept, "at": shapes} if shapes else kept
         else:  # (changed after the passes)
             memory["after"] = report_peak(loaded.model)
-        memory["reordered"] = bool(result.rules.get(MEMORY) and result.rules[MEMORY].fired)
+        memory["reordered"] = passes.any_fired(run.graph_passes, passes.Effect.ORDER, result.rules)
         if run.run_at and any(side.get("at") for side in (memory["before"], memory["after"])):
             memory["at_source"] = "data"  # (the verification's --inputs/feeds: one set of shapes per report)
     if run.return_report and targets.normalize(run.target) == targets.ORT_CUDA:
@@ -583,24 +584,8 @@ def _memory_warnings(memory: dict, fp16: bool = False) -> list[str]:
 
 
 def _transposes(model: ir.Model) -> dict:
-    """transpose_summary of ``model``, taken on a clone: the shape inference it needs must not
-    change what the rules see or what is written (a report never changes the output)."""
-    if not any(n.op_type == "Transpose" for n in model.graph):
-        return {"count": 0, "elements": "0", "bytes": 0}
-    clone = model.clone()
-    weights = sum(v.const_value.nbytes for v in clone.graph.initializers.values() if v.const_value is not None)
-    if weights < _FULL_INFERENCE_BYTES:  # onnx's inference, with shape arithmetic propagated, sees further
-        from onnxopt.ir.shapes import infer_proto
-
-        try:
-            proto = ir.serde.serialize_model(clone)
-            clone = ir.serde.deserialize_model(infer_proto(proto))  # (bounded: onnxopt.ir.shapes.bounded_infer)
-        except Exception:  # noqa: BLE001 - the figures then come from onnxopt's own inference
-            clone = model.clone()
-    return transpose_summary(clone)
-
-
-_FULL_INFERENCE_BYTES = 256 << 20  # report: onnx's shape inference on models with fewer weight bytes
+    """The report's Transposes figure (``onnxopt.transforms.transposes.report_summary``: ``model`` left as it is)."""
+    return report_summary(model)
 
 
 def _fusions(chosen, stats) -> dict:

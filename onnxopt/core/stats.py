@@ -49,6 +49,11 @@ class DriverResult:
     errors: list[RuleBug] = dataclasses.field(default_factory=list)  # rule bugs met (without strict)
     hit_limit: bool = False
     log: list[dict] = dataclasses.field(default_factory=list)
-    # the input's peak activation memory (onnxopt.transforms.memory.report_peak), recorded before the first pass
-    # where the memory_recomputation pass runs
-    memory_before: dict | None = None
+    # what the passes' requirements recorded of the input before the first pass (onnxopt.core.passes.Requirement),
+    # by requirement name: "memory_before", the input's peak activation memory, where memory_recomputation runs
+    records: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def memory_before(self) -> dict | None:
+        """The input's peak activation memory (``onnxopt.transforms.memory.report_peak``) where it was recorded."""
+        return self.records.get("memory_before")

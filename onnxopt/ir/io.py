@@ -909,7 +909,11 @@ def _tensor_buffer(tensor) -> memoryview | bytes:
 @contextlib.contextmanager
 def detached_initializers(graph: ir.Graph, values: list[ir.Value]):
     """Take ``values`` out of ``graph``'s initializers for the duration; afterwards the
-    initializers are what they were, in the same order, whatever happened meanwhile."""
+    initializers are what they were, in the same order, whatever happened meanwhile (none to take
+    out: the initializers are left alone, as the block itself must leave them)."""
+    if not values:
+        yield
+        return
     order = list(graph.initializers.values())
     try:
         for value in values:

@@ -55,6 +55,37 @@ def forget_tried(node: ir.Node) -> None:
     node.meta.pop(_TRIED, None)
 
 
+def mark_declared(model: ir.Model) -> None:
+    """Remember, on each main-graph node output, whether the input model recorded its type
+    and shape, its type only, or nothing (the driver carries the mark over to the value that
+    replaces it, which is the same tensor)."""
+    for node in model.graph:
+        for value in node.outputs:
+            if value.shape is not None:
+                value.meta[DECLARED] = "shape"
+            elif value.type is not None:
+                value.meta[DECLARED] = "type"
+
+
+def forget_inferred_shapes(model: ir.Model) -> int:
+    """Drop what the input model did not record on the main graph's node outputs (inferred
+    types and shapes, those of values rules created), so the output records what the input did:
+    a value declared with a type only keeps its type; graph outputs keep theirs."""
+    dropped = 0
+    for node in model.graph:
+        forget_tried(node)  # (else a later inference skips the node and finds no shape)
+        for value in node.outputs:
+            kept = value.meta.get(DECLARED)
+            if kept == "shape" or value.is_graph_output():
+                continue
+            if value.shape is not None or (kept is None and value.type is not None):
+                value.shape = None
+                if kept is None:
+                    value.type = None
+                dropped += 1
+    return dropped
+
+
 def _infer_node(node: ir.Node, opsets: Mapping[str, int]) -> None:
     # Once per node: a node whose outputs stay unknown is not asked again (new nodes are).
     if node.op_type == "If" and node.domain in ("", "ai.onnx"):
@@ -417,12 +448,17 @@ def data_element_limit() -> int:
 _graphs = proto_graphs  # (a graph and its subgraphs, depth first)
 
 
-def _types(proto: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+def _types(proto: onnx.ModelProto, names: frozenset[str] | set[str] | None = None) -> dict[str, onnx.TypeProto]:
+    """The tensor types ``proto`` declares by name (the first declaration of each, graphs depth first);
+    only those of ``names`` where given (reading every declaration's type is the cost)."""
     types = {}
     for g in _graphs(proto.graph):
-        for vi in (*g.input, *g.value_info, *g.output):
-            if vi.name and vi.type.HasField("tensor_type"):
-                types.setdefault(vi.name, vi.type)
+        for field in (g.input, g.value_info, g.output):
+            for vi in field:
+                name = vi.name
+                if name and (names is None or name in names) and name not in types \
+                        and vi.type.HasField("tensor_type"):
+                    types[name] = vi.type
     return types
 
 
@@ -531,17 +567,20 @@ def bounded_infer(proto: onnx.ModelProto, limit: int | None = None) -> onnx.Mode
     value needs a stand-in, the result is onnx's own, as before. Raises what onnx's inference
     raises."""
     limit = data_element_limit() if limit is None else limit
+    read = {name for _, _, name in _reads(proto)}
+    if not read:  # (no op propagates data: nothing to bound, no inference without propagation needed)
+        return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
     plain = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=False)
-    first = _types(plain)
+    first = _types(plain, read)  # (only the values propagating ops read are judged, cut and typed)
     consts = _constant_lengths(proto)
-    cut = {name for _, _, name in _reads(proto) if _risky(name, first, consts, limit)}
+    cut = {name for name in read if _risky(name, first, consts, limit)}
     if not cut:
         return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
     result = None
     for _ in range(_ROUNDS):
         cut_proto = _with_cuts(proto, cut, first, consts)
         result = onnx.shape_inference.infer_shapes(cut_proto, check_type=False, strict_mode=False, data_prop=True)
-        known = _types(result)
+        known = _types(result, cut)
         # A stand-in's own value is typed by its producer: what propagation learned of its length. One
         # now known to be small is read again; so is one that no stand-in is upstream of, unless it is
         # known to be large (its type is then what propagation alone gives it).
@@ -581,6 +620,16 @@ def _upstream_free(proto: onnx.ModelProto) -> set[str]:
     return {o for n in proto.graph.node for o in n.output if o and o not in tainted}
 
 
+def tensor_nbytes(tensor) -> int:
+    """``tensor.nbytes``, read straight from the proto where onnx_ir wraps one (its ``nbytes`` builds an
+    ir.Shape from the proto's dims on every call: a tenth of a second per pass over 10,000 weights);
+    the same formula, so the same number."""
+    if type(tensor) is ir.serde.TensorProtoTensor:
+        proto = tensor.raw
+        return math.ceil(ir.DataType(proto.data_type).itemsize * math.prod(proto.dims))
+    return tensor.nbytes
+
+
 def light_proto(model: ir.Model) -> onnx.ModelProto:
     """``model`` serialized without large weights, for shape inference: those are declared as graph
     inputs of their type and shape instead (an initializer that is also a graph input, a default the
@@ -591,7 +640,7 @@ def light_proto(model: ir.Model) -> onnx.ModelProto:
     graph = model.graph
     inputs = {v.name for v in graph.inputs}
     detached = [v for v in graph.initializers.values()
-                if v.name in inputs or v.const_value is None or v.const_value.nbytes > _INFER_DATA_LIMIT]
+                if v.name in inputs or v.const_value is None or tensor_nbytes(v.const_value) > _INFER_DATA_LIMIT]
     with io.detached_initializers(graph, detached):
         proto = ir.serde.serialize_model(model)
     for value in detached:

@@ -1,6 +1,8 @@
 """Whole-graph passes the rule language cannot express: they compare nodes with each other, or
-look at the whole graph at once. ``PASSES`` at the end is their one table (name, function, phase,
-one-line doc); ``onnxopt.core.pipeline`` runs them, and adding a pass is adding a row there.
+look at the whole graph at once. ``PASSES`` at the end is their one table (``onnxopt.core.passes.Pass``:
+name, function, phase, one-line doc, what each needs and provides), registered in
+``onnxopt.core.passes``' table when this module loads; ``onnxopt.core.pipeline`` runs whatever that
+table holds, so adding a pass is adding a row there (or ``onnxopt.core.passes.register`` elsewhere).
 
 - ``common_subexpression_elimination``: nodes with the same op, attributes and input values
   compute the same outputs; later ones are replaced by the first (graph order is topological, so
@@ -28,19 +30,19 @@ graph order), as a rule's new node keeps its sources'.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import collections
 import json
-from collections.abc import Callable, Sequence
 
 import numpy as np
 import onnx_ir as ir
 
 from onnxopt.ir.util import (MERGED_KEY, REPLACED_KEY, RULE_KEY, SOURCES_KEY, can_take_output, inherit_metadata,
                      recorded_sources, redirect)
+from onnxopt.core.passes import SETTLED, Effect, Pass, Phase, Requirement, Touched, register
 from onnxopt.core.purity import Purity
-from onnxopt.ir.shapes import DECLARED, infer, infer_model, opsets_of
+from onnxopt.ir.shapes import forget_inferred_shapes, infer, infer_model, mark_declared, opsets_of  # noqa: F401
+from onnxopt.transforms.recompute import BASELINE_KEY, SIZES_KEY
 
 
 def _attr_key(attr: ir.Attr):
@@ -79,11 +81,6 @@ def _node_key(node: ir.Node, purity: Purity):
         return None
     return (node.domain if node.domain != "ai.onnx" else "", node.op_type, node.overload,
             tuple(None if v is None else id(v) for v in node.inputs), len(node.outputs), attrs)
-
-
-Touched = Callable[[Sequence[ir.Node], Sequence[ir.Value]], None]
-"""How a pass tells the driver what it changed: the nodes that now read a different value, and the
-values that lost a use (``Driver.touched`` re-queues what that can make match)."""
 
 
 def eliminate_common_subexpressions(model: ir.Model, touched: Touched | None = None) -> int:
@@ -250,39 +247,6 @@ def complete_shapes(model: ir.Model, touched: Touched | None = None) -> int:
     return filled
 
 
-def mark_declared(model: ir.Model) -> None:
-    """Remember, on each main-graph node output, whether the input model recorded its type
-    and shape, its type only, or nothing (the driver carries the mark over to the value that
-    replaces it, which is the same tensor)."""
-    for node in model.graph:
-        for value in node.outputs:
-            if value.shape is not None:
-                value.meta[DECLARED] = "shape"
-            elif value.type is not None:
-                value.meta[DECLARED] = "type"
-
-
-def forget_inferred_shapes(model: ir.Model) -> int:
-    """Drop what the input model did not record on the main graph's node outputs (inferred
-    types and shapes, those of values rules created), so the output records what the input did:
-    a value declared with a type only keeps its type; graph outputs keep theirs."""
-    from onnxopt.ir.shapes import forget_tried
-
-    dropped = 0
-    for node in model.graph:
-        forget_tried(node)  # (else a later inference skips the node and finds no shape)
-        for value in node.outputs:
-            kept = value.meta.get(DECLARED)
-            if kept == "shape" or value.is_graph_output():
-                continue
-            if value.shape is not None or (kept is None and value.type is not None):
-                value.shape = None
-                if kept is None:
-                    value.type = None
-                dropped += 1
-    return dropped
-
-
 def lift_constants(model: ir.Model, touched: Touched | None = None) -> int:
     """Every Constant node (any of its value forms) becomes an initializer, in every graph, with
     onnx_ir's pass: one sweep instead of a rewrite per node (PP-OCR keeps ~300 weights this way).
@@ -290,24 +254,14 @@ def lift_constants(model: ir.Model, touched: Touched | None = None) -> int:
     from onnx_ir.passes.common import LiftConstantsToInitializersPass
 
     before = sum(1 for g in model.graphs() for n in g if n.op_type == "Constant")
+    if not before:  # (nothing to lift: the pass would walk every graph again to find that)
+        return 0
     LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
     return before - sum(1 for g in model.graphs() for n in g if n.op_type == "Constant")
 
 
 # --------------------------------------------------------------------------------------------
 # The table
-
-
-@dataclasses.dataclass(frozen=True)
-class Pass:
-    """A whole-graph pass: ``run(model, touched)`` returns how many changes it made."""
-
-    name: str
-    run: Callable[[ir.Model, Touched | None], int]
-    phase: str  # "first": once, before matching (in table order); "between": between rule rounds; "last": once, at the end
-    doc: str
-    annotates: bool = False  # changes no node: its count is reported as matched, not fired
-    exact: bool | None = None  # as Rule.exact: runs under optimize(exact=True) only when True
 
 
 LIFT, DEDUP, CSE, SHAPES = "constant_lifting", "initializer_deduplication", "common_subexpression_elimination", \
@@ -323,6 +277,11 @@ def _optimize_transposes(model: ir.Model, touched: Touched | None = None) -> int
     return optimize_transposes(model, touched)
 
 
+def _has_transposes(model: ir.Model) -> bool:
+    """transpose_to_reshape waits for the transpose pass: a Transpose left is one it may take."""
+    return any(n.op_type == "Transpose" for n in model.graph)
+
+
 def _reorder_for_memory(model: ir.Model, touched: Touched | None = None) -> int:
     from onnxopt.transforms.memory import reorder
 
@@ -334,25 +293,38 @@ def _recompute_for_memory(model: ir.Model, touched: Touched | None = None) -> in
 
     return recompute(model)
 
-PASSES = (
-    Pass(LIFT, lift_constants, "first",
+
+def _memory_baseline(model: ir.Model) -> None:
+    from onnxopt.transforms.memory import baseline
+
+    baseline(model)
+
+
+MEMORY_BASELINE = Requirement(
+    "memory_before", BASELINE_KEY, _memory_baseline,
+    "the input's peak activation memory (onnxopt.transforms.memory.report_peak), before any change: the limit "
+    "memory recomputation works to, and optimize's report's \"before\"")
+
+PASSES = tuple(register(p, replace=True) for p in (  # (replace: a reload of this module)
+    Pass(LIFT, lift_constants, Phase.FIRST,
          "Constant nodes become initializers, in one sweep before matching (onnx_ir's pass).", exact=True),
-    Pass(DEDUP, deduplicate_initializers, "between", "Initializers with equal dtype, shape and bytes become one.",
+    Pass(DEDUP, deduplicate_initializers, Phase.BETWEEN, "Initializers with equal dtype, shape and bytes become one.",
          exact=True),
-    Pass(CSE, eliminate_common_subexpressions, "between",
+    Pass(CSE, eliminate_common_subexpressions, Phase.BETWEEN,
          "Pure nodes (onnxopt.core.purity) with the same op, attributes and inputs become one.", exact=True),
-    Pass(SHAPES, complete_shapes, "first",
+    Pass(SHAPES, complete_shapes, Phase.FIRST,
          "Consistent symbolic shapes (onnx inference, data propagation) for the rules; not written out.",
-         annotates=True, exact=False),
-    Pass(TRANSPOSES, _optimize_transposes, "between",
+         effect=Effect.ANNOTATES, exact=False),
+    Pass(TRANSPOSES, _optimize_transposes, Phase.BETWEEN,
          "Transposes pushed down through layout-agnostic ops where a whole chain lowers the elements they move "
-         "(onnxopt.transforms.transposes).", exact=False),
-    Pass(RECOMPUTE, _recompute_for_memory, "last",
+         "(onnxopt.transforms.transposes).", exact=False, settles=SETTLED, waiting=_has_transposes),
+    Pass(RECOMPUTE, _recompute_for_memory, Phase.LAST,
          "Where the rewrites raised the peak activation memory above the input's, cheap pure nodes whose values "
-         "live across the peak are computed again after it (onnxopt.transforms.recompute).", exact=True),
-    Pass(MEMORY, _reorder_for_memory, "last",
+         "live across the peak are computed again after it (onnxopt.transforms.recompute).", exact=True,
+         needs=(MEMORY_BASELINE,), scratch=(SIZES_KEY,)),
+    Pass(MEMORY, _reorder_for_memory, Phase.LAST,
          "The main graph's nodes reordered (nothing else changes) where that strictly lowers the peak activation "
-         "memory (onnxopt.transforms.memory).", exact=True),
-)
-BY_NAME = {p.name: p for p in PASSES}
+         "memory (onnxopt.transforms.memory).", effect=Effect.ORDER, exact=True, scratch=(SIZES_KEY,)),
+))
+BY_NAME = {p.name: p for p in PASSES}  # the built-in passes (onnxopt.core.passes.table(): every registered one)
 NAMES = tuple(BY_NAME)  # in the order reports and --list-rules show them

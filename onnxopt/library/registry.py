@@ -9,7 +9,8 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from onnxopt.library import passes
+from onnxopt.core import passes
+from onnxopt.library import passes as _builtin_passes  # noqa: F401  (registers the built-in passes)
 from onnxopt.errors import RuleError, UsageError
 from onnxopt import targets as _targets
 from onnxopt.core.pattern import Rule
@@ -100,22 +101,30 @@ def resolve(rules: Sequence[Rule] | None = None, extra_rules: Sequence[Rule] = (
     """The rules and whole-graph passes one optimization runs: ``rules`` (default: the built-in
     library) plus ``extra_rules``, less those ``disable`` names (rules or passes), those not valid
     for ``target`` and, with ``exact``, those not declared exact; the passes named (default: all of
-    them with the built-in library, none with an explicit rule list) less the disabled ones (and,
-    with ``exact``, those not declared exact). ``skipped``: a list :func:`select` records the rules
+    the registered ones, ``onnxopt.core.passes``, with the built-in library, none with an explicit
+    rule list) less the disabled ones, those not for ``target`` (``Pass.targets``) and, with
+    ``exact``, those not declared exact. ``skipped``: a list :func:`select` records the rules
     left out for the target in (see there)."""
     disable = list(disable)
     base = builtin_rules() if rules is None else as_rules(rules)
     chosen = select([*base, *as_rules(extra_rules, "extra_rules")],
-                    disable=[d for d in disable if d not in passes.BY_NAME], target=target, exact=exact,
+                    disable=[d for d in disable if passes.get(d) is None], target=target, exact=exact,
                     skipped=skipped)
     if graph_passes is None:
-        graph_passes = passes.NAMES if rules is None else ()
-    return chosen, [name for name in graph_passes if name not in disable and (not exact or _exact_pass(name))]
+        graph_passes = passes.names() if rules is None else ()
+    target = _targets.normalize(target)
+    return chosen, [name for name in graph_passes if name not in disable and _for_target(name, target)
+                    and (not exact or _exact_pass(name))]
 
 
 def _exact_pass(name: str) -> bool:
-    p = passes.BY_NAME.get(name)
+    p = passes.get(name)
     return p is not None and p.exact is True
+
+
+def _for_target(name: str, target: str) -> bool:
+    p = passes.get(name)
+    return p is None or p.runs_for(target)  # (an unknown name is the pipeline's error)
 
 
 def select(rules: Sequence[Rule], *, disable: Iterable[str] = (), target: str | None = None,

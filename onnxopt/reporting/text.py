@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from onnxopt.library import passes
+from onnxopt.core import passes
 from onnxopt import targets
 from onnxopt.core.pattern import Rule
 from onnxopt.verify import LOW_PRECISION, PROVIDERS, problem_text
@@ -272,9 +272,7 @@ def format_rules(rules: Sequence[Rule], graph_passes: Sequence[str], families: M
     if sections:
         out += ["", Table(("rule", "matches", "priority", "targets", "exactness", "does"), sections, "llrlll")]
     if graph_passes:
-        when = {"first": "first", "between": "between rounds", "last": "last (once, at the end)"}
-        rows = [(name, when[passes.BY_NAME[name].phase],
-                 _exactness(passes.BY_NAME[name]), passes.BY_NAME[name].doc) for name in graph_passes]
+        rows = [(p.name, p.phase.when, _exactness(p), p.doc) for p in passes.lookup(graph_passes)]
         out += ["", Table(("pass", "runs", "exactness", "does"),
                           [(Styled("graph passes (onnxopt/library/passes.py)", "bold cyan"), rows)], "llll")]
     benefit = [s for s in skipped if s.get("why") == "benefit"]

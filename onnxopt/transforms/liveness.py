@@ -16,6 +16,7 @@ import onnx_ir as ir
 
 from onnxopt.ir.io import proto_graphs, to_ir
 from onnxopt.ir.kernels import kernel_defs
+from onnxopt.ir.shapes import tensor_nbytes
 
 _UNKNOWN = None
 # onnxruntime's CPU kernels whose output is a view of input 0 (KernelDefBuilder().Alias(0, 0)), and
@@ -55,22 +56,45 @@ def _ir_dims(value: ir.Value):
     return value.type.dtype.value, [d if isinstance(d, int) else None for d in value.shape]
 
 
+class _Inferred(dict):
+    """name -> (element type, dims) of the inferred types, each read from its TypeProto when first asked
+    for (a model's weights are declared too, and most are never asked for)."""
+
+    def __init__(self, types: dict[str, onnx.TypeProto]):
+        super().__init__()
+        self._types = types
+
+    def __contains__(self, name) -> bool:
+        return name in self._types
+
+    def __missing__(self, name):
+        dims = _proto_dims(self._types[name])
+        self[name] = dims
+        return dims
+
+    def get(self, name, default=None):
+        return self[name] if name in self._types else default
+
+
 class Sizes:
     """Bytes of every value of ``model`` (None where unknown), from onnx's shape inference, then
     from what the model declares."""
 
     def __init__(self, model: ir.Model, infer: Callable[[ir.Model], onnx.ModelProto]):
-        inferred: dict[str, tuple] = {}
+        types: dict[str, onnx.TypeProto] = {}  # by name, the first declaration (read into dims when asked)
         try:
             proto = infer(model)
         except Exception:  # noqa: BLE001 - inference refusing the model: what it declares is all we know
             proto = None
         if proto is not None:
             for g in proto_graphs(proto.graph):
-                for info in (*g.input, *g.output, *g.value_info):
-                    if info.name:
-                        inferred.setdefault(info.name, _proto_dims(info.type))
-        self._inferred = inferred
+                for field in (g.input, g.output, g.value_info):
+                    for info in field:
+                        name = info.name
+                        if name and name not in types:
+                            types[name] = info.type
+        self._types = types
+        self._inferred = _Inferred(types)
         self._cache: dict[ir.Value, int | None] = {}
 
     def dtype(self, value: ir.Value) -> int:
@@ -316,7 +340,8 @@ class Liveness:
                 note(v)
             self.input_values.append((v, s or 0))
             self.inputs_bytes += s or 0
-        self.weights_bytes = sum(v.const_value.nbytes for v in graph.initializers.values() if v.const_value is not None)
+        self.weights_bytes = sum(tensor_nbytes(v.const_value) for v in graph.initializers.values()
+                                 if v.const_value is not None)
         self.outputs = {v for v in graph.outputs}
         self.reads: list[list[ir.Value]] = []
         self.extra: list[int] = []

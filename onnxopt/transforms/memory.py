@@ -156,16 +156,18 @@ def _infer(model: ir.Model) -> onnx.ModelProto:
     light = light_proto(model)
     proto = infer_proto(light)
     names = {o.name for n in model.graph for o in n.outputs if o.name}
-    if not names <= _sized_names(proto):
+    sized = _sized_names(proto, names)
+    if not names <= sized:
         deeper = symbolic_infer(light)  # (the weights left out: it copies the model it is given)
-        if deeper is not None and len(names & _sized_names(deeper)) > len(names & _sized_names(proto)):
+        if deeper is not None and len(_sized_names(deeper, names)) > len(sized):
             return deeper
     return proto
 
 
-def _sized_names(proto: onnx.ModelProto) -> set[str]:
-    """The values whose every dimension a shape inference made concrete."""
-    return {vi.name for vi in (*proto.graph.value_info, *proto.graph.output) if vi.type.tensor_type.HasField("shape")
+def _sized_names(proto: onnx.ModelProto, among: set[str]) -> set[str]:
+    """The values of ``among`` whose every dimension a shape inference made concrete."""
+    return {vi.name for field in (proto.graph.value_info, proto.graph.output) for vi in field if vi.name in among
+            and vi.type.tensor_type.HasField("shape")
             and all(d.HasField("dim_value") and d.dim_value >= 0 for d in vi.type.tensor_type.shape.dim)}
 
 

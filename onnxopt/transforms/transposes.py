@@ -42,7 +42,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxopt.ir.util import REPLACED_KEY, RULE_KEY, constant_tensor, inherit_metadata, opset_of, redirect, use_count
-from onnxopt.ir.shapes import DECLARED, infer, opsets_of
+from onnxopt.ir.shapes import DECLARED, infer, infer_proto, opsets_of, tensor_nbytes
 from onnxopt.core.passes import SETTLED  # noqa: F401  (the key this pass sets)
 from onnxopt.ir.util import moves_data, perm_of  # noqa: F401
 
@@ -180,6 +180,28 @@ def transpose_summary(model: ir.Model) -> dict:
     "bytes" (None where a moved shape is not static)}``."""
     count, elements, nbytes = graph_cost(model)
     return {"count": count, "elements": str(elements), "bytes": nbytes}
+
+
+_FULL_INFERENCE_BYTES = 256 << 20  # report: onnx's shape inference on models with fewer weight bytes
+
+
+def report_summary(model: ir.Model) -> dict:
+    """:func:`transpose_summary` of ``model`` for optimize's report, ``model`` left as it is (the shape
+    inference it needs must not change what the rules see or what is written): taken on the model
+    onnx's inference returns (shape arithmetic propagated: it sees further) where its weights are under
+    256 MiB, else on a clone with onnxopt's own inference. No clone is made where the model is serialized
+    (serializing changes nothing), and none of a model without Transposes."""
+    if not any(n.op_type == "Transpose" for n in model.graph):
+        return {"count": 0, "elements": "0", "bytes": 0}
+    weights = sum(tensor_nbytes(v.const_value) for v in model.graph.initializers.values()
+                  if v.const_value is not None)
+    inferred = None
+    if weights < _FULL_INFERENCE_BYTES:
+        try:
+            inferred = ir.serde.deserialize_model(infer_proto(ir.serde.serialize_model(model)))  # (bounded)
+        except Exception:  # noqa: BLE001 - the figures then come from onnxopt's own inference
+            inferred = None
+    return transpose_summary(inferred if inferred is not None else model.clone())
 
 
 # --------------------------------------------------------------------------------------------
