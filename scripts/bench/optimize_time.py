@@ -2,7 +2,7 @@
 onnx_ir load+save on the synthetic conv/BN chain (whole process, best of N), and no slower than onnxsim
 on the zoo models (in process, median of N; within 10% counts as even under 100 ms).
 
-    python scripts/bench_optimize_time.py [--sizes 1000 10000 100000] [--repeat 3]
+    python -m scripts.bench.optimize_time [--sizes 1000 10000 100000] [--repeat 3]
         [--zoo ppocrv4-det resnet50-dynamo ...] [--zoo-repeat 5] [--tree NAME=PATH ...] [--out FILE.json]
 
 ``--tree NAME=PATH`` times another checkout too (``PYTHONPATH=PATH``: a tree exported with ``git archive``
@@ -29,7 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from scripts import ROOT  # the repository root
+
 BARE = "import onnx_ir as ir, sys; ir.save(ir.load(sys.argv[1]), sys.argv[2])"
 # in process: one warm-up each, then optimize and onnxsim alternately, `repeat` times each
 ZOO = r"""
