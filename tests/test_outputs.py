@@ -553,7 +553,7 @@ def test_quiet_means_nothing_on_stderr_for_non_finite_values(tmp_path):
 
 
 def test_ir_cache_is_keyed_by_build_and_honours_xdg(tmp_path):
-    code = "from onnxopt import io; print(io.onnxruntime_max_ir_version())"
+    code = "from onnxopt.ir import io; print(io.onnxruntime_max_ir_version())"
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg"), "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     files = list((tmp_path / "xdg" / "onnxopt").iterdir())
@@ -571,7 +571,7 @@ def test_ir_cache_that_cannot_be_used_is_passed_over(cache, tmp_path):
         (xdg / "onnxopt").mkdir(parents=True)
         name = f"onnxruntime-ir-{oio._onnxruntime_build()}.json"
         (xdg / "onnxopt" / name).write_text("{[" if cache == "garbage" else '{"max_ir_version": 99}')
-    code = "from onnxopt import io; print(io.onnxruntime_max_ir_version())"
+    code = "from onnxopt.ir import io; print(io.onnxruntime_max_ir_version())"
     env = {**os.environ, "XDG_CACHE_HOME": str(xdg), "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.returncode == 0 and out.stderr == "", out.stderr

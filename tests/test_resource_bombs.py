@@ -151,7 +151,7 @@ def test_bounded_inference_keeps_what_propagation_knows():
 
 SYMBOLIC = textwrap.dedent("""
     import sys, onnx
-    from onnxopt import shapes
+    from onnxopt.ir import shapes
     print(shapes.symbolic_infer(onnx.load(sys.argv[1])) is None, shapes.symbolic_infer(onnx.load(sys.argv[2])) is None)
 """)
 
