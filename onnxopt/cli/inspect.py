@@ -36,15 +36,13 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _peak_memory(model: str, shapes) -> dict | None:
-    """Peak activation memory by liveness (onnxopt.transforms.memory), or why it is not there. Inputs left with
-    symbolic dimensions are taken at the shapes the verifier runs them at (recorded as ``at``), as
-    optimize's report and its page take them: sized at none, most values were of unknown size."""
-    try:
-        from onnxopt.transforms.memory import peak
-    except ImportError:
-        return {"unavailable": "onnxopt.transforms.memory is not in this onnxopt"}
+def _peak_memory(model: str, shapes) -> dict:
+    """Peak activation memory by liveness (onnxopt.transforms.memory). Inputs left with symbolic dimensions
+    are taken at the shapes the verifier runs them at (recorded as ``at``), as optimize's report and its
+    page take them: sized at none, most values were of unknown size."""
     import onnx
+
+    from onnxopt.transforms.memory import peak
 
     graph = io.to_ir(onnx.load(model, load_external_data=False))  # (the graph only: no weights read)
     if shapes:

@@ -353,7 +353,7 @@ def _cost(data: Mapping) -> str:
                                  {k: (v.get("bytes_read") or 0) + (v.get("bytes_written") or 0) for k, v in ba.items()},
                                  _size, "bytes"))
     else:
-        reason = an.get("unavailable") if isinstance(an, Mapping) else "onnxopt.inspect.analysis is not in this onnxopt"
+        reason = an.get("unavailable") if isinstance(an, Mapping) else None  # (None: "not gathered")
         parts.append("<h3>FLOPs and bytes by op type</h3>" + _unavailable("static cost analysis", reason))
     prof = data.get("profile")
     parts.append("<h3>Measured latency by op type</h3>")
@@ -385,7 +385,7 @@ def _memory(data: Mapping):
 def _memory_section(data: Mapping) -> str:
     mem = _memory(data)
     if not (isinstance(mem, Mapping) and mem.get("before") and mem.get("after")):
-        reason = mem.get("unavailable") if isinstance(mem, Mapping) else "onnxopt.transforms.memory is not in this onnxopt"
+        reason = mem.get("unavailable") if isinstance(mem, Mapping) else None  # (None: "not gathered")
         return _section("memory", "Memory over time", _unavailable("the memory curve", reason))
     b, a = mem["before"], mem["after"]
     ymax = max([float(v) for v in (b.get("curve") or [0]) + (a.get("curve") or [0])] + [0.0])
