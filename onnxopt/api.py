@@ -362,7 +362,7 @@ def _measure_input(run: _Run) -> None:
     they move, and its peak activation memory where the pipeline will not record it."""
     loaded = run.loaded
     # the Transposes the model had (before its edges changed) and what they move, for the report
-    run.transposes = {"before": _transposes(loaded.model)} if run.return_report else None
+    run.transposes = {"before": report_summary(loaded.model)} if run.return_report else None
     # the input's peak: the pipeline records it before its first pass (the recomputation pass's limit);
     # taken here where the layout edges change the model first or that pass does not run
     early_peak = run.return_report and (bool(run.edges) or not passes.needing(run.graph_passes, MEMORY_BASELINE))
@@ -439,7 +439,7 @@ def _measure(run: _Run) -> None:
     loaded, result, memory, transposes = run.loaded, run.result, run.memory, run.transposes
     run.after = node_counts(loaded.model)
     if transposes is not None:
-        transposes["after"] = _transposes(loaded.model)
+        transposes["after"] = report_summary(loaded.model)
         if not (transposes["before"]["count"] or transposes["after"]["count"]):
             run.transposes = None
     kept = loaded.model.graph.meta.pop(PEAK_KEY, None)  # (the reorder pass's figure for the order it left)
@@ -581,11 +581,6 @@ def _memory_warnings(memory: dict, fp16: bool = False) -> list[str]:
            "copy, both alive at once" if fp16 else "rewrites made values live longer or larger, and neither "
            "reordering nor recomputation wins it back")
     return [f"peak activation memory rose ({moves}): {why}; onnxopt.transforms.memory.peak names what is alive at the peak"]
-
-
-def _transposes(model: ir.Model) -> dict:
-    """The report's Transposes figure (``onnxopt.transforms.transposes.report_summary``: ``model`` left as it is)."""
-    return report_summary(model)
 
 
 def _fusions(chosen, stats) -> dict:
