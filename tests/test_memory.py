@@ -751,3 +751,78 @@ def test_a_constant_nodes_tensor_is_a_weight():
     assert a["peak_bytes"] == b["peak_bytes"] == 2 * 2 * 256 * 4
     assert a["onnxruntime_peak_bytes"] == b["onnxruntime_peak_bytes"]
     assert a["weights_bytes"] == b["weights_bytes"] == w.nbytes
+
+
+def _count_inferences(monkeypatch):
+    """Counts the memory passes' inferences after the rewrites (``memory._sized``) and their reuses of
+    the baseline's (``memory._carried``)."""
+    calls = {"inferred": 0, "carried": 0}
+    sized, carried = memory._sized, memory._carried
+
+    def counting_sized(m):
+        calls["inferred"] += 1
+        return sized(m)
+
+    def counting_carried(m):
+        got = carried(m)
+        calls["carried"] += got is not None
+        return got
+
+    monkeypatch.setattr(memory, "_sized", counting_sized)
+    monkeypatch.setattr(memory, "_carried", counting_carried)
+    return calls
+
+
+@pytest.mark.parametrize("case", ["synthetic", "twins", "ppocr-mobile-cls", "minilm-legacy"])
+def test_the_memory_passes_reuse_the_baselines_inference_with_the_same_result(case, monkeypatch, tmp_path):
+    # the passes after the rewrites take the types the baseline's inference gave (no second
+    # inference) where every value is one it sized; the output is the one a second inference gives
+    from onnxopt.models import synthetic
+
+    if case == "synthetic":  # Conv+BN folded, Identity dropped: every value the input's or one taking its name
+        models = [synthetic.build(300)]
+    elif case == "twins":
+        models = [random_twins(seed, 30) for seed in range(12)]
+    else:
+        models = [onnx.load(zoo_model(case, tmp_path))]
+    calls = _count_inferences(monkeypatch)
+    carried = [optimize(m).SerializeToString() for m in models]
+    reused = calls["carried"]
+    monkeypatch.setattr(memory, "_carried", lambda m: None)  # a second inference, always
+    assert carried == [optimize(m).SerializeToString() for m in models]
+    if case in ("synthetic", "twins"):
+        assert reused >= len(models)
+    else:  # (a fusion's new values: the cls model's hard-swish parts; the bert-like one's are carried)
+        assert reused + calls["inferred"] >= 1
+
+
+def test_a_value_taking_a_removed_values_name_is_not_carried():
+    # baseline on x -> Relu a -> Relu b -> Relu c; then `b` removed and a new value named "b" made:
+    # through redirect (the same tensor, its name taken) it is carried; made otherwise, it is not
+    from onnxopt.ir.util import redirect
+
+    def relus():
+        m = io.to_ir(model([helper.make_node("Relu", ["x"], ["a"], name="n0"),
+                            helper.make_node("Relu", ["a"], ["b"], name="n1"),
+                            helper.make_node("Relu", ["b"], ["c"], name="n2")],
+                           [tinfo("x", [1000])], [tinfo("c", [1000])]))
+        memory.baseline(m)
+        assert memory._carried(m) is not None  # nothing changed: every value carried
+        return m
+
+    m = relus()
+    n1 = m.graph.node(1)
+    twin = ir.node("Relu", [n1.inputs[0]], name="n1_twin")
+    m.graph.insert_after(n1, twin)
+    redirect(n1.outputs[0], twin.outputs[0], take_name=True)
+    m.graph.remove(n1, safe=True)
+    assert twin.outputs[0].name == "b" and memory._carried(m) is not None
+
+    m = relus()
+    n1 = m.graph.node(1)
+    other = ir.node("Relu", [n1.inputs[0]], name="n1_other")
+    m.graph.insert_after(n1, other)
+    n1.outputs[0].replace_all_uses_with(other.outputs[0])
+    m.graph.remove(n1, safe=True)
+    other.outputs[0].name = "b"  # (a name reused, not taken over by redirect)
+    assert memory._carried(m) is None

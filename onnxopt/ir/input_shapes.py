@@ -155,13 +155,15 @@ def _model_dims(shape: ir.Shape | None) -> str:
         [d if isinstance(d, int) else (d.value or "?") for d in shape]) or "a scalar"
 
 
-def fix(model: ir.Model, shapes: Mapping[str, Sequence[Dim]], *, flag: str = FLAG) -> None:
+def fix(model: ir.Model, shapes: Mapping[str, Sequence[Dim]], *, flag: str = FLAG, refine: bool = True) -> None:
     """Fix ``model``'s inputs (in place) to ``shapes`` (as :func:`normalize` gives them): each
     given input takes its shape; a symbol given a number or a new name takes it everywhere it
     appears (other inputs, graph outputs, declared values, subgraphs); then dimensions of
     declared shapes that onnx's shape inference proves static become numbers. Refused
     (UsageError, one line): an unknown input, a wrong rank, a static dimension changed or made a
-    symbol, one symbol given two values (a number or a name); the messages name ``flag``."""
+    symbol, one symbol given two values (a number or a name); the messages name ``flag``.
+    ``refine=False`` leaves the inference out (a copy about to be inferred anyway: its declared
+    symbols take their numbers, and inference proves the rest as it would have)."""
     inputs = {v.name: v for v in model.graph.inputs if not v.is_initializer()}
     for name, dims in shapes.items():
         if name not in inputs:
@@ -195,7 +197,7 @@ def fix(model: ir.Model, shapes: Mapping[str, Sequence[Dim]], *, flag: str = FLA
                 value.shape = ir.Shape(shapes[value.name], denotations=_denotations(value, len(shapes[value.name])))
             elif value.shape is not None and changed:
                 _substitute(value, changed)
-    if any(isinstance(v, int) for dims in shapes.values() for v in dims):
+    if refine and any(isinstance(v, int) for dims in shapes.values() for v in dims):
         _refine(model)
 
 

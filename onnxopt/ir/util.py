@@ -272,6 +272,9 @@ def can_take_output(value: ir.Value) -> bool:
     return not (value.is_graph_output() or value.is_graph_input() or value.is_initializer())
 
 
+SAME_AS_KEY = "onnxopt.same_as"  # Value.meta (in memory only): the name of the value this one replaced, taking its name
+
+
 def redirect(old: ir.Value, new: ir.Value, *, take_name: bool = False) -> list[ir.Node]:
     """Point every reader of ``old`` at ``new``; returns the nodes that read ``old``. A graph output
     keeps its name, type and shape (``new`` takes them: it must be able to, see :func:`can_take_output`), and with
@@ -285,6 +288,7 @@ def redirect(old: ir.Value, new: ir.Value, *, take_name: bool = False) -> list[i
         old.name = None
         old.replace_all_uses_with(new, replace_graph_outputs=True)
         new.name = name
+        new.meta[SAME_AS_KEY] = name  # the tensor ``old`` was, under its name (onnxopt.transforms.memory reads it)
     else:
         old.replace_all_uses_with(new)
     return readers

@@ -42,7 +42,7 @@ from onnxopt.ir.util import (MERGED_KEY, REPLACED_KEY, RULE_KEY, SOURCES_KEY, ca
 from onnxopt.core.passes import SETTLED, Effect, Pass, Phase, Requirement, Touched, register
 from onnxopt.core.purity import Purity
 from onnxopt.ir.shapes import forget_inferred_shapes, infer, infer_model, mark_declared, opsets_of  # noqa: F401
-from onnxopt.transforms.recompute import BASELINE_KEY, SIZES_KEY
+from onnxopt.transforms.recompute import BASELINE_KEY, CARRIED_KEY, SIZES_KEY
 
 
 def _attr_key(attr: ir.Attr):
@@ -321,10 +321,11 @@ PASSES = tuple(register(p, replace=True) for p in (  # (replace: a reload of thi
     Pass(RECOMPUTE, _recompute_for_memory, Phase.LAST,
          "Where the rewrites raised the peak activation memory above the input's, cheap pure nodes whose values "
          "live across the peak are computed again after it (onnxopt.transforms.recompute).", exact=True,
-         needs=(MEMORY_BASELINE,), scratch=(SIZES_KEY,)),
+         needs=(MEMORY_BASELINE,), scratch=(SIZES_KEY, CARRIED_KEY)),
     Pass(MEMORY, _reorder_for_memory, Phase.LAST,
          "The main graph's nodes reordered (nothing else changes) where that strictly lowers the peak activation "
-         "memory (onnxopt.transforms.memory).", effect=Effect.ORDER, exact=True, scratch=(SIZES_KEY,)),
+         "memory (onnxopt.transforms.memory).", effect=Effect.ORDER, exact=True,
+         scratch=(SIZES_KEY, CARRIED_KEY)),
 ))
 BY_NAME = {p.name: p for p in PASSES}  # the built-in passes (onnxopt.core.passes.table(): every registered one)
 NAMES = tuple(BY_NAME)  # in the order reports and --list-rules show them

@@ -76,23 +76,29 @@ class _Inferred(dict):
         return self[name] if name in self._types else default
 
 
+def inferred_types(proto: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+    """The types ``proto`` declares (an inference's result), by value name: the first declaration
+    (inputs, outputs, values; the main graph's, then its subgraphs')."""
+    types: dict[str, onnx.TypeProto] = {}
+    for g in proto_graphs(proto.graph):
+        for field in (g.input, g.output, g.value_info):
+            for info in field:
+                name = info.name
+                if name and name not in types:
+                    types[name] = info.type
+    return types
+
+
 class Sizes:
     """Bytes of every value of ``model`` (None where unknown), from onnx's shape inference, then
     from what the model declares."""
 
-    def __init__(self, model: ir.Model, infer: Callable[[ir.Model], onnx.ModelProto]):
-        types: dict[str, onnx.TypeProto] = {}  # by name, the first declaration (read into dims when asked)
+    def __init__(self, model: ir.Model, infer: Callable[[ir.Model], onnx.ModelProto | dict[str, onnx.TypeProto]]):
         try:
-            proto = infer(model)
+            got = infer(model)  # (a ModelProto inference gave, or the types by name already read from one)
         except Exception:  # noqa: BLE001 - inference refusing the model: what it declares is all we know
-            proto = None
-        if proto is not None:
-            for g in proto_graphs(proto.graph):
-                for field in (g.input, g.output, g.value_info):
-                    for info in field:
-                        name = info.name
-                        if name and name not in types:
-                            types[name] = info.type
+            got = None
+        types = got if isinstance(got, dict) else inferred_types(got) if got is not None else {}
         self._types = types
         self._inferred = _Inferred(types)
         self._cache: dict[ir.Value, int | None] = {}

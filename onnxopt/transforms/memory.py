@@ -36,7 +36,9 @@ import onnx_ir as ir
 from onnxopt.ir import io
 from onnxopt.errors import UsageError
 from onnxopt.ir.input_shapes import fix, normalize
-from onnxopt.transforms.liveness import Liveness, Sizes, onnxruntime_graph, onnxruntime_order, plan_shapes, reorder as _reorder, result
+from onnxopt.ir.util import SAME_AS_KEY
+from onnxopt.transforms.liveness import (Liveness, Sizes, inferred_types, onnxruntime_graph, onnxruntime_order,
+                                         plan_shapes, reorder as _reorder, result)
 from onnxopt.ir.shapes import infer_proto, light_proto, symbolic_infer
 
 
@@ -72,6 +74,10 @@ def peak(model, input_shapes=None, *, curve: bool = True, order: str = "graph") 
     and the inlining out (they need a second shape inference)."""
     if order not in ("graph", "onnxruntime"):
         raise UsageError(f"memory.peak: order {order!r}: choose graph or onnxruntime")
+    return _peak(model, input_shapes, curve, order, _infer)
+
+
+def _peak(model, input_shapes, curve: bool, order: str, infer) -> dict:
     planned, late = None, frozenset()
     m = _as_ir(model)
     if order == "onnxruntime":
@@ -82,8 +88,8 @@ def peak(model, input_shapes=None, *, curve: bool = True, order: str = "graph") 
     if input_shapes:
         if m is model:  # (the caller's: left as it is)
             m = m.clone()
-        fix(m, normalize(input_shapes))
-    g = Liveness(m, Sizes(m, _infer), planned, late)
+        fix(m, normalize(input_shapes), refine=False)
+    g = Liveness(m, Sizes(m, infer), planned, late)
     steps = range(len(g.nodes)) if order == "graph" else onnxruntime_order(g)
     return result(g, steps, curve=curve, runtime=order == "onnxruntime")
 
@@ -109,10 +115,24 @@ def report_peak(model: ir.Model) -> dict:
 
 def baseline(model: ir.Model) -> None:
     """Record ``model``'s :func:`report_peak` (as the pipeline receives it) for the
-    ``memory_recomputation`` pass, and for optimize's report as its "before"."""
-    from onnxopt.transforms.recompute import BASELINE_KEY
+    ``memory_recomputation`` pass, and for optimize's report as its "before"; and the types its
+    inference gave, with the values they are of, for the passes after the rewrites
+    (:func:`_carried`)."""
+    from onnxopt.ir.input_shapes import symbolic_run_shapes
+    from onnxopt.transforms.recompute import BASELINE_KEY, CARRIED_KEY
 
-    model.graph.meta[BASELINE_KEY] = report_peak(model)
+    shapes = symbolic_run_shapes(model)
+    inferred = []
+
+    def infer(m: ir.Model) -> dict:
+        inferred.append(inferred_types(_infer(m)))
+        return inferred[-1]
+
+    result = _peak(model, shapes or None, False, "graph", infer)
+    model.graph.meta[BASELINE_KEY] = {**result, "at": shapes} if shapes else result
+    if inferred:
+        values = {v.name: v for g in model.graphs() for v in (*g.inputs, *(o for n in g for o in n.outputs)) if v.name}
+        model.graph.meta[CARRIED_KEY] = (shapes, inferred[-1], values)
 
 
 def recompute(model: ir.Model, touched=None) -> int:
@@ -132,9 +152,42 @@ def _sized_once(model: ir.Model) -> onnx.ModelProto:
     cached = model.graph.meta.get(SIZES_KEY)
     if cached is not None and len(cached[0]) == len(seen) and all(a is b for a, b in zip(cached[0], seen)):
         return cached[1]
-    proto = _sized(model)
-    model.graph.meta[SIZES_KEY] = (seen, proto)
-    return proto
+    got = _carried(model)
+    if got is None:
+        got = _sized(model)
+    model.graph.meta[SIZES_KEY] = (seen, got)
+    return got
+
+
+def _carried(model: ir.Model) -> dict | None:
+    """The types the baseline's inference gave (``baseline``), for every value the memory passes size
+    that is the tensor it was then: the same object under the same name, or a value that replaced it
+    and took its name (``onnxopt.ir.util.redirect``); None (infer again) unless that sizes them all
+    and the verifier's run shapes are the baseline's. Rewrites keep what a value is, so its type and
+    shape hold: a pipeline whose rewrites made no value of their own needs no second inference."""
+    from onnxopt.ir.input_shapes import symbolic_run_shapes
+    from onnxopt.transforms.recompute import CARRIED_KEY
+
+    carried = model.graph.meta.get(CARRIED_KEY)
+    if carried is None:
+        return None
+    shapes, types, values = carried
+    if (symbolic_run_shapes(model) or {}) != (shapes or {}):
+        return None
+    kept: dict[str, onnx.TypeProto] = {}
+    needed: list[ir.Value] = []
+    for g in model.graphs():  # (what Liveness sizes: the main graph's inputs, every node's outputs)
+        for v in (*(g.inputs if g is model.graph else ()), *(o for n in g for o in n.outputs)):
+            if v.is_initializer():
+                continue
+            needed.append(v)
+            name = v.name
+            if name in types and (values.get(name) is v or v.meta.get(SAME_AS_KEY) == name):
+                kept[name] = types[name]
+    sizes = Sizes(model, lambda _: kept)
+    if any(sizes(v) is None for v in needed):
+        return None
+    return kept
 
 
 def _sized(model: ir.Model) -> onnx.ModelProto:
@@ -146,7 +199,7 @@ def _sized(model: ir.Model) -> onnx.ModelProto:
     m = model
     if shapes:
         m = model.clone()
-        fix(m, normalize(shapes))
+        fix(m, normalize(shapes), refine=False)
     return _infer(m)
 
 

@@ -40,6 +40,7 @@ from onnxopt.core.purity import Purity
 
 BASELINE_KEY = "onnxopt.memory.baseline"  # graph.meta (in memory only): the input's memory.peak, recorded first
 SIZES_KEY = "onnxopt.memory.sizes"  # graph.meta (in memory only): the memory passes' last inference, and its nodes
+CARRIED_KEY = "onnxopt.memory.carried"  # graph.meta (in memory only): the baseline's inferred types, for the later passes
 
 # not cheap to compute again: work beyond one pass over the data (products, convolutions, recurrences)
 _COSTLY = frozenset({

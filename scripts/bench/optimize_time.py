@@ -3,16 +3,18 @@ onnx_ir load+save on the synthetic conv/BN chain (whole process, best of N), and
 on the zoo models (in process, median of N; within 10% counts as even under 100 ms).
 
     python -m scripts.bench.optimize_time [--sizes 1000 10000 100000] [--repeat 3]
-        [--zoo ppocrv4-det resnet50-dynamo ...] [--zoo-repeat 5] [--tree NAME=PATH ...] [--out FILE.json]
+        [--zoo ppocrv4-det resnet50-dynamo ...] [--zoo-repeat 11] [--tree NAME=PATH ...] [--out FILE.json]
 
 ``--tree NAME=PATH`` times another checkout too (``PYTHONPATH=PATH``: a tree exported with ``git archive``
 whose ``onnxopt/rules`` and ``onnxopt/models`` link to its ``rules/`` and ``models/``), interleaved run by
 run with this one, so that a shared machine's load falls on both alike; each tree's optimize is checked
 to write the same bytes as the first tree's (``same_output``). The JSON keeps every run's seconds, the
 machine (CPU, cores, load before and after) and the figures: ``ratio`` (best optimize / best bare) per
-size and tree, and ``vs_onnxsim`` (median optimize / median onnxsim) per zoo model and tree.
-
-Self-contained: no imports from scripts/ (run from the repository root or anywhere).
+size and tree, and ``vs_onnxsim`` (median optimize / median onnxsim) per zoo model and tree, with its 90%
+paired bootstrap interval (``onnxopt.verify.runtime.ratio_interval``; the two alternate run by run);
+``not_slower`` when the median ratio meets the bound and the interval's top is within 0.03 of it. Each
+tree's bytecode is compiled before the timing, as an installed package has it (pip compiles it), so no
+run pays for compiling sources.
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from onnxopt.verify.runtime import ratio_interval
 from scripts import ROOT  # the repository root
 
+COMPILED = ("onnxopt", "rules", "models")  # a tree's Python sources
 BARE = "import onnx_ir as ir, sys; ir.save(ir.load(sys.argv[1]), sys.argv[2])"
 # in process: one warm-up each, then optimize and onnxsim alternately, `repeat` times each
 ZOO = r"""
@@ -140,12 +144,18 @@ def zoo(models, repeat, trees, work: Path) -> dict:
                 raise RuntimeError(f"{model} ({name}): {proc.stderr.strip()[-2000:]}")
             runs = json.loads(proc.stdout.strip().splitlines()[-1])
             med = {k: statistics.median(v) for k, v in runs.items()}
-            ratio = med["onnxopt"] / med["onnxsim"]
-            even = ratio <= 1.0 or (ratio <= 1.1 and med["onnxopt"] < 0.1)
-            rows[name] = {"runs_s": runs, "median_s": med, "vs_onnxsim": round(ratio, 3), "not_slower": even,
-                          "sha256": digest(dst)}
+            # the ratio of medians with its 90% paired bootstrap interval (the runs alternate, round by round)
+            ci = ratio_interval(runs["onnxsim"], runs["onnxopt"])
+            ratio = ci["ratio"]
+            high = ci["interval"][1] if ci["interval"] else ratio
+            bound = 1.1 if med["onnxopt"] < 0.1 else 1.0  # (within 10% is even for models under 100 ms)
+            even = ratio <= bound and high <= bound + 0.03  # "at most X": the median, and the interval's top within 0.03
+            rows[name] = {"runs_s": runs, "median_s": med, "vs_onnxsim": round(ratio, 3),
+                          "interval": [round(x, 3) for x in ci["interval"]] if ci["interval"] else None,
+                          "bound": bound, "not_slower": even, "sha256": digest(dst)}
+            span = f", 90% interval {ci['interval'][0]:.2f}-{ci['interval'][1]:.2f}" if ci["interval"] else ""
             print(f"{model} ({name}): onnxopt {med['onnxopt'] * 1000:.0f} ms, onnxsim {med['onnxsim'] * 1000:.0f} ms "
-                  f"({ratio:.2f}x{'' if even else ', SLOWER'})", flush=True)
+                  f"({ratio:.2f}x{span}{'' if even else ', SLOWER'})", flush=True)
         first = next(iter(rows.values()))["sha256"] if rows else None
         for row in rows.values():
             row["same_output"] = row["sha256"] == first
@@ -158,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", nargs="*", type=int, default=[1000, 10000, 100000])
     p.add_argument("--repeat", type=int, default=3, help="whole-process runs per size and tree (best taken)")
     p.add_argument("--zoo", nargs="*", default=[], help="zoo models to time against onnxsim, in process")
-    p.add_argument("--zoo-repeat", type=int, default=5, help="in-process runs per zoo model (median taken)")
+    p.add_argument("--zoo-repeat", type=int, default=11,
+                   help="in-process runs per zoo model (median taken; 10 or more give the interval)")
     p.add_argument("--tree", action="append", default=[], metavar="NAME=PATH",
                    help="another checkout to time too (PYTHONPATH=PATH), interleaved with this one")
     p.add_argument("--name", default="this", help="the name of this checkout in the results")
@@ -172,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--tree {spec}: NAME=PATH")
         trees[name] = Path(path).resolve()
     trees[args.name] = ROOT
+    for tree in trees.values():  # bytecode compiled first, as an installed package has it (pip compiles it)
+        subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", *(str(tree / d) for d in COMPILED)],
+                       check=True, capture_output=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": ""})
     result = {"machine": machine(), "load_before": load(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "trees": {k: str(v) for k, v in trees.items()}}
     with tempfile.TemporaryDirectory(prefix="bench-optimize-time-") as tmp:
