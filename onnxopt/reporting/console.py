@@ -14,10 +14,7 @@ import sys
 import threading
 import time
 
-from rich import box
 from rich.console import Console
-from rich.progress import BarColumn, Progress, ProgressColumn, SpinnerColumn, TextColumn
-from rich.table import Table as RichTable
 from rich.text import Text
 
 from onnxopt.reporting.text import Table
@@ -31,9 +28,12 @@ def _text(cell) -> Text:
     return Text(str(cell), style=getattr(cell, "style", ""))
 
 
-def _tables(t: Table) -> list[RichTable]:
+def _tables(t: Table) -> list:
     """A report's table for rich: one per section, under its title, the columns but the last as
     wide in each (the last takes the rest of the line and wraps)."""
+    from rich import box  # (rich's tables and progress are imported where drawn: a pipe needs neither)
+    from rich.table import Table as RichTable
+
     widths = [max(len(str(r[i])) for _, rows in t.sections for r in [t.header, *rows]) for i in range(len(t.header))]
     out = []
     for title, rows in t.sections:
@@ -74,13 +74,15 @@ def say(message: str, style: str = "bold red") -> None:
     con.print(Text.assemble(("onnxopt: ", "bold"), (message, style)), soft_wrap=True)
 
 
-class _Elapsed(ProgressColumn):
-    def __init__(self, start: float):
-        super().__init__()
-        self.start = start
+def _elapsed(start: float):
+    """A progress column of the seconds since ``start``."""
+    from rich.progress import ProgressColumn
 
-    def render(self, task) -> Text:
-        return Text(f"{time.monotonic() - self.start:.0f} s", style="dim")
+    class Elapsed(ProgressColumn):
+        def render(self, task) -> Text:
+            return Text(f"{time.monotonic() - start:.0f} s", style="dim")
+
+    return Elapsed()
 
 
 class Status:
@@ -101,7 +103,7 @@ class Status:
         self._state = ("", 0, 0)
         self._started = 0.0
         self._timer: threading.Timer | None = None
-        self._bar: Progress | None = None
+        self._bar = None  # (a rich Progress while drawn)
 
     def __call__(self, step: str, done: int = 0, total: int = 0) -> None:
         if not self.enabled:
@@ -125,9 +127,11 @@ class Status:
         with self._lock:
             if self._timer is None:  # closed meanwhile
                 return
+            from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
+
             fields = self._fields()
             self._bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                                 TextColumn("{task.fields[count]}"), _Elapsed(self._started), console=self._console,
+                                 TextColumn("{task.fields[count]}"), _elapsed(self._started), console=self._console,
                                  transient=True, redirect_stdout=False)
             self._bar.add_task(fields.pop("description"), **fields)
             self._bar.start()
