@@ -39,6 +39,7 @@ from onnxopt.library.passes import MEMORY_BASELINE
 from onnxopt.core.pattern import Rule
 from onnxopt.reporting.text import summary_line
 from onnxopt.ir.input_shapes import RUN_SHAPES_KEY, refine_fixed, symbolic_run_shapes
+from onnxopt.ir.shapes import SOURCE_KEY
 from onnxopt.verify.inputs import data_shapes, run_shapes
 
 
@@ -392,6 +393,10 @@ def _rewrite(run: _Run) -> None:
     preprocessing folded into the weights."""
     rw, loaded, edited = run.options.rewrite, run.loaded, run.edited
     run.before = node_counts(loaded.model)
+    if loaded.source is not None and not run.input_shapes and not edited:
+        # the model as read, unchanged: what the pipeline records of the input may read the proto
+        # it was read from rather than serialize the model again (onnxopt.ir.shapes.light_source)
+        loaded.model.graph.meta[SOURCE_KEY] = loaded.source
     run.result = pipeline.run(loaded.model, run.chosen, max_rewrites=rw.max_rewrites, graph_passes=run.graph_passes,
                               stop_after=rw.stop_after, keep_log=rw.stop_after is not None, strict=run.strict,
                               progress=run.progress,

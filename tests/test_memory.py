@@ -826,3 +826,52 @@ def test_a_value_taking_a_removed_values_name_is_not_carried():
     m.graph.remove(n1, safe=True)
     other.outputs[0].name = "b"  # (a name reused, not taken over by redirect)
     assert memory._carried(m) is None
+
+
+@pytest.mark.parametrize("case", ["synthetic", "declared", "resnet50-dynamo", "ppocrv4-det"])
+def test_the_light_proto_taken_from_the_file_infers_what_the_serialized_one_does(case, tmp_path, monkeypatch):
+    # the baseline's inference reads the proto the file was parsed into (no serialization of the
+    # graph): the types it gives every node output and input are those of the serialized model's
+    from onnxopt.ir.shapes import SOURCE_KEY, infer_proto, light_proto, light_source
+    from onnxopt.models import synthetic
+
+    if case == "synthetic":
+        proto = synthetic.build(200)
+    elif case == "declared":  # recorded values, an initializer that is an input, a large one, a graph output one
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
+                 helper.make_node("Add", ["a", "b"], ["c"], name="add"),
+                 helper.make_node("Reshape", ["c", "shape"], ["y"], name="rs")]
+        proto = model(nodes, [tinfo("x", ["n", 64]), tinfo("b", [64])], [tinfo("y", 2), tinfo("shape", [2], TensorProto.INT64)],
+                      [init("w", np.ones((64, 64), np.float32)), init("b", np.zeros(64, np.float32)),
+                       init("shape", np.array([-1, 32], np.int64))])
+        proto.graph.value_info.extend([tinfo("a", ["n", 64]), tinfo("w", [64, 64]), tinfo("gone", [3])])
+    else:
+        proto = onnx.load(zoo_model(case, tmp_path))
+    path = tmp_path / "m.onnx"
+    onnx.save(proto, path)
+    loaded = io.load(path)
+    m = loaded.model
+    assert light_source(m) is None  # (only where the reader left it)
+    m.graph.meta[SOURCE_KEY] = loaded.source
+    light = light_source(m)
+    assert light is not None and not any(t.raw_data and len(t.raw_data) > 1000 for t in light.graph.initializer)
+    ours, theirs = (liveness.inferred_types(infer_proto(p)) for p in (light, light_proto(m)))
+    names = [o.name for n in m.graph for o in n.outputs] + [v.name for v in m.graph.inputs]
+    assert [ours.get(k) for k in names] == [theirs.get(k) for k in names]
+    assert sum(t is not None for t in (ours.get(k) for k in names)) >= len(names) // 2
+    # optimize from the file (the light proto taken from it) writes what it writes with the model serialized
+    optimize(str(path), output=tmp_path / "out.onnx")
+    monkeypatch.setattr(memory, "light_source", lambda m: None)
+    optimize(str(path), output=tmp_path / "serialized.onnx")
+    assert (tmp_path / "out.onnx").read_bytes() == (tmp_path / "serialized.onnx").read_bytes()
+
+
+def test_the_pipeline_drops_the_proto_it_was_read_from():
+    from onnxopt.core import pipeline
+    from onnxopt.ir.shapes import SOURCE_KEY
+    from onnxopt.library import registry
+
+    m = io.to_ir(_branches())
+    m.graph.meta[SOURCE_KEY] = onnx.ModelProto()
+    pipeline.run(m, registry.builtin_rules())
+    assert SOURCE_KEY not in m.graph.meta

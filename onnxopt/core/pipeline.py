@@ -4,7 +4,9 @@ the whole-graph passes between its rounds, and the final cleanup. The passes are
 this module names none, and runs each by what it declares:
 
 0. The records of the input the chosen passes need (``Pass.needs``: the memory baseline), each once,
-   before anything changes (the time counted as that of the first pass needing it).
+   before anything changes (the time counted as that of the first pass needing it); they may read
+   the ModelProto the model was read from where the caller left it (``onnxopt.ir.shapes.SOURCE_KEY``),
+   which is dropped then.
 1. Dead code out (a dead reader of a value would block patterns that need it to have one use),
    and a note on each value of what the input recorded of its type and shape.
 2. The passes of phase ``Phase.FIRST``, in table order (constant lifting, shape completion).
@@ -37,7 +39,7 @@ from onnxopt.core.passes import Pass, Phase
 from onnxopt.core.pattern import Rule
 from onnxopt.core.purity import Purity
 from onnxopt.core.stats import DriverResult, RuleStats
-from onnxopt.ir.shapes import forget_inferred_shapes, mark_declared
+from onnxopt.ir.shapes import SOURCE_KEY, forget_inferred_shapes, mark_declared
 from onnxopt.ir.util import gc_paused, remove_unused
 
 _MAX_PASS_ROUNDS = 32
@@ -68,6 +70,7 @@ def _run(model, rules, graph_passes, max_rewrites, stop_after, keep_log, options
         t0 = time.perf_counter()
         req.record(model)
         stats[p.name].seconds += time.perf_counter() - t0
+    model.graph.meta.pop(SOURCE_KEY, None)  # (the proto it was read from: true until the first change)
     _remove_dead(model)
     mark_declared(model)
     early, early_log = 0, []

@@ -44,6 +44,7 @@ class Loaded:
     external: bool = False  # the input kept (some) weights in external data files
     data_files: frozenset = frozenset()  # those files (resolved): never to be overwritten
     exported: onnx.ModelProto | None = None  # a graphsurgeon Graph's export: the input as onnx reads it
+    source: onnx.ModelProto | None = None  # a file's or bytes' ModelProto the model was read from (sparse made dense)
 
 
 def first_line(exc: BaseException, limit: int = 400, *, typed: bool = False) -> str:
@@ -391,7 +392,7 @@ def load(source: ModelLike, *, check: bool = True, copy_ir: bool = True) -> Load
         return dataclasses.replace(_load_proto(proto, check, what), kind="gs", exported=proto)
     if isinstance(source, (bytes, bytearray, memoryview)):
         proto, _ = read_checked(source, check=check)
-        return Loaded(to_ir(proto, copy=False), "bytes")
+        return Loaded(to_ir(proto, copy=False), "bytes", source=proto)
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         proto, external = read_checked(path, check=check)
@@ -400,7 +401,7 @@ def load(source: ModelLike, *, check: bool = True, copy_ir: bool = True) -> Load
             if isinstance(tensor, ir.ExternalTensor):
                 tensor.base_dir = path.parent
         files = frozenset(external_data_files(model)) if external else frozenset()
-        return Loaded(model, "path", path=path, external=external, data_files=files)
+        return Loaded(model, "path", path=path, external=external, data_files=files, source=proto)
     raise UsageError(
         f"cannot load a model from {type(source).__name__}: pass a path, bytes, onnx.ModelProto, onnx_ir.Model "
         "or onnx_graphsurgeon.Graph"

@@ -652,6 +652,61 @@ def light_proto(model: ir.Model) -> onnx.ModelProto:
     return proto
 
 
+SOURCE_KEY = "onnxopt.source"  # graph.meta (in memory only): the ModelProto the model was just read from, unchanged
+
+
+def light_source(model: ir.Model) -> onnx.ModelProto | None:
+    """:func:`light_proto` of ``model`` taken from the ModelProto it was read from (``SOURCE_KEY``,
+    set by whoever read it while nothing has changed it; the proto already parsed, this costs no
+    serialization of the graph): the same nodes, inputs, outputs and initializers kept or declared
+    alike, and the value types the model records for its nodes' outputs, as its serialization
+    writes them. None where the model has none recorded, or has subgraphs or local functions
+    (whose recorded values this does not sort as the serialization would)."""
+    source = model.graph.meta.get(SOURCE_KEY)
+    if source is None or model.functions or any(g is not model.graph for g in model.graphs()):
+        return None
+    try:
+        return _light_source(source)
+    except Exception:  # noqa: BLE001 - (a tensor type with no size): the serialization's way, as before
+        return None
+
+
+def _light_source(source: onnx.ModelProto) -> onnx.ModelProto:
+    graph = source.graph
+    light = onnx.ModelProto()
+    for field, value in source.ListFields():  # (all but the graph)
+        if field.name == "graph":
+            continue
+        repeated = field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED
+        if repeated:
+            getattr(light, field.name).extend(value)
+        elif field.message_type is not None:
+            getattr(light, field.name).CopyFrom(value)
+        else:
+            setattr(light, field.name, value)
+    out = light.graph
+    out.name = graph.name
+    out.node.extend(graph.node)
+    out.input.extend(graph.input)
+    out.output.extend(graph.output)
+    produced = {o for n in graph.node for o in n.output if o}
+    inputs = {i.name for i in graph.input}
+    declared = inputs | {o.name for o in graph.output}
+    out.value_info.extend(vi for vi in graph.value_info
+                          if vi.name in produced and vi.name not in declared and vi.HasField("type"))
+    detached = []
+    for tensor in graph.initializer:
+        nbytes = math.ceil(ir.DataType(tensor.data_type).itemsize * math.prod(tensor.dims))
+        if tensor.name in inputs or nbytes > _INFER_DATA_LIMIT:
+            detached.append(tensor)
+        else:
+            out.initializer.append(tensor)
+    for tensor in detached:
+        if tensor.name not in inputs:
+            out.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
+    return light
+
+
 def symbolic_infer(proto: onnx.ModelProto) -> onnx.ModelProto | None:
     """onnxruntime's symbolic shape inference, where onnxruntime is installed: it computes the
     shape arithmetic of exported models (Shape, Gather, Slice of a position table, ...) that

@@ -39,7 +39,7 @@ from onnxopt.ir.input_shapes import fix, normalize
 from onnxopt.ir.util import SAME_AS_KEY
 from onnxopt.transforms.liveness import (Liveness, Sizes, inferred_types, onnxruntime_graph, onnxruntime_order,
                                          plan_shapes, reorder as _reorder, result)
-from onnxopt.ir.shapes import infer_proto, light_proto, symbolic_infer
+from onnxopt.ir.shapes import infer_proto, light_proto, light_source, symbolic_infer
 
 
 def _as_ir(model) -> ir.Model:
@@ -124,8 +124,10 @@ def baseline(model: ir.Model) -> None:
     shapes = symbolic_run_shapes(model)
     inferred = []
 
+    light = None if shapes else light_source(model)  # (the proto read, where the model is as read)
+
     def infer(m: ir.Model) -> dict:
-        inferred.append(inferred_types(_infer(m)))
+        inferred.append(inferred_types(_infer(m, light if m is model else None)))
         return inferred[-1]
 
     result = _peak(model, shapes or None, False, "graph", infer)
@@ -203,10 +205,11 @@ def _sized(model: ir.Model) -> onnx.ModelProto:
     return _infer(m)
 
 
-def _infer(model: ir.Model) -> onnx.ModelProto:
+def _infer(model: ir.Model, light: onnx.ModelProto | None = None) -> onnx.ModelProto:
     """onnx's shape inference (as ``onnxopt.ir.shapes.infer_model``), and onnxruntime's symbolic inference where onnx's leaves
-    a node output's size open (exported shape arithmetic, a symbolic dimension) and it knows more."""
-    light = light_proto(model)
+    a node output's size open (exported shape arithmetic, a symbolic dimension) and it knows more;
+    ``light``: ``model``'s :func:`onnxopt.ir.shapes.light_proto`, where the caller has it."""
+    light = light if light is not None else light_proto(model)
     proto = infer_proto(light)
     names = {o.name for n in model.graph for o in n.outputs if o.name}
     sized = _sized_names(proto, names)
