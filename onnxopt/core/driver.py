@@ -42,7 +42,8 @@ import onnx
 import onnx_ir as ir
 
 from onnxopt.errors import RuleBug, RuleError
-from onnxopt.ir.util import (REPLACED_KEY, RULE_KEY, SOURCES_KEY, constant_tensor, domain, inherit_metadata, redirect,
+from onnxopt.ir.util import (REPLACED_KEY, RULE_KEY, SOURCES_KEY, constant_tensor, domain, graphs, inherit_metadata,
+                     redirect,
                      recorded_sources, remove_dead, use_count)
 from onnxopt.core.pattern import ANY_OP, Builder, Match, Namer, Refuse, Rule
 from onnxopt.core.stats import DriverResult, RuleStats
@@ -186,7 +187,7 @@ class Driver:
         result = self.result
         if seed:
             initial = 0
-            for graph in self.model.graphs():
+            for graph in graphs(self.model):
                 for node in graph:
                     initial += 1
                     self._push(node)

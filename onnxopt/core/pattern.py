@@ -89,7 +89,7 @@ import onnx_ir as ir
 
 from onnxopt import targets as _targets
 from onnxopt.errors import RuleError, UsageError
-from onnxopt.ir.util import constant_tensor, opset_of, use_count
+from onnxopt.ir.util import constant_tensor, graphs, opset_of, use_count
 from onnxopt.ir.shapes import infer
 
 class Refuse(Exception):
@@ -775,7 +775,7 @@ class Namer:
 
     def __init__(self, model: ir.Model):
         taken: set[str] = set()
-        for graph in model.graphs():
+        for graph in graphs(model):
             for value in graph.inputs:
                 taken.add(value.name)
             for name in graph.initializers:

@@ -27,6 +27,7 @@ import onnx_ir as ir
 
 from onnxopt.errors import UsageError
 from onnxopt.ir.shapes import PLACEHOLDER_DIMS, infer_model
+from onnxopt.ir.util import graphs
 
 Dim = Union[int, str]
 Shapes = dict[str, tuple[Dim, ...]]
@@ -190,7 +191,7 @@ def fix(model: ir.Model, shapes: Mapping[str, Sequence[Dim]], *, flag: str = FLA
             raise UsageError(f"{flag}: the symbol {symbol!r} is given two values, {a} ({at}) and {b} ({bt})")
         given[symbol] = next(iter(values))
     changed = {s: v for s, v in given.items() if v != s}
-    for graph in model.graphs():
+    for graph in graphs(model):
         values = [*graph.inputs, *graph.outputs, *(o for node in graph for o in node.outputs)]
         for value in values:
             if value.name in shapes and inputs.get(value.name) is value:
@@ -204,7 +205,7 @@ def fix(model: ir.Model, shapes: Mapping[str, Sequence[Dim]], *, flag: str = FLA
 def _declared_symbols(model: ir.Model) -> dict[str, str]:
     """Each symbol the model's declared shapes use, and one value that has it."""
     found: dict[str, str] = {}
-    for graph in model.graphs():
+    for graph in graphs(model):
         for value in [*graph.inputs, *graph.outputs, *(o for node in graph for o in node.outputs)]:
             for k, d in enumerate(value.shape or ()):
                 if _symbol(d) is not None:

@@ -26,7 +26,7 @@ import onnx
 import onnx_ir as ir
 
 from onnxopt.errors import InvalidModelError, UsageError
-from onnxopt.ir.util import declare_domains, proto_graphs  # noqa: F401  (proto_graphs: also io's, for its callers)
+from onnxopt.ir.util import declare_domains, graphs, proto_graphs  # noqa: F401  (proto_graphs: also io's, for its callers)
 
 ModelLike = Union[str, os.PathLike, bytes, onnx.ModelProto, ir.Model, "onnx_graphsurgeon.Graph"]
 
@@ -663,7 +663,7 @@ def clamp_ir_version(model: ir.Model) -> None:
 
 def initializer_bytes(model: ir.Model) -> int:
     total = 0
-    for graph in model.graphs():
+    for graph in graphs(model):
         for value in graph.initializers.values():
             if value.const_value is not None:
                 total += value.const_value.nbytes

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnxopt.ir.util import constant_tensor, opset_of, proto_graphs
+from onnxopt.ir.util import constant_tensor, graphs, opset_of, proto_graphs
 
 # Dimension names some exporters write for every unknown dimension: they name no one value.
 PLACEHOLDER_DIMS = frozenset({"?", "None", "none", "-1", "*", "unknown", "dynamic", "N/A"})
@@ -663,7 +663,7 @@ def light_source(model: ir.Model) -> onnx.ModelProto | None:
     writes them. None where the model has none recorded, or has subgraphs or local functions
     (whose recorded values this does not sort as the serialization would)."""
     source = model.graph.meta.get(SOURCE_KEY)
-    if source is None or model.functions or any(g is not model.graph for g in model.graphs()):
+    if source is None or model.functions or any(g is not model.graph for g in graphs(model)):
         return None
     try:
         return _light_source(source)

@@ -37,7 +37,7 @@ import json
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.ir.util import (MERGED_KEY, REPLACED_KEY, RULE_KEY, SOURCES_KEY, can_take_output, inherit_metadata,
+from onnxopt.ir.util import (MERGED_KEY, REPLACED_KEY, RULE_KEY, SOURCES_KEY, can_take_output, graphs, inherit_metadata,
                      recorded_sources, redirect)
 from onnxopt.core.passes import SETTLED, Effect, Pass, Phase, Requirement, Touched, register
 from onnxopt.core.purity import Purity
@@ -88,7 +88,7 @@ def eliminate_common_subexpressions(model: ir.Model, touched: Touched | None = N
     merged = 0
     purity = Purity(model)
     merged_names: dict[ir.Node, list[str]] = {}  # recorded once per kept node, when the pass ends
-    for graph in model.graphs():
+    for graph in graphs(model):
         seen: dict[tuple, ir.Node] = {}
         # nodes one rewrite made share its record: a twin whose siblings stay is stood for by them
         made_by = collections.Counter(n.metadata_props.get(REPLACED_KEY) for n in graph if RULE_KEY in n.metadata_props)
@@ -140,7 +140,7 @@ def eliminate_common_subexpressions(model: ir.Model, touched: Touched | None = N
 def deduplicate_initializers(model: ir.Model, touched: Touched | None = None) -> int:
     """Initializers (not graph inputs) with equal dtype, shape and bytes become one."""
     merged = 0
-    for graph in model.graphs():
+    for graph in graphs(model):
         inputs = set(graph.inputs)
         groups: dict[tuple, list[ir.Value]] = {}
         for value in graph.initializers.values():
@@ -253,11 +253,11 @@ def lift_constants(model: ir.Model, touched: Touched | None = None) -> int:
     Constants that are graph outputs stay nodes (rule ``constant_to_initializer`` takes them)."""
     from onnx_ir.passes.common import LiftConstantsToInitializersPass
 
-    before = sum(1 for g in model.graphs() for n in g if n.op_type == "Constant")
+    before = sum(1 for g in graphs(model) for n in g if n.op_type == "Constant")
     if not before:  # (nothing to lift: the pass would walk every graph again to find that)
         return 0
     LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
-    return before - sum(1 for g in model.graphs() for n in g if n.op_type == "Constant")
+    return before - sum(1 for g in graphs(model) for n in g if n.op_type == "Constant")
 
 
 # --------------------------------------------------------------------------------------------

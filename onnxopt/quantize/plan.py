@@ -57,7 +57,7 @@ import onnx
 import onnx_ir as ir
 
 from onnxopt.errors import UsageError
-from onnxopt.ir.util import constant_tensor, use_count
+from onnxopt.ir.util import constant_tensor, graphs, use_count
 from onnxopt.ir.shapes import infer, opsets_of
 from onnxopt.rules import qdq
 from onnxopt.rules.qdq import activation_params
@@ -1180,7 +1180,7 @@ def _conversions(model: ir.Model, version: int) -> list:
                      if vi.type.tensor_type.HasField("shape")}
         return ranks.get(value.name)
 
-    for graph in model.graphs():
+    for graph in graphs(model):
         for node in graph:
             if node.domain not in ("", "ai.onnx"):
                 continue

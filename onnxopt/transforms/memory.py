@@ -36,7 +36,7 @@ import onnx_ir as ir
 from onnxopt.ir import io
 from onnxopt.errors import UsageError
 from onnxopt.ir.input_shapes import fix, normalize
-from onnxopt.ir.util import SAME_AS_KEY
+from onnxopt.ir.util import SAME_AS_KEY, graphs
 from onnxopt.transforms.liveness import (Liveness, Sizes, inferred_types, onnxruntime_graph, onnxruntime_order,
                                          plan_shapes, reorder as _reorder, result)
 from onnxopt.ir.shapes import infer_proto, light_proto, light_source, symbolic_infer
@@ -133,7 +133,7 @@ def baseline(model: ir.Model) -> None:
     result = _peak(model, shapes or None, False, "graph", infer)
     model.graph.meta[BASELINE_KEY] = {**result, "at": shapes} if shapes else result
     if inferred:
-        values = {v.name: v for g in model.graphs() for v in (*g.inputs, *(o for n in g for o in n.outputs)) if v.name}
+        values = {v.name: v for g in graphs(model) for v in (*g.inputs, *(o for n in g for o in n.outputs)) if v.name}
         model.graph.meta[CARRIED_KEY] = (shapes, inferred[-1], values)
 
 
@@ -178,7 +178,7 @@ def _carried(model: ir.Model) -> dict | None:
         return None
     kept: dict[str, onnx.TypeProto] = {}
     needed: list[ir.Value] = []
-    for g in model.graphs():  # (what Liveness sizes: the main graph's inputs, every node's outputs)
+    for g in graphs(model):  # (what Liveness sizes: the main graph's inputs, every node's outputs)
         for v in (*(g.inputs if g is model.graph else ()), *(o for n in g for o in n.outputs)):
             if v.is_initializer():
                 continue

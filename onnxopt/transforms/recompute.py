@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from onnxopt.ir.util import MERGED_KEY, REPLACED_KEY, RULE_KEY, subgraphs
+from onnxopt.ir.util import MERGED_KEY, REPLACED_KEY, RULE_KEY, graphs, subgraphs
 from onnxopt.transforms.liveness import Liveness, Sizes, onnxruntime_order, result as peak_result, PEAK_KEY
 from onnxopt.core.purity import Purity
 
@@ -228,7 +228,7 @@ def _candidates(g: Liveness, order: list[int], purity: Purity, refused: set):
 
 def _names(model: ir.Model) -> set[str]:
     names = set()
-    for graph in model.graphs():
+    for graph in graphs(model):
         names.update(v.name for v in graph.inputs if v.name)
         names.update(graph.initializers)
         for node in graph:
