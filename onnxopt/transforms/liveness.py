@@ -483,6 +483,16 @@ class Liveness:
         curve = self.simulate(order, runtime)[0]
         return max(curve, default=self.inputs_bytes)
 
+    def peaks(self) -> tuple[int, int]:
+        """The peak in the nodes' order and the runtime peak in onnxruntime's
+        (:func:`onnxruntime_order`), each simulated once for this graph (the passes and the report
+        ask for both)."""
+        got = self.__dict__.get("_peaks")
+        if got is None:
+            got = self._peaks = (self.peak_of(range(len(self.nodes))),
+                                 self.peak_of(onnxruntime_order(self), runtime=True))
+        return got
+
     # -- orders -----------------------------------------------------------------------------
 
     def _preds(self) -> list[list[int]]:
@@ -586,6 +596,7 @@ def _moved(g: Liveness, order: Sequence[int]) -> Liveness:
     """``g`` with its nodes written in ``order`` (sizes shared, not recomputed)."""
     moved = Liveness.__new__(Liveness)
     moved.__dict__.update(g.__dict__)
+    moved.__dict__.pop("_peaks", None)  # (another order: its own peaks)
     moved.nodes = [g.nodes[k] for k in order]
     moved.index = {n: i for i, n in enumerate(moved.nodes)}
     moved.reads = [g.reads[k] for k in order]
@@ -627,7 +638,7 @@ def result(g: Liveness, order: Sequence[int], curve=True, runtime: bool = False)
         "peak_bytes": top,
         "peak_at": {"index": at, "name": g.nodes[order[at]].name if at is not None else None},
         "alive_at_peak": alive,
-        "onnxruntime_peak_bytes": g.peak_of(onnxruntime_order(g), runtime=True),
+        "onnxruntime_peak_bytes": g.peaks()[1],
         "weights_bytes": g.weights_bytes,
         "inputs_bytes": g.inputs_bytes,
         "unknown": list(g.unknown),
@@ -641,21 +652,20 @@ def result(g: Liveness, order: Sequence[int], curve=True, runtime: bool = False)
 PEAK_KEY = "onnxopt.memory.peak"  # graph.meta (in memory only): the pass's result() of the order it leaves
 
 
-def reorder(model: ir.Model, infer: Callable[[ir.Model], onnx.ModelProto]) -> int:
+def reorder(model: ir.Model, infer: Callable[[ir.Model], onnx.ModelProto], g: Liveness | None = None) -> int:
     """Reorder ``model``'s main graph (in place) to the candidate order with the lowest peak, when
     that is strictly below the current order's and the peak in the order onnxruntime runs the
     nodes in (:func:`onnxruntime_order`, which follows the file's order only in its ties) does not
     rise; returns 1 when it did, else 0. Nodes, values and results are unchanged. The peak of the
     order it leaves is kept in ``model.graph.meta[PEAK_KEY]`` (optimize's report takes it from there
-    rather than infer the shapes again)."""
-    g = Liveness(model, Sizes(model, infer))
+    rather than infer the shapes again). ``g``: ``model``'s Liveness where the caller has it."""
+    g = g if g is not None else Liveness(model, Sizes(model, infer))
     model.graph.meta[PEAK_KEY] = result(g, range(len(g.nodes)), curve=False)
     if len(g.nodes) < 3 or len(g.unknown) > len([v for v, _ in g.input_values if v.name in g.unknown]):
         # a value of unknown size (a symbolic dimension): the peak compared is not the one that runs
         return 0
     current = list(range(len(g.nodes)))
-    best, best_peak = current, g.peak_of(current)
-    ort_peak = g.peak_of(onnxruntime_order(g), runtime=True)
+    best, (best_peak, ort_peak) = current, g.peaks()
     for order in (g.greedy(), g.depth_first()):
         if len(order) != len(current):  # (a cycle or a read we cannot place: leave the order alone)
             continue

@@ -99,7 +99,7 @@ def reorder(model: ir.Model, touched=None) -> int:
     (weights not serialized; onnxruntime's symbolic inference where onnx's leaves sizes open), inputs
     with symbolic dimensions taken at the shapes the verifier runs them at (``run_shapes``: the first
     dimension 1, others 16); returns 1 when the order changed."""
-    return _reorder(model, _sized_once)
+    return _reorder(model, _sized_once, _analysed(model))
 
 
 def report_peak(model: ir.Model) -> dict:
@@ -141,7 +141,7 @@ def recompute(model: ir.Model, touched=None) -> int:
     """The ``memory_recomputation`` pass (``onnxopt.transforms.recompute``), sized as :func:`reorder` sizes."""
     from onnxopt.transforms.recompute import recompute as _recompute
 
-    return _recompute(model, _sized_once)
+    return _recompute(model, _sized_once, _analysed(model))
 
 
 def _sized_once(model: ir.Model) -> onnx.ModelProto:
@@ -150,15 +150,39 @@ def _sized_once(model: ir.Model) -> onnx.ModelProto:
     nothing, the second needs no second inference). The pipeline drops the entry when it ends."""
     from onnxopt.transforms.recompute import SIZES_KEY
 
-    seen = tuple(model.graph)
-    cached = model.graph.meta.get(SIZES_KEY)
-    if cached is not None and len(cached[0]) == len(seen) and all(a is b for a, b in zip(cached[0], seen)):
+    cached = _cached(model)
+    if cached is not None:
         return cached[1]
     got = _carried(model)
     if got is None:
         got = _sized(model)
-    model.graph.meta[SIZES_KEY] = (seen, got)
+    model.graph.meta[SIZES_KEY] = [tuple(model.graph), got, None]
     return got
+
+
+def _cached(model: ir.Model) -> list | None:
+    """The memory passes' entry ``[nodes, types, Liveness or None]`` while the graph's nodes are those
+    objects in that order (nothing in between changes a node otherwise)."""
+    from onnxopt.transforms.recompute import SIZES_KEY
+
+    cached = model.graph.meta.get(SIZES_KEY)
+    if cached is None:
+        return None
+    seen = cached[0]
+    if len(seen) != len(model.graph) or not all(a is b for a, b in zip(seen, model.graph)):
+        return None
+    return cached
+
+
+def _analysed(model: ir.Model) -> Liveness:
+    """``model``'s Liveness sized by :func:`_sized_once`, built once while its nodes stay the same
+    (the recomputation pass that changes nothing and the reordering pass share it, and the peaks it
+    simulated)."""
+    _sized_once(model)
+    cached = _cached(model)
+    if cached[2] is None:
+        cached[2] = Liveness(model, Sizes(model, _sized_once))
+    return cached[2]
 
 
 def _carried(model: ir.Model) -> dict | None:

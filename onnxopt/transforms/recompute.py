@@ -71,16 +71,17 @@ class _Sizes:
 
 
 def _peaks(g: Liveness) -> tuple[int, int]:
-    return g.peak_of(range(len(g.nodes))), g.peak_of(onnxruntime_order(g), runtime=True)
+    return g.peaks()
 
 
-def recompute(model: ir.Model, infer) -> int:
-    """The pass: copies made (0 when the input's peaks were not exceeded or no copy helps)."""
+def recompute(model: ir.Model, infer, g: Liveness | None = None) -> int:
+    """The pass: copies made (0 when the input's peaks were not exceeded or no copy helps). ``g``:
+    ``model``'s Liveness (sized by ``infer``) where the caller has it."""
     base = model.graph.meta.get(BASELINE_KEY)
     if base is None or base["lower_bound"]:
         return 0
     sizes = _Sizes(Sizes(model, infer))
-    g = Liveness(model, sizes)
+    g = g if g is not None else Liveness(model, sizes)
     if g.unknown:
         return 0
     current = _peaks(g)
