@@ -24,7 +24,7 @@ from onnxopt import optimize
 
 from . import zoo_cases
 from .zoo_cases import every_fusion  # noqa: F401 (a fixture)
-from .check import fires, refuses
+from .check import fires, mismatches, refuses
 
 TOL = 1e-5
 CPU = zoo_cases.ORT_CPU
@@ -149,10 +149,12 @@ def test_layer_normalization_refuses_shared_centred_input():
 
 
 def test_layer_normalization_refuses_not_a_square():
+    """The pattern says what is under the Sqrt: where it is not, the reason names what is missing."""
     nodes = [n("Pow", ["x", "three"], "c"), *mean("c", "v", 17), n("Sqrt", ["v"], "s"), n("Div", ["x", "s"], "y")]
-    refuses("layer_normalization", build(nodes, {"three": 3.0}), "the mean under the Sqrt is not of a square", **CPU)
-    refuses("layer_normalization", build([n("Sqrt", ["x"], "s"), n("Div", ["x", "s"], "y")], {}),
-            "Sqrt does not take a mean", **CPU)
+    for rule in ("layer_normalization", "rms_normalization"):
+        mismatches(rule, build(nodes, {"three": 3.0}), "the mean under the Sqrt is not of a square", **CPU)
+        mismatches(rule, build([n("Sqrt", ["x"], "s"), n("Div", ["x", "s"], "y")], {}),
+                   "Sqrt does not take a mean", **CPU)
 
 
 # --- RMS normalization ----------------------------------------------------------------------------
@@ -220,9 +222,12 @@ def test_rms_normalization_opset23_residual_is_skip():
 
 
 def test_rms_normalization_refuses():
-    refuses("rms_normalization", build(ln_nodes(), LN_CONSTS), "a mean is subtracted (layer_normalization's form)",
-            **CPU)
-    refuses("layer_normalization", build(rms_nodes(), RMS_CONSTS), "no mean is subtracted", **CPU)
+    """Each pattern refuses the other's form, with the reason: an RMS normalization of a centred
+    value is the layer normalization (whatever makes that rule refuse it: here opset 16)."""
+    for opset in (17, 16):
+        mismatches("rms_normalization", build(ln_nodes(), LN_CONSTS, opset=opset),
+                   "a mean is subtracted (layer_normalization's form)", **CPU)
+    mismatches("layer_normalization", build(rms_nodes(), RMS_CONSTS), "no mean is subtracted", **CPU)
 
 
 def test_rms_normalization_refuses_unknown_hidden_size():
