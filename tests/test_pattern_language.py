@@ -301,6 +301,10 @@ def test_around_refuses_with_the_reason_nearest_its_anchor():
     m, nodes = _graph([_node("Relu", ["x"], "e"), _node("Sqrt", ["e"], "s"), _node("Div", ["x", "s"], "y")])
     reason = _bind(Rule("around", _AROUND, _noop), m, nodes["s"])
     assert isinstance(reason, str) and "expected Exp, found Relu" in reason
+    # an anchor read twice where its Op takes one reader: that, once, whatever the roots above it
+    m, nodes = _graph([_node("Exp", ["x"], "e"), _node("Sqrt", ["e"], "s"), _node("Div", ["x", "s"], "q"),
+                       _node("Add", ["q", "s"], "y")])
+    assert _bind(Rule("around", _AROUND, _noop), m, nodes["s"]) == "s: 's' (Sqrt) has 2 uses"
 
 
 def test_around_is_checked_when_built():

@@ -266,17 +266,10 @@ class Op(Pattern):
             return f"{value.name!r} comes from another graph"
         if self.output >= len(node.outputs) or node.outputs[self.output] is not value:
             return f"{value.name!r} is not output {self.output} of {node.op_type}"
-        if self.shared:
-            pass
-        elif callable(self.uses):
-            if not self.uses(value):
-                return f"{value.name!r} ({node.op_type}) has readers that do not fit"
-        else:
-            uses, want = use_count(value), 1 if self.uses is None else self.uses
-            if uses != want:
-                return f"{value.name!r} ({node.op_type}) has {uses} uses"
-            if value.is_graph_output():
-                return f"{value.name!r} ({node.op_type}) is a graph output"
+        if not self.shared:
+            reason = self._readers(value, node)
+            if reason is not None:
+                return reason
         if self.bind is not None:
             if self.bind in state.values and state.values[self.bind] is not value:
                 return f"{self.bind} is bound to two different values"
@@ -287,6 +280,20 @@ class Op(Pattern):
             state.restore(saved)
             return reason
         return self.match_node(node, state)
+
+    def _readers(self, value: ir.Value, node: ir.Node) -> str | None:
+        """Why the readers of ``value`` (``node``'s output) do not fit ``uses`` where this pattern is
+        nested, or None."""
+        if callable(self.uses):
+            if not self.uses(value):
+                return f"{value.name!r} ({node.op_type}) has readers that do not fit"
+            return None
+        uses, want = use_count(value), 1 if self.uses is None else self.uses
+        if uses != want:
+            return f"{value.name!r} ({node.op_type}) has {uses} uses"
+        if value.is_graph_output():
+            return f"{value.name!r} ({node.op_type}) is a graph output"
+        return None
 
     def match_node(self, node: ir.Node, state: _State) -> str | None:
         domain = "" if node.domain == "ai.onnx" else node.domain
@@ -571,7 +578,7 @@ class Around(Pattern):
     """A rule's pattern rooted at its output, tried at the inner node named ``anchor`` (see the
     module docstring)."""
 
-    __slots__ = ("anchor", "pattern", "domain", "op_type", "depth")
+    __slots__ = ("anchor", "pattern", "domain", "op_type", "depth", "_nested")
 
     def __init__(self, anchor: str, pattern: Any):
         self.anchor, self.pattern = anchor, _as_pattern(pattern)
@@ -587,6 +594,11 @@ class Around(Pattern):
         if self.op_type == ANY_OP:
             raise TypeError("Around: the anchor must name its op type, not '*'")
         self.depth = max(d for _, d in found.values())  # nodes from the root down to the anchor, at most
+        # where the anchor is never the root, each root is reached through its output: an anchor Op's
+        # readers policy (uses=, shared=), when they all have one, is asked first (one reason, not one per root)
+        policies = {(op.shared, op.uses, op.output) for op, _ in found.values()}
+        self._nested = next(op for op, _ in found.values()) \
+            if min(d for _, d in found.values()) > 0 and len(policies) == 1 else None
 
     inputs = ()  # (a Rule's root that is not an Op takes no input patterns of its own)
 
@@ -606,6 +618,11 @@ class Around(Pattern):
         matches, with the Op named ``anchor`` bound to ``node``, is the match's end (its outputs
         are ``Match.outputs``)."""
         graph = node.graph
+        nested = self._nested
+        if nested is not None and not nested.shared and nested.output < len(node.outputs):
+            reason = nested._readers(node.outputs[nested.output], node)
+            if reason is not None:
+                return f"{node.name}: {reason}"
         distance: dict[ir.Node, int] = {node: 0}
         toward: dict[ir.Node, ir.Value] = {}  # a reader -> the value by which it was reached
         reached_from: dict[ir.Node, ir.Node] = {}
