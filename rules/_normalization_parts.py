@@ -23,6 +23,9 @@ the means' axes (the last one) and keepdims, the epsilon's and the scale's value
   ``num * Div(1, denom)``, the Mul's operands in either order (``divide``; ``reciprocal``).
 - ``scaled(p)``: ``p * gamma`` (``scale``, the constant ``gamma``; either order).
 - ``affine(p)``: ``p * gamma + beta`` (``shift``, the constant ``beta``; either order).
+- ``read_by_a_division(p)``: ``p``, a normalization's whole pattern tried at its Sqrt; where no
+  node reading the Sqrt begins it, the reason says the Sqrt is not divided by (a failure further
+  in, once the way back to the Sqrt matched, keeps its own reason).
 
 Every value between the nodes is read by the next node alone (a nested Op's default), except
 the centred value (read by the square and the division) and the input.
@@ -88,3 +91,7 @@ def scaled(p: Pattern) -> Op:
 
 def affine(p: Pattern) -> Op:
     return Op("Add", scaled(p), Const("beta"), commutative=True, name="shift")
+
+
+def read_by_a_division(p: Pattern) -> Pattern:
+    return Explain(p, "the Sqrt is not read by a division of the input (Div, or Mul by its reciprocal)", deep=False)

@@ -33,7 +33,8 @@ from onnxopt.core.pattern import Around, Const, Explain, Match, Op, Opt, Or, Rul
 from onnxopt.ir.shapes import infer
 from onnxopt.targets import ORT_CPU, ORT_CUDA
 
-from onnxopt.rules._normalization_parts import affine, centred, divided, not_centred, root_mean_square, scaled
+from onnxopt.rules._normalization_parts import (affine, centred, divided, not_centred, read_by_a_division,
+                                                root_mean_square, scaled)
 from onnxopt.rules._semantic import (FLOATS, const_array, dtype_of, kernel, private, producer, scalar, typed,
                         unrepresentable)
 
@@ -409,10 +410,11 @@ def _fold_replace(m: Match, b):
 # d = x - mean(x); d / sqrt(mean(d^2) + eps) [* gamma [+ beta]], rooted at its output, tried at the Sqrt
 _LAYER_NORMALIZED = divided(Explain(centred("x", bind="d"), "no mean is subtracted (rms_normalization's form)"),
                             root_mean_square("d"))
-LAYER_NORMALIZATION = Around("sqrt", Or(affine(_LAYER_NORMALIZED), scaled(_LAYER_NORMALIZED), _LAYER_NORMALIZED))
+LAYER_NORMALIZATION = Around("sqrt", read_by_a_division(Or(affine(_LAYER_NORMALIZED), scaled(_LAYER_NORMALIZED),
+                                                            _LAYER_NORMALIZED)))
 # x / sqrt(mean(x^2) + eps) [* weight]
 _RMS_NORMALIZED = divided(not_centred("x"), root_mean_square("x"))
-RMS_NORMALIZATION = Around("sqrt", Or(scaled(_RMS_NORMALIZED), _RMS_NORMALIZED))
+RMS_NORMALIZATION = Around("sqrt", read_by_a_division(Or(scaled(_RMS_NORMALIZED), _RMS_NORMALIZED)))
 
 RULES = [
     Rule("layer_normalization", LAYER_NORMALIZATION, _layer_replace, condition=_layer_condition, targets=ORT,

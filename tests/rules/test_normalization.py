@@ -271,6 +271,12 @@ def test_normalization_refuses_a_sqrt_read_twice():
     mismatches("layer_normalization", build(nodes, LN_CONSTS), "'sd' (Sqrt) has 2 uses", **CPU)
 
 
+def test_normalization_refuses_a_sqrt_no_division_reads():
+    nodes = ln_nodes(affine=False)[:-2] + [n("Relu", ["sd"], "y")]
+    for rule in ("layer_normalization", "rms_normalization"):
+        mismatches(rule, build(nodes, LN_CONSTS), "the Sqrt is not read by a division of the input", **CPU)
+
+
 def test_rms_normalization_of_a_difference_that_is_not_centred_fuses():
     """x - Relu(x) is no centring (Not(centred) lets it through): its RMS normalization fuses;
     x - ReduceMean(z) of another value neither; only x - mean(x) is the layer form."""
