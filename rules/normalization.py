@@ -11,11 +11,12 @@ means' axes, the constants' values and the types:
   the division as Div, or Mul by Reciprocal(Sqrt) or by Div(1, Sqrt)), optionally * gamma and
   + beta (constants along the last axis, either operand order), the means over the last axis
   -> LayerNormalization (opset >= 17).
-- ``rms_normalization``: x / sqrt(mean(x^2) + eps) (the same forms), optionally * weight -> the
-  standard RMSNormalization where the model imports opset >= 23 and onnxruntime has the kernel,
-  else onnxruntime's SimplifiedLayerNormalization (which onnxruntime registers in the ONNX domain:
-  the ONNX checker does not know it, onnxruntime runs it; onnxruntime's own transformers optimizer
-  writes the same node).
+- ``rms_normalization``: x / sqrt(mean(x^2) + eps) (the same forms; x not itself x' - mean(x'),
+  the layer normalization's form), optionally * weight -> with the residual Add that computes x
+  (the condition's choice, not the pattern's) com.microsoft SkipSimplifiedLayerNormalization, else
+  the standard RMSNormalization where the model imports opset >= 23 and onnxruntime has the
+  kernel; else refused (onnxruntime's SimplifiedLayerNormalization is registered in the ONNX domain
+  without being an ONNX operator: onnx.checker refuses it).
 - ``skip_layer_normalization``: LayerNormalization(a + b [+ bias]) over the last axis, a and b of
   the shapes com.microsoft SkipLayerNormalization takes -> SkipLayerNormalization; where the sum
   is read elsewhere too (a pre-LN transformer's residual stream) its fourth output gives it.
@@ -39,6 +40,15 @@ from onnxopt.rules._semantic import (FLOATS, const_array, dtype_of, kernel, priv
                         unrepresentable)
 
 ORT = (ORT_CPU, ORT_CUDA)
+
+# d = x - mean(x); d / sqrt(mean(d^2) + eps) [* gamma [+ beta]], rooted at its output, tried at the Sqrt
+_LAYER_NORMALIZED = divided(Explain(centred("x", bind="d"), "no mean is subtracted (rms_normalization's form)"),
+                            root_mean_square("d"))
+LAYER_NORMALIZATION = Around("sqrt", read_by_a_division(Or(affine(_LAYER_NORMALIZED), scaled(_LAYER_NORMALIZED),
+                                                            _LAYER_NORMALIZED)))
+# x / sqrt(mean(x^2) + eps) [* weight]
+_RMS_NORMALIZED = divided(not_centred("x"), root_mean_square("x"))
+RMS_NORMALIZATION = Around("sqrt", read_by_a_division(Or(scaled(_RMS_NORMALIZED), _RMS_NORMALIZED)))
 
 
 def _dims(value: ir.Value, m: Match) -> list | None:
@@ -406,15 +416,6 @@ def _fold_replace(m: Match, b):
         ins.append(b.const(new_bias, name="norm_bias"))
     return typed(b.op(norm.op_type, *ins, domain=norm.domain, attrs=list(norm.attributes.values())), m["x"], m)
 
-
-# d = x - mean(x); d / sqrt(mean(d^2) + eps) [* gamma [+ beta]], rooted at its output, tried at the Sqrt
-_LAYER_NORMALIZED = divided(Explain(centred("x", bind="d"), "no mean is subtracted (rms_normalization's form)"),
-                            root_mean_square("d"))
-LAYER_NORMALIZATION = Around("sqrt", read_by_a_division(Or(affine(_LAYER_NORMALIZED), scaled(_LAYER_NORMALIZED),
-                                                            _LAYER_NORMALIZED)))
-# x / sqrt(mean(x^2) + eps) [* weight]
-_RMS_NORMALIZED = divided(not_centred("x"), root_mean_square("x"))
-RMS_NORMALIZATION = Around("sqrt", read_by_a_division(Or(scaled(_RMS_NORMALIZED), _RMS_NORMALIZED)))
 
 RULES = [
     Rule("layer_normalization", LAYER_NORMALIZATION, _layer_replace, condition=_layer_condition, targets=ORT,
