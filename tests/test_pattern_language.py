@@ -291,9 +291,11 @@ def test_around_binds_its_anchor_to_the_node_it_is_tried_at():
     assert not isinstance(match, str) and match.node("b") is nodes["s2"] and match.root is nodes["s1"]
     assert "s1 is not the a the rule is tried at" in _bind(rule, m, nodes["s2"])
     # an alternative that does not reach the anchor is no match
-    loose = Rule("loose", Around("a", Or(Op("Neg", Op("Sqrt", Op("Exp", "x"), name="a")), Op("Add", "p", "q"))),
-                 _noop)
+    loose = Rule("loose", Around("a", Or(Op("Neg", Op("Sqrt", "x", name="a")), Op("Add", "p", "q"))), _noop)
     assert "the pattern does not reach s1" in _bind(loose, m, nodes["s1"])
+    # where the anchor itself does not match, that is the reason, found before any root is tried
+    exp = Rule("exp", Around("a", Op("Add", Op("Sqrt", Op("Exp", "u"), name="a"), "v")), _noop)
+    assert _bind(exp, m, nodes["s1"]) == "s1 input 0: 'x' is not produced by Exp"
 
 
 def test_around_refuses_with_the_reason_nearest_its_anchor():

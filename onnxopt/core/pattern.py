@@ -578,7 +578,7 @@ class Around(Pattern):
     """A rule's pattern rooted at its output, tried at the inner node named ``anchor`` (see the
     module docstring)."""
 
-    __slots__ = ("anchor", "pattern", "domain", "op_type", "depth", "_nested")
+    __slots__ = ("anchor", "pattern", "domain", "op_type", "depth", "_nested", "_anchors")
 
     def __init__(self, anchor: str, pattern: Any):
         self.anchor, self.pattern = anchor, _as_pattern(pattern)
@@ -599,6 +599,7 @@ class Around(Pattern):
         policies = {(op.shared, op.uses, op.output) for op, _ in found.values()}
         self._nested = next(op for op, _ in found.values()) \
             if min(d for _, d in found.values()) > 0 and len(policies) == 1 else None
+        self._anchors = tuple(op for op, _ in found.values())
 
     inputs = ()  # (a Rule's root that is not an Op takes no input patterns of its own)
 
@@ -623,6 +624,19 @@ class Around(Pattern):
             reason = nested._readers(node.outputs[nested.output], node)
             if reason is not None:
                 return f"{node.name}: {reason}"
+        # Inside out, the anchor and what it reads are matched first, before anything is bound: where
+        # no anchor Op matches there, no root can (one try, not one per root and alternative)
+        state.anchor = (self.anchor, node)
+        reason = None
+        for op in self._anchors:
+            saved = state.save()
+            reason = op.match_node(node, state)
+            state.restore(saved)
+            if reason is None:
+                break
+        state.anchor, state.high = None, 0
+        if reason is not None:
+            return reason
         distance: dict[ir.Node, int] = {node: 0}
         toward: dict[ir.Node, ir.Value] = {}  # a reader -> the value by which it was reached
         reached_from: dict[ir.Node, ir.Node] = {}
