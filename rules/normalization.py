@@ -1,18 +1,22 @@
 """Normalization fusions for onnxruntime (targets ort-cpu and ort-cuda only; ``portable`` never sees
 them).
 
-Matched by what the nodes compute. ``layer_normalization`` and ``rms_normalization`` are rooted at
-the Sqrt of the variance and read the expression around it:
+Matched by what the nodes compute. The patterns of ``layer_normalization`` and ``rms_normalization``
+say the whole expression, rooted at its output (the division, the scale or the shift), from the pieces
+of rules/_normalization_parts.py, and are tried at the Sqrt (``Around("sqrt", ...)``: the one node
+every form has; the fused node is named after it and takes its place); their conditions read the
+means' axes, the constants' values and the types:
 
 - ``layer_normalization``: d = x - mean(x); d / sqrt(mean(d^2) + eps) (d^2 as Pow(d, 2) or d * d;
   the division as Div, or Mul by Reciprocal(Sqrt) or by Div(1, Sqrt)), optionally * gamma and
   + beta (constants along the last axis, either operand order), the means over the last axis
   -> LayerNormalization (opset >= 17).
-- ``rms_normalization``: x / sqrt(mean(x^2) + eps) (the same forms), optionally * weight -> the
-  standard RMSNormalization where the model imports opset >= 23 and onnxruntime has the kernel,
-  else onnxruntime's SimplifiedLayerNormalization (which onnxruntime registers in the ONNX domain:
-  the ONNX checker does not know it, onnxruntime runs it; onnxruntime's own transformers optimizer
-  writes the same node).
+- ``rms_normalization``: x / sqrt(mean(x^2) + eps) (the same forms; x not itself x' - mean(x'),
+  the layer normalization's form), optionally * weight -> with the residual Add that computes x
+  (the condition's choice, not the pattern's) com.microsoft SkipSimplifiedLayerNormalization, else
+  the standard RMSNormalization where the model imports opset >= 23 and onnxruntime has the
+  kernel; else refused (onnxruntime's SimplifiedLayerNormalization is registered in the ONNX domain
+  without being an ONNX operator: onnx.checker refuses it).
 - ``skip_layer_normalization``: LayerNormalization(a + b [+ bias]) over the last axis, a and b of
   the shapes com.microsoft SkipLayerNormalization takes -> SkipLayerNormalization; where the sum
   is read elsewhere too (a pre-LN transformer's residual stream) its fourth output gives it.
@@ -26,14 +30,25 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.core.pattern import Const, Match, Op, Opt, Rule
+from onnxopt.core.pattern import Around, Const, Explain, Match, Op, Opt, Or, Rule
 from onnxopt.ir.shapes import infer
 from onnxopt.targets import ORT_CPU, ORT_CUDA
 
+from onnxopt.rules._normalization_parts import (affine, centred, divided, not_centred, read_by_a_division,
+                                                root_mean_square, scaled)
 from onnxopt.rules._semantic import (FLOATS, const_array, dtype_of, kernel, private, producer, scalar, typed,
                         unrepresentable)
 
 ORT = (ORT_CPU, ORT_CUDA)
+
+# d = x - mean(x); d / sqrt(mean(d^2) + eps) [* gamma [+ beta]], rooted at its output, tried at the Sqrt
+_LAYER_NORMALIZED = divided(Explain(centred("x", bind="d"), "no mean is subtracted (rms_normalization's form)"),
+                            root_mean_square("d"))
+LAYER_NORMALIZATION = Around("sqrt", read_by_a_division(Or(affine(_LAYER_NORMALIZED), scaled(_LAYER_NORMALIZED),
+                                                            _LAYER_NORMALIZED)))
+# x / sqrt(mean(x^2) + eps) [* weight]
+_RMS_NORMALIZED = divided(not_centred("x"), root_mean_square("x"))
+RMS_NORMALIZATION = Around("sqrt", read_by_a_division(Or(scaled(_RMS_NORMALIZED), _RMS_NORMALIZED)))
 
 
 def _dims(value: ir.Value, m: Match) -> list | None:
@@ -75,15 +90,6 @@ def _other(node: ir.Node, value: ir.Value) -> ir.Value | None:
     return b if a is value else a if b is value else None
 
 
-def _affine(value: ir.Value, graph: ir.Graph, op: str):
-    """The constant ``value`` is multiplied (added) by when a Mul (Add) alone reads it: (node, array)."""
-    node = _consumer(value, graph)
-    if node is None or node.op_type != op or len(node.inputs) != 2 or node.inputs[0] is node.inputs[1]:
-        return None
-    array = const_array(_other(node, value))
-    return None if array is None else (node, array)
-
-
 def _per_channel(array: np.ndarray, rank: int | None, h: int | None, what: str):
     """``array`` as a 1-D vector along the last axis of an input of ``rank`` dims and ``h`` channels."""
     if rank is None:
@@ -102,88 +108,35 @@ def _per_channel(array: np.ndarray, rank: int | None, h: int | None, what: str):
     return vec
 
 
-def _norm_match(m: Match):
-    """(kind, x, eps, gamma, beta, nodes, output) around the root Sqrt, or the reason it is not a
-    normalization; kind is "layer" or "rms"."""
-    sqrt, graph = m.root, m.graph
-    var, eps, nodes = sqrt.inputs[0], 0.0, [sqrt]
-    add = producer(var, graph, "Add")
-    if add is not None:
-        for i in (0, 1):
-            e = scalar(add.inputs[i])
-            if e is not None:
-                eps, var = e, add.inputs[1 - i]
-                nodes.append(add)
-                break
-    red = producer(var, graph, "ReduceMean")
-    if red is None:
-        return "Sqrt does not take a mean (+ epsilon)"
-    nodes.append(red)
-    sq = producer(red.inputs[0], graph, "Pow", "Mul")
-    if sq is None:
-        return "the mean under the Sqrt is not of a square"
-    if sq.op_type == "Pow":
-        if not (scalar(sq.inputs[1]) == 2.0):
-            return "the mean under the Sqrt is not of a square"
-    elif sq.inputs[0] is not sq.inputs[1]:
-        return "the mean under the Sqrt is not of a square"
-    d = sq.inputs[0]
-    nodes.append(sq)
-    # The normalization: d / sqrt(...), or d * (1 / sqrt(...)).
-    s = sqrt.outputs[0]
-    top = _consumer(s, graph)
-    if top is None:
-        return "the Sqrt is read by several nodes"
-    if top.op_type == "Div" and top.inputs[1] is s and top.inputs[0] is d:
-        normed = top.outputs[0]
-    else:
-        if top.op_type == "Reciprocal" or (top.op_type == "Div" and top.inputs[1] is s and close_one(top.inputs[0])):
-            nodes.append(top)
-            mul = _consumer(top.outputs[0], graph)
-            if mul is None or mul.op_type != "Mul" or _other(mul, top.outputs[0]) is not d:
-                return "1 / Sqrt does not multiply the centred input"
-            top = mul
-            normed = mul.outputs[0]
-        else:
-            return f"the Sqrt is read by {top.op_type}, not a division of the input"
-    nodes.append(top)
-    # Layer norm (d = x - mean(x)) or RMS (d = x).
-    kind, x = "rms", d
-    sub = producer(d, graph, "Sub", only_use=False)
-    if sub is not None and sub.inputs[0] is not None:
-        mean = producer(sub.inputs[1], graph, "ReduceMean")
-        if mean is not None and mean.inputs[0] is sub.inputs[0]:
-            kind, x = "layer", sub.inputs[0]
-            # d goes with the rewrite: read by the square and the division alone
-            readers = {u.node for u in d.uses()}
-            if d.is_graph_output() or readers - {sq, top}:
-                return "the centred input is read elsewhere"
-            nodes += [sub, mean]
-    rank = None
+def _norm_plan(m: Match, layer: bool):
+    """(x, eps, gamma, beta, dtype) of a matched normalization, or the reason it cannot be fused:
+    what the pattern leaves to it (the readers of the centred value, the means' axes, the scale's
+    and shift's values, the epsilon, the types)."""
+    x = m["x"]
+    if layer:
+        # the centred value goes with the rewrite: read by the square and the division alone
+        d = m["d"]
+        readers = {u.node for u in d.uses()}
+        if d.is_graph_output() or readers - {m.node("square"), m.node("divide")}:
+            return "the centred input is read elsewhere"
     dims = _dims(x, m)
-    if dims is not None:
-        rank = len(dims)
-    for r in [red] + ([nodes[-1]] if kind == "layer" else []):
-        if reason := _last_axis_mean(r, rank, m):
+    rank = None if dims is None else len(dims)
+    for mean in ("mean_square", "mean") if layer else ("mean_square",):
+        if reason := _last_axis_mean(m.node(mean), rank, m):
             return reason
     h = dims[-1] if dims and isinstance(dims[-1], int) else None
-    out, gamma, beta = normed, None, None
-    scaled = _affine(out, graph, "Mul")
-    if scaled is not None:
-        gamma = _per_channel(scaled[1], rank, h, "the scale")
+    gamma = beta = None
+    if "gamma" in m:
+        gamma = _per_channel(m.const("gamma"), rank, h, "the scale")
         if isinstance(gamma, str):
             return gamma
-        nodes.append(scaled[0])
-        out = scaled[0].outputs[0]
-        shifted = _affine(out, graph, "Add") if kind == "layer" else None
-        if shifted is not None:
-            beta = _per_channel(shifted[1], rank, h, "the shift")
-            if isinstance(beta, str):
-                return beta
-            nodes.append(shifted[0])
-            out = shifted[0].outputs[0]
+    if layer and "beta" in m:
+        beta = _per_channel(m.const("beta"), rank, h, "the shift")
+        if isinstance(beta, str):
+            return beta
     if gamma is None and h is None:
         return "the last dimension is unknown (for a scale of ones)"
+    eps = scalar(m["eps"]) if "eps" in m else 0.0
     if reason := unrepresentable("the epsilon", eps, np.float32):  # (the fused op's float attribute)
         return reason
     dtype = dtype_of(x, m.opsets)
@@ -194,13 +147,7 @@ def _norm_match(m: Match):
             return "the scale or shift differs from the input in type"
     if gamma is None:
         gamma = np.ones((h,), dtype=dtype.numpy())
-    m.nodes = tuple(dict.fromkeys(nodes))
-    m.outputs = [out]
-    return kind, x, eps, gamma, beta, dtype
-
-
-def close_one(value) -> bool:
-    return scalar(value) == 1.0
+    return x, eps, gamma, beta, dtype
 
 
 def _target(m: Match) -> str:
@@ -208,20 +155,18 @@ def _target(m: Match) -> str:
 
 
 def _layer_condition(m: Match):
-    plan = _norm_match(m)
+    plan = _norm_plan(m, layer=True)
     if isinstance(plan, str):
         return plan
-    if plan[0] != "layer":
-        return "no mean is subtracted (rms_normalization's form)"
     if m.opset("") < 17:
         return f"LayerNormalization needs opset 17 (the model imports {m.opset('')})"
-    if kernel("LayerNormalization", "", m.opset(""), _target(m), plan[5]) is False and _target(m) == ORT_CPU:
-        return f"no LayerNormalization kernel for {plan[5].name.lower()} on {_target(m)}"
+    if kernel("LayerNormalization", "", m.opset(""), _target(m), plan[4]) is False and _target(m) == ORT_CPU:
+        return f"no LayerNormalization kernel for {plan[4].name.lower()} on {_target(m)}"
     return plan
 
 
 def _layer_replace(m: Match, b):
-    _, x, eps, gamma, beta, _ = m.plan
+    x, eps, gamma, beta, _ = m.plan
     ins = [x, b.const(gamma, name="ln_scale")]
     if beta is not None:
         ins.append(b.const(beta, name="ln_bias"))
@@ -229,12 +174,10 @@ def _layer_replace(m: Match, b):
 
 
 def _rms_condition(m: Match):
-    plan = _norm_match(m)
+    plan = _norm_plan(m, layer=False)
     if isinstance(plan, str):
         return plan
-    if plan[0] != "rms":
-        return "a mean is subtracted (layer_normalization's form)"
-    _, x, eps, gamma, _, dtype = plan
+    x, eps, gamma, _, dtype = plan
     target, opset = _target(m), m.opset("")
     std = opset >= 23 and kernel("RMSNormalization", "", opset, target, dtype)
     # the residual Add before it makes com.microsoft SkipSimplifiedLayerNormalization (one kernel for
@@ -475,11 +418,11 @@ def _fold_replace(m: Match, b):
 
 
 RULES = [
-    Rule("layer_normalization", Op("Sqrt", "v"), _layer_replace, condition=_layer_condition, targets=ORT,
+    Rule("layer_normalization", LAYER_NORMALIZATION, _layer_replace, condition=_layer_condition, targets=ORT,
          benefit="layer_normalization", exact=False,
          doc="(x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps) [* gamma] [+ beta] over the last axis becomes "
              "LayerNormalization (opset >= 17)."),
-    Rule("rms_normalization", Op("Sqrt", "v"), _rms_replace, condition=_rms_condition, targets=ORT,
+    Rule("rms_normalization", RMS_NORMALIZATION, _rms_replace, condition=_rms_condition, targets=ORT,
          benefit="rms_normalization", exact=False,
          doc="x / sqrt(mean(x^2) + eps) [* weight] over the last axis becomes RMSNormalization (opset >= 23 with "
              "onnxruntime's kernel), or with the residual Add before it com.microsoft SkipSimplifiedLayerNormalization."),

@@ -13,7 +13,7 @@ from helpers import init, model, tinfo
 from onnx import helper
 
 from onnxopt.core.driver import Driver
-from onnxopt.core.pattern import ANY, Absorbed, Const, Explain, Op, Or, Repeat, Rule, Var
+from onnxopt.core.pattern import ANY, Absorbed, All, Around, Const, Explain, Not, Op, Opt, Or, Repeat, Rule, Var
 from onnxopt.errors import RuleError
 from onnxopt.ir.shapes import opsets_of
 from onnxopt.ir.util import REPLACED_KEY, SOURCES_KEY
@@ -200,3 +200,138 @@ def test_absorbed_nodes_are_looked_through_not_claimed():
     node = list(m.graph)[1]
     assert json.loads(node.metadata_props[REPLACED_KEY]) == ["y"]
     assert json.loads(node.metadata_props[SOURCES_KEY]) == ["y", "t", "r"]
+
+
+# -- Not and All -----------------------------------------------------------------------------------
+
+
+def test_not_matches_where_its_pattern_does_not_and_binds_nothing():
+    # Neg(Sub(x, ReduceMean(x))) and Neg(Sub(x, Relu(x))): "not x minus its own mean"
+    centred = Op("Sub", Var("v"), Op("ReduceMean", Var("v"), name="mean"), name="sub")
+    rule = Rule("not", Op("Neg", All(Var("d"), Not(centred, "a mean is subtracted"))), _noop)
+    m, nodes = _graph([_node("ReduceMean", ["x"], "mu"), _node("Sub", ["x", "mu"], "d"), _node("Neg", ["d"], "y")])
+    assert _bind(rule, m, nodes["y"]) == "y input 0: a mean is subtracted"
+    m, nodes = _graph([_node("Relu", ["x"], "r"), _node("Sub", ["x", "r"], "d"), _node("Neg", ["d"], "y")])
+    match = _bind(rule, m, nodes["y"])
+    assert not isinstance(match, str), match
+    # what the pattern inside bound while trying is dropped: its nodes are no part of the match, its names unknown
+    assert match["d"] is nodes["d"].outputs[0] and match.nodes == (nodes["y"],)
+    assert "v" not in rule.value_names and "sub" not in rule.node_names
+    with pytest.raises(RuleError):
+        match["v"]
+    # an absent input is not of any form
+    absent = Rule("absent", Op("Clip", "x", Not(Const("lo"), "a lower bound is given"), Opt("hi")), _noop)
+    m, nodes = _graph([helper.make_node("Clip", ["x", "", "hi"], ["y"], name="y")],
+                      [init("hi", np.array(6.0, np.float32))])
+    assert not isinstance(_bind(absent, m, nodes["y"]), str)
+
+
+def test_not_sees_the_names_bound_before_it():
+    # Sub(x, Relu(x)) is "x minus a Relu of x" only where the Relu reads the x bound outside
+    rule = Rule("outer", Op("Sub", "x", Not(Op("Relu", "x"), "x minus its Relu"), name="sub"), _noop)
+    m, nodes = _graph([_node("Relu", ["x"], "r"), _node("Sub", ["x", "r"], "y")])
+    assert _bind(rule, m, nodes["y"]) == "y input 1: x minus its Relu"
+    m, nodes = _graph([_node("Relu", ["z"], "r"), _node("Sub", ["x", "r"], "y")], inputs=(("x", [2]), ("z", [2])))
+    assert not isinstance(_bind(rule, m, nodes["y"]), str)
+
+
+def test_all_binds_what_each_pattern_binds_and_fails_with_the_first_failure():
+    m, nodes = _graph([_node("Relu", ["x"], "r"), _node("Neg", ["r"], "y")])
+    rule = Rule("all", Op("Neg", All(Var("v"), Op("Relu", "x", name="relu"))), _noop)
+    match = _bind(rule, m, nodes["y"])
+    assert match["v"] is nodes["r"].outputs[0] and match.node("relu") is nodes["r"] and match["x"] is not None
+    failing = Rule("fail", Op("Neg", All(Op("Sigmoid", "x"), Op("Relu", "x"))), _noop)
+    assert "expected Sigmoid, found Relu" in _bind(failing, m, nodes["y"])
+    with pytest.raises(TypeError):
+        All(Var("x"))
+
+
+# -- Around: a pattern rooted at its output, tried at an inner node ---------------------------------
+
+
+def _outward_graph(scale=True, shared=False):
+    """y = [Mul(] Div(Sub(x, mu), Sqrt(Exp(x))) [, w)]; with ``shared`` the Div's output is read twice."""
+    nodes = [_node("ReduceMean", ["x"], "mu"), _node("Sub", ["x", "mu"], "d"), _node("Exp", ["x"], "e"),
+             _node("Sqrt", ["e"], "s"), _node("Div", ["d", "s"], "q")]
+    if shared:
+        nodes += [_node("Mul", ["q", "w"], "sc"), _node("Add", ["sc", "q"], "y")]
+    else:
+        nodes += [_node("Mul", ["q", "w"], "y")] if scale else [_node("Neg", ["q"], "y")]
+    return _graph(nodes, [init("w", np.full(4, 2.0, np.float32))])
+
+
+_QUOTIENT = Op("Div", Op("Sub", "x", Op("ReduceMean", "x", name="mu"), name="sub"),
+               Op("Sqrt", Op("Exp", "x", name="exp"), name="root"), name="div")
+_AROUND = Around("root", Or(Op("Mul", _QUOTIENT, Const("w"), commutative=True, name="scale"), _QUOTIENT))
+
+
+def test_around_is_tried_at_its_anchor_and_matches_at_the_farthest_root():
+    m, nodes = _outward_graph()
+    rule = Rule("around", _AROUND, _noop)
+    assert rule.pattern.key == ("", "Sqrt") and rule.pattern.op_type == "Sqrt"  # (the driver's index, the listing)
+    match = _bind(rule, m, nodes["s"])
+    assert not isinstance(match, str), match
+    assert match.root is nodes["s"] and match.outputs == [nodes["y"].outputs[0]]
+    # inside out: the anchor and what it reads, then each node further out and its other inputs
+    assert [n.name for n in match.nodes] == ["s", "e", "q", "d", "mu", "y"]
+    assert match.node("scale") is nodes["y"] and match.const("w") is not None
+    # where the scale is not the Div's only reader, the root is the Div, and the scale unbound
+    m, nodes = _outward_graph(shared=True)
+    match = _bind(rule, m, nodes["s"])
+    assert match.outputs == [nodes["q"].outputs[0]] and match.node("scale") is None
+    assert [n.name for n in match.nodes] == ["s", "e", "q", "d", "mu"]
+
+
+def test_around_binds_its_anchor_to_the_node_it_is_tried_at():
+    # y = Sqrt(a) + Sqrt(b): the pattern names the first operand's Sqrt the anchor
+    m, nodes = _graph([_node("Sqrt", ["x"], "s1"), _node("Sqrt", ["z"], "s2"), _node("Add", ["s1", "s2"], "y")],
+                      inputs=(("x", [2]), ("z", [2])))
+    rule = Rule("first", Around("a", Op("Add", Op("Sqrt", "u", name="a"), Op("Sqrt", "v", name="b"))), _noop)
+    match = _bind(rule, m, nodes["s1"])
+    assert not isinstance(match, str) and match.node("b") is nodes["s2"] and match.root is nodes["s1"]
+    assert "s1 is not the a the rule is tried at" in _bind(rule, m, nodes["s2"])
+    # an alternative that does not reach the anchor is no match
+    loose = Rule("loose", Around("a", Or(Op("Neg", Op("Sqrt", "x", name="a")), Op("Add", "p", "q"))), _noop)
+    assert "the pattern does not reach s1" in _bind(loose, m, nodes["s1"])
+    # where the anchor itself does not match, that is the reason, found before any root is tried
+    exp = Rule("exp", Around("a", Op("Add", Op("Sqrt", Op("Exp", "u"), name="a"), "v")), _noop)
+    assert _bind(exp, m, nodes["s1"]) == "s1 input 0: 'x' is not produced by Exp"
+
+
+def test_around_refuses_with_the_reason_nearest_its_anchor():
+    # the Sqrt reads a Relu, not an Exp: the reason is the anchor's input, found before the Div's numerator
+    m, nodes = _graph([_node("Relu", ["x"], "e"), _node("Sqrt", ["e"], "s"), _node("Div", ["x", "s"], "y")])
+    reason = _bind(Rule("around", _AROUND, _noop), m, nodes["s"])
+    assert isinstance(reason, str) and "expected Exp, found Relu" in reason
+    # an anchor read twice where its Op takes one reader: that, once, whatever the roots above it
+    m, nodes = _graph([_node("Exp", ["x"], "e"), _node("Sqrt", ["e"], "s"), _node("Div", ["x", "s"], "q"),
+                       _node("Add", ["q", "s"], "y")])
+    assert _bind(Rule("around", _AROUND, _noop), m, nodes["s"]) == "s: 's' (Sqrt) has 2 uses"
+
+
+def test_around_is_checked_when_built():
+    with pytest.raises(TypeError, match="no Op named 'r'"):
+        Around("r", Op("Neg", Op("Sqrt", "x", name="a")))
+    with pytest.raises(TypeError, match="several types"):
+        Around("a", Or(Op("Neg", Op("Sqrt", "x", name="a")), Op("Neg", Op("Exp", "x", name="a"))))
+    with pytest.raises(TypeError, match="root must be an Op"):
+        Around("a", Var("x"))
+    with pytest.raises(TypeError, match="a rule's pattern"):  # (only a rule's root: nested, it is a bug)
+        m, nodes = _graph([_node("Relu", ["x"], "r"), _node("Neg", ["r"], "y")])
+        _bind(Rule("nested", Op("Neg", Around("a", Op("Relu", "x", name="a"))), _noop), m, nodes["y"])
+
+
+def test_around_rewrite_is_named_after_its_anchor_and_replaces_its_root():
+    """The driver, given an Around rule: the new node is named after the anchor and placed where
+    it was, the root's output (a graph output) keeps its name, the provenance lists the nodes
+    inside out, and everything matched goes."""
+    m, nodes = _outward_graph()
+
+    def replace(match, b):
+        return b.op("Mul", b.op("LpNormalization", match["x"]), match["w"])
+
+    result = Driver(m, [Rule("around", _AROUND, replace)]).run()
+    assert result.rewrites == 1
+    assert [(n.op_type, n.name) for n in m.graph] == [("LpNormalization", "s::around"), ("Mul", "s::around_1")]
+    assert m.graph.outputs[0].name == "y" and m.graph.outputs[0].producer().op_type == "Mul"
+    assert json.loads(list(m.graph)[0].metadata_props[REPLACED_KEY]) == ["s", "e", "q", "d", "mu", "y"]

@@ -60,6 +60,25 @@ make a fragment say what it matches rather than leaving the walk to a condition)
         that this piece is missing, rather than which node it stopped at); ``deep=False`` only
         where the piece is not there at all (its first node does not match): a failure further
         inside keeps its own reason.
+    ``Not(pattern, reason)``  a value ``pattern`` does not match (an absent input too); it binds
+        nothing (what ``pattern`` bound while trying is dropped; a name bound before it must still
+        be the same value inside), failing with ``reason`` where ``pattern`` matches.
+    ``All(*patterns)``  a value each of ``patterns`` matches, in order (``All(Var("x"),
+        Not(...))``: bound as ``x``, and not of some form).
+    ``Around(anchor, pattern)``  a rule's whole pattern (its root), written rooted at its output
+        and tried at an inner node: the Op named ``anchor`` (one op type; its key indexes the
+        rule). Where a fusion's output node varies (a scale and a shift after it or not, a Div or
+        a Mul by a reciprocal) while one inner node is always there, the pattern still says the
+        whole expression. At an anchor node, the nodes reading it (transitively, up to as many
+        nodes as the pattern has above the anchor) are tried as the root, the farthest first
+        (greedy, like ``Repeat``): the first at which ``pattern`` matches with ``anchor`` bound to
+        that node is the match. The match's root is the anchor (the new nodes are named after it
+        and placed before it); ``Match.outputs`` are the outputs of the node it matched at, the
+        values the replacement takes the place of. The nodes on the way from the anchor to that
+        root are matched inside out: the anchor and what it reads first, then each node further
+        out and its other inputs, so ``m.nodes`` lists them in that order (the anchor first) and a
+        refusal names the first thing missing around the anchor. ``pattern``'s root is an Op or
+        an ``Or`` of them.
     Like a PEG, a choice once made is kept: when an alternative (an ``Or``'s, a commutative
     ``Op``'s order, a ``Repeat``'s count) matched, a later failure elsewhere does not come back
     to try the next. When every alternative fails, the reason is that of the one that matched
@@ -247,17 +266,10 @@ class Op(Pattern):
             return f"{value.name!r} comes from another graph"
         if self.output >= len(node.outputs) or node.outputs[self.output] is not value:
             return f"{value.name!r} is not output {self.output} of {node.op_type}"
-        if self.shared:
-            pass
-        elif callable(self.uses):
-            if not self.uses(value):
-                return f"{value.name!r} ({node.op_type}) has readers that do not fit"
-        else:
-            uses, want = use_count(value), 1 if self.uses is None else self.uses
-            if uses != want:
-                return f"{value.name!r} ({node.op_type}) has {uses} uses"
-            if value.is_graph_output():
-                return f"{value.name!r} ({node.op_type}) is a graph output"
+        if not self.shared:
+            reason = self._readers(value, node)
+            if reason is not None:
+                return reason
         if self.bind is not None:
             if self.bind in state.values and state.values[self.bind] is not value:
                 return f"{self.bind} is bound to two different values"
@@ -269,12 +281,29 @@ class Op(Pattern):
             return reason
         return self.match_node(node, state)
 
+    def _readers(self, value: ir.Value, node: ir.Node) -> str | None:
+        """Why the readers of ``value`` (``node``'s output) do not fit ``uses`` where this pattern is
+        nested, or None."""
+        if callable(self.uses):
+            if not self.uses(value):
+                return f"{value.name!r} ({node.op_type}) has readers that do not fit"
+            return None
+        uses, want = use_count(value), 1 if self.uses is None else self.uses
+        if uses != want:
+            return f"{value.name!r} ({node.op_type}) has {uses} uses"
+        if value.is_graph_output():
+            return f"{value.name!r} ({node.op_type}) is a graph output"
+        return None
+
     def match_node(self, node: ir.Node, state: _State) -> str | None:
         domain = "" if node.domain == "ai.onnx" else node.domain
         if domain != self.domain or (node.op_type != self.op_type and self.op_type != ANY_OP):
             return f"expected {self.op_type}, found {node.op_type}"
         if node in state.node_set:
             return f"{node.name} is matched twice"
+        anchor = state.anchor
+        if anchor is not None and self.name == anchor[0] and node is not anchor[1]:
+            return f"{node.name} is not the {anchor[0]} the rule is tried at"
         if self.check is not None and not self.check(node, state.opsets):
             return f"{node.name}: check failed"
         if self.op_type == ANY_OP:  # any node of the domain; its inputs are the condition's business
@@ -299,6 +328,9 @@ class Op(Pattern):
         if len(actual) > len(self.inputs):
             return f"{node.name} has {len(actual)} inputs, pattern takes {len(self.inputs)}"
         actual += [None] * (len(self.inputs) - len(actual))
+        path = state.path
+        if path is not None and node in path:  # (an Around's way from its anchor to its root)
+            return self._match_outward(node, state, actual, path[node])
         state.push_node(node, self.name)
         if not (self.commutative and len(actual) > 1):  # (the common case: one order)
             for i, (pattern, value) in enumerate(zip(self.inputs, actual)):
@@ -307,11 +339,7 @@ class Op(Pattern):
                     state.pop_node(node, self.name)
                     return f"{node.name} input {i}: {reason}"
             return None
-        orders = [actual]
-        if self.commutative and len(actual) > 1:
-            # all orders for up to 4 inputs; beyond that (24+ orders) only the given and reversed
-            orders = ([list(p) for p in itertools.permutations(actual)] if len(actual) <= 4
-                      else [actual, actual[::-1]])
+        orders = self._orders(actual)
         best = None  # (progress, reason) of the order that matched the most nodes; the last on a tie
         high = state.high
         for order in orders:
@@ -331,6 +359,46 @@ class Op(Pattern):
             if best is None or progress >= best[0]:
                 best = (progress, reason)
         state.pop_node(node, self.name)
+        return best[1]
+
+    def _orders(self, actual: list) -> list[list]:
+        if not (self.commutative and len(actual) > 1):
+            return [actual]
+        # all orders for up to 4 inputs; beyond that (24+ orders) only the given and reversed
+        return [list(p) for p in itertools.permutations(actual)] if len(actual) <= 4 else [actual, actual[::-1]]
+
+    def _match_outward(self, node: ir.Node, state: _State, actual: list, inner: ir.Value) -> str | None:
+        """match_node for a node on the way from an Around's anchor to the root being tried: the
+        input ``inner`` (the value that leads back to the anchor) first, then this node is
+        recorded, then its other inputs; so the nodes of the match are recorded inside out (the
+        anchor and what it reads first, then each node further out and what it reads besides)."""
+        best = None  # (progress, reason) of the order that matched the most nodes; the last on a tie
+        high = state.high
+        for order in self._orders(actual):
+            pairs = list(enumerate(zip(self.inputs, order)))
+            k = next((j for j, (_, (_, value)) in enumerate(pairs) if value is inner), None)
+            if k is not None:
+                pairs.insert(0, pairs.pop(k))
+            saved = state.save()
+            state.high = len(state.nodes)
+            reason, pushed = None, k is None
+            if pushed:
+                state.push_node(node, self.name)
+            for i, (pattern, value) in pairs:
+                reason = pattern._match(value, state)
+                if reason is not None:
+                    reason = f"{node.name} input {i}: {reason}"
+                    break
+                if not pushed:  # (after the input toward the anchor)
+                    state.push_node(node, self.name)
+                    pushed = True
+            progress = state.high
+            high = state.high = max(high, progress)
+            if reason is None:
+                return None
+            state.restore(saved)
+            if best is None or progress >= best[0]:
+                best = (progress, reason)
         return best[1]
 
 
@@ -461,12 +529,233 @@ class Explain(Pattern):
         return self.reason if self.deep or reached == start else reason
 
 
+class Not(Pattern):
+    """A value ``pattern`` does not match (see the module docstring)."""
+
+    __slots__ = ("pattern", "reason")
+
+    def __init__(self, pattern: Any, reason: str):
+        self.pattern, self.reason = _as_pattern(pattern), reason
+
+    def __repr__(self) -> str:
+        return f"Not({self.pattern!r})"
+
+    def _match(self, value, state):
+        if value is None:  # (nothing matches an absent input)
+            return None
+        saved, high = state.save(), state.high
+        reason = self.pattern._match(value, state)
+        state.restore(saved)  # (what it bound while trying, on either outcome)
+        state.high = high
+        return None if reason is not None else self.reason
+
+
+class All(Pattern):
+    """A value every one of ``patterns`` matches (see the module docstring)."""
+
+    __slots__ = ("patterns",)
+
+    def __init__(self, *patterns: Any):
+        if len(patterns) < 2:
+            raise TypeError("All takes two or more patterns")
+        self.patterns = tuple(_as_pattern(p) for p in patterns)
+
+    def __repr__(self) -> str:
+        return f"All({', '.join(map(repr, self.patterns))})"
+
+    def _match(self, value, state):
+        for pattern in self.patterns:
+            reason = pattern._match(value, state)
+            if reason is not None:
+                return reason
+        return None
+
+
+_MAX_ROOTS = 64  # nodes an Around tries as its root at one anchor
+
+
+class Around(Pattern):
+    """A rule's pattern rooted at its output, tried at the inner node named ``anchor`` (see the
+    module docstring)."""
+
+    __slots__ = ("anchor", "pattern", "domain", "op_type", "depth", "_nested", "_anchors")
+
+    def __init__(self, anchor: str, pattern: Any):
+        self.anchor, self.pattern = anchor, _as_pattern(pattern)
+        _check_root(self.pattern)
+        found: dict[int, tuple[Op, int]] = {}
+        _find_op(self.pattern, anchor, 0, found, set())
+        if not found:
+            raise TypeError(f"Around: the pattern has no Op named {anchor!r}")
+        keys = {op.key for op, _ in found.values()}
+        if len(keys) > 1:
+            raise TypeError(f"Around: the Ops named {anchor!r} are of several types: {sorted(keys)}")
+        self.domain, self.op_type = keys.pop()
+        if self.op_type == ANY_OP:
+            raise TypeError("Around: the anchor must name its op type, not '*'")
+        self.depth = max(d for _, d in found.values())  # nodes from the root down to the anchor, at most
+        # where the anchor is never the root, each root is reached through its output: an anchor Op's
+        # readers policy (uses=, shared=), when they all have one, is asked first (one reason, not one per root)
+        policies = {(op.shared, op.uses, op.output) for op, _ in found.values()}
+        self._nested = next(op for op, _ in found.values()) \
+            if min(d for _, d in found.values()) > 0 and len(policies) == 1 else None
+        self._anchors = tuple(op for op, _ in found.values())
+
+    inputs = ()  # (a Rule's root that is not an Op takes no input patterns of its own)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.domain, self.op_type)
+
+    def __repr__(self) -> str:
+        return f"Around({self.anchor!r}, {self.pattern!r})"
+
+    def _match(self, value, state):
+        raise TypeError("Around is a rule's pattern, not a piece of one")
+
+    def match_node(self, node: ir.Node, state: _State) -> str | None:
+        """Match at the anchor ``node``: the nodes that read it (transitively, up to ``depth``
+        nodes away) are tried as the root, the farthest first; the first at which the pattern
+        matches, with the Op named ``anchor`` bound to ``node``, is the match's end (its outputs
+        are ``Match.outputs``)."""
+        graph = node.graph
+        nested = self._nested
+        if nested is not None and not nested.shared and nested.output < len(node.outputs):
+            reason = nested._readers(node.outputs[nested.output], node)
+            if reason is not None:
+                return f"{node.name}: {reason}"
+        # Inside out, the anchor and what it reads are matched first, before anything is bound: where
+        # no anchor Op matches there, no root can (one try, not one per root and alternative)
+        state.anchor = (self.anchor, node)
+        reason = None
+        for op in self._anchors:
+            saved = state.save()
+            reason = op.match_node(node, state)
+            state.restore(saved)
+            if reason is None:
+                break
+        state.anchor, state.high = None, 0
+        if reason is not None:
+            return reason
+        distance: dict[ir.Node, int] = {node: 0}
+        toward: dict[ir.Node, ir.Value] = {}  # a reader -> the value by which it was reached
+        reached_from: dict[ir.Node, ir.Node] = {}
+        roots, frontier = [node], [node]
+        for level in range(1, self.depth + 1):
+            nxt = []
+            for n in frontier:
+                for out in n.outputs:
+                    for use in out.uses():
+                        reader = use.node
+                        if reader.graph is not graph or reader in distance or len(roots) >= _MAX_ROOTS:
+                            continue
+                        distance[reader], toward[reader], reached_from[reader] = level, out, n
+                        nxt.append(reader)
+                        roots.append(reader)
+            frontier = nxt
+        roots.sort(key=lambda n: -distance[n])  # (stable: breadth-first order at one distance)
+        best = None  # (progress, reason) of the root that matched the most nodes; the first on a tie
+        state.anchor = (self.anchor, node)
+        try:
+            for root in roots:
+                path, n = {}, root
+                while n is not node:
+                    path[n] = toward[n]
+                    n = reached_from[n]
+                saved = state.save()
+                state.high = len(state.nodes)
+                state.path = path
+                reason = _match_root(self.pattern, root, state)
+                if reason is None and node not in state.node_set:
+                    reason = f"{root.name}: the pattern does not reach {node.name}"
+                progress = state.high
+                if reason is None:
+                    state.outputs = list(root.outputs)
+                    return None
+                state.restore(saved)
+                if best is None or progress > best[0]:
+                    best = (progress, reason)
+        finally:
+            state.anchor = state.path = None
+        return best[1]
+
+
+def _check_root(pattern: Pattern) -> None:
+    """An Around's pattern is rooted at a node: an Op, or a choice (Or, Explain) of such roots."""
+    if isinstance(pattern, Or):
+        for alternative in pattern.alternatives:
+            _check_root(alternative)
+    elif isinstance(pattern, Explain):
+        _check_root(pattern.pattern)
+    elif not isinstance(pattern, Op) or pattern.op_type == ANY_OP:
+        raise TypeError(f"Around: the pattern's root must be an Op (or an Or of them), not {pattern!r}")
+
+
+def _find_op(pattern: Pattern, name: str, depth: int, found: dict, seen: set) -> None:
+    """The Ops named ``name`` under ``pattern`` and the most nodes above each (``found``: id -> (op, depth))."""
+    if (id(pattern), depth) in seen:
+        return
+    seen.add((id(pattern), depth))
+    if isinstance(pattern, Op):
+        if pattern.name == name and found.get(id(pattern), (None, -1))[1] < depth:
+            found[id(pattern)] = (pattern, depth)
+        for p in pattern.inputs:
+            _find_op(p, name, depth + 1, found, seen)
+    elif isinstance(pattern, (Opt, Absorbed, Explain)):
+        _find_op(pattern.pattern, name, depth, found, seen)
+    elif isinstance(pattern, Or):
+        for p in pattern.alternatives:
+            _find_op(p, name, depth, found, seen)
+    elif isinstance(pattern, All):
+        for p in pattern.patterns:
+            _find_op(p, name, depth, found, seen)
+    elif isinstance(pattern, Repeat):
+        _find_op(pattern.start, name, depth, found, seen)
+    elif isinstance(pattern, _Level):
+        if pattern.depth < pattern.repeat.max:
+            _find_op(pattern.repeat._steps[pattern.depth], name, depth, found, seen)
+        _find_op(pattern.repeat.end, name, depth, found, seen)
+    # (Var, Const: no node; Not: binds nothing, so its nodes are no anchor)
+
+
+def _match_root(pattern: Pattern, node: ir.Node, state: _State) -> str | None:
+    """``pattern`` (see _check_root) matched with its root at ``node``."""
+    if isinstance(pattern, Op):
+        reason = pattern.match_node(node, state)
+        if reason is None and pattern.bind is not None:
+            reason = state.bind(pattern.bind, node.outputs[pattern.output] if pattern.output < len(node.outputs)
+                                else None)
+        return reason
+    if isinstance(pattern, Explain):
+        high, start = state.high, len(state.nodes)
+        state.high = start
+        reason = _match_root(pattern.pattern, node, state)
+        reached, state.high = state.high, max(high, state.high)
+        if reason is None:
+            return None
+        return pattern.reason if pattern.deep or reached == start else reason
+    best = None  # an Or, as Or._match
+    high = state.high
+    for alternative in pattern.alternatives:
+        saved = state.save()
+        state.high = len(state.nodes)
+        reason = _match_root(alternative, node, state)
+        progress = state.high
+        high = state.high = max(high, progress)
+        if reason is None:
+            return None
+        state.restore(saved)
+        if best is None or progress > best[0]:
+            best = (progress, reason)
+    return best[1]
+
+
 class _State:
     """Bindings being built during one match; supports backtracking. ``high`` is the most nodes
     matched at once since an alternative began (how far it got, to choose the reason to give)."""
 
     __slots__ = ("graph", "values", "consts", "nodes", "node_set", "named", "opsets", "options", "chains",
-                 "absorbed", "absorbing", "high")
+                 "absorbed", "absorbing", "high", "anchor", "path", "outputs")
 
     def __init__(self, graph: ir.Graph, opsets: Mapping[str, int], options: Mapping[str, Any] | None = None):
         self.options = options or {}
@@ -481,6 +770,9 @@ class _State:
         self.absorbed: set[ir.Node] = set()  # the matched nodes an Absorbed pattern looked through
         self.absorbing = 0  # > 0 while matching inside an Absorbed pattern
         self.high = 0
+        self.anchor: tuple[str, ir.Node] | None = None  # an Around's: the name its anchor must bind, the node
+        self.path: dict[ir.Node, ir.Value] | None = None  # an Around's way out: node -> its input toward the anchor
+        self.outputs: list[ir.Value] | None = None  # an Around's: the outputs of the root it matched at
 
     def opset(self, domain: str) -> int:
         return self.opsets.get(domain, self.opsets.get("ai.onnx", 1) if domain == "" else 1)
@@ -557,6 +849,9 @@ class Match:
         self.options = state.options  # the optimize() call's settings (e.g. fold_size_limit)
         self.plan: Any = None  # what the condition returned beyond "yes" (see Rule)
         self._arrays: dict[str, np.ndarray] = {}
+        outputs = getattr(state, "outputs", None)
+        if outputs is not None:  # (an Around: the values it replaces are its root's, not the anchor's)
+            self.outputs = outputs
 
     def _unbound(self, name: str, kind: str, names) -> RuleError:
         return RuleError(f"rule {self.rule.name} asks for {kind} {name!r}, which its pattern does not bind "
@@ -663,7 +958,7 @@ def forward(name: str) -> Replacement:
 @dataclasses.dataclass(frozen=True, eq=False)
 class Rule:
     name: str
-    pattern: Op
+    pattern: Op | Around
     replacement: Replacement
     condition: Condition | None = None
     doc: str = ""
@@ -677,8 +972,8 @@ class Rule:
     def __post_init__(self):
         if self.exact is not None and not isinstance(self.exact, bool):
             raise TypeError(f"rule {self.name}: exact must be True, False or None (undeclared), not {self.exact!r}")
-        if not isinstance(self.pattern, Op):
-            raise TypeError(f"rule {self.name}: the pattern's root must be an Op")
+        if not isinstance(self.pattern, (Op, Around)):
+            raise TypeError(f"rule {self.name}: the pattern's root must be an Op (or an Around)")
         values, consts, nodes, chains = _names(self.pattern)
         object.__setattr__(self, "value_names", frozenset(values))
         object.__setattr__(self, "const_names", frozenset(consts))
@@ -754,10 +1049,12 @@ def _names(pattern: Pattern) -> tuple[set, set, set, set]:
             if p.bind is not None:
                 values.add(p.bind)
             stack.extend(p.inputs)
-        elif isinstance(p, (Opt, Absorbed, Explain)):
+        elif isinstance(p, (Opt, Absorbed, Explain, Around)):
             stack.append(p.pattern)
         elif isinstance(p, Or):
             stack.extend(p.alternatives)
+        elif isinstance(p, All):
+            stack.extend(p.patterns)
         elif isinstance(p, Repeat):
             if p.name is not None:
                 chains.add(p.name)

@@ -10,7 +10,8 @@ onnxruntime's default settings (graph optimizations on) at 1 and 2 intra-op thre
 of the declaration (tests/rules/coverage.py fails a rule declared exact that no test proved).
 
 ``refuses(rule, model, reason)``: the rule's condition or replacement refuses, with a reason that
-contains ``reason``; the model keeps its nodes and its outputs their bits.
+contains ``reason``; the model keeps its nodes and its outputs their bits. ``mismatches(rule, model,
+reason)``: the same where the rule's pattern is what refuses (a form it says it does not take).
 
 Both first check that the model's outputs change when its inputs do (a model whose outputs do not
 depend on its inputs shows nothing), and return ``(optimized model, report)``.
@@ -99,6 +100,19 @@ def refuses(name: str, model: onnx.ModelProto, reason: str, *, feeds: dict | Non
     out, report = run_rule(name, model, passes=passes, **options)
     st = report.rules[name]
     assert st.fired == 0 and st.refused >= 1, _stats(report, name)
+    assert any(reason in r for r in st.reasons), f"no reason contains {reason!r}; {_stats(report, name)}"
+    assert op_types(out) == op_types(model)
+    same_outputs(model, out, feeds, depends=depends)
+    return out, report
+
+
+def mismatches(name: str, model: onnx.ModelProto, reason: str, *, feeds: dict | None = None, passes=(),
+               depends: bool = True, **options):
+    """Rule ``name``'s pattern does not match ``model`` (a form it says it does not take), giving a
+    reason that contains ``reason``; the model keeps its nodes, and its outputs their bits."""
+    out, report = run_rule(name, model, passes=passes, **options)
+    st = report.rules[name]
+    assert st.fired == 0 and st.matched == 0 and st.tried >= 1, _stats(report, name)
     assert any(reason in r for r in st.reasons), f"no reason contains {reason!r}; {_stats(report, name)}"
     assert op_types(out) == op_types(model)
     same_outputs(model, out, feeds, depends=depends)

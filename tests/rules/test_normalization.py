@@ -13,6 +13,7 @@ with the same outputs (1e-4 of their range) at two shapes."""
 from __future__ import annotations
 
 import collections
+import json
 
 import numpy as np
 import onnx
@@ -24,7 +25,7 @@ from onnxopt import optimize
 
 from . import zoo_cases
 from .zoo_cases import every_fusion  # noqa: F401 (a fixture)
-from .check import fires, refuses
+from .check import fires, mismatches, refuses
 
 TOL = 1e-5
 CPU = zoo_cases.ORT_CPU
@@ -149,20 +150,26 @@ def test_layer_normalization_refuses_shared_centred_input():
 
 
 def test_layer_normalization_refuses_not_a_square():
+    """The pattern says what is under the Sqrt: where it is not, the reason names what is missing."""
     nodes = [n("Pow", ["x", "three"], "c"), *mean("c", "v", 17), n("Sqrt", ["v"], "s"), n("Div", ["x", "s"], "y")]
-    refuses("layer_normalization", build(nodes, {"three": 3.0}), "the mean under the Sqrt is not of a square", **CPU)
-    refuses("layer_normalization", build([n("Sqrt", ["x"], "s"), n("Div", ["x", "s"], "y")], {}),
-            "Sqrt does not take a mean", **CPU)
+    for rule in ("layer_normalization", "rms_normalization"):
+        mismatches(rule, build(nodes, {"three": 3.0}), "the mean under the Sqrt is not of a square", **CPU)
+        mismatches(rule, build([n("Sqrt", ["x"], "s"), n("Div", ["x", "s"], "y")], {}),
+                   "Sqrt does not take a mean", **CPU)
 
 
 # --- RMS normalization ----------------------------------------------------------------------------
 
-def rms_nodes(*, form="reciprocal", opset=17, weight=True, swap=False, residual=False):
+def rms_nodes(*, form="reciprocal", opset=17, weight=True, swap=False, residual=False, square="pow", eps=True):
     """Llama's RMSNorm: x * rsqrt(mean(x^2) + eps) * w (torch.onnx dynamo: Reciprocal(Sqrt); legacy:
-    Div(1, Sqrt)); also x / sqrt(...). ``residual``: of the sum x + res (input "res")."""
+    Div(1, Sqrt)); also x / sqrt(...), x * x for the square, no epsilon. ``residual``: of the sum
+    x + res (input "res")."""
     x, nodes = ("xs", [n("Add", ["x", "res"], "xs")]) if residual else ("x", [])
-    nodes += [n("Pow", [x, "two"], "sq"), *mean("sq", "var", opset), n("Add", ["var", "eps"], "ve"),
-              n("Sqrt", ["ve"], "sd")]
+    nodes += [n("Pow", [x, "two"], "sq") if square == "pow" else n("Mul", [x, x], "sq"), *mean("sq", "var", opset)]
+    if eps:
+        nodes += [n("Add", ["eps", "var"] if swap else ["var", "eps"], "ve"), n("Sqrt", ["ve"], "sd")]
+    else:
+        nodes += [n("Sqrt", ["var"], "sd")]
     if form == "reciprocal":
         nodes += [n("Reciprocal", ["sd"], "rc"), n("Mul", ["rc", x] if swap else [x, "rc"], "nd")]
     elif form == "one-div":
@@ -177,8 +184,8 @@ RMS_CONSTS = {"two": 2.0, "eps": 1e-6, "one": 1.0, "w": GAMMA, "axes": np.array(
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(form="one-div"), dict(form="div"), dict(swap=True),
-                                dict(weight=False), dict(opset=18)],
-                         ids=["dynamo", "legacy", "div", "swapped", "no-weight", "opset18"])
+                                dict(weight=False), dict(opset=18), dict(square="mul", form="div"), dict(eps=False)],
+                         ids=["dynamo", "legacy", "div", "swapped", "no-weight", "opset18", "x*x", "no-eps"])
 def test_rms_normalization_forms(kw):
     """Before opset 23 (no ONNX RMS op), the RMSNorm of a residual sum becomes com.microsoft
     SkipSimplifiedLayerNormalization, a valid model; alone it is refused (issue 27: it became
@@ -220,14 +227,71 @@ def test_rms_normalization_opset23_residual_is_skip():
 
 
 def test_rms_normalization_refuses():
-    refuses("rms_normalization", build(ln_nodes(), LN_CONSTS), "a mean is subtracted (layer_normalization's form)",
-            **CPU)
-    refuses("layer_normalization", build(rms_nodes(), RMS_CONSTS), "no mean is subtracted", **CPU)
+    """Each pattern refuses the other's form, with the reason: an RMS normalization of a centred
+    value is the layer normalization (whatever makes that rule refuse it: here opset 16)."""
+    for opset in (17, 16):
+        mismatches("rms_normalization", build(ln_nodes(), LN_CONSTS, opset=opset),
+                   "a mean is subtracted (layer_normalization's form)", **CPU)
+    mismatches("layer_normalization", build(rms_nodes(), RMS_CONSTS), "no mean is subtracted", **CPU)
 
 
 def test_rms_normalization_refuses_unknown_hidden_size():
     m = build(rms_nodes(weight=False), RMS_CONSTS, shape=("b", "s", "h"))
     refuses("rms_normalization", m, "the last dimension is unknown", **CPU)
+
+
+# --- what the patterns say (rules/_normalization_parts.py, tried at the Sqrt) ----------------------------
+
+
+def test_layer_normalization_is_named_after_its_sqrt_and_lists_what_it_replaced_inside_out():
+    """The fused node takes the Sqrt's name and place (the pattern is tried at the Sqrt); its
+    provenance lists the nodes from the Sqrt out: what the Sqrt reads, the division, the centring,
+    the scale, the shift; the output keeps its name."""
+    out, _ = fires("layer_normalization", build(ln_nodes(divide="reciprocal"), LN_CONSTS), tol=TOL, **CPU)
+    (node,) = [x for x in out.graph.node if x.op_type == "LayerNormalization"]
+    assert node.name == "Sqrt_sd::layer_normalization" and node.output[0] == "y"
+    meta = {p.key: p.value for p in node.metadata_props}
+    assert json.loads(meta["onnxopt.replaced"]) == ["Sqrt_sd", "Add_ve", "ReduceMean_var", "Pow_sq", "Reciprocal_r",
+                                                    "Mul_nd", "Sub_d", "ReduceMean_mu", "Mul_sc", "Add_y"]
+
+
+def test_layer_normalization_takes_the_scale_only_where_the_division_is_read_by_it_alone():
+    """The longest form that fits: where the normalized value is also read elsewhere, the fusion
+    ends at the division (a LayerNormalization with a scale of ones), the scale and shift stay."""
+    nodes = ln_nodes()[:-1] + [n("Add", ["sc", "nd"], "y")]  # (nd read by the scale and by the sum)
+    out, _ = fires("layer_normalization", build(nodes, LN_CONSTS), tol=TOL, **CPU)
+    assert ops(out) == {"LayerNormalization": 1, "Mul": 1, "Add": 1}
+    ln = next(x for x in out.graph.node if x.op_type == "LayerNormalization")
+    assert len(ln.input) == 2  # (no shift)
+
+
+def test_normalization_refuses_a_sqrt_read_twice():
+    """The Sqrt must be read by the division alone (it goes with the rewrite)."""
+    nodes = ln_nodes()[:-1] + [n("Add", ["sc", "beta"], "yb"), n("Add", ["yb", "sd"], "y")]
+    mismatches("layer_normalization", build(nodes, LN_CONSTS), "'sd' (Sqrt) has 2 uses", **CPU)
+
+
+def test_normalization_refuses_a_sqrt_no_division_reads():
+    nodes = ln_nodes(affine=False)[:-2] + [n("Relu", ["sd"], "y")]
+    for rule in ("layer_normalization", "rms_normalization"):
+        mismatches(rule, build(nodes, LN_CONSTS), "the Sqrt is not read by a division of the input", **CPU)
+
+
+def test_rms_normalization_of_a_difference_that_is_not_centred_fuses():
+    """x - Relu(x) is no centring (Not(centred) lets it through): its RMS normalization fuses;
+    x - ReduceMean(z) of another value neither; only x - mean(x) is the layer form."""
+    for sub in ([n("Relu", ["x"], "r"), n("Sub", ["x", "r"], "xd")],
+                [*mean("res", "mz", 23), n("Sub", ["x", "mz"], "xd")]):
+        nodes = [*sub] + [_renamed(node, "x", "xd") for node in rms_nodes(opset=23, form="div")]
+        m = build(nodes, RMS_CONSTS, opset=23, extra_inputs=[("res", ("b", "s", H))])
+        out, _ = fires("rms_normalization", m, tol=TOL, **CPU)
+        assert ops(out)["RMSNormalization"] == 1 and not ops(out)["Sqrt"], ops(out)
+        mismatches("layer_normalization", m, "no mean is subtracted", **CPU)
+
+
+def _renamed(node, old: str, new: str):
+    node.input[:] = [new if i == old else i for i in node.input]
+    return node
 
 
 # --- the folds after a fused node -------------------------------------------------------------------
