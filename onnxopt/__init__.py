@@ -14,7 +14,8 @@ from . import _compat  # noqa: E402
 _compat.install()  # the 0.1 import paths (onnxopt.pattern, onnxopt.irutil, ...): onnxopt._compat
 
 from onnxopt.errors import InvalidModelError, OnnxoptError, RuleError, UsageError  # noqa: E402
-from onnxopt.core.pattern import ANY, Builder, Const, Match, Op, Opt, Refuse, Rule, Var, forward  # noqa: E402
+from onnxopt.core.pattern import (ANY, Absorbed, All, Around, Builder, Const, Explain, Match, Not, Op, Opt,  # noqa: E402
+                                  Or, Refuse, Repeat, Rule, Var, forward)
 
 _LAZY = {"optimize": "api", "Report": "api", "default_rules": "api"}
 
@@ -37,7 +38,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "ANY", "Builder", "Const", "InvalidModelError", "Match", "Op", "OnnxoptError", "Opt", "Refuse",
+    "ANY", "Absorbed", "All", "Around", "Builder", "Const", "Explain", "Not", "Or", "Repeat", "InvalidModelError", "Match", "Op", "OnnxoptError", "Opt", "Refuse",
     "Report", "Rule", "RuleError", "UsageError", "Var", "default_rules", "forward", "optimize",
     "quantize",
 ]
