@@ -392,7 +392,7 @@ def _rewrite(run: _Run) -> None:
     """The rules and passes to their fixpoint (``onnxopt.core.pipeline.run``), then the edges'
     preprocessing folded into the weights."""
     rw, loaded, edited = run.options.rewrite, run.loaded, run.edited
-    run.before = node_counts(loaded.model)
+    run.before = node_counts(loaded.model) if run.return_report else None  # (a report's figure)
     if loaded.source is not None and not run.input_shapes and not edited:
         # the model as read, unchanged: what the pipeline records of the input may read the proto
         # it was read from rather than serialize the model again (onnxopt.ir.shapes.light_source)
@@ -442,7 +442,7 @@ def _measure(run: _Run) -> None:
     """For the report, the result's figures: node counts, Transposes, peak activation memory, and
     for ort-cuda the provider advice (none of it changes the model)."""
     loaded, result, memory, transposes = run.loaded, run.result, run.memory, run.transposes
-    run.after = node_counts(loaded.model)
+    run.after = node_counts(loaded.model) if run.return_report else None
     if transposes is not None:
         transposes["after"] = report_summary(loaded.model)
         if not (transposes["before"]["count"] or transposes["after"]["count"]):
