@@ -188,6 +188,17 @@ def test_symbolic_dims_unknown_then_fixed():
     assert fixed["unknown"] == [] and fixed["peak_bytes"] == 3 * 2 * 256 * F
     assert memory.peak(m, ["x=2,256"])["peak_bytes"] == fixed["peak_bytes"]  # the command line's grammar
     assert memory.reorder(io.to_ir(m)) == 0  # (sizes unknown: the pass leaves the order alone)
+    # an onnx_ir model is sized at the shapes given and left with its own (no copy is made of it)
+    m_ir = io.to_ir(m)
+    declared = [(v.name, v.shape) for v in (*m_ir.graph.inputs, *m_ir.graph.outputs, *(o for n in m_ir.graph
+                                                                                       for o in n.outputs))]
+    assert memory.peak(m_ir, {"x": [2, 256]})["peak_bytes"] == fixed["peak_bytes"]
+    assert [(v.name, v.shape) for v in (*m_ir.graph.inputs, *m_ir.graph.outputs,
+                                        *(o for n in m_ir.graph for o in n.outputs))] == declared
+    assert str(m_ir.graph.inputs[0].shape) == "[n,256]"
+    with pytest.raises(Exception):
+        memory.peak(m_ir, {"x": [2, 255]})  # (a static dimension changed: refused, the model as it was)
+    assert str(m_ir.graph.inputs[0].shape) == "[n,256]"
 
 
 def test_sub_byte_and_string_sizes():

@@ -27,6 +27,7 @@ current order's. A graph with a node output of unknown size is left alone (fix t
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 
@@ -85,13 +86,28 @@ def _peak(model, input_shapes, curve: bool, order: str, infer) -> dict:
         # model as given, inputs as declared
         m, late = onnxruntime_graph(m)
         planned = plan_shapes(ir.serde.serialize_model(m))
-    if input_shapes:
-        if m is model:  # (the caller's: left as it is)
-            m = m.clone()
-        fix(m, normalize(input_shapes), refine=False)
-    g = Liveness(m, Sizes(m, infer), planned, late)
-    steps = range(len(g.nodes)) if order == "graph" else onnxruntime_order(g)
-    return result(g, steps, curve=curve, runtime=order == "onnxruntime")
+    with _at_shapes(m, input_shapes):  # (the caller's model left as it was)
+        g = Liveness(m, Sizes(m, infer), planned, late)
+        steps = range(len(g.nodes)) if order == "graph" else onnxruntime_order(g)
+        return result(g, steps, curve=curve, runtime=order == "onnxruntime")
+
+
+@contextlib.contextmanager
+def _at_shapes(model: ir.Model, shapes):
+    """For the duration, ``model``'s inputs fixed to ``shapes`` (``onnxopt.ir.input_shapes.fix``, not
+    refined: an inference follows), its values' shapes as they were afterwards (fix changes nothing
+    else): what a copy fixed at those shapes would be, without the copy."""
+    if not shapes:
+        yield model
+        return
+    kept = [(v, v.shape) for g in graphs(model) for v in (*g.inputs, *g.outputs, *(o for n in g for o in n.outputs))]
+    try:
+        fix(model, normalize(shapes), refine=False)
+        yield model
+    finally:
+        for value, shape in kept:
+            if value.shape is not shape:
+                value.shape = shape
 
 
 def reorder(model: ir.Model, touched=None) -> int:
@@ -221,12 +237,8 @@ def _sized(model: ir.Model) -> onnx.ModelProto:
     not changed)."""
     from onnxopt.ir.input_shapes import symbolic_run_shapes
 
-    shapes = symbolic_run_shapes(model)
-    m = model
-    if shapes:
-        m = model.clone()
-        fix(m, normalize(shapes), refine=False)
-    return _infer(m)
+    with _at_shapes(model, symbolic_run_shapes(model)):
+        return _infer(model)
 
 
 def _infer(model: ir.Model, light: onnx.ModelProto | None = None) -> onnx.ModelProto:
