@@ -458,8 +458,11 @@ def _graph_view(model) -> tuple[list, dict, list]:
             except Exception:  # noqa: BLE001
                 attrs[name] = None
         if n.op_type == "Constant" and n.domain == "" and "value" in n.attributes:
-            try:
-                consts[n.outputs[0].name] = small(n.attributes["value"].as_tensor().numpy())
+            attr = n.attributes["value"]
+            try:  # (a large one is no hint: its array is not made; as_tensor's Protocol check is slow)
+                tensor = attr.value if attr.type == ir.AttributeType.TENSOR and not attr.is_ref() else attr.as_tensor()
+                if len(tensor.shape) <= 1 and tensor.size <= 16:
+                    consts[n.outputs[0].name] = small(tensor.numpy())
             except Exception:  # noqa: BLE001
                 pass
         nodes.append((n.op_type, [v.name if v is not None else "" for v in n.inputs], [v.name for v in n.outputs],
