@@ -23,6 +23,14 @@ a depth-first order that finishes one operand before starting the next (Sethi-Ul
 trees, taken on the DAG), and keeps the one with the lowest peak only when it is strictly below the
 current order's. A graph with a node output of unknown size is left alone (fix the symbols with
 ``input_shapes`` to have it reordered).
+
+In a pipeline, the input is inferred once, for the baseline (``baseline``: from the ModelProto the
+file was parsed into where the model is as read, else serialized without its weights); after the
+rewrites the passes take those types again for every value that is the tensor it was (``_carried``:
+the same object, or a replacement that took its name), and infer again only where a rewrite made
+a value of its own or the run shapes changed. A symbolic model is sized at the run shapes fixed in
+place and restored after (``_at_shapes``), not on a copy; the recomputation pass that changes
+nothing and the reordering pass share one Liveness (``_analysed``).
 """
 
 from __future__ import annotations
