@@ -3,7 +3,8 @@ onnx_ir load+save on the synthetic conv/BN chain (whole process, best of N), and
 on the zoo models (in process, median of N; within 10% counts as even under 100 ms).
 
     python -m scripts.bench.optimize_time [--sizes 1000 10000 100000] [--repeat 3]
-        [--zoo ppocrv4-det resnet50-dynamo ...] [--zoo-repeat 11] [--tree NAME=PATH ...] [--out FILE.json]
+        [--zoo ppocrv4-det resnet50-dynamo ...] [--zoo-repeat 11] [--without PASS ...] [--tree NAME=PATH ...]
+        [--out FILE.json]
 
 ``--tree NAME=PATH`` times another checkout too (``PYTHONPATH=PATH``: a tree exported with ``git archive``
 whose ``onnxopt/rules`` and ``onnxopt/models`` link to its ``rules/`` and ``models/``), interleaved run by
@@ -41,19 +42,24 @@ ZOO = r"""
 import json, statistics, sys, time
 import onnx, onnxsim
 from onnxopt import optimize
-src, dst, repeat = sys.argv[1], sys.argv[2], int(sys.argv[3])
+src, dst, repeat, without = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
 
 def ours():  # the default optimize, as a user calls it (no report asked for: its figures are not computed)
     optimize(src, output=dst)
+
+def ours_without():  # (--without PASS...: what those passes cost; the bytes are compared too)
+    optimize(src, output=dst + ".without.onnx", disable=without)
 
 def theirs():
     simplified, ok = onnxsim.simplify(onnx.load(src))
     onnx.save(simplified, dst + ".sim.onnx")
 
-ours(); theirs()
-runs = {"onnxopt": [], "onnxsim": []}
+tools = [("onnxopt", ours), ("onnxsim", theirs)] + ([("onnxopt_without", ours_without)] if without else [])
+for name, f in tools:
+    f()
+runs = {name: [] for name, _ in tools}
 for _ in range(repeat):
-    for name, f in (("onnxopt", ours), ("onnxsim", theirs)):
+    for name, f in tools:
         t = time.perf_counter(); f(); runs[name].append(time.perf_counter() - t)
 print(json.dumps(runs))
 """
@@ -127,7 +133,7 @@ def scaling(sizes, repeat, trees, work: Path) -> dict:
     return out
 
 
-def zoo(models, repeat, trees, work: Path) -> dict:
+def zoo(models, repeat, trees, work: Path, without: list[str]) -> dict:
     out = {}
     cache = Path(os.environ.get("ONNXOPT_CACHE", Path.home() / ".cache" / "onnxopt" / "models"))
     for model in models:
@@ -138,8 +144,8 @@ def zoo(models, repeat, trees, work: Path) -> dict:
         rows = {}
         for name, tree in trees.items():
             dst = work / f"{name}-{model}.onnx"
-            proc = subprocess.run([sys.executable, "-c", ZOO, str(src), str(dst), str(repeat)], env=_env(tree),
-                                  cwd=str(work), capture_output=True, text=True)
+            proc = subprocess.run([sys.executable, "-c", ZOO, str(src), str(dst), str(repeat), *without],
+                                  env=_env(tree), cwd=str(work), capture_output=True, text=True)
             if proc.returncode != 0:
                 raise RuntimeError(f"{model} ({name}): {proc.stderr.strip()[-2000:]}")
             runs = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -154,8 +160,15 @@ def zoo(models, repeat, trees, work: Path) -> dict:
                           "interval": [round(x, 3) for x in ci["interval"]] if ci["interval"] else None,
                           "bound": bound, "not_slower": even, "sha256": digest(dst)}
             span = f", 90% interval {ci['interval'][0]:.2f}-{ci['interval'][1]:.2f}" if ci["interval"] else ""
+            extra = ""
+            if without:
+                off = ratio_interval(runs["onnxsim"], runs["onnxopt_without"])
+                same = digest(Path(str(dst) + ".without.onnx")) == rows[name]["sha256"]
+                rows[name]["without"] = {"passes": without, "vs_onnxsim": round(off["ratio"], 3), "same_output": same,
+                                         "interval": [round(x, 3) for x in off["interval"]] if off["interval"] else None}
+                extra = f"; without {'/'.join(without)}: {off['ratio']:.2f}x ({'same bytes' if same else 'other bytes'})"
             print(f"{model} ({name}): onnxopt {med['onnxopt'] * 1000:.0f} ms, onnxsim {med['onnxsim'] * 1000:.0f} ms "
-                  f"({ratio:.2f}x{span}{'' if even else ', SLOWER'})", flush=True)
+                  f"({ratio:.2f}x{span}{'' if even else ', SLOWER'}){extra}", flush=True)
         first = next(iter(rows.values()))["sha256"] if rows else None
         for row in rows.values():
             row["same_output"] = row["sha256"] == first
@@ -170,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--zoo", nargs="*", default=[], help="zoo models to time against onnxsim, in process")
     p.add_argument("--zoo-repeat", type=int, default=11,
                    help="in-process runs per zoo model (median taken; 10 or more give the interval)")
+    p.add_argument("--without", nargs="*", default=[], metavar="PASS",
+                   help="zoo: also time optimize with these passes disabled (what they cost; same bytes checked)")
     p.add_argument("--tree", action="append", default=[], metavar="NAME=PATH",
                    help="another checkout to time too (PYTHONPATH=PATH), interleaved with this one")
     p.add_argument("--name", default="this", help="the name of this checkout in the results")
@@ -192,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         result["scaling"] = scaling(args.sizes, args.repeat, trees, work)
-        result["zoo"] = zoo(args.zoo, args.zoo_repeat, trees, work)
+        result["zoo"] = zoo(args.zoo, args.zoo_repeat, trees, work, args.without)
     result["load_after"] = load()
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
