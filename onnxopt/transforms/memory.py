@@ -27,8 +27,9 @@ current order's. A graph with a node output of unknown size is left alone (fix t
 In a pipeline, the input is inferred once, for the baseline (``baseline``: from the ModelProto the
 file was parsed into where the model is as read, else serialized without its weights); after the
 rewrites the passes take those types again for every value that is the tensor it was (``_carried``:
-the same object, or a replacement that took its name), and infer again only where a rewrite made
-a value of its own or the run shapes changed. A symbolic model is sized at the run shapes fixed in
+the same object, or a replacement that took its name), type the few values a rewrite made by onnx's
+inference of their producer alone (``_infer_new``: a static shape is a fact), and infer the graph
+again only where that leaves a size open or the run shapes changed. A symbolic model is sized at the run shapes fixed in
 place and restored after (``_at_shapes``), not on a copy; the recomputation pass that changes
 nothing and the reordering pass share one Liveness (``_analysed``).
 """
@@ -235,9 +236,65 @@ def _carried(model: ir.Model) -> dict | None:
             if name in types and (values.get(name) is v or v.meta.get(SAME_AS_KEY) == name):
                 kept[name] = types[name]
     sizes = Sizes(model, lambda _: kept)
-    if any(sizes(v) is None for v in needed):
-        return None
+    missing = [v for v in needed if sizes(v) is None]
+    if missing:
+        if not _infer_new(model, missing, kept):
+            return None
+        sizes = Sizes(model, lambda _: kept)
+        if any(sizes(v) is None for v in needed):
+            return None
     return kept
+
+
+_LOCAL_LIMIT = 64  # values a rewrite made that are sized node by node (more: one inference of the graph)
+
+
+def _infer_new(model: ir.Model, missing: list[ir.Value], kept: dict[str, onnx.TypeProto]) -> bool:
+    """Type the few values the rewrites made (``missing``, main-graph node outputs) by onnx's inference
+    of their producer alone, from the carried types of its inputs (and the data of its small
+    constant inputs, as the light proto keeps them); True where every one comes out with a static
+    shape (a fact, whatever inference of the whole graph would add), else False (infer the graph)."""
+    from onnxopt.ir.shapes import opsets_of
+    from onnxopt.ir.util import STANDARD_DOMAINS, constant_tensor
+
+    if len(missing) > _LOCAL_LIMIT:
+        return False
+    graph = model.graph
+    position = {node: k for k, node in enumerate(graph)}
+    opsets = opsets_of(model)
+    imports = [onnx.helper.make_opsetid(d, v) for d, v in opsets.items()]
+    for value in sorted(missing, key=lambda v: position.get(v.producer(), -1)):
+        if value.name in kept:
+            continue
+        node = value.producer()
+        if node is None or node not in position or node.domain not in STANDARD_DOMAINS or any(
+                a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values()):
+            return False
+        types, data = {}, {}
+        for inp in node.inputs:
+            if inp is None or not inp.name:
+                continue
+            tensor = constant_tensor(inp)
+            if inp.name in kept:
+                types[inp.name] = kept[inp.name]
+            elif tensor is not None:
+                types[inp.name] = onnx.helper.make_tensor_type_proto(tensor.dtype.value, list(tensor.shape.numpy()))
+            else:
+                return False
+            if tensor is not None and tensor.nbytes <= 1000:
+                data[inp.name] = ir.serde.serialize_tensor(tensor)
+        try:
+            schema = onnx.defs.get_schema(node.op_type, opsets.get("", 1), "")
+            out = onnx.shape_inference.infer_node_outputs(schema, ir.serde.serialize_node(node), types, data,
+                                                          opset_imports=imports, ir_version=model.ir_version)
+        except Exception:  # noqa: BLE001 - no schema, or inference refuses it: infer the graph instead
+            return False
+        got = out.get(value.name)
+        if got is None or not got.tensor_type.elem_type or not got.tensor_type.HasField("shape") or not all(
+                d.HasField("dim_value") for d in got.tensor_type.shape.dim):
+            return False
+        kept[value.name] = got
+    return True
 
 
 def _sized(model: ir.Model) -> onnx.ModelProto:
