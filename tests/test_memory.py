@@ -847,13 +847,18 @@ def test_a_value_taking_a_removed_values_name_is_not_carried():
     m.graph.remove(n1, safe=True)
     assert twin.outputs[0].name == "b" and memory._carried(m) is not None
 
+    # a value named "b" made otherwise (twice as long): not the old "b"'s type, but its own, from its
+    # producer's inference (a value a rewrite made), or no reuse at all where that cannot type it
     m = relus()
     n1 = m.graph.node(1)
-    other = ir.node("Relu", [n1.inputs[0]], name="n1_other")
+    other = ir.node("Concat", [n1.inputs[0], n1.inputs[0]], attributes={"axis": 0}, name="n1_other")
     m.graph.insert_after(n1, other)
     n1.outputs[0].replace_all_uses_with(other.outputs[0])
     m.graph.remove(n1, safe=True)
     other.outputs[0].name = "b"  # (a name reused, not taken over by redirect)
+    got = memory._carried(m)
+    assert [d.dim_value for d in got["b"].tensor_type.shape.dim] == [2000]
+    other.attributes["axis"] = ir.AttrInt64("axis", 5)  # (inference refuses it: the graph is inferred again)
     assert memory._carried(m) is None
 
 
