@@ -26,7 +26,7 @@ import onnx
 import onnx_ir as ir
 
 from onnxopt.errors import InvalidModelError, UsageError
-from onnxopt.ir.util import declare_domains, graphs, proto_graphs  # noqa: F401  (proto_graphs: also io's, for its callers)
+from onnxopt.ir.util import declare_domains, graphs, graphs_below, proto_graphs  # noqa: F401  (proto_graphs: also io's, for its callers)
 
 ModelLike = Union[str, os.PathLike, bytes, onnx.ModelProto, ir.Model, "onnx_graphsurgeon.Graph"]
 
@@ -268,67 +268,27 @@ def files_read(path: str | os.PathLike) -> list[Path]:
 def _tensor_slots(model: ir.Model):
     """``(tensor, put, in_attribute)`` for every tensor the model holds, ``put(t)`` replacing it:
     initializers and tensor attributes, in every graph, subgraph and local function."""
-    for graph in (g for root in (model.graph, *model.functions.values()) for g in _ir_graphs(root)):
-        if isinstance(graph, ir.Graph):
-            for value in graph.initializers.values():
-                if value.const_value is not None:
-                    yield value.const_value, functools.partial(setattr, value, "const_value"), False
-        for node in graph:
-            for name, attr in list(node.attributes.items()):
-                if attr.is_ref() or attr.value is None:
+    for root in (model.graph, *model.functions.values()):
+        for graph in (root, *graphs_below(root)):
+            if isinstance(graph, ir.Graph):
+                for value in graph.initializers.values():
+                    if value.const_value is not None:
+                        yield value.const_value, functools.partial(setattr, value, "const_value"), False
+            for node in graph:
+                if not node.attributes:  # (most nodes: no attribute to look through)
                     continue
-                if attr.type == ir.AttributeType.TENSOR:
-                    yield attr.value, functools.partial(_put_attribute, node, name, None), True
-                elif attr.type == ir.AttributeType.TENSORS:
-                    for k, tensor in enumerate(attr.value):
-                        yield tensor, functools.partial(_put_attribute, node, name, k), True
+                for name, attr in list(node.attributes.items()):
+                    kind = attr.type  # (compared first: most attributes hold no tensor)
+                    if (kind is not _TENSOR and kind is not _TENSORS) or attr.is_ref() or attr.value is None:
+                        continue
+                    if kind is _TENSOR:
+                        yield attr.value, functools.partial(_put_attribute, node, name, None), True
+                    else:
+                        for k, tensor in enumerate(attr.value):
+                            yield tensor, functools.partial(_put_attribute, node, name, k), True
 
 
 _TENSOR, _TENSORS = ir.AttributeType.TENSOR, ir.AttributeType.TENSORS
-_GRAPH, _GRAPHS = ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS
-
-
-def _tensors(model: ir.Model):
-    """Every tensor the model holds, as :func:`_tensor_slots` finds them, in one walk and without the
-    means to replace them (reading only: ~4x faster on a graph of 100k nodes)."""
-    stack: list = [model.graph, *model.functions.values()]
-    while stack:
-        graph = stack.pop()
-        if isinstance(graph, ir.Graph):
-            for value in graph.initializers.values():
-                if value.const_value is not None:
-                    yield value.const_value
-        for node in graph:
-            attributes = node.attributes
-            if not attributes:
-                continue
-            for attr in attributes.values():
-                kind = attr.type
-                if kind is _TENSOR or kind is _TENSORS or kind is _GRAPH or kind is _GRAPHS:
-                    if attr.is_ref() or attr.value is None:
-                        continue
-                    if kind is _TENSOR:
-                        yield attr.value
-                    elif kind is _TENSORS:
-                        yield from attr.value
-                    elif kind is _GRAPH:
-                        stack.append(attr.value)
-                    else:
-                        stack.extend(attr.value)
-
-
-def _ir_graphs(graph: ir.Graph | ir.Function):
-    """``graph`` and every subgraph below it (of a model's graph, or of a local function)."""
-    yield graph
-    for node in graph:
-        for attr in node.attributes.values():
-            if attr.is_ref():
-                continue
-            if attr.type == ir.AttributeType.GRAPH:
-                yield from _ir_graphs(attr.value)
-            elif attr.type == ir.AttributeType.GRAPHS:
-                for sub in attr.value:
-                    yield from _ir_graphs(sub)
 
 
 def _put_attribute(node: ir.Node, name: str, index: int | None, tensor) -> None:
@@ -342,7 +302,7 @@ def _put_attribute(node: ir.Node, name: str, index: int | None, tensor) -> None:
 
 def external_data_files(model: ir.Model) -> set[Path]:
     """The external data files the model's tensors are read from (resolved paths)."""
-    return {Path(t.path).resolve() for t in _tensors(model) if isinstance(t, ir.ExternalTensor)}
+    return {Path(t.path).resolve() for t, _, _ in _tensor_slots(model) if isinstance(t, ir.ExternalTensor)}
 
 
 def _in_memory(tensor: ir.ExternalTensor) -> ir.Tensor:
@@ -397,7 +357,7 @@ def load(source: ModelLike, *, check: bool = True, copy_ir: bool = True) -> Load
         path = Path(source)
         proto, external = read_checked(path, check=check)
         model = to_ir(proto, str(path), copy=False)
-        for tensor in _tensors(model):
+        for tensor, _, _ in _tensor_slots(model):
             if isinstance(tensor, ir.ExternalTensor):
                 tensor.base_dir = path.parent
         files = frozenset(external_data_files(model)) if external else frozenset()

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnxopt.ir.util import constant_tensor, graphs, opset_of, proto_graphs
+from onnxopt.ir.util import constant_tensor, graphs_below, opset_of, proto_graphs
 
 # Dimension names some exporters write for every unknown dimension: they name no one value.
 PLACEHOLDER_DIMS = frozenset({"?", "None", "none", "-1", "*", "unknown", "dynamic", "N/A"})
@@ -401,7 +401,7 @@ def placeholder_symbols(graph: ir.Graph | None) -> frozenset:
     return frozenset(names)
 
 
-_INFER_DATA_LIMIT = 1000  # bytes: initializers up to this size keep their data for data propagation
+INFER_DATA_LIMIT = 1000  # bytes: initializers up to this size keep their data for data propagation
 
 
 def infer_model(model: ir.Model):
@@ -625,22 +625,26 @@ def tensor_nbytes(tensor) -> int:
     ir.Shape from the proto's dims on every call: a tenth of a second per pass over 10,000 weights);
     the same formula, so the same number."""
     if type(tensor) is ir.serde.TensorProtoTensor:
-        proto = tensor.raw
-        return math.ceil(ir.DataType(proto.data_type).itemsize * math.prod(proto.dims))
+        return proto_nbytes(tensor.raw)
     return tensor.nbytes
+
+
+def proto_nbytes(proto: onnx.TensorProto) -> int:
+    """The bytes of the tensor a TensorProto describes (its type and dims; the data not read)."""
+    return math.ceil(ir.DataType(proto.data_type).itemsize * math.prod(proto.dims))
 
 
 def light_proto(model: ir.Model) -> onnx.ModelProto:
     """``model`` serialized without large weights, for shape inference: those are declared as graph
     inputs of their type and shape instead (an initializer that is also a graph input, a default the
     caller may override, keeps no data at all, so data propagation never takes its default for a
-    constant); initializers up to ``_INFER_DATA_LIMIT`` bytes (shape tensors) keep their data."""
+    constant); initializers up to ``INFER_DATA_LIMIT`` bytes (shape tensors) keep their data."""
     from onnxopt.ir import io
 
     graph = model.graph
     inputs = {v.name for v in graph.inputs}
     detached = [v for v in graph.initializers.values()
-                if v.name in inputs or v.const_value is None or tensor_nbytes(v.const_value) > _INFER_DATA_LIMIT]
+                if v.name in inputs or v.const_value is None or tensor_nbytes(v.const_value) > INFER_DATA_LIMIT]
     with io.detached_initializers(graph, detached):
         proto = ir.serde.serialize_model(model)
     for value in detached:
@@ -663,7 +667,7 @@ def light_source(model: ir.Model) -> onnx.ModelProto | None:
     writes them. None where the model has none recorded, or has subgraphs or local functions
     (whose recorded values this does not sort as the serialization would)."""
     source = model.graph.meta.get(SOURCE_KEY)
-    if source is None or model.functions or any(g is not model.graph for g in graphs(model)):
+    if source is None or model.functions or graphs_below(model.graph):
         return None
     try:
         return _light_source(source)
@@ -696,8 +700,7 @@ def _light_source(source: onnx.ModelProto) -> onnx.ModelProto:
                           if vi.name in produced and vi.name not in declared and vi.HasField("type"))
     detached = []
     for tensor in graph.initializer:
-        nbytes = math.ceil(ir.DataType(tensor.data_type).itemsize * math.prod(tensor.dims))
-        if tensor.name in inputs or nbytes > _INFER_DATA_LIMIT:
+        if tensor.name in inputs or proto_nbytes(tensor) > INFER_DATA_LIMIT:
             detached.append(tensor)
         else:
             out.initializer.append(tensor)

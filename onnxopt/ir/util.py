@@ -170,9 +170,10 @@ _GRAPH, _GRAPHS = ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS
 
 
 def graphs(model: ir.Model) -> Iterator[ir.Graph]:
-    """``graphs(model)``, the same graphs in the same order (the main graph; then, once it has been
-    walked, every subgraph, depth first as met), found by a plain walk of the nodes that hold
-    attributes: onnx_ir's generic traversal costs ~35 us a node, called a dozen times a run."""
+    """What ``model.graphs()`` gives, the same graphs in the same order (the main graph; then, once it
+    has been walked, every subgraph, depth first as met), found by a plain walk of the nodes that hold
+    attributes (:func:`subgraphs`): ~1.5x faster than onnx_ir's generic traversal, and a run walks the
+    graph a dozen times."""
     yield model.graph
     yield from graphs_below(model.graph)
 
@@ -186,28 +187,21 @@ def graphs_below(graph: ir.Graph) -> list[ir.Graph]:
 
 def _walk_graphs(graph: ir.Graph, found: dict) -> None:
     for node in graph:
-        attributes = node.attributes
-        if not attributes:
+        if not node.attributes:  # (most nodes: no attribute to look through)
             continue
-        for attr in attributes.values():
-            kind = attr.type
-            if (kind is not _GRAPH and kind is not _GRAPHS) or attr.is_ref():
-                continue
-            for sub in [attr.value] if kind is _GRAPH else attr.value:
-                if not isinstance(sub, ir.Graph):
-                    raise TypeError(f"Expected a Graph, got {type(sub)}. The model may be invalid")
-                found.setdefault(sub, None)
-                _walk_graphs(sub, found)
+        for sub in subgraphs(node):
+            found.setdefault(sub, None)
+            _walk_graphs(sub, found)
 
 
 def subgraphs(node: ir.Node) -> Iterator[ir.Graph]:
     """The graphs a node holds in its attributes (If branches, Loop and Scan bodies)."""
     for attr in node.attributes.values():
-        if attr.is_ref():
-            continue
-        if attr.type == ir.AttributeType.GRAPH:
-            yield attr.as_graph()
-        elif attr.type == ir.AttributeType.GRAPHS:
+        kind = attr.type  # (compared first: most attributes are neither, and is_ref is a call)
+        if kind is _GRAPH:
+            if not attr.is_ref():
+                yield attr.as_graph()
+        elif kind is _GRAPHS and not attr.is_ref():
             yield from attr.as_graphs()
 
 
