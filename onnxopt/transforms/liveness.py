@@ -6,6 +6,7 @@ declares."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 
@@ -483,23 +484,18 @@ class Liveness:
         curve = self.simulate(order, runtime)[0]
         return max(curve, default=self.inputs_bytes)
 
-    def peaks(self) -> tuple[int, int]:
-        """The peak in the nodes' order and the runtime peak in onnxruntime's
-        (:func:`onnxruntime_order`), each simulated once for this graph (the passes and the report
-        ask for both)."""
-        return self.graph_peak(), self.runtime_peak()
-
+    # The peak in the nodes' order and the runtime peak in onnxruntime's (:func:`onnxruntime_order`),
+    # each simulated once for this graph (the passes and the report ask for both).
+    @functools.cached_property
     def graph_peak(self) -> int:
-        got = self.__dict__.get("_graph_peak")
-        if got is None:
-            got = self._graph_peak = self.peak_of(range(len(self.nodes)))
-        return got
+        return self.peak_of(range(len(self.nodes)))
 
+    @functools.cached_property
     def runtime_peak(self) -> int:
-        got = self.__dict__.get("_runtime_peak")
-        if got is None:
-            got = self._runtime_peak = self.peak_of(onnxruntime_order(self), runtime=True)
-        return got
+        return self.peak_of(onnxruntime_order(self), runtime=True)
+
+    def peaks(self) -> tuple[int, int]:
+        return self.graph_peak, self.runtime_peak
 
     # -- orders -----------------------------------------------------------------------------
 
@@ -604,8 +600,8 @@ def _moved(g: Liveness, order: Sequence[int]) -> Liveness:
     """``g`` with its nodes written in ``order`` (sizes shared, not recomputed)."""
     moved = Liveness.__new__(Liveness)
     moved.__dict__.update(g.__dict__)
-    moved.__dict__.pop("_graph_peak", None)  # (another order: its own peaks)
-    moved.__dict__.pop("_runtime_peak", None)
+    moved.__dict__.pop("graph_peak", None)  # (another order: its own peaks)
+    moved.__dict__.pop("runtime_peak", None)
     moved.nodes = [g.nodes[k] for k in order]
     moved.index = {n: i for i, n in enumerate(moved.nodes)}
     moved.reads = [g.reads[k] for k in order]
@@ -630,7 +626,7 @@ def result(g: Liveness, order: Sequence[int], curve=True, runtime: bool = False)
     values, last, pos = g.simulate(order, runtime)
     top = max(values, default=g.inputs_bytes)
     if not runtime and isinstance(order, range) and order == range(len(g.nodes)):
-        g.__dict__.setdefault("_graph_peak", top)  # (the nodes' order simulated: its peak, for g.peaks())
+        g.__dict__.setdefault("graph_peak", top)  # (the nodes' order simulated: its peak, for g.graph_peak)
     at = values.index(top) if values else None
     alive = []
     if at is not None:
@@ -649,7 +645,7 @@ def result(g: Liveness, order: Sequence[int], curve=True, runtime: bool = False)
         "peak_bytes": top,
         "peak_at": {"index": at, "name": g.nodes[order[at]].name if at is not None else None},
         "alive_at_peak": alive,
-        "onnxruntime_peak_bytes": g.runtime_peak(),
+        "onnxruntime_peak_bytes": g.runtime_peak,
         "weights_bytes": g.weights_bytes,
         "inputs_bytes": g.inputs_bytes,
         "unknown": list(g.unknown),

@@ -133,8 +133,12 @@ def report_peak(model: ir.Model) -> dict:
     recorded as ``at``: optimize's report's figure (the model is left as it is)."""
     from onnxopt.ir.input_shapes import symbolic_run_shapes
 
-    shapes = symbolic_run_shapes(model)
-    result = peak(model, input_shapes=shapes or None, curve=False)
+    return _peak_at(model, symbolic_run_shapes(model), _infer)
+
+
+def _peak_at(model: ir.Model, shapes: dict, infer) -> dict:
+    """:func:`report_peak`'s figure at ``shapes`` (the run shapes; empty for static inputs), sized by ``infer``."""
+    result = _peak(model, shapes or None, False, "graph", infer)
     return {**result, "at": shapes} if shapes else result
 
 
@@ -147,16 +151,14 @@ def baseline(model: ir.Model) -> None:
     from onnxopt.transforms.recompute import BASELINE_KEY, CARRIED_KEY
 
     shapes = symbolic_run_shapes(model)
-    inferred = []
-
     light = None if shapes else light_source(model)  # (the proto read, where the model is as read)
+    inferred = []
 
     def infer(m: ir.Model) -> dict:
         inferred.append(inferred_types(_infer(m, light if m is model else None)))
         return inferred[-1]
 
-    result = _peak(model, shapes or None, False, "graph", infer)
-    model.graph.meta[BASELINE_KEY] = {**result, "at": shapes} if shapes else result
+    model.graph.meta[BASELINE_KEY] = _peak_at(model, shapes, infer)
     if inferred:
         values = {v.name: v for g in graphs(model) for v in (*g.inputs, *(o for n in g for o in n.outputs)) if v.name}
         model.graph.meta[CARRIED_KEY] = (shapes, inferred[-1], values)
@@ -169,7 +171,7 @@ def recompute(model: ir.Model, touched=None) -> int:
     return _recompute(model, _sized_once, _analysed(model))
 
 
-def _sized_once(model: ir.Model) -> onnx.ModelProto:
+def _sized_once(model: ir.Model) -> dict[str, onnx.TypeProto] | onnx.ModelProto:
     """:func:`_sized`, taken again from ``model.graph.meta`` while the graph's nodes are the same
     objects in the same order (the two memory passes run back to back: where the first changed
     nothing, the second needs no second inference). The pipeline drops the entry when it ends."""
@@ -237,11 +239,11 @@ def _carried(model: ir.Model) -> dict | None:
                 kept[name] = types[name]
     sizes = Sizes(model, lambda _: kept)
     missing = [v for v in needed if sizes(v) is None]
-    if missing:
+    if missing:  # (a value sized already stays so: only these are sized again)
         if not _infer_new(model, missing, kept):
             return None
         sizes = Sizes(model, lambda _: kept)
-        if any(sizes(v) is None for v in needed):
+        if any(sizes(v) is None for v in missing):
             return None
     return kept
 
@@ -254,8 +256,8 @@ def _infer_new(model: ir.Model, missing: list[ir.Value], kept: dict[str, onnx.Ty
     of their producer alone, from the carried types of its inputs (and the data of its small
     constant inputs, as the light proto keeps them); True where every one comes out with a static
     shape (a fact, whatever inference of the whole graph would add), else False (infer the graph)."""
-    from onnxopt.ir.shapes import opsets_of
-    from onnxopt.ir.util import STANDARD_DOMAINS, constant_tensor
+    from onnxopt.ir.shapes import INFER_DATA_LIMIT, opsets_of, tensor_nbytes
+    from onnxopt.ir.util import STANDARD_DOMAINS, constant_tensor, subgraphs
 
     if len(missing) > _LOCAL_LIMIT:
         return False
@@ -267,8 +269,8 @@ def _infer_new(model: ir.Model, missing: list[ir.Value], kept: dict[str, onnx.Ty
         if value.name in kept:
             continue
         node = value.producer()
-        if node is None or node not in position or node.domain not in STANDARD_DOMAINS or any(
-                a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values()):
+        if node is None or node not in position or node.domain not in STANDARD_DOMAINS \
+                or next(subgraphs(node), None) is not None:
             return False
         types, data = {}, {}
         for inp in node.inputs:
@@ -281,7 +283,7 @@ def _infer_new(model: ir.Model, missing: list[ir.Value], kept: dict[str, onnx.Ty
                 types[inp.name] = onnx.helper.make_tensor_type_proto(tensor.dtype.value, list(tensor.shape.numpy()))
             else:
                 return False
-            if tensor is not None and tensor.nbytes <= 1000:
+            if tensor is not None and tensor_nbytes(tensor) <= INFER_DATA_LIMIT:  # (as the light proto keeps it)
                 data[inp.name] = ir.serde.serialize_tensor(tensor)
         try:
             schema = onnx.defs.get_schema(node.op_type, opsets.get("", 1), "")

@@ -70,10 +70,6 @@ class _Sizes:
         return self.base.dtype(self.copies.get(value, value))
 
 
-def _peaks(g: Liveness) -> tuple[int, int]:
-    return g.peaks()
-
-
 def recompute(model: ir.Model, infer, g: Liveness | None = None) -> int:
     """The pass: copies made (0 when the input's peaks were not exceeded or no copy helps). ``g``:
     ``model``'s Liveness (sized by ``infer``) where the caller has it."""
@@ -84,7 +80,7 @@ def recompute(model: ir.Model, infer, g: Liveness | None = None) -> int:
     g = g if g is not None else Liveness(model, sizes)
     if g.unknown:
         return 0
-    current = _peaks(g)
+    current = g.peaks()
     limit = (base["peak_bytes"], base["onnxruntime_peak_bytes"])
     if current[0] <= limit[0] and current[1] <= limit[1]:
         return 0
@@ -102,7 +98,7 @@ def recompute(model: ir.Model, infer, g: Liveness | None = None) -> int:
                 tries += 1
                 copies, undo = edit()
                 sizes.copies.update((copy.outputs[0], value) for copy in copies)
-                excess = _excess(_peaks(Liveness(model, sizes)), limit)
+                excess = _excess(Liveness(model, sizes).peaks(), limit)
                 undo()
                 if excess < best_excess:
                     best, best_excess = k, excess
@@ -110,7 +106,7 @@ def recompute(model: ir.Model, infer, g: Liveness | None = None) -> int:
                 copies, _ = list(_edits(model, g, value, readers, names))[best]()
                 sizes.copies.update((copy.outputs[0], value) for copy in copies)
                 g = Liveness(model, sizes)
-                current, kept = _peaks(g), True
+                current, kept = g.peaks(), True
                 made += len(copies) or 1  # (a move alone counts one)
                 break
             if tries >= _MAX_TRIES:
