@@ -27,7 +27,7 @@ import onnx_ir as ir
 
 from onnxopt.errors import UsageError
 from onnxopt.ir.shapes import PLACEHOLDER_DIMS, infer_model
-from onnxopt.ir.util import graphs
+from onnxopt.ir.util import constant_tensor, graphs
 
 Dim = Union[int, str]
 Shapes = dict[str, tuple[Dim, ...]]
@@ -458,10 +458,9 @@ def _graph_view(model) -> tuple[list, dict, list]:
             except Exception:  # noqa: BLE001
                 attrs[name] = None
         if n.op_type == "Constant" and n.domain == "" and "value" in n.attributes:
-            attr = n.attributes["value"]
-            try:  # (a large one is no hint: its array is not made; as_tensor's Protocol check is slow)
-                tensor = attr.value if attr.type == ir.AttributeType.TENSOR and not attr.is_ref() else attr.as_tensor()
-                if len(tensor.shape) <= 1 and tensor.size <= 16:
+            tensor = constant_tensor(n.outputs[0])
+            try:  # (a large one is no hint: its array is not made)
+                if tensor is not None and len(tensor.shape) <= 1 and tensor.size <= 16:
                     consts[n.outputs[0].name] = small(tensor.numpy())
             except Exception:  # noqa: BLE001
                 pass
