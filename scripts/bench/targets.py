@@ -21,9 +21,14 @@ Tools (``TOOLS``), each at fp32 and fp16 (``--precisions``):
 - ``onnxopt-fixed``: the same with ``input_shapes`` fixed to the batch measured (one model per batch);
 - ``ort-transformers`` (transformers): ``onnxruntime.transformers.optimizer.optimize_model(src,
   model_type=bert|gpt2, num_heads=N, hidden_size=H, use_gpu=<cuda>)`` with N and H from the model's
-  transformers config (its documentation asks them of a user) at its default opt_level;
-  ``ort-transformers-o2`` the same at ``opt_level=2``; fp16 by ``.convert_float_to_float16(keep_io_types=True)``;
-  each configuration is a peer of its own, so the best of them counts;
+  transformers config (its documentation asks them of a user) at its default opt_level (1 for bert and gpt2);
+  ``ort-transformers-o0``, ``-o2``, ``-o99`` the same at ``opt_level=0``, 2, 99; fp16 by
+  ``.convert_float_to_float16(keep_io_types=True)``; each configuration is a peer of its own, so the best of
+  them counts;
+- ``optimum-o2``, ``-o3`` (fp32), ``optimum-o4`` (fp16, CUDA only: optimum offers it for GPUs only)
+  (transformers): optimum-onnx's ``ORTOptimizer.from_pretrained(dir)`` (config.json: the model's
+  transformers config; model.onnx) and ``.optimize(save_dir, AutoOptimizationConfig.O<n>(for_gpu=<cuda>))``,
+  in optimum's own environment (its transformers pin conflicts with ours; ``scripts/bench/_optimum.py``);
 - ``onnxscript-ort`` (transformers): ``onnxscript.rewriter.ort_fusions.optimize_for_ort(ir.load(src))``;
   fp16 by onnxruntime's ``float16.convert_float_to_float16(keep_io_types=True)`` afterwards (onnxscript
   has no converter of its own);
@@ -42,8 +47,9 @@ agreement for logits (real tokens only), against the bounds of issue 15 (fp16: c
 Every tool call, evaluation and latency run is a subprocess with a timeout (``bench.run_job``): a tool
 that fails on a model is a row with its one-line error, never a crash. What a peer logs while it runs
 is kept (``variants[v]["log"]``); a line saying it was called wrongly (``_peers.CONFIG_FAILURES``, e.g.
-"Failed to detect num_heads and hidden_size") is a ``config_failures`` entry, marked in every table. A
-peer that does not support a model's pattern (the transformers optimizer on these GPT-2 exports'
+"Failed to detect num_heads and hidden_size") is a ``config_failures`` entry, marked in every table, and
+the run exits 3 after writing its JSON (a peer called wrongly is a bug of this benchmark; ``--merge``
+then writes nothing into the ``--into`` documents). A peer that does not support a model's pattern (the transformers optimizer on these GPT-2 exports'
 attention) keeps its row with a note saying so.
 
 On the GPU machine, one part per command: ``bash scripts/gpu/targets.sh N/M`` (installs the carried
@@ -329,11 +335,18 @@ class BTool:
     per_batch: bool = False  # optimized once per batch, with the inputs' shapes fixed
     peer: bool = True  # competes as "best peer"
     config: tuple[tuple[str, object], ...] = ()  # entries added to the setup's ctx (e.g. opt_level)
+    precisions: tuple[str, ...] | None = None  # the precisions it makes (None: all; optimum: O4 is its fp16)
+    providers: tuple[str, ...] | None = None  # the providers it optimizes for (None: all; O4: CUDA only)
 
     def applies(self, bm: BenchModel) -> bool:
         if self.per_batch and bm.fixed_batch:  # the model's shapes are fixed already
             return False
         return self.families is None or bm.family in self.families
+
+    def makes(self, precision: str, provider: str) -> bool:
+        """Whether this configuration is one its users run for ``precision`` on ``provider``."""
+        return (self.precisions is None or precision in self.precisions) and \
+            (self.providers is None or provider in self.providers)
 
 
 def _onnxopt_setup(ctx: dict):
@@ -393,6 +406,14 @@ def setup_ort_transformers(ctx: dict):
     return run
 
 
+def setup_optimum(ctx: dict):
+    """optimum's ORTOptimizer at ``ctx["optimum_level"]`` (_peers.setup_optimum: its own environment, a model
+    directory with the model's transformers config; tiny models get the tiny config), ``for_gpu`` on CUDA.
+    Its fp16 is O4's own (TOOLS: O4 only makes fp16, O2/O3 only fp32)."""
+    tiny = TINY.get(get_model(ctx["model"]).kind or "") if ctx.get("tiny") else None
+    return peers.setup_optimum({**ctx, "use_gpu": ctx["provider"] == "cuda", "config": tiny})
+
+
 def setup_onnxscript_ort(ctx: dict):
     import onnx_ir as ir
     from onnxscript.rewriter.ort_fusions import optimize_for_ort
@@ -403,7 +424,10 @@ def setup_onnxscript_ort(ctx: dict):
             peers.save_proto(_fp16_proto(ir.to_proto(model)), dst)
         else:
             ir.save(model, dst)
-        return {"fusions": {k: v for k, v in counts.items() if v}}
+        info = {"fusions": {k: v for k, v in counts.items() if v}}
+        if not any(v for k, v in counts.items() if any(w in k for w in ("attention", "sdpa", "mha", "gqa"))):
+            info["note"] = "attention not fused: onnxscript's ort_fusions do not match this export's attention"
+        return info
 
     return run
 
@@ -439,10 +463,28 @@ TOOLS: list[BTool] = [
           "opt_level: 1, onnxruntime's basic level then its Python fusions), fp16: "
           "`.convert_float_to_float16(keep_io_types=True)`, `.save_model_to_file(dst)`; model_type gpt2 for the "
           "decoders (it has none for Llama)", families=("encoder", "decoder")),
+    BTool("ort-transformers-o0", "scripts.bench.targets:setup_ort_transformers",
+          "the same at `opt_level=0` (its Python fusions only, no onnxruntime pass first)",
+          families=("encoder", "decoder"), config=(("opt_level", 0),)),
     BTool("ort-transformers-o2", "scripts.bench.targets:setup_ort_transformers",
           "the same at `opt_level=2` (onnxruntime's extended level, on the target's provider with use_gpu, before "
-          "its Python fusions); the better of the two configurations is the one that counts",
-          families=("encoder", "decoder"), config=(("opt_level", 2),)),
+          "its Python fusions)", families=("encoder", "decoder"), config=(("opt_level", 2),)),
+    BTool("ort-transformers-o99", "scripts.bench.targets:setup_ort_transformers",
+          "the same at `opt_level=99` (onnxruntime's all level on the target's provider first); each opt_level is a "
+          "peer of its own, the best of them counts", families=("encoder", "decoder"), config=(("opt_level", 99),)),
+    BTool("optimum-o2", "scripts.bench.targets:setup_optimum",
+          "optimum-onnx's `ORTOptimizer.from_pretrained(d)` on a folder `d` holding the model's transformers config "
+          "(config.json, as the zoo builds it) and model.onnx, `.optimize(save_dir=..., optimization_config="
+          "AutoOptimizationConfig.O2(for_gpu=<cuda>))`, run in optimum's own environment (its pins conflict with "
+          "ours: scripts/bench/_optimum.py); fp32 only", families=("encoder", "decoder"),
+          config=(("optimum_level", "O2"),), precisions=("fp32",)),
+    BTool("optimum-o3", "scripts.bench.targets:setup_optimum",
+          "the same with `AutoOptimizationConfig.O3(for_gpu=<cuda>)` (O2 with the tanh Gelu approximation); fp32 only",
+          families=("encoder", "decoder"), config=(("optimum_level", "O3"),), precisions=("fp32",)),
+    BTool("optimum-o4", "scripts.bench.targets:setup_optimum",
+          "the same with `AutoOptimizationConfig.O4(for_gpu=True)` (O3 with fp16, I/O kept float32): its fp16, "
+          "offered for GPUs only, so a CUDA row only", families=("encoder", "decoder"),
+          config=(("optimum_level", "O4"),), precisions=("fp16",), providers=("cuda",)),
     BTool("onnxscript-ort", "scripts.bench.targets:setup_onnxscript_ort",
           "`onnxscript.rewriter.ort_fusions.optimize_for_ort(onnx_ir.load(src))`, `onnx_ir.save`; fp16: onnxruntime's "
           "`float16.convert_float_to_float16(keep_io_types=True)` afterwards", families=("encoder", "decoder")),
@@ -770,6 +812,8 @@ def bench_one(bm: BenchModel, tools: list[BTool], opts: Options, cache: Path, wo
         if not tool.applies(bm):
             continue
         for prec in opts.precisions:
+            if not tool.makes(prec, opts.provider):
+                continue
             v = _variant(tool.name, prec)
             variants[v] = {"tool": tool.name, "precision": prec, "status": "ok", "files": {}, "optimize_s": {},
                            "info": {}}
@@ -779,6 +823,7 @@ def bench_one(bm: BenchModel, tools: list[BTool], opts: Options, cache: Path, wo
                 dst = work / f"{tool.name}-{prec}" / (f"b{b}.onnx" if b is not None else "model.onnx")
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 ctx = {"model": bm.name, "target": opts.target, "provider": opts.provider, "precision": prec,
+                       "tiny": opts.tiny,
                        "model_type": bm.model_type or peers.model_type(bm.name), "family": bm.family,
                        **(bm.attention(opts.tiny) if bm.attention else {}), **dict(tool.config)}
                 if tool.per_batch:
@@ -944,13 +989,18 @@ def rank(m: dict, variants: dict) -> None:
 
 def _meta(opts: Options, argv: list[str], tools: list[BTool]) -> dict:
     packages = [types.SimpleNamespace(package=p) for p in ("onnxruntime", "onnxscript")]
+    vers = bench.versions(packages)
+    if any(t.target.endswith(":setup_optimum") for t in tools):  # its own environment's versions
+        from scripts.bench import _optimum
+
+        vers.update({f"{k} (optimum's environment)": v for k, v in _optimum.versions().items()})
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": "python -m scripts.bench.targets " + shlex.join(argv),
         "target": opts.target, "provider": opts.provider,
         "machine": bench.machine_info(),
         "gpu": bench.gpu_info() if opts.provider == "cuda" else None,
-        "versions": bench.versions(packages),
+        "versions": vers,
         "options": {k: v for k, v in dataclasses.asdict(opts).items()},
         "tool_docs": [{"name": t.name, "doc": t.doc, "families": t.families} for t in tools],
         "onnxopt_commit": bench.onnxopt_commit(),
@@ -1255,6 +1305,27 @@ def compact_rows(models: dict, options: str = "default") -> list[dict]:
     return out
 
 
+def _peer_names(runs: list[dict]) -> str:
+    """The peer configurations the runs measured (their tool_docs), in TOOLS order."""
+    names = {t["name"] for r in runs for t in r.get("tool_docs", []) if not t["name"].startswith("onnxopt")}
+    names &= {t.name for t in TOOLS if t.peer and t.families != ("vision", "ocr")}
+    order = [t.name for t in TOOLS if t.name in names]
+    return ", ".join(f"`{n}`" for n in order) if order else "the peers of scripts/bench/targets.py"
+
+
+def config_failure_lines(models: dict) -> list[str]:
+    """``model variant: line`` for every peer row that logged or raised a configuration failure
+    (_peers.CONFIG_FAILURES): the benchmark called that peer wrongly, so the run fails."""
+    out = []
+    for name, res in models.items():
+        for v, row in (res.get("variants") or {}).items():
+            lines = list(row.get("config_failures") or [])
+            if row.get("status") != "ok":
+                lines += peers.config_failures([row.get("error") or ""])
+            out += [f"{name} {v}: {ln}" for ln in dict.fromkeys(lines)]
+    return out
+
+
 def compact_markdown(report: dict, options: str = "default") -> str:
     """The CUDA transformer table for BENCHMARKS.md (and its one-paragraph summary for the README):
     machine, onnxruntime-gpu version, date and the command, then one row per model, batch and precision
@@ -1267,10 +1338,9 @@ def compact_markdown(report: dict, options: str = "default") -> str:
     L = [f"**CUDA, {' / '.join(gpus)}**, onnxruntime-gpu {', '.join(vers)}, {when} ({len(runs)} part(s)). "
          "Median ms (p10-p90) of interleaved "
          "rounds after 20 warm-up runs, sequence 128 with padded rows (the decode step: 1 token after 128 past); "
-         "provider defaults. Best peer: the fastest of every peer's configurations within the fidelity bounds "
-         "(onnxruntime's transformers optimizer given num_heads and hidden_size from the model's config at its "
-         "default opt_level and at 2, onnxscript's ort_fusions). × peer above 1.02 is in bold: there onnxopt is "
-         "behind.", ""]
+         "provider defaults. Best peer: the fastest of every peer configuration within the fidelity bounds, "
+         f"each a row of its own ({_peer_names(runs)}; docs/benchmarks-peers.md gives each call). "
+         "× peer above 1.02 is in bold: there onnxopt is behind.", ""]
     L.append("| model | batch | prec | original | best peer (tool; its Attention nodes) | onnxopt | × peer | "
              "onnxopt-fixed | × peer |")
     L.append("|---|---:|---|---:|---|---:|---:|---:|---:|")
@@ -1448,6 +1518,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.markdown:
             args.markdown.write_text(render_markdown(report))
             print(f"wrote {args.markdown}")
+        failed = config_failure_lines(report["models"])
+        if failed:
+            _report_config_failures(failed)
+            if args.into:
+                print(f"not put into {', '.join(map(str, args.into))}: a peer was called wrongly", file=sys.stderr)
+                args.into = None
         if args.compact or args.into:
             table = compact_markdown(report)
             if args.compact:
@@ -1462,7 +1538,7 @@ def main(argv: list[str] | None = None) -> int:
                     done.append(replace_section(doc, "cuda-transformers-summary",
                                                 f"The CUDA transformer table ({where}): {summary[0]}"))
                 print(f"{doc}: {'replaced' if any(done) else 'no markers, unchanged'}")
-        return 0
+        return 3 if failed else 0
     try:
         models = select_models(args)
         tools = [get_tool(t) for t in args.tools] if args.tools else list(TOOLS)
@@ -1535,7 +1611,19 @@ def main(argv: list[str] | None = None) -> int:
     _write(report, args)
     if not args.json and not args.markdown:
         print(render_markdown(report))
+    failed = config_failure_lines(report["models"])
+    if failed:
+        _report_config_failures(failed)
+        return 3
     return 0
+
+
+def _report_config_failures(lines: list[str]) -> None:
+    """A peer called wrongly is a bug of this benchmark (exit 3): its figures are not the peer's."""
+    print(f"scripts.bench.targets: error: {len(lines)} peer configuration failure(s), the benchmark called a peer "
+          "wrongly (its figures are not the peer's; fix the call in scripts/bench/_peers.py):", file=sys.stderr)
+    for ln in lines[:20]:
+        print(f"  {ln}", file=sys.stderr)
 
 
 def _write(report: dict, args) -> None:
