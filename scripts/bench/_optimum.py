@@ -22,7 +22,7 @@ The environment (``environment()``), first found of:
 manylinux x86_64 (the GPU machine's), about 16 MB, for carrying.
 
 This module imports only the standard library at load time: it is also the runner in optimum's
-environment. It may import scripts.bench._peers (PeerLog, standard library only) and nothing of onnxopt.
+environment. It imports scripts.bench._peerlog (standard library only) and nothing of onnxopt.
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ import time
 import types
 import warnings
 from pathlib import Path
+
+from scripts.bench._peerlog import PeerLog
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -171,8 +173,6 @@ def replay(records: list) -> None:
 def _records(level: int = logging.WARNING):
     """A context manager collecting every log record at ``level`` and above (whatever the loggers' own
     levels, as _peers.PeerLog) and every warning, as replay() takes them."""
-    from scripts.bench._peers import PeerLog
-
     class Records(PeerLog):
         def _add(self, record):
             try:

@@ -13,8 +13,12 @@ import dataclasses
 import importlib
 import importlib.machinery
 import importlib.util
+import json
 import sys
 from pathlib import Path
+
+from scripts.bench import _optimum  # optimum's environment (standard library only at load)
+from scripts.bench._peerlog import PeerLog
 
 TWO_GB = 2**31 - 1
 
@@ -79,8 +83,6 @@ def transformers_config(model_name: str, config: dict | None = None) -> dict:
         cfg = tm.bench_config(bench_kind, config)
         kind = bench_kind.split("-")[0]
     elif kind == "minilm":
-        import json
-
         cfg = json.loads((tm.minilm_dir_if_present() / "config.json").read_text())
     elif kind in ("bert", "gpt2"):
         cfg = dict(tm.BERT_CONFIG if kind == "bert" else tm.GPT2_CONFIG)
@@ -130,61 +132,6 @@ def config_failures(lines) -> list[str]:
         if pat.search(line) and line not in out:
             out.append(line)
     return out
-
-
-class PeerLog:
-    """Context manager: every Python log record at WARNING and above (whichever logger, whatever level
-    a peer set on its own loggers, propagating or not) and every ``warnings.warn`` while a peer runs,
-    as lines ``"LEVEL logger: message"``."""
-
-    def __init__(self, level: int | None = None):
-        import logging
-
-        self.level = logging.WARNING if level is None else level
-        self.lines: list[str] = []
-
-    def _add(self, record) -> None:
-        try:
-            msg = record.getMessage()
-        except Exception:  # noqa: BLE001 - a badly formatted record is still a line
-            msg = str(record.msg)
-        self.lines.append(f"{record.levelname} {record.name}: {msg}")
-
-    def __enter__(self):
-        import logging
-        import warnings
-
-        level, add = self.level, self._add
-        self._is_enabled, self._call_handlers = logging.Logger.isEnabledFor, logging.Logger.callHandlers
-
-        def is_enabled(logger, lvl, _orig=self._is_enabled):
-            # a peer may raise its loggers to ERROR (as this file's adapters once did): its warnings
-            # are still made, and seen here
-            return lvl >= level or _orig(logger, lvl)
-
-        def call_handlers(logger, record, _orig=self._call_handlers):
-            if record.levelno >= level:
-                add(record)
-                if record.levelno < logger.getEffectiveLevel():
-                    return None  # below the peer's own level: seen here, shown nowhere else
-            return _orig(logger, record)
-
-        logging.Logger.isEnabledFor = is_enabled
-        logging.Logger.callHandlers = call_handlers
-        self._warn = warnings.catch_warnings(record=True)
-        self._records = self._warn.__enter__()
-        warnings.simplefilter("always")
-        return self
-
-    def __exit__(self, *exc):
-        import logging
-
-        logging.Logger.isEnabledFor = self._is_enabled
-        logging.Logger.callHandlers = self._call_handlers
-        self._warn.__exit__(*exc)
-        for w in self._records:
-            self.lines.append(f"{w.category.__name__}: {w.message}")
-        return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -331,8 +278,6 @@ def setup_optimum(ctx: dict):
     the model's transformers config, ``ORTOptimizer.from_pretrained(dir)``, ``.optimize(save_dir=...,
     optimization_config=AutoOptimizationConfig.<level>(for_gpu=<cuda>))``; ctx: model, optimum_level
     (O1-O4), use_gpu or provider, config (entries overriding the model's transformers config)."""
-    from scripts.bench import _optimum
-
     level = ctx.get("optimum_level", "O2")
     for_gpu = bool(ctx.get("use_gpu", ctx.get("provider") == "cuda"))
     config = transformers_config(ctx.get("model", ""), ctx.get("config"))
@@ -374,8 +319,8 @@ def setup_optimum_o3(ctx: dict):
 _LOAD_SAVE = "`onnx.load(src)` + {call} + `onnx.save(dst)`"
 _OPTIMUM = ("optimum-onnx's `ORTOptimizer.from_pretrained(d)` on a folder `d` with the model's transformers config "
             "(config.json) and model.onnx, then `.optimize(save_dir=..., optimization_config=AutoOptimizationConfig"
-            ".{level}(for_gpu=<cuda>))`, in optimum's own environment (scripts/bench/_optimum.py; its process start and "
-            "imports are in the timed region)")
+            ".{level}(for_gpu=<cuda>))`, in optimum's own environment (scripts/bench/_optimum.py; its process "
+            "start and imports are in the timed region)")
 
 TOOLS: list[Tool] = [
     Tool("onnxopt", "scripts.bench._peers:setup_onnxopt", "onnxopt",
