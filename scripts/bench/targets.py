@@ -272,26 +272,31 @@ def _tiny_conv() -> BenchModel:
                       (1, 4), weight=0.1, sets=())
 
 
+# Seconds a transformer took on the GPU (H200, the CUDA transformer table of 2026-11-27, 11 rows per model:
+# scripts/results/targets/cuda-transformers.json), by kind and exporter: --part's weights are these / 30
+# (the vision and OCR models' weights are on the same scale, from earlier runs)
+GPU_SECONDS = {("bert-base", "legacy"): 81, ("bert-base", "dynamo"): 86, ("gpt2-small", "legacy"): 130,
+               ("gpt2-small", "dynamo"): 162, ("gpt2-past", "legacy"): 141, ("gpt2-past", "dynamo"): 128,
+               ("llama", "legacy"): 86, ("llama", "dynamo"): 80, ("minilm", "legacy"): 53}
+
+
 def _models() -> list[BenchModel]:
     core, full = ("core", "full"), ("full",)
     out = []
     # (kind, attn, exporter): in the core set, eager attention with the legacy exporter (the issue's table)
     # and sdpa with the dynamo exporter; the full set adds the other two combinations
-    for kind, weight in (("bert-base", 3.0), ("gpt2-small", 3.0)):
+    for kind in ("bert-base", "gpt2-small", "gpt2-past"):
         for attn, exporter in (("eager", "legacy"), ("sdpa", "dynamo"), ("sdpa", "legacy"), ("eager", "dynamo")):
             sets = core if (attn, exporter) in (("eager", "legacy"), ("sdpa", "dynamo")) else full
-            out.append(_transformer(kind, attn, exporter, weight * (1.3 if exporter == "dynamo" else 1.0), sets))
-    for attn, exporter in (("eager", "legacy"), ("sdpa", "dynamo"), ("sdpa", "legacy"), ("eager", "dynamo")):
-        sets = core if (attn, exporter) in (("eager", "legacy"), ("sdpa", "dynamo")) else full
-        out.append(_transformer("gpt2-past", attn, exporter, 2.5 * (1.3 if exporter == "dynamo" else 1.0), sets))
+            out.append(_transformer(kind, attn, exporter, GPU_SECONDS[kind, exporter] / 30, sets))
     for attn, exporter in (("sdpa", "legacy"), ("sdpa", "dynamo"), ("eager", "legacy"), ("eager", "dynamo")):
         sets = core if attn == "sdpa" else full
-        out.append(_transformer("llama", attn, exporter, 1.0, sets))
+        out.append(_transformer("llama", attn, exporter, GPU_SECONDS["llama", exporter] / 30, sets))
     zoo_set = ("zoo",)
     for name in ("bert-legacy", "bert-dynamo", "gpt2-legacy", "gpt2-dynamo"):
         out.append(_zoo_text(name, 0.5, zoo_set))
-    out.append(_zoo_text("minilm-legacy", 0.7, core + zoo_set))
-    out.append(_zoo_text("minilm-dynamo", 0.7, full + zoo_set))
+    out.append(_zoo_text("minilm-legacy", GPU_SECONDS["minilm", "legacy"] / 30, core + zoo_set))
+    out.append(_zoo_text("minilm-dynamo", GPU_SECONDS["minilm", "legacy"] / 30, full + zoo_set))
     out.append(_vision("resnet50", (1, 32), 1.5, core + zoo_set))
     out.append(_vision("mobilenet_v2", (1, 32), 1.0, core + zoo_set))
     out.append(_ppocr(1.0, core + zoo_set))
@@ -311,7 +316,8 @@ def get_model(name: str) -> BenchModel:
 
 def split_parts(models: list[BenchModel], parts: int) -> list[list[BenchModel]]:
     """``models`` in ``parts`` groups of about equal weight (largest first into the lightest group);
-    each group keeps the order of ``models``."""
+    each group runs its lightest model first, so that ``--deadline`` (no model started after it) rarely
+    leaves the heaviest one out (the reports are in ``MODELS`` order whatever the run's order)."""
     bins: list[list[BenchModel]] = [[] for _ in range(parts)]
     load = [0.0] * parts
     for m in sorted(models, key=lambda m: -m.weight):
@@ -319,7 +325,7 @@ def split_parts(models: list[BenchModel], parts: int) -> list[list[BenchModel]]:
         bins[i].append(m)
         load[i] += m.weight
     order = {m.name: i for i, m in enumerate(models)}
-    return [sorted(b, key=lambda m: order[m.name]) for b in bins]
+    return [sorted(b, key=lambda m: (m.weight, order[m.name])) for b in bins]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -738,6 +744,7 @@ class Options:
     jobs: int = 1
     tiny: bool = False
     force: bool = False
+    fp32_batches: tuple[int, ...] | None = None  # fp32 rows (the original aside) only at these batches (None: all)
 
     @property
     def provider(self) -> str:
@@ -746,6 +753,14 @@ class Options:
 
 def _variant(tool: str, precision: str) -> str:
     return f"{tool}/{precision}"
+
+
+def row_batches(batches: tuple[int, ...], precision: str, opts: Options) -> tuple[int, ...]:
+    """The batches a tool's row of ``precision`` is measured at: all, or for fp32 only ``opts.fp32_batches``
+    (the original, every precision's reference, is measured at all)."""
+    if precision != "fp32" or opts.fp32_batches is None:
+        return batches
+    return tuple(b for b in batches if b in opts.fp32_batches)
 
 
 def build_model(bm: BenchModel, cache: Path, batch: int | None, opts: Options, log) -> tuple[Path, dict]:
@@ -812,13 +827,14 @@ def bench_one(bm: BenchModel, tools: list[BTool], opts: Options, cache: Path, wo
         if not tool.applies(bm):
             continue
         for prec in opts.precisions:
-            if not tool.makes(prec, opts.provider):
+            own = row_batches(batches, prec, opts)
+            if not tool.makes(prec, opts.provider) or not own:
                 continue
             v = _variant(tool.name, prec)
             variants[v] = {"tool": tool.name, "precision": prec, "status": "ok", "files": {}, "optimize_s": {},
                            "info": {}}
             per_batch = tool.per_batch or bm.fixed_batch
-            for b in (batches if per_batch else (None,)):
+            for b in (own if per_batch else (None,)):
                 src = originals[b if b is not None else batches[0]]
                 dst = work / f"{tool.name}-{prec}" / (f"b{b}.onnx" if b is not None else "model.onnx")
                 dst.parent.mkdir(parents=True, exist_ok=True)
@@ -853,11 +869,12 @@ def bench_one(bm: BenchModel, tools: list[BTool], opts: Options, cache: Path, wo
                     row[k] = list(dict.fromkeys(row.get(k, []) + r[k]))
             if r.get("config_failures"):
                 log(f"  {bm.name} / {v}: CONFIGURATION FAILURE logged: {r['config_failures'][0]}")
-            for bb in (batches if b is None else (b,)):
+            for bb in (row_batches(batches, row["precision"], opts) if b is None else (b,)):
                 row["files"][str(bb)] = job["dst"]
             log(f"  {bm.name} / {v}{'' if b is None else f' b{b}'}: optimized in {r['seconds']:.2f} s")
     for v, row in variants.items():
-        if row["status"] == "ok" and len(row["files"]) < len(batches) and v != ORIGINAL:
+        if row["status"] == "ok" and len(row["files"]) < len(row_batches(batches, row["precision"], opts)) \
+                and v != ORIGINAL:
             row.update(status="error", error=row.get("error") or "not optimized for every batch")
 
     # 3. evaluate: nodes, kernels per batch and option set, outputs (CUDA without TF32)
@@ -866,10 +883,11 @@ def bench_one(bm: BenchModel, tools: list[BTool], opts: Options, cache: Path, wo
 
     def _eval(v):
         row = variants[v]
+        own = [b for b in batches if str(b) in row["files"]]
         job = {"kind": "t-evaluate", "provider": opts.provider, "option_sets": option_sets,
-               "models": [(b, row["files"][str(b)]) for b in batches],
-               "inputs": {str(b): inputs[b] for b in batches},
-               "outputs": {str(b): str(work / f"out-{v.replace('/', '-')}-b{b}.npz") for b in batches},
+               "models": [(b, row["files"][str(b)]) for b in own],
+               "inputs": {str(b): inputs[b] for b in own},
+               "outputs": {str(b): str(work / f"out-{v.replace('/', '-')}-b{b}.npz") for b in own},
                "profile_dir": str(work / "profiles")}
         return v, job, run_job(job, work / "jobs", opts.timeout)
 
@@ -894,7 +912,7 @@ def bench_one(bm: BenchModel, tools: list[BTool], opts: Options, cache: Path, wo
     ref_ok = ORIGINAL in evaluated
     for v, (job, r) in evaluated.items():
         row = variants[v]
-        for b in batches:
+        for b in (b for b in batches if str(b) in job["outputs"]):
             for label, _ in option_sets:
                 key = f"{b}|{label}"
                 m = meas[key]["rows"].setdefault(v, {})
@@ -923,7 +941,7 @@ def bench_one(bm: BenchModel, tools: list[BTool], opts: Options, cache: Path, wo
         entries = []
         for v in evaluated:
             for label, options in option_sets:
-                if "error" not in meas[f"{b}|{label}"]["rows"].get(v, {}):
+                if str(b) in variants[v]["files"] and "error" not in meas[f"{b}|{label}"]["rows"].get(v, {}):
                     entries.append((f"{v}|{label}", variants[v]["files"][str(b)], options))
         if not entries:
             continue
@@ -1447,6 +1465,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--tools", nargs="+", metavar="T", help=f"default all: {', '.join(t.name for t in TOOLS)}")
     p.add_argument("--batches", default=None, help="comma-separated (default: each model's, e.g. 1,8; vision 1,32)")
     p.add_argument("--precisions", default="fp32,fp16")
+    p.add_argument("--fp32-batches", default=None, metavar="B,...",
+                   help="measure the tools' fp32 rows only at these batches (the original: at all), e.g. 1 for the "
+                        "issue's table (fp16 at batches 1 and 8, fp32 at 1); default: every batch")
     p.add_argument("--provider-option", action="append", default=[], metavar="[PROVIDER:]KEY=VALUE",
                    help="for every session of every tool (repeatable)")
     p.add_argument("--option-sets", nargs="+", default=None, metavar="SET",
@@ -1556,6 +1577,7 @@ def main(argv: list[str] | None = None) -> int:
         if bad:
             raise ValueError(f"--precisions: unknown {', '.join(bad)} (choose from {', '.join(PRECISIONS)})")
         batches = tuple(int(b) for b in args.batches.split(",")) if args.batches else None
+        fp32_batches = tuple(int(b) for b in args.fp32_batches.split(",")) if args.fp32_batches else None
     except (KeyError, ValueError) as exc:
         print(f"scripts.bench.targets: error: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
         return 2
@@ -1579,7 +1601,7 @@ def main(argv: list[str] | None = None) -> int:
                    warmup=max(1, _default(args.warmup, provider, 20, 3)),
                    min_rounds=max(1, _default(args.min_rounds, provider, 10, 5)),
                    latency_budget=args.latency_budget, threads=max(0, args.threads), timeout=args.timeout,
-                   jobs=max(1, args.jobs), tiny=args.tiny, force=args.force,
+                   jobs=max(1, args.jobs), tiny=args.tiny, force=args.force, fp32_batches=fp32_batches,
                    gap=0.002 if provider == "cpu" else 0.0)
     from onnxopt.models.cache import cache_dir
 

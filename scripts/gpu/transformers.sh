@@ -18,6 +18,10 @@
 #        bash scripts/gpu/transformers.sh 1/3                       (then 2/3, 3/3; timeout_s 600)
 #                                   with carry [".gpu/wheels-optimum"] (16 MB; env.sh installs it once, into
 #                                   /tmp/site-optimum, for the optimum peer's process only)
+#    Each part measures fp16 at batches 1 and 8 and fp32 at batch 1 (the issue's table; --fp32-batches 1),
+#    about 7 minutes a part with every peer configuration (18 rows a model; estimate from the 11-row run of
+#    2026-11-27 on an H200, not yet measured: each part's models are listed by `python -m scripts.bench.targets
+#    --list --set transformers --part N/3`, lightest first).
 #    Each part writes $OUT/targets-transformers-partNof3.{json,md,log}; no model is started after DEADLINE
 #    (default 330 s) and the run stops at LIMIT (default 570 s), the JSON rewritten after each model.
 # 3. Here: bash scripts/gpu/transformers.sh merge DIR ...   (the folders the three parts came back in)
@@ -65,7 +69,7 @@ merge)
 */*)
   export TAG=transformers-part${cmd/\//of}
   LIMIT=${LIMIT:-570} DEADLINE=${DEADLINE:-330} JOBS=${JOBS:-6} \
-    bash "$(dirname "$0")/targets.sh" "$cmd" --set transformers "$@"
+    bash "$(dirname "$0")/targets.sh" "$cmd" --set transformers --fp32-batches 1 "$@"
   ;;
 *)
   echo "usage: scripts/gpu/transformers.sh prepare | N/M | merge DIR..." >&2
