@@ -244,3 +244,21 @@ def test_advised_options_table():
                                                  "rows": {"original": lat(8.0), "onnxopt/fp16": lat(6.6)}}}}
     rows = bt.advised_rows({"resnet50-legacy": res})
     assert [(r["options"], round(r["speedup"], 2)) for r in rows] == [("default", 1.26), ("prefer_nhwc=1", 1.39)]
+
+
+def test_fp32_rows_only_at_the_batches_asked(tmp_path):
+    """--fp32-batches 1 (the issue's table: fp16 at batches 1 and 8, fp32 at 1): the tools' fp32 rows are
+    optimized and measured at batch 1 only, their fp16 rows and the original at every batch."""
+    tools = [bt.get_tool("onnxopt-fixed"), bt.get_tool("ort-extended")]  # one model per batch; one for all
+    opts = bt.Options(target="ort-cpu", precisions=("fp32", "fp16"), runs=2, warmup=1, min_rounds=1,
+                      latency_budget=1, tiny=True, timeout=120, jobs=2, fp32_batches=(1,))
+    res = bt.bench_one(bt.get_model("tinyconv"), tools, opts, tmp_path / "cache", tmp_path / "work", lambda s: None)
+    v = res["variants"]
+    assert v["onnxopt-fixed/fp32"]["status"] == "ok" and list(v["onnxopt-fixed/fp32"]["files"]) == ["1"]
+    assert sorted(v["onnxopt-fixed/fp16"]["files"]) == ["1", "4"] and sorted(v["original"]["files"]) == ["1", "4"]
+    b1, b4 = (res["measurements"][f"{b}|default"]["rows"] for b in (1, 4))
+    assert {"original", "onnxopt-fixed/fp32", "ort-extended/fp32", "ort-extended/fp16"} <= set(b1)
+    assert not any(name.endswith("/fp32") for name in b4) and {"original", "ort-extended/fp16"} <= set(b4)
+    assert list(v["ort-extended/fp32"]["files"]) == ["1"] and sorted(v["ort-extended/fp16"]["files"]) == ["1", "4"]
+    assert all("latency" in row for row in b4.values()) and b4["ort-extended/fp16"]["fidelity"]["ok"]
+    assert bt.parse_args(["--fp32-batches", "1"]).fp32_batches == "1"

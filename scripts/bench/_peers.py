@@ -13,8 +13,12 @@ import dataclasses
 import importlib
 import importlib.machinery
 import importlib.util
+import json
 import sys
 from pathlib import Path
+
+from scripts.bench import _optimum  # optimum's environment (standard library only at load)
+from scripts.bench._peerlog import PeerLog
 
 TWO_GB = 2**31 - 1
 
@@ -65,6 +69,29 @@ def attention_params(model_name: str) -> dict:
     return transformers_models.attention_dims(kind)
 
 
+def transformers_config(model_name: str, config: dict | None = None) -> dict:
+    """The transformers config (a config.json's entries, ``model_type`` included) a zoo transformer
+    (bert-*, gpt2-*, minilm-*) or a target-benchmark one (bert-base-*, gpt2-small-*, gpt2-past-*, llama-*;
+    ``config`` overriding its entries, e.g. the tiny configs) is built with: what optimum's ORTOptimizer
+    reads from a model directory. {} for a model of no known config."""
+    from onnxopt.models import transformers_models as tm
+
+    name = model_name.lower()
+    bench_kind = next((k for k in tm.BENCH_KINDS if name.startswith(k + "-")), None)
+    kind = name.split("-")[0]
+    if bench_kind:
+        cfg = tm.bench_config(bench_kind, config)
+        kind = bench_kind.split("-")[0]
+    elif kind == "minilm":
+        cfg = json.loads((tm.minilm_dir_if_present() / "config.json").read_text())
+    elif kind in ("bert", "gpt2"):
+        cfg = dict(tm.BERT_CONFIG if kind == "bert" else tm.GPT2_CONFIG)
+    else:
+        return {}
+    model_type = {"bert": "bert", "minilm": "bert", "gpt2": "gpt2", "llama": "llama"}[kind]
+    return {**cfg, "model_type": model_type}
+
+
 # ---------------------------------------------------------------------------------------------
 # What a peer logs while it runs (peers.py's optimize job captures it): a failure caused by the way
 # the peer was called is a configuration failure, never a result of the peer.
@@ -82,6 +109,16 @@ CONFIG_FAILURES = (
     r"There is no gpu for onnxruntime to do optimization",
     r"Please specify a positive value for opt_level",
     r"use_gpu=False might cause extra Cast nodes",
+    # optimum's ORTOptimizer (optimum-onnx: optimization.py, configuration.py, utils.py) and the
+    # transformers config it reads from the model directory (scripts/bench/_optimum.py writes it)
+    r"Overriding for_gpu=False to for_gpu=True as half precision is available only on GPU",
+    r"Tried to use ORTOptimizer for the model type .*, but it is not available yet",
+    r"model type is not supported yet\. Only .* are supported",
+    r"ONNX Runtime doesn't support the graph optimization of .* yet",
+    r"The local directory does not contain the configuration file",
+    r"Unrecognized model in .*Should have a `model_type` key",
+    r"optimum-onnx's environment is absent",
+    r"ONNXOPT_OPTIMUM_SITE=.* holds no optimum-onnx",
 )
 
 
@@ -95,61 +132,6 @@ def config_failures(lines) -> list[str]:
         if pat.search(line) and line not in out:
             out.append(line)
     return out
-
-
-class PeerLog:
-    """Context manager: every Python log record at WARNING and above (whichever logger, whatever level
-    a peer set on its own loggers, propagating or not) and every ``warnings.warn`` while a peer runs,
-    as lines ``"LEVEL logger: message"``."""
-
-    def __init__(self, level: int | None = None):
-        import logging
-
-        self.level = logging.WARNING if level is None else level
-        self.lines: list[str] = []
-
-    def _add(self, record) -> None:
-        try:
-            msg = record.getMessage()
-        except Exception:  # noqa: BLE001 - a badly formatted record is still a line
-            msg = str(record.msg)
-        self.lines.append(f"{record.levelname} {record.name}: {msg}")
-
-    def __enter__(self):
-        import logging
-        import warnings
-
-        level, add = self.level, self._add
-        self._is_enabled, self._call_handlers = logging.Logger.isEnabledFor, logging.Logger.callHandlers
-
-        def is_enabled(logger, lvl, _orig=self._is_enabled):
-            # a peer may raise its loggers to ERROR (as this file's adapters once did): its warnings
-            # are still made, and seen here
-            return lvl >= level or _orig(logger, lvl)
-
-        def call_handlers(logger, record, _orig=self._call_handlers):
-            if record.levelno >= level:
-                add(record)
-                if record.levelno < logger.getEffectiveLevel():
-                    return None  # below the peer's own level: seen here, shown nowhere else
-            return _orig(logger, record)
-
-        logging.Logger.isEnabledFor = is_enabled
-        logging.Logger.callHandlers = call_handlers
-        self._warn = warnings.catch_warnings(record=True)
-        self._records = self._warn.__enter__()
-        warnings.simplefilter("always")
-        return self
-
-    def __exit__(self, *exc):
-        import logging
-
-        logging.Logger.isEnabledFor = self._is_enabled
-        logging.Logger.callHandlers = self._call_handlers
-        self._warn.__exit__(*exc)
-        for w in self._records:
-            self.lines.append(f"{w.category.__name__}: {w.message}")
-        return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,6 +236,10 @@ def ort_transformers_info(model, kwargs: dict) -> dict:
     stats = getattr(model, "get_fused_operator_statistics", lambda: {})()
     fused = {k: v for k, v in stats.items() if v}
     info = {"config": {k: v for k, v in kwargs.items()}, "fused": fused}
+    if kwargs.get("opt_level") is None:  # the optimizer's default for the model type, named in the report
+        from onnxruntime.transformers.optimizer import MODEL_TYPES
+
+        info["default_opt_level"] = MODEL_TYPES.get(kwargs["model_type"], (None, None, None))[2]
     attn = sum(v for k, v in fused.items() if "Attention" in k)
     if not attn:
         info["note"] = (f"attention not fused: onnxruntime's transformers optimizer (model_type {kwargs['model_type']}, "
@@ -277,7 +263,64 @@ def setup_ort_transformers(ctx: dict):
     return run
 
 
+def optimum_info(info: dict, ctx: dict) -> dict:
+    """An ORTOptimizer result's facts, with a note when it fused no attention (as ort_transformers_info)."""
+    fused = info.get("fused") or {}
+    if not sum(v for k, v in fused.items() if "Attention" in k):
+        info["note"] = (f"attention not fused: optimum's ORTOptimizer {info.get('level')} (model_type "
+                        f"{ctx.get('config_model_type', '?')}, via onnxruntime's transformers optimizer) does not "
+                        "match this export's attention")
+    return info
+
+
+def setup_optimum(ctx: dict):
+    """optimum's ORTOptimizer, in its own environment (scripts/bench/_optimum.py): a model directory with
+    the model's transformers config, ``ORTOptimizer.from_pretrained(dir)``, ``.optimize(save_dir=...,
+    optimization_config=AutoOptimizationConfig.<level>(for_gpu=<cuda>))``; ctx: model, optimum_level
+    (O1-O4), use_gpu or provider, config (entries overriding the model's transformers config)."""
+    level = ctx.get("optimum_level", "O2")
+    for_gpu = bool(ctx.get("use_gpu", ctx.get("provider") == "cuda"))
+    config = transformers_config(ctx.get("model", ""), ctx.get("config"))
+    if not config:
+        raise ValueError(f"no transformers config known for model {ctx.get('model')!r}")
+    _optimum.environment()  # absent: OptimumUnavailable with the reason, before anything is timed
+
+    def run(src: str, dst: str) -> dict:
+        info = _optimum.optimize(src, dst, config, level=level, for_gpu=for_gpu)
+        return optimum_info(info, {"config_model_type": config["model_type"]})
+
+    return run
+
+
+def setup_ort_transformers_level(ctx: dict, opt_level: int):
+    return setup_ort_transformers({**ctx, "opt_level": opt_level})
+
+
+def setup_ort_transformers_o0(ctx: dict):
+    return setup_ort_transformers_level(ctx, 0)
+
+
+def setup_ort_transformers_o2(ctx: dict):
+    return setup_ort_transformers_level(ctx, 2)
+
+
+def setup_ort_transformers_o99(ctx: dict):
+    return setup_ort_transformers_level(ctx, 99)
+
+
+def setup_optimum_o2(ctx: dict):
+    return setup_optimum({**ctx, "optimum_level": "O2"})
+
+
+def setup_optimum_o3(ctx: dict):
+    return setup_optimum({**ctx, "optimum_level": "O3"})
+
+
 _LOAD_SAVE = "`onnx.load(src)` + {call} + `onnx.save(dst)`"
+_OPTIMUM = ("optimum-onnx's `ORTOptimizer.from_pretrained(d)` on a folder `d` with the model's transformers config "
+            "(config.json) and model.onnx, then `.optimize(save_dir=..., optimization_config=AutoOptimizationConfig"
+            ".{level}(for_gpu=<cuda>))`, in optimum's own environment (scripts/bench/_optimum.py; its process "
+            "start and imports are in the timed region)")
 
 TOOLS: list[Tool] = [
     Tool("onnxopt", "scripts.bench._peers:setup_onnxopt", "onnxopt",
@@ -303,6 +346,17 @@ TOOLS: list[Tool] = [
          "bert/gpt2, i.e. onnxruntime basic level then its Python fusions) + `.save_model_to_file(dst)`; "
          "model_type `gpt2` for GPT-2 models, `bert` otherwise (MiniLM is BERT)",
          families=("transformer",)),
+    Tool("ort-transformers-o0", "scripts.bench._peers:setup_ort_transformers_o0", "onnxruntime",
+         "the same with `opt_level=0` (its Python fusions only)", families=("transformer",)),
+    Tool("ort-transformers-o2", "scripts.bench._peers:setup_ort_transformers_o2", "onnxruntime",
+         "the same with `opt_level=2` (onnxruntime's extended level first)", families=("transformer",)),
+    Tool("ort-transformers-o99", "scripts.bench._peers:setup_ort_transformers_o99", "onnxruntime",
+         "the same with `opt_level=99` (onnxruntime's all level first: layout transforms for this machine)",
+         families=("transformer",)),
+    Tool("optimum-o2", "scripts.bench._peers:setup_optimum_o2", "optimum-onnx", _OPTIMUM.format(level="O2"),
+         families=("transformer",)),
+    Tool("optimum-o3", "scripts.bench._peers:setup_optimum_o3", "optimum-onnx",
+         _OPTIMUM.format(level="O3") + " (O2 with the tanh Gelu approximation)", families=("transformer",)),
 ]
 
 
@@ -328,5 +382,5 @@ def load_setup(tool_target: str, pythonpath: str | None = None):
 
 
 __all__ = ["CONFIG_FAILURES", "PeerLog", "TOOLS", "Tool", "attention_params", "config_failures", "get_tool",
-           "load_setup", "model_type", "ort_transformers_kwargs", "save_proto"]
+           "load_setup", "model_type", "ort_transformers_kwargs", "save_proto", "setup_optimum", "transformers_config"]
 

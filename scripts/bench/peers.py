@@ -5,7 +5,8 @@
 
 For each model (built or fetched into the zoo cache first) and each tool (scripts/bench/_peers.py:
 onnxopt, onnxsim, onnxslim, onnxoptimizer, onnxscript, ort-extended and, for transformer models,
-ort-transformers), plus the original model as the baseline:
+ort-transformers at each opt_level and optimum's ORTOptimizer O2/O3 in its own environment, see
+docs/benchmarks-peers.md), plus the original model as the baseline:
 
 - status: ok, ``differs`` (outputs off by more than --tolerance, relative), or the error;
 - optimize time: median of --repeat runs, each in a fresh subprocess (imports not timed; the timed
@@ -24,7 +25,8 @@ ort-transformers), plus the original model as the baseline:
   and CUDA latency.
 
 Every tool call, evaluation and latency measurement runs in a subprocess with a timeout: a crash or
-hang is that row's error, and the benchmark goes on.
+hang is that row's error, and the benchmark goes on. A peer that logs or raises that it was called
+wrongly (_peers.CONFIG_FAILURES) is marked in the tables and the run exits 3 after writing them.
 """
 
 from __future__ import annotations
@@ -984,7 +986,26 @@ def main(argv: list[str] | None = None) -> int:
     if not args.markdown and not args.json:
         print()
         print(render_markdown(report))
+    failed = config_failure_lines(report["models"])
+    if failed:  # a peer called wrongly is a bug of this benchmark: its figures are not the peer's
+        print(f"scripts.bench.peers: error: {len(failed)} peer configuration failure(s), the benchmark called a "
+              "peer wrongly (fix the call in scripts/bench/_peers.py):", file=sys.stderr)
+        for ln in failed[:20]:
+            print(f"  {ln}", file=sys.stderr)
+        return 3
     return 0
+
+
+def config_failure_lines(models: dict) -> list[str]:
+    """``model tool: line`` for every row that logged or raised a configuration failure (_peers.CONFIG_FAILURES)."""
+    out = []
+    for name, res in models.items():
+        for tool, row in (res.get("rows") or {}).items():
+            lines = list(row.get("config_failures") or [])
+            if row.get("status") == "error":
+                lines += peers.config_failures([row.get("error") or ""])
+            out += [f"{name} {tool}: {ln}" for ln in dict.fromkeys(lines)]
+    return out
 
 
 def _write(report: dict, args: argparse.Namespace) -> None:

@@ -21,9 +21,14 @@ Tools (``TOOLS``), each at fp32 and fp16 (``--precisions``):
 - ``onnxopt-fixed``: the same with ``input_shapes`` fixed to the batch measured (one model per batch);
 - ``ort-transformers`` (transformers): ``onnxruntime.transformers.optimizer.optimize_model(src,
   model_type=bert|gpt2, num_heads=N, hidden_size=H, use_gpu=<cuda>)`` with N and H from the model's
-  transformers config (its documentation asks them of a user) at its default opt_level;
-  ``ort-transformers-o2`` the same at ``opt_level=2``; fp16 by ``.convert_float_to_float16(keep_io_types=True)``;
-  each configuration is a peer of its own, so the best of them counts;
+  transformers config (its documentation asks them of a user) at its default opt_level (1 for bert and gpt2);
+  ``ort-transformers-o0``, ``-o2``, ``-o99`` the same at ``opt_level=0``, 2, 99; fp16 by
+  ``.convert_float_to_float16(keep_io_types=True)``; each configuration is a peer of its own, so the best of
+  them counts;
+- ``optimum-o2``, ``-o3`` (fp32), ``optimum-o4`` (fp16, CUDA only: optimum offers it for GPUs only)
+  (transformers): optimum-onnx's ``ORTOptimizer.from_pretrained(dir)`` (config.json: the model's
+  transformers config; model.onnx) and ``.optimize(save_dir, AutoOptimizationConfig.O<n>(for_gpu=<cuda>))``,
+  in optimum's own environment (its transformers pin conflicts with ours; ``scripts/bench/_optimum.py``);
 - ``onnxscript-ort`` (transformers): ``onnxscript.rewriter.ort_fusions.optimize_for_ort(ir.load(src))``;
   fp16 by onnxruntime's ``float16.convert_float_to_float16(keep_io_types=True)`` afterwards (onnxscript
   has no converter of its own);
@@ -42,8 +47,9 @@ agreement for logits (real tokens only), against the bounds of issue 15 (fp16: c
 Every tool call, evaluation and latency run is a subprocess with a timeout (``bench.run_job``): a tool
 that fails on a model is a row with its one-line error, never a crash. What a peer logs while it runs
 is kept (``variants[v]["log"]``); a line saying it was called wrongly (``_peers.CONFIG_FAILURES``, e.g.
-"Failed to detect num_heads and hidden_size") is a ``config_failures`` entry, marked in every table. A
-peer that does not support a model's pattern (the transformers optimizer on these GPT-2 exports'
+"Failed to detect num_heads and hidden_size") is a ``config_failures`` entry, marked in every table, and
+the run exits 3 after writing its JSON (a peer called wrongly is a bug of this benchmark; ``--merge``
+then writes nothing into the ``--into`` documents). A peer that does not support a model's pattern (the transformers optimizer on these GPT-2 exports'
 attention) keeps its row with a note saying so.
 
 On the GPU machine, one part per command: ``bash scripts/gpu/targets.sh N/M`` (installs the carried
@@ -266,26 +272,31 @@ def _tiny_conv() -> BenchModel:
                       (1, 4), weight=0.1, sets=())
 
 
+# Seconds a transformer took on the GPU (H200, the CUDA transformer table of 2026-11-27, 11 rows per model:
+# scripts/results/targets/cuda-transformers.json), by kind and exporter: --part's weights are these / 30
+# (the vision and OCR models' weights are on the same scale, from earlier runs)
+GPU_SECONDS = {("bert-base", "legacy"): 81, ("bert-base", "dynamo"): 86, ("gpt2-small", "legacy"): 130,
+               ("gpt2-small", "dynamo"): 162, ("gpt2-past", "legacy"): 141, ("gpt2-past", "dynamo"): 128,
+               ("llama", "legacy"): 86, ("llama", "dynamo"): 80, ("minilm", "legacy"): 53}
+
+
 def _models() -> list[BenchModel]:
     core, full = ("core", "full"), ("full",)
     out = []
     # (kind, attn, exporter): in the core set, eager attention with the legacy exporter (the issue's table)
     # and sdpa with the dynamo exporter; the full set adds the other two combinations
-    for kind, weight in (("bert-base", 3.0), ("gpt2-small", 3.0)):
+    for kind in ("bert-base", "gpt2-small", "gpt2-past"):
         for attn, exporter in (("eager", "legacy"), ("sdpa", "dynamo"), ("sdpa", "legacy"), ("eager", "dynamo")):
             sets = core if (attn, exporter) in (("eager", "legacy"), ("sdpa", "dynamo")) else full
-            out.append(_transformer(kind, attn, exporter, weight * (1.3 if exporter == "dynamo" else 1.0), sets))
-    for attn, exporter in (("eager", "legacy"), ("sdpa", "dynamo"), ("sdpa", "legacy"), ("eager", "dynamo")):
-        sets = core if (attn, exporter) in (("eager", "legacy"), ("sdpa", "dynamo")) else full
-        out.append(_transformer("gpt2-past", attn, exporter, 2.5 * (1.3 if exporter == "dynamo" else 1.0), sets))
+            out.append(_transformer(kind, attn, exporter, GPU_SECONDS[kind, exporter] / 30, sets))
     for attn, exporter in (("sdpa", "legacy"), ("sdpa", "dynamo"), ("eager", "legacy"), ("eager", "dynamo")):
         sets = core if attn == "sdpa" else full
-        out.append(_transformer("llama", attn, exporter, 1.0, sets))
+        out.append(_transformer("llama", attn, exporter, GPU_SECONDS["llama", exporter] / 30, sets))
     zoo_set = ("zoo",)
     for name in ("bert-legacy", "bert-dynamo", "gpt2-legacy", "gpt2-dynamo"):
         out.append(_zoo_text(name, 0.5, zoo_set))
-    out.append(_zoo_text("minilm-legacy", 0.7, core + zoo_set))
-    out.append(_zoo_text("minilm-dynamo", 0.7, full + zoo_set))
+    out.append(_zoo_text("minilm-legacy", GPU_SECONDS["minilm", "legacy"] / 30, core + zoo_set))
+    out.append(_zoo_text("minilm-dynamo", GPU_SECONDS["minilm", "legacy"] / 30, full + zoo_set))
     out.append(_vision("resnet50", (1, 32), 1.5, core + zoo_set))
     out.append(_vision("mobilenet_v2", (1, 32), 1.0, core + zoo_set))
     out.append(_ppocr(1.0, core + zoo_set))
@@ -305,7 +316,8 @@ def get_model(name: str) -> BenchModel:
 
 def split_parts(models: list[BenchModel], parts: int) -> list[list[BenchModel]]:
     """``models`` in ``parts`` groups of about equal weight (largest first into the lightest group);
-    each group keeps the order of ``models``."""
+    each group runs its lightest model first, so that ``--deadline`` (no model started after it) rarely
+    leaves the heaviest one out (the reports are in ``MODELS`` order whatever the run's order)."""
     bins: list[list[BenchModel]] = [[] for _ in range(parts)]
     load = [0.0] * parts
     for m in sorted(models, key=lambda m: -m.weight):
@@ -313,7 +325,7 @@ def split_parts(models: list[BenchModel], parts: int) -> list[list[BenchModel]]:
         bins[i].append(m)
         load[i] += m.weight
     order = {m.name: i for i, m in enumerate(models)}
-    return [sorted(b, key=lambda m: order[m.name]) for b in bins]
+    return [sorted(b, key=lambda m: (m.weight, order[m.name])) for b in bins]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -329,11 +341,18 @@ class BTool:
     per_batch: bool = False  # optimized once per batch, with the inputs' shapes fixed
     peer: bool = True  # competes as "best peer"
     config: tuple[tuple[str, object], ...] = ()  # entries added to the setup's ctx (e.g. opt_level)
+    precisions: tuple[str, ...] | None = None  # the precisions it makes (None: all; optimum: O4 is its fp16)
+    providers: tuple[str, ...] | None = None  # the providers it optimizes for (None: all; O4: CUDA only)
 
     def applies(self, bm: BenchModel) -> bool:
         if self.per_batch and bm.fixed_batch:  # the model's shapes are fixed already
             return False
         return self.families is None or bm.family in self.families
+
+    def makes(self, precision: str, provider: str) -> bool:
+        """Whether this configuration is one its users run for ``precision`` on ``provider``."""
+        return (self.precisions is None or precision in self.precisions) and \
+            (self.providers is None or provider in self.providers)
 
 
 def _onnxopt_setup(ctx: dict):
@@ -393,6 +412,14 @@ def setup_ort_transformers(ctx: dict):
     return run
 
 
+def setup_optimum(ctx: dict):
+    """optimum's ORTOptimizer at ``ctx["optimum_level"]`` (_peers.setup_optimum: its own environment, a model
+    directory with the model's transformers config; tiny models get the tiny config), ``for_gpu`` on CUDA.
+    Its fp16 is O4's own (TOOLS: O4 only makes fp16, O2/O3 only fp32)."""
+    tiny = TINY.get(get_model(ctx["model"]).kind or "") if ctx.get("tiny") else None
+    return peers.setup_optimum({**ctx, "use_gpu": ctx["provider"] == "cuda", "config": tiny})
+
+
 def setup_onnxscript_ort(ctx: dict):
     import onnx_ir as ir
     from onnxscript.rewriter.ort_fusions import optimize_for_ort
@@ -403,7 +430,10 @@ def setup_onnxscript_ort(ctx: dict):
             peers.save_proto(_fp16_proto(ir.to_proto(model)), dst)
         else:
             ir.save(model, dst)
-        return {"fusions": {k: v for k, v in counts.items() if v}}
+        info = {"fusions": {k: v for k, v in counts.items() if v}}
+        if not any(v for k, v in counts.items() if any(w in k for w in ("attention", "sdpa", "mha", "gqa"))):
+            info["note"] = "attention not fused: onnxscript's ort_fusions do not match this export's attention"
+        return info
 
     return run
 
@@ -439,10 +469,28 @@ TOOLS: list[BTool] = [
           "opt_level: 1, onnxruntime's basic level then its Python fusions), fp16: "
           "`.convert_float_to_float16(keep_io_types=True)`, `.save_model_to_file(dst)`; model_type gpt2 for the "
           "decoders (it has none for Llama)", families=("encoder", "decoder")),
+    BTool("ort-transformers-o0", "scripts.bench.targets:setup_ort_transformers",
+          "the same at `opt_level=0` (its Python fusions only, no onnxruntime pass first)",
+          families=("encoder", "decoder"), config=(("opt_level", 0),)),
     BTool("ort-transformers-o2", "scripts.bench.targets:setup_ort_transformers",
           "the same at `opt_level=2` (onnxruntime's extended level, on the target's provider with use_gpu, before "
-          "its Python fusions); the better of the two configurations is the one that counts",
-          families=("encoder", "decoder"), config=(("opt_level", 2),)),
+          "its Python fusions)", families=("encoder", "decoder"), config=(("opt_level", 2),)),
+    BTool("ort-transformers-o99", "scripts.bench.targets:setup_ort_transformers",
+          "the same at `opt_level=99` (onnxruntime's all level on the target's provider first); each opt_level is a "
+          "peer of its own, the best of them counts", families=("encoder", "decoder"), config=(("opt_level", 99),)),
+    BTool("optimum-o2", "scripts.bench.targets:setup_optimum",
+          "optimum-onnx's `ORTOptimizer.from_pretrained(d)` on a folder `d` holding the model's transformers config "
+          "(config.json, as the zoo builds it) and model.onnx, `.optimize(save_dir=..., optimization_config="
+          "AutoOptimizationConfig.O2(for_gpu=<cuda>))`, run in optimum's own environment (its pins conflict with "
+          "ours: scripts/bench/_optimum.py); fp32 only", families=("encoder", "decoder"),
+          config=(("optimum_level", "O2"),), precisions=("fp32",)),
+    BTool("optimum-o3", "scripts.bench.targets:setup_optimum",
+          "the same with `AutoOptimizationConfig.O3(for_gpu=<cuda>)` (O2 with the tanh Gelu approximation); fp32 only",
+          families=("encoder", "decoder"), config=(("optimum_level", "O3"),), precisions=("fp32",)),
+    BTool("optimum-o4", "scripts.bench.targets:setup_optimum",
+          "the same with `AutoOptimizationConfig.O4(for_gpu=True)` (O3 with fp16, I/O kept float32): its fp16, "
+          "offered for GPUs only, so a CUDA row only", families=("encoder", "decoder"),
+          config=(("optimum_level", "O4"),), precisions=("fp16",), providers=("cuda",)),
     BTool("onnxscript-ort", "scripts.bench.targets:setup_onnxscript_ort",
           "`onnxscript.rewriter.ort_fusions.optimize_for_ort(onnx_ir.load(src))`, `onnx_ir.save`; fp16: onnxruntime's "
           "`float16.convert_float_to_float16(keep_io_types=True)` afterwards", families=("encoder", "decoder")),
@@ -696,6 +744,7 @@ class Options:
     jobs: int = 1
     tiny: bool = False
     force: bool = False
+    fp32_batches: tuple[int, ...] | None = None  # fp32 rows (the original aside) only at these batches (None: all)
 
     @property
     def provider(self) -> str:
@@ -704,6 +753,14 @@ class Options:
 
 def _variant(tool: str, precision: str) -> str:
     return f"{tool}/{precision}"
+
+
+def row_batches(batches: tuple[int, ...], precision: str, opts: Options) -> tuple[int, ...]:
+    """The batches a tool's row of ``precision`` is measured at: all, or for fp32 only ``opts.fp32_batches``
+    (the original, every precision's reference, is measured at all)."""
+    if precision != "fp32" or opts.fp32_batches is None:
+        return batches
+    return tuple(b for b in batches if b in opts.fp32_batches)
 
 
 def build_model(bm: BenchModel, cache: Path, batch: int | None, opts: Options, log) -> tuple[Path, dict]:
@@ -770,15 +827,19 @@ def bench_one(bm: BenchModel, tools: list[BTool], opts: Options, cache: Path, wo
         if not tool.applies(bm):
             continue
         for prec in opts.precisions:
+            own = row_batches(batches, prec, opts)
+            if not tool.makes(prec, opts.provider) or not own:
+                continue
             v = _variant(tool.name, prec)
             variants[v] = {"tool": tool.name, "precision": prec, "status": "ok", "files": {}, "optimize_s": {},
                            "info": {}}
             per_batch = tool.per_batch or bm.fixed_batch
-            for b in (batches if per_batch else (None,)):
+            for b in (own if per_batch else (None,)):
                 src = originals[b if b is not None else batches[0]]
                 dst = work / f"{tool.name}-{prec}" / (f"b{b}.onnx" if b is not None else "model.onnx")
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 ctx = {"model": bm.name, "target": opts.target, "provider": opts.provider, "precision": prec,
+                       "tiny": opts.tiny,
                        "model_type": bm.model_type or peers.model_type(bm.name), "family": bm.family,
                        **(bm.attention(opts.tiny) if bm.attention else {}), **dict(tool.config)}
                 if tool.per_batch:
@@ -808,11 +869,12 @@ def bench_one(bm: BenchModel, tools: list[BTool], opts: Options, cache: Path, wo
                     row[k] = list(dict.fromkeys(row.get(k, []) + r[k]))
             if r.get("config_failures"):
                 log(f"  {bm.name} / {v}: CONFIGURATION FAILURE logged: {r['config_failures'][0]}")
-            for bb in (batches if b is None else (b,)):
+            for bb in (row_batches(batches, row["precision"], opts) if b is None else (b,)):
                 row["files"][str(bb)] = job["dst"]
             log(f"  {bm.name} / {v}{'' if b is None else f' b{b}'}: optimized in {r['seconds']:.2f} s")
     for v, row in variants.items():
-        if row["status"] == "ok" and len(row["files"]) < len(batches) and v != ORIGINAL:
+        if row["status"] == "ok" and len(row["files"]) < len(row_batches(batches, row["precision"], opts)) \
+                and v != ORIGINAL:
             row.update(status="error", error=row.get("error") or "not optimized for every batch")
 
     # 3. evaluate: nodes, kernels per batch and option set, outputs (CUDA without TF32)
@@ -821,10 +883,11 @@ def bench_one(bm: BenchModel, tools: list[BTool], opts: Options, cache: Path, wo
 
     def _eval(v):
         row = variants[v]
+        own = [b for b in batches if str(b) in row["files"]]
         job = {"kind": "t-evaluate", "provider": opts.provider, "option_sets": option_sets,
-               "models": [(b, row["files"][str(b)]) for b in batches],
-               "inputs": {str(b): inputs[b] for b in batches},
-               "outputs": {str(b): str(work / f"out-{v.replace('/', '-')}-b{b}.npz") for b in batches},
+               "models": [(b, row["files"][str(b)]) for b in own],
+               "inputs": {str(b): inputs[b] for b in own},
+               "outputs": {str(b): str(work / f"out-{v.replace('/', '-')}-b{b}.npz") for b in own},
                "profile_dir": str(work / "profiles")}
         return v, job, run_job(job, work / "jobs", opts.timeout)
 
@@ -849,7 +912,7 @@ def bench_one(bm: BenchModel, tools: list[BTool], opts: Options, cache: Path, wo
     ref_ok = ORIGINAL in evaluated
     for v, (job, r) in evaluated.items():
         row = variants[v]
-        for b in batches:
+        for b in (b for b in batches if str(b) in job["outputs"]):
             for label, _ in option_sets:
                 key = f"{b}|{label}"
                 m = meas[key]["rows"].setdefault(v, {})
@@ -878,7 +941,7 @@ def bench_one(bm: BenchModel, tools: list[BTool], opts: Options, cache: Path, wo
         entries = []
         for v in evaluated:
             for label, options in option_sets:
-                if "error" not in meas[f"{b}|{label}"]["rows"].get(v, {}):
+                if str(b) in variants[v]["files"] and "error" not in meas[f"{b}|{label}"]["rows"].get(v, {}):
                     entries.append((f"{v}|{label}", variants[v]["files"][str(b)], options))
         if not entries:
             continue
@@ -944,13 +1007,18 @@ def rank(m: dict, variants: dict) -> None:
 
 def _meta(opts: Options, argv: list[str], tools: list[BTool]) -> dict:
     packages = [types.SimpleNamespace(package=p) for p in ("onnxruntime", "onnxscript")]
+    vers = bench.versions(packages)
+    if any(t.target.endswith(":setup_optimum") for t in tools):  # its own environment's versions
+        from scripts.bench import _optimum
+
+        vers.update({f"{k} (optimum's environment)": v for k, v in _optimum.versions().items()})
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": "python -m scripts.bench.targets " + shlex.join(argv),
         "target": opts.target, "provider": opts.provider,
         "machine": bench.machine_info(),
         "gpu": bench.gpu_info() if opts.provider == "cuda" else None,
-        "versions": bench.versions(packages),
+        "versions": vers,
         "options": {k: v for k, v in dataclasses.asdict(opts).items()},
         "tool_docs": [{"name": t.name, "doc": t.doc, "families": t.families} for t in tools],
         "onnxopt_commit": bench.onnxopt_commit(),
@@ -1255,6 +1323,27 @@ def compact_rows(models: dict, options: str = "default") -> list[dict]:
     return out
 
 
+def _peer_names(runs: list[dict]) -> str:
+    """The peer configurations the runs measured (their tool_docs), in TOOLS order."""
+    names = {t["name"] for r in runs for t in r.get("tool_docs", []) if not t["name"].startswith("onnxopt")}
+    names &= {t.name for t in TOOLS if t.peer and t.families != ("vision", "ocr")}
+    order = [t.name for t in TOOLS if t.name in names]
+    return ", ".join(f"`{n}`" for n in order) if order else "the peers of scripts/bench/targets.py"
+
+
+def config_failure_lines(models: dict) -> list[str]:
+    """``model variant: line`` for every peer row that logged or raised a configuration failure
+    (_peers.CONFIG_FAILURES): the benchmark called that peer wrongly, so the run fails."""
+    out = []
+    for name, res in models.items():
+        for v, row in (res.get("variants") or {}).items():
+            lines = list(row.get("config_failures") or [])
+            if row.get("status") != "ok":
+                lines += peers.config_failures([row.get("error") or ""])
+            out += [f"{name} {v}: {ln}" for ln in dict.fromkeys(lines)]
+    return out
+
+
 def compact_markdown(report: dict, options: str = "default") -> str:
     """The CUDA transformer table for BENCHMARKS.md (and its one-paragraph summary for the README):
     machine, onnxruntime-gpu version, date and the command, then one row per model, batch and precision
@@ -1267,10 +1356,9 @@ def compact_markdown(report: dict, options: str = "default") -> str:
     L = [f"**CUDA, {' / '.join(gpus)}**, onnxruntime-gpu {', '.join(vers)}, {when} ({len(runs)} part(s)). "
          "Median ms (p10-p90) of interleaved "
          "rounds after 20 warm-up runs, sequence 128 with padded rows (the decode step: 1 token after 128 past); "
-         "provider defaults. Best peer: the fastest of every peer's configurations within the fidelity bounds "
-         "(onnxruntime's transformers optimizer given num_heads and hidden_size from the model's config at its "
-         "default opt_level and at 2, onnxscript's ort_fusions). × peer above 1.02 is in bold: there onnxopt is "
-         "behind.", ""]
+         "provider defaults. Best peer: the fastest of every peer configuration within the fidelity bounds, "
+         f"each a row of its own ({_peer_names(runs)}; docs/benchmarks-peers.md gives each call). "
+         "× peer above 1.02 is in bold: there onnxopt is behind.", ""]
     L.append("| model | batch | prec | original | best peer (tool; its Attention nodes) | onnxopt | × peer | "
              "onnxopt-fixed | × peer |")
     L.append("|---|---:|---|---:|---|---:|---:|---:|---:|")
@@ -1377,6 +1465,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--tools", nargs="+", metavar="T", help=f"default all: {', '.join(t.name for t in TOOLS)}")
     p.add_argument("--batches", default=None, help="comma-separated (default: each model's, e.g. 1,8; vision 1,32)")
     p.add_argument("--precisions", default="fp32,fp16")
+    p.add_argument("--fp32-batches", default=None, metavar="B,...",
+                   help="measure the tools' fp32 rows only at these batches (the original: at all), e.g. 1 for the "
+                        "issue's table (fp16 at batches 1 and 8, fp32 at 1); default: every batch")
     p.add_argument("--provider-option", action="append", default=[], metavar="[PROVIDER:]KEY=VALUE",
                    help="for every session of every tool (repeatable)")
     p.add_argument("--option-sets", nargs="+", default=None, metavar="SET",
@@ -1448,6 +1539,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.markdown:
             args.markdown.write_text(render_markdown(report))
             print(f"wrote {args.markdown}")
+        failed = config_failure_lines(report["models"])
+        if failed:
+            _report_config_failures(failed)
+            if args.into:
+                print(f"not put into {', '.join(map(str, args.into))}: a peer was called wrongly", file=sys.stderr)
+                args.into = None
         if args.compact or args.into:
             table = compact_markdown(report)
             if args.compact:
@@ -1462,7 +1559,7 @@ def main(argv: list[str] | None = None) -> int:
                     done.append(replace_section(doc, "cuda-transformers-summary",
                                                 f"The CUDA transformer table ({where}): {summary[0]}"))
                 print(f"{doc}: {'replaced' if any(done) else 'no markers, unchanged'}")
-        return 0
+        return 3 if failed else 0
     try:
         models = select_models(args)
         tools = [get_tool(t) for t in args.tools] if args.tools else list(TOOLS)
@@ -1480,6 +1577,7 @@ def main(argv: list[str] | None = None) -> int:
         if bad:
             raise ValueError(f"--precisions: unknown {', '.join(bad)} (choose from {', '.join(PRECISIONS)})")
         batches = tuple(int(b) for b in args.batches.split(",")) if args.batches else None
+        fp32_batches = tuple(int(b) for b in args.fp32_batches.split(",")) if args.fp32_batches else None
     except (KeyError, ValueError) as exc:
         print(f"scripts.bench.targets: error: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
         return 2
@@ -1503,7 +1601,7 @@ def main(argv: list[str] | None = None) -> int:
                    warmup=max(1, _default(args.warmup, provider, 20, 3)),
                    min_rounds=max(1, _default(args.min_rounds, provider, 10, 5)),
                    latency_budget=args.latency_budget, threads=max(0, args.threads), timeout=args.timeout,
-                   jobs=max(1, args.jobs), tiny=args.tiny, force=args.force,
+                   jobs=max(1, args.jobs), tiny=args.tiny, force=args.force, fp32_batches=fp32_batches,
                    gap=0.002 if provider == "cpu" else 0.0)
     from onnxopt.models.cache import cache_dir
 
@@ -1535,7 +1633,19 @@ def main(argv: list[str] | None = None) -> int:
     _write(report, args)
     if not args.json and not args.markdown:
         print(render_markdown(report))
+    failed = config_failure_lines(report["models"])
+    if failed:
+        _report_config_failures(failed)
+        return 3
     return 0
+
+
+def _report_config_failures(lines: list[str]) -> None:
+    """A peer called wrongly is a bug of this benchmark (exit 3): its figures are not the peer's."""
+    print(f"scripts.bench.targets: error: {len(lines)} peer configuration failure(s), the benchmark called a peer "
+          "wrongly (its figures are not the peer's; fix the call in scripts/bench/_peers.py):", file=sys.stderr)
+    for ln in lines[:20]:
+        print(f"  {ln}", file=sys.stderr)
 
 
 def _write(report: dict, args) -> None:

@@ -1,6 +1,6 @@
 # Sourced by the GPU-machine commands (scripts/gpu/*.sh, run from the repository root; see
 # ../shared/gpu/README.md): installs the carried onnxruntime-gpu wheel (parts in /tmp/gw) and any
-# wheels in .gpu/wheels into /tmp/site, makes onnxopt importable as onnxopt / onnxopt.rules /
+# wheels in .gpu/wheels into /tmp/site, optimum's (.gpu/wheels-optimum) into /tmp/site-optimum, makes onnxopt importable as onnxopt / onnxopt.rules /
 # onnxopt.models without installing it (a copy in .gpu/pkg) and the scripts as scripts.* (the root,
 # after that copy: PYTHONSAFEPATH keeps `python3 -m` from putting the root's bare onnxopt/ first),
 # prints the GPU and versions, sets ONNXOPT_CACHE (default /tmp/zoo), puts the carried MiniLM
@@ -11,6 +11,15 @@ if [ ! -d /tmp/site/onnxruntime ]; then
 fi
 if [ -d .gpu/wheels ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/wheels/*.whl
+fi
+# optimum-onnx and its pins (transformers 4.57, ...: they conflict with the machine's own), carried in
+# .gpu/wheels-optimum, go to a folder of their own that only the optimum peer's process puts first on its
+# path (scripts/bench/_optimum.py reads ONNXOPT_OPTIMUM_SITE)
+if [ -d .gpu/wheels-optimum ] && [ ! -f /tmp/site-optimum/optimum/onnxruntime/optimization.py ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-optimum .gpu/wheels-optimum/*.whl
+fi
+if [ -f /tmp/site-optimum/optimum/onnxruntime/optimization.py ]; then
+  export ONNXOPT_OPTIMUM_SITE=/tmp/site-optimum
 fi
 rm -rf .gpu/pkg/onnxopt
 mkdir -p .gpu/pkg/onnxopt

@@ -23,6 +23,8 @@ fi
 tag=${TAG:-$tag}  # scripts/gpu/transformers.sh names its parts
 python3 -c "import onnxruntime.transformers.optimizer, onnxscript.rewriter.ort_fusions; print('peers importable')" \
   || echo "WARNING: a peer does not import; its rows will show the error"
+[ -n "${ONNXOPT_OPTIMUM_SITE:-}" ] \
+  || echo "WARNING: optimum-onnx is not installed (carry .gpu/wheels-optimum): its rows fail and so does the run"
 timeout --signal=INT "${LIMIT:-540}" python3 -m scripts.bench.targets --target ort-cuda ${sel[@]+"${sel[@]}"} \
   --cache "$ONNXOPT_CACHE" --work /tmp/bench-targets --jobs "${JOBS:-6}" --timeout 300 \
   --deadline "${DEADLINE:-300}" --runs 100 --warmup 20 --latency-budget 20 \
