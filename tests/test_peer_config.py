@@ -416,3 +416,54 @@ def test_target_run_without_optimum_fails(exports, tmp_path):
     assert "peer configuration failure" in proc.stderr and "scripts.bench._optimum setup" in proc.stderr
     row = json.loads(out.read_text())["models"]["bert-base-eager-legacy"]["variants"]["optimum-o2/fp32"]
     assert row["status"] == "error" and "environment is absent" in row["error"]
+
+
+def test_fixed_shapes_are_judged_against_every_peer_dynamic_against_dynamic_peers():
+    """onnxopt (dynamic shapes) against the peers' dynamic models only; onnxopt-fixed against every peer row,
+    the peers given the model onnxsim fixed (--overwrite-input-shape) included; both tables say which."""
+    ok = {"fidelity": {"ok": True}}
+    variants = {"original": {"tool": "original", "precision": "fp32", "status": "ok"},
+                "ort-transformers/fp32": {"tool": "ort-transformers", "precision": "fp32", "status": "ok", "info": {}},
+                "ort-transformers-fixed/fp32": {"tool": "ort-transformers-fixed", "precision": "fp32",
+                                                "status": "ok", "info": {}},
+                "onnxopt/fp32": {"tool": "onnxopt", "precision": "fp32", "status": "ok", "info": {}},
+                "onnxopt-fixed/fp32": {"tool": "onnxopt-fixed", "precision": "fp32", "status": "ok", "info": {}}}
+    m = {"batch": 1, "options": "default",
+         "rows": {"original": {"latency": {"median_ms": 4.0}, **ok},
+                  "ort-transformers/fp32": {"latency": {"median_ms": 2.0}, **ok},
+                  "ort-transformers-fixed/fp32": {"latency": {"median_ms": 1.0}, **ok},
+                  "onnxopt/fp32": {"latency": {"median_ms": 1.9}, **ok},
+                  "onnxopt-fixed/fp32": {"latency": {"median_ms": 1.2}, **ok}}}
+    bt.rank(m, variants)
+    assert m["best_peer"]["fp32"]["variant"] == "ort-transformers/fp32"
+    assert m["best_peer_fixed"]["fp32"]["variant"] == "ort-transformers-fixed/fp32"
+    assert m["rows"]["onnxopt/fp32"]["latency"]["x_best_peer"] == pytest.approx(0.95)
+    assert m["rows"]["onnxopt-fixed/fp32"]["latency"]["x_best_peer"] == pytest.approx(1.2)
+    models = {"x": {"family": "encoder", "variants": variants, "measurements": {"1|default": m}}}
+    row, = bt.compact_rows(models)
+    assert row["onnxopt"]["onnxopt"]["x_best_peer"] == pytest.approx(0.95)
+    assert row["onnxopt"]["onnxopt-fixed"]["x_best_peer"] == pytest.approx(1.2)
+    assert row["best_peer_fixed"]["tool"] == "ort-transformers-fixed"
+    summary, = bt.summary_rows(models)
+    assert summary["onnxopt"]["onnxopt-fixed"]["x_best_peer"] == pytest.approx(1.2)
+    line = next(ln for ln in bt.compact_markdown({"meta": bt._meta(bt.Options(), [], []), "models": models})
+                .splitlines() if ln.startswith("| x |"))
+    assert "(ort-transformers-fixed; 0)" in line and "**1.20**" in line and "0.95" in line
+
+
+def test_fixed_peer_gets_the_model_onnxsim_fixed(tmp_path):
+    """The fixed peers' chain: onnxsim --overwrite-input-shape first (the peer then sees static shapes)."""
+    pytest.importorskip("onnxsim")
+    import onnx
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])])
+    src = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(src))
+    out = bt.fix_shapes_by_onnxsim(str(src), {"x": [3, 4]}, str(tmp_path / "fixed.onnx"))
+    dims = [d.dim_value for d in onnx.load(out).graph.input[0].type.tensor_type.shape.dim]
+    assert dims == [3, 4]
+    tool = bt.get_tool("ort-transformers-fixed")
+    assert tool.per_batch and dict(tool.config)["peer_setup"].endswith("setup_ort_transformers")

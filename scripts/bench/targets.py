@@ -412,6 +412,35 @@ def setup_ort_transformers(ctx: dict):
     return run
 
 
+def fix_shapes_by_onnxsim(src: str, shapes: dict[str, list[int]], dst: str) -> str:
+    """``src`` with its input shapes fixed as a user chains onnxsim before a peer:
+    ``onnxsim src dst --overwrite-input-shape name:d0,d1 ...``, through its Python API with the same defaults
+    (the returned check flag must be true); the model goes out with external data when it is large."""
+    import onnx
+    import onnxsim
+
+    model, ok = onnxsim.simplify(onnx.load(src), overwrite_input_shapes={k: list(v) for k, v in shapes.items()})
+    if not ok:
+        raise RuntimeError("onnxsim.simplify(overwrite_input_shapes=...): the simplified model failed its check")
+    peers.save_proto(model, dst)
+    return dst
+
+
+def setup_fixed_peer(ctx: dict):
+    """A peer given the model with its input shapes fixed by onnxsim's ``--overwrite-input-shape`` to the batch
+    measured (``ctx["input_shapes"]``, as onnxopt-fixed gets them), then run as its own row does
+    (``ctx["peer_setup"]``, with that row's configuration): what a user with fixed shapes chains."""
+    inner = peers.load_setup(ctx["peer_setup"])(ctx)
+
+    def run(src: str, dst: str) -> dict:
+        fixed = str(Path(dst).with_name(Path(dst).stem + "-onnxsim.onnx"))
+        fix_shapes_by_onnxsim(src, ctx["input_shapes"], fixed)
+        info = inner(fixed, dst) or {}
+        return {**info, "shapes_fixed_by": "onnxsim --overwrite-input-shape"}
+
+    return run
+
+
 def setup_optimum(ctx: dict):
     """optimum's ORTOptimizer at ``ctx["optimum_level"]`` (_peers.setup_optimum: its own environment, a model
     directory with the model's transformers config; tiny models get the tiny config), ``for_gpu`` on CUDA.
@@ -494,6 +523,17 @@ TOOLS: list[BTool] = [
     BTool("onnxscript-ort", "scripts.bench.targets:setup_onnxscript_ort",
           "`onnxscript.rewriter.ort_fusions.optimize_for_ort(onnx_ir.load(src))`, `onnx_ir.save`; fp16: onnxruntime's "
           "`float16.convert_float_to_float16(keep_io_types=True)` afterwards", families=("encoder", "decoder")),
+    BTool("ort-transformers-fixed", "scripts.bench.targets:setup_fixed_peer",
+          "`ort-transformers` on the model whose input shapes onnxsim fixed to the batch measured (`onnxsim src "
+          "fixed --overwrite-input-shape ...`, one model per batch): the chain a user with fixed shapes runs; "
+          "compared with onnxopt-fixed", families=("encoder", "decoder"), per_batch=True,
+          config=(("peer_setup", "scripts.bench.targets:setup_ort_transformers"),)),
+    BTool("ort-transformers-o2-fixed", "scripts.bench.targets:setup_fixed_peer",
+          "`ort-transformers-o2` on the model whose input shapes onnxsim fixed", families=("encoder", "decoder"),
+          per_batch=True, config=(("peer_setup", "scripts.bench.targets:setup_ort_transformers"), ("opt_level", 2))),
+    BTool("onnxscript-ort-fixed", "scripts.bench.targets:setup_fixed_peer",
+          "`onnxscript-ort` on the model whose input shapes onnxsim fixed", families=("encoder", "decoder"),
+          per_batch=True, config=(("peer_setup", "scripts.bench.targets:setup_onnxscript_ort"),)),
     BTool("ort-extended", "scripts.bench.targets:setup_ort_extended",
           "onnxruntime's offline optimizer: a session on the target's provider with `ORT_ENABLE_EXTENDED` and "
           "`optimized_model_filepath=dst`; fp16: onnxruntime's `float16.convert_float_to_float16(keep_io_types=True)` "
@@ -985,20 +1025,27 @@ def rank(m: dict, variants: dict) -> None:
             continue
         if base:
             lat["x_original"] = lat["median_ms"] / base
+    fixed_tools = {t.name for t in TOOLS if t.per_batch}
     for prec in PRECISIONS:
         cands = [(x["latency"]["median_ms"], v) for v, x in rows.items()
                  if variants[v]["tool"] in peer_tools and variants[v]["precision"] == prec and "latency" in x
                  and x.get("fidelity", {}).get("ok")]
-        if not cands:
-            continue
-        best_ms, best = min(cands)
-        m.setdefault("best_peer", {})[prec] = {"variant": best, "median_ms": best_ms}
-        if variants[best].get("config_failures"):  # it ran, but not as its users run it: say so
-            m["best_peer"][prec]["config_failure"] = variants[best]["config_failures"][0]
-        for v, x in rows.items():
-            if variants[v]["precision"] == prec and "latency" in x and variants[v]["tool"] not in peer_tools \
-                    and v != ORIGINAL:
-                x["latency"]["x_best_peer"] = x["latency"]["median_ms"] / best_ms
+        # dynamic shapes are judged against the peers' dynamic models only (a fixed model cannot serve them);
+        # fixed shapes against every peer row, the fixed ones (onnxsim --overwrite-input-shape first) included
+        for key, pool, ours in (("best_peer", [c for c in cands if variants[c[1]]["tool"] not in fixed_tools],
+                                 lambda t: t not in fixed_tools),
+                                ("best_peer_fixed", cands, lambda t: t in fixed_tools)):
+            if not pool:
+                continue
+            best_ms, best = min(pool)
+            m.setdefault(key, {})[prec] = {"variant": best, "median_ms": best_ms}
+            if variants[best].get("config_failures"):  # it ran, but not as its users run it: say so
+                m[key][prec]["config_failure"] = variants[best]["config_failures"][0]
+            for v, x in rows.items():
+                tool = variants[v]["tool"]
+                if variants[v]["precision"] == prec and "latency" in x and tool not in peer_tools \
+                        and v != ORIGINAL and ours(tool):
+                    x["latency"]["x_best_peer"] = x["latency"]["median_ms"] / best_ms
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1090,8 +1137,9 @@ def summary_rows(models: dict) -> list[dict]:
                              "kernels": x.get("kernels"),
                              "cpu_kernels": x.get("by_provider", {}).get("CPUExecutionProvider", 0)
                              if "kernels" in x else None}
-                    if lat and best:
-                        entry["x_best_peer"] = lat / best["median_ms"]
+                    against = (m.get("best_peer_fixed", {}).get(prec) or best) if tool == "onnxopt-fixed" else best
+                    if lat and against:
+                        entry["x_best_peer"] = lat / against["median_ms"]
                     if lat and orig:
                         entry["x_original"] = lat / orig
                     ours[tool] = entry
@@ -1102,7 +1150,8 @@ def summary_rows(models: dict) -> list[dict]:
                 if not ours and not best:
                     continue
                 out.append({"model": name, "batch": m["batch"], "options": m["options"], "precision": prec,
-                            "original_ms": orig, "best_peer": best, "onnxopt": ours})
+                            "original_ms": orig, "best_peer": best,
+                            "best_peer_fixed": m.get("best_peer_fixed", {}).get(prec), "onnxopt": ours})
     return out
 
 
@@ -1157,15 +1206,21 @@ def render_markdown(report: dict) -> str:
              "Targets: × best peer <= 1.02, × original <= 1; bold: missed. Kernels: per run (on the CPU provider).")
     L.append("")
     L.append("| model | batch | options | precision | original ms | best peer ms (tool) | onnxopt ms | × peer | "
-             "× orig | kernels | onnxopt-fixed ms | × peer | × orig | kernels |")
-    L.append("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+             "× orig | kernels | best peer, shapes fixed, ms (tool) | onnxopt-fixed ms | × peer | × orig | kernels |")
+    L.append("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in summary_rows(report["models"]):
-        best = row.get("best_peer")
-        peer = f"{_ms(best['median_ms'])} ({best['variant'].split('/')[0]})" if best else "—"
-        if best and best.get("config_failure"):
-            peer += " (**configuration failure**)"
+        def peer_cell(best):
+            if not best:
+                return "—"
+            cell = f"{_ms(best['median_ms'])} ({best['variant'].split('/')[0]})"
+            return cell + (" (**configuration failure**)" if best.get("config_failure") else "")
+
+        peer = peer_cell(row.get("best_peer"))
         cells = []
         for tool in ("onnxopt", "onnxopt-fixed"):
+            if tool == "onnxopt-fixed":
+                cells.append(peer_cell(row.get("best_peer_fixed") or row.get("best_peer"))
+                             if row["onnxopt"].get(tool) else "")
             e = row["onnxopt"].get(tool)
             if not e:
                 cells += ["", "", "", ""]
@@ -1302,20 +1357,24 @@ def compact_rows(models: dict, options: str = "default") -> list[dict]:
                 if not ours and not best:
                     continue
                 entry = {"model": name, "batch": m["batch"], "precision": prec, "original": orig, "onnxopt": {}}
-                if best:
-                    bv = variants.get(best["variant"], {})
+                best_fixed = m.get("best_peer_fixed", {}).get(prec) or best  # older runs: no fixed peers
+                for key, b in (("best_peer", best), ("best_peer_fixed", best_fixed)):
+                    if not b:
+                        continue
+                    bv = variants.get(b["variant"], {})
                     info = bv.get("info") or {}
-                    entry["best_peer"] = {"tool": best["variant"].split("/")[0],
-                                          "latency": rows[best["variant"]].get("latency"),
-                                          "attention": sum(n for k, n in (info.get("fused") or info.get("fusions")
-                                                                          or {}).items() if "ttention" in k),
-                                          "note": info.get("note"), "config_failure": best.get("config_failure")}
+                    entry[key] = {"tool": b["variant"].split("/")[0],
+                                  "latency": rows[b["variant"]].get("latency"),
+                                  "attention": sum(n for k, n in (info.get("fused") or info.get("fusions")
+                                                                  or {}).items() if "ttention" in k),
+                                  "note": info.get("note"), "config_failure": b.get("config_failure")}
                 for v, x in ours.items():
                     lat = x.get("latency")
                     e = {"latency": lat, "fidelity_ok": x.get("fidelity", {}).get("ok"),
                          "error": variants[v].get("error") if variants[v].get("status") != "ok" else None}
-                    if lat and best:
-                        e["x_best_peer"] = lat["median_ms"] / best["median_ms"]
+                    against = best_fixed if variants[v]["tool"] == "onnxopt-fixed" else best
+                    if lat and against:
+                        e["x_best_peer"] = lat["median_ms"] / against["median_ms"]
                     if lat and orig:
                         e["x_original"] = lat["median_ms"] / orig["median_ms"]
                     entry["onnxopt"][variants[v]["tool"]] = e
@@ -1360,18 +1419,21 @@ def compact_markdown(report: dict, options: str = "default") -> str:
          f"each a row of its own ({_peer_names(runs)}; docs/benchmarks-peers.md gives each call). "
          "× peer above 1.02 is in bold: there onnxopt is behind.", ""]
     L.append("| model | batch | prec | original | best peer (tool; its Attention nodes) | onnxopt | × peer | "
-             "onnxopt-fixed | × peer |")
-    L.append("|---|---:|---|---:|---|---:|---:|---:|---:|")
+             "best peer, shapes fixed | onnxopt-fixed | × peer |")
+    L.append("|---|---:|---|---:|---|---:|---:|---|---:|---:|")
     notes = []
     for r in compact_rows(report["models"], options):
-        bp = r.get("best_peer")
-        peer = "—"
-        if bp:
-            peer = f"{_lat_cell(bp['latency'])} ({bp['tool']}; {bp['attention']})"
-            if bp.get("config_failure"):
-                peer += " **configuration failure**"
+        def peer_cell(bp):
+            if not bp:
+                return "—"
+            cell = f"{_lat_cell(bp['latency'])} ({bp['tool']}; {bp['attention']})"
+            return cell + (" **configuration failure**" if bp.get("config_failure") else "")
+
+        peer = peer_cell(r.get("best_peer"))
         cells = []
         for tool in ("onnxopt", "onnxopt-fixed"):
+            if tool == "onnxopt-fixed":
+                cells.append(peer_cell(r.get("best_peer_fixed")) if r["onnxopt"].get(tool) else "")
             e = r["onnxopt"].get(tool)
             if not e:
                 cells += ["", ""]

@@ -10,14 +10,15 @@
 #        bash scripts/gpu/transformers.sh prepare
 #    -> .gpu/part0..part4 (the onnxruntime-gpu 1.31.1 wheel in 5 parts; git-ignored), .gpu/minilm-a and
 #       .gpu/minilm-b (all-MiniLM-L6-v2's config and weights in two parts: the machine reaches no registry),
-#       .gpu/wheels-optimum (optimum-onnx 0.1.0 and its pins, ~16 MB: scripts/bench/_optimum.py PINS).
+#       .gpu/wheels-optimum (optimum-onnx 0.1.0 and its pins, ~16 MB: scripts/bench/_optimum.py PINS),
+#       .gpu/wheels (onnxsim, ~10 MB: the fixed-shape peers' first step).
 # 2. On the GPU machine, back to back (it is released 30 s after a command ends, and /tmp with it):
 #        mkdir -p /tmp/gw && cp .gpu/partN /tmp/gw/                 carry [".gpu/partN"], N = 0..4
 #        mkdir -p /tmp/gm && cp .gpu/minilm-a/* /tmp/gm/            carry [".gpu/minilm-a"]
 #        mkdir -p /tmp/gm && cp .gpu/minilm-b/* /tmp/gm/            carry [".gpu/minilm-b"]
 #        bash scripts/gpu/transformers.sh 1/3                       (then 2/3, 3/3; timeout_s 600)
-#                                   with carry [".gpu/wheels-optimum"] (16 MB; env.sh installs it once, into
-#                                   /tmp/site-optimum, for the optimum peer's process only)
+#                                   with carry [".gpu/wheels-optimum", ".gpu/wheels"] (26 MB; env.sh installs
+#                                   them once: optimum's into /tmp/site-optimum, for its process only)
 #    Each part measures fp16 at batches 1 and 8 and fp32 at batch 1 (the issue's table; --fp32-batches 1),
 #    about 7 minutes a part with every peer configuration (18 rows a model; estimate from the 11-row run of
 #    2026-11-27 on an H200, not yet measured: each part's models are listed by `python -m scripts.bench.targets
@@ -55,7 +56,11 @@ prepare)
   # optimum-onnx and its pinned deps (pure Python but tokenizers' abi3 wheel; ~16 MB), for CPython 3.12
   rm -rf .gpu/wheels-optimum
   python3 -m scripts.bench._optimum wheels .gpu/wheels-optimum
-  du -sh .gpu/part? .gpu/minilm-a .gpu/minilm-b .gpu/wheels-optimum
+  # onnxsim (~10 MB): the fixed-shape peers get the model onnxsim fixed (--overwrite-input-shape) first
+  rm -rf .gpu/wheels && mkdir -p .gpu/wheels
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 -d .gpu/wheels "onnxsim==${ONNXSIM_VERSION:-0.8.1}"
+  du -sh .gpu/part? .gpu/minilm-a .gpu/minilm-b .gpu/wheels-optimum .gpu/wheels
   ;;
 merge)
   set -e
