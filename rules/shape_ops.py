@@ -295,6 +295,25 @@ def _rank(value: ir.Value, opsets) -> int | None:
     return None if shape is None else len(shape)
 
 
+def _shape_vector(value: ir.Value, opsets, depth: int = 0) -> list | None:
+    """shape_elements of ``value`` once the values its Shape nodes read have their shapes inferred
+    (shape_elements needs their ranks; the pipeline drops inferred shapes between passes)."""
+    if depth == 0:
+        _infer_shape_sources(value, opsets, 0)
+    return shape_elements(value)
+
+
+def _infer_shape_sources(value: ir.Value | None, opsets, depth: int) -> None:
+    node = None if value is None or depth > 8 else value.producer()
+    if node is None:
+        return
+    if node.op_type == "Shape":
+        infer(node.inputs[0], opsets)
+        return
+    for v in node.inputs:
+        _infer_shape_sources(v, opsets, depth + 1)
+
+
 def _shape_of(b, x: ir.Value, start: int, end: int, rank: int) -> ir.Value:
     """Shape(x) of dimensions start..end-1, with start and end only where they pick less than all."""
     attrs = {}
@@ -309,7 +328,7 @@ def _picked_dim(m: Match) -> int | str:
     """The dimension of x the scalar holds (a Gather of x's Shape at a scalar index, or a Squeeze of a
     one-dimension slice of it), or why it cannot be told."""
     if m.opset("") < _SHAPE_OPSET:
-        return f"opset {m.opset('')} < {_SHAPE_OPSET}: Shape takes no start and end"
+        return f"opset {m.opset('')} < {_SHAPE_OPSET}, where Shape takes no start and end"
     dims = m.dims("x")
     if dims is None:
         return "the rank of the Shape's input is unknown"
@@ -360,7 +379,7 @@ def shape_dim_replacement(m: Match, b):
 def shape_slice_to_attributes_condition(m: Match):
     """The plan: (start, end) of x's dimensions the Slice of its Shape picks."""
     if m.opset("") < _SHAPE_OPSET:
-        return f"opset {m.opset('')} < {_SHAPE_OPSET}: Shape takes no start and end"
+        return f"opset {m.opset('')} < {_SHAPE_OPSET}, where Shape takes no start and end"
     dims = m.dims("x")
     if dims is None:
         return "the rank of the Shape's input is unknown"
@@ -371,7 +390,7 @@ def shape_slice_to_attributes_condition(m: Match):
     if parts[2] is not None and int(parts[2].reshape(-1)[0]) not in (0, -1):
         return "not a slice along axis 0"
     if parts[3] is not None and int(parts[3].reshape(-1)[0]) != 1:
-        return "step is not 1: Shape takes no step"
+        return "step is not 1 (Shape takes no step)"
     positions = _shape_positions(m.node("shape"), len(dims))
     picked = [positions[i] for i in slice_positions(len(positions), start, end, 1)]
     if not picked:
@@ -412,7 +431,7 @@ def shape_concat_merge_condition(m: Match):
     """The plan: the pieces of the new Concat, neighbouring runs of one x's dimensions merged into
     one Shape and neighbouring constants into one."""
     if m.opset("") < _SHAPE_OPSET:
-        return f"opset {m.opset('')} < {_SHAPE_OPSET}: Shape takes no start and end"
+        return f"opset {m.opset('')} < {_SHAPE_OPSET}, where Shape takes no start and end"
     merged, joined = [], 0
     for piece in _pieces(m):
         last = merged[-1] if merged else None
@@ -443,7 +462,7 @@ def shape_concat_merge_replacement(m: Match, b):
 def shape_minus_one_where_condition(m: Match):
     """The plan: the Concat inputs (or s itself) the Where gives, -1 turned into 1; None where s
     holds no -1 (the Where is s)."""
-    elements = shape_elements(m["s"])
+    elements = _shape_vector(m["s"], m.opsets)
     if elements is None:
         return "the shape is not built from constants and Shape outputs (an element may be -1)"
     n = len(elements)
@@ -483,7 +502,7 @@ def expand_shape_from_input_condition(m: Match):
     exact mode does not take (onnxruntime does not check that inputs keep their declared symbols)."""
     if constant_tensor(m["shape"]) is not None:
         return "the shape is already a constant"
-    elements = shape_elements(m["shape"])
+    elements = _shape_vector(m["shape"], m.opsets)
     if elements is None:
         return "the shape is not built from constants and Shape outputs"
     dims = m.dims("x")
