@@ -459,42 +459,6 @@ def shape_concat_merge_replacement(m: Match, b):
     return values[0] if len(values) == 1 else b.op("Concat", *values, axis=0)
 
 
-def shape_minus_one_where_condition(m: Match):
-    """The plan: the Concat inputs (or s itself) the Where gives, -1 turned into 1; None where s
-    holds no -1 (the Where is s)."""
-    elements = _shape_vector(m["s"], m.opsets)
-    if elements is None:
-        return "the shape is not built from constants and Shape outputs (an element may be -1)"
-    n = len(elements)
-    for name in ("minus_one", "one"):
-        c = m.const(name)
-        if c.ndim > 1 or c.size not in (1, n):
-            return f"{name} does not broadcast to the shape's length"
-    if -1 not in elements:
-        return None
-    node = m["s"].producer()
-    if node is None or node.op_type != "Concat":
-        return "a -1 not held by a constant input of a Concat"
-    plan = []
-    for value in node.inputs:
-        tensor = constant_tensor(value)
-        if tensor is not None:
-            plan.append(np.where(tensor.numpy() == -1, 1, tensor.numpy()).astype(tensor.numpy().dtype))
-        elif -1 in shape_elements(value):
-            return "a -1 not held by a constant input of a Concat"
-        else:
-            plan.append(value)
-    return plan
-
-
-def shape_minus_one_where_replacement(m: Match, b):
-    if m.plan is None:
-        return m["s"]
-    values = [b.const(p, name="dims") if isinstance(p, np.ndarray) else p for p in m.plan]
-    return b.op("Concat", *values, axis=0)
-
-
-
 def expand_shape_from_input_condition(m: Match):
     """The plan: Expand's target as constants, 1 where it copies x's own dimension at the aligned
     position (broadcast against x, a 1 gives x's dimension: the same output). A dimension read from
@@ -526,6 +490,24 @@ def expand_shape_from_input_condition(m: Match):
 
 def expand_shape_from_input_replacement(m: Match, b):
     return b.op("Expand", m["x"], b.const(np.array(m.plan, dtype=np.int64), name="shape"))
+
+
+def range_of_dim_condition(m: Match):
+    """The plan: the dimension k of x whose size the Range counts up to (from 0, by 1)."""
+    for name, want in (("start", 0), ("delta", 1)):
+        c = m.const(name)
+        if c.ndim != 0 or c.dtype != np.int64 or int(c) != want:
+            return f"{name} is not the int64 scalar {want}"
+    return _picked_dim(m)
+
+
+def range_of_dim_replacement(m: Match, b):
+    """CumSum(ConstantOfShape(Shape(x, k, k+1), 1), axis 0, exclusive): 0, 1, ..., n-1 computed on the
+    device from the host-memory Shape (ConstantOfShape reads its shape there)."""
+    k = m.plan
+    n = _shape_of(b, m["x"], k, k + 1, len(m.dims("x")))
+    ones = b.op("ConstantOfShape", n, value=ir.tensor(np.array([1], dtype=np.int64)))
+    return b.op("CumSum", ones, b.const(np.array(0, dtype=np.int64), name="axis"), exclusive=1)
 
 RULES = [
     Rule("reshape_chain", Op("Reshape", Op("Reshape", "x", "s1"), Const("shape"), name="outer"),
@@ -597,9 +579,10 @@ RULES = [
          doc="Expand whose target shape is assembled from constants and x's own dimensions (at the positions "
              "they broadcast against; outside exact mode also another value's dimension of the same named "
              "symbol) takes a constant target with 1 for those: the same output, no shape arithmetic left."),
-    Rule("shape_minus_one_where",
-         Op("Where", Op("Equal", "s", Const("minus_one", value=-1), commutative=True), Const("one", value=1), "s"),
-         shape_minus_one_where_replacement, condition=shape_minus_one_where_condition, exact=True,
-         doc="Where(Equal(s, -1), 1, s) -- the legacy exporter's expand() target -- of a shape vector built from "
-             "Shape outputs (never -1) and constants is s with its constant -1s made 1."),
+    Rule("range_of_dim", Op("Range", Const("start"), _scalar_dim(), Const("delta")), range_of_dim_replacement,
+         condition=range_of_dim_condition, targets={"ort-cuda"}, exact=True,
+         doc="Range(0, n, 1) of a dimension n read from a Shape (Gather(Shape(x), k) or dynamo's Squeeze(Shape(x, "
+             "k, k+1))) is CumSum(ConstantOfShape(Shape(x, k, k+1), 1), exclusive): the same 0..n-1 without the "
+             "scalar node onnxruntime's CUDA provider runs on the CPU (the position ids and the mask's aranges of "
+             "transformer exports). ort-cuda only: on the CPU the Range is the cheaper form."),
 ]

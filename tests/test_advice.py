@@ -152,8 +152,8 @@ def test_fixed_shapes_leave_no_cpu_islands_on_zoo_transformers(zoo_path, name):
 # mask's arithmetic (aranges for Range, its Expand targets) and GPT-2's c_proj views: the mask and attention
 # rules' business, so these are upper bounds that fall as those land.
 ISLANDS_LEFT = {"bert-legacy": 9, "bert-dynamo": 2, "gpt2-legacy": 18, "gpt2-dynamo": 2}
-# the forms the Shape-vector rules turn into Shape(x, start, end) or take out (the legacy expand()'s Where/Equal)
-SHAPE_VECTOR_OPS = {"Unsqueeze", "Squeeze", "Slice", "Reshape", "Equal", "Where"}
+# the forms the Shape-vector rules turn into Shape(x, start, end)
+SHAPE_VECTOR_OPS = {"Unsqueeze", "Squeeze", "Slice", "Reshape"}
 
 
 def _mergeable(concat: ir.Node) -> bool:

@@ -637,33 +637,6 @@ def _expand_model(vector_nodes, inits=(), *, y_dims=("b", None, "s")):
 EXPAND_SIZES = ((2, 3), (1, 5), (4, 1))
 
 
-def _minus_one_where(middle):
-    return [helper.make_node("Shape", ["x"], ["b"], end=1), helper.make_node("Shape", ["x"], ["s"], start=1),
-            helper.make_node("Concat", ["b", middle, "s"], ["vec"], axis=0),
-            helper.make_node("Equal", ["vec", "m1"], ["eq"]), helper.make_node("Where", ["eq", "ones", "vec"], ["target"])]
-
-
-@pytest.mark.parametrize("middle,kept", [(-1, 1), (3, 3)])
-def test_shape_minus_one_where_fires(middle, kept):
-    """The legacy exporter's expand(): Where(Equal(s, -1), 1, s) of a vector of Shapes and constants."""
-    m = _expand_model(_minus_one_where("mid"), [i64("mid", [middle]), i64("m1", [-1, -1, -1]), i64("ones", [1])])
-    for shape in EXPAND_SIZES:
-        out, _ = fires("shape_minus_one_where", m, feeds={"x": np.arange(np.prod(shape), dtype=np.float32).reshape(shape)})
-    assert "Where" not in op_types(out) and "Equal" not in op_types(out)
-    concat = next(n for n in out.graph.node if n.op_type == "Concat")
-    mid = next(i for i in out.graph.initializer if i.name == concat.input[1])
-    assert onnx.numpy_helper.to_array(mid).tolist() == [kept]
-
-
-def test_shape_minus_one_where_refuses_an_element_it_cannot_read():
-    nodes = _minus_one_where("mid")
-    nodes[2:2] = [helper.make_node("Abs", ["s"], ["abs_s"])]
-    nodes[3].input[2] = "abs_s"
-    m = _expand_model(nodes, [i64("mid", [-1]), i64("m1", [-1]), i64("ones", [1])])
-    refuses("shape_minus_one_where", m, "not built from constants and Shape outputs",
-            feeds={"x": np.ones((2, 3), np.float32) * np.arange(3, dtype=np.float32)})
-
-
 def _expand_target(source="t"):
     """target = Concat(Shape(source, 0, 1), [3], Shape(source, -1)): [b, 3, s]."""
     return [helper.make_node("Shape", [source], ["b"], end=1), helper.make_node("Shape", [source], ["s"], start=-1),
@@ -702,10 +675,9 @@ def test_expand_shape_from_input_refuses_another_value_s_dimension():
 # --- the Shape-vector rules on the zoo's transformer exports ---------------------------------------
 
 SHAPE_VECTOR_RULES = ("shape_dim_unsqueeze", "shape_dim_reshape", "shape_slice_to_attributes", "shape_concat_merge",
-                      "shape_minus_one_where", "expand_shape_from_input")
+                      "expand_shape_from_input")
 # what fires on each export in exact mode (legacy: Gather/Unsqueeze; dynamo: sym_size and Slices of Shape; the
-# legacy expand()'s -1 is a constant only once folded, which exact mode does not do there, and the Expand targets
-# read other values' dims of the same symbol: tests/test_advice.py sees those two fire)
+# Expand targets read other values' dims of the same symbol: tests/test_advice.py sees that one fire)
 _LEGACY = {"shape_dim_unsqueeze", "shape_concat_merge"}
 _DYNAMO = {"shape_dim_reshape", "shape_slice_to_attributes", "shape_concat_merge"}
 ZOO_FIRES = {"bert-legacy": _LEGACY, "gpt2-legacy": _LEGACY | {"shape_slice_to_attributes"},  # (GPT-2's Conv1D views)
@@ -728,3 +700,36 @@ def test_shape_vector_rules_are_exact_on_zoo_transformers(name):
         for threads in (1, 2):
             for x, y in zip(zoo_exact.outputs(a, feeds, threads), zoo_exact.outputs(b, feeds, threads), strict=True):
                 assert _identical(x, y), (name, batch, seq, threads)
+
+
+def _range_model(scalar_nodes, inits=(), *, opset=17, start=0, delta=1):
+    """x [b, s, 8] -> n (scalar_nodes: a dimension of x) -> y = x + the sum of Range(start, n, delta)."""
+    nodes = [*scalar_nodes, helper.make_node("Range", ["start", "n", "delta"], ["r"]),
+             helper.make_node("Cast", ["r"], ["rf"], to=TensorProto.FLOAT),
+             helper.make_node("ReduceSum", ["rf"], ["total"], keepdims=0), helper.make_node("Add", ["x", "total"], ["y"])]
+    return x_model(nodes, list(X_DIMS), 3, [*inits, i64("start", start), i64("delta", delta)], opset=opset)
+
+
+_GATHER_DIM = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "k"], ["n"], axis=0)]
+_SYM_SIZE = [helper.make_node("Shape", ["x"], ["s"], start=1, end=2), helper.make_node("Squeeze", ["s"], ["n"])]
+
+
+@pytest.mark.parametrize("scalar_nodes,inits", [(_GATHER_DIM, [i64("k", 1)]), (_SYM_SIZE, [])], ids=["gather", "sym_size"])
+def test_range_of_dim_fires_on_ort_cuda(scalar_nodes, inits):
+    """Range(0, s, 1): the position ids of GPT-2 and the mask's aranges, computed on the device."""
+    out, _ = _fires_at_every_size("range_of_dim", _range_model(scalar_nodes, inits), target="ort-cuda")
+    assert op_types(out) == ["Shape", "ConstantOfShape", "CumSum", "Cast", "ReduceSum", "Add"]
+    assert _shape_attrs(out) == [{"start": 1, "end": 2}]
+
+
+def test_range_of_dim_is_for_ort_cuda_only():
+    out, report = run_rule("range_of_dim", _range_model(_GATHER_DIM, [i64("k", 1)]), target="ort-cpu")
+    assert "Range" in op_types(out) and not report.fired.get("range_of_dim")
+
+
+@pytest.mark.parametrize("start,delta,opset,reason", [(1, 1, 17, "start is not the int64 scalar 0"),
+                                                      (0, 2, 17, "delta is not the int64 scalar 1"),
+                                                      (0, 1, 14, "opset 14 < 15")])
+def test_range_of_dim_refuses(start, delta, opset, reason):
+    m = _range_model(_GATHER_DIM, [i64("k", 1)], opset=opset, start=start, delta=delta)
+    refuses("range_of_dim", m, reason, feeds=_sized_feeds((2, 4, 8)), target="ort-cuda")
