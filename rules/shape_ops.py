@@ -1,11 +1,16 @@
-"""Shape and data-movement ops that change nothing, chains of them, and shapes that can be constants
-(Transposes have their own family, rules/transpose.py).
+"""Shape and data-movement ops that change nothing, chains of them, shapes that can be constants
+(Transposes have their own family, rules/transpose.py), and shape vectors rewritten into the forms
+onnxruntime's CUDA provider keeps on the GPU (Shape's own start/end read directly where a kernel takes
+the vector in host memory; see the section "Shape vectors onnxruntime's CUDA provider reads in host
+memory" below).
 
 Exact: each rule keeps every value and every output's shape and dtype. Reshape targets built from
 the input's own Shape (``Shape -> Gather -> Unsqueeze -> Concat -> Reshape``) are read back with
 ``onnxopt.ir.shapes.shape_elements``; a dimension the target copies becomes a 0 in a constant target.
 That one, reshape_shape_from_input, is not exact in exact mode's sense (``Rule.exact``): a constant
 target lets onnxruntime's own optimizer rewrite the graph around it differently (README, Exact mode).
+The shape-vector rules compute the same int64 values (exact); expand_shape_from_input takes another
+value's dimension for x's by their named symbol only outside exact mode.
 """
 
 from __future__ import annotations
@@ -295,11 +300,10 @@ def _rank(value: ir.Value, opsets) -> int | None:
     return None if shape is None else len(shape)
 
 
-def _shape_vector(value: ir.Value, opsets, depth: int = 0) -> list | None:
+def _shape_vector(value: ir.Value, opsets) -> list | None:
     """shape_elements of ``value`` once the values its Shape nodes read have their shapes inferred
-    (shape_elements needs their ranks; the pipeline drops inferred shapes between passes)."""
-    if depth == 0:
-        _infer_shape_sources(value, opsets, 0)
+    (shape_elements needs their ranks, which the model may not record)."""
+    _infer_shape_sources(value, opsets, 0)
     return shape_elements(value)
 
 
@@ -479,7 +483,7 @@ def expand_shape_from_input_condition(m: Match):
             target.append(e)
             continue
         i = j - lead
-        if i >= 0 and ((e[1] is x and e[2] in (i, i - len(dims))) or (not exact and is_dim_of(e, x, i))):
+        if i >= 0 and ((e[1] is x and e[2] == i) or (not exact and is_dim_of(e, x, i))):
             target.append(1)
         elif i >= 0 and is_dim_of(e, x, i):
             return "exact: the dimension is another value's with the same symbol, which inputs may not keep"
