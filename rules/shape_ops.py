@@ -338,6 +338,8 @@ def _picked_dim(m: Match) -> int | str:
         return "the rank of the Shape's input is unknown"
     positions = _shape_positions(m.node("shape"), len(dims))
     if m.node("gather") is not None:
+        if m.attr("gather", "axis", 0) not in (0, -1):
+            return "the Gather is not along the shape vector's axis"
         k = m.const("k")
         if k.ndim != 0 or k.dtype.kind not in "iu":
             return "the Gather's index is not an integer scalar"
