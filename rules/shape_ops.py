@@ -498,12 +498,60 @@ def expand_shape_from_input_replacement(m: Match, b):
     return b.op("Expand", m["x"], b.const(np.array(m.plan, dtype=np.int64), name="shape"))
 
 
+_NORMALIZATIONS = {"LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization",
+                   "SkipSimplifiedLayerNormalization"}
+
+
+def _position_lookups(value: ir.Value) -> list[ir.Node] | str:
+    """The Gathers of constant tables reading ``value`` as their indices, through Unsqueeze and
+    Expand (position ids), or why ``value`` is read otherwise."""
+    lookups, frontier = [], [value]
+    while frontier:
+        v = frontier.pop()
+        for node, i in v.uses():
+            if node.op_type in ("Unsqueeze", "Expand") and i == 0 and node.domain in ("", "ai.onnx"):
+                frontier.extend(node.outputs)
+            elif node.op_type == "Gather" and i == 1 and constant_tensor(node.inputs[0]) is not None:
+                lookups.append(node)
+            else:
+                return (f"the Range is also read by a {node.op_type}: index arithmetic (the attention mask's) that "
+                        f"its fusion reads as a Range")
+    return lookups
+
+
+def _normalized_embedding(gather: ir.Node) -> bool:
+    """The looked-up rows reach, through Adds read by nothing else, a normalization that nothing else
+    reads the sum of (an embedding LayerNormalization: its fusion reads the Range; GPT-2's embedding
+    sum is also the residual, so its Range is this rule's)."""
+    v = gather.outputs[0]
+    for _ in range(4):
+        readers = [node for node, _ in v.uses()]
+        if len(readers) != 1 or v.is_graph_output():
+            return False
+        node = readers[0]
+        if node.op_type in _NORMALIZATIONS:
+            return not (len(node.outputs) > 3 and node.outputs[3] is not None and node.outputs[3].uses())
+        if node.op_type != "Add":
+            return False
+        v = node.outputs[0]
+    return False
+
+
 def range_of_dim_condition(m: Match):
-    """The plan: the dimension k of x whose size the Range counts up to (from 0, by 1)."""
+    """The plan: the dimension k of x whose size the Range counts up to (from 0, by 1). Only position
+    ids (the Range read as the indices of a table's Gather) are taken: the attention mask's aranges
+    are its fusion's to read (as Ranges), and so are an embedding LayerNormalization's position ids."""
     for name, want in (("start", 0), ("delta", 1)):
         c = m.const(name)
         if c.ndim != 0 or c.dtype != np.int64 or int(c) != want:
             return f"{name} is not the int64 scalar {want}"
+    lookups = _position_lookups(m.root.outputs[0])
+    if isinstance(lookups, str):
+        return lookups
+    if not lookups:
+        return "the Range is not read as position ids (the indices of a Gather of a constant table)"
+    if any(_normalized_embedding(g) for g in lookups):
+        return "the position ids of an embedding LayerNormalization (its fusion reads the Range)"
     return _picked_dim(m)
 
 
@@ -588,7 +636,8 @@ RULES = [
     Rule("range_of_dim", Op("Range", Const("start"), _scalar_dim(), Const("delta")), range_of_dim_replacement,
          condition=range_of_dim_condition, targets={"ort-cuda"}, exact=True,
          doc="Range(0, n, 1) of a dimension n read from a Shape (Gather(Shape(x), k) or dynamo's Squeeze(Shape(x, "
-             "k, k+1))) is CumSum(ConstantOfShape(Shape(x, k, k+1), 1), exclusive): the same 0..n-1 without the "
-             "scalar node onnxruntime's CUDA provider runs on the CPU (the position ids and the mask's aranges of "
-             "transformer exports). ort-cuda only: on the CPU the Range is the cheaper form."),
+             "k, k+1))), read as position ids (GPT-2's), is CumSum(ConstantOfShape(Shape(x, k, k+1), 1), exclusive): "
+             "the same 0..n-1 without the scalar node onnxruntime's CUDA provider runs on the CPU. Not the attention "
+             "mask's aranges nor an embedding LayerNormalization's positions (their fusions read the Range). "
+             "ort-cuda only: on the CPU the Range is the cheaper form."),
 ]

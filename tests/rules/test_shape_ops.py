@@ -702,12 +702,25 @@ def test_shape_vector_rules_are_exact_on_zoo_transformers(name):
                 assert _identical(x, y), (name, batch, seq, threads)
 
 
-def _range_model(scalar_nodes, inits=(), *, opset=17, start=0, delta=1):
-    """x [b, s, 8] -> n (scalar_nodes: a dimension of x) -> y = x + the sum of Range(start, n, delta)."""
-    nodes = [*scalar_nodes, helper.make_node("Range", ["start", "n", "delta"], ["r"]),
-             helper.make_node("Cast", ["r"], ["rf"], to=TensorProto.FLOAT),
-             helper.make_node("ReduceSum", ["rf"], ["total"], keepdims=0), helper.make_node("Add", ["x", "total"], ["y"])]
-    return x_model(nodes, list(X_DIMS), 3, [*inits, i64("start", start), i64("delta", delta)], opset=opset)
+def _range_model(scalar_nodes, inits=(), *, opset=17, start=0, delta=1, reader="lookup"):
+    """x [b, s, 8] -> n (scalar_nodes: a dimension of x) -> positions = Range(start, n, delta), read as
+    ``reader``: "lookup" (y = x + table[positions], GPT-2's position embedding), "norm" (the same sum
+    normalized and read by nothing else: an embedding LayerNormalization's), "sum" (y = x + the sum of
+    the positions: index arithmetic such as the attention mask's)."""
+    nodes = [*scalar_nodes, helper.make_node("Range", ["start", "n", "delta"], ["r"])]
+    rng = np.random.default_rng(0)
+    consts = [i64("start", start), i64("delta", delta)]
+    if reader == "sum":
+        nodes += [helper.make_node("Cast", ["r"], ["rf"], to=TensorProto.FLOAT),
+                  helper.make_node("ReduceSum", ["rf"], ["total"], keepdims=0), helper.make_node("Add", ["x", "total"], ["y"])]
+    else:
+        nodes += [helper.make_node("Unsqueeze", ["r", "ax0"], ["pos"]), helper.make_node("Gather", ["table", "pos"], ["emb"]),
+                  helper.make_node("Add", ["x", "emb"], ["y" if reader == "lookup" else "sum"])]
+        consts += [i64("ax0", [0]), init("table", rng.standard_normal((16, 8)).astype(np.float32))]
+        if reader == "norm":
+            nodes.append(helper.make_node("LayerNormalization", ["sum", "gamma", "beta"], ["y"], axis=-1))
+            consts += [init("gamma", np.ones(8, np.float32)), init("beta", np.zeros(8, np.float32))]
+    return x_model(nodes, list(X_DIMS), 3, [*inits, *consts], opset=opset)
 
 
 _GATHER_DIM = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "k"], ["n"], axis=0)]
@@ -715,10 +728,10 @@ _SYM_SIZE = [helper.make_node("Shape", ["x"], ["s"], start=1, end=2), helper.mak
 
 
 @pytest.mark.parametrize("scalar_nodes,inits", [(_GATHER_DIM, [i64("k", 1)]), (_SYM_SIZE, [])], ids=["gather", "sym_size"])
-def test_range_of_dim_fires_on_ort_cuda(scalar_nodes, inits):
-    """Range(0, s, 1): the position ids of GPT-2 and the mask's aranges, computed on the device."""
+def test_range_of_dim_fires_on_position_ids_on_ort_cuda(scalar_nodes, inits):
+    """Range(0, s, 1) read as GPT-2's position ids, computed on the device."""
     out, _ = _fires_at_every_size("range_of_dim", _range_model(scalar_nodes, inits), target="ort-cuda")
-    assert op_types(out) == ["Shape", "ConstantOfShape", "CumSum", "Cast", "ReduceSum", "Add"]
+    assert op_types(out) == ["Shape", "ConstantOfShape", "CumSum", "Unsqueeze", "Gather", "Add"]
     assert _shape_attrs(out) == [{"start": 1, "end": 2}]
 
 
@@ -727,9 +740,23 @@ def test_range_of_dim_is_for_ort_cuda_only():
     assert "Range" in op_types(out) and not report.fired.get("range_of_dim")
 
 
-@pytest.mark.parametrize("start,delta,opset,reason", [(1, 1, 17, "start is not the int64 scalar 0"),
-                                                      (0, 2, 17, "delta is not the int64 scalar 1"),
-                                                      (0, 1, 14, "opset 14 < 15")])
-def test_range_of_dim_refuses(start, delta, opset, reason):
-    m = _range_model(_GATHER_DIM, [i64("k", 1)], opset=opset, start=start, delta=delta)
+@pytest.mark.parametrize("reader,reason", [
+    ("sum", "index arithmetic (the attention mask's) that its fusion reads as a Range"),
+    ("norm", "the position ids of an embedding LayerNormalization (its fusion reads the Range)")])
+def test_range_of_dim_leaves_the_mask_s_and_an_embedding_normalization_s_ranges(reader, reason):
+    m = _range_model(_GATHER_DIM, [i64("k", 1)], reader=reader)
     refuses("range_of_dim", m, reason, feeds=_sized_feeds((2, 4, 8)), target="ort-cuda")
+
+
+@pytest.mark.parametrize("start,delta,reason", [(1, 1, "start is not the int64 scalar 0"),
+                                                (0, 2, "delta is not the int64 scalar 1")])
+def test_range_of_dim_refuses_other_counts(start, delta, reason):
+    _, report = run_rule("range_of_dim", _range_model(_GATHER_DIM, [i64("k", 1)], start=start, delta=delta),
+                         target="ort-cuda")
+    st = report.rules["range_of_dim"]
+    assert st.fired == 0 and reason in st.reasons, st.reasons
+
+
+def test_range_of_dim_refuses_before_opset_15():
+    refuses("range_of_dim", _range_model(_GATHER_DIM, [i64("k", 1)], opset=14), "opset 14 < 15",
+            feeds=_sized_feeds((2, 4, 8)), target="ort-cuda")
