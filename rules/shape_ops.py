@@ -1,19 +1,26 @@
-"""Shape and data-movement ops that change nothing, chains of them, and shapes that can be constants
-(Transposes have their own family, rules/transpose.py).
+"""Shape and data-movement ops that change nothing, chains of them, shapes that can be constants
+(Transposes have their own family, rules/transpose.py), and shape vectors rewritten into the forms
+onnxruntime's CUDA provider keeps on the GPU (Shape's own start/end read directly where a kernel takes
+the vector in host memory; see the section "Shape vectors onnxruntime's CUDA provider reads in host
+memory" below).
 
 Exact: each rule keeps every value and every output's shape and dtype. Reshape targets built from
 the input's own Shape (``Shape -> Gather -> Unsqueeze -> Concat -> Reshape``) are read back with
 ``onnxopt.ir.shapes.shape_elements``; a dimension the target copies becomes a 0 in a constant target.
 That one, reshape_shape_from_input, is not exact in exact mode's sense (``Rule.exact``): a constant
 target lets onnxruntime's own optimizer rewrite the graph around it differently (README, Exact mode).
+The shape-vector rules compute the same int64 values (exact); expand_shape_from_input takes another
+value's dimension for x's by their named symbol only outside exact mode.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import onnx_ir as ir
 
-from onnxopt.core.pattern import Const, Match, Op, Opt, Rule, forward
-from onnxopt.ir.shapes import is_dim_of, same_symbol, shape_elements
+from onnxopt.core.pattern import Const, Match, Op, Opt, Or, Rule, forward
+from onnxopt.ir.shapes import infer, is_dim_of, same_symbol, shape_elements, slice_positions
+from onnxopt.ir.util import constant_tensor
 
 from onnxopt.rules._exact import exact_removal
 
@@ -268,6 +275,294 @@ def range_scalar_inputs_replacement(m: Match, b):
     return b.op("Range", *inputs)
 
 
+# --- Shape vectors onnxruntime's CUDA provider reads in host memory ---------------------------------
+# Shape's CUDA kernel writes its output to host memory. A node that reads it other than through an
+# input its CUDA kernel takes in host memory (a Reshape's or Expand's shape, Slice's starts and ends,
+# Range, ConstantOfShape, Tile's repeats...), and otherwise only small constants, is placed on the CPU,
+# and so are the nodes reading that one (onnxruntime's GetCpuPreferredNodes; the static estimate is
+# onnxopt.targets.advice.cuda_placement). Exporters pick dimensions with Gather, Squeeze, Unsqueeze,
+# Slice and Concat of a Shape: each is such a node. Shape's own start and end (opset 15) pick a run of
+# dimensions in the Shape node itself, so these rules rewrite the picking into it: the same int64
+# values, one host-memory Shape read directly by the node that needs it.
+
+_SHAPE_OPSET = 15  # Shape takes start and end from opset 15
+
+
+def _shape_positions(node: ir.Node, rank: int) -> list[int]:
+    """The dimensions (of a value of rank ``rank``) that Shape ``node`` returns, in order: its start and
+    end as ONNX reads them (negative from the back, clamped to [0, rank])."""
+    start, end = node.attributes.get("start"), node.attributes.get("end")
+    return list(range(rank))[slice(start.value if start is not None else None, end.value if end is not None else None)]
+
+
+def _rank(value: ir.Value, opsets) -> int | None:
+    shape = infer(value, opsets)
+    return None if shape is None else len(shape)
+
+
+def _shape_vector(value: ir.Value, opsets) -> list | None:
+    """shape_elements of ``value`` once the values its Shape nodes read have their shapes inferred
+    (shape_elements needs their ranks, which the model may not record)."""
+    _infer_shape_sources(value, opsets, 0)
+    return shape_elements(value)
+
+
+def _infer_shape_sources(value: ir.Value | None, opsets, depth: int) -> None:
+    node = None if value is None or depth > 8 else value.producer()
+    if node is None:
+        return
+    if node.op_type == "Shape":
+        infer(node.inputs[0], opsets)
+        return
+    for v in node.inputs:
+        _infer_shape_sources(v, opsets, depth + 1)
+
+
+def _shape_of(b, x: ir.Value, start: int, end: int, rank: int) -> ir.Value:
+    """Shape(x) of dimensions start..end-1, with start and end only where they pick less than all."""
+    attrs = {}
+    if start != 0:
+        attrs["start"] = start
+    if end != rank:
+        attrs["end"] = end
+    return b.op("Shape", x, **attrs)
+
+
+def _picked_dim(m: Match) -> int | str:
+    """The dimension of x the scalar holds (a Gather of x's Shape at a scalar index, or a Squeeze of a
+    one-dimension slice of it), or why it cannot be told."""
+    if m.opset("") < _SHAPE_OPSET:
+        return f"opset {m.opset('')} < {_SHAPE_OPSET}, where Shape takes no start and end"
+    dims = m.dims("x")
+    if dims is None:
+        return "the rank of the Shape's input is unknown"
+    positions = _shape_positions(m.node("shape"), len(dims))
+    if m.node("gather") is not None:
+        if m.attr("gather", "axis", 0) not in (0, -1):
+            return "the Gather is not along the shape vector's axis"
+        k = m.const("k")
+        if k.ndim != 0 or k.dtype.kind not in "iu":
+            return "the Gather's index is not an integer scalar"
+        k = int(k)
+        if not -len(positions) <= k < len(positions):
+            return f"index {k} is out of range of the {len(positions)} dimensions the Shape gives"
+        return positions[k]
+    if len(positions) != 1:
+        return f"the Squeeze reads {len(positions)} dimensions, not one"
+    axes = m.const("squeeze_axes") if "squeeze_axes" in m else None
+    if axes is not None and axes.reshape(-1).tolist() not in ([0], [-1]):
+        return "the Squeeze's axes are not [0]"
+    return positions[0]
+
+
+def _scalar_dim():
+    """A scalar holding one dimension of x: Gather(Shape(x), k) (legacy exports) or
+    Squeeze(Shape(x, k, k+1)) (dynamo's sym_size); both may have other readers."""
+    shape = Op("Shape", "x", name="shape", shared=True)
+    return Or(Op("Gather", shape, Const("k"), name="gather", shared=True),
+              Op("Squeeze", shape, Opt(Const("squeeze_axes")), name="squeeze", shared=True))
+
+
+def shape_dim_unsqueeze_condition(m: Match):
+    axes = _axes(m, "vector", "axes")
+    if axes not in ([0], [-1]):
+        return "the Unsqueeze does not make the scalar a 1-D vector (axes [0])"
+    return _picked_dim(m)
+
+
+def shape_dim_reshape_condition(m: Match):
+    if m.const("target").reshape(-1).tolist() not in ([-1], [1]):
+        return "the Reshape does not make the scalar a 1-D vector of one element"
+    return _picked_dim(m)
+
+
+def shape_dim_replacement(m: Match, b):
+    """Shape(x, start=k, end=k+1): the condition's dimension k as a one-element vector."""
+    k = m.plan
+    return _shape_of(b, m["x"], k, k + 1, len(m.dims("x")))
+
+
+def shape_slice_to_attributes_condition(m: Match):
+    """The plan: (start, end) of x's dimensions the Slice of its Shape picks."""
+    if m.opset("") < _SHAPE_OPSET:
+        return f"opset {m.opset('')} < {_SHAPE_OPSET}, where Shape takes no start and end"
+    dims = m.dims("x")
+    if dims is None:
+        return "the rank of the Shape's input is unknown"
+    parts = [m.const(n) if n in m else None for n in ("starts", "ends", "axes", "steps")]
+    if any(p is not None and (p.size != 1 or p.dtype.kind not in "iu") for p in parts):
+        return "not one integer start, end, axis and step"
+    start, end = int(parts[0].reshape(-1)[0]), int(parts[1].reshape(-1)[0])
+    if parts[2] is not None and int(parts[2].reshape(-1)[0]) not in (0, -1):
+        return "not a slice along axis 0"
+    if parts[3] is not None and int(parts[3].reshape(-1)[0]) != 1:
+        return "step is not 1 (Shape takes no step)"
+    positions = _shape_positions(m.node("shape"), len(dims))
+    picked = [positions[i] for i in slice_positions(len(positions), start, end, 1)]
+    if not picked:
+        return "the slice is empty"
+    return picked[0], picked[-1] + 1
+
+
+def shape_slice_to_attributes_replacement(m: Match, b):
+    start, end = m.plan
+    return _shape_of(b, m["x"], start, end, len(m.dims("x")))
+
+
+_CONCAT_INPUTS = 16  # the most inputs shape_concat_merge looks at (shape vectors are short)
+
+
+def _pieces(m: Match) -> list[list]:
+    """The Concat's inputs as pieces: ["dims", x, start, end, value] (a Shape of x: its run of
+    dimensions), ["const", array, value] (a 1-D integer constant) or ["other", value]."""
+    out = []
+    for value in m.root.inputs:
+        tensor = constant_tensor(value)
+        node = value.producer()
+        if tensor is not None and tensor.numpy().ndim == 1:
+            out.append(["const", tensor.numpy(), value])
+        elif node is not None and node.op_type == "Shape" and node.domain in ("", "ai.onnx") \
+                and (rank := _rank(node.inputs[0], m.opsets)) is not None:
+            positions = _shape_positions(node, rank)
+            if positions:
+                out.append(["dims", node.inputs[0], positions[0], positions[-1] + 1, value])
+                continue
+            out.append(["other", value])
+        else:
+            out.append(["other", value])
+    return out
+
+
+def shape_concat_merge_condition(m: Match):
+    """The plan: the pieces of the new Concat, neighbouring runs of one x's dimensions merged into
+    one Shape and neighbouring constants into one."""
+    if m.opset("") < _SHAPE_OPSET:
+        return f"opset {m.opset('')} < {_SHAPE_OPSET}, where Shape takes no start and end"
+    merged, joined = [], 0
+    for piece in _pieces(m):
+        last = merged[-1] if merged else None
+        if last is not None and last[0] == piece[0] == "dims" and last[1] is piece[1] and last[3] == piece[2]:
+            merged[-1] = ["dims", last[1], last[2], piece[3], None]
+            joined += 1
+        elif last is not None and last[0] == piece[0] == "const" and last[1].dtype == piece[1].dtype:
+            merged[-1] = ["const", np.concatenate([last[1], piece[1]]), None]
+        else:
+            merged.append(piece)
+    if not joined:
+        return "no two neighbouring inputs are consecutive dimensions of one Shape"
+    return merged
+
+
+def shape_concat_merge_replacement(m: Match, b):
+    values = []
+    for piece in m.plan:
+        if piece[-1] is not None:  # an input kept as it was
+            values.append(piece[-1])
+        elif piece[0] == "dims":
+            values.append(_shape_of(b, piece[1], piece[2], piece[3], _rank(piece[1], m.opsets)))
+        else:
+            values.append(b.const(piece[1], name="dims"))
+    return values[0] if len(values) == 1 else b.op("Concat", *values, axis=0)
+
+
+def expand_shape_from_input_condition(m: Match):
+    """The plan: Expand's target as constants, 1 where it copies x's own dimension at the aligned
+    position (broadcast against x, a 1 gives x's dimension: the same output). A dimension read from
+    x itself is x's; one of another value is x's where the two carry the same named symbol, which
+    exact mode does not take (onnxruntime does not check that inputs keep their declared symbols)."""
+    if constant_tensor(m["shape"]) is not None:
+        return "the shape is already a constant"
+    elements = _shape_vector(m["shape"], m.opsets)
+    if elements is None:
+        return "the shape is not built from constants and Shape outputs"
+    dims = m.dims("x")
+    if dims is None:
+        return "the rank of the expanded value is unknown"
+    x, lead, exact = m["x"], len(elements) - len(dims), m.options.get("exact")
+    target = []
+    for j, e in enumerate(elements):
+        if isinstance(e, int):
+            target.append(e)
+            continue
+        i = j - lead
+        if i >= 0 and ((e[1] is x and e[2] == i) or (not exact and is_dim_of(e, x, i))):
+            target.append(1)
+        elif i >= 0 and is_dim_of(e, x, i):
+            return "exact: the dimension is another value's with the same symbol, which inputs may not keep"
+        else:
+            return f"element {j} of the shape is not the expanded value's own dimension"
+    return target
+
+
+def expand_shape_from_input_replacement(m: Match, b):
+    return b.op("Expand", m["x"], b.const(np.array(m.plan, dtype=np.int64), name="shape"))
+
+
+_NORMALIZATIONS = {"LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization",
+                   "SkipSimplifiedLayerNormalization"}
+
+
+def _position_lookups(value: ir.Value) -> list[ir.Node] | str:
+    """The Gathers of constant tables reading ``value`` as their indices, through Unsqueeze and
+    Expand (position ids), or why ``value`` is read otherwise."""
+    lookups, frontier = [], [value]
+    while frontier:
+        v = frontier.pop()
+        for node, i in v.uses():
+            if node.op_type in ("Unsqueeze", "Expand") and i == 0 and node.domain in ("", "ai.onnx"):
+                frontier.extend(node.outputs)
+            elif node.op_type == "Gather" and i == 1 and constant_tensor(node.inputs[0]) is not None:
+                lookups.append(node)
+            else:
+                return (f"the Range is also read by a {node.op_type}: index arithmetic (the attention mask's) that "
+                        f"its fusion reads as a Range")
+    return lookups
+
+
+def _normalized_embedding(gather: ir.Node) -> bool:
+    """The looked-up rows reach, through Adds read by nothing else, a normalization that nothing else
+    reads the sum of (an embedding LayerNormalization: its fusion reads the Range; GPT-2's embedding
+    sum is also the residual, so its Range is this rule's)."""
+    v = gather.outputs[0]
+    for _ in range(4):
+        readers = [node for node, _ in v.uses()]
+        if len(readers) != 1 or v.is_graph_output():
+            return False
+        node = readers[0]
+        if node.op_type in _NORMALIZATIONS:
+            return not (len(node.outputs) > 3 and node.outputs[3] is not None and node.outputs[3].uses())
+        if node.op_type != "Add":
+            return False
+        v = node.outputs[0]
+    return False
+
+
+def range_of_dim_condition(m: Match):
+    """The plan: the dimension k of x whose size the Range counts up to (from 0, by 1). Only position
+    ids (the Range read as the indices of a table's Gather) are taken: the attention mask's aranges
+    are its fusion's to read (as Ranges), and so are an embedding LayerNormalization's position ids."""
+    for name, want in (("start", 0), ("delta", 1)):
+        c = m.const(name)
+        if c.ndim != 0 or c.dtype != np.int64 or int(c) != want:
+            return f"{name} is not the int64 scalar {want}"
+    lookups = _position_lookups(m.root.outputs[0])
+    if isinstance(lookups, str):
+        return lookups
+    if not lookups:
+        return "the Range is not read as position ids (the indices of a Gather of a constant table)"
+    if any(_normalized_embedding(g) for g in lookups):
+        return "the position ids of an embedding LayerNormalization (its fusion reads the Range)"
+    return _picked_dim(m)
+
+
+def range_of_dim_replacement(m: Match, b):
+    """CumSum(ConstantOfShape(Shape(x, k, k+1), 1), axis 0, exclusive): 0, 1, ..., n-1 computed on the
+    device from the host-memory Shape (ConstantOfShape reads its shape there)."""
+    k = m.plan
+    n = _shape_of(b, m["x"], k, k + 1, len(m.dims("x")))
+    ones = b.op("ConstantOfShape", n, value=ir.tensor(np.array([1], dtype=np.int64)))
+    return b.op("CumSum", ones, b.const(np.array(0, dtype=np.int64), name="axis"), exclusive=1)
+
 RULES = [
     Rule("reshape_chain", Op("Reshape", Op("Reshape", "x", "s1"), Const("shape"), name="outer"),
          reshape_chain_replacement, condition=reshape_chain_condition,
@@ -314,4 +609,35 @@ RULES = [
          exact=True,
          doc="Range inputs known to hold one element in a [1]-like shape become scalars, as the spec requires "
              "(onnxruntime's shape inference rejects them once their shapes are known)."),
+    Rule("shape_dim_unsqueeze", Op("Unsqueeze", _scalar_dim(), Opt(Const("axes")), name="vector"),
+         shape_dim_replacement, condition=shape_dim_unsqueeze_condition, exact=True,
+         doc="Unsqueeze(Gather(Shape(x), k), [0]) or Unsqueeze(Squeeze(Shape(x, k, k+1)), [0]) is "
+             "Shape(x, start=k, end=k+1) (opset 15): one host-memory Shape instead of nodes onnxruntime's CUDA "
+             "provider places on the CPU."),
+    Rule("shape_dim_reshape", Op("Reshape", _scalar_dim(), Const("target"), name="vector"),
+         shape_dim_replacement, condition=shape_dim_reshape_condition, exact=True,
+         doc="Reshape(Squeeze(Shape(x, k, k+1)), [-1]) (dynamo's sym_size made 1-D) or Reshape(Gather(Shape(x), "
+             "k), [-1]) is Shape(x, start=k, end=k+1) (opset 15)."),
+    Rule("shape_slice_to_attributes",
+         Op("Slice", Op("Shape", "x", name="shape", shared=True), Const("starts"), Const("ends"), Opt(Const("axes")),
+            Opt(Const("steps"))),
+         shape_slice_to_attributes_replacement, condition=shape_slice_to_attributes_condition, exact=True,
+         doc="Slice(Shape(x), a, b) with step 1 is Shape(x, start=a, end=b) (opset 15)."),
+    Rule("shape_concat_merge",
+         Op("Concat", "part0", *(Opt(f"part{i}") for i in range(1, _CONCAT_INPUTS)), attrs={"axis": lambda a: a in (0, -1)}),
+         shape_concat_merge_replacement, condition=shape_concat_merge_condition, exact=True,
+         doc="Concat of neighbouring runs of one value's dimensions (Shape(x, a, b), Shape(x, b, c)) is one "
+             "Shape(x, a, c), and neighbouring constants one constant; a Concat left with one input is that input."),
+    Rule("expand_shape_from_input", Op("Expand", "x", "shape"), expand_shape_from_input_replacement,
+         condition=expand_shape_from_input_condition, exact=True,
+         doc="Expand whose target shape is assembled from constants and x's own dimensions (at the positions "
+             "they broadcast against; outside exact mode also another value's dimension of the same named "
+             "symbol) takes a constant target with 1 for those: the same output, no shape arithmetic left."),
+    Rule("range_of_dim", Op("Range", Const("start"), _scalar_dim(), Const("delta")), range_of_dim_replacement,
+         condition=range_of_dim_condition, targets={"ort-cuda"}, exact=True,
+         doc="Range(0, n, 1) of a dimension n read from a Shape (Gather(Shape(x), k) or dynamo's Squeeze(Shape(x, "
+             "k, k+1))), read as position ids (GPT-2's), is CumSum(ConstantOfShape(Shape(x, k, k+1), 1), exclusive): "
+             "the same 0..n-1 without the scalar node onnxruntime's CUDA provider runs on the CPU. Not the attention "
+             "mask's aranges nor an embedding LayerNormalization's positions (their fusions read the Range). "
+             "ort-cuda only: on the CPU the Range is the cheaper form."),
 ]

@@ -115,8 +115,9 @@ def test_advice_names_measured_options_with_their_evidence():
 def test_optimize_reports_advice_for_ort_cuda_only():
     proto = ir.to_proto(_shape_model())
     _, rep = optimize(proto, target="ort-cuda", return_report=True)
-    assert rep.advice["cpu_islands"]["cpu_nodes"] == 3
-    assert "CPU islands: 3 of" in format_optimize(rep, "a", "b")
+    # Unsqueeze(Gather(Shape(x), 1)) became Shape(x, 1, 2) (rules/shape_ops.py): the Concat with -1 is left
+    assert rep.advice["cpu_islands"]["cpu_nodes"] == 1 and rep.advice["cpu_islands"]["by_op"] == {"Concat": 1}
+    assert "CPU islands: 1 of" in format_optimize(rep, "a", "b")
     _, rep = optimize(proto, target="ort-cuda", return_report=True, input_shapes={"x": [2, 5, 8]})
     assert rep.as_dict()["advice"]["cpu_islands"]["cpu_nodes"] == 0
     _, rep = optimize(proto, target="ort-cpu", return_report=True)
@@ -144,6 +145,69 @@ def test_fixed_shapes_leave_no_cpu_islands_on_zoo_transformers(zoo_path, name):
     assert isl["cpu_nodes"] == 0 and isl["all_on_cuda_static"], isl["by_op"]
     assert not [n.op_type for n in out.graph if n.op_type in ("Shape", "Size")]
     assert any(o["option"] == "enable_cuda_graph" for o in rep.advice["provider_options"])
+
+
+# CPU islands left at dynamic shapes on the 4-layer zoo exports with the Shape-vector rules (rules/shape_ops.py);
+# before them: bert-legacy 16, bert-dynamo 5, gpt2-legacy 45, gpt2-dynamo 5. What is left is the attention
+# mask's arithmetic (its aranges' scalars, the legacy expand() target and its Where/Equal, the per-layer Expand
+# targets of the fused attention's mask) and GPT-2's c_proj views and final reshape: the mask and attention
+# rules' business, so these are upper bounds that fall as those land (with the mask branch of issue 29 on top,
+# measured: 0, 0, 1 (GPT-2's final reshape to [-1, S, C]), 0).
+ISLANDS_LEFT = {"bert-legacy": 11, "bert-dynamo": 2, "gpt2-legacy": 20, "gpt2-dynamo": 2}
+# the forms the Shape-vector rules turn into Shape(x, start, end)
+SHAPE_VECTOR_OPS = {"Unsqueeze", "Squeeze", "Slice", "Reshape"}
+
+
+def _mergeable(concat: ir.Node) -> bool:
+    """Two neighbouring inputs of ``concat`` are consecutive dimension runs of one Shape (what
+    shape_concat_merge merges)."""
+    runs = []
+    for v in concat.inputs:
+        p = v.producer()
+        if p is None or p.op_type != "Shape":
+            runs.append(None)
+            continue
+        a = {x.name: x.value for x in p.attributes.values()}
+        runs.append((p.inputs[0], a.get("start", 0), a.get("end")))
+    return any(r and q and r[0] is q[0] and r[2] is not None and r[2] == q[1] for r, q in zip(runs, runs[1:]))
+
+
+@pytest.mark.parametrize("name", list(ISLANDS_LEFT))
+def test_shape_vectors_leave_no_cpu_islands_of_their_own_on_zoo_transformers(zoo_path, name):
+    """``--target ort-cuda`` at dynamic shapes: no CPU island is a Gather/Squeeze/Unsqueeze/Slice/Reshape of
+    a Shape that a Shape(x, start, end) could be, nor a mergeable Concat; a Gather/Squeeze left is a scalar
+    for the mask's Range or Mul (range_of_dim takes position ids only: the mask's fusion reads its Ranges);
+    and the outputs are the original's at three batch and sequence sizes."""
+    path = zoo_path(name)
+    src = onnx.load(str(path))
+    out, rep = optimize(src, target="ort-cuda", return_report=True)
+    assert rep.fired.get("shape_dim_unsqueeze" if "legacy" in name else "shape_dim_reshape", 0) > 0, rep.fired
+    if name == "gpt2-dynamo":  # (legacy GPT-2's position Range is the mask's too: taken once the mask fuses)
+        assert rep.fired.get("range_of_dim", 0) == 1, rep.fired
+    model = ir.from_proto(out)
+    placement = cuda_placement(model, examples=1000)
+    assert placement["cpu_nodes"] <= ISLANDS_LEFT[name], placement["by_op"]
+    on_cpu = {e["node"] for e in placement["examples"]}
+    for node in model.graph:
+        if node.name not in on_cpu:
+            continue
+        readers = {u.node.op_type for o in node.outputs for u in o.uses()}
+        if node.op_type in ("Gather", "Squeeze"):
+            assert readers <= {"Range", "Mul"}, (node.name, readers)
+        else:
+            assert node.op_type not in SHAPE_VECTOR_OPS, node.name
+        if node.op_type == "Concat":
+            assert not _mergeable(node), node.name
+    from onnxopt.models import inputs
+
+    a, b = src.SerializeToString(), out.SerializeToString()
+    for batch, seq in ((2, 16), (1, 7), (3, 5)):
+        feeds = inputs.text_inputs(batch, seq, 8192, pad_id=0)(src, 0)
+        sessions = [ort.InferenceSession(m, providers=["CPUExecutionProvider"]) for m in (a, b)]
+        ref, got = (s.run(None, {i.name: feeds[i.name] for i in s.get_inputs()}) for s in sessions)
+        for x, y in zip(ref, got, strict=True):
+            assert x.shape == y.shape
+            assert float(np.abs(x - y).max()) <= 1e-4 * max(float(np.abs(x).max()), 1e-30)
 
 
 # ---------------------------------------------------------------------------------------------

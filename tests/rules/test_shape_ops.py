@@ -12,7 +12,7 @@ from onnx import TensorProto, helper
 
 from onnxopt import optimize
 
-from .check import RULES, fires, i64, opaque, refuses, run_rule, x_model
+from .check import RULES, _identical, fires, i64, opaque, refuses, run_rule, x_model, zoo_exact
 
 INT64_MAX = np.iinfo(np.int64).max
 
@@ -428,3 +428,335 @@ def test_reshape_to_unsqueeze_refuses(x_shape, target, y_shape, reason):
         assert reason in report.rules["reshape_to_unsqueeze"].reasons
         return
     refuses("reshape_to_unsqueeze", _after_neg("Reshape", x_shape, y_shape, [("s", target)]), reason)
+
+
+# --- Shape vectors read in host memory (onnxruntime's CUDA placement) -----------------------------------
+# Each test builds y = Reshape(x, Concat(v, [-1])) (or an Expand) where v picks dimensions of x's Shape,
+# and feeds x at several batch and sequence sizes: the picked dimensions are what the output depends on.
+
+X_DIMS = ("b", "s", 8)
+SIZES = ((2, 3, 8), (1, 5, 8), (4, 1, 8))
+
+
+def _sized_feeds(shape, name="x"):
+    return {name: np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape) - 3.5}
+
+
+def _vector_model(vector_nodes, inits=(), *, opset=17, x_dims=X_DIMS, v="v"):
+    """x -> vector_nodes (which compute ``v`` from x's Shape) -> y = Reshape(x, Concat(v, [-1]))."""
+    nodes = [*vector_nodes, helper.make_node("Concat", [v, "minus_one"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["y"])]
+    return x_model(nodes, list(x_dims), 2 if v == "v" else None, [*inits, i64("minus_one", [-1])], opset=opset)
+
+
+def _fires_at_every_size(name, m, **kw):
+    for shape in SIZES:
+        out, report = fires(name, m, feeds=_sized_feeds(shape), **kw)
+    return out, report
+
+
+def _shape_attrs(m: onnx.ModelProto) -> list[dict]:
+    return [{a.name: a.i for a in n.attribute} for n in m.graph.node if n.op_type == "Shape"]
+
+
+def _gather_unsqueeze(k, shape_attrs=None):
+    return [helper.make_node("Shape", ["x"], ["s"], **(shape_attrs or {})),
+            helper.make_node("Gather", ["s", "k"], ["g"], axis=0), helper.make_node("Unsqueeze", ["g", "ax0"], ["v"])]
+
+
+@pytest.mark.parametrize("k,picked", [(0, (0, 1)), (1, (1, 2)), (2, (2, 3)), (-1, (2, 3)), (-3, (0, 1))])
+def test_shape_dim_unsqueeze_fires(k, picked):
+    m = _vector_model(_gather_unsqueeze(k), [i64("k", k), i64("ax0", [0])])
+    out, _ = _fires_at_every_size("shape_dim_unsqueeze", m)
+    assert op_types(out) == ["Shape", "Concat", "Reshape"]  # (the first Shape and the Gather are dead)
+    start, end = picked
+    assert _shape_attrs(out) == [{k: v for k, v in (("start", start), ("end", end)) if (k, v) not in (("start", 0), ("end", 3))}]
+
+
+def test_shape_dim_unsqueeze_reads_a_shape_that_has_start_and_end():
+    m = _vector_model(_gather_unsqueeze(-1, {"start": 1}), [i64("k", -1), i64("ax0", [0])])
+    out, _ = _fires_at_every_size("shape_dim_unsqueeze", m)
+    assert _shape_attrs(out) == [{"start": 2}]
+
+
+def test_shape_dim_unsqueeze_keeps_a_gather_read_elsewhere():
+    """A Gather that also feeds a Range stays for it; the Unsqueeze goes."""
+    m = _vector_model([*_gather_unsqueeze(1), helper.make_node("Range", ["zero", "g", "one"], ["r"]),
+                       helper.make_node("Cast", ["r"], ["rf"], to=TensorProto.FLOAT),
+                       helper.make_node("ReduceSum", ["rf"], ["sum"], keepdims=0)],
+                      [i64("k", 1), i64("ax0", [0]), i64("zero", 0), i64("one", 1)])
+    m.graph.output.append(helper.make_tensor_value_info("sum", TensorProto.FLOAT, []))
+    out, _ = _fires_at_every_size("shape_dim_unsqueeze", m, depends=False)
+    assert "Unsqueeze" not in op_types(out) and "Gather" in op_types(out)
+
+
+def test_shape_dim_unsqueeze_refuses_before_opset_15():
+    m = _vector_model(_gather_unsqueeze(1), [i64("k", 1), i64("ax0", [0])], opset=14)
+    refuses("shape_dim_unsqueeze", m, "opset 14 < 15, where Shape takes no start and end", feeds=_sized_feeds((2, 3, 8)))
+
+
+def test_shape_dim_unsqueeze_refuses_an_input_of_unknown_rank():
+    nodes = [opaque("x", "h"), helper.make_node("Shape", ["h"], ["s"]),
+             helper.make_node("Gather", ["s", "k"], ["g"], axis=0), helper.make_node("Unsqueeze", ["g", "ax0"], ["v"])]
+    m = _vector_model(nodes, [i64("k", 1), i64("ax0", [0])])
+    refuses("shape_dim_unsqueeze", m, "rank of the Shape's input is unknown", feeds=_sized_feeds((2, 3, 8)))
+
+
+def test_shape_dim_unsqueeze_refuses_an_index_out_of_range():
+    """Gather fails at run time there; Shape's start and end would clamp instead: not rewritten."""
+    m = _vector_model(_gather_unsqueeze(3), [i64("k", 3), i64("ax0", [0])])
+    _, report = run_rule("shape_dim_unsqueeze", m)
+    st = report.rules["shape_dim_unsqueeze"]
+    assert st.fired == 0 and "index 3 is out of range of the 3 dimensions the Shape gives" in st.reasons
+
+
+def test_shape_dim_unsqueeze_refuses_a_vector_index():
+    """Gather(Shape(x), [k]) is already 1-D: its Unsqueeze makes a [1, 1] matrix, not a shape vector."""
+    nodes = [*_gather_unsqueeze(1)[:2], helper.make_node("Unsqueeze", ["g", "ax0"], ["u"]),
+             helper.make_node("Reshape", ["u", "minus_one"], ["v"])]
+    m = _vector_model(nodes, [i64("k", [1]), i64("ax0", [0])])
+    refuses("shape_dim_unsqueeze", m, "the Gather's index is not an integer scalar", feeds=_sized_feeds((2, 3, 8)))
+
+
+def _sym_size(k, opset=18, target=(-1,), squeeze_axes=None):
+    """Dynamo's sym_size: Squeeze(Shape(x, k, k+1)), made 1-D by Reshape(., [-1])."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"], start=k, **({"end": k + 1} if k != -1 else {})),
+             helper.make_node("Squeeze", ["s", "sq"] if squeeze_axes is not None else ["s"], ["d"]),
+             helper.make_node("Reshape", ["d", "t"], ["v"])]
+    inits = [i64("t", list(target))] + ([i64("sq", squeeze_axes)] if squeeze_axes is not None else [])
+    return _vector_model(nodes, inits, opset=opset)
+
+
+@pytest.mark.parametrize("k,target,axes", [(0, (-1,), None), (1, (1,), None), (1, (-1,), [0]), (-1, (-1,), None)])
+def test_shape_dim_reshape_fires_on_dynamo_sym_size(k, target, axes):
+    out, _ = _fires_at_every_size("shape_dim_reshape", _sym_size(k, target=target, squeeze_axes=axes))
+    assert op_types(out) == ["Shape", "Concat", "Reshape"]
+    start = k % 3
+    assert _shape_attrs(out) == [{k: v for k, v in (("start", start), ("end", start + 1)) if (k, v) not in (("start", 0), ("end", 3))}]
+
+
+def test_shape_dim_reshape_fires_on_a_gather():
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "k"], ["g"], axis=0),
+             helper.make_node("Reshape", ["g", "t"], ["v"])]
+    out, _ = _fires_at_every_size("shape_dim_reshape", _vector_model(nodes, [i64("k", 1), i64("t", [-1])]))
+    assert _shape_attrs(out) == [{"start": 1, "end": 2}]
+
+
+def test_shape_dim_reshape_refuses_a_squeeze_of_two_dimensions():
+    """Squeeze of a 2-element vector keeps it: Reshape(Squeeze(Shape(x, 0, 2)), [-1]) is not one dimension."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"], start=0, end=2), helper.make_node("Squeeze", ["s"], ["d"]),
+             helper.make_node("Reshape", ["d", "t"], ["v"])]
+    refuses("shape_dim_reshape", _vector_model(nodes, [i64("t", [-1])]), "the Squeeze reads 2 dimensions, not one",
+            feeds=_sized_feeds((2, 3, 8)))
+
+
+def test_shape_dim_reshape_refuses_a_target_of_two_dimensions():
+    nodes = [helper.make_node("Shape", ["x"], ["s"], start=1, end=2), helper.make_node("Squeeze", ["s"], ["d"]),
+             helper.make_node("Reshape", ["d", "t"], ["m"]), helper.make_node("Reshape", ["m", "minus_one"], ["v"])]
+    refuses("shape_dim_reshape", _vector_model(nodes, [i64("t", [1, 1])]), "not make the scalar a 1-D vector",
+            feeds=_sized_feeds((2, 3, 8)))
+
+
+def _shape_slice(starts, ends, axes=None, steps=None, *, opset=17, shape_attrs=None):
+    names = ["s", "starts", "ends"] + (["axes"] if axes is not None or steps is not None else []) + \
+        (["steps"] if steps is not None else [])
+    inits = [i64("starts", starts), i64("ends", ends)] + ([i64("axes", axes if axes is not None else [0])]
+                                                           if axes is not None or steps is not None else []) + \
+        ([i64("steps", steps)] if steps is not None else [])
+    nodes = [helper.make_node("Shape", ["x"], ["s"], **(shape_attrs or {})), helper.make_node("Slice", names, ["v"])]
+    return _vector_model(nodes, inits, opset=opset)
+
+
+@pytest.mark.parametrize("starts,ends,axes,steps,picked", [
+    ([1], [3], None, None, {"start": 1}), ([-2], [INT64_MAX], None, None, {"start": 1}),
+    ([0], [-1], [0], [1], {"end": 2}), ([-100], [1], None, None, {"end": 1}), ([1], [2], [-1], None, {"start": 1, "end": 2})])
+def test_shape_slice_to_attributes_fires(starts, ends, axes, steps, picked):
+    out, _ = _fires_at_every_size("shape_slice_to_attributes", _shape_slice(starts, ends, axes, steps))
+    assert op_types(out) == ["Shape", "Concat", "Reshape"] and _shape_attrs(out) == [picked]
+
+
+def test_shape_slice_to_attributes_reads_a_shape_that_has_start_and_end():
+    out, _ = _fires_at_every_size("shape_slice_to_attributes", _shape_slice([1], [2], shape_attrs={"start": 1}))
+    assert _shape_attrs(out) == [{"start": 2}]
+
+
+@pytest.mark.parametrize("starts,ends,steps,opset,reason", [
+    ([0], [3], [2], 17, "step is not 1 (Shape takes no step)"), ([2], [1], None, 17, "the slice is empty"),
+    ([1], [3], None, 14, "opset 14 < 15")])
+def test_shape_slice_to_attributes_refuses(starts, ends, steps, opset, reason):
+    refuses("shape_slice_to_attributes", _shape_slice(starts, ends, steps=steps, opset=opset), reason,
+            feeds=_sized_feeds((2, 3, 8)))
+
+
+def _concat_of(parts, inits=(), *, z=False):
+    """v = Concat of Shape(x or z, start, end) pieces ((value, start, end)) and constants (names)."""
+    nodes, names = [], []
+    for i, p in enumerate(parts):
+        if isinstance(p, str):
+            names.append(p)
+            continue
+        value, start, end = p
+        attrs = {k: v for k, v in (("start", start), ("end", end)) if v is not None}
+        nodes.append(helper.make_node("Shape", [value], [f"p{i}"], **attrs))
+        names.append(f"p{i}")
+    nodes.append(helper.make_node("Concat", names, ["v"], axis=0))
+    m = _vector_model(nodes, inits)
+    if z:
+        m.graph.input.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, ["c", "d", 8]))
+    return m
+
+
+def test_shape_concat_merge_fires_on_neighbouring_runs_of_one_shape():
+    m = _concat_of([("x", 0, 1), ("x", 1, 2), "eight"], [i64("eight", [8])])
+    out, _ = _fires_at_every_size("shape_concat_merge", m)
+    assert op_types(out) == ["Shape", "Concat", "Concat", "Reshape"] and _shape_attrs(out) == [{"end": 2}]
+
+
+def test_shape_concat_merge_leaves_one_shape_where_everything_merges():
+    out, _ = _fires_at_every_size("shape_concat_merge", _concat_of([("x", 0, 1), ("x", 1, None)]))
+    assert op_types(out) == ["Shape", "Concat", "Reshape"] and _shape_attrs(out) == [{}]
+
+
+def test_shape_concat_merge_refuses_dimensions_that_are_not_consecutive():
+    refuses("shape_concat_merge", _concat_of([("x", 0, 1), ("x", 2, 3)]),
+            "no two neighbouring inputs are consecutive dimensions of one Shape", feeds=_sized_feeds((2, 3, 8)))
+
+
+def test_shape_concat_merge_refuses_dimensions_of_two_values():
+    feeds = {**_sized_feeds((2, 3, 8)), "z": np.ones((2, 3, 8), np.float32)}
+    refuses("shape_concat_merge", _concat_of([("x", 0, 1), ("z", 1, 2)], z=True), "no two neighbouring", feeds=feeds)
+
+
+def _expand_model(vector_nodes, inits=(), *, y_dims=("b", None, "s")):
+    """x [b, s] -> t = Unsqueeze(x, 1) -> y = Expand(t, target), target from vector_nodes."""
+    nodes = [helper.make_node("Unsqueeze", ["x", "ax1"], ["t"]), *vector_nodes,
+             helper.make_node("Expand", ["t", "target"], ["y"])]
+    return x_model(nodes, ["b", "s"], 3, [*inits, i64("ax1", [1])])
+
+
+EXPAND_SIZES = ((2, 3), (1, 5), (4, 1))
+
+
+def _expand_target(source="t"):
+    """target = Concat(Shape(source, 0, 1), [3], Shape(source, -1)): [b, 3, s]."""
+    return [helper.make_node("Shape", [source], ["b"], end=1), helper.make_node("Shape", [source], ["s"], start=-1),
+            helper.make_node("Concat", ["b", "three", "s"], ["target"], axis=0)]
+
+
+def test_expand_shape_from_input_fires_on_the_value_s_own_dimensions():
+    m = _expand_model(_expand_target("t"), [i64("three", [3])])
+    for shape in EXPAND_SIZES:
+        out, _ = fires("expand_shape_from_input", m,
+                       feeds={"x": np.arange(np.prod(shape), dtype=np.float32).reshape(shape)})
+    assert op_types(out) == ["Unsqueeze", "Expand"]
+    assert run_rule("expand_shape_from_input", m, exact=True)[1].rules["expand_shape_from_input"].fired == 1
+    assert onnx.numpy_helper.to_array(out.graph.initializer[-1]).tolist() == [1, 3, 1]
+
+
+def test_expand_shape_from_input_takes_a_symbol_outside_exact_mode_only():
+    """Shape(x) of x [b, s]: t = Unsqueeze(x) has the same symbols b and s at its dims 0 and 2."""
+    m = _expand_model(_expand_target("x"), [i64("three", [3])])
+    feeds = {"x": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    out, _ = fires("expand_shape_from_input", m, feeds=feeds)
+    assert op_types(out) == ["Unsqueeze", "Expand"]
+    refuses("expand_shape_from_input", m, "the dimension is another value's with the same symbol", feeds=feeds,
+            exact=True)
+
+
+def test_expand_shape_from_input_refuses_another_value_s_dimension():
+    nodes = _expand_target("t")
+    nodes[0] = helper.make_node("Shape", ["z"], ["b"], end=1)
+    m = _expand_model(nodes, [i64("three", [3])])
+    m.graph.input.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, ["c"]))
+    feeds = {"x": np.arange(6, dtype=np.float32).reshape(2, 3), "z": np.zeros(2, np.float32)}
+    refuses("expand_shape_from_input", m, "element 0 of the shape is not the expanded value's own dimension", feeds=feeds)
+
+
+# --- the Shape-vector rules on the zoo's transformer exports ---------------------------------------
+
+SHAPE_VECTOR_RULES = ("shape_dim_unsqueeze", "shape_dim_reshape", "shape_slice_to_attributes", "shape_concat_merge",
+                      "expand_shape_from_input")
+# what fires on each export in exact mode (legacy: Gather/Unsqueeze; dynamo: sym_size and Slices of Shape; the
+# Expand targets read other values' dims of the same symbol: tests/test_advice.py sees that one fire)
+_LEGACY = {"shape_dim_unsqueeze", "shape_concat_merge"}
+_DYNAMO = {"shape_dim_reshape", "shape_slice_to_attributes", "shape_concat_merge"}
+ZOO_FIRES = {"bert-legacy": _LEGACY, "gpt2-legacy": _LEGACY | {"shape_slice_to_attributes"},  # (GPT-2's Conv1D views)
+             "bert-dynamo": _DYNAMO, "gpt2-dynamo": _DYNAMO}
+
+
+@pytest.mark.parametrize("name", ["bert-legacy", "bert-dynamo", "gpt2-legacy", "gpt2-dynamo"])
+def test_shape_vector_rules_are_exact_on_zoo_transformers(name):
+    """The rules alone in exact mode: the model gives the original's bits under onnxruntime's defaults at 1 and 2 threads, at three
+    batch and sequence sizes (the dimensions the rewritten Shapes read)."""
+    from . import zoo_cases
+
+    src = zoo_cases.load(name)
+    rules = [RULES[n] for n in SHAPE_VECTOR_RULES]
+    out, report = optimize(src, rules=rules, exact=True, return_report=True)
+    assert {n for n in SHAPE_VECTOR_RULES if report.fired.get(n)} == ZOO_FIRES[name], report.fired
+    a, b = src.SerializeToString(), out.SerializeToString()
+    for batch, seq in ((2, 16), (1, 7), (3, 5)):
+        feeds = zoo_cases.feeds(name, src, batch, seq)
+        for threads in (1, 2):
+            for x, y in zip(zoo_exact.outputs(a, feeds, threads), zoo_exact.outputs(b, feeds, threads), strict=True):
+                assert _identical(x, y), (name, batch, seq, threads)
+
+
+def _range_model(scalar_nodes, inits=(), *, opset=17, start=0, delta=1, reader="lookup"):
+    """x [b, s, 8] -> n (scalar_nodes: a dimension of x) -> positions = Range(start, n, delta), read as
+    ``reader``: "lookup" (y = x + table[positions], GPT-2's position embedding), "norm" (the same sum
+    normalized and read by nothing else: an embedding LayerNormalization's), "sum" (y = x + the sum of
+    the positions: index arithmetic such as the attention mask's)."""
+    nodes = [*scalar_nodes, helper.make_node("Range", ["start", "n", "delta"], ["r"])]
+    rng = np.random.default_rng(0)
+    consts = [i64("start", start), i64("delta", delta)]
+    if reader == "sum":
+        nodes += [helper.make_node("Cast", ["r"], ["rf"], to=TensorProto.FLOAT),
+                  helper.make_node("ReduceSum", ["rf"], ["total"], keepdims=0), helper.make_node("Add", ["x", "total"], ["y"])]
+    else:
+        nodes += [helper.make_node("Unsqueeze", ["r", "ax0"], ["pos"]), helper.make_node("Gather", ["table", "pos"], ["emb"]),
+                  helper.make_node("Add", ["x", "emb"], ["y" if reader == "lookup" else "sum"])]
+        consts += [i64("ax0", [0]), init("table", rng.standard_normal((16, 8)).astype(np.float32))]
+        if reader == "norm":
+            nodes.append(helper.make_node("LayerNormalization", ["sum", "gamma", "beta"], ["y"], axis=-1))
+            consts += [init("gamma", np.ones(8, np.float32)), init("beta", np.zeros(8, np.float32))]
+    return x_model(nodes, list(X_DIMS), 3, [*inits, *consts], opset=opset)
+
+
+_GATHER_DIM = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "k"], ["n"], axis=0)]
+_SYM_SIZE = [helper.make_node("Shape", ["x"], ["s"], start=1, end=2), helper.make_node("Squeeze", ["s"], ["n"])]
+
+
+@pytest.mark.parametrize("scalar_nodes,inits", [(_GATHER_DIM, [i64("k", 1)]), (_SYM_SIZE, [])], ids=["gather", "sym_size"])
+def test_range_of_dim_fires_on_position_ids_on_ort_cuda(scalar_nodes, inits):
+    """Range(0, s, 1) read as GPT-2's position ids, computed on the device."""
+    out, _ = _fires_at_every_size("range_of_dim", _range_model(scalar_nodes, inits), target="ort-cuda")
+    assert op_types(out) == ["Shape", "ConstantOfShape", "CumSum", "Unsqueeze", "Gather", "Add"]
+    assert _shape_attrs(out) == [{"start": 1, "end": 2}]
+
+
+def test_range_of_dim_is_for_ort_cuda_only():
+    out, report = run_rule("range_of_dim", _range_model(_GATHER_DIM, [i64("k", 1)]), target="ort-cpu")
+    assert "Range" in op_types(out) and not report.fired.get("range_of_dim")
+
+
+@pytest.mark.parametrize("reader,reason", [
+    ("sum", "index arithmetic (the attention mask's) that its fusion reads as a Range"),
+    ("norm", "the position ids of an embedding LayerNormalization (its fusion reads the Range)")])
+def test_range_of_dim_leaves_the_mask_s_and_an_embedding_normalization_s_ranges(reader, reason):
+    m = _range_model(_GATHER_DIM, [i64("k", 1)], reader=reader)
+    refuses("range_of_dim", m, reason, feeds=_sized_feeds((2, 4, 8)), target="ort-cuda")
+
+
+@pytest.mark.parametrize("start,delta,reason", [(1, 1, "start is not the int64 scalar 0"),
+                                                (0, 2, "delta is not the int64 scalar 1")])
+def test_range_of_dim_refuses_other_counts(start, delta, reason):
+    _, report = run_rule("range_of_dim", _range_model(_GATHER_DIM, [i64("k", 1)], start=start, delta=delta),
+                         target="ort-cuda")
+    st = report.rules["range_of_dim"]
+    assert st.fired == 0 and reason in st.reasons, st.reasons
+
+
+def test_range_of_dim_refuses_before_opset_15():
+    refuses("range_of_dim", _range_model(_GATHER_DIM, [i64("k", 1)], opset=14), "opset 14 < 15",
+            feeds=_sized_feeds((2, 4, 8)), target="ort-cuda")
