@@ -1,0 +1,288 @@
+"""The embedding fusion for onnxruntime (targets ort-cpu and ort-cuda only; ``portable`` never sees it).
+
+    LayerNorm(word[input_ids] + position[0..S-1] (+ segment[segment_ids]))
+        -> com.microsoft EmbedLayerNormalization
+
+Matched by what the nodes compute, from the pieces of rules/_embedding_parts.py: two or three
+embedding Gathers of constant tables summed by Adds in any association and operand order, one of
+them a position embedding whose ids are provably 0..S-1 (a Slice of a constant buffer equal to
+arange, or ``Range(0, S, 1)`` under an optional Unsqueeze/Expand; S read back through the shape
+arithmetic as the ids' own sequence length) or a graph input (passed as the op's input 8), then
+normalized over the last axis:
+
+- ``embed_layer_normalization``: the sum under a LayerNormalization (priority 5: before
+  ``skip_layer_normalization``, which would otherwise take two of the embeddings);
+- ``embed_layer_normalization_skip``: the sum already made a SkipLayerNormalization of two of its
+  parts (no bias input), where that rule got there first (the driver visits the embedding's nodes
+  again after it fires).
+
+The fused node: ``EmbedLayerNormalization(Cast(input_ids, int32), Cast(segment_ids, int32) or "",
+word, position, segment or "", gamma, beta[, "", Cast(position_ids, int32)])``, ``epsilon`` the
+normalization's. Output 0 takes the normalization's place; output 1 (mask_index) is left unread
+(the mask input is empty); output 2 (embedding_sum) takes the sum's place where the sum is read
+elsewhere too. The int32 Casts of graph inputs are shared: an existing ``Cast(x, to=int32)``
+before the normalization is reused, a new one is named ``<x>_int32`` (so a later rule finds it).
+Which of two token embeddings is the word and which the segment is immaterial to the kernel (it
+sums both alike); the one with the larger table is passed as the word.
+
+Refused, with the reason: a table that is not a constant (the pattern) or not 2-D; widths that
+differ from each other or from gamma; a position table (or buffer) shorter than a known S; ids not
+int32/int64, input ids not 2-D, segment ids not of the input ids' shape; position ids not provably
+0..S-1 (an offset, as RoBERTa's padding_idx + 1; the pattern); a sum without position embedding
+(the pattern); an element type without a kernel on the target (CPU: float only; CUDA: float and
+float16, onnxruntime's OperatorKernels.md); the normalization's statistics outputs read.
+
+Semantics: not exact (``exact=False``): the kernel sums and normalizes in its own order (fp32
+within 1e-5 on the zoo BERT/MiniLM). Out-of-range ids fail in both (the kernel's message differs
+from Gather's); a negative id, which Gather reads from the table's end, is refused by the kernel at
+run time, and int64 ids are cast to int32 (as onnxruntime's transformers optimizer does).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxopt.core.pattern import Around, Const, Match, Op, Opt, Or, Rule
+from onnxopt.ir.shapes import is_dim_of, same_symbol, scalar_element, shape_elements
+from onnxopt.ir.util import constant_tensor
+from onnxopt.targets import ORT_CPU, ORT_CUDA
+
+from onnxopt.rules._embedding_parts import embedding_sum
+from onnxopt.rules._semantic import dtype_of, kernel, scalar, typed
+
+ORT = (ORT_CPU, ORT_CUDA)
+INTS = (ir.DataType.INT32, ir.DataType.INT64)
+CUDA_TYPES = (ir.DataType.FLOAT, ir.DataType.FLOAT16)  # onnxruntime's OperatorKernels.md (CUDA provider)
+DEFAULT_EPSILON = {"LayerNormalization": 1e-5, "SkipLayerNormalization": 1e-12}
+
+EMBED_LN = Op("LayerNormalization",
+              Or(*(Op("Add", a, b, commutative=True, name="sum_add", shared=True) for a, b in embedding_sum())),
+              Const("gamma"), Opt(Const("beta")), name="norm")
+EMBED_SKIP_LN = Around("norm", Or(*(
+    Op("SkipLayerNormalization", x, y, Const("gamma"), Opt(Const("beta")), domain="com.microsoft", name="norm")
+    for a, b in embedding_sum() for x, y in ((a, b), (b, a)))))
+
+
+def _dim(value: ir.Value, k: int):
+    shape = value.shape
+    return None if shape is None or not -len(shape) <= k < len(shape) else shape[k]
+
+
+def _same_dim(a: ir.Value, k: int, x: ir.Value, j: int) -> bool:
+    """Dimension k of a is proven equal to dimension j of x (equal numbers, or one named symbol)."""
+    da, dx = _dim(a, k), _dim(x, j)
+    if isinstance(da, int) and isinstance(dx, int):
+        return da == dx
+    return same_symbol(a, k, x, j)
+
+
+def _is_sequence(element, ids: ir.Value) -> bool:
+    """A shape element (a number or a DimRef) is the ids' sequence length (dimension 1)."""
+    if element is None:
+        return False
+    if isinstance(element, int):
+        return isinstance(_dim(ids, 1), int) and _dim(ids, 1) == element
+    return is_dim_of(element, ids, 1)
+
+
+def _one_element(value: ir.Value):
+    """A scalar or 1-element shape value read back (a number or a DimRef), else None."""
+    element = scalar_element(value)
+    if element is not None:
+        return element
+    elements = shape_elements(value)
+    return elements[0] if elements is not None and len(elements) == 1 else None
+
+
+def _ints(value: ir.Value | None) -> list[int] | None:
+    tensor = constant_tensor(value) if value is not None else None
+    if tensor is None:
+        return None
+    arr = tensor.numpy()
+    return [int(v) for v in arr.reshape(-1)] if arr.dtype.kind in "iu" else None
+
+
+def _positions_reason(m: Match, ids: ir.Value) -> str | None:
+    """Why the position ids are not proven 0..S-1 (S: the ids' dimension 1), or None."""
+    not_arange = "position ids are not 0..S-1"
+    if m["position_input"] is not None:
+        pos = m["position_input"]
+        if dtype_of(pos, m.opsets) not in INTS:
+            return "the position ids input is not int32/int64"
+        if pos.shape is None or len(pos.shape) != 2:
+            return "the position ids input is not 2-D"
+        if not _same_dim(pos, 1, ids, 1):
+            return "the position ids input's sequence length is not proven the input ids'"
+        if not (_dim(pos, 0) == 1 or _same_dim(pos, 0, ids, 0)):
+            return "the position ids input's batch is neither 1 nor the input ids'"
+        return None
+    if m.node("position_slice") is not None:
+        buffer = m.const("position_buffer")
+        if buffer.ndim not in (1, 2) or (buffer.ndim == 2 and buffer.shape[0] != 1) or buffer.dtype.kind not in "iu":
+            return f"{not_arange}: the sliced buffer is not an integer row"
+        row = buffer.reshape(-1)
+        if not np.array_equal(row, np.arange(row.size)):
+            return f"{not_arange}: the sliced buffer is not 0, 1, 2, ... (an offset)"
+        axes, steps = _ints(m["position_axes"]), _ints(m["position_steps"])
+        if _ints(m["position_starts"]) != [0] or (m["position_axes"] is not None and axes not in ([-1], [buffer.ndim - 1])) \
+                or (m["position_steps"] is not None and steps != [1]):
+            return f"{not_arange}: the Slice does not start at 0 along the buffer with step 1"
+        if not _is_sequence(_one_element(m["position_end"]), ids):
+            return f"{not_arange}: the Slice's end is not proven the input ids' sequence length"
+        seq = _dim(ids, 1)
+        if isinstance(seq, int) and row.size < seq:
+            return f"the position ids buffer has {row.size} entries, fewer than the sequence length {seq}"
+        return None
+    # Range(0, S, 1) [-> Unsqueeze(0)] [-> Expand]
+    if scalar(m["range_start"]) != 0 or scalar(m["range_delta"]) != 1:
+        return f"{not_arange}: the Range does not count from 0 by 1"
+    if not _is_sequence(_one_element(m["position_end"]), ids):
+        return f"{not_arange}: the Range's end is not proven the input ids' sequence length"
+    unsqueeze = m.node("position_unsqueeze")
+    if unsqueeze is not None:
+        axes = _ints(m["position_unsqueeze_axes"]) if m["position_unsqueeze_axes"] is not None else \
+            m.attr("position_unsqueeze", "axes")
+        if axes is None or list(axes) != [0]:
+            return f"{not_arange}: the Range is not unsqueezed on axis 0"
+    if m.node("position_expand") is not None:
+        target = shape_elements(m["position_expand_shape"])
+        if target is None or len(target) > 2 or not (target[-1] == 1 or _is_sequence(target[-1], ids)):
+            return f"{not_arange}: the positions are expanded to a shape not proven [batch, S]"
+    return None
+
+
+def _int32(value: ir.Value, m: Match, b) -> ir.Value:
+    """``value`` as int32: itself, an existing ``Cast(value, to=int32)`` computed before the
+    normalization, or a new Cast named ``<value>_int32``."""
+    if dtype_of(value, m.opsets) == ir.DataType.INT32:
+        return value
+    norm = m.node("norm")
+    before = set()
+    for node in m.graph:
+        if node is norm:
+            break
+        before.add(node)
+    for use in value.uses():
+        node = use.node
+        to = node.attributes.get("to")
+        if node.op_type == "Cast" and node.domain in ("", "ai.onnx") and node in before \
+                and to is not None and to.value == int(ir.DataType.INT32):
+            return node.outputs[0]
+    cast = b.op("Cast", value, to=int(ir.DataType.INT32))
+    cast.name = b._namer(f"{value.name}_int32")  # (deterministic, for a later rule to find)
+    cast.type = ir.TensorType(ir.DataType.INT32)
+    if value.shape is not None:
+        cast.shape = ir.Shape(list(value.shape))
+    return cast
+
+
+def _target(m: Match) -> str:
+    return m.options.get("target", ORT_CPU)
+
+
+def _embed_condition(m: Match):
+    norm = m.node("norm")
+    skip = norm.op_type == "SkipLayerNormalization"
+    for out in norm.outputs[1:3]:
+        if out.uses() or out.is_graph_output():
+            return "the normalization's mean or inverse deviation outputs are used"
+    if not skip and m.attr("norm", "stash_type", 1) != 1:
+        return "stash_type 0 (statistics in the input's type)"
+    # the tokens: the word embedding (and the segment's), the larger table as the word
+    tokens = [(m["table0"], m["ids0"], m.const("table0"))]
+    if m["table1"] is not None:
+        tokens.append((m["table1"], m["ids1"], m.const("table1")))
+        if tokens[1][2].ndim == 2 and tokens[0][2].ndim == 2 and tokens[1][2].shape[0] > tokens[0][2].shape[0]:
+            tokens.reverse()
+    (word, ids, word_arr), segment = tokens[0], (tokens[1] if len(tokens) > 1 else None)
+    pos_arr = m.const("position_table")
+    tables = [("word", word_arr), ("position", pos_arr)] + ([("segment", segment[2])] if segment else [])
+    for what, arr in tables:
+        if arr.ndim != 2:
+            return f"the {what} table is not 2-D (shape {list(arr.shape)})"
+    widths = {what: arr.shape[1] for what, arr in tables}
+    if len(set(widths.values())) != 1:
+        return "the tables' widths differ: " + ", ".join(f"{k} {v}" for k, v in widths.items())
+    h = word_arr.shape[1]
+    gamma, beta = m.const("gamma"), m.const("beta")
+    for what, p in (("scale", gamma), ("shift", beta)):
+        if p is not None and (p.ndim != 1 or p.shape[0] != h):
+            return f"the normalization's {what} is not 1-D of the tables' width {h}"
+    dtype = ir.DataType.from_numpy(word_arr.dtype)
+    if any(arr.dtype != word_arr.dtype for _, arr in tables) or gamma.dtype != word_arr.dtype \
+            or (beta is not None and beta.dtype != word_arr.dtype):
+        return "the tables and the normalization's scale and shift are not of one type"
+    target = _target(m)
+    has_kernel = kernel("EmbedLayerNormalization", "com.microsoft", 1, target, dtype)
+    if (target == ORT_CPU and has_kernel is False) or (target == ORT_CUDA and dtype not in CUDA_TYPES):
+        return f"no EmbedLayerNormalization kernel for {dtype.name.lower()} on {target}"
+    if not skip:
+        rank = None if norm.outputs[0].shape is None else len(norm.outputs[0].shape)
+        axis = m.attr("norm", "axis", -1)
+        if axis != -1 and axis != (rank or 0) - 1:
+            return f"normalizes from axis {axis}, not the last"
+    # the ids
+    all_ids = [("input", ids)] + ([("segment", segment[1])] if segment else [])
+    if m["position_input"] is not None:
+        all_ids.append(("position", m["position_input"]))
+    for what, v in all_ids:
+        if dtype_of(v, m.opsets) not in INTS:
+            return f"the {what} ids are not int32/int64"
+    if ids.shape is None or len(ids.shape) != 2:
+        return "the input ids are not 2-D [batch, sequence]"
+    if segment is not None and not (segment[1].shape is not None and len(segment[1].shape) == 2
+                                    and _same_dim(segment[1], 0, ids, 0) and _same_dim(segment[1], 1, ids, 1)):
+        return "the segment ids are not proven of the input ids' shape"
+    if reason := _positions_reason(m, ids):
+        return reason
+    seq = _dim(ids, 1)
+    if isinstance(seq, int) and pos_arr.shape[0] < seq:
+        return f"the position table has {pos_arr.shape[0]} rows, fewer than the sequence length {seq}"
+    # the sum, where read elsewhere: output 2
+    total = norm.outputs[3] if skip and len(norm.outputs) > 3 else None if skip else norm.inputs[0]
+    fused = {norm}
+    if total is not None and (total.is_graph_output() or {u.node for u in total.uses()} - fused):
+        readers = {u.node for u in total.uses()} - fused
+        for node in m.graph:
+            if node is norm:
+                break
+            if node in readers:
+                return "the sum is read before the normalization"
+        m.outputs = [norm.outputs[0], total]
+    else:
+        m.outputs = [norm.outputs[0]]
+    default = DEFAULT_EPSILON[norm.op_type]
+    return {"word": word, "ids": ids, "segment": segment, "epsilon": float(m.attr("norm", "epsilon", default)),
+            "sum": total if len(m.outputs) == 2 else None, "h": h, "dtype": word_arr.dtype}
+
+
+def _embed_replace(m: Match, b):
+    plan = m.plan
+    norm = m.node("norm")
+    segment = plan["segment"]
+    beta = m["beta"] if m["beta"] is not None else b.const(np.zeros(plan["h"], dtype=plan["dtype"]),
+                                                            name="embed_ln_beta")
+    ins = [_int32(plan["ids"], m, b), _int32(segment[1], m, b) if segment else None, plan["word"],
+           m["position_table"], segment[0] if segment else None, m["gamma"], beta]
+    if m["position_input"] is not None:
+        ins += [None, _int32(m["position_input"], m, b)]
+    outs = b.op("EmbedLayerNormalization", *ins, domain="com.microsoft", outputs=3 if plan["sum"] else 2,
+                epsilon=plan["epsilon"])
+    y = typed(outs[0], norm.outputs[0], m)
+    if plan["sum"] is not None:
+        return [y, typed(outs[2], plan["sum"], m)]
+    return y
+
+
+_DOC = ("word[ids] + position[0..S-1 or a position ids input] (+ segment[segment ids]), Adds in any order, "
+        "normalized over the last axis {}, becomes com.microsoft EmbedLayerNormalization (int32 ids; output 2 "
+        "gives the sum where it is read elsewhere).")
+
+RULES = [
+    Rule("embed_layer_normalization", EMBED_LN, _embed_replace, condition=_embed_condition, targets=ORT, priority=5,
+         benefit="embed_layer_normalization", exact=False, doc=_DOC.format("by LayerNormalization")),
+    Rule("embed_layer_normalization_skip", EMBED_SKIP_LN, _embed_replace, condition=_embed_condition, targets=ORT,
+         benefit="embed_layer_normalization", exact=False,
+         doc=_DOC.format("by a SkipLayerNormalization (no bias) of two of its parts")),
+]
