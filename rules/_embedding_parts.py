@@ -17,7 +17,8 @@ sequence length, read back through the shape arithmetic), the types.
 - ``position_ids()``: ``arange_positions()``, or a graph input ``position_input`` (the model
   takes its position ids: EmbedLayerNormalization's input 8).
 - ``position_embedding()``: ``Gather(Const position_table, position_ids())``
-  (``position_gather``); fails with ``NOT_ARANGE`` where the ids are neither.
+  (``position_gather``); fails with ``NOT_ARANGE`` where the ids are neither, ``NO_POSITION`` where
+  there is no such Gather.
 - ``token_embedding(k)``: ``Gather(Const table<k>, ids<k>)`` (``gather<k>``), where ids<k> are not
   ``arange_positions()`` (the word embedding, k = 0, and the segment/token-type embedding, k = 1:
   which is which is the condition's choice; EmbedLayerNormalization sums word[ids] and
@@ -35,12 +36,13 @@ from __future__ import annotations
 
 from onnxopt.core.pattern import Absorbed, All, Const, Explain, Not, Op, Opt, Or, Pattern, Var
 
-NOT_ARANGE = ("no position embedding whose ids are 0..S-1 (a Slice of a constant buffer or a Range) or a graph "
-              "input: position ids are not 0..S-1")
+NOT_ARANGE = ("position ids are not 0..S-1 (neither a Slice of a constant buffer nor a Range, nor a graph "
+              "input)")
+NO_POSITION = "no position embedding (a Gather of a constant table) in the sum"
 NOT_A_TABLE = "an embedding table is not a constant"
 
 
-def _graph_input(value) -> bool:
+def is_graph_input(value) -> bool:
     """``value`` is a graph input (no producer, no constant value)."""
     return value.is_graph_input() and not value.is_initializer() and value.const_value is None
 
@@ -58,12 +60,12 @@ def arange_positions() -> Pattern:
 
 
 def position_ids() -> Pattern:
-    return Or(arange_positions(), Var("position_input", check=_graph_input))
+    return Or(arange_positions(), Var("position_input", check=is_graph_input))
 
 
-def position_embedding() -> Op:
-    return Op("Gather", Explain(Const("position_table"), NOT_A_TABLE), Explain(position_ids(), NOT_ARANGE),
-              name="position_gather")
+def position_embedding() -> Pattern:
+    return Explain(Op("Gather", Explain(Const("position_table"), NOT_A_TABLE), Explain(position_ids(), NOT_ARANGE),
+                      name="position_gather"), NO_POSITION, deep=False)
 
 
 def token_embedding(k: int) -> Op:

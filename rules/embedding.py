@@ -48,7 +48,7 @@ from onnxopt.ir.shapes import is_dim_of, same_symbol, scalar_element, shape_elem
 from onnxopt.ir.util import constant_tensor
 from onnxopt.targets import ORT_CPU, ORT_CUDA
 
-from onnxopt.rules._embedding_parts import embedding_sum
+from onnxopt.rules._embedding_parts import embedding_sum, is_graph_input as _graph_input
 from onnxopt.rules._semantic import dtype_of, kernel, scalar, typed
 
 ORT = (ORT_CPU, ORT_CUDA)
@@ -103,11 +103,17 @@ def _ints(value: ir.Value | None) -> list[int] | None:
     return [int(v) for v in arr.reshape(-1)] if arr.dtype.kind in "iu" else None
 
 
-def _positions_reason(m: Match, ids: ir.Value) -> str | None:
-    """Why the position ids are not proven 0..S-1 (S: the ids' dimension 1), or None."""
+def _full_shape(value: ir.Value, ids: ir.Value) -> bool:
+    """``value`` is proven of the input ids' shape [batch, sequence]."""
+    return value.shape is not None and len(value.shape) == 2 and _same_dim(value, 0, ids, 0) \
+        and _same_dim(value, 1, ids, 1)
+
+
+def _positions_reason(m: Match, ids: ir.Value, pos: ir.Value | None) -> str | None:
+    """Why the position ids are not proven 0..S-1 (S: the ids' dimension 1), or None; ``pos``: the
+    position ids input, where they are one."""
     not_arange = "position ids are not 0..S-1"
-    if m["position_input"] is not None:
-        pos = m["position_input"]
+    if pos is not None:
         if dtype_of(pos, m.opsets) not in INTS:
             return "the position ids input is not int32/int64"
         if pos.shape is None or len(pos.shape) != 2:
@@ -120,35 +126,35 @@ def _positions_reason(m: Match, ids: ir.Value) -> str | None:
     if m.node("position_slice") is not None:
         buffer = m.const("position_buffer")
         if buffer.ndim not in (1, 2) or (buffer.ndim == 2 and buffer.shape[0] != 1) or buffer.dtype.kind not in "iu":
-            return f"{not_arange}: the sliced buffer is not an integer row"
+            return f"{not_arange} (the sliced buffer is not an integer row)"
         row = buffer.reshape(-1)
         if not np.array_equal(row, np.arange(row.size)):
-            return f"{not_arange}: the sliced buffer is not 0, 1, 2, ... (an offset)"
+            return f"{not_arange} (the sliced buffer is not 0, 1, 2, ... (an offset))"
         axes, steps = _ints(m["position_axes"]), _ints(m["position_steps"])
         if _ints(m["position_starts"]) != [0] or (m["position_axes"] is not None and axes not in ([-1], [buffer.ndim - 1])) \
                 or (m["position_steps"] is not None and steps != [1]):
-            return f"{not_arange}: the Slice does not start at 0 along the buffer with step 1"
+            return f"{not_arange} (the Slice does not start at 0 along the buffer with step 1)"
         if not _is_sequence(_one_element(m["position_end"]), ids):
-            return f"{not_arange}: the Slice's end is not proven the input ids' sequence length"
+            return f"{not_arange} (the Slice's end is not proven the input ids' sequence length)"
         seq = _dim(ids, 1)
         if isinstance(seq, int) and row.size < seq:
             return f"the position ids buffer has {row.size} entries, fewer than the sequence length {seq}"
         return None
     # Range(0, S, 1) [-> Unsqueeze(0)] [-> Expand]
     if scalar(m["range_start"]) != 0 or scalar(m["range_delta"]) != 1:
-        return f"{not_arange}: the Range does not count from 0 by 1"
+        return f"{not_arange} (the Range does not count from 0 by 1)"
     if not _is_sequence(_one_element(m["position_end"]), ids):
-        return f"{not_arange}: the Range's end is not proven the input ids' sequence length"
+        return f"{not_arange} (the Range's end is not proven the input ids' sequence length)"
     unsqueeze = m.node("position_unsqueeze")
     if unsqueeze is not None:
         axes = _ints(m["position_unsqueeze_axes"]) if m["position_unsqueeze_axes"] is not None else \
             m.attr("position_unsqueeze", "axes")
         if axes is None or list(axes) != [0]:
-            return f"{not_arange}: the Range is not unsqueezed on axis 0"
+            return f"{not_arange} (the Range is not unsqueezed on axis 0)"
     if m.node("position_expand") is not None:
         target = shape_elements(m["position_expand_shape"])
         if target is None or len(target) > 2 or not (target[-1] == 1 or _is_sequence(target[-1], ids)):
-            return f"{not_arange}: the positions are expanded to a shape not proven [batch, S]"
+            return f"{not_arange} (the positions are expanded to a shape not proven [batch, S])"
     return None
 
 
@@ -189,21 +195,38 @@ def _embed_condition(m: Match):
             return "the normalization's mean or inverse deviation outputs are used"
     if not skip and m.attr("norm", "stash_type", 1) != 1:
         return "stash_type 0 (statistics in the input's type)"
-    # the tokens: the word embedding (and the segment's), the larger table as the word
-    tokens = [(m["table0"], m["ids0"], m.const("table0"))]
+    # the roles: with the position ids proven 0..S-1 that Gather is the position embedding and the larger
+    # of the others the word's; with explicit ids only (graph inputs), which is which does not change the
+    # sum the kernel computes (each table gathered by its own ids): the largest table is the word's (the
+    # vocabulary), the next largest gathered by a graph input the position's, the other the segment's
+    entries = [(m["table0"], m["ids0"], m.const("table0"))]
     if m["table1"] is not None:
-        tokens.append((m["table1"], m["ids1"], m.const("table1")))
-        if tokens[1][2].ndim == 2 and tokens[0][2].ndim == 2 and tokens[1][2].shape[0] > tokens[0][2].shape[0]:
-            tokens.reverse()
-    (word, ids, word_arr), segment = tokens[0], (tokens[1] if len(tokens) > 1 else None)
-    pos_arr = m.const("position_table")
+        entries.append((m["table1"], m["ids1"], m.const("table1")))
+    position = (m["position_table"], m["position_input"], m.const("position_table"))
+    if position[1] is not None:
+        entries.append(position)
+    for arr in (e[2] for e in entries + [position]):
+        if arr.ndim != 2:
+            break
+    else:
+        entries.sort(key=lambda e: -e[2].shape[0])
+    (word, ids, word_arr), rest = entries[0], entries[1:]
+    if position[1] is not None:
+        # (all of them graph inputs: ids computed otherwise, such as RoBERTa's positions from padding_idx + 1,
+        # are refused rather than passed as the segment's)
+        if not rest or not all(_graph_input(e[1]) for e in rest):
+            return "position ids are not 0..S-1 (nor a graph input)"
+        position = rest[0]
+        rest = [e for e in rest if e is not position]
+    segment = rest[0] if rest else None
+    position, pos_ids, pos_arr = position
     tables = [("word", word_arr), ("position", pos_arr)] + ([("segment", segment[2])] if segment else [])
     for what, arr in tables:
         if arr.ndim != 2:
             return f"the {what} table is not 2-D (shape {list(arr.shape)})"
     widths = {what: arr.shape[1] for what, arr in tables}
     if len(set(widths.values())) != 1:
-        return "the tables' widths differ: " + ", ".join(f"{k} {v}" for k, v in widths.items())
+        return "the tables' widths differ (" + ", ".join(f"{k} {v}" for k, v in widths.items()) + ")"
     h = word_arr.shape[1]
     gamma, beta = m.const("gamma"), m.const("beta")
     for what, p in (("scale", gamma), ("shift", beta)):
@@ -224,17 +247,16 @@ def _embed_condition(m: Match):
             return f"normalizes from axis {axis}, not the last"
     # the ids
     all_ids = [("input", ids)] + ([("segment", segment[1])] if segment else [])
-    if m["position_input"] is not None:
-        all_ids.append(("position", m["position_input"]))
+    if pos_ids is not None:
+        all_ids.append(("position", pos_ids))
     for what, v in all_ids:
         if dtype_of(v, m.opsets) not in INTS:
             return f"the {what} ids are not int32/int64"
     if ids.shape is None or len(ids.shape) != 2:
         return "the input ids are not 2-D [batch, sequence]"
-    if segment is not None and not (segment[1].shape is not None and len(segment[1].shape) == 2
-                                    and _same_dim(segment[1], 0, ids, 0) and _same_dim(segment[1], 1, ids, 1)):
+    if segment is not None and not _full_shape(segment[1], ids):
         return "the segment ids are not proven of the input ids' shape"
-    if reason := _positions_reason(m, ids):
+    if reason := _positions_reason(m, ids, pos_ids):
         return reason
     seq = _dim(ids, 1)
     if isinstance(seq, int) and pos_arr.shape[0] < seq:
@@ -253,7 +275,7 @@ def _embed_condition(m: Match):
     else:
         m.outputs = [norm.outputs[0]]
     default = DEFAULT_EPSILON[norm.op_type]
-    return {"word": word, "ids": ids, "segment": segment, "epsilon": float(m.attr("norm", "epsilon", default)),
+    return {"word": word, "ids": ids, "segment": segment, "position": position, "position_ids": pos_ids, "epsilon": float(m.attr("norm", "epsilon", default)),
             "sum": total if len(m.outputs) == 2 else None, "h": h, "dtype": word_arr.dtype}
 
 
@@ -264,9 +286,9 @@ def _embed_replace(m: Match, b):
     beta = m["beta"] if m["beta"] is not None else b.const(np.zeros(plan["h"], dtype=plan["dtype"]),
                                                             name="embed_ln_beta")
     ins = [_int32(plan["ids"], m, b), _int32(segment[1], m, b) if segment else None, plan["word"],
-           m["position_table"], segment[0] if segment else None, m["gamma"], beta]
-    if m["position_input"] is not None:
-        ins += [None, _int32(m["position_input"], m, b)]
+           plan["position"], segment[0] if segment else None, m["gamma"], beta]
+    if plan["position_ids"] is not None:
+        ins += [None, _int32(plan["position_ids"], m, b)]
     outs = b.op("EmbedLayerNormalization", *ins, domain="com.microsoft", outputs=3 if plan["sum"] else 2,
                 epsilon=plan["epsilon"])
     y = typed(outs[0], norm.outputs[0], m)
