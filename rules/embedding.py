@@ -40,6 +40,8 @@ run time, and int64 ids are cast to int32 (as onnxruntime's transformers optimiz
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import onnx_ir as ir
 
@@ -62,6 +64,21 @@ EMBED_LN = Op("LayerNormalization",
 EMBED_SKIP_LN = Around("norm", Or(*(
     Op("SkipLayerNormalization", x, y, Const("gamma"), Opt(Const("beta")), domain="com.microsoft", name="norm")
     for a, b in embedding_sum() for x, y in ((a, b), (b, a)))))
+
+
+class _Table(NamedTuple):
+    """A constant table's shape and numpy type, read without copying its data (a vocabulary is ~100 MB)."""
+    shape: tuple
+    dtype: np.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+def _table(value: ir.Value) -> _Table:
+    tensor = constant_tensor(value)
+    return _Table(tuple(tensor.shape), np.dtype(tensor.dtype.numpy()))
 
 
 def _dim(value: ir.Value, k: int):
@@ -199,10 +216,10 @@ def _embed_condition(m: Match):
     # of the others the word's; with explicit ids only (graph inputs), which is which does not change the
     # sum the kernel computes (each table gathered by its own ids): the largest table is the word's (the
     # vocabulary), the next largest gathered by a graph input the position's, the other the segment's
-    entries = [(m["table0"], m["ids0"], m.const("table0"))]
+    entries = [(m["table0"], m["ids0"], _table(m["table0"]))]
     if m["table1"] is not None:
-        entries.append((m["table1"], m["ids1"], m.const("table1")))
-    position = (m["position_table"], m["position_input"], m.const("position_table"))
+        entries.append((m["table1"], m["ids1"], _table(m["table1"])))
+    position = (m["position_table"], m["position_input"], _table(m["position_table"]))
     if position[1] is not None:
         entries.append(position)
     for arr in (e[2] for e in entries + [position]):
