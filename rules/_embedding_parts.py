@@ -17,8 +17,9 @@ sequence length, read back through the shape arithmetic), the types.
 - ``position_ids()``: ``arange_positions()``, or a graph input ``position_input`` (the model
   takes its position ids: EmbedLayerNormalization's input 8).
 - ``position_embedding()``: ``Gather(Const position_table, position_ids())``
-  (``position_gather``); fails with ``NOT_ARANGE`` where the ids are neither, ``NO_POSITION`` where
-  there is no such Gather.
+  (``position_gather``), or that Gather folded at fixed shapes: a constant ``position_values``
+  (the table's first S rows, [1, S, H] or [S, H]: the condition checks S); fails with
+  ``NOT_ARANGE`` where the ids are neither, ``NO_POSITION`` where there is no such Gather.
 - ``token_embedding(k)``: ``Gather(Const table<k>, ids<k>)`` (``gather<k>``), where ids<k> are not
   ``arange_positions()`` (the word embedding, k = 0, and the segment/token-type embedding, k = 1:
   which is which is the condition's choice; EmbedLayerNormalization sums word[ids] and
@@ -64,8 +65,9 @@ def position_ids() -> Pattern:
 
 
 def position_embedding() -> Pattern:
-    return Explain(Op("Gather", Explain(Const("position_table"), NOT_A_TABLE), Explain(position_ids(), NOT_ARANGE),
-                      name="position_gather"), NO_POSITION, deep=False)
+    gathered = Op("Gather", Explain(Const("position_table"), NOT_A_TABLE), Explain(position_ids(), NOT_ARANGE),
+                  name="position_gather")
+    return Explain(Or(gathered, Const("position_values")), NO_POSITION, deep=False)
 
 
 def token_embedding(k: int) -> Op:

@@ -219,7 +219,9 @@ def _embed_condition(m: Match):
     entries = [(m["table0"], m["ids0"], _table(m["table0"]))]
     if m["table1"] is not None:
         entries.append((m["table1"], m["ids1"], _table(m["table1"])))
-    position = (m["position_table"], m["position_input"], _table(m["position_table"]))
+    folded = m["position_values"] is not None  # (the position Gather folded at fixed shapes)
+    position = (m["position_values"], None, _table(m["position_values"])) if folded else \
+        (m["position_table"], m["position_input"], _table(m["position_table"]))
     if position[1] is not None:
         entries.append(position)
     for arr in (e[2] for e in entries + [position]):
@@ -237,6 +239,13 @@ def _embed_condition(m: Match):
         rest = [e for e in rest if e is not position]
     segment = rest[0] if rest else None
     position, pos_ids, pos_arr = position
+    if folded:  # [1, S, H] or [S, H], S the ids' static length: a table of S rows gathered at 0..S-1
+        seq = _dim(ids, 1) if ids.shape is not None else None
+        if not (pos_arr.ndim == 2 or (pos_arr.ndim == 3 and pos_arr.shape[0] == 1)) or not isinstance(seq, int) \
+                or pos_arr.shape[-2] != seq:
+            return (f"the constant added (shape {list(pos_arr.shape)}) is not [1, S, H] with S the input ids' "
+                    "static sequence length")
+        pos_arr = _Table(pos_arr.shape[-2:], pos_arr.dtype)
     tables = [("word", word_arr), ("position", pos_arr)] + ([("segment", segment[2])] if segment else [])
     for what, arr in tables:
         if arr.ndim != 2:
@@ -273,7 +282,7 @@ def _embed_condition(m: Match):
         return "the input ids are not 2-D [batch, sequence]"
     if segment is not None and not _full_shape(segment[1], ids):
         return "the segment ids are not proven of the input ids' shape"
-    if reason := _positions_reason(m, ids, pos_ids):
+    if not folded and (reason := _positions_reason(m, ids, pos_ids)):
         return reason
     seq = _dim(ids, 1)
     if isinstance(seq, int) and pos_arr.shape[0] < seq:
@@ -292,7 +301,8 @@ def _embed_condition(m: Match):
     else:
         m.outputs = [norm.outputs[0]]
     default = DEFAULT_EPSILON[norm.op_type]
-    return {"word": word, "ids": ids, "segment": segment, "position": position, "position_ids": pos_ids, "epsilon": float(m.attr("norm", "epsilon", default)),
+    return {"word": word, "ids": ids, "segment": segment, "position": position, "position_ids": pos_ids,
+            "folded_rows": pos_arr.shape if folded and len(_table(position).shape) == 3 else None, "epsilon": float(m.attr("norm", "epsilon", default)),
             "sum": total if len(m.outputs) == 2 else None, "h": h, "dtype": word_arr.dtype}
 
 
@@ -302,8 +312,11 @@ def _embed_replace(m: Match, b):
     segment = plan["segment"]
     beta = m["beta"] if m["beta"] is not None else b.const(np.zeros(plan["h"], dtype=plan["dtype"]),
                                                             name="embed_ln_beta")
+    position = plan["position"]
+    if plan["folded_rows"] is not None:  # [1, S, H] -> a table [S, H]
+        position = b.const(m.const("position_values").reshape(plan["folded_rows"]), name="position_embedding_rows")
     ins = [_int32(plan["ids"], m, b), _int32(segment[1], m, b) if segment else None, plan["word"],
-           plan["position"], segment[0] if segment else None, m["gamma"], beta]
+           position, segment[0] if segment else None, m["gamma"], beta]
     if plan["position_ids"] is not None:
         ins += [None, _int32(plan["position_ids"], m, b)]
     outs = b.op("EmbedLayerNormalization", *ins, domain="com.microsoft", outputs=3 if plan["sum"] else 2,

@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
+from conftest import run_ort
 from helpers import init, model, tinfo
 from onnx import TensorProto, helper
 
@@ -174,6 +175,30 @@ def test_existing_int32_cast_is_shared():
 def test_fires_fixed_shapes():
     m = embeddings(shape=(2, 5))
     fires(RULE, m, feeds=feeds(m), tol=TOL, **CPU)
+
+
+def folded(order="(w+t)+p", rows=5, shape=(2, 5), root="ln") -> onnx.ModelProto:
+    """At fixed shapes the position Gather folds to a constant: its table's first S rows, [1, S, H]."""
+    m = embeddings(order, shape=shape, root=root)
+    keep = [x for x in m.graph.node if x.output[0] not in ("ids_shape", "seq", "end", "pos", "p")]
+    del m.graph.node[:]
+    m.graph.node.extend(keep)
+    m.graph.initializer.append(init("p", POS[None, :rows]))
+    return m
+
+
+@pytest.mark.parametrize("root,rule", [("ln", RULE), ("skip", SKIP_RULE)])
+def test_fires_position_embedding_folded(root, rule):
+    m = folded(root=root)
+    out, _ = fires(rule, m, feeds=feeds(m), tol=TOL, **CPU)
+    node = embed_node(out)
+    table = {i.name: onnx.numpy_helper.to_array(i) for i in out.graph.initializer}[node.input[3]]
+    assert table.shape == (5, H) and np.array_equal(table, POS[:5])
+
+
+def test_refuses_folded_positions_of_another_length():
+    m = folded(rows=1)  # [1, 1, H]: one row broadcast over every position (a bias, not positions)
+    refuses(RULE, m, "is not [1, S, H] with S the input ids' static sequence length", feeds=feeds(m), **CPU)
 
 
 @pytest.mark.parametrize("order", ["(w+t)+p", "(w+p)+t", "t+(p+w)", "w+p"])
@@ -364,6 +389,10 @@ def test_zoo(name, target, every_fusion):  # noqa: F811
     assert fired == 1 and counts["com.microsoft:EmbedLayerNormalization"] == 1, counts
     assert counts[":LayerNormalization"] == 0  # the embeddings' was the one left unfused on the legacy exports
     zoo_cases.assert_close(name, src, out)
+    fixed = optimize(src, target=target, input_shapes={i.name: [2, 16] for i in src.graph.input})
+    assert collections.Counter(x.op_type for x in fixed.graph.node)["EmbedLayerNormalization"] == 1
+    for a, b in zip(run_ort(src, _padded(name, src, 2, 16)), run_ort(fixed, _padded(name, src, 2, 16)), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4 * float(np.abs(a).max()))
     if target == "ort-cuda":  # nothing of the fusion on the CPU under the CUDA provider
         placed = cuda_placement(ir.from_proto(out))
         assert not {"com.microsoft.EmbedLayerNormalization", "Cast"} & set(placed["by_op"]), placed["by_op"]
