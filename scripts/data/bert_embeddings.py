@@ -1,0 +1,59 @@
+"""BERT-base's embedding layer alone, the model the benefit of ``embed_layer_normalization`` is measured on
+(the zoo's BERT has 4 layers of width 256; in a whole model the embedding is ~1% of the time, below the
+noise of this machine):
+
+    python -m scripts.data.bert_embeddings DIR
+    python -m scripts.data.benefit --keys embed_layer_normalization --models \\
+        --model bert-base-embeddings-legacy=DIR/bert-base-embeddings-legacy.onnx \\
+        --model bert-base-embeddings-dynamo=DIR/bert-base-embeddings-dynamo.onnx --runs 500 --warmup 20
+
+transformers' ``BertEmbeddings`` with the bert-base config (vocabulary 30522, width 768, 512 positions,
+2 token types; random weights, seed 0), inputs ``input_ids`` and ``token_type_ids`` (dynamic batch and
+sequence), exported by the legacy and the dynamo exporter as the zoo's builders export
+(``onnxopt.models.transformers_models``). Writes DIR/bert-base-embeddings-{legacy,dynamo}.onnx.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def export(folder: Path) -> list[Path]:
+    import torch
+
+    from onnxopt.models import transformers_models as tm
+
+    tm.import_transformers()
+    from transformers import BertConfig
+    from transformers.models.bert.modeling_bert import BertEmbeddings
+
+    class Embeddings(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, token_type_ids):
+            return self.inner(input_ids=input_ids, token_type_ids=token_type_ids)
+
+    torch.manual_seed(0)
+    module = Embeddings(BertEmbeddings(BertConfig(**tm.BERT_BASE_CONFIG))).eval()
+    args = (torch.randint(0, tm.BERT_BASE_CONFIG["vocab_size"], (2, 16)), torch.zeros(2, 16, dtype=torch.long))
+    return [tm._export_torch(module, args, folder / f"bert-base-embeddings-{exporter}.onnx", exporter,
+                             tm.OPSET[exporter], ["input_ids", "token_type_ids"], ["embeddings"], tm._text_axes,
+                             tm._text_shapes)
+            for exporter in ("legacy", "dynamo")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m scripts.data.bert_embeddings DIR", file=sys.stderr)
+        return 2
+    for path in export(Path(argv[0])):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
