@@ -7,8 +7,10 @@ Matched by what the nodes compute, from the pieces of rules/_embedding_parts.py:
 embedding Gathers of constant tables summed by Adds in any association and operand order, one of
 them a position embedding whose ids are provably 0..S-1 (a Slice of a constant buffer equal to
 arange, or ``Range(0, S, 1)`` under an optional Unsqueeze/Expand; S read back through the shape
-arithmetic as the ids' own sequence length) or a graph input (passed as the op's input 8), then
-normalized over the last axis:
+arithmetic as the ids' own sequence length) or a graph input (passed as the op's input 8), or that
+Gather folded at fixed shapes into a constant [1, S, H] (passed as an S-row position table), then
+normalized over the last axis (BERT's and MiniLM's embedding LayerNorm; GPT-2's first ln_1, whose
+input the residual reads too: output 2):
 
 - ``embed_layer_normalization``: the sum under a LayerNormalization (priority 5: before
   ``skip_layer_normalization``, which would otherwise take two of the embeddings);
@@ -23,7 +25,9 @@ normalization's. Output 0 takes the normalization's place; output 1 (mask_index)
 elsewhere too. The int32 Casts of graph inputs are shared: an existing ``Cast(x, to=int32)``
 before the normalization is reused, a new one is named ``<x>_int32`` (so a later rule finds it).
 Which of two token embeddings is the word and which the segment is immaterial to the kernel (it
-sums both alike); the one with the larger table is passed as the word.
+sums both alike); the one with the larger table is passed as the word. So is which of the Gathers
+by graph inputs is the position one where the position ids are an input: the largest table is
+the word's, the next largest the position's (ids computed otherwise are then refused).
 
 Refused, with the reason: a table that is not a constant (the pattern) or not 2-D; widths that
 differ from each other or from gamma; a position table (or buffer) shorter than a known S; ids not
@@ -32,10 +36,14 @@ int32/int64, input ids not 2-D, segment ids not of the input ids' shape; positio
 (the pattern); an element type without a kernel on the target (CPU: float only; CUDA: float and
 float16, onnxruntime's OperatorKernels.md); the normalization's statistics outputs read.
 
+Not fused: the legacy GPT-2 export, whose Range reads S from Shape of the word embedding's output (the
+word Gather has a second reader; a shape rule reading that Shape from the ids would let it fuse).
+
 Semantics: not exact (``exact=False``): the kernel sums and normalizes in its own order (fp32
 within 1e-5 on the zoo BERT/MiniLM). Out-of-range ids fail in both (the kernel's message differs
-from Gather's); a negative id, which Gather reads from the table's end, is refused by the kernel at
-run time, and int64 ids are cast to int32 (as onnxruntime's transformers optimizer does).
+from Gather's); a negative id, which Gather reads from the table's end, is refused at run time
+("input index out of range": onnxruntime 1.32's CPU kernel; the CUDA kernel was not run here), and
+int64 ids are cast to int32 (as onnxruntime's transformers optimizer does).
 """
 
 from __future__ import annotations
