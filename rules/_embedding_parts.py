@@ -20,7 +20,8 @@ sequence length, read back through the shape arithmetic), the types.
   (``position_gather``), or that Gather folded at fixed shapes: a constant ``position_values``
   (the table's first S rows, [1, S, H] or [S, H]: the condition checks S); fails with
   ``NOT_ARANGE`` where the ids are neither, ``NO_POSITION`` where there is no such Gather.
-- ``token_embedding(k)``: ``Gather(Const table<k>, ids<k>)`` (``gather<k>``), where ids<k> are not
+- ``token_embedding(k)``: ``Gather(Const table<k>, ids<k>)`` (``gather<k>``; every Gather here
+  on axis 0, the rows), where ids<k> are not
   ``arange_positions()`` (the word embedding, k = 0, and the segment/token-type embedding, k = 1:
   which is which is the condition's choice; EmbedLayerNormalization sums word[ids] and
   segment[segment_ids] alike).
@@ -39,6 +40,7 @@ from onnxopt.core.pattern import Absorbed, All, Const, Explain, Not, Op, Opt, Or
 
 NOT_ARANGE = ("position ids are not 0..S-1 (neither a Slice of a constant buffer nor a Range, nor a graph "
               "input)")
+ROWS = {"axis": 0}  # a Gather of a table's rows (onnx's default axis)
 NO_POSITION = "no position embedding (a Gather of a constant table) in the sum"
 NOT_A_TABLE = "an embedding table is not a constant"
 
@@ -66,13 +68,13 @@ def position_ids() -> Pattern:
 
 def position_embedding() -> Pattern:
     gathered = Op("Gather", Explain(Const("position_table"), NOT_A_TABLE), Explain(position_ids(), NOT_ARANGE),
-                  name="position_gather")
+                  attrs=ROWS, name="position_gather")
     return Explain(Or(gathered, Const("position_values")), NO_POSITION, deep=False)
 
 
 def token_embedding(k: int) -> Op:
     ids = All(Var(f"ids{k}"), Not(arange_positions(), "ids 0..S-1 are the position embedding's"))
-    return Op("Gather", Explain(Const(f"table{k}"), NOT_A_TABLE), ids, name=f"gather{k}")
+    return Op("Gather", Explain(Const(f"table{k}"), NOT_A_TABLE), ids, attrs=ROWS, name=f"gather{k}")
 
 
 def embedding_sum() -> list[tuple[Pattern, Pattern]]:

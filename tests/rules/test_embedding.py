@@ -290,6 +290,17 @@ def test_mismatches_positions_neither_arange_nor_input():
     mismatches(RULE, m, NOT_ARANGE, feeds=feeds(m), **CPU)
 
 
+def test_mismatches_gather_on_another_axis():
+    """Gather(word, ids, axis=1) takes columns: no embedding (a square table, so that every width agrees)."""
+    m = embeddings("w+p", word=WORD[:H].T.copy())  # ids index the columns
+    for node in m.graph.node:
+        if node.op_type == "Gather" and node.input[0] == "word":
+            node.attribute.append(helper.make_attribute("axis", 1))
+    f = {"input_ids": (np.arange(H)[None] % 5).astype(np.int64)}  # ([H, 1, S] + [1, S, H]: S = H)
+    _, report = mismatches(RULE, m, "", feeds=f, depends=False, **CPU)
+    assert report.rules[RULE].tried == 1
+
+
 def test_mismatches_no_position_embedding():
     """The word embedding and a float input: no second embedding."""
     nodes = [n("Gather", ["word", "input_ids"], "w"), n("Add", ["w", "x"], "sum"),
