@@ -156,7 +156,9 @@ def _positions_reason(m: Match, ids: ir.Value, pos: ir.Value | None) -> str | No
         if not np.array_equal(row, np.arange(row.size)):
             return f"{not_arange} (the sliced buffer is not 0, 1, 2, ... (an offset))"
         axes, steps = _ints(m["position_axes"]), _ints(m["position_steps"])
-        if _ints(m["position_starts"]) != [0] or (m["position_axes"] is not None and axes not in ([-1], [buffer.ndim - 1])) \
+        # (without axes a Slice takes axis 0: the buffer's positions only where it is 1-D)
+        on_positions = axes in ([-1], [buffer.ndim - 1]) if m["position_axes"] is not None else buffer.ndim == 1
+        if _ints(m["position_starts"]) != [0] or not on_positions \
                 or (m["position_steps"] is not None and steps != [1]):
             return f"{not_arange} (the Slice does not start at 0 along the buffer with step 1)"
         if not _is_sequence(_one_element(m["position_end"]), ids):

@@ -246,6 +246,17 @@ def test_refuses_offset_positions():
             feeds=feeds(m), **CPU)
 
 
+def test_refuses_slice_of_the_buffers_batch_axis():
+    """Slice(buffer[1, P], [0], [S]) without axes slices axis 0 (size 1): all P positions stay (the model
+    runs where S = P)."""
+    m = embeddings(shape=(2, P))
+    for node in m.graph.node:
+        if node.op_type == "Slice":
+            del node.input[3:]
+    f = feeds(m, seq=P)
+    refuses(RULE, m, "the Slice does not start at 0 along the buffer with step 1", feeds=f, **CPU)
+
+
 def test_refuses_range_not_from_zero():
     """Range(1, S): S - 1 positions, which the Expand to [batch, S] refuses at run time (only the reason
     is checked)."""
