@@ -20,6 +20,8 @@ from pathlib import Path
 
 
 def export(folder: Path) -> list[Path]:
+    import warnings
+
     import torch
 
     from onnxopt.models import transformers_models as tm
@@ -39,10 +41,26 @@ def export(folder: Path) -> list[Path]:
     torch.manual_seed(0)
     module = Embeddings(BertEmbeddings(BertConfig(**tm.BERT_BASE_CONFIG))).eval()
     args = (torch.randint(0, tm.BERT_BASE_CONFIG["vocab_size"], (2, 16)), torch.zeros(2, 16, dtype=torch.long))
-    return [tm._export_torch(module, args, folder / f"bert-base-embeddings-{exporter}.onnx", exporter,
-                             tm.OPSET[exporter], ["input_ids", "token_type_ids"], ["embeddings"], tm._text_axes,
-                             tm._text_shapes)
-            for exporter in ("legacy", "dynamo")]
+    names, outs = ["input_ids", "token_type_ids"], ["embeddings"]
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for exporter in ("legacy", "dynamo"):  # (the zoo builders' settings: onnxopt.models.transformers_models)
+            path = folder / f"bert-base-embeddings-{exporter}.onnx"
+            if exporter == "legacy":
+                torch.onnx.export(module, args, str(path), dynamo=False, opset_version=tm.OPSET[exporter],
+                                  do_constant_folding=True, input_names=names, output_names=outs,
+                                  dynamic_axes={n: {0: "batch", 1: "sequence"} for n in names + outs})
+            else:
+                batch, seq = torch.export.Dim("batch", min=1, max=1024), torch.export.Dim("sequence", min=1, max=512)
+                program = torch.onnx.export(module, args, dynamo=True, optimize=False,
+                                            opset_version=tm.OPSET[exporter], input_names=names, output_names=outs,
+                                            dynamic_shapes={n: {0: batch, 1: seq} for n in names})
+                program.save(str(path), external_data=False)
+            tm.cap_ir_version(path)
+            paths.append(path)
+    return paths
 
 
 def main(argv: list[str] | None = None) -> int:
