@@ -239,6 +239,14 @@ def test_refuses_fp16_on_cpu():
     refuses(RULE, m, "no EmbedLayerNormalization kernel for float16 on ort-cpu", feeds=feeds(m), **CPU)
 
 
+def test_refuses_bfloat16_on_cuda():
+    """No bfloat16 kernel on CUDA (onnxruntime's OperatorKernels.md: float, float16); only the reason
+    is checked (no bfloat16 LayerNormalization to run it on the CPU)."""
+    _, report = run_rule(RULE, embeddings(dtype=TensorProto.BFLOAT16), target="ort-cuda")
+    assert any("no EmbedLayerNormalization kernel for bfloat16 on ort-cuda" in r
+               for r in report.rules[RULE].reasons), dict(report.rules[RULE].reasons)
+
+
 def test_refuses_offset_positions():
     """RoBERTa counts positions from padding_idx + 1."""
     m = embeddings(buffer=np.arange(2, P + 2, dtype=np.int64)[None] % P)
