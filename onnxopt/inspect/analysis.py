@@ -41,6 +41,7 @@ a fused op counts as the ops it replaces (so optimizing a model does not change 
     FastGelu                           8 per element (the tanh form) + 1 with a bias
     BiasGelu                           1 + 5 per element
     SkipLayerNormalization             1 (skip) + 1 (bias, if any) + LayerNormalization's 7
+    EmbedLayerNormalization            1 (+ 1 with a segment table) for the embeddings' sum + LayerNormalization's 7
     Attention (com.microsoft)          its QKV projection (a Gemm with bias) + 2 x S x L x head-size per head for
                                        Q x K' and again for P x V + 7 per score (scale, mask, softmax)
     MultiHeadAttention                 Q x K' and P x V as above, + 7 per score
@@ -57,7 +58,8 @@ Bytes: a node reads each of its inputs once (weights included; ``weight_bytes`` 
 is initializers) and writes each of its outputs once: the traffic of an unfused, uncached run,
 what a roofline's memory side needs. Except where an op reads only part of its first input: a
 Gather, GatherElements or GatherND reads of its data the elements it gathers (as many bytes as it
-writes, not the whole embedding table), a Slice its slice; Shape and Size read none of the data.
+writes, not the whole embedding table), a Slice its slice; Shape and Size read none of the data;
+com.microsoft EmbedLayerNormalization reads of each table the bytes of its output (the rows it gathers).
 
 Symbolic dimensions: a dimension that is a symbol (``batch``, ``sequence``) and not fixed by
 ``input_shapes`` (the ``--input-shape`` grammar of every command, ``onnxopt.ir.input_shapes``) stays
@@ -296,6 +298,12 @@ def _skip_layer_norm(n: _Node) -> Poly:
     return per * _prod(n.shape_in(0))
 
 
+def _embed_layer_norm(n: _Node) -> Poly:
+    # inputs: input_ids, segment_ids, word, position, segment tables, gamma, beta, mask, position_ids
+    per = (1 if n.has(4) else 0) + 1 + 5 + 1 + 1  # the embeddings' sum (2 or 3), then LayerNormalization's 7
+    return per * _prod(n.shape_out())
+
+
 def _attention(n: _Node) -> Poly:
     """com.microsoft Attention: input [B, S, Hin], weights [Hin, Dq+Dk+Dv], bias; num_heads."""
     x, w = n.shape_in(0), n.shape_in(1)
@@ -368,7 +376,7 @@ COUNTERS = {
     "MatMul": _matmul, "Gemm": _gemm, "Einsum": _einsum,
     "MaxPool": _pool, "AveragePool": _pool, "LpPool": _pool,
     "LayerNormalization": _layer_norm, "GroupNormalization": _layer_norm,
-    "SkipLayerNormalization": _skip_layer_norm,
+    "SkipLayerNormalization": _skip_layer_norm, "EmbedLayerNormalization": _embed_layer_norm,
     "Attention": _attention, "MultiHeadAttention": _mha,
     "FastGelu": _fast_gelu,
     "FusedConv": _fused(_conv), "FusedGemm": _fused(_gemm), "FusedMatMul": _fused_matmul,
@@ -705,6 +713,8 @@ def _op_name(node: onnx.NodeProto) -> str:
 # ops that read only part of their first input: as many bytes as they write, or none of its data
 _PARTIAL_READ = {"Gather": "written", "GatherElements": "written", "GatherND": "written", "Slice": "written",
                  "Shape": "none", "Size": "none"}
+# contrib ops that gather rows of some inputs (tables): each such input read as many bytes as output 0
+_GATHERED_INPUTS = {"com.microsoft.EmbedLayerNormalization": frozenset({2, 3, 4})}
 
 
 class _Counts:
@@ -764,9 +774,14 @@ class _Counts:
             known = known and not (name and b is None)
             written = written + (b or 0)
         part = _PARTIAL_READ.get(op) if node.domain in ("", "ai.onnx") else None
+        gathered = _GATHERED_INPUTS.get(op, ())
         for k, name in enumerate(node.input):
             b = nbytes(name)
             known = known and not (name and b is None)
+            if k in gathered and b is not None:
+                b = nbytes(node.output[0])  # (the rows it gathers, not the whole table)
+                if b is None:
+                    known = False
             if part is not None and k == 0 and b is not None:
                 # (only what it takes: the rows a Gather gathers, a Slice's slice; a Shape reads no data)
                 b = 0 if part == "none" else nbytes(node.output[0])

@@ -396,6 +396,7 @@ pytestmark = pytest.mark.usefixtures("every_fusion")
 
 SKIP = {"bert": 2 * 4 + 1, "gpt2": 2 * 4 + 1, "minilm": 2 * 6 + 1}
 BROADCAST = "the operands broadcast in a way the fused op does not take"
+NO_EMBEDDING = ["embed_layer_normalization", "embed_layer_normalization_skip"]
 
 
 @pytest.mark.parametrize("name", zoo_cases.TRANSFORMERS)
@@ -406,10 +407,11 @@ def test_zoo_skip_layer_normalization(name):
     one fuses; with dynamic axes those whose operands' sizes cannot be proven equal (the legacy
     exports' reshapes computed at run time lose the axes' names) stay unfused, with the reason.
     The outputs agree within 1e-4 of their range at two shapes, and with onnxruntime's own
-    optimizations on too."""
+    optimizations on too. (The embedding fusion, which takes BERT's and MiniLM's embedding sum and
+    its normalization first, is left out: tests/rules/test_embedding.py has it.)"""
     src = zoo_cases.load(name)
     kind = name.split("-")[0]
-    out, report = optimize(src, **CPU, return_report=True)
+    out, report = optimize(src, **CPU, return_report=True, disable=NO_EMBEDDING)
     counts = ops(out)
     st = report.rules["skip_layer_normalization"]
     assert counts["com.microsoft:SkipLayerNormalization"] == st.fired
@@ -420,7 +422,7 @@ def test_zoo_skip_layer_normalization(name):
     zoo_cases.assert_close(name, src, out)
     zoo_cases.assert_close(name, src, out, ort_optimize=True)
     fixed, report = optimize(src, **CPU, input_shapes={i.name: [2, 16] for i in src.graph.input},
-                             return_report=True)
+                             return_report=True, disable=NO_EMBEDDING)
     assert ops(fixed)["com.microsoft:SkipLayerNormalization"] == SKIP[kind]
     assert ops(fixed)["LayerNormalization"] == 0
 
