@@ -55,11 +55,11 @@ import onnx_ir as ir
 
 from onnxopt.core.pattern import Match, Rule
 from onnxopt.ir.shapes import infer, same_symbol, shape_elements
-from onnxopt.ir.util import constant_tensor
+from onnxopt.ir.util import RULE_KEY, constant_tensor
 
-from onnxopt.rules._attention_parts import (MS, SAME_SHAPE, attention_output, dims_of, float_scalar, head_merge, heads,
-                                            is_scale, masked_scores, one_reader, prime_shapes, scaled_dot_product,
-                                            softmax)
+from onnxopt.rules._attention_parts import (MS, SAME_SHAPE, KeyPadding, attention_output, dims_of, float_scalar,
+                                            head_merge, heads, is_scale, masked_scores, one_reader, prime_shapes,
+                                            read_key_padding, scaled_dot_product, softmax)
 from onnxopt.rules._semantic import unrepresentable
 
 _FLOATS = {"ort-cpu": (ir.DataType.FLOAT,), "ort-cuda": (ir.DataType.FLOAT, ir.DataType.FLOAT16)}
@@ -382,16 +382,18 @@ def attention_condition(m: Match):
     scale *= sq * sk
     if reason := _scale_refusal(scale, dtype):
         return reason
-    bias = None
+    bias, padding, why = None, None, None
     if mask is not None:
-        bias = _mask_plan(m, ctx, mask, xq, xk, t)
-        if isinstance(bias, str):
-            return bias
+        padding, why = _key_padding(m, t, dtype)
+        if padding is None:
+            bias = _mask_plan(m, ctx, mask, xq, xk, t)
+            if isinstance(bias, str):
+                return bias
     # torch's NaN guard zeroes the rows where every key is masked with -inf; the fused ops give NaN
     # there (which the next layer spreads to every row, 0 * NaN), so the guard is kept around them
     keep_guard = guarded and mask is not None and not _finite_mask(mask)
     return {"xq": xq, "xk": xk, "xv": xv, "dtype": dtype, "scale": scale, "keep_guard": keep_guard,
-            "mask": mask, "expand": bias,
+            "mask": mask, "expand": bias, "padding": padding, "mask_form": why,
             "num_heads": ctx.size("N"), "head": ctx.size("D"), "guarded": guarded, "reshape": reshape}
 
 
@@ -428,6 +430,36 @@ def _finite_mask(mask: ir.Value) -> bool:
         return False
     arrays = [constant_tensor(v) for v in node.inputs[1:]]
     return all(a is not None and bool(np.all(np.isfinite(a.numpy()))) for a in arrays)
+
+
+def _key_padding(m: Match, t: str, dtype: ir.DataType) -> tuple[dict | None, str | None]:
+    """(facts, None) where the additive mask is a key-padding mask (and a causal factor) of a 2-D
+    graph input that the fused op takes raw (``mask_index`` / ``key_padding_mask``), else (None, the
+    reason it keeps the attention_bias path)."""
+    if m["keep"] is None:
+        return None, "the mask is not Where(keep, 0, fill) nor (1 - keep) * fill"
+    if m.opset("") >= 23 and standard_attention_runs(m.options.get("target"), dtype):
+        return None, "the standard Attention takes no key-padding mask"
+    found = read_key_padding(m["keep"], m.opsets)
+    if isinstance(found, str):
+        return None, found
+    if found.causal and t != "S":
+        return None, "the mask is causal over keys that are not the queries"
+    fill = float(m.const("fill").reshape(-1)[0])
+    if math.isnan(fill) or fill >= 0:
+        return None, f"the mask's fill value {fill} is not negative"
+    return {"input": found.mask, "causal": found.causal, "fill": fill,
+            "filter": _mask_filter(fill, dtype, m.options.get("target"))}, None
+
+
+def _mask_filter(fill: float, dtype: ir.DataType, target: str | None) -> float:
+    """The fused op's ``mask_filter_value`` for the exporter's fill: the fill itself where float32
+    holds it, the lowest float32 for -inf (the kernels add it to the masked scores: -inf would make
+    the rows whose every key is masked NaN, where the original's NaN guard gives 0; a finite value
+    that large absorbs every score, so such a row is the uniform average the original's finite
+    masks give, and the guard's factor zeroes it)."""
+    low = float(np.finfo(np.float32).min)
+    return low if not math.isfinite(fill) or fill < low else float(np.float32(fill))
 
 
 def _mask_plan(m: Match, ctx: _Ctx, mask: ir.Value, xq: ir.Value, xk: ir.Value, t: str):
@@ -547,6 +579,7 @@ def attention_replacement(m: Match, b):
             inputs.pop()
         return _out(m, b, b.op("Attention", *inputs, q_num_heads=n, kv_num_heads=n, scale=scale))
     packed = _packed(plan, m.opsets)
+    raw, attrs = (_raw_mask(m, b), _mask_attrs(plan["padding"])) if plan["padding"] is not None else (None, {})
     if packed is not None:
         x, w, bias = packed
         dims = dims_of(x, m.opsets)
@@ -554,14 +587,88 @@ def attention_replacement(m: Match, b):
             wv = b.const(w, name=f"{name}_qkv_weight")
             bv = b.const(bias if bias is not None else np.zeros(w.shape[1], w.dtype), name=f"{name}_qkv_bias")
             # (the mask's lengths read from x: reading Q or K would keep their projection alive)
-            inputs = [x, wv, bv, None, None, _bias(m, b, x, x)]
+            inputs = [x, wv, bv, raw, None, None if raw is not None else _bias(m, b, x, x)]
             while inputs[-1] is None:
                 inputs.pop()
-            return _out(m, b, b.op("Attention", *inputs, domain=MS, num_heads=n, scale=scale))
-    inputs = [plan["xq"], plan["xk"], plan["xv"], None, None, _bias(m, b, plan["xq"], plan["xk"])]
+            return _out(m, b, b.op("Attention", *inputs, domain=MS, num_heads=n, scale=scale, **attrs))
+    inputs = [plan["xq"], plan["xk"], plan["xv"], None, raw,
+              None if raw is not None else _bias(m, b, plan["xq"], plan["xk"])]
     while inputs[-1] is None:
         inputs.pop()
-    return _out(m, b, b.op("MultiHeadAttention", *inputs, domain=MS, num_heads=n, scale=scale))
+    return _out(m, b, b.op("MultiHeadAttention", *inputs, domain=MS, num_heads=n, scale=scale, **attrs))
+
+
+def _mask_attrs(padding: dict) -> dict:
+    attrs = {} if padding["filter"] == _DEFAULT_FILTER else {"mask_filter_value": padding["filter"]}
+    if padding["causal"]:
+        attrs["unidirectional"] = 1
+    return attrs
+
+
+_DEFAULT_FILTER = -10000.0  # the fused ops' mask_filter_value when the attribute is absent
+
+
+def _earlier(m: Match, name: str) -> ir.Value | None:
+    """The value ``name`` an earlier rewrite of this rule made, where it is defined before the root
+    (so this layer can read it); None otherwise."""
+    for node in m.graph:
+        if node is m.root:
+            return None
+        if node.metadata_props.get(RULE_KEY) != m.rule.name:
+            continue
+        for v in node.outputs:
+            if v.name == name:
+                return v
+    return None
+
+
+def _raw_mask(m: Match, b) -> ir.Value:
+    """The 2-D key-padding mask as the fused ops take it: the graph input cast to int32 once for
+    every layer (a later layer reads the Cast an earlier one made; the common-subexpression pass
+    merges any left)."""
+    src = m.plan["padding"]["input"]
+    if isinstance(src.type, ir.TensorType) and src.type.dtype == ir.DataType.INT32:
+        return src
+    name = f"{src.name}_int32"
+    found = _earlier(m, name)
+    if found is not None:
+        return found
+    cast = b.name(b.op("Cast", src, to=int(ir.DataType.INT32)), name)
+    cast.type, cast.shape = ir.TensorType(ir.DataType.INT32), src.shape
+    return cast
+
+
+def _rows_seen(m: Match, b) -> ir.Value:
+    """[B, S or 1, 1] in the scores' type: 1 where a query sees at least one key, 0 where every key
+    is masked: max over t of m[b, t] (key padding), its running sum over t up to s (causal, S = T),
+    computed once from the 2-D mask for every layer."""
+    padding, dtype = m.plan["padding"], m.plan["dtype"]
+    src = padding["input"]
+    name = f"{src.name}_rows_seen" + ("_causal" if padding["causal"] else "")
+    found = _earlier(m, name)
+    if found is not None:
+        return found
+    keys = b.op("Cast", src, to=int(dtype))
+    if padding["causal"]:
+        seen = b.op("CumSum", keys, b.const(np.array(1, np.int64), name="attention_keys_axis"))
+    elif m.opset("") >= 18:
+        seen = b.op("ReduceMax", keys, b.const(np.array([1], np.int64), name="attention_keys_axis"), keepdims=1)
+    else:
+        seen = b.op("ReduceMax", keys, axes=[1], keepdims=1)
+    any_key = b.op("Cast", b.op("Greater", seen, b.const(np.array(0, dtype.numpy()), name="attention_zero")),
+                   to=int(dtype))
+    if m.opset("") >= 13:
+        rows = b.op("Unsqueeze", any_key, b.const(np.array([2], np.int64), name="attention_rows_axis"))
+    else:
+        rows = b.op("Unsqueeze", any_key, axes=[2])
+    b.name(rows, name)
+    lead = list(src.shape) if src.shape is not None else [None, None]
+    for v, dims in ((keys, lead), (seen, lead if padding["causal"] else lead[:1] + [1]), (any_key, None),
+                    (rows, (lead if padding["causal"] else lead[:1] + [1]) + [1])):
+        v.type = ir.TensorType(dtype)
+        if dims is not None:
+            v.shape = ir.Shape(dims)
+    return rows
 
 
 def _bias(m: Match, b, s_of: ir.Value, t_of: ir.Value) -> ir.Value | None:
@@ -654,7 +761,11 @@ def _out(m: Match, b, y: ir.Value) -> ir.Value:
         n, d = int(m.plan["num_heads"]), int(m.plan["head"])
         y.type = ir.TensorType(m.plan["dtype"])
         y.shape = ir.Shape(lead + [n * d])
-        y = _zero_masked_rows(m, b, y, lead)
+        if m.plan["padding"] is not None:  # the rows no key reaches, known from the 2-D mask alone
+            y = b.op("Mul", y, _rows_seen(m, b))
+            y.type, y.shape = ir.TensorType(m.plan["dtype"]), ir.Shape(lead + [n * d])
+        else:
+            y = _zero_masked_rows(m, b, y, lead)
     if m.plan["reshape"]:
         y.type = ir.TensorType(m.plan["dtype"])
         qs = infer(xq, m.opsets)
