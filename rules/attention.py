@@ -774,7 +774,15 @@ def _out(m: Match, b, y: ir.Value) -> ir.Value:
         y = b.op("Reshape", y, m["shape"], attrs=list(m.node("out").attributes.values()))
     y.type = root.type if root.type is not None else ir.TensorType(m.plan["dtype"])
     if shape is not None:
-        y.shape = ir.Shape(list(shape))
+        dims = list(shape)
+        if not m.plan["reshape"] and len(dims) == 3:
+            # [B, S, N*D]: what the fused op is proven to give fills what inference left unknown (GPT-2's
+            # merge Reshape reads its target from shapes; a Gemm's flatten reads the last one back)
+            qs = dims_of(xq, m.opsets)
+            known = (qs[:2] if qs is not None and len(qs) == 3 else [None, None]) + [
+                int(m.plan["num_heads"]) * int(m.plan["head"])]
+            dims = [d if isinstance(d, int) or k is None else k for d, k in zip(dims, known)]
+        y.shape = ir.Shape(dims)
     return y
 
 
