@@ -434,22 +434,36 @@ def _finite_mask(mask: ir.Value) -> bool:
 
 def _key_padding(m: Match, t: str, dtype: ir.DataType) -> tuple[dict | None, str | None]:
     """(facts, None) where the additive mask is a key-padding mask (and a causal factor) of a 2-D
-    graph input that the fused op takes raw (``mask_index`` / ``key_padding_mask``), else (None, the
-    reason it keeps the attention_bias path)."""
+    graph input, with the form the fused op takes it in (``form``, see ``_MASK_FORM``), else (None,
+    the reason it keeps the attention_bias path, Expanded per layer where its shape is unproven)."""
     if m["keep"] is None:
         return None, "the mask is not Where(keep, 0, fill) nor (1 - keep) * fill"
-    if m.opset("") >= 23 and standard_attention_runs(m.options.get("target"), dtype):
-        return None, "the standard Attention takes no key-padding mask"
     found = read_key_padding(m["keep"], m.opsets)
     if isinstance(found, str):
         return None, found
-    if found.causal and t != "S":
-        return None, "the mask is causal over keys that are not the queries"
     fill = float(m.const("fill").reshape(-1)[0])
     if math.isnan(fill) or fill >= 0:
         return None, f"the mask's fill value {fill} is not negative"
-    return {"input": found.mask, "causal": found.causal, "fill": fill,
+    standard = m.opset("") >= 23 and standard_attention_runs(m.options.get("target"), dtype)
+    form = "bias" if standard else _MASK_FORM.get(m.options.get("target"), "bias")
+    if found.causal and t != "S":
+        return None, "the mask is causal over keys that are not the queries"
+    if form == "bias" and t != "S":
+        return None, "the keys are not the queries (the bias built from the mask is [B, 1, T, T])"
+    return {"input": found.mask, "causal": found.causal, "fill": fill, "form": form,
             "filter": _mask_filter(fill, dtype, m.options.get("target"))}, None
+
+
+# How a key-padding mask reaches the fused op, by target (measured, see the module docstring):
+# - "raw": the 2-D mask cast to int32 (Attention's mask_index, MultiHeadAttention's key_padding_mask),
+#   mask_filter_value the exporter's fill, unidirectional=1 for a causal one;
+# - "bias": the additive attention_bias [B, 1, T, T] built once from the 2-D mask for every layer,
+#   by data operations only (no Shape arithmetic, which onnxruntime's CUDA provider runs on the CPU).
+# CUDA (H200, onnxruntime-gpu 1.31.1, the lead's probe /work/main/scripts/results/targets/
+# cuda-probe-attention.json): the raw mask gives rows whose every key is masked by a causal mask
+# another answer than the original (2.1 off, with or without mask_filter_value) and is 35% slower
+# at b8 fp16; attention_bias is exact and the fastest or even everywhere.
+_MASK_FORM = {"ort-cuda": "bias", "ort-cpu": "raw"}
 
 
 def _mask_filter(fill: float, dtype: ir.DataType, target: str | None) -> float:
@@ -579,7 +593,9 @@ def attention_replacement(m: Match, b):
             inputs.pop()
         return _out(m, b, b.op("Attention", *inputs, q_num_heads=n, kv_num_heads=n, scale=scale))
     packed = _packed(plan, m.opsets)
-    raw, attrs = (_raw_mask(m, b), _mask_attrs(plan["padding"])) if plan["padding"] is not None else (None, {})
+    raw, attrs = None, {}
+    if plan["padding"] is not None and plan["padding"]["form"] == "raw":
+        raw, attrs = _raw_mask(m, b), _mask_attrs(plan["padding"])
     if packed is not None:
         x, w, bias = packed
         dims = dims_of(x, m.opsets)
@@ -675,15 +691,75 @@ def _bias(m: Match, b, s_of: ir.Value, t_of: ir.Value) -> ir.Value | None:
     """The attention_bias: the additive mask, Expanded to [B|1, N|1, S, T] where its shape is not
     proven (its own first two dimensions, S and T read as dimension 1 of ``s_of`` and ``t_of``)."""
     mask = m.plan["mask"]
+    if mask is not None and m.plan["padding"] is not None:
+        return _padding_bias(m, b)
     if mask is not None and m.plan["keep_guard"]:  # -inf -> the lowest finite value: no NaN rows
         lowest = np.array(np.finfo(m.plan["dtype"].numpy()).min, m.plan["dtype"].numpy())
         mask = b.op("Max", mask, b.const(lowest, name="attention_mask_floor"))
     if mask is None or not m.plan["expand"]:
         return mask
     lead = b.op("Shape", mask, start=0, end=2)
-    s = b.op("Shape", s_of, start=1, end=2)
-    t = s if t_of is s_of else b.op("Shape", t_of, start=1, end=2)
+    s_src, t_src = _length_source(m, s_of), _length_source(m, t_of)
+    s = b.op("Shape", s_src[0], start=s_src[1], end=s_src[1] + 1)
+    t = s if t_src == s_src else b.op("Shape", t_src[0], start=t_src[1], end=t_src[1] + 1)
     return b.op("Expand", mask, b.op("Concat", lead, s, t, axis=0))
+
+
+def _padding_bias(m: Match, b) -> ir.Value:
+    """The additive attention_bias [B, 1, T, T] of a key-padding mask m [B, T] (self-attention),
+    built once for every layer from m by data operations only (so every node runs where the data
+    is; no Shape, Concat or Expand):
+
+        keep[b, 0, s, t] = bool(m[b, t]) and (t <= s, causal) and true (m >= m: the [B, 1, T, 1] frame)
+        bias = Where(keep, 0, fill)
+
+    where the positions s, t are running sums of ones over the keys (equal shifts of 0..T-1) and the
+    fill is the exporter's (-inf made the lowest finite value where the NaN guard is kept: those rows
+    are then finite and the guard's factor zeroes them)."""
+    padding, dtype = m.plan["padding"], m.plan["dtype"]
+    src = padding["input"]
+    name = f"{src.name}_attention_bias" + ("_causal" if padding["causal"] else "")
+    found = _earlier(m, name)
+    if found is not None:
+        return found
+    npd = dtype.numpy()
+    fill = padding["fill"]
+    if m.plan["keep_guard"]:
+        fill = max(fill, float(np.finfo(npd).min))
+    lead = list(src.shape) if src.shape is not None else [None, None]
+
+    def unsqueeze(v, axes):
+        if m.opset("") >= 13:
+            return b.op("Unsqueeze", v, b.const(np.array(axes, np.int64), name="attention_mask_axes"))
+        return b.op("Unsqueeze", v, axes=axes)
+
+    kept = b.op("Cast", src, to=int(ir.DataType.BOOL)) if not (
+        isinstance(src.type, ir.TensorType) and src.type.dtype == ir.DataType.BOOL) else src
+    every = b.op("GreaterOrEqual", src, src) if src.type.dtype != ir.DataType.BOOL else b.op("Or", src, b.op("Not", src))
+    keys = unsqueeze(kept, [1, 2])  # [B, 1, 1, T]
+    if padding["causal"]:
+        position = b.op("CumSum", b.op("Cast", every, to=int(ir.DataType.INT32)),
+                        b.const(np.array(1, np.int64), name="attention_keys_axis"))  # [B, T]: 1..T
+        frame = b.op("LessOrEqual", unsqueeze(position, [1, 2]), unsqueeze(position, [1, 3]))  # t <= s
+    else:
+        frame = unsqueeze(every, [1, 3])  # [B, 1, T, 1], all true
+    keep = b.op("And", frame, keys)
+    bias = b.name(b.op("Where", keep, b.const(np.array(0, npd), name="attention_mask_zero"),
+                       b.const(np.array(fill, npd), name="attention_mask_fill")), name)
+    bias.type, bias.shape = ir.TensorType(dtype), ir.Shape([lead[0], 1, lead[1], lead[1]])
+    return bias
+
+
+def _length_source(m: Match, x: ir.Value) -> tuple[ir.Value, int]:
+    """Where to read dimension 1 of x (a length): a graph input's dimension carrying the same named
+    symbol where there is one, so every layer reads the same value and builds the same Expand (the
+    common-subexpression pass keeps one for all of them), else x's own."""
+    dims_of(x, m.opsets)
+    for g in m.graph.inputs:
+        for j in range(len(g.shape) if g.shape is not None else 0):
+            if same_symbol(x, 1, g, j):
+                return g, j
+    return x, 1
 
 
 _PROVIDERS = {"ort-cpu": "CPUExecutionProvider", "ort-cuda": "CUDAExecutionProvider"}
