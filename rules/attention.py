@@ -591,7 +591,7 @@ def attention_replacement(m: Match, b):
         inputs = [plan["xq"], plan["xk"], plan["xv"], _bias(m, b, plan["xq"], plan["xk"])]
         while inputs[-1] is None:
             inputs.pop()
-        return _out(m, b, b.op("Attention", *inputs, q_num_heads=n, kv_num_heads=n, scale=scale))
+        return _out(m, b, _noted(m, b.op("Attention", *inputs, q_num_heads=n, kv_num_heads=n, scale=scale)))
     packed = _packed(plan, m.opsets)
     raw, attrs = None, {}
     if plan["padding"] is not None and plan["padding"]["form"] == "raw":
@@ -606,12 +606,32 @@ def attention_replacement(m: Match, b):
             inputs = [x, wv, bv, raw, None, None if raw is not None else _bias(m, b, x, x)]
             while inputs[-1] is None:
                 inputs.pop()
-            return _out(m, b, b.op("Attention", *inputs, domain=MS, num_heads=n, scale=scale, **attrs))
+            return _out(m, b, _noted(m, b.op("Attention", *inputs, domain=MS, num_heads=n, scale=scale, **attrs)))
     inputs = [plan["xq"], plan["xk"], plan["xv"], None, raw,
               None if raw is not None else _bias(m, b, plan["xq"], plan["xk"])]
     while inputs[-1] is None:
         inputs.pop()
-    return _out(m, b, b.op("MultiHeadAttention", *inputs, domain=MS, num_heads=n, scale=scale, **attrs))
+    return _out(m, b, _noted(m, b.op("MultiHeadAttention", *inputs, domain=MS, num_heads=n, scale=scale, **attrs)))
+
+
+MASK_KEY = "onnxopt.attention_mask"  # on the fused node: the form its mask took, and why where not from the 2-D mask
+
+
+def _noted(m: Match, y: ir.Value) -> ir.Value:
+    """y, its node noting how the mask reached it (``MASK_KEY``): "none", "mask_index"/
+    "key_padding_mask" (the 2-D mask, raw), "attention_bias from the 2-D mask" (built once), or
+    "attention_bias: <why the mask was not read as key padding>"."""
+    plan, node = m.plan, y.producer()
+    if plan["mask"] is None:
+        note = "none"
+    elif plan["padding"] is None:
+        note = f"attention_bias: {plan['mask_form']}"
+    elif plan["padding"]["form"] == "raw":
+        note = "mask_index" if node.op_type == "Attention" else "key_padding_mask"
+    else:
+        note = "attention_bias from the 2-D mask"
+    node.metadata_props[MASK_KEY] = note
+    return y
 
 
 def _mask_attrs(padding: dict) -> dict:
