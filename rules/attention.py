@@ -836,6 +836,15 @@ def _zero_masked_rows(m: Match, b, y: ir.Value, lead: list) -> ir.Value:
     any_key = b.op("Cast", b.op("Greater", top, b.const(np.array(-np.inf, dt), name="attention_ninf")),
                    to=int(m.plan["dtype"]))  # [B|1, N|1, S, 1]
     per_row = b.op("Transpose", any_key, perm=[0, 2, 1, 3])  # [B|1, S, N|1, 1]
+    dims = dims_of(mask, m.opsets)
+    if dims is not None and len(dims) == 4 and dims[1] == 1:  # one factor for every head: y [B, S, N*D] * [B|1, S, 1]
+        if m.opset("") >= 13:
+            rows = b.op("Squeeze", per_row, b.const(np.array([2], np.int64), name="attention_heads_axis"))
+        else:
+            rows = b.op("Squeeze", per_row, axes=[2])
+        zeroed = b.op("Mul", y, rows)
+        zeroed.type, zeroed.shape = ir.TensorType(m.plan["dtype"]), ir.Shape(lead + [n * d])
+        return zeroed
     y4 = b.op("Reshape", y, b.const(np.array([0, 0, n, d], np.int64), name="attention_heads"))
     zeroed = b.op("Mul", y4, per_row)
     merged = b.op("Reshape", zeroed, b.const(np.array([0, 0, n * d], np.int64), name="attention_merged"))
