@@ -333,7 +333,7 @@ def _merge_extents(a: _Sym, b: _Sym) -> dict:
 
 def _same_extent(a, b, opsets=None) -> bool:
     if isinstance(a, int) or isinstance(b, int):
-        return a == b
+        return _static(a, opsets) == _static(b, opsets) is not None
     if (a[1] is b[1] and a[2] == b[2]) or same_symbol(a[1], a[2], b[1], b[2]):
         return True
     return opsets is not None and (_is_dim(a, b[1], b[2], opsets) or _is_dim(b, a[1], a[2], opsets))
@@ -451,11 +451,7 @@ class _Reader:
     def _read(self, value: ir.Value, depth: int) -> _Sym:
         t = constant_tensor(value)
         if t is not None:
-            a = t.numpy()
-            if a.size == 0 or not np.all(a == a.reshape(-1)[0]):
-                raise _NotKeyPadding("the mask reads a constant that is not one number repeated")
-            x = a.reshape(-1)[0]
-            return _Sym(a.ndim, ("const", bool(x) if a.dtype == np.bool_ else float(x)))
+            return _constant(t.numpy())
         node = value.producer()
         if node is None:
             return self._input(value)
@@ -593,14 +589,17 @@ class _Reader:
             raise _NotKeyPadding("a Reshape of the mask has an unreadable target")
         inner = x_value.producer()
         # the flat round trip of a gathered element: Reshape(Reshape(Gather(F, idx), [-1]), Shape(idx))
-        if inner is not None and inner.op_type == "Reshape" and elements and all(
-                not isinstance(e, int) for e in elements) and len({id(e[1]) for e in elements}) == 1:
-            flat = shape_elements(inner.inputs[1])
-            gather = inner.inputs[0].producer()
-            idx = elements[0][1]
-            if flat == [-1] and gather is not None and gather.op_type == "Gather" and gather.inputs[1] is idx \
-                    and [e[2] for e in elements] == list(range(len(elements))):
-                g = self.read(inner.inputs[0], depth)
+        # (Reshape(Gather(F, idx), Shape(idx)) where shape rules merged the two Reshapes)
+        gathered = inner.inputs[0] if inner is not None and inner.op_type == "Reshape" and shape_elements(
+            inner.inputs[1]) == [-1] else x_value
+        gather = gathered.producer()
+        if gather is not None and gather.op_type == "Gather":
+            idx = gather.inputs[1]
+            idx_dims = dims_of(idx, self.opsets)
+            if idx_dims is not None and len(idx_dims) == len(elements) and all(
+                    _is_dim(e, idx, k, self.opsets) if not isinstance(e, int) else e == idx_dims[k]
+                    for k, e in enumerate(elements)):
+                g = self.read(gathered, depth)
                 rank = g.rank - 1
                 if rank != len(elements) or rank in g.extents:
                     raise _NotKeyPadding("a Reshape of the mask drops an axis it varies along")
@@ -627,15 +626,18 @@ class _Reader:
             raise _NotKeyPadding("the mask gathers from a Flatten that is not [B*T, 1]")
         idx = self.read(indices, depth)
         li = _lin(idx.expr)
+        mask = self.mask
+        if li is not None and li[2] == 0 and len(li[1]) == 1 and _batch_of_one(mask, self.opsets):
+            li = ("lin", li[1] + ((None, 0),), 0)  # (one batch row: b is 0)
         if li is None or li[2] != 0 or len(li[1]) != 2:
             raise _NotKeyPadding("the mask's index arithmetic does not address [b, t]")
-        mask = self.mask
         (a1, c1), (a2, c2) = li[1]
         for (ab, cb), (at, ct) in (((a1, c1), (a2, c2)), ((a2, c2), (a1, c1))):
-            if ct == 1 and not isinstance(cb, int) and _is_dim(cb, mask, 1, self.opsets) \
+            if ct == 1 and at is not None and (ab is None or _is_dim(cb, mask, 1, self.opsets)) \
                     and at in idx.extents and _same_extent(idx.extents[at], ("dim", mask, 1), self.opsets):
                 rank = idx.rank + 1
-                expr = ("mask", ("lin", ((ab, 1),), 0), ("lin", ((at, 1),), 0), src.expr[3])
+                b = ("lin", (), 0) if ab is None else ("lin", ((ab, 1),), 0)
+                expr = ("mask", b, ("lin", ((at, 1),), 0), src.expr[3])
                 return _Sym(rank, expr, idx.extents)
         raise _NotKeyPadding("the mask's index arithmetic does not address [b, t]")
 
@@ -645,10 +647,17 @@ class _Reader:
         bd = node.attributes.get("batch_dims")
         src = self.read(data, depth)
         stack = indices.producer()
+        folded = constant_tensor(indices)
         if (bd is not None and bd.value != 0) or src.rank != 2 or src.expr[0] != "mask" \
-                or src.expr[1] != ("lin", ((0, 1),), 0) or src.expr[2] != ("lin", ((1, 1),), 0) \
-                or stack is None or stack.op_type != "Concat" or len(stack.inputs) != 2:
+                or src.expr[1] != ("lin", ((0, 1),), 0) or src.expr[2] != ("lin", ((1, 1),), 0) or not (
+                    folded is not None and folded.numpy().ndim >= 1 and folded.numpy().shape[-1] == 2
+                    or stack is not None and stack.op_type == "Concat" and len(stack.inputs) == 2):
             raise _NotKeyPadding("the mask's GatherND does not read [b, t] of the mask")
+        if folded is not None:  # (at fixed shapes: the stacked indices folded)
+            a = folded.numpy()
+            parts = [_constant(np.ascontiguousarray(a[..., i])) for i in range(2)]
+            parts = [p if p.rank == a.ndim - 1 else _aligned(p, a.ndim - 1) for p in parts]
+            return self._nd(parts, src)
         parts = []
         for v in stack.inputs:
             u = v.producer()
@@ -663,14 +672,23 @@ class _Reader:
         rank = max(p.rank for p in parts)
         if axis not in (-1, rank) or any(p.rank != rank for p in parts):
             raise _NotKeyPadding("the mask's GatherND indices are not a stack of two indices")
+        return self._nd(parts, src)
+
+    def _nd(self, parts: list, src: _Sym) -> _Sym:
+        rank = parts[0].rank
         b, t = (_lin(p.expr) for p in parts)
-        if b is None or t is None or b[2] != 0 or t[2] != 0 or len(b[1]) != 1 or len(t[1]) != 1 \
-                or b[1][0][1] != 1 or t[1][0][1] != 1:
+        if b == ("lin", (), 0) and _batch_of_one(self.mask, self.opsets):
+            b = None  # (one batch row: b is 0)
+        if b is None and t is not None:
+            pass
+        elif b is None or t is None or b[2] != 0 or len(b[1]) != 1 or b[1][0][1] != 1:
+            raise _NotKeyPadding("the mask's index arithmetic does not address [b, t]")
+        if t is None or t[2] != 0 or len(t[1]) != 1 or t[1][0][1] != 1:
             raise _NotKeyPadding("the mask's index arithmetic does not address [b, t]")
         extents = _merge_extents(*parts)
         if not _same_extent(extents.get(t[1][0][0], 1), ("dim", self.mask, 1), self.opsets):
             raise _NotKeyPadding("the mask's index arithmetic does not address [b, t]")
-        return _Sym(rank, ("mask", b, t, src.expr[3]), extents)
+        return _Sym(rank, ("mask", ("lin", (), 0) if b is None else b, t, src.expr[3]), extents)
 
 
 def _keeps_dims(node: ir.Node, opsets, depth: int = 0) -> bool:
@@ -701,6 +719,9 @@ def _keeps_dims(node: ir.Node, opsets, depth: int = 0) -> bool:
 def _is_dim(e, x: ir.Value, k: int, opsets, depth: int = 0) -> bool:
     """A shape element stands for dimension k of x: is_dim_of, or through a Reshape of a value
     that keeps its dimensions (GPT-2 reads its batch from input_ids.view(-1, T))."""
+    if isinstance(e, int):
+        dims = dims_of(x, opsets)
+        return dims is not None and dims[k] == e
     if is_dim_of(e, x, k):
         return True
     v, j = e[1], e[2]
@@ -712,6 +733,53 @@ def _is_dim(e, x: ir.Value, k: int, opsets, depth: int = 0) -> bool:
     if node.op_type != "Reshape":
         return False
     return _keeps_dims(node, opsets, depth + 1) and _is_dim(("dim", node.inputs[0], j), x, k, opsets, depth + 1)
+
+
+def _constant(a: np.ndarray) -> _Sym:
+    """A constant as the reader's expressions: one number repeated, integer indices affine in the
+    axes (a folded Range and its arithmetic, at fixed shapes), or a boolean comparison of two axes'
+    indices (a folded causal triangle)."""
+    if a.size == 0:
+        raise _NotKeyPadding("the mask reads an empty constant")
+    x = a.reshape(-1)[0]
+    if np.all(a == x):
+        return _Sym(a.ndim, ("const", bool(x) if a.dtype == np.bool_ else float(x)))
+    axes = [k for k in range(a.ndim) if a.shape[k] > 1]
+    extents = {k: int(a.shape[k]) for k in axes}
+    grids = np.indices(a.shape)
+    if a.dtype.kind in "iu" or a.dtype.kind == "f" and np.all(np.mod(a, 1) == 0):
+        ai = a.astype(np.int64)
+        c0 = int(ai.reshape(-1)[0])
+        terms = []
+        for k in axes:
+            step = [0] * a.ndim
+            step[k] = 1
+            terms.append((k, int(ai[tuple(step)]) - c0))
+        fitted = c0 + sum(c * grids[k] for k, c in terms)
+        if np.array_equal(fitted, ai):
+            return _Sym(a.ndim, ("lin", tuple((k, c) for k, c in terms if c), c0), extents)
+        raise _NotKeyPadding("the mask reads indices that are not affine in the axes")
+    if a.dtype == np.bool_:
+        for i in axes:
+            for j in axes:
+                if i != j and np.array_equal(a, grids[i] <= grids[j]):
+                    return _Sym(a.ndim, ("le", ("lin", ((i, 1),), 0), ("lin", ((j, 1),), 0)), extents)
+    raise _NotKeyPadding("the mask reads a constant that is neither one number nor indices")
+
+
+def _batch_of_one(mask: ir.Value | None, opsets) -> bool:
+    """The mask input has one batch row (fixed shapes): every b index is 0."""
+    dims = dims_of(mask, opsets) if mask is not None else None
+    return dims is not None and dims[0] == 1
+
+
+def _static(e, opsets):
+    """A shape element as a number where it is one (a dimension of static size), else None."""
+    if isinstance(e, int):
+        return e
+    dims = dims_of(e[1], opsets) if opsets is not None else None
+    d = dims[e[2]] if dims is not None and -len(dims) <= e[2] < len(dims) else None
+    return d if isinstance(d, int) else None
 
 
 def _lin_add(a, b):
@@ -753,6 +821,8 @@ def read_key_padding(keep: ir.Value, opsets) -> KeyPadding | str:
         if len(mask_terms) != 1 or len(causal) + 1 != len(terms) or len(causal) > 1:
             raise _NotKeyPadding("the mask is not key padding (and a causal factor)")
         (_, b, t, _raw), = mask_terms
+        if b == ("lin", (), 0) and _batch_of_one(reader.mask, opsets):
+            b = ("lin", ((0, 1),), 0)  # (axis 0 has one row: its index is 0)
         if b != ("lin", ((0, 1),), 0) or t != ("lin", ((3, 1),), 0):
             raise _NotKeyPadding("the mask is not read at [batch, key]")
         if causal and causal[0] != ("le", ("lin", ((3, 1),), 0), ("lin", ((2, 1),), 0)):

@@ -474,6 +474,8 @@ def test_zoo_fused_fixed_shapes(kind, exporter):
     assert report.fired.get(RULE, 0) == LAYERS[kind]
     ops = Counter(n.op_type for n in out.graph.node)
     assert ops["Attention"] == LAYERS[kind] and ops["Expand"] == 0  # the mask's shape is proven at fixed shapes
+    # the exporter's index arithmetic folded into constants is still read as key padding
+    assert {_note(n) for n in _attention_nodes(out)} == {"mask_index"}
     _same(src, out, _padded(kind, proto, 2, 16))
 
 
@@ -754,4 +756,17 @@ def test_zoo_mask_once_on_cuda(kind, exporter):
     _same(src, out, feeds)
     feeds["attention_mask"] = np.ascontiguousarray(feeds["attention_mask"][:, ::-1])  # left padding
     feeds["input_ids"] = np.ascontiguousarray(feeds["input_ids"][:, ::-1])
+    _same(src, out, feeds)
+
+
+def test_zoo_fixed_batch_of_one_reads_key_padding():
+    """At input_shapes [1, 16] the mask's index arithmetic is folded into constants (b is 0): still
+    read as key padding, outputs the original's."""
+    src = _zoo("bert", "legacy")
+    proto = onnx.load(str(src), load_external_data=False)
+    out = optimize(proto, target="ort-cpu", input_shapes={i.name: [1, 16] for i in proto.graph.input})
+    assert {_note(n) for n in _attention_nodes(out)} == {"mask_index"}
+    feeds = _padded("bert", proto, 2, 16)
+    feeds = {k: v[1:] for k, v in feeds.items()}  # (the shorter row: padded)
+    assert feeds["attention_mask"].sum() < 16
     _same(src, out, feeds)
