@@ -21,6 +21,11 @@ shape and the types are facts a rule's condition reads from what they bind.
 - ``softmax(scores)``: ``Softmax`` (``softmax``; its output ``probs``), or torch's NaN guard around
   it, ``Where(IsNaN(p), 0, p)`` (``guard``).
 - ``attention_output(probs, v)``: ``MatMul(probs, v)`` (``pv``).
+- ``key_padding_bias()``: the additive mask made from a keep tensor (``Where(keep, 0, fill)``,
+  ``(1 - keep) * fill``, ``Where(bool(1 - keep), fill, 1 - keep)``; binds ``keep``, ``fill``,
+  ``inverted``, ``mask``), shared by every layer (absorbed); ``masked_scores`` tries it before a
+  plain ``mask``. What ``keep`` holds is then a fact: ``read_key_padding(keep)`` proves
+  keep[b, n, s, t] = bool(m[b, t]) (and t <= s) for a 2-D graph input m, or says why not.
 - ``head_merge(attn)``: the root: ``Reshape(Transpose(...))`` (``out``, ``tr``; the target
   ``shape``) after any further Reshape/Transpose views of ``attn`` (``merge_views``). Everything
   under the Transpose is absorbed: the rewrite replaces the ends (``out``, ``tr``) and what lies

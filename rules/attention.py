@@ -22,15 +22,41 @@ sequence: the views the pattern binds are read by the condition as layouts, the 
   op's ``scale`` (no scale is ``scale=1``, not the ops' default 1/sqrt(D)). A product that rounds
   to 0 in float32 (the attribute's type, where 0 means the default 1/sqrt(D)), to a subnormal or
   to inf is refused (float16 models: in float16 too).
-- the mask: an additive mask (Add on the scores, before Softmax: GPT-2's causal-and-padding
-  ``Where(mask, 0, -inf)`` and BERT's padding mask of transformers 5 are both this) becomes the
-  fused op's ``attention_bias``. onnxruntime wants it as [B or 1, N or 1, S, T]; where the model's
-  shapes do not prove its last two dimensions are S and T it is Expanded to them (at fixed
-  ``input_shapes`` they are proven and no Expand is added).
+- the mask: an additive mask (Add on the scores, before Softmax). Where it is made from a key-padding
+  mask m [B, T] that is a graph input (``key_padding_bias`` in rules/_attention_parts.py:
+  ``Where(keep, 0, fill)``, ``(1 - keep) * fill``, transformers 4's sdpa masked_fill) and
+  ``read_key_padding`` proves, element by element, that keep[b, n, s, t] = bool(m[b, t]) (and
+  t <= s: causal) -- the exporters' index arithmetic (transformers 5's Flatten + Gather at b*T + t,
+  the dynamo exporter's GatherND of stacked [b, t], their folded constants at fixed shapes) read by
+  the node types' semantics, not matched as one node sequence -- the mask is reduced once for all
+  layers (``_MASK_FORM``, by target):
+  - ort-cpu: the fused op reads m itself, cast to int32 once (``attention_mask_int32``, every layer
+    the same value): Attention's ``mask_index`` [B, T] / MultiHeadAttention's ``key_padding_mask``,
+    ``mask_filter_value`` = the exporter's fill (omitted at -10000, the ops' default; the lowest
+    float32 for -inf), ``unidirectional=1`` for a causal mask. Measured on this 2-core EPYC (1 thread,
+    BERT-base shape S128 H768 N12, one Attention): raw vs attention_bias 9.19 vs 9.17 ms at b1,
+    61.7 vs 61.8 ms at b8 (causal 9.36/9.29, 84.1/84.8): even, outputs identical; the raw form
+    needs no [B,1,T,T] tensor and one node.
+  - ort-cuda: an ``attention_bias`` [B, 1, T, T] built once from m by data operations only
+    (Cast/Unsqueeze/CumSum/LessOrEqual/And/Where: no Shape arithmetic, which onnxruntime's CUDA
+    provider runs on the CPU), read by every layer: the lead's CUDA probe (H200, onnxruntime-gpu
+    1.31.1) found the raw 2-D mask not exact for causal rows with no key (2.1 off, with or without
+    mask_filter_value) and 35% slower at b8 fp16, attention_bias exact and as fast or faster.
+  The standard opset-23 Attention takes the bias form too. A mask that is not proven key padding of a
+  graph input (computed from activations, an index addressing another element, a window, an offset)
+  keeps the additive mask as ``attention_bias``, Expanded to [B|1, N|1, S, T] where its shape is not
+  proven (S and T read from the graph input carrying their symbol, so every layer builds the same
+  Expand and the common-subexpression pass keeps one); the fused node's ``onnxopt.attention_mask``
+  metadata (``MASK_KEY``) says which form it took and, for attention_bias, why. The contract: exact
+  up to rounding for 0/1 masks (bool(m) exports keep any nonzero key; the kernels keep m > 0, and the
+  transformers-4 forms compute 1 - m: masks of other values are outside it). Never the 1-D
+  sequence-length mask_index (it assumes right padding).
 - Softmax over the last axis, optionally guarded by ``Where(IsNaN(p), 0, p)`` (torch's safe softmax
   in sdpa exports): the guard only changes rows where every key is masked (all -inf scores); there
   the fused op gives NaN (with -inf masks) or a uniform average (with finite ones) instead of 0.
-  Right-padded and causal masks never mask a whole row.
+  The guard is kept as one Mul per layer by a factor computed once: from m ([B, 1, 1]: any key of
+  the row; [B, T, 1] causal: any key up to the query, a running sum) for a key-padding mask, from
+  the additive mask (max over keys > -inf, [B|1, S, 1]) otherwise.
 
 What it becomes:
 - ``com.microsoft Attention`` (one packed QKV GEMM) where Q, K and V are projections of one input:
@@ -41,9 +67,9 @@ What it becomes:
   model already imports opset 23 or more and the installed onnxruntime runs that op for the target's
   provider and the dtype (tried once on a tiny model, cached: ``standard_attention_runs``).
 
-GPT-2's causal mask is taken as the model computes it (in the additive bias), not as
-``unidirectional=1``: the bias already holds causal and padding together, so any causal variant
-(sliding windows, left padding) fuses the same way.
+The output's last dimension is set to N*D where shape inference left it unknown (GPT-2's merge
+Reshape reads its target from shapes): the Conv1D flatten after it then folds, and
+``gemm_flatten_to_matmul`` turns the attention's c_proj Gemm into a MatMul as it does the others.
 """
 
 from __future__ import annotations
@@ -902,6 +928,7 @@ RULES = [
          targets=("ort-cpu", "ort-cuda"), benefit="attention", exact=False,
          doc="Scaled dot-product attention (Q/K/V heads through any Reshape/Transpose views, scalar scales, an "
              "additive padding/causal mask, Softmax with or without the NaN guard) becomes com.microsoft Attention "
-             "(packed QKV weights, where Q, K and V project one input) or MultiHeadAttention; the mask is the "
-             "fused op's attention_bias."),
+             "(packed QKV weights, where Q, K and V project one input) or MultiHeadAttention; a key-padding "
+             "mask of a 2-D graph input is reduced once for all layers (mask_index on ort-cpu, one "
+             "attention_bias built by data ops on ort-cuda), any other mask is the fused op's attention_bias."),
 ]
