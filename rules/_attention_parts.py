@@ -44,7 +44,7 @@ import onnx_ir as ir
 
 import numpy as np
 
-from onnxopt.core.pattern import ANY, Absorbed, Const, Explain, Op, Or, Pattern, Repeat, Var
+from onnxopt.core.pattern import ANY, Absorbed, Const, Explain, Op, Opt, Or, Pattern, Repeat, Var
 from onnxopt.ir.shapes import infer, infer_outputs, is_dim_of, same_symbol, scalar_element, shape_elements
 from onnxopt.ir.util import constant_tensor
 
@@ -149,8 +149,8 @@ def is_head_split(node: ir.Node, opsets) -> bool:
     target = node.inputs[1]
     prime_shapes(target, opsets)
     elements = shape_elements(target)
-    if elements is not None:
-        return len(elements) == 4
+    if elements is not None:  # (3 -> 3 where a batch of 1 is dropped: [1, S, H] -> [S, N, D])
+        return len(elements) == 4 or len(elements) == 3 and found[0] == 1
     shape = infer(target, opsets)
     return shape is not None and len(shape) == 1 and shape[0] == 4
 
@@ -166,13 +166,15 @@ def scale_step(rest: Pattern) -> Pattern:
 
 
 def layout_step(rest: Pattern) -> Pattern:
-    """A Reshape or a Transpose: a view of the same elements."""
-    return Or(Op("Reshape", rest, ANY, uses=one_reader), Op("Transpose", rest, uses=one_reader))
+    """A Reshape, a Transpose, or an Unsqueeze/Squeeze of constant axes (where a batch of 1 was
+    dropped and put back by shape rules at fixed shapes): a view of the same elements."""
+    return Or(Op("Reshape", rest, ANY, uses=one_reader), Op("Transpose", rest, uses=one_reader),
+              Op("Unsqueeze", rest, Opt(Const()), uses=one_reader), Op("Squeeze", rest, Opt(Const()), uses=one_reader))
 
 
 def view_step(rest: Pattern) -> Pattern:
     """A view or a scale: what lies between a head split and the MatMul that reads the heads."""
-    return Or(Op("Reshape", rest, ANY, uses=one_reader), Op("Transpose", rest, uses=one_reader),
+    return Or(layout_step(rest),
               Op("Mul", rest, Const(check=is_scale), commutative=True, uses=one_reader),
               Op("Div", rest, Const(check=is_scale), uses=one_reader))
 

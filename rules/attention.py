@@ -239,6 +239,8 @@ def _split_heads(ctx: _Ctx, x: ir.Value, node: ir.Node, b: str, s: str) -> list[
     shape_value = node.inputs[1] if len(node.inputs) > 1 else None
     prime_shapes(shape_value, ctx.m.opsets)
     elements = shape_elements(shape_value)
+    if elements is not None and len(elements) == 3 and ctx.size(b) == 1:
+        elements = [1] + elements  # (a batch of 1 dropped: [S, N, D])
     if elements is None or len(elements) != 4:
         raise _NoFit("the heads are not split by a 4-D reshape")
     allowzero = node.attributes.get("allowzero")
@@ -272,6 +274,21 @@ def _apply(ctx: _Ctx, layout, node: ir.Node) -> list[tuple]:
         return [layout[p] for p in perm]
     if node.op_type == "Reshape":
         return _reshape(ctx, layout, node)
+    if node.op_type in ("Unsqueeze", "Squeeze"):
+        axes = node.inputs[1] if len(node.inputs) > 1 else None
+        axes = constant_tensor(axes).numpy().reshape(-1).tolist() if axes is not None else (
+            list(node.attributes["axes"].value) if "axes" in node.attributes else None)
+        if axes is None:
+            raise _NoFit("a squeeze has no constant axes")
+        if node.op_type == "Unsqueeze":
+            rank = len(layout) + len(axes)
+            inserted = {a % rank for a in axes}
+            groups = iter(layout)
+            return [() if k in inserted else next(groups) for k in range(rank)]
+        removed = {a % len(layout) for a in axes}
+        if any(layout[k] for k in removed):
+            raise _NoFit("a squeeze removes a dimension of the heads")
+        return [g for k, g in enumerate(layout) if k not in removed]
     return layout  # a scale
 
 

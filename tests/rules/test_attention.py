@@ -759,14 +759,17 @@ def test_zoo_mask_once_on_cuda(kind, exporter):
     _same(src, out, feeds)
 
 
-def test_zoo_fixed_batch_of_one_reads_key_padding():
+@pytest.mark.parametrize("kind,exporter", [("bert", "legacy"), ("bert", "dynamo"), ("gpt2", "dynamo")])
+def test_zoo_fixed_batch_of_one_reads_key_padding(kind, exporter):
     """At input_shapes [1, 16] the mask's index arithmetic is folded into constants (b is 0): still
-    read as key padding, outputs the original's."""
-    src = _zoo("bert", "legacy")
+    read as key padding; the dynamo export's heads, whose batch of 1 shape rules drop and put back
+    (Reshape to [S, N, D], Transpose, Unsqueeze), still fuse; outputs the original's."""
+    src = _zoo(kind, exporter)
     proto = onnx.load(str(src), load_external_data=False)
     out = optimize(proto, target="ort-cpu", input_shapes={i.name: [1, 16] for i in proto.graph.input})
+    assert len(_attention_nodes(out)) == LAYERS[kind]
     assert {_note(n) for n in _attention_nodes(out)} == {"mask_index"}
-    feeds = _padded("bert", proto, 2, 16)
+    feeds = _padded(kind, proto, 2, 16)
     feeds = {k: v[1:] for k, v in feeds.items()}  # (the shorter row: padded)
     assert feeds["attention_mask"].sum() < 16
     _same(src, out, feeds)
