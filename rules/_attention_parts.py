@@ -564,12 +564,12 @@ class _Reader:
                 lx = _lin(x.expr)
                 if lx is None:
                     continue
-                factor = self._factor(node, x is a, y)
+                factor = self._factor(y)
                 if factor is not None:
                     return _Sym(rank, _lin_scale(lx, factor), extents)
         raise _NotKeyPadding(f"the mask's {op} is not index arithmetic")
 
-    def _factor(self, node: ir.Node, first_is_index: bool, other: _Sym):
+    def _factor(self, other: _Sym):
         """The factor (an int, or a shape element) an index is multiplied by, read from the Mul's
         other operand."""
         if other.expr[0] == "const" and float(other.expr[1]).is_integer():
@@ -834,6 +834,22 @@ def read_key_padding(keep: ir.Value, opsets) -> KeyPadding | str:
             raise _NotKeyPadding("the mask is not read at [batch, key]")
         if causal and causal[0] != ("le", ("lin", ((3, 1),), 0), ("lin", ((2, 1),), 0)):
             raise _NotKeyPadding("the mask's position factor is not causal (key <= query)")
+        # the key range spans the mask's keys (proven); the batch range and a causal query range are
+        # refused where they provably do not span the mask's batch / keys (a static length that differs:
+        # broadcasting would repeat one row). A batch range read from the activations' shape, whose
+        # name inference lost (BERT's position embedding), is taken as the batch: a range of 1 there
+        # at run time while the scores have more rows is the one case this does not prove.
+        mask = reader.mask
+        spans = [(3, ("dim", mask, 1), True), (0, ("dim", mask, 0), False)]
+        spans += [(2, ("dim", mask, 1), False)] if causal else []
+        for axis, want, strict in spans:
+            have = sym.extents.get(axis, 1)
+            if axis == 0 and have == 1 and _batch_of_one(mask, opsets):
+                continue
+            if _same_extent(have, want, opsets):
+                continue
+            if strict or _static(have, opsets) is not None or _static(want, opsets) is not None:
+                raise _NotKeyPadding("the mask's index ranges do not span its batch and keys")
         return KeyPadding(reader.mask, bool(causal))
     except _NotKeyPadding as exc:
         return str(exc)
