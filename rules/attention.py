@@ -83,7 +83,7 @@ from onnxopt.core.pattern import Match, Rule
 from onnxopt.ir.shapes import infer, same_symbol, shape_elements
 from onnxopt.ir.util import RULE_KEY, constant_tensor
 
-from onnxopt.rules._attention_parts import (MS, SAME_SHAPE, KeyPadding, attention_output, dims_of, float_scalar,
+from onnxopt.rules._attention_parts import (MS, SAME_SHAPE, attention_output, dims_of, float_scalar,
                                             head_merge, heads, is_scale, masked_scores, one_reader, prime_shapes,
                                             read_key_padding, scaled_dot_product, softmax)
 from onnxopt.rules._semantic import unrepresentable
@@ -796,9 +796,9 @@ def _padding_bias(m: Match, b) -> ir.Value:
             return b.op("Unsqueeze", v, b.const(np.array(axes, np.int64), name="attention_mask_axes"))
         return b.op("Unsqueeze", v, axes=axes)
 
-    kept = b.op("Cast", src, to=int(ir.DataType.BOOL)) if not (
-        isinstance(src.type, ir.TensorType) and src.type.dtype == ir.DataType.BOOL) else src
-    every = b.op("GreaterOrEqual", src, src) if src.type.dtype != ir.DataType.BOOL else b.op("Or", src, b.op("Not", src))
+    is_bool = isinstance(src.type, ir.TensorType) and src.type.dtype == ir.DataType.BOOL
+    kept = src if is_bool else b.op("Cast", src, to=int(ir.DataType.BOOL))
+    every = b.op("Or", src, b.op("Not", src)) if is_bool else b.op("GreaterOrEqual", src, src)  # all true
     keys = unsqueeze(kept, [1, 2])  # [B, 1, 1, T]
     if padding["causal"]:
         position = b.op("CumSum", b.op("Cast", every, to=int(ir.DataType.INT32)),

@@ -600,7 +600,8 @@ def _padded_feeds(m, left: bool, empty: bool = False) -> dict:
 
 
 def _attention_nodes(out: onnx.ModelProto):
-    return [n for n in out.graph.node if n.domain == "com.microsoft" and n.op_type in ("Attention", "MultiHeadAttention")]
+    return [n for n in out.graph.node
+            if n.domain == "com.microsoft" and n.op_type in ("Attention", "MultiHeadAttention")]
 
 
 def _attrs(node) -> dict:
