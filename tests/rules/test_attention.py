@@ -774,3 +774,17 @@ def test_zoo_fixed_batch_of_one_reads_key_padding(kind, exporter):
     feeds = {k: v[1:] for k, v in feeds.items()}  # (the shorter row: padded)
     assert feeds["attention_mask"].sum() < 16
     _same(src, out, feeds)
+
+
+def test_a_mask_that_is_not_key_padding_is_expanded_once_for_all_layers():
+    """An additive [B,1,1,S] graph-input mask (not a 2-D key-padding mask): each layer's Expand reads
+    S from the graph input carrying its symbol, so the layers build the same Expand and one is left."""
+    m = two_layers(attention_model(proj="bert", mask="pad"))
+    out = optimize(m, **CPU)
+    layers = _attention_nodes(out)
+    assert len(layers) == 2 and len({n.input[5] for n in layers}) == 1
+    assert Counter(n.op_type for n in out.graph.node)["Expand"] == 1
+    assert _note(layers[0]) == "attention_bias: the mask is not Where(keep, 0, fill) nor (1 - keep) * fill"
+    f = feeds(m)
+    for x, y in zip(run_ort(m, f), run_ort(out, f), strict=True):
+        np.testing.assert_allclose(y, x, rtol=1e-4, atol=1e-4)
