@@ -51,6 +51,7 @@ from onnxopt.ir.util import constant_tensor
 MS = "com.microsoft"
 MAX_VIEWS = 8  # Reshape/Transpose/scale nodes followed on one path
 _MAX_LOOKUP = 4096  # values one shape question may look at (see dims_of)
+_MAX_CONSTANT = 1 << 20  # elements of a constant the mask reader fits as indices
 
 # contrib ops whose first output has their first input's shape (onnx's inference knows none of them)
 SAME_SHAPE = frozenset({"SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization",
@@ -485,7 +486,8 @@ class _Reader:
             return _Sym(1, ("lin", ((0, 1),), 0), {0: limit})
         if op == "Unsqueeze":
             x = r(ins[0])
-            axes = _const_axes(ins[1]) if len(ins) > 1 else list(node.attributes["axes"].value)
+            axes = _const_axes(ins[1]) if len(ins) > 1 else (
+                list(node.attributes["axes"].value) if "axes" in node.attributes else None)
             if axes is None:
                 raise _NotKeyPadding("an Unsqueeze of the mask has unknown axes")
             rank = x.rank + len(axes)
@@ -494,7 +496,8 @@ class _Reader:
             return _moved(x, lambda a: kept[a], rank)
         if op == "Squeeze":
             x = r(ins[0])
-            axes = _const_axes(ins[1]) if len(ins) > 1 else None
+            axes = _const_axes(ins[1]) if len(ins) > 1 else (
+                list(node.attributes["axes"].value) if "axes" in node.attributes else None)
             if axes is None or any(a % x.rank in x.extents for a in axes):
                 raise _NotKeyPadding("a Squeeze of the mask removes an axis it varies along")
             axes = {a % x.rank for a in axes}
@@ -671,7 +674,8 @@ class _Reader:
             if u is None or u.op_type != "Unsqueeze":
                 raise _NotKeyPadding("the mask's GatherND indices are not a stack of two indices")
             part = self.read(u.inputs[0], depth)
-            axes = _const_axes(u.inputs[1]) if len(u.inputs) > 1 else list(u.attributes["axes"].value)
+            axes = _const_axes(u.inputs[1]) if len(u.inputs) > 1 else (
+                list(u.attributes["axes"].value) if "axes" in u.attributes else None)
             if axes is None or len(axes) != 1 or axes[0] % (part.rank + 1) != part.rank:
                 raise _NotKeyPadding("the mask's GatherND indices are not a stack of two indices")
             parts.append(part)
@@ -751,6 +755,8 @@ def _constant(a: np.ndarray) -> _Sym:
     x = a.reshape(-1)[0]
     if np.all(a == x):
         return _Sym(a.ndim, ("const", bool(x) if a.dtype == np.bool_ else float(x)))
+    if a.size > _MAX_CONSTANT:
+        raise _NotKeyPadding("the mask reads a large constant")
     axes = [k for k in range(a.ndim) if a.shape[k] > 1]
     extents = {k: int(a.shape[k]) for k in axes}
     grids = np.indices(a.shape)
