@@ -22,15 +22,41 @@ sequence: the views the pattern binds are read by the condition as layouts, the 
   op's ``scale`` (no scale is ``scale=1``, not the ops' default 1/sqrt(D)). A product that rounds
   to 0 in float32 (the attribute's type, where 0 means the default 1/sqrt(D)), to a subnormal or
   to inf is refused (float16 models: in float16 too).
-- the mask: an additive mask (Add on the scores, before Softmax: GPT-2's causal-and-padding
-  ``Where(mask, 0, -inf)`` and BERT's padding mask of transformers 5 are both this) becomes the
-  fused op's ``attention_bias``. onnxruntime wants it as [B or 1, N or 1, S, T]; where the model's
-  shapes do not prove its last two dimensions are S and T it is Expanded to them (at fixed
-  ``input_shapes`` they are proven and no Expand is added).
+- the mask: an additive mask (Add on the scores, before Softmax). Where it is made from a key-padding
+  mask m [B, T] that is a graph input (``key_padding_bias`` in rules/_attention_parts.py:
+  ``Where(keep, 0, fill)``, ``(1 - keep) * fill``, transformers 4's sdpa masked_fill) and
+  ``read_key_padding`` proves, element by element, that keep[b, n, s, t] = bool(m[b, t]) (and
+  t <= s: causal) -- the exporters' index arithmetic (transformers 5's Flatten + Gather at b*T + t,
+  the dynamo exporter's GatherND of stacked [b, t], their folded constants at fixed shapes) read by
+  the node types' semantics, not matched as one node sequence -- the mask is reduced once for all
+  layers (``_MASK_FORM``, by target):
+  - ort-cpu: the fused op reads m itself, cast to int32 once (``attention_mask_int32``, every layer
+    the same value): Attention's ``mask_index`` [B, T] / MultiHeadAttention's ``key_padding_mask``,
+    ``mask_filter_value`` = the exporter's fill (omitted at -10000, the ops' default; the lowest
+    float32 for -inf), ``unidirectional=1`` for a causal mask. Measured on this 2-core EPYC (1 thread,
+    BERT-base shape S128 H768 N12, one Attention): raw vs attention_bias 9.19 vs 9.17 ms at b1,
+    61.7 vs 61.8 ms at b8 (causal 9.36/9.29, 84.1/84.8): even, outputs identical; the raw form
+    needs no [B,1,T,T] tensor and one node.
+  - ort-cuda: an ``attention_bias`` [B, 1, T, T] built once from m by data operations only
+    (Cast/Unsqueeze/CumSum/LessOrEqual/And/Where: no Shape arithmetic, which onnxruntime's CUDA
+    provider runs on the CPU), read by every layer: the lead's CUDA probe (H200, onnxruntime-gpu
+    1.31.1) found the raw 2-D mask not exact for causal rows with no key (2.1 off, with or without
+    mask_filter_value) and 35% slower at b8 fp16, attention_bias exact and as fast or faster.
+  The standard opset-23 Attention takes the bias form too. A mask that is not proven key padding of a
+  graph input (computed from activations, an index addressing another element, a window, an offset)
+  keeps the additive mask as ``attention_bias``, Expanded to [B|1, N|1, S, T] where its shape is not
+  proven (S and T read from the graph input carrying their symbol, so every layer builds the same
+  Expand and the common-subexpression pass keeps one); the fused node's ``onnxopt.attention_mask``
+  metadata (``MASK_KEY``) says which form it took and, for attention_bias, why. The contract: exact
+  up to rounding for 0/1 masks (bool(m) exports keep any nonzero key; the kernels keep m > 0, and the
+  transformers-4 forms compute 1 - m: masks of other values are outside it). Never the 1-D
+  sequence-length mask_index (it assumes right padding).
 - Softmax over the last axis, optionally guarded by ``Where(IsNaN(p), 0, p)`` (torch's safe softmax
   in sdpa exports): the guard only changes rows where every key is masked (all -inf scores); there
   the fused op gives NaN (with -inf masks) or a uniform average (with finite ones) instead of 0.
-  Right-padded and causal masks never mask a whole row.
+  The guard is kept as one Mul per layer by a factor computed once: from m ([B, 1, 1]: any key of
+  the row; [B, T, 1] causal: any key up to the query, a running sum) for a key-padding mask, from
+  the additive mask (max over keys > -inf, [B|1, S, 1]) otherwise.
 
 What it becomes:
 - ``com.microsoft Attention`` (one packed QKV GEMM) where Q, K and V are projections of one input:
@@ -41,9 +67,9 @@ What it becomes:
   model already imports opset 23 or more and the installed onnxruntime runs that op for the target's
   provider and the dtype (tried once on a tiny model, cached: ``standard_attention_runs``).
 
-GPT-2's causal mask is taken as the model computes it (in the additive bias), not as
-``unidirectional=1``: the bias already holds causal and padding together, so any causal variant
-(sliding windows, left padding) fuses the same way.
+The output's last dimension is set to N*D where shape inference left it unknown (GPT-2's merge
+Reshape reads its target from shapes): the Conv1D flatten after it then folds, and
+``gemm_flatten_to_matmul`` turns the attention's c_proj Gemm into a MatMul as it does the others.
 """
 
 from __future__ import annotations
@@ -55,11 +81,11 @@ import onnx_ir as ir
 
 from onnxopt.core.pattern import Match, Rule
 from onnxopt.ir.shapes import infer, same_symbol, shape_elements
-from onnxopt.ir.util import constant_tensor
+from onnxopt.ir.util import RULE_KEY, constant_tensor
 
-from onnxopt.rules._attention_parts import (MS, SAME_SHAPE, attention_output, dims_of, float_scalar, head_merge, heads,
-                                            is_scale, masked_scores, one_reader, prime_shapes, scaled_dot_product,
-                                            softmax)
+from onnxopt.rules._attention_parts import (MS, SAME_SHAPE, attention_output, dims_of, float_scalar,
+                                            head_merge, heads, is_scale, masked_scores, one_reader, prime_shapes,
+                                            read_key_padding, scaled_dot_product, softmax)
 from onnxopt.rules._semantic import unrepresentable
 
 _FLOATS = {"ort-cpu": (ir.DataType.FLOAT,), "ort-cuda": (ir.DataType.FLOAT, ir.DataType.FLOAT16)}
@@ -213,6 +239,8 @@ def _split_heads(ctx: _Ctx, x: ir.Value, node: ir.Node, b: str, s: str) -> list[
     shape_value = node.inputs[1] if len(node.inputs) > 1 else None
     prime_shapes(shape_value, ctx.m.opsets)
     elements = shape_elements(shape_value)
+    if elements is not None and len(elements) == 3 and ctx.size(b) == 1:
+        elements = [1] + elements  # (a batch of 1 dropped: [S, N, D])
     if elements is None or len(elements) != 4:
         raise _NoFit("the heads are not split by a 4-D reshape")
     allowzero = node.attributes.get("allowzero")
@@ -246,6 +274,21 @@ def _apply(ctx: _Ctx, layout, node: ir.Node) -> list[tuple]:
         return [layout[p] for p in perm]
     if node.op_type == "Reshape":
         return _reshape(ctx, layout, node)
+    if node.op_type in ("Unsqueeze", "Squeeze"):
+        axes = node.inputs[1] if len(node.inputs) > 1 else None
+        axes = constant_tensor(axes).numpy().reshape(-1).tolist() if axes is not None else (
+            list(node.attributes["axes"].value) if "axes" in node.attributes else None)
+        if axes is None:
+            raise _NoFit("a squeeze has no constant axes")
+        if node.op_type == "Unsqueeze":
+            rank = len(layout) + len(axes)
+            inserted = {a % rank for a in axes}
+            groups = iter(layout)
+            return [() if k in inserted else next(groups) for k in range(rank)]
+        removed = {a % len(layout) for a in axes}
+        if any(layout[k] for k in removed):
+            raise _NoFit("a squeeze removes a dimension of the heads")
+        return [g for k, g in enumerate(layout) if k not in removed]
     return layout  # a scale
 
 
@@ -382,16 +425,18 @@ def attention_condition(m: Match):
     scale *= sq * sk
     if reason := _scale_refusal(scale, dtype):
         return reason
-    bias = None
+    bias, padding, why = None, None, None
     if mask is not None:
-        bias = _mask_plan(m, ctx, mask, xq, xk, t)
-        if isinstance(bias, str):
-            return bias
+        padding, why = _key_padding(m, t, dtype)
+        if padding is None:
+            bias = _mask_plan(m, ctx, mask, xq, xk, t)
+            if isinstance(bias, str):
+                return bias
     # torch's NaN guard zeroes the rows where every key is masked with -inf; the fused ops give NaN
     # there (which the next layer spreads to every row, 0 * NaN), so the guard is kept around them
     keep_guard = guarded and mask is not None and not _finite_mask(mask)
     return {"xq": xq, "xk": xk, "xv": xv, "dtype": dtype, "scale": scale, "keep_guard": keep_guard,
-            "mask": mask, "expand": bias,
+            "mask": mask, "expand": bias, "padding": padding, "mask_form": why,
             "num_heads": ctx.size("N"), "head": ctx.size("D"), "guarded": guarded, "reshape": reshape}
 
 
@@ -428,6 +473,50 @@ def _finite_mask(mask: ir.Value) -> bool:
         return False
     arrays = [constant_tensor(v) for v in node.inputs[1:]]
     return all(a is not None and bool(np.all(np.isfinite(a.numpy()))) for a in arrays)
+
+
+def _key_padding(m: Match, t: str, dtype: ir.DataType) -> tuple[dict | None, str | None]:
+    """(facts, None) where the additive mask is a key-padding mask (and a causal factor) of a 2-D
+    graph input, with the form the fused op takes it in (``form``, see ``_MASK_FORM``), else (None,
+    the reason it keeps the attention_bias path, Expanded per layer where its shape is unproven)."""
+    if m["keep"] is None:
+        return None, "the mask is not Where(keep, 0, fill) nor (1 - keep) * fill"
+    found = read_key_padding(m["keep"], m.opsets)
+    if isinstance(found, str):
+        return None, found
+    fill = float(m.const("fill").reshape(-1)[0])
+    if math.isnan(fill) or fill >= 0:
+        return None, f"the mask's fill value {fill} is not negative"
+    standard = m.opset("") >= 23 and standard_attention_runs(m.options.get("target"), dtype)
+    form = "bias" if standard else _MASK_FORM.get(m.options.get("target"), "bias")
+    if found.causal and t != "S":
+        return None, "the mask is causal over keys that are not the queries"
+    if form == "bias" and t != "S":
+        return None, "the keys are not the queries (the bias built from the mask is [B, 1, T, T])"
+    return {"input": found.mask, "causal": found.causal, "fill": fill, "form": form,
+            "filter": _mask_filter(fill, dtype, m.options.get("target"))}, None
+
+
+# How a key-padding mask reaches the fused op, by target (measured, see the module docstring):
+# - "raw": the 2-D mask cast to int32 (Attention's mask_index, MultiHeadAttention's key_padding_mask),
+#   mask_filter_value the exporter's fill, unidirectional=1 for a causal one;
+# - "bias": the additive attention_bias [B, 1, T, T] built once from the 2-D mask for every layer,
+#   by data operations only (no Shape arithmetic, which onnxruntime's CUDA provider runs on the CPU).
+# CUDA (H200, onnxruntime-gpu 1.31.1, the lead's probe /work/main/scripts/results/targets/
+# cuda-probe-attention.json): the raw mask gives rows whose every key is masked by a causal mask
+# another answer than the original (2.1 off, with or without mask_filter_value) and is 35% slower
+# at b8 fp16; attention_bias is exact and the fastest or even everywhere.
+_MASK_FORM = {"ort-cuda": "bias", "ort-cpu": "raw"}
+
+
+def _mask_filter(fill: float, dtype: ir.DataType, target: str | None) -> float:
+    """The fused op's ``mask_filter_value`` for the exporter's fill: the fill itself where float32
+    holds it, the lowest float32 for -inf (the kernels add it to the masked scores: -inf would make
+    the rows whose every key is masked NaN, where the original's NaN guard gives 0; a finite value
+    that large absorbs every score, so such a row is the uniform average the original's finite
+    masks give, and the guard's factor zeroes it)."""
+    low = float(np.finfo(np.float32).min)
+    return low if not math.isfinite(fill) or fill < low else float(np.float32(fill))
 
 
 def _mask_plan(m: Match, ctx: _Ctx, mask: ir.Value, xq: ir.Value, xk: ir.Value, t: str):
@@ -545,8 +634,11 @@ def attention_replacement(m: Match, b):
         inputs = [plan["xq"], plan["xk"], plan["xv"], _bias(m, b, plan["xq"], plan["xk"])]
         while inputs[-1] is None:
             inputs.pop()
-        return _out(m, b, b.op("Attention", *inputs, q_num_heads=n, kv_num_heads=n, scale=scale))
+        return _out(m, b, _noted(m, b.op("Attention", *inputs, q_num_heads=n, kv_num_heads=n, scale=scale)))
     packed = _packed(plan, m.opsets)
+    raw, attrs = None, {}
+    if plan["padding"] is not None and plan["padding"]["form"] == "raw":
+        raw, attrs = _raw_mask(m, b), _mask_attrs(plan["padding"])
     if packed is not None:
         x, w, bias = packed
         dims = dims_of(x, m.opsets)
@@ -554,29 +646,183 @@ def attention_replacement(m: Match, b):
             wv = b.const(w, name=f"{name}_qkv_weight")
             bv = b.const(bias if bias is not None else np.zeros(w.shape[1], w.dtype), name=f"{name}_qkv_bias")
             # (the mask's lengths read from x: reading Q or K would keep their projection alive)
-            inputs = [x, wv, bv, None, None, _bias(m, b, x, x)]
+            inputs = [x, wv, bv, raw, None, None if raw is not None else _bias(m, b, x, x)]
             while inputs[-1] is None:
                 inputs.pop()
-            return _out(m, b, b.op("Attention", *inputs, domain=MS, num_heads=n, scale=scale))
-    inputs = [plan["xq"], plan["xk"], plan["xv"], None, None, _bias(m, b, plan["xq"], plan["xk"])]
+            return _out(m, b, _noted(m, b.op("Attention", *inputs, domain=MS, num_heads=n, scale=scale, **attrs)))
+    inputs = [plan["xq"], plan["xk"], plan["xv"], None, raw,
+              None if raw is not None else _bias(m, b, plan["xq"], plan["xk"])]
     while inputs[-1] is None:
         inputs.pop()
-    return _out(m, b, b.op("MultiHeadAttention", *inputs, domain=MS, num_heads=n, scale=scale))
+    return _out(m, b, _noted(m, b.op("MultiHeadAttention", *inputs, domain=MS, num_heads=n, scale=scale, **attrs)))
+
+
+MASK_KEY = "onnxopt.attention_mask"  # on the fused node: the form its mask took, and why where not from the 2-D mask
+
+
+def _noted(m: Match, y: ir.Value) -> ir.Value:
+    """y, its node noting how the mask reached it (``MASK_KEY``): "none", "mask_index"/
+    "key_padding_mask" (the 2-D mask, raw), "attention_bias from the 2-D mask" (built once), or
+    "attention_bias: <why the mask was not read as key padding>"."""
+    plan, node = m.plan, y.producer()
+    if plan["mask"] is None:
+        note = "none"
+    elif plan["padding"] is None:
+        note = f"attention_bias: {plan['mask_form']}"
+    elif plan["padding"]["form"] == "raw":
+        note = "mask_index" if node.op_type == "Attention" else "key_padding_mask"
+    else:
+        note = "attention_bias from the 2-D mask"
+    node.metadata_props[MASK_KEY] = note
+    return y
+
+
+def _mask_attrs(padding: dict) -> dict:
+    attrs = {} if padding["filter"] == _DEFAULT_FILTER else {"mask_filter_value": padding["filter"]}
+    if padding["causal"]:
+        attrs["unidirectional"] = 1
+    return attrs
+
+
+_DEFAULT_FILTER = -10000.0  # the fused ops' mask_filter_value when the attribute is absent
+
+
+def _earlier(m: Match, name: str) -> ir.Value | None:
+    """The value ``name`` an earlier rewrite of this rule made, where it is defined before the root
+    (so this layer can read it); None otherwise."""
+    for node in m.graph:
+        if node is m.root:
+            return None
+        if node.metadata_props.get(RULE_KEY) != m.rule.name:
+            continue
+        for v in node.outputs:
+            if v.name == name:
+                return v
+    return None
+
+
+def _raw_mask(m: Match, b) -> ir.Value:
+    """The 2-D key-padding mask as the fused ops take it: the graph input cast to int32 once for
+    every layer (a later layer reads the Cast an earlier one made; the common-subexpression pass
+    merges any left)."""
+    src = m.plan["padding"]["input"]
+    if isinstance(src.type, ir.TensorType) and src.type.dtype == ir.DataType.INT32:
+        return src
+    name = f"{src.name}_int32"
+    found = _earlier(m, name)
+    if found is not None:
+        return found
+    cast = b.name(b.op("Cast", src, to=int(ir.DataType.INT32)), name)
+    cast.type, cast.shape = ir.TensorType(ir.DataType.INT32), src.shape
+    return cast
+
+
+def _rows_seen(m: Match, b) -> ir.Value:
+    """[B, S or 1, 1] in the scores' type: 1 where a query sees at least one key, 0 where every key
+    is masked: max over t of m[b, t] (key padding), its running sum over t up to s (causal, S = T),
+    computed once from the 2-D mask for every layer."""
+    padding, dtype = m.plan["padding"], m.plan["dtype"]
+    src = padding["input"]
+    name = f"{src.name}_rows_seen" + ("_causal" if padding["causal"] else "")
+    found = _earlier(m, name)
+    if found is not None:
+        return found
+    keys = b.op("Cast", src, to=int(dtype))
+    if padding["causal"]:
+        seen = b.op("CumSum", keys, b.const(np.array(1, np.int64), name="attention_keys_axis"))
+    elif m.opset("") >= 18:
+        seen = b.op("ReduceMax", keys, b.const(np.array([1], np.int64), name="attention_keys_axis"), keepdims=1)
+    else:
+        seen = b.op("ReduceMax", keys, axes=[1], keepdims=1)
+    any_key = b.op("Cast", b.op("Greater", seen, b.const(np.array(0, dtype.numpy()), name="attention_zero")),
+                   to=int(dtype))
+    if m.opset("") >= 13:
+        rows = b.op("Unsqueeze", any_key, b.const(np.array([2], np.int64), name="attention_rows_axis"))
+    else:
+        rows = b.op("Unsqueeze", any_key, axes=[2])
+    b.name(rows, name)
+    lead = list(src.shape) if src.shape is not None else [None, None]
+    for v, dims in ((keys, lead), (seen, lead if padding["causal"] else lead[:1] + [1]), (any_key, None),
+                    (rows, (lead if padding["causal"] else lead[:1] + [1]) + [1])):
+        v.type = ir.TensorType(dtype)
+        if dims is not None:
+            v.shape = ir.Shape(dims)
+    return rows
 
 
 def _bias(m: Match, b, s_of: ir.Value, t_of: ir.Value) -> ir.Value | None:
     """The attention_bias: the additive mask, Expanded to [B|1, N|1, S, T] where its shape is not
     proven (its own first two dimensions, S and T read as dimension 1 of ``s_of`` and ``t_of``)."""
     mask = m.plan["mask"]
+    if mask is not None and m.plan["padding"] is not None:
+        return _padding_bias(m, b)
     if mask is not None and m.plan["keep_guard"]:  # -inf -> the lowest finite value: no NaN rows
         lowest = np.array(np.finfo(m.plan["dtype"].numpy()).min, m.plan["dtype"].numpy())
         mask = b.op("Max", mask, b.const(lowest, name="attention_mask_floor"))
     if mask is None or not m.plan["expand"]:
         return mask
     lead = b.op("Shape", mask, start=0, end=2)
-    s = b.op("Shape", s_of, start=1, end=2)
-    t = s if t_of is s_of else b.op("Shape", t_of, start=1, end=2)
+    s_src, t_src = _length_source(m, s_of), _length_source(m, t_of)
+    s = b.op("Shape", s_src[0], start=s_src[1], end=s_src[1] + 1)
+    t = s if t_src == s_src else b.op("Shape", t_src[0], start=t_src[1], end=t_src[1] + 1)
     return b.op("Expand", mask, b.op("Concat", lead, s, t, axis=0))
+
+
+def _padding_bias(m: Match, b) -> ir.Value:
+    """The additive attention_bias [B, 1, T, T] of a key-padding mask m [B, T] (self-attention),
+    built once for every layer from m by data operations only (so every node runs where the data
+    is; no Shape, Concat or Expand):
+
+        keep[b, 0, s, t] = bool(m[b, t]) and (t <= s, causal) and true (m >= m: the [B, 1, T, 1] frame)
+        bias = Where(keep, 0, fill)
+
+    where the positions s, t are running sums of ones over the keys (equal shifts of 0..T-1) and the
+    fill is the exporter's (-inf made the lowest finite value where the NaN guard is kept: those rows
+    are then finite and the guard's factor zeroes them)."""
+    padding, dtype = m.plan["padding"], m.plan["dtype"]
+    src = padding["input"]
+    name = f"{src.name}_attention_bias" + ("_causal" if padding["causal"] else "")
+    found = _earlier(m, name)
+    if found is not None:
+        return found
+    npd = dtype.numpy()
+    fill = padding["fill"]
+    if m.plan["keep_guard"]:
+        fill = max(fill, float(np.finfo(npd).min))
+    lead = list(src.shape) if src.shape is not None else [None, None]
+
+    def unsqueeze(v, axes):
+        if m.opset("") >= 13:
+            return b.op("Unsqueeze", v, b.const(np.array(axes, np.int64), name="attention_mask_axes"))
+        return b.op("Unsqueeze", v, axes=axes)
+
+    is_bool = isinstance(src.type, ir.TensorType) and src.type.dtype == ir.DataType.BOOL
+    kept = src if is_bool else b.op("Cast", src, to=int(ir.DataType.BOOL))
+    every = b.op("Or", src, b.op("Not", src)) if is_bool else b.op("GreaterOrEqual", src, src)  # all true
+    keys = unsqueeze(kept, [1, 2])  # [B, 1, 1, T]
+    if padding["causal"]:
+        position = b.op("CumSum", b.op("Cast", every, to=int(ir.DataType.INT32)),
+                        b.const(np.array(1, np.int64), name="attention_keys_axis"))  # [B, T]: 1..T
+        frame = b.op("LessOrEqual", unsqueeze(position, [1, 2]), unsqueeze(position, [1, 3]))  # t <= s
+    else:
+        frame = unsqueeze(every, [1, 3])  # [B, 1, T, 1], all true
+    keep = b.op("And", frame, keys)
+    bias = b.name(b.op("Where", keep, b.const(np.array(0, npd), name="attention_mask_zero"),
+                       b.const(np.array(fill, npd), name="attention_mask_fill")), name)
+    bias.type, bias.shape = ir.TensorType(dtype), ir.Shape([lead[0], 1, lead[1], lead[1]])
+    return bias
+
+
+def _length_source(m: Match, x: ir.Value) -> tuple[ir.Value, int]:
+    """Where to read dimension 1 of x (a length): a graph input's dimension carrying the same named
+    symbol where there is one, so every layer reads the same value and builds the same Expand (the
+    common-subexpression pass keeps one for all of them), else x's own."""
+    dims_of(x, m.opsets)
+    for g in m.graph.inputs:
+        for j in range(len(g.shape) if g.shape is not None else 0):
+            if same_symbol(x, 1, g, j):
+                return g, j
+    return x, 1
 
 
 _PROVIDERS = {"ort-cpu": "CPUExecutionProvider", "ort-cuda": "CUDAExecutionProvider"}
@@ -633,6 +879,15 @@ def _zero_masked_rows(m: Match, b, y: ir.Value, lead: list) -> ir.Value:
     any_key = b.op("Cast", b.op("Greater", top, b.const(np.array(-np.inf, dt), name="attention_ninf")),
                    to=int(m.plan["dtype"]))  # [B|1, N|1, S, 1]
     per_row = b.op("Transpose", any_key, perm=[0, 2, 1, 3])  # [B|1, S, N|1, 1]
+    dims = dims_of(mask, m.opsets)
+    if dims is not None and len(dims) == 4 and dims[1] == 1:  # one factor for every head: y [B, S, N*D] * [B|1, S, 1]
+        if m.opset("") >= 13:
+            rows = b.op("Squeeze", per_row, b.const(np.array([2], np.int64), name="attention_heads_axis"))
+        else:
+            rows = b.op("Squeeze", per_row, axes=[2])
+        zeroed = b.op("Mul", y, rows)
+        zeroed.type, zeroed.shape = ir.TensorType(m.plan["dtype"]), ir.Shape(lead + [n * d])
+        return zeroed
     y4 = b.op("Reshape", y, b.const(np.array([0, 0, n, d], np.int64), name="attention_heads"))
     zeroed = b.op("Mul", y4, per_row)
     merged = b.op("Reshape", zeroed, b.const(np.array([0, 0, n * d], np.int64), name="attention_merged"))
@@ -654,7 +909,11 @@ def _out(m: Match, b, y: ir.Value) -> ir.Value:
         n, d = int(m.plan["num_heads"]), int(m.plan["head"])
         y.type = ir.TensorType(m.plan["dtype"])
         y.shape = ir.Shape(lead + [n * d])
-        y = _zero_masked_rows(m, b, y, lead)
+        if m.plan["padding"] is not None:  # the rows no key reaches, known from the 2-D mask alone
+            y = b.op("Mul", y, _rows_seen(m, b))
+            y.type, y.shape = ir.TensorType(m.plan["dtype"]), ir.Shape(lead + [n * d])
+        else:
+            y = _zero_masked_rows(m, b, y, lead)
     if m.plan["reshape"]:
         y.type = ir.TensorType(m.plan["dtype"])
         qs = infer(xq, m.opsets)
@@ -663,7 +922,15 @@ def _out(m: Match, b, y: ir.Value) -> ir.Value:
         y = b.op("Reshape", y, m["shape"], attrs=list(m.node("out").attributes.values()))
     y.type = root.type if root.type is not None else ir.TensorType(m.plan["dtype"])
     if shape is not None:
-        y.shape = ir.Shape(list(shape))
+        dims = list(shape)
+        if not m.plan["reshape"] and len(dims) == 3:
+            # [B, S, N*D]: what the fused op is proven to give fills what inference left unknown (GPT-2's
+            # merge Reshape reads its target from shapes; a Gemm's flatten reads the last one back)
+            qs = dims_of(xq, m.opsets)
+            known = (qs[:2] if qs is not None and len(qs) == 3 else [None, None]) + [
+                int(m.plan["num_heads"]) * int(m.plan["head"])]
+            dims = [d if isinstance(d, int) or k is None else k for d, k in zip(dims, known)]
+        y.shape = ir.Shape(dims)
     return y
 
 
@@ -678,6 +945,7 @@ RULES = [
          targets=("ort-cpu", "ort-cuda"), benefit="attention", exact=False,
          doc="Scaled dot-product attention (Q/K/V heads through any Reshape/Transpose views, scalar scales, an "
              "additive padding/causal mask, Softmax with or without the NaN guard) becomes com.microsoft Attention "
-             "(packed QKV weights, where Q, K and V project one input) or MultiHeadAttention; the mask is the "
-             "fused op's attention_bias."),
+             "(packed QKV weights, where Q, K and V project one input) or MultiHeadAttention; a key-padding "
+             "mask of a 2-D graph input is reduced once for all layers (mask_index on ort-cpu, one "
+             "attention_bias built by data ops on ort-cuda), any other mask is the fused op's attention_bias."),
 ]

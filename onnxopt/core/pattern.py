@@ -1140,6 +1140,12 @@ class Builder:
         self.nodes.append(node)
         return outs[0] if outputs == 1 else tuple(outs)
 
+    def name(self, value: ir.Value, hint: str) -> ir.Value:
+        """Name a value this rewrite made ``hint`` (made unique across the model), so that later
+        rewrites can find it and read it rather than compute it again; returns the value."""
+        value.name = self._namer(hint)
+        return value
+
     def const(self, array: Any, name: str = "const") -> ir.Value:
         """A new initializer holding ``array`` (numpy array or ir tensor)."""
         if isinstance(array, np.ndarray):

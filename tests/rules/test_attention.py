@@ -41,7 +41,7 @@ CPU = {"target": "ort-cpu"}
 
 def attention_model(*, proj="bert", key="bnds", scale="qk", mask="bias4", guard=True, out="merge",
                     softmax_axis=-1, mask_then_scale=False, q_heads="nd", dtype=TensorProto.FLOAT, seed=0,
-                    static=False, opset=17, pre=None):
+                    static=False, opset=17, pre=None, fill=None):
     """One attention block on x [b, s, H] (and y [b, t, H] for proj="cross"); ``static``: the
     inputs' dimensions are numbers (B, S, T)."""
     rng = np.random.default_rng(seed)
@@ -131,6 +131,9 @@ def attention_model(*, proj="bert", key="bnds", scale="qk", mask="bias4", guard=
         elif mask == "rank2":
             inputs.append(tinfo("mask", ["s", t_dim], dtype))
             m = "mask"
+        elif mask in PADDING_FORMS:  # made from a 2-D key-padding mask attention_mask [b, t] (int64)
+            inputs.append(tinfo("attention_mask", ["b", t_dim], TensorProto.INT64))
+            m = _padding_mask(node, c, mask, dtype, fill)
         else:  # "where": Where(keep, 0, -inf) of a bool mask
             inputs.append(tinfo("keep", ["b", 1, "s", t_dim], TensorProto.BOOL))
             m = node("Where", ["keep", c("zero", 0.0, npd), c("ninf", -np.inf, npd)], "mask_add")
@@ -159,6 +162,71 @@ def attention_model(*, proj="bert", key="bnds", scale="qk", mask="bias4", guard=
     return m
 
 
+# the exporters' key-padding masks, made from attention_mask [b, t]: transformers 4 eager
+# (1 - m[:, None, None, :]) * fill, its sdpa masked_fill form, transformers 5's Flatten/Gather (legacy
+# exporter) and GatherND (dynamo) forms, with the causal factor t <= s; "t5-transposed" gathers
+# element t*B + b (not [b, t]); "computed" reads a mask computed from x, not a graph input
+PADDING_FORMS = ("t4", "t4-sdpa", "t5", "t5-causal", "gathernd", "gathernd-causal", "t5-transposed", "computed")
+
+
+def _padding_mask(node, c, form, dtype, fill):
+    npd = helper.tensor_dtype_to_np_dtype(dtype)
+    m = "attention_mask"
+    if form == "computed":  # the mask a graph computes from x: not a graph input's
+        node("ReduceMax", ["x"], "x_top", axes=[-1], keepdims=0)
+        m = node("Cast", [node("Greater", ["x_top", c("thr", -0.5, npd)], "x_keep")], "x_mask", to=TensorProto.INT64)
+        form = "t4"
+    if form == "t4":
+        u = node("Unsqueeze", [m, c("ax12", [1, 2])], "m_u")
+        inv = node("Sub", [c("one", 1.0, npd), node("Cast", [u], "m_f", to=dtype)], "m_inv")
+        return node("Mul", [inv, c("fill", -10000.0 if fill is None else fill, npd)], "mask_add")
+    if form == "t4-sdpa":
+        u = node("Unsqueeze", [m, c("ax12", [1, 2])], "m_u")
+        node("Shape", [m], "m_b", start=0, end=1)
+        node("Shape", [m], "m_t", start=1, end=2)
+        node("Shape", ["x"], "x_s", start=1, end=2)
+        node("Concat", ["m_b", c("one_i", [1]), "x_s", "m_t"], "m_shape", axis=0)
+        f = node("Cast", [node("Expand", [u, "m_shape"], "m_e")], "m_f", to=dtype)
+        inv = node("Sub", [c("one", 1.0, npd), f], "m_inv")
+        fill_c = c("fill", float(np.finfo(npd).min) if fill is None else fill, npd)
+        return node("Where", [node("Cast", [inv], "m_invb", to=TensorProto.BOOL), fill_c, inv], "mask_add")
+    # transformers 5: index ranges over batch, keys and queries
+    node("Shape", [m], "m_shape")
+    node("Shape", ["x"], "x_shape")
+    nb = node("Gather", ["m_shape", c("i0", 0)], "n_b", axis=0)
+    nt = node("Gather", ["m_shape", c("i1", 1)], "n_t", axis=0)
+    ns = node("Gather", ["x_shape", "i1"], "n_s", axis=0)
+    rb = node("Unsqueeze", [node("Range", [c("r0", 0), nb, c("r1", 1)], "r_b"), c("ax123", [1, 2, 3])], "b4")
+    rt = node("Unsqueeze", [node("Range", ["r0", nt, "r1"], "r_t"), c("ax012", [0, 1, 2])], "t4")
+    rs = node("Unsqueeze", [node("Range", ["r0", ns, "r1"], "r_s"), c("ax013", [0, 1, 3])], "s4")
+    mb = node("Cast", [m], "m_bool", to=TensorProto.BOOL)
+    if form.startswith("gathernd"):
+        shape = node("Shape", [node("Max", [rb, rt], "bt")], "bt_shape")
+        eb = node("Unsqueeze", [node("Expand", [rb, shape], "b_e"), c("axm1", [-1])], "b_u")
+        et = node("Unsqueeze", [node("Expand", [rt, shape], "t_e"), "axm1"], "t_u")
+        kept = node("GatherND", [mb, node("Concat", [eb, et], "bt_idx", axis=-1)], "kept")
+    else:
+        if form == "t5-transposed":  # t * B + b: the flat index of [t, b], not [b, t]
+            idx = node("Add", [rb, node("Mul", [rt, nb], "t_n")], "idx")
+        else:
+            idx = node("Add", [rt, node("Mul", [rb, nt], "b_n")], "idx")
+        flat = node("Flatten", [mb], "m_flat", axis=2)
+        g = node("Gather", [flat, idx], "m_g", axis=0)
+        node("Shape", [idx], "idx_shape")
+        kept = node("Reshape", [node("Reshape", [g, c("m1_", [-1])], "m_g1"), "idx_shape"], "kept")
+    if form.endswith("causal"):
+        rows = node("LessOrEqual", [rt, rs], "causal")
+    else:
+        rows = node("GreaterOrEqual", [rs, c("zero_i", 0)], "rows")
+    keep = node("And", [rows, kept], "keep_bt")
+    node("Concat", [node("Unsqueeze", [nb, c("ax0", [0])], "nb1"), c("one_i", [1]),
+                    node("Unsqueeze", [ns, "ax0"], "ns1"), node("Unsqueeze", [nt, "ax0"], "nt1")], "keep_shape",
+         axis=0)
+    expanded = node("Expand", [keep, "keep_shape"], "keep_e")
+    fill_c = c("fill", -np.inf if fill is None else fill, npd)
+    return node("Where", [expanded, c("zero", 0.0, npd), fill_c], "mask_add")
+
+
 def feeds(m: onnx.ModelProto, seed=0) -> dict:
     """x (and y) normal; masks that keep a prefix of each row's keys (right padding: every row keeps
     at least its first key)."""
@@ -176,6 +244,8 @@ def feeds(m: onnx.ModelProto, seed=0) -> dict:
     keep = np.arange(t)[None, :] < lengths[:, None]  # [B, t]
     if "keep" in names:
         out["keep"] = np.broadcast_to(keep[:, None, None, :], (B, 1, S, t)).copy()
+    if "attention_mask" in names:
+        out["attention_mask"] = keep.astype(np.int64)
     if "mask" in names:
         rank = len(names["mask"].type.tensor_type.shape.dim)
         bias = np.where(keep, 0.0, -1e9).astype(dtype)
@@ -384,6 +454,13 @@ def test_zoo_fused_dynamic(kind, exporter):
     # nothing of the unfused attention stays alive: the MatMuls/Gemms left are the layers' three others
     # (attention output, feed-forward in and out) and GPT-2's language-model head or BERT's pooler
     assert sum(n.op_type in ("MatMul", "Gemm") for n in out.graph.node) == 3 * LAYERS[kind] + 1
+    # the mask reduced once: every layer reads one int32 Cast of the 2-D attention_mask
+    layers = _attention_nodes(out)
+    assert {_note(n) for n in layers} == {"mask_index"} and len({n.input[3] for n in layers}) == 1
+    assert [n.output[0] for n in out.graph.node if "attention_mask" in n.input and n.op_type == "Cast"
+            and _attrs(n)["to"] == TensorProto.INT32] == [layers[0].input[3]]
+    if kind == "gpt2":  # the Conv1D Gemms (attention's c_proj too) are all MatMuls
+        assert "Gemm" not in {n.op_type for n in out.graph.node}
     for batch, seq in ((3, 16), (2, 7)):
         _same(src, out, _padded(kind, proto, batch, seq))
 
@@ -397,6 +474,8 @@ def test_zoo_fused_fixed_shapes(kind, exporter):
     assert report.fired.get(RULE, 0) == LAYERS[kind]
     ops = Counter(n.op_type for n in out.graph.node)
     assert ops["Attention"] == LAYERS[kind] and ops["Expand"] == 0  # the mask's shape is proven at fixed shapes
+    # the exporter's index arithmetic folded into constants is still read as key padding
+    assert {_note(n) for n in _attention_nodes(out)} == {"mask_index"}
     _same(src, out, _padded(kind, proto, 2, 16))
 
 
@@ -474,3 +553,238 @@ def test_zoo_gpt2_left_padding(exporter):
     feeds["input_ids"] = np.ascontiguousarray(feeds["input_ids"][:, ::-1])
     assert np.isfinite(run_ort(out, feeds)[0]).all()
     _same(src, out, feeds)
+
+
+# --------------------------------------------------------------------------------------------
+# Key-padding masks of a 2-D graph input: read element by element, reduced once for all layers
+
+from onnxopt.rules.attention import MASK_KEY  # noqa: E402
+
+
+def two_layers(m: onnx.ModelProto) -> onnx.ModelProto:
+    """The block twice: the second reads the first's output as x, both the one attention_mask."""
+    import copy
+
+    g = m.graph
+    shared = {vi.name for vi in g.input if vi.name != "x"}
+
+    def name(n):
+        return n if n in shared or n == "" else "y_out" if n == "x" else f"l2_{n}"
+
+    nodes = []
+    for n in g.node:
+        n2 = copy.deepcopy(n)
+        n2.input[:] = [name(i) for i in n.input]
+        n2.output[:] = [name(o) for o in n.output]
+        nodes.append(n2)
+    inits = []
+    for t in g.initializer:
+        t2 = copy.deepcopy(t)
+        t2.name = name(t.name)
+        inits.append(t2)
+    out = copy.deepcopy(m)
+    out.graph.node.extend(nodes)
+    out.graph.initializer.extend(inits)
+    del out.graph.output[:]
+    out.graph.output.append(_tinfo("l2_y_out", 3, g.output[0].type.tensor_type.elem_type))
+    return out
+
+
+def _padded_feeds(m, left: bool, empty: bool = False) -> dict:
+    """Rows of different lengths, padded on the right or the left; ``empty``: one row masks every key."""
+    f = feeds(m)
+    lengths = [S, S - 2, 0 if empty else 1]
+    keep = np.arange(S)[None, :] < np.array(lengths)[:, None]
+    f["attention_mask"] = (keep[:, ::-1] if left else keep).astype(np.int64).copy()
+    return f
+
+
+def _attention_nodes(out: onnx.ModelProto):
+    return [n for n in out.graph.node
+            if n.domain == "com.microsoft" and n.op_type in ("Attention", "MultiHeadAttention")]
+
+
+def _attrs(node) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _note(node) -> str:
+    return {p.key: p.value for p in node.metadata_props}[MASK_KEY]
+
+
+KEY_PADDING = [("t4", False), ("t4-sdpa", False), ("t5", False), ("t5-causal", True), ("gathernd", False),
+               ("gathernd-causal", True)]
+
+
+@pytest.mark.parametrize("left", [False, True], ids=["right", "left"])
+@pytest.mark.parametrize("form,causal", KEY_PADDING, ids=[f for f, _ in KEY_PADDING])
+def test_key_padding_mask_is_given_raw_once_on_cpu(form, causal, left):
+    """ort-cpu: each exporter's form is read as key padding (+ causal): every layer's Attention reads
+    one int32 Cast of attention_mask as mask_index (no attention_bias), unidirectional=1 exactly where
+    causal; outputs as the original's with rows padded on the right and on the left."""
+    m = two_layers(attention_model(proj="gpt2" if causal else "bert", mask=form))
+    out, _ = fires(RULE, m, times=2, feeds=_padded_feeds(m, left), tol=1e-4, **CPU)
+    layers = _attention_nodes(out)
+    assert len(layers) == 2
+    assert {n.input[3] for n in layers} != {""} and len({n.input[3] for n in layers}) == 1
+    casts = [n for n in out.graph.node if n.op_type == "Cast" and n.input[0] == "attention_mask"
+             and _attrs(n)["to"] == TensorProto.INT32]
+    assert len(casts) == 1 and casts[0].output[0] == layers[0].input[3] == "attention_mask_int32"
+    for n in layers:
+        assert len(n.input) == 4  # no attention_bias
+        assert _attrs(n).get("unidirectional", 0) == int(causal)
+        assert _note(n) == "mask_index"
+
+
+@pytest.mark.parametrize("left", [False, True], ids=["right", "left"])
+@pytest.mark.parametrize("form,causal", KEY_PADDING, ids=[f for f, _ in KEY_PADDING])
+def test_key_padding_mask_becomes_one_bias_without_shape_arithmetic_on_cuda(form, causal, left):
+    """ort-cuda (the lead's CUDA probe: the raw mask is not exact there for causal rows with no key):
+    one attention_bias [B,1,T,T] built from attention_mask by data ops, read by every layer; no
+    Shape, Concat or Expand left of the mask; unidirectional never set."""
+    from onnxopt.targets.advice import cuda_placement
+
+    m = two_layers(attention_model(proj="gpt2" if causal else "bert", mask=form))
+    out, _ = fires(RULE, m, times=2, feeds=_padded_feeds(m, left), tol=1e-4, target="ort-cuda")
+    layers = _attention_nodes(out)
+    assert len({n.input[5] for n in layers}) == 1 and layers[0].input[3] == ""
+    assert all(_note(n) == "attention_bias from the 2-D mask" and "unidirectional" not in _attrs(n) for n in layers)
+    # what the mask's bias is made of: no node on the way reads a shape
+    producers = {o: n for n in out.graph.node for o in n.output}
+    seen, todo = set(), [layers[0].input[5]]
+    while todo:
+        n = producers.get(todo.pop())
+        if n is not None and id(n) not in seen:
+            seen.add(id(n))
+            assert n.op_type not in ("Shape", "Concat", "Expand", "Gather", "Range"), n.op_type
+            todo.extend(n.input)
+    assert cuda_placement(ir.from_proto(out))["cpu_nodes"] == 0
+
+
+def test_the_guard_keeps_rows_with_no_key_zero_with_a_key_padding_mask():
+    """sdpa's NaN guard with a -inf fill: a row whose every key is masked gives 0 (the original's
+    guard), through one factor computed from the 2-D mask (no per-layer Reshape)."""
+    m = two_layers(attention_model(proj="bert", mask="t5"))
+    f = _padded_feeds(m, left=False, empty=True)
+    for target in ("ort-cpu", "ort-cuda"):
+        out, _ = fires(RULE, m, times=2, feeds=f, tol=1e-4, target=target)
+        y = run_ort(out, f)[0]
+        assert np.isfinite(y).all()
+        ops = Counter(n.op_type for n in out.graph.node)
+        assert ops["Reshape"] == 0 and ops["ReduceMax"] == 1 and ops["Mul"] >= 2
+
+
+@pytest.mark.parametrize("fill,want", [(-10000.0, None), (-1e9, -1e9), (float(np.finfo(np.float32).min),
+                                                                       float(np.finfo(np.float32).min))])
+def test_mask_filter_value_is_the_fill(fill, want):
+    m = attention_model(proj="bert", mask="t4", fill=fill)
+    out, _ = fires(RULE, m, feeds=feeds(m), tol=1e-4, **CPU)
+    [node] = _attention_nodes(out)
+    got = _attrs(node).get("mask_filter_value")
+    assert got == (None if want is None else pytest.approx(want, rel=1e-6))
+
+
+def test_minus_inf_fill_is_the_lowest_float_as_mask_filter_value():
+    m = attention_model(proj="bert", mask="t5")
+    out, _ = fires(RULE, m, feeds=feeds(m), tol=1e-4, **CPU)
+    [node] = _attention_nodes(out)
+    assert _attrs(node)["mask_filter_value"] == pytest.approx(float(np.finfo(np.float32).min), rel=1e-6)
+
+
+def test_a_transposed_index_is_not_read_as_key_padding():
+    """Flatten + Gather at t*B + b addresses [t, b] of the mask: not key padding; the fusion keeps the
+    additive attention_bias and says why."""
+    m = attention_model(proj="bert", mask="t5-transposed")
+    f = feeds(m)
+    f["attention_mask"] = np.ones((B, S), np.int64)  # (square in the sense of the Gather: in range)
+    f["attention_mask"][1, 3:] = 0
+    from onnxopt.rules._attention_parts import read_key_padding
+
+    mi = ir.from_proto(m)
+    where = next(n for n in mi.graph if n.op_type == "Where" and n.outputs[0].name == "mask_add")
+    assert "does not address [b, t]" in read_key_padding(where.inputs[0], {"": 17})
+    out = optimize(m, **CPU)
+    [node] = _attention_nodes(out)
+    assert node.input[3] == "" and node.input[5] != ""
+    assert _note(node) == "attention_bias: the mask's index arithmetic does not address [b, t]"
+
+
+def test_a_mask_not_from_a_graph_input_keeps_attention_bias():
+    m = attention_model(proj="bert", mask="computed")
+    out, _ = fires(RULE, m, feeds=feeds(m), tol=1e-4, **CPU)
+    [node] = _attention_nodes(out)
+    assert node.input[5] != "" and (len(node.input) < 4 or node.input[3] == "")
+    assert _note(node).startswith("attention_bias: the mask is computed with")
+
+
+def test_cross_attention_takes_the_key_padding_mask_as_key_padding_mask():
+    """MultiHeadAttention (Q of x, K and V of y): the 2-D mask is its key_padding_mask (input 4)."""
+    m = attention_model(proj="cross", mask="t4", guard=False)
+    f = feeds(m)
+    out, _ = fires(RULE, m, feeds=f, tol=1e-4, **CPU)
+    [node] = _attention_nodes(out)
+    assert node.op_type == "MultiHeadAttention" and node.input[4] == "attention_mask_int32"
+    assert _note(node) == "key_padding_mask"
+
+
+@pytest.mark.parametrize("kind,exporter", CASES, ids=[f"{k}-{e}" for k, e in CASES])
+def test_zoo_mask_once_on_cuda(kind, exporter):
+    """ort-cuda: every layer reads one attention_bias built from attention_mask by data ops (the
+    static CUDA placement estimate puts no node of the mask or of the attention on the CPU); the
+    outputs (onnxruntime CPU, the contrib ops' CPU kernels) are the original's with rows padded on
+    the right and on the left."""
+    from onnxopt.targets.advice import cuda_placement
+
+    src = _zoo(kind, exporter)
+    proto = onnx.load(str(src), load_external_data=False)
+    out, report = optimize(proto, target="ort-cuda", return_report=True)
+    layers = _attention_nodes(out)
+    assert len(layers) == LAYERS[kind] and report.fired.get(RULE, 0) == LAYERS[kind]
+    assert {_note(n) for n in layers} == {"attention_bias from the 2-D mask"}
+    assert len({n.input[5] for n in layers}) == 1
+    if kind == "gpt2":
+        assert "Gemm" not in {n.op_type for n in out.graph.node}
+    # nothing that depends on attention_mask's values is placed on the CPU (its shape: the position
+    # ids' arithmetic, another fusion's)
+    readers, mask_side = {}, {"attention_mask"}
+    for n in out.graph.node:
+        if n.op_type != "Shape" and any(i in mask_side for i in n.input):
+            mask_side.update(n.output)
+            readers[n.name] = n
+    placed = cuda_placement(ir.from_proto(out), examples=1000)
+    assert not [e for e in placed["examples"] if e["node"] in readers]
+    feeds = _padded(kind, proto, 3, 16)
+    _same(src, out, feeds)
+    feeds["attention_mask"] = np.ascontiguousarray(feeds["attention_mask"][:, ::-1])  # left padding
+    feeds["input_ids"] = np.ascontiguousarray(feeds["input_ids"][:, ::-1])
+    _same(src, out, feeds)
+
+
+@pytest.mark.parametrize("kind,exporter", [("bert", "legacy"), ("bert", "dynamo"), ("gpt2", "dynamo")])
+def test_zoo_fixed_batch_of_one_reads_key_padding(kind, exporter):
+    """At input_shapes [1, 16] the mask's index arithmetic is folded into constants (b is 0): still
+    read as key padding; the dynamo export's heads, whose batch of 1 shape rules drop and put back
+    (Reshape to [S, N, D], Transpose, Unsqueeze), still fuse; outputs the original's."""
+    src = _zoo(kind, exporter)
+    proto = onnx.load(str(src), load_external_data=False)
+    out = optimize(proto, target="ort-cpu", input_shapes={i.name: [1, 16] for i in proto.graph.input})
+    assert len(_attention_nodes(out)) == LAYERS[kind]
+    assert {_note(n) for n in _attention_nodes(out)} == {"mask_index"}
+    feeds = _padded(kind, proto, 2, 16)
+    feeds = {k: v[1:] for k, v in feeds.items()}  # (the shorter row: padded)
+    assert feeds["attention_mask"].sum() < 16
+    _same(src, out, feeds)
+
+
+def test_a_mask_that_is_not_key_padding_is_expanded_once_for_all_layers():
+    """An additive [B,1,1,S] graph-input mask (not a 2-D key-padding mask): each layer's Expand reads
+    S from the graph input carrying its symbol, so the layers build the same Expand and one is left."""
+    m = two_layers(attention_model(proj="bert", mask="pad"))
+    out = optimize(m, **CPU)
+    layers = _attention_nodes(out)
+    assert len(layers) == 2 and len({n.input[5] for n in layers}) == 1
+    assert Counter(n.op_type for n in out.graph.node)["Expand"] == 1
+    assert _note(layers[0]) == "attention_bias: the mask is not Where(keep, 0, fill) nor (1 - keep) * fill"
+    f = feeds(m)
+    for x, y in zip(run_ort(m, f), run_ort(out, f), strict=True):
+        np.testing.assert_allclose(y, x, rtol=1e-4, atol=1e-4)
