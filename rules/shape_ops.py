@@ -98,6 +98,135 @@ def reshape_to_unsqueeze_condition(m: Match):
     return axes
 
 
+# Ops whose output keeps input 0's leading dimensions (all but the last): normalizations and activations
+# over the last axis, and the fused attention ops (output [B, S, *] of the query's [B, S, *]).
+_ROW_KEEPING = {("", "LayerNormalization"), ("com.microsoft", "SkipLayerNormalization"),
+                ("com.microsoft", "SkipSimplifiedLayerNormalization"), ("", "RMSNormalization"),
+                ("com.microsoft", "SimplifiedLayerNormalization"), ("com.microsoft", "FastGelu"),
+                ("com.microsoft", "BiasGelu"), ("com.microsoft", "Attention"), ("com.microsoft", "MultiHeadAttention")}
+# Ops whose output has input 0's shape (elementwise on one tensor).
+_SAME_SHAPE = {("", "Relu"), ("", "Tanh"), ("", "Erf"), ("", "Sigmoid"), ("", "Gelu"), ("", "Cast"),
+               ("", "Identity"), ("", "Not"), ("", "CumSum"), ("com.microsoft", "Gelu")}
+_BROADCASTING = {"Add", "Sub", "Mul", "Div", "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "Equal", "And",
+                 "Or"}
+_WALK_LIMIT = 256
+
+
+def _dim_source(v: ir.Value, j: int, element, opsets, budget: list[int]) -> bool:
+    """Dimension j of v is provably the dimension ``element`` (a shape-vector element) reads: v (or a
+    value it is computed from, dimension for dimension) has that dimension, or one with its named
+    symbol. The walk goes back through ops that keep their input's leading dimensions
+    (``_ROW_KEEPING``, and MatMul by a 2-D right operand, for every dimension but the last), ops that
+    keep the shape (``_SAME_SHAPE``, Softmax), broadcasting ops (every operand that reaches dimension
+    j proves it or has a static 1 there, at least one proves it), Unsqueeze (j not inserted) and
+    Gather on axis 0 of a 2-D table (the indices' dimensions). Ranks must be known (inference may
+    run); onnx's inference loses the symbols along a fused graph's rows, this walk does not need them."""
+    while True:
+        budget[0] -= 1
+        if budget[0] < 0:
+            return False
+        if is_dim_of(element, v, j):
+            return True
+        node = v.producer()
+        shape = infer(v, opsets)
+        if node is None or shape is None or not node.inputs or node.inputs[0] is None:
+            return False
+        r = len(shape)
+        if not 0 <= j < r:
+            return False
+        key = (node.domain or "", node.op_type)
+        if key in _SAME_SHAPE or (key == ("", "Softmax") and node.attributes.get_int("axis", -1) in (-1, r - 1)):
+            v = node.inputs[0]
+        elif key in _ROW_KEEPING or key == ("", "MatMul"):
+            if j >= r - 1:
+                return False
+            if key == ("", "MatMul"):
+                w = node.inputs[1]
+                if w is None or w.shape is None or len(w.shape) != 2:
+                    return False
+            v = node.inputs[0]
+        elif key[0] == "" and key[1] in _BROADCASTING:
+            proven = False
+            for operand in node.inputs:
+                ds = infer(operand, opsets) if operand is not None else None
+                if ds is None:
+                    return False
+                k = j - (r - len(ds))
+                if k < 0:
+                    continue  # this operand does not reach dimension j
+                if isinstance(ds[k], int) and ds[k] == 1:
+                    continue
+                if not _dim_source(operand, k, element, opsets, budget):
+                    return False
+                proven = True
+            return proven
+        elif key == ("", "Unsqueeze"):
+            axes = constant_tensor(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None \
+                else None
+            axes = node.attributes.get_ints("axes", None) if axes is None else axes.numpy().tolist()
+            if axes is None:
+                return False
+            axes = [int(a) % r for a in axes]
+            if j in axes:
+                return False
+            j -= sum(1 for a in axes if a < j)
+            v = node.inputs[0]
+        elif key == ("", "Reshape"):
+            elements = shape_elements(node.inputs[1]) if len(node.inputs) > 1 else None
+            if elements is None or len(elements) != r or node.attributes.get_int("allowzero", 0) != 0:
+                return False
+            e = elements[j]
+            if isinstance(e, int):
+                if e != 0:
+                    return False
+                x_shape = infer(node.inputs[0], opsets)  # 0 copies the input's dimension j
+                if x_shape is None or j >= len(x_shape):
+                    return False
+                v = node.inputs[0]
+            else:
+                v, j = e[1], e[2]
+        elif key == ("", "Range"):
+            start, delta = (constant_tensor(node.inputs[i]) if len(node.inputs) > i else None for i in (0, 2))
+            if start is None or delta is None or start.numpy().tolist() != 0 or delta.numpy().tolist() != 1:
+                return False
+            e = _scalar_element(node.inputs[1])
+            if e is None or isinstance(e, int):
+                return False
+            v, j = e[1], e[2]
+        elif key == ("", "ConstantOfShape"):
+            elements = shape_elements(node.inputs[0])
+            if elements is None or j >= len(elements) or isinstance(elements[j], int):
+                return False
+            v, j = elements[j][1], elements[j][2]
+        elif key == ("", "Gather") and node.attributes.get_int("axis", 0) == 0:
+            table = node.inputs[0]
+            ids = node.inputs[1] if len(node.inputs) > 1 else None
+            if ids is None or table.shape is None or len(table.shape) != 2 or j >= r - 1:
+                return False
+            v = ids
+        else:
+            return False
+
+
+def _scalar_element(n: ir.Value | None):
+    """The shape-vector element a scalar holds: a Gather of a shape vector at a constant scalar index,
+    or a Squeeze of a one-element one; None otherwise."""
+    node = None if n is None else n.producer()
+    if node is None or node.domain not in ("", "ai.onnx") or not node.inputs or node.inputs[0] is None:
+        return None
+    if node.op_type == "Gather" and node.attributes.get_int("axis", 0) in (0, -1) and len(node.inputs) > 1:
+        k = constant_tensor(node.inputs[1])
+        elements = shape_elements(node.inputs[0])
+        if k is None or elements is None or k.numpy().ndim != 0:
+            return None
+        k = int(k.numpy())
+        return elements[k] if -len(elements) <= k < len(elements) else None
+    if node.op_type == "Squeeze":
+        elements = shape_elements(node.inputs[0])
+        return elements[0] if elements is not None and len(elements) == 1 else None
+    return None
+
+
 def _own_dims_target(m: Match) -> list[int] | None:
     """The Reshape's target as constants, with 0 where it copies x's own dimension at the same
     position (the same value, or one with the same named symbol); None when it is built otherwise."""
@@ -112,7 +241,8 @@ def _own_dims_target(m: Match) -> list[int] | None:
             if e == 0:
                 return None  # a literal 0 already copies; keep the arithmetic simple
             out.append(e)
-        elif rank is not None and j < rank and is_dim_of(e, x, j):
+        elif rank is not None and j < rank and (is_dim_of(e, x, j)
+                                                or _dim_source(x, j, e, m.opsets, [_WALK_LIMIT])):
             out.append(0)
         elif e[1].shape is not None and isinstance(e[1].shape[e[2]], int) and int(e[1].shape[e[2]]) > 0:
             out.append(int(e[1].shape[e[2]]))  # (a static 0 would read as "copy")

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from conftest import assert_same_outputs
 from helpers import feeds_for, init, model, op_types, tinfo
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from onnxopt import optimize
 
@@ -760,3 +761,49 @@ def test_range_of_dim_refuses_other_counts(start, delta, reason):
 def test_range_of_dim_refuses_before_opset_15():
     refuses("range_of_dim", _range_model(_GATHER_DIM, [i64("k", 1)], opset=14), "opset 14 < 15",
             feeds=_sized_feeds((2, 4, 8)), target="ort-cuda")
+
+
+def test_view_back_to_the_rows_of_the_ids_becomes_a_constant_target():
+    """GPT-2 legacy's last view, ``h.view(-1, S, C)`` with S read from the ids' Shape, takes a constant target
+    when h's rows are provably the ids' (Gather of the view [-1, S] of the ids, then ops that keep the leading
+    dimensions: here LayerNormalization, a MatMul by a 2-D weight and an Add of a 1-D bias), so no Concat of
+    a Shape is left for the CPU; a Transpose on the way (rows no longer the ids') keeps the Concat."""
+    def model(transpose: bool):
+        nodes = [
+            helper.make_node("Shape", ["ids"], ["s1"], start=1, end=2),
+            helper.make_node("Concat", ["m1", "s1"], ["view"], axis=0),
+            helper.make_node("Reshape", ["ids", "view"], ["ids2"]),
+            helper.make_node("Gather", ["table", "ids2"], ["e"], axis=0),
+            helper.make_node("LayerNormalization", ["e", "g", "bb"], ["n"], axis=-1),
+            helper.make_node("MatMul", ["n", "w"], ["h0"]),
+            helper.make_node("Add", ["h0", "bias"], ["h1"]),
+        ]
+        last = "h1"
+        if transpose:
+            nodes.append(helper.make_node("Transpose", ["h1"], ["h2"], perm=[1, 0, 2]))
+            last = "h2"
+        nodes += [helper.make_node("Concat", ["m1", "s1", "c"], ["target"], axis=0),
+                  helper.make_node("Reshape", [last, "target"], ["y"])]
+        rng = np.random.default_rng(0)
+        inits = [numpy_helper.from_array(np.array([-1], np.int64), "m1"),
+                 numpy_helper.from_array(np.array([6], np.int64), "c"),
+                 numpy_helper.from_array(rng.standard_normal((20, 6)).astype(np.float32), "table"),
+                 numpy_helper.from_array(np.ones(6, np.float32), "g"), numpy_helper.from_array(np.zeros(6, np.float32), "bb"),
+                 numpy_helper.from_array(rng.standard_normal((6, 6)).astype(np.float32), "w"),
+                 numpy_helper.from_array(rng.standard_normal(6).astype(np.float32), "bias")]
+        g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 6])], inits)
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+
+    from onnxopt import optimize
+
+    src = model(False)
+    out, rep = optimize(src, target="ort-cuda", return_report=True)
+    assert not [n for n in out.graph.node if n.op_type == "Concat"], [n.op_type for n in out.graph.node]
+    a = ort.InferenceSession(src.SerializeToString(), providers=["CPUExecutionProvider"])
+    b = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
+    for shape in ((2, 5), (1, 9), (3, 1)):
+        ids = np.random.default_rng(1).integers(0, 20, shape).astype(np.int64)
+        np.testing.assert_allclose(a.run(None, {"ids": ids})[0], b.run(None, {"ids": ids})[0], rtol=1e-6, atol=1e-6)
+    kept, _ = optimize(model(True), target="ort-cuda", return_report=True)
+    assert [n for n in kept.graph.node if n.op_type == "Concat"]
