@@ -11,7 +11,9 @@ sequence length, read back through the shape arithmetic), the types.
   through (``Absorbed``: they go when nothing else reads them):
   ``Slice(Const position_buffer, Const position_starts, position_end[, Const position_axes[,
   Const position_steps]])`` (``position_slice``: HF's ``position_ids`` buffer, both exporters), or
-  ``Range(Const range_start, position_end, Const range_delta)`` (``position_range``) optionally
+  ``Range(Const range_start, position_end, Const range_delta)`` (``position_range``), or the form
+  rules/shape_ops.py's range_of_dim computes on the device, ``CumSum(ConstantOfShape(position_end),
+  Const position_cumsum_axis)`` (``position_ones``, ``position_cumsum``: ones, summed exclusively), optionally
   under ``Unsqueeze`` (``position_unsqueeze``, axes ``Const position_unsqueeze_axes`` or the
   attribute) and ``Expand(.., position_expand_shape)`` (``position_expand``).
 - ``position_ids()``: ``arange_positions()``, or a graph input ``position_input`` (the model
@@ -53,8 +55,10 @@ def is_graph_input(value) -> bool:
 def arange_positions() -> Pattern:
     sliced = Op("Slice", Const("position_buffer"), Const("position_starts"), Var("position_end"),
                 Opt(Const("position_axes")), Opt(Const("position_steps")), name="position_slice", shared=True)
-    ranged = Op("Range", Const("range_start"), Var("position_end"), Const("range_delta"), name="position_range",
-                shared=True)
+    ranged = Or(Op("Range", Const("range_start"), Var("position_end"), Const("range_delta"), name="position_range",
+                   shared=True),
+                Op("CumSum", Op("ConstantOfShape", Var("position_end"), name="position_ones", shared=True),
+                   Const("position_cumsum_axis"), name="position_cumsum", shared=True))
     unsqueezed = Op("Unsqueeze", ranged, Opt(Const("position_unsqueeze_axes")), name="position_unsqueeze",
                     shared=True)
     expanded = Op("Expand", Or(unsqueezed, ranged), Var("position_expand_shape"), name="position_expand",

@@ -169,8 +169,15 @@ def _positions_reason(m: Match, ids: ir.Value, pos: ir.Value | None) -> str | No
         if isinstance(seq, int) and row.size < seq:
             return f"the position ids buffer has {row.size} entries, fewer than the sequence length {seq}"
         return None
-    # Range(0, S, 1) [-> Unsqueeze(0)] [-> Expand]
-    if scalar(m["range_start"]) != 0 or scalar(m["range_delta"]) != 1:
+    # Range(0, S, 1) or CumSum(ConstantOfShape([S], 1), 0, exclusive=1) [-> Unsqueeze(0)] [-> Expand]
+    if m.node("position_cumsum") is not None:
+        ones = m.node("position_ones").attributes.get("value")
+        ones = None if ones is None else ones.value.numpy()
+        if ones is None or ones.dtype != np.int64 or ones.reshape(-1).tolist() != [1] \
+                or _ints(m["position_cumsum_axis"]) != [0] or m.attr("position_cumsum", "exclusive", 0) != 1 \
+                or m.attr("position_cumsum", "reverse", 0) != 0:
+            return f"{not_arange} (the CumSum does not count int64 ones from 0 along axis 0)"
+    elif scalar(m["range_start"]) != 0 or scalar(m["range_delta"]) != 1:
         return f"{not_arange} (the Range does not count from 0 by 1)"
     if not _is_sequence(_one_element(m["position_end"]), ids):
         return f"{not_arange} (the Range's end is not proven the input ids' sequence length)"

@@ -57,6 +57,13 @@ def positions(form: str, buffer=None, start=0) -> tuple[list, dict]:
                       zero1=np.array([0], np.int64), ax0=np.array([0], np.int64), ax1=np.array([1], np.int64))
         return shape + [n("Unsqueeze", ["seq", "ax0"], "end"),
                         n("Slice", ["buffer", "zero1", "end", "ax1"], "pos")], consts
+    if form.startswith("cumsum"):  # rules/shape_ops.py's range_of_dim form: CumSum(ConstantOfShape([S], 1))
+        exclusive = 0 if form == "cumsum-inclusive" else 1
+        consts.update(ax0=np.array([0], np.int64), axis=np.array(0, np.int64))
+        return [n("Shape", ["input_ids"], "seq1", start=1, end=2),
+                helper.make_node("ConstantOfShape", ["seq1"], ["ones"], name="ones",
+                                 value=helper.make_tensor("v", I64, [1], [1])),
+                n("CumSum", ["ones", "axis"], "r", exclusive=exclusive), n("Unsqueeze", ["r", "ax0"], "pos")], consts
     consts.update(start=np.array(start, np.int64), delta=np.array(1, np.int64), ax0=np.array([0], np.int64))
     return shape + [n("Range", ["start", "seq", "delta"], "r"), n("Unsqueeze", ["r", "ax0"], "ru"),
                     n("Expand", ["ru", "ids_shape"], "pos")], consts
@@ -132,7 +139,7 @@ def embed_node(m: onnx.ModelProto) -> onnx.NodeProto:
 
 # --- fires ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("form", ["slice", "range", "input"])
+@pytest.mark.parametrize("form", ["slice", "range", "input", "cumsum"])
 @pytest.mark.parametrize("order", ["(w+t)+p", "(w+p)+t", "t+(p+w)", "w+p", "p+w"])
 def test_fires(order, form):
     m = embeddings(order, form)
@@ -263,6 +270,13 @@ def test_refuses_slice_of_the_buffers_batch_axis():
             del node.input[3:]
     f = feeds(m, seq=P)
     refuses(RULE, m, "the Slice does not start at 0 along the buffer with step 1", feeds=f, **CPU)
+
+
+def test_refuses_cumsum_that_is_not_an_arange():
+    """CumSum of ones counted inclusively is 1..S, not 0..S-1 (shape_ops' range_of_dim writes exclusive=1)."""
+    _, report = run_rule(RULE, embeddings(form="cumsum-inclusive"), **CPU)
+    assert any("the CumSum does not count int64 ones from 0" in r for r in report.rules[RULE].reasons), \
+        dict(report.rules[RULE].reasons)
 
 
 def test_refuses_range_not_from_zero():
