@@ -20,6 +20,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from scripts import ROOT
@@ -467,3 +468,31 @@ def test_fixed_peer_gets_the_model_onnxsim_fixed(tmp_path):
     assert dims == [3, 4]
     tool = bt.get_tool("ort-transformers-fixed")
     assert tool.per_batch and dict(tool.config)["peer_setup"].endswith("setup_ort_transformers")
+
+
+def test_ratio_to_the_best_peer_carries_its_paired_bootstrap_interval():
+    """Rows that kept their interleaved rounds get the 90% paired bootstrap interval of the ratio of medians;
+    rows without rounds (older runs) get none and the tables still render."""
+    ok = {"fidelity": {"ok": True}}
+    rng = np.random.default_rng(0)
+    base = 1.0 + 0.05 * rng.standard_normal(60)
+    variants = {"original": {"tool": "original", "precision": "fp32", "status": "ok"},
+                "ort-transformers/fp32": {"tool": "ort-transformers", "precision": "fp32", "status": "ok", "info": {}},
+                "onnxopt/fp32": {"tool": "onnxopt", "precision": "fp32", "status": "ok", "info": {}}}
+
+    def lat(samples):
+        return {"median_ms": float(np.median(samples)), "samples_ms": [float(v) for v in samples]}
+
+    m = {"batch": 1, "options": "default",
+         "rows": {"original": {"latency": lat(2 * base), **ok}, "ort-transformers/fp32": {"latency": lat(base), **ok},
+                  "onnxopt/fp32": {"latency": lat(1.1 * base), **ok}}}
+    bt.rank(m, variants)
+    lo, hi = m["rows"]["onnxopt/fp32"]["latency"]["x_best_peer_interval"]
+    assert lo <= 1.1 <= hi and hi - lo < 0.01  # paired: the shared noise cancels
+    models = {"x": {"family": "encoder", "variants": variants, "measurements": {"1|default": m}}}
+    row, = bt.compact_rows(models)
+    assert row["onnxopt"]["onnxopt"]["x_best_peer_interval"] == [lo, hi]
+    assert f"({lo:.2f}-{hi:.2f})" in bt.compact_markdown({"meta": bt._meta(bt.Options(), [], []), "models": models})
+    del m["rows"]["onnxopt/fp32"]["latency"]["samples_ms"]
+    row, = bt.compact_rows(models)
+    assert "x_best_peer_interval" not in row["onnxopt"]["onnxopt"]

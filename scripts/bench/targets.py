@@ -666,7 +666,9 @@ def job_latency(job: dict) -> dict:
         ms = np.array(ts) * 1e3
         results[name] = {"median_ms": float(np.median(ms)), "p10_ms": float(np.percentile(ms, 10)),
                          "p90_ms": float(np.percentile(ms, 90)), "min_ms": float(ms.min()),
-                         "mean_ms": float(ms.mean())}
+                         "mean_ms": float(ms.mean()),
+                         # round by round (the rows interleave): the ratios' paired bootstrap intervals
+                         "samples_ms": [round(float(t), 5) for t in ms]}
     return {"rounds": rounds, "warmup": job["warmup"], "errors": errors, "results": results}
 
 
@@ -1013,6 +1015,17 @@ def bench_one(bm: BenchModel, tools: list[BTool], opts: Options, cache: Path, wo
     return res
 
 
+def _ratio_interval(before: dict, after: dict) -> list[float] | None:
+    """The 90% paired bootstrap interval of median(after) / median(before) over the interleaved rounds
+    (``onnxopt.verify.runtime.ratio_interval``), where both rows kept their rounds; else None."""
+    from onnxopt.verify.runtime import ratio_interval
+
+    a, b = after.get("samples_ms"), before.get("samples_ms")
+    if not a or not b:
+        return None
+    return ratio_interval(b, a, confidence=0.90).get("interval")
+
+
 def rank(m: dict, variants: dict) -> None:
     """Ratios of one (batch, options) table: each row against the original (fp32) and each onnxopt
     row against the best peer of its precision (peers that ran, within the fidelity bounds)."""
@@ -1046,6 +1059,9 @@ def rank(m: dict, variants: dict) -> None:
                 if variants[v]["precision"] == prec and "latency" in x and tool not in peer_tools \
                         and v != ORIGINAL and ours(tool):
                     x["latency"]["x_best_peer"] = x["latency"]["median_ms"] / best_ms
+                    interval = _ratio_interval(rows[best]["latency"], x["latency"])
+                    if interval:
+                        x["latency"]["x_best_peer_interval"] = interval
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1140,6 +1156,9 @@ def summary_rows(models: dict) -> list[dict]:
                     against = (m.get("best_peer_fixed", {}).get(prec) or best) if tool == "onnxopt-fixed" else best
                     if lat and against:
                         entry["x_best_peer"] = lat / against["median_ms"]
+                        interval = _ratio_interval(rows[against["variant"]].get("latency") or {}, x.get("latency") or {})
+                        if interval:
+                            entry["x_best_peer_interval"] = interval
                     if lat and orig:
                         entry["x_original"] = lat / orig
                     ours[tool] = entry
@@ -1229,7 +1248,9 @@ def render_markdown(report: dict) -> str:
             else:
                 ms = _ms(e.get("median_ms")) + ("" if e.get("fidelity_ok") in (True, None) else " (**out of bounds**)")
                 kern = "" if e.get("kernels") is None else f"{e['kernels']} ({e['cpu_kernels']})"
-                cells += [ms, _ratio(e.get("x_best_peer"), 1.02), _ratio(e.get("x_original"), 1.0), kern]
+                ci = e.get("x_best_peer_interval")
+                cells += [ms, _ratio(e.get("x_best_peer"), 1.02) + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else ""),
+                          _ratio(e.get("x_original"), 1.0), kern]
         L.append(f"| {row['model']} | {row['batch']} | {row['options']} | {row['precision']} | "
                  f"{_ms(row['original_ms'])} | {peer} | " + " | ".join(cells) + " |")
     L.append("")
@@ -1375,6 +1396,9 @@ def compact_rows(models: dict, options: str = "default") -> list[dict]:
                     against = best_fixed if variants[v]["tool"] == "onnxopt-fixed" else best
                     if lat and against:
                         e["x_best_peer"] = lat["median_ms"] / against["median_ms"]
+                        interval = _ratio_interval(rows[against["variant"]].get("latency") or {}, lat)
+                        if interval:
+                            e["x_best_peer_interval"] = interval
                     if lat and orig:
                         e["x_original"] = lat["median_ms"] / orig["median_ms"]
                     entry["onnxopt"][variants[v]["tool"]] = e
@@ -1440,8 +1464,10 @@ def compact_markdown(report: dict, options: str = "default") -> str:
             elif e.get("error"):
                 cells += [f"error: {bench._cell_text(e['error'], 40)}", ""]
             else:
-                x = e.get("x_best_peer")
+                x, ci = e.get("x_best_peer"), e.get("x_best_peer_interval")
                 ratio = "" if x is None else (f"**{x:.2f}**" if x > 1.02 else f"{x:.2f}")
+                if ci:
+                    ratio += f" ({ci[0]:.2f}-{ci[1]:.2f})"
                 oob = "" if e.get("fidelity_ok") in (True, None) else " (out of bounds)"
                 cells += [_lat_cell(e["latency"]) + oob, ratio]
         L.append(f"| {r['model']} | {r['batch']} | {r['precision']} | {_ms((r['original'] or {}).get('median_ms'))} | "
