@@ -1489,7 +1489,18 @@ def compact_markdown(report: dict, options: str = "default") -> str:
                   f"{_ms(worst['onnxopt']['onnxopt']['latency']['median_ms'])} against "
                   f"{_ms(worst['best_peer']['latency']['median_ms'])} ms ({worst['best_peer']['tool']}), "
                   f"{worst['onnxopt']['onnxopt']['x_best_peer']:.2f}x" if worst else "")
-               + ("; closing the gap is a later issue." if behind else "."))
+               + ".")
+    cpu_rows = [(name, key, v, row.get("by_provider", {}).get("CPUExecutionProvider", 0), row.get("memcpy", 0))
+                for name, res in report["models"].items() for key, m in res.get("measurements", {}).items()
+                if m.get("options") == options for v, row in m["rows"].items()
+                if (res.get("variants", {}).get(v, {}).get("tool") == "onnxopt" and "kernels" in row)]
+    if cpu_rows:
+        on_cpu = [r for r in cpu_rows if r[3] or r[4]]
+        if on_cpu:
+            summary += (f" At dynamic shapes onnxopt's model runs kernels on the CPU or a Memcpy on {len(on_cpu)} of "
+                        f"{len(cpu_rows)} rows ({', '.join(sorted({r[0] for r in on_cpu}))}).")
+        else:
+            summary += f" At dynamic shapes onnxopt's model runs no kernel on the CPU and no Memcpy on all {len(cpu_rows)} rows."
     L.append(f"- {summary}")
     L += notes
     L.append("")
