@@ -264,13 +264,21 @@ def zoo_bert(tmp_path_factory):
     return path
 
 
-def test_zoo_bert_alignment_agrees_with_provenance(zoo_bert, tmp_path):
+# The Shape-vector rules (rules/shape_ops.py, issue 29) replace Shape -> Gather -> Unsqueeze chains that many
+# Reshapes share: provenance credits each new node with the whole shared chain, the alignment (per node) does
+# not, so the two agree less there (0.878 measured); without those rules they agree as before (0.991).
+SHAPE_VECTOR_RULES = ["shape_dim_unsqueeze", "shape_dim_reshape", "shape_slice_to_attributes", "shape_concat_merge",
+                      "expand_shape_from_input", "range_of_dim"]
+
+
+@pytest.mark.parametrize("disable, floor", [(SHAPE_VECTOR_RULES, 0.97), ([], 0.85)])
+def test_zoo_bert_alignment_agrees_with_provenance(zoo_bert, tmp_path, disable, floor):
     out = tmp_path / "bert.opt.onnx"
-    optimize(str(zoo_bert), output=str(out))
+    optimize(str(zoo_bert), output=str(out), disable=disable)
     b = diff.Graph(onnx.load(zoo_bert))
     after = onnx.load(out)
     ref = diff.from_provenance(b, diff.Graph(after))
     keys = [n.key for n in b.nodes]
     for names in (True, False):
         score = diff.agreement(ref, diff.align(b, diff.Graph(diff.strip_provenance(after)), use_names=names), keys)
-        assert score["ratio"] >= 0.97, (names, score)
+        assert score["ratio"] >= floor, (names, score)

@@ -156,6 +156,7 @@ def test_target_bench_peers_run_as_documented(exports, tmp_path, kind):
     about their configuration; the transformers optimizer fuses BERT's attention in every layer, and on
     GPT-2 (whose attention it does not match) keeps its row with a note."""
     peers_here = [t for t in bt.TOOLS if t.peer and t.families and "encoder" in t.families and t.makes("fp32", "cpu")
+                  and not t.per_batch  # (the fixed-shape rows: test_fixed_peer_gets_the_model_onnxsim_fixed)
                   and (not t.name.startswith("optimum") or _optimum_absent() is None)]
     assert {t.name for t in peers_here} >= {"ort-transformers", "ort-transformers-o0", "ort-transformers-o2",
                                             "ort-transformers-o99", "onnxscript-ort"}
@@ -290,7 +291,8 @@ def test_optimum_levels_precisions_and_best_peer():
                 "onnxopt/fp16": {"tool": "onnxopt", "precision": "fp16", "status": "ok"}}
     ok = {"fidelity": {"ok": True}}
     rows = {"original": {"latency": {"median_ms": 3.0}, **ok}, "onnxopt/fp16": {"latency": {"median_ms": 1.0}, **ok}}
-    fp16_peers = [t for t in bt.TOOLS if t.peer and t.makes("fp16", "cuda") and t.families != ("vision", "ocr")]
+    fp16_peers = [t for t in bt.TOOLS if t.peer and t.makes("fp16", "cuda") and t.families != ("vision", "ocr")
+                  and not t.per_batch]  # (dynamic shapes: the fixed-shape peers compete for onnxopt-fixed)
     for i, t in enumerate(fp16_peers):
         v = f"{t.name}/fp16"
         variants[v] = {"tool": t.name, "precision": "fp16", "status": "ok"}

@@ -64,11 +64,13 @@ def export(folder: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("usage: python -m scripts.data.bert_embeddings DIR", file=sys.stderr)
-        return 2
-    for path in export(Path(argv[0])):
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m scripts.data.bert_embeddings",
+                                description=__doc__.split("\n\n")[0].replace("\n", " "))
+    p.add_argument("dir", type=Path, help="where bert-base-embeddings-{legacy,dynamo}.onnx are written")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    for path in export(args.dir):
         print(path)
     return 0
 
