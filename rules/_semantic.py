@@ -266,3 +266,27 @@ def typed(new: ir.Value, like: ir.Value, m) -> ir.Value:
     if shape is not None:
         new.shape = ir.Shape(list(shape))
     return new
+
+
+
+def _with_axes(m, b, op: str, x: ir.Value, axes: list[int], name: str, since: int, **attrs) -> ir.Value:
+    """``op(x, axes)``: the axes an int64 input (a constant called ``name``) from opset ``since``, an
+    attribute before."""
+    if m.opset("") >= since:
+        return b.op(op, x, b.const(np.array(axes, dtype=np.int64), name=name), **attrs)
+    return b.op(op, x, axes=axes, **attrs)
+
+
+def unsqueeze(m, b, x: ir.Value, axes: list[int], name: str = "axes") -> ir.Value:
+    """Unsqueeze(x, axes), its axes an input from opset 13."""
+    return _with_axes(m, b, "Unsqueeze", x, axes, name, 13)
+
+
+def squeeze(m, b, x: ir.Value, axes: list[int], name: str = "axes") -> ir.Value:
+    """Squeeze(x, axes), its axes an input from opset 13."""
+    return _with_axes(m, b, "Squeeze", x, axes, name, 13)
+
+
+def reduce_max(m, b, x: ir.Value, axes: list[int], name: str = "axes") -> ir.Value:
+    """ReduceMax(x, axes, keepdims=1), its axes an input from opset 18."""
+    return _with_axes(m, b, "ReduceMax", x, axes, name, 18, keepdims=1)

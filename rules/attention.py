@@ -86,7 +86,7 @@ from onnxopt.ir.util import RULE_KEY, constant_tensor
 from onnxopt.rules._attention_parts import (MS, SAME_SHAPE, attention_output, dims_of, float_scalar,
                                             head_merge, heads, is_scale, masked_scores, one_reader, prime_shapes,
                                             read_key_padding, scaled_dot_product, softmax)
-from onnxopt.rules._semantic import unrepresentable
+from onnxopt.rules._semantic import reduce_max, squeeze, unrepresentable, unsqueeze
 
 _FLOATS = {"ort-cpu": (ir.DataType.FLOAT,), "ort-cuda": (ir.DataType.FLOAT, ir.DataType.FLOAT16)}
 
@@ -730,17 +730,11 @@ def _rows_seen(m: Match, b) -> ir.Value:
     keys = b.op("Cast", src, to=int(dtype))
     if padding["causal"]:
         seen = b.op("CumSum", keys, b.const(np.array(1, np.int64), name="attention_keys_axis"))
-    elif m.opset("") >= 18:
-        seen = b.op("ReduceMax", keys, b.const(np.array([1], np.int64), name="attention_keys_axis"), keepdims=1)
     else:
-        seen = b.op("ReduceMax", keys, axes=[1], keepdims=1)
+        seen = reduce_max(m, b, keys, [1], name="attention_keys_axis")
     any_key = b.op("Cast", b.op("Greater", seen, b.const(np.array(0, dtype.numpy()), name="attention_zero")),
                    to=int(dtype))
-    if m.opset("") >= 13:
-        rows = b.op("Unsqueeze", any_key, b.const(np.array([2], np.int64), name="attention_rows_axis"))
-    else:
-        rows = b.op("Unsqueeze", any_key, axes=[2])
-    b.name(rows, name)
+    rows = b.name(unsqueeze(m, b, any_key, [2], name="attention_rows_axis"), name)
     lead = list(src.shape) if src.shape is not None else [None, None]
     for v, dims in ((keys, lead), (seen, lead if padding["causal"] else lead[:1] + [1]), (any_key, None),
                     (rows, (lead if padding["causal"] else lead[:1] + [1]) + [1])):
@@ -791,21 +785,19 @@ def _padding_bias(m: Match, b) -> ir.Value:
         fill = max(fill, float(np.finfo(npd).min))
     lead = list(src.shape) if src.shape is not None else [None, None]
 
-    def unsqueeze(v, axes):
-        if m.opset("") >= 13:
-            return b.op("Unsqueeze", v, b.const(np.array(axes, np.int64), name="attention_mask_axes"))
-        return b.op("Unsqueeze", v, axes=axes)
+    def unsqueezed(v, axes):
+        return unsqueeze(m, b, v, axes, name="attention_mask_axes")
 
     is_bool = isinstance(src.type, ir.TensorType) and src.type.dtype == ir.DataType.BOOL
     kept = src if is_bool else b.op("Cast", src, to=int(ir.DataType.BOOL))
     every = b.op("Or", src, b.op("Not", src)) if is_bool else b.op("GreaterOrEqual", src, src)  # all true
-    keys = unsqueeze(kept, [1, 2])  # [B, 1, 1, T]
+    keys = unsqueezed(kept, [1, 2])  # [B, 1, 1, T]
     if padding["causal"]:
         position = b.op("CumSum", b.op("Cast", every, to=int(ir.DataType.INT32)),
                         b.const(np.array(1, np.int64), name="attention_keys_axis"))  # [B, T]: 1..T
-        frame = b.op("LessOrEqual", unsqueeze(position, [1, 2]), unsqueeze(position, [1, 3]))  # t <= s
+        frame = b.op("LessOrEqual", unsqueezed(position, [1, 2]), unsqueezed(position, [1, 3]))  # t <= s
     else:
-        frame = unsqueeze(every, [1, 3])  # [B, 1, T, 1], all true
+        frame = unsqueezed(every, [1, 3])  # [B, 1, T, 1], all true
     keep = b.op("And", frame, keys)
     bias = b.name(b.op("Where", keep, b.const(np.array(0, npd), name="attention_mask_zero"),
                        b.const(np.array(fill, npd), name="attention_mask_fill")), name)
@@ -872,19 +864,13 @@ def _zero_masked_rows(m: Match, b, y: ir.Value, lead: list) -> ir.Value:
     dt = m.plan["dtype"].numpy()
     n, d = int(m.plan["num_heads"]), int(m.plan["head"])
     mask = m.plan["mask"]
-    if m.opset("") >= 18:
-        top = b.op("ReduceMax", mask, b.const(np.array([-1], np.int64), name="attention_keys_axis"), keepdims=1)
-    else:
-        top = b.op("ReduceMax", mask, axes=[-1], keepdims=1)
+    top = reduce_max(m, b, mask, [-1], name="attention_keys_axis")
     any_key = b.op("Cast", b.op("Greater", top, b.const(np.array(-np.inf, dt), name="attention_ninf")),
                    to=int(m.plan["dtype"]))  # [B|1, N|1, S, 1]
     per_row = b.op("Transpose", any_key, perm=[0, 2, 1, 3])  # [B|1, S, N|1, 1]
     dims = dims_of(mask, m.opsets)
     if dims is not None and len(dims) == 4 and dims[1] == 1:  # one factor for every head: y [B, S, N*D] * [B|1, S, 1]
-        if m.opset("") >= 13:
-            rows = b.op("Squeeze", per_row, b.const(np.array([2], np.int64), name="attention_heads_axis"))
-        else:
-            rows = b.op("Squeeze", per_row, axes=[2])
+        rows = squeeze(m, b, per_row, [2], name="attention_heads_axis")
         zeroed = b.op("Mul", y, rows)
         zeroed.type, zeroed.shape = ir.TensorType(m.plan["dtype"]), ir.Shape(lead + [n * d])
         return zeroed

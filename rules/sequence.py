@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from onnxopt.core.pattern import Const, Match, Op, Opt, Rule
+from onnxopt.rules._semantic import squeeze
 
 
 def _pieces(m: Match) -> list[int] | None:
@@ -55,10 +56,7 @@ def sequence_at_split_replacement(m: Match, b):
         outs = b.op("Split", m["x"], axis=axis, split=sizes, outputs=len(sizes))
     out = outs if len(sizes) == 1 else outs[i]
     if "split" not in m and int(m.attr("to_sequence", "keepdims", 1)) == 0:
-        if m.opset("") >= 13:
-            out = b.op("Squeeze", out, b.const(np.array([axis], dtype=np.int64), name="axes"))
-        else:
-            out = b.op("Squeeze", out, axes=[axis])
+        out = squeeze(m, b, out, [axis])
     return out
 
 

@@ -23,6 +23,7 @@ from onnxopt.ir.shapes import infer, is_dim_of, same_symbol, shape_elements, sli
 from onnxopt.ir.util import constant_tensor
 
 from onnxopt.rules._exact import exact_removal
+from onnxopt.rules._semantic import unsqueeze
 
 _x = forward("x")
 _NO_END = 1 << 62  # a Slice end this large means "to the end" whatever the axis' size
@@ -321,13 +322,6 @@ def unsqueeze_chain_condition(m: Match):
         return "repeated axes"
     kept = [p for p in range(final) if p not in a2]  # the intermediate's axes, in the final tensor
     return sorted(set(a2) | {kept[a] for a in a1})
-
-
-def unsqueeze(m: Match, b, x, axes: list[int]):
-    """Unsqueeze(x, axes): the axes an input from opset 13, an attribute before."""
-    if m.opset("") >= 13:
-        return b.op("Unsqueeze", x, b.const(np.array(axes, dtype=np.int64), name="axes"))
-    return b.op("Unsqueeze", x, axes=axes)
 
 
 def unsqueeze_plan_replacement(m: Match, b):

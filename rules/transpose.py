@@ -17,7 +17,7 @@ from onnxopt.ir.util import moves_data, perm_of
 from onnxopt.core.pattern import Match, Op, Refuse, Rule, forward
 
 from onnxopt.rules._exact import exact_removal
-from onnxopt.rules.shape_ops import unsqueeze
+from onnxopt.rules._semantic import unsqueeze
 
 _x = forward("x")
 
