@@ -1110,6 +1110,14 @@ def merge(reports: list[dict]) -> dict:
     return {"runs": runs, "targets": targets, "models": models}
 
 
+def _peer_cell(best: dict | None, describe) -> str:
+    """A table's best-peer cell: "—" without one, else ``describe(best)``, flagged where that peer ran with
+    a configuration failure."""
+    if not best:
+        return "—"
+    return describe(best) + (" (**configuration failure**)" if best.get("config_failure") else "")
+
+
 def _ms(x) -> str:
     return "" if x is None else bench._sig(x)
 
@@ -1227,13 +1235,10 @@ def render_markdown(report: dict) -> str:
     L.append("| model | batch | options | precision | original ms | best peer ms (tool) | onnxopt ms | × peer | "
              "× orig | kernels | best peer, shapes fixed, ms (tool) | onnxopt-fixed ms | × peer | × orig | kernels |")
     L.append("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for row in summary_rows(report["models"]):
-        def peer_cell(best):
-            if not best:
-                return "—"
-            cell = f"{_ms(best['median_ms'])} ({best['variant'].split('/')[0]})"
-            return cell + (" (**configuration failure**)" if best.get("config_failure") else "")
+    def peer_cell(best):
+        return _peer_cell(best, lambda b: f"{_ms(b['median_ms'])} ({b['variant'].split('/')[0]})")
 
+    for row in summary_rows(report["models"]):
         peer = peer_cell(row.get("best_peer"))
         cells = []
         for tool in ("onnxopt", "onnxopt-fixed"):
@@ -1446,13 +1451,10 @@ def compact_markdown(report: dict, options: str = "default") -> str:
              "best peer, shapes fixed | onnxopt-fixed | × peer |")
     L.append("|---|---:|---|---:|---|---:|---:|---|---:|---:|")
     notes = []
-    for r in compact_rows(report["models"], options):
-        def peer_cell(bp):
-            if not bp:
-                return "—"
-            cell = f"{_lat_cell(bp['latency'])} ({bp['tool']}; {bp['attention']})"
-            return cell + (" **configuration failure**" if bp.get("config_failure") else "")
+    def peer_cell(bp):
+        return _peer_cell(bp, lambda b: f"{_lat_cell(b['latency'])} ({b['tool']}; {b['attention']})")
 
+    for r in compact_rows(report["models"], options):
         peer = peer_cell(r.get("best_peer"))
         cells = []
         for tool in ("onnxopt", "onnxopt-fixed"):

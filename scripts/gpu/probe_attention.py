@@ -21,11 +21,12 @@ import json
 import platform
 import statistics
 import sys
-import time
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
+
+from scripts.data.benefit import time_bound_runs
 
 FILL32 = float(np.finfo(np.float32).min)
 
@@ -151,8 +152,6 @@ def _case(kind, dtype, causal, filter_value, provider, fill, *, b=3, s=6, h=16, 
 
 
 def _latency(kind, dtype, causal, filter_value, provider, fill, b, runs, *, s=128, h=768, n=12):
-    import onnxruntime as ort
-
     rng = np.random.default_rng(1)
     x = rng.standard_normal((b, s, h)).astype(np.float32)
     w = (rng.standard_normal((h, 3 * h)) / np.sqrt(h)).astype(np.float32)
@@ -164,17 +163,7 @@ def _latency(kind, dtype, causal, filter_value, provider, fill, b, runs, *, s=12
         sess = _session(_model(kind, dtype, b, s, h, n, causal=causal, filter_value=filter_value), provider)
         feeds = _feeds(kind, dtype, x, w, bqkv, m, n, causal, fill)
         dev = "cuda" if provider == "CUDAExecutionProvider" else "cpu"
-        binding = sess.io_binding()
-        for k, v in feeds.items():
-            binding.bind_ortvalue_input(k, ort.OrtValue.ortvalue_from_numpy(v, dev, 0))
-        binding.bind_output("y", dev)
-        for _ in range(20):
-            sess.run_with_iobinding(binding)
-        times = []
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            sess.run_with_iobinding(binding)
-            times.append((time.perf_counter() - t0) * 1e3)
+        times = time_bound_runs(sess, feeds, dev, runs, 20)
     except Exception as exc:  # noqa: BLE001
         row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
         return row
