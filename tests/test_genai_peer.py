@@ -40,6 +40,7 @@ def test_builder_writes_gqa_with_rotary_inside_and_shared_bnsh_cache(built):
     assert res["command"].startswith(f"python -m onnxruntime_genai.models.builder -i {hf_dir} -o {out_dir} "
                                      "-p fp32 -e cpu -c ")
     assert {"model.onnx", "genai_config.json", "tokenizer.json", "tokenizer_config.json"} <= set(res["files"])
+    assert res["onnxruntime_genai"] == og.__version__
     s = _genai.graph_summary(out_dir)
     assert s["ops"]["com.microsoft:GroupQueryAttention"] == 2  # one per layer
     assert s["ops"]["com.microsoft:SkipSimplifiedLayerNormalization"] == 4  # 2 per layer, the last one the final norm

@@ -140,7 +140,17 @@ def build(hf_dir: str | Path, out_dir: str | Path, precision: str = "fp32", exec
         result["error"] = f"the builder exited 0 but wrote {written or 'nothing'} to {out_dir}"
         return result
     result["ok"] = True
+    result["onnxruntime_genai"] = _installed_version("onnxruntime-genai")
     return result
+
+
+def _installed_version(distribution: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return ""
 
 
 def _error_line(stderr: str) -> str:
