@@ -144,6 +144,8 @@ def build_module(arch: str, *, seed: int = 0, config: dict | None = None, attn: 
         cfg._attn_implementation = attn
     torch.manual_seed(seed)
     model = getattr(tf, CLASSES[arch][1])(cfg)
+    if attn and model.config._attn_implementation != attn:
+        raise RuntimeError(f"{arch}: transformers chose attention {model.config._attn_implementation!r}, not {attn!r}")
     return model.eval()
 
 
@@ -267,6 +269,25 @@ def feeds(form: str, model, batch: int = 2, length: int | None = None, *, seed: 
     if form == "kv":
         return kv_feeds(model, batch, length or KV_PAST, seed=seed, pad_id=pad)
     raise ValueError(f"unknown form {form!r}; known: {', '.join(FORMS)}")
+
+
+ZOO_LENGTH = 64  # zoo feeds: prefill 64 tokens, kv one token after a past of 64 (batch 2, padded)
+
+
+def zoo_inputs(arch: str, form: str, length: int = ZOO_LENGTH):
+    """The zoo's input maker of ``arch``/``form``: (graph-only model, seed) -> ``feeds`` of the tiny torch model
+    (built once, seed 0 as the zoo's export; kv feeds need it for the past), in the declared input order."""
+    model = None
+
+    def make(proto, seed: int) -> dict[str, np.ndarray]:
+        nonlocal model
+        if model is None:
+            model = build_module(arch)
+        feed = feeds(form, model, 2, length, seed=seed)
+        init = {t.name for t in proto.graph.initializer}
+        return {i.name: feed[i.name] for i in proto.graph.input if i.name not in init}
+
+    return make
 
 
 def torch_outputs(form: str, model, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -29,7 +29,8 @@ CASES = [
 
 @pytest.fixture(scope="module", params=CASES)
 def exported(request, tmp_path_factory):
-    """(arch, form, torch model, onnxruntime session, path) of one exported case."""
+    """(arch, form, torch model, onnxruntime session, path) of one exported case (the zoo's build: seed 0,
+    transformers' default attention)."""
     import onnxruntime as ort
 
     from onnxopt.models import decoder_models as dm
@@ -127,6 +128,24 @@ def test_kv_feeds_past_is_the_prefix_cache():
                       use_cache=False).logits[:, -1].numpy()
     np.testing.assert_allclose(step, whole, atol=1e-4)
     assert feed["position_ids"][0, 0] == 11 and feed["position_ids"][1, 0] == mask[1].sum()
+
+
+@needs_torch
+def test_zoo_registers_the_decoders(exported):
+    """Every tiny decoder is a zoo model (``<arch>-<form>-<exporter>``); the zoo's inputs of this one (64
+    tokens, a past of 64) pass the zoo's check that every output follows the inputs."""
+    from onnxopt.models import decoder_models as dm
+    from onnxopt.models import zoo
+
+    names = {s.name for s in zoo.SPECS if s.family == "decoder"}
+    assert names == {f"{a}-{f}-{e}" for a in dm.ARCHS for f in dm.FORMS for e in dm.EXPORTERS}
+    arch, form, model, sess, path = exported
+    spec = zoo.get(path.stem)
+    feed = spec.inputs(path, 0)
+    assert list(feed) == [i.name for i in sess.get_inputs()]
+    assert feed["attention_mask"].shape[1] == dm.ZOO_LENGTH + (form == "kv")
+    figures = zoo.check_outputs_vary(spec, path)
+    assert set(figures) == {o.name for o in sess.get_outputs()}
 
 
 def test_bench_configs_are_real_sizes():

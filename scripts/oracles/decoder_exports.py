@@ -2,7 +2,10 @@
 exporter) exported, and the export checked against torch on realistic feeds with onnxruntime CPU.
 
     python -m scripts.oracles.decoder_exports [--out DIR] [--keep DIR] [--only ARCH ...] [--forms ...]
-                                              [--exporters ...]
+                                              [--exporters ...] [--attn default|eager|sdpa ...]
+
+Each architecture runs with transformers' default attention implementation (sdpa; eager for Gemma 2,
+which has no sdpa path) and with eager attention (explicit repeat_kv, MatMul, Softmax).
 
 Per row: ``ok`` or the exporter's error (one line: exception type and message; such a row is the
 exporter's limit, not a miss of onnxopt's), the node count and the op types of the exported graph,
@@ -89,10 +92,15 @@ def one_token_changed(form: str, feed: dict, vocab: int) -> dict:
     return {**feed, "input_ids": ids}
 
 
-def row(arch: str, form: str, exporter: str, work: Path) -> dict:
-    model = dm.build_module(arch)
-    rec = {"arch": arch, "form": form, "exporter": exporter, "attn": model.config._attn_implementation}
-    path = work / f"{arch}-{form}-{exporter}.onnx"
+def row(arch: str, form: str, exporter: str, work: Path, attn: str | None = None) -> dict:
+    rec = {"arch": arch, "form": form, "exporter": exporter, "attn": attn or "default"}
+    try:
+        model = dm.build_module(arch, attn=attn)
+    except Exception as exc:  # noqa: BLE001 - transformers refuses the configuration (e.g. sdpa for Gemma 2)
+        return {**rec, "status": "error", "export_s": 0.0,
+                "error": f"transformers: {type(exc).__name__}: {exc}".splitlines()[0][:400]}
+    rec["attn"] = model.config._attn_implementation
+    path = work / f"{arch}-{form}-{exporter}-{rec['attn']}.onnx"
     t0 = time.perf_counter()
     try:
         dm.export_module(model, form, path, exporter)
@@ -151,6 +159,9 @@ def main(argv=None) -> int:
     p.add_argument("--only", nargs="+", choices=dm.ARCHS, default=list(dm.ARCHS))
     p.add_argument("--forms", nargs="+", choices=dm.FORMS, default=list(dm.FORMS))
     p.add_argument("--exporters", nargs="+", choices=dm.EXPORTERS, default=list(dm.EXPORTERS))
+    p.add_argument("--attn", nargs="+", choices=("default", "eager", "sdpa"), default=["default", "eager"],
+                   help="attention implementations (default: transformers' own choice, then eager where that "
+                        "differs; a row already run under another name is not repeated)")
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     warnings.simplefilter("ignore")
@@ -170,14 +181,17 @@ def main(argv=None) -> int:
         work = args.keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         for arch in args.only:
-            for form in args.forms:
-                for exporter in args.exporters:
-                    rec = row(arch, form, exporter, work)
-                    rows.append(rec)
-                    print(f"{arch:<10} {form:<8} {exporter:<7} {rec['status']:<8} {rec.get('nodes', ''):>5} "
-                          f"diff {rec.get('max_abs_diff', float('nan')):.1e} "
-                          f"other {rec.get('max_abs_diff_other_sizes', float('nan')):.1e} "
-                          f"{rec['export_s']:>5.1f} s {rec.get('error', '')}", flush=True)
+            default = dm.build_module(arch).config._attn_implementation
+            attns = list(dict.fromkeys(default if a == "default" else a for a in args.attn))
+            for attn in attns:
+                for form in args.forms:
+                    for exporter in args.exporters:
+                        rec = row(arch, form, exporter, work, attn)
+                        rows.append(rec)
+                        print(f"{arch:<10} {form:<8} {exporter:<7} {rec['attn']:<6} {rec['status']:<8} "
+                              f"{rec.get('nodes', ''):>5} diff {rec.get('max_abs_diff', float('nan')):.1e} "
+                              f"other {rec.get('max_abs_diff_other_sizes', float('nan')):.1e} "
+                              f"{rec['export_s']:>5.1f} s {rec.get('error', '')}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "export-matrix.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     (args.out / "export-matrix.md").write_text(markdown(rows, meta))
