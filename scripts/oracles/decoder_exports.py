@@ -139,7 +139,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
              f"{meta['onnxscript']}, onnxruntime {meta['onnxruntime']} (CPU). Max |ONNX - torch| over all outputs "
              f"on the feeds (batch 2; prefill 16 tokens right-padded, kv one token after a real past of 12, "
              f"left-padded) and on other sizes (batch 3 of 11 tokens / past 10, batch 1 of 5). Moves: max |logits change| when one "
-             f"token (and, kv, the past) changes. Errors are the exporter's, recorded as raised.", "",
+             f"token (and, kv, the past) changes. Errors are the exporter's, recorded as raised. Export seconds "
+             f"are one run each, on a machine shared with other jobs: indicative only.", "",
              "| arch | form | exporter | attn | status | nodes | max diff | other sizes | token moves | past moves "
              "| export s | error |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
