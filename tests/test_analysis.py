@@ -698,3 +698,25 @@ def test_symbolic_inference_leaves_no_file_in_the_current_folder(tmp_path, monke
     analysis.analyze(m)
     memory.peak(m)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_symbolic_shape_inference_imports_neither_torch_nor_onnxruntime():
+    """onnxruntime's symbolic shape inference is read from its file: the package onnxruntime.tools imports
+    torch where torch is installed (1.5 s of every command that infers shapes), and the tool needs neither."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("onnxruntime")
+    code = ("import sys, onnx\n"
+            "from onnx import helper, TensorProto\n"
+            "from onnxopt.ir import shapes\n"
+            "x = helper.make_tensor_value_info('x', TensorProto.FLOAT, ['n', 3])\n"
+            "y = helper.make_tensor_value_info('y', TensorProto.INT64, None)\n"
+            "g = helper.make_graph([helper.make_node('Shape', ['x'], ['y'])], 'g', [x], [y])\n"
+            "m = helper.make_model(g, opset_imports=[helper.make_opsetid('', 17)])\n"
+            "out = shapes.symbolic_infer(m)\n"
+            "dims = out.graph.output[0].type.tensor_type.shape.dim\n"
+            "print(len(dims), dims[0].dim_value, 'torch' in sys.modules, 'onnxruntime' in sys.modules)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["1", "2", "False", "False"]

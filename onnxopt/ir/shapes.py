@@ -9,8 +9,11 @@ outputs are unknown, and records the results on those values, so each value is i
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -710,13 +713,42 @@ def _light_source(source: onnx.ModelProto) -> onnx.ModelProto:
     return light
 
 
+_SYMBOLIC: list = []
+
+
+def _symbolic_shape_inference():
+    """onnxruntime's SymbolicShapeInference class (None without onnxruntime or where the file moved), read from
+    its file without importing the package ``onnxruntime.tools``: that package's ``__init__`` imports torch
+    where torch is installed (1.5 s of every command that infers shapes; the tool itself needs only onnx,
+    numpy and sympy). Loaded once per process, under the module's own name (its logger is then onnxruntime's
+    child, which :func:`symbolic_infer` quiets)."""
+    if not _SYMBOLIC:
+        cls = None
+        done = sys.modules.get("onnxruntime.tools.symbolic_shape_infer")
+        try:
+            if done is not None:
+                cls = done.SymbolicShapeInference
+            else:
+                spec = importlib.util.find_spec("onnxruntime")
+                path = Path(list(spec.submodule_search_locations)[0]) / "tools" / "symbolic_shape_infer.py" \
+                    if spec is not None and spec.submodule_search_locations else None
+                if path is not None and path.is_file():
+                    file_spec = importlib.util.spec_from_file_location("onnxruntime.tools.symbolic_shape_infer", path)
+                    module = importlib.util.module_from_spec(file_spec)
+                    file_spec.loader.exec_module(module)
+                    cls = module.SymbolicShapeInference
+        except Exception:  # noqa: BLE001 - (an onnxruntime whose tool changed: no symbolic inference, as without it)
+            cls = None
+        _SYMBOLIC.append(cls)
+    return _SYMBOLIC[0]
+
+
 def symbolic_infer(proto: onnx.ModelProto) -> onnx.ModelProto | None:
     """onnxruntime's symbolic shape inference, where onnxruntime is installed: it computes the
     shape arithmetic of exported models (Shape, Gather, Slice of a position table, ...) that
     onnx's inference leaves unknown; None without it or where it fails."""
-    try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-    except ImportError:
+    SymbolicShapeInference = _symbolic_shape_inference()
+    if SymbolicShapeInference is None:
         return None
     import contextlib
     import io as _stdio
