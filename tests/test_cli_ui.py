@@ -5,6 +5,7 @@ names each command; one line that says what to do when the output is missing."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import fcntl
 import os
 import pty
@@ -192,9 +193,14 @@ def test_progress_on_a_terminal_for_a_step_over_a_second(small, slow_rules, tmp_
 
 
 def test_no_progress_with_quiet_or_in_a_pipe_or_for_a_quick_command(small, slow_rules, tmp_path):
-    code, out, err = run_on_terminal(small, "-o", tmp_path / "q.onnx", "--rules", slow_rules, "-q")
+    # the two slow runs (over a second each, asleep most of it) side by side; the quick one alone after them,
+    # so that no other run can push it past the second
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        quiet = pool.submit(run_on_terminal, small, "-o", tmp_path / "q.onnx", "--rules", slow_rules, "-q")
+        piped = pool.submit(run_cli, small, "-o", tmp_path / "p.onnx", "--rules", slow_rules, env=terminal_env())
+        code, out, err = quiet.result()
+        proc = piped.result()
     assert (code, out, err) == (0, "", "")
-    proc = run_cli(small, "-o", tmp_path / "p.onnx", "--rules", slow_rules, env=terminal_env())
     assert proc.returncode == 0 and proc.stderr == ""
     code, out, err = run_on_terminal(small, "-o", tmp_path / "fast.onnx", stdout_tty=False)
     assert code == 0 and err == ""  # done within the second: nothing drawn
