@@ -412,6 +412,18 @@ class VerifyOptions:
         from_cli=_provider_options_flag,
         key="verify.provider_options", kind="table", about="provider = {option = value}, e.g. "
         "cuda = {prefer_nhwc = 1}", check=_provider_options, keyword=None)
+    decode: int | None = option(
+        None, flags=("--decode",), commands=_MEASURERS, group=_INPUTS, argparse={"type": int, "metavar": "N"},
+        help="decoders with a key/value cache (past_key_values.N.key/value in, present.N.key/value out): also "
+             "generate N tokens greedily on each prompt with both models, each with its own cache, and compare token "
+             "by token and the logits of every step (float32: every token identical; float16: at least 99%%)",
+        key="verify.decode", kind="integer", about="tokens of greedy generation to compare (decoders; 0: none)",
+        minimum=0, keyword=None)
+    decode_prompts: str | os.PathLike | None = option(
+        None, flags=("--decode-prompts",), commands=_MEASURERS, group=_INPUTS, argparse={"metavar": "FILE.json"},
+        help="the prompts of --decode: a JSON list of token id lists (default: 8 generated prompts of 8 tokens)",
+        key="verify.decode_prompts", about="a JSON list of token id lists for --decode (path)", path=True,
+        keyword=None)
     settings: Mapping | None = option(None, keyword="verify_options")
 
     _VERIFIER_NAMES: ClassVar[Mapping[str, str]] = {"latency_budget": "budget_s"}

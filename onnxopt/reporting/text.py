@@ -388,6 +388,10 @@ def format_verification(report: dict) -> Doc:
         lat = e.get("latency")
         if lat and "before" in lat and "after" in lat:
             lines += _latency_lines(lat)
+        if e.get("decode"):
+            from onnxopt.verify import decode_text
+
+            lines.append(Styled(decode_text(e["decode"]), "" if e["decode"]["ok"] else "bold red"))
         lines += _culprit_lines(e.get("culprit") or {})
     lines += _fp16_arith_lines(report.get("fp16") or report.get("fp16_arithmetic") or {})
     for key, by_label in report.get("cross_provider", {}).items():

@@ -26,6 +26,7 @@ from onnxopt.verify.compare import (FP16_MAX_ERROR, FP16_MIN_COSINE, FP16_MIN_TO
                       check_tolerances, compare, compare_all, compare_fp16, compare_int8, compare_value, is_fp16,
                       is_logits, is_low_precision, is_quantized, problem_text, sqnr_db, tolerance)
 from onnxopt.verify.culprit import find_culprit
+from onnxopt.verify.decode import compare_generation, decode_text, decoder_step_feeds, looks_like_a_decoder
 from onnxopt.verify.inputs import inputs_for, make_inputs, parse_input_shapes, parse_int_ranges, run_failure
 from onnxopt.verify.runtime import (LATENCY_BUDGET_S, LATENCY_RUNS, LATENCY_THREADS, NO_DIFFERENCE, PROVIDERS, OrtModel,
                       VerifyUnavailable, check_providers, count_kernels, latency_text, measure_latency,
@@ -35,7 +36,7 @@ __all__ = [
     "INT8_MIN_SQNR_DB", "LATENCY_BUDGET_S", "LATENCY_RUNS", "LATENCY_THREADS", "LOW_PRECISION", "NO_DIFFERENCE",
     "PROVIDERS", "TOLERANCES", "Progress", "VerificationError",
     "VerifyUnavailable", "bisect_command", "check_providers", "check_settings", "check_tolerances", "compare",
-    "compare_all", "compare_value", "compare_int8", "compare_fp16", "is_fp16", "is_logits", "count_kernels",
+    "compare_all", "compare_value", "compare_int8", "compare_fp16", "compare_generation", "decode_text", "is_fp16", "is_logits", "count_kernels",
     "find_culprit", "is_low_precision", "is_quantized", "latency_entry", "latency_text", "make_inputs", "measure_latency", "parse_input_shapes",
     "parse_int_ranges", "parse_provider_options", "parse_providers", "ratio_interval",
     "problem_text", "run_profiled", "session", "sqnr_db", "tolerance", "verify",
@@ -65,7 +66,7 @@ class Progress:
 def check_settings(providers: str | Sequence[str] = "cpu", *, runs: int = LATENCY_RUNS, warmup: int = 5,
                    threads: int = LATENCY_THREADS, rtol: float | None = None, atol: float | None = None,
                    min_sqnr: float | None = None, provider_options=None, budget_s: float = LATENCY_BUDGET_S,
-                   **_) -> list[str]:
+                   decode: int = 0, **_) -> list[str]:
     """Refuse bad verification settings (UsageError, one line) before any work; the providers parsed."""
     providers = parse_providers(providers)
     check_providers(providers)
@@ -84,7 +85,28 @@ def check_settings(providers: str | Sequence[str] = "cpu", *, runs: int = LATENC
                          f"(--providers {','.join(providers)})")
     if min_sqnr is not None and not np.isfinite(min_sqnr):
         raise UsageError(f"--min-sqnr {min_sqnr}: must be a finite number of dB")
+    if isinstance(decode, bool) or not isinstance(decode, int) or decode < 0:
+        raise UsageError(f"--decode {decode}: a number of tokens to generate (0: no generation)")
     return providers
+
+
+def read_prompts(source) -> list | None:
+    """Prompts for ``--decode``: None (generated), a list of token id lists, or a JSON file holding one;
+    UsageError (one line) on a file that is not that."""
+    if source is None or isinstance(source, (list, tuple)):
+        return None if source is None else list(source)
+    import json
+
+    try:
+        with open(source, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as exc:
+        raise UsageError(f"--decode-prompts {source}: cannot read it ({exc.strerror or exc})") from None
+    except ValueError as exc:
+        raise UsageError(f"--decode-prompts {source}: not JSON ({exc})") from None
+    if not isinstance(data, list) or not all(isinstance(p, list) for p in data) or not data:
+        raise UsageError(f"--decode-prompts {source}: not a JSON list of token id lists")
+    return data
 
 
 def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", inputs: str | os.PathLike | None = None,
@@ -93,7 +115,7 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
            atol: float | None = None, runs: int = LATENCY_RUNS, warmup: int = 5, latency: bool = True,
            culprit: bool = True, threads: int = LATENCY_THREADS, progress: Progress | None = None,
            bisect_options: Sequence[str] | None = None, min_sqnr: float | None = None, provider_options=None,
-           budget_s: float = LATENCY_BUDGET_S) -> dict:
+           budget_s: float = LATENCY_BUDGET_S, decode: int = 0, decode_prompts=None) -> dict:
     """Verify ``optimized`` against ``original`` on each provider; returns the report (a dict
     that ``onnxopt.reporting.text.format_verification`` prints); ``report["ok"]`` is False when an
     output differs.
@@ -133,10 +155,16 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
     the criterion; culprit search and bisect are skipped (every value differs by design). It is also
     judged in float16 arithmetic (:mod:`.fp16`: every op's output rounded to float16, which
     onnxruntime's CPU provider does not do), at these inputs only: ``report["fp16"]["arithmetic"]``,
-    ``["ok"]``, ``["outputs"]``; two float16 models are both run so (``report["fp16_arithmetic"]``)."""
+    ``["ok"]``, ``["outputs"]``; two float16 models are both run so (``report["fp16_arithmetic"]``).
+
+    ``decode`` (N > 0): decoders with a key/value cache are also compared over greedy generation of N tokens
+    on each prompt, each model with its own cache (:mod:`.decode`): ``report["providers"][p]["decode"]``;
+    float32 passes when every token is the original's, float16 when at least 99% are. ``decode_prompts``: a
+    JSON file (or a list) of token id lists; default 8 generated prompts of 8 tokens."""
     providers = check_settings(providers, runs=runs, warmup=warmup, threads=threads, rtol=rtol, atol=atol,
-                               min_sqnr=min_sqnr, provider_options=provider_options, budget_s=budget_s)
+                               min_sqnr=min_sqnr, provider_options=provider_options, budget_s=budget_s, decode=decode)
     provider_options = parse_provider_options(provider_options)
+    prompts = read_prompts(decode_prompts) if decode else None
     progress = progress or Progress()
     before = after = None
     try:
@@ -153,7 +181,7 @@ def verify(original, optimized, *, providers: str | Sequence[str] = "cpu", input
         edges = layouts.edges_between(_metadata(before.proto), _metadata(after.proto))
         report = _verify(before, after, providers, feeds, inputs, input_shapes, int_ranges, seed, rtol, atol, runs,
                          warmup, latency, culprit and int8 is None and not fp16 and not edges, threads, progress, int8,
-                         provider_options, fp16, edges, budget_s)
+                         provider_options, fp16, edges, budget_s, decode, prompts)
         if not report["ok"] and int8 is None and not fp16 and not edges:
             report["bisect_command"] = bisect_command(
                 original, next((p for p, e in report["providers"].items() if not e["ok"]), providers[0]), inputs=inputs,
@@ -201,8 +229,15 @@ def _metadata(proto) -> dict[str, str]:
 def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_shapes, int_ranges, seed, rtol, atol,
             runs, warmup, latency, culprit, threads, progress, int8: float | None = None,
             provider_options: dict | None = None, fp16: bool = False, edges: dict | None = None,
-            budget_s: float = LATENCY_BUDGET_S) -> dict:
+            budget_s: float = LATENCY_BUDGET_S, decode: int = 0, prompts=None) -> dict:
+    decoder_how = None
+    if feeds is None and inputs is None and not input_shapes and not edges and looks_like_a_decoder(before.proto):
+        # a decoder with a key/value cache: inputs of sizes that agree (past + new = mask), from its own run
+        step = decoder_step_feeds(session(before.source(), "cpu"), seed)
+        if step is not None:
+            feeds, decoder_how = step
     feeds, how = inputs_for(before, feeds, inputs, input_shapes, int_ranges, seed, layouts.pixel_inputs(edges))
+    how = decoder_how or how
     model_feeds = {"before": feeds, "after": feeds}
     if edges:  # (the data given is what runs: raw pixels, or those the given float values are made of)
         model_feeds["before"], model_feeds["after"] = layouts.edge_feeds(edges, feeds, seed, how)
@@ -253,6 +288,13 @@ def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_s
                             _compare_fp16(got["before"], got["after"]) if fp16 else
                             compare_all(got["before"], got["after"], low_precision=low, rtol=rtol, atol=atol))
         entry["ok"] = all(r["ok"] for r in entry["outputs"])
+        if decode:
+            progress(f"{p}: generating {decode} tokens with both models", step, steps)
+            entry["decode"] = compare_generation(
+                session(before.source(), p, threads=threads, provider_options=provider_options),
+                session(after.source(), p, threads=threads, provider_options=provider_options),
+                steps=decode, prompts=prompts, seed=seed, fp16=fp16)
+            entry["ok"] = entry["ok"] and entry["decode"]["ok"]
         if latency and runs:
             progress(f"{p}: latency", step, steps)
             t0 = time.perf_counter()
