@@ -222,6 +222,12 @@ def _declared(model: OrtModel) -> list:
     return [i for i in model.proto.graph.input if i.name not in inits]
 
 
+def _folder(model: OrtModel) -> str | None:
+    """The folder of a model given by path (None for one given in memory)."""
+    src = model.source()
+    return os.path.dirname(os.path.abspath(src)) if isinstance(src, (str, os.PathLike)) else None
+
+
 def _metadata(proto) -> dict[str, str]:
     return {p.key: p.value for p in proto.metadata_props}
 
@@ -293,7 +299,7 @@ def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_s
             entry["decode"] = compare_generation(
                 session(before.source(), p, threads=threads, provider_options=provider_options),
                 session(after.source(), p, threads=threads, provider_options=provider_options),
-                steps=decode, prompts=prompts, seed=seed, fp16=fp16)
+                steps=decode, prompts=prompts, seed=seed, fp16=fp16, folders=(_folder(before), _folder(after)))
             entry["ok"] = entry["ok"] and entry["decode"]["ok"]
         if latency and runs:
             progress(f"{p}: latency", step, steps)

@@ -73,9 +73,26 @@ class DecoderIO:
     one_token: bool  # input_ids take one token per run
 
 
-def decoder_io(sess, what: str = "model") -> DecoderIO:
+def _genai_head_size(folder) -> int | None:
+    """``model.decoder.head_size`` of the genai_config.json beside a model (onnxruntime-genai's models name
+    the cache's last dimension symbolically)."""
+    if folder is None:
+        return None
+    import json
+    import os
+
+    try:
+        with open(os.path.join(folder, "genai_config.json"), encoding="utf-8") as f:
+            size = json.load(f)["model"]["decoder"]["head_size"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return size if isinstance(size, int) and size > 0 else None
+
+
+def decoder_io(sess, what: str = "model", folder=None) -> DecoderIO:
     """The decoder roles of an onnxruntime session's inputs and outputs, or UsageError (one line) saying why
-    the model is not a decoder with a key/value cache."""
+    the model is not a decoder with a key/value cache. ``folder``: the model's folder, where a cache whose
+    head size is symbolic takes it from onnxruntime-genai's genai_config.json."""
     ins = {i.name: i for i in sess.get_inputs()}
     outs = [o.name for o in sess.get_outputs()]
     if "input_ids" not in ins:
@@ -93,8 +110,11 @@ def decoder_io(sess, what: str = "model") -> DecoderIO:
         raise UsageError(f"--decode: the {what}'s cache inputs and outputs do not pair up (layer {layer} {kind} is "
                          "in one only)")
     cache = []
+    head_size = _genai_head_size(folder)
     for key in sorted(pasts):
-        shape = ins[pasts[key]].shape
+        shape = list(ins[pasts[key]].shape)
+        if len(shape) == 4 and not isinstance(shape[3], int) and head_size is not None:
+            shape[3] = head_size
         if len(shape) != 4 or not all(isinstance(d, int) for d in (shape[1], shape[3])):
             raise UsageError(f"--decode: the {what}'s cache input {pasts[key]} is not [batch, heads, past, head_dim] "
                              f"with static heads and head_dim (its shape: {shape})")
@@ -189,18 +209,19 @@ def check_prompts(prompts, vocab: int) -> list[list[int]]:
 
 
 def compare_generation(before, after, *, steps: int, prompts: Sequence[Sequence[int]] | None = None,
-                       seed: int = 0, fp16: bool = False) -> dict:
+                       seed: int = 0, fp16: bool = False, folders: tuple = (None, None)) -> dict:
     """Greedy generation of ``steps`` tokens per prompt on two onnxruntime sessions (``before``: the
     original, ``after``: the optimized model), compared as the module says. ``prompts``: token id lists;
     None: :data:`DECODE_PROMPTS` generated ones. ``fp16``: judged by token agreement (at least
-    :data:`FP16_MIN_TOKEN_AGREEMENT`), else every token must be the original's.
+    :data:`FP16_MIN_TOKEN_AGREEMENT`), else every token must be the original's. ``folders``: the two
+    models' folders (:func:`decoder_io`), where known.
 
     Returns ``{"ok", "steps", "prompts", "criterion", "tokens_compared", "tokens_identical", "agreement",
     "first_divergence": {"prompt", "step", "original", "optimized"} or None, "logits": {"max_abs",
     "min_cosine"}, "per_prompt": [...]}``."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise UsageError(f"--decode {steps}: a number of tokens to generate, at least 1")
-    io_b, io_a = decoder_io(before, "original"), decoder_io(after, "optimized model")
+    io_b, io_a = decoder_io(before, "original", folders[0]), decoder_io(after, "optimized model", folders[1])
     probe = _Generator(before, io_b)
     vocab = int(probe.feed([0]).shape[-1])
     given = prompts is not None
