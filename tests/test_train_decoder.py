@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import onnx
 import pytest
 
 pytest.importorskip("torch")
@@ -147,3 +148,42 @@ def test_accessor_names_the_command_when_missing_and_finds_a_complete_folder(tin
 def test_cli_refuses_bad_steps_with_exit_2():
     assert train_decoder.main(["--steps", "0"]) == 2
     assert train_decoder.main(["--threads", "0", "--tiny"]) == 2
+
+
+_BUILDER = r"""
+import runpy, sys
+from onnxopt.models.torchvision_models import skip_meta_registrations
+skip_meta_registrations()  # transformers imports torchvision, whose CPU wheel here has no compiled ops
+sys.argv = ["builder", "-i", sys.argv[1], "-o", sys.argv[2], "-p", "fp32", "-e", "cpu", "-c", sys.argv[3]]
+runpy.run_module("onnxruntime_genai.models.builder", run_name="__main__")
+"""
+
+
+def test_genai_model_builder_reads_the_folder_and_its_tokenizer_agrees(tiny_runs, tmp_path):
+    """onnxruntime-genai's model builder builds a GQA model from the folder, and onnxruntime-genai's own
+    tokenizer (onnxruntime-extensions, reading tokenizer.json by its GPT2Tokenizer class) gives the ids that
+    the tokenizers library gives, and decodes them back."""
+    og = pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed")
+    from tokenizers import Tokenizer
+
+    folder, out = tiny_runs[0], tmp_path / "genai"
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    proc = subprocess.run([sys.executable, "-c", _BUILDER, str(folder), str(out), str(tmp_path / "hf")], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-1500:]
+    assert "GroupQueryAttention" in {n.op_type for n in onnx.load(out / "model.onnx").graph.node}
+    model = og.Model(str(out))
+    tok = og.Tokenizer(model)
+    raw = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    corpus = train_decoder.load_corpus(max_files=train_decoder.tiny_recipe().max_files)
+    for text in (SAMPLE_SOURCE, corpus.held_out[0][1][:4000]):
+        ids = [int(i) for i in tok.encode(text)]
+        assert ids == raw.encode(text).ids
+        assert tok.decode(ids) == text
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=24, do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens(tok.encode("import os\n"))
+    while not gen.is_done():
+        gen.generate_next_token()
+    assert len(gen.get_sequence(0)) == 24

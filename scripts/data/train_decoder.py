@@ -386,6 +386,20 @@ def train(recipe: Recipe, out: Path, threads: int, log=print) -> dict:
     return meta
 
 
+def greedy_sample(folder: Path, prompt: str, new_tokens: int = 64) -> str:
+    """The greedy continuation (``new_tokens`` tokens, KV cache on) of ``prompt`` by the model in ``folder``."""
+    import torch
+
+    transformers = import_transformers()
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    ids = tok(prompt, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                             do_sample=False, pad_token_id=tok.pad_token_id)
+    return tok.decode(out[0, ids.shape[1]:])
+
+
 def _cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -410,6 +424,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2,
                     help="torch threads (default 2; the same bytes need the same thread count)")
     ap.add_argument("--force", action="store_true", help="retrain even if the destination holds a model")
+    ap.add_argument("--sample", metavar="PROMPT",
+                    help="train nothing: print the greedy continuation (64 tokens) of PROMPT ('\\n' for newlines) "
+                         "by the model already in the destination")
     args = ap.parse_args(argv)
     recipe = tiny_recipe() if args.tiny else Recipe()
     if args.steps is not None:
@@ -421,6 +438,13 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --threads must be at least 1", file=sys.stderr)
         return 2
     out = args.out or default_trained_dir("tiny" if args.tiny else MODEL_NAME)
+    if args.sample is not None:
+        if not (out / METADATA_FILE).exists():
+            print(f"error: {out} holds no trained model; train it first", file=sys.stderr)
+            return 2
+        prompt = args.sample.replace("\\n", "\n")
+        print(prompt + greedy_sample(out, prompt))
+        return 0
     if (out / METADATA_FILE).exists() and not args.force:
         print(f"{out} already holds a trained model ({METADATA_FILE}); --force retrains", file=sys.stderr)
         return 0
