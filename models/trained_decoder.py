@@ -4,7 +4,7 @@ sources, kept in Hugging Face format (config, safetensors weights, tokenizer, ``
 ``<cache>/_trained/<name>/`` (``cache``: ``$ONNXOPT_CACHE``, else ``~/.cache/onnxopt/models``), never committed.
 
     trained_decoder_dir()                      the folder, or FileNotFoundError naming the command that builds it
-    trained_decoder_dir(train_if_missing=True) builds it first when missing (~20 min on 2 cores)
+    trained_decoder_dir(train_if_missing=True) builds it first when missing (~15 min on 2 uncontended cores)
 
 Imports only ``cache``; training runs the script as a subprocess from the source checkout (no import of scripts).
 """
@@ -50,8 +50,8 @@ def trained_decoder_dir(train_if_missing: bool = False, cache: str | Path | None
         return folder
     command = f"{TRAIN_COMMAND} --out {folder}" if cache or name != MODEL_NAME else TRAIN_COMMAND
     if not train_if_missing:
-        raise FileNotFoundError(f"trained decoder {name}: {problem}; build it (~20 min on 2 cores) from the "
-                                f"onnxopt source checkout with: {command}")
+        raise FileNotFoundError(f"trained decoder {name}: {problem}; build it (~15 min on 2 uncontended cores) "
+                                f"from the onnxopt source checkout with: {command}")
     script = _source_root() / "scripts" / "data" / "train_decoder.py"
     if not script.is_file():
         raise FileNotFoundError(f"trained decoder {name}: {problem}, and {script} is not here to train it "

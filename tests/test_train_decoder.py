@@ -26,7 +26,8 @@ from onnxopt.models import trained_decoder  # noqa: E402
 from scripts.data import train_decoder  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-SAMPLE_SOURCE = ('def f(x: int = 3) -> str:\n    """Docstring with unicode: caf\u00e9 \u2192 \u03bb, tabs\tand  two spaces."""\n'
+SAMPLE_SOURCE = ('def f(x: int = 3) -> str:\n'
+                 '    """Docstring with unicode: caf\u00e9 \u2192 \u03bb, tabs\tand  two spaces."""\n'
                  "\tif x:\n        return f'{x!r:>10}'  # comment\n    return ''\n\n\nclass A(object):\n    pass\n")
 
 
