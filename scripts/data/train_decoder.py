@@ -376,6 +376,9 @@ def train(recipe: Recipe, out: Path, threads: int, log=print) -> dict:
             "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         (tmp / METADATA_FILE).write_text(json.dumps(meta, indent=1) + "\n")
+        tmp.chmod(0o755)  # mkdtemp's 0700 and save_pretrained's 0600 would hide a shared cache's files
+        for f in tmp.iterdir():
+            f.chmod(0o644)
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
