@@ -25,7 +25,7 @@ import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.ir.util import constant_tensor, use_count
+from onnxopt.ir.util import RULE_KEY, constant_tensor, use_count
 from onnxopt.ir.kernels import kernel_defs
 from onnxopt.ir.shapes import infer
 
@@ -290,3 +290,17 @@ def squeeze(m, b, x: ir.Value, axes: list[int], name: str = "axes") -> ir.Value:
 def reduce_max(m, b, x: ir.Value, axes: list[int], name: str = "axes") -> ir.Value:
     """ReduceMax(x, axes, keepdims=1), its axes an input from opset 18."""
     return _with_axes(m, b, "ReduceMax", x, axes, name, 18, keepdims=1)
+
+
+def earlier(m, name: str) -> ir.Value | None:
+    """The value ``name`` an earlier rewrite of this rule made (:meth:`Builder.name`), where it is defined
+    before the root (so this match can read it: a value built once for every layer); None otherwise."""
+    for node in m.graph:
+        if node is m.root:
+            return None
+        if node.metadata_props.get(RULE_KEY) != m.rule.name:
+            continue
+        for v in node.outputs:
+            if v.name == name:
+                return v
+    return None

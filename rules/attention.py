@@ -81,12 +81,12 @@ import onnx_ir as ir
 
 from onnxopt.core.pattern import Match, Rule
 from onnxopt.ir.shapes import infer, same_symbol, shape_elements
-from onnxopt.ir.util import RULE_KEY, constant_tensor
+from onnxopt.ir.util import constant_tensor
 
 from onnxopt.rules._attention_parts import (MS, SAME_SHAPE, attention_output, dims_of, float_scalar,
                                             head_merge, heads, is_scale, masked_scores, one_reader, prime_shapes,
                                             read_key_padding, scaled_dot_product, softmax)
-from onnxopt.rules._semantic import reduce_max, squeeze, unrepresentable, unsqueeze
+from onnxopt.rules._semantic import earlier, reduce_max, squeeze, unrepresentable, unsqueeze
 
 _FLOATS = {"ort-cpu": (ir.DataType.FLOAT,), "ort-cuda": (ir.DataType.FLOAT, ir.DataType.FLOAT16)}
 
@@ -687,20 +687,6 @@ def _mask_attrs(padding: dict) -> dict:
 _DEFAULT_FILTER = -10000.0  # the fused ops' mask_filter_value when the attribute is absent
 
 
-def _earlier(m: Match, name: str) -> ir.Value | None:
-    """The value ``name`` an earlier rewrite of this rule made, where it is defined before the root
-    (so this layer can read it); None otherwise."""
-    for node in m.graph:
-        if node is m.root:
-            return None
-        if node.metadata_props.get(RULE_KEY) != m.rule.name:
-            continue
-        for v in node.outputs:
-            if v.name == name:
-                return v
-    return None
-
-
 def _raw_mask(m: Match, b) -> ir.Value:
     """The 2-D key-padding mask as the fused ops take it: the graph input cast to int32 once for
     every layer (a later layer reads the Cast an earlier one made; the common-subexpression pass
@@ -709,7 +695,7 @@ def _raw_mask(m: Match, b) -> ir.Value:
     if isinstance(src.type, ir.TensorType) and src.type.dtype == ir.DataType.INT32:
         return src
     name = f"{src.name}_int32"
-    found = _earlier(m, name)
+    found = earlier(m, name)
     if found is not None:
         return found
     cast = b.name(b.op("Cast", src, to=int(ir.DataType.INT32)), name)
@@ -724,7 +710,7 @@ def _rows_seen(m: Match, b) -> ir.Value:
     padding, dtype = m.plan["padding"], m.plan["dtype"]
     src = padding["input"]
     name = f"{src.name}_rows_seen" + ("_causal" if padding["causal"] else "")
-    found = _earlier(m, name)
+    found = earlier(m, name)
     if found is not None:
         return found
     keys = b.op("Cast", src, to=int(dtype))
@@ -776,7 +762,7 @@ def _padding_bias(m: Match, b) -> ir.Value:
     padding, dtype = m.plan["padding"], m.plan["dtype"]
     src = padding["input"]
     name = f"{src.name}_attention_bias" + ("_causal" if padding["causal"] else "")
-    found = _earlier(m, name)
+    found = earlier(m, name)
     if found is not None:
         return found
     npd = dtype.numpy()

@@ -1,0 +1,270 @@
+"""Rotary position embedding for onnxruntime (issue 30): ``x * cos + rotate_half(x) * sin`` becomes
+com.microsoft RotaryEmbedding (targets ort-cpu and ort-cuda).
+
+Matched by what it computes, rooted at the Neg of ``rotate_half(x) = Concat(-x[..., h/2:], x[..., :h/2])``
+(the halves taken by two Slices or one Split on the last axis): that Concat times ``S``, plus ``x`` times
+``C``, where ``C`` and ``S`` are [B, 1, S, h] views (Unsqueeze on axis 1) of [B', S, h] values that are
+element-wise functions (Cos, Sin, Cast, Mul or Div by a scalar constant, Neg, Identity) of ``Concat(F, F)``
+on the last axis: whatever F is, ``C[..., i] == C[..., i + h/2]`` (and S likewise), which is all the fused op
+assumes. Partial rotary (Phi-3): ``x`` is the first ``rot`` dimensions of ``q`` and the result is concatenated
+with the rest: the op takes ``q`` with ``rotary_embedding_dim = rot``. Interleaved rotary is not matched (none
+of the exporters' models listed in docs/decoders has it).
+
+The op reads its cos/sin from tables indexed by ``position_ids``. Rather than a table of positions 0..max
+(whose length the graph does not say: onnxruntime refuses a position past it), the tables are the model's own
+per-token values: ``C[b, s, :h/2]`` as row ``b * S + s`` (``position_ids = b * S + s``, built on the device:
+ConstantOfShape, CumSum), or, where C has one row for every batch row (``B' == 1``), row ``s`` with
+``position_ids = [0]`` (the op's offset form). The values are the same numbers the original multiplies by, so
+the result is the original's up to the kernel's rounding of ``x*c - y*s`` (``exact=False``). One table pair is
+built per cos/sin value (every layer reads it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxopt.core.pattern import Match, Op, Rule
+from onnxopt.ir.shapes import infer
+from onnxopt.ir.util import constant_tensor
+from onnxopt.rules._semantic import dtype_of, earlier, kernel, private, scalar, typed
+from onnxopt.targets import ORT_CPU, ORT_CUDA
+
+ORT = (ORT_CPU, ORT_CUDA)
+_ELEMENTWISE = ("Cos", "Sin", "Cast", "Neg", "Identity")
+_BIG = 2**31 - 1
+
+
+def _ints(value: ir.Value | None) -> list[int] | None:
+    t = constant_tensor(value)
+    if t is None:
+        return None
+    a = np.asarray(t.numpy()).reshape(-1)
+    return [int(v) for v in a] if a.dtype.kind in "iu" else None
+
+
+def _is(node: ir.Node | None, op: str) -> bool:
+    return node is not None and node.op_type == op and node.domain in ("", "ai.onnx")
+
+
+def _half(value: ir.Value, m: Match):
+    """(x, "first"|"second", h, node) where ``value`` is the first or second half of ``x``'s last axis (a
+    Slice, or an output of a Split into two equal parts), else None."""
+    node = value.producer()
+    if node is None or node.domain not in ("", "ai.onnx"):
+        return None
+    x = node.inputs[0]
+    shape = infer(x, m.opsets)
+    if shape is None or len(shape) < 1 or not isinstance(shape[-1], int) or shape[-1] % 2:
+        return None
+    rank, h = len(shape), shape[-1]
+    if node.op_type == "Slice" and len(node.inputs) >= 4:
+        starts, ends, axes = (_ints(node.inputs[k]) for k in (1, 2, 3))
+        steps = _ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else [1]
+        if None in (starts, ends, axes, steps) or len(starts) != 1 or steps != [1] or axes[0] % rank != rank - 1:
+            return None
+        start, end = starts[0] % h if starts[0] < 0 else starts[0], ends[0]
+        if start == 0 and end == h // 2:
+            return x, "first", h, node
+        if start == h // 2 and end >= h:
+            return x, "second", h, node
+        return None
+    if node.op_type == "Split" and len(node.outputs) == 2:
+        axis = node.attributes.get("axis")
+        axis = 0 if axis is None else axis.value
+        if axis % rank != rank - 1:
+            return None
+        sizes = _ints(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else None
+        if sizes is None and node.attributes.get("split") is not None:
+            sizes = list(node.attributes["split"].value)
+        if sizes not in (None, [h // 2, h // 2]):
+            return None
+        return x, ("first", "second")[value.index()], h, node
+    return None
+
+
+def _sole_reader(value: ir.Value, graph: ir.Graph, op: str) -> ir.Node | None:
+    if not private(value, graph):
+        return None
+    node = next(iter(value.uses())).node
+    return node if _is(node, op) else None
+
+
+def _other(node: ir.Node, value: ir.Value) -> ir.Value | None:
+    a, b = node.inputs[0], node.inputs[1]
+    return b if a is value else a if b is value else None
+
+
+def _periodic(view: ir.Value, h: int, m: Match):
+    """(the [B', S, h] value, the nodes between) where ``view`` is its Unsqueeze on axis 1 and it is an
+    element-wise function of ``Concat(F, F)`` on the last axis; else the reason."""
+    unsq = view.producer()
+    if not _is(unsq, "Unsqueeze"):
+        return "cos/sin is not an Unsqueeze of a [batch, sequence, head] value"
+    axes = _ints(unsq.inputs[1]) if len(unsq.inputs) > 1 else list(unsq.attributes["axes"].value) \
+        if unsq.attributes.get("axes") is not None else None
+    table = unsq.inputs[0]
+    shape = infer(table, m.opsets)
+    if axes != [1] or shape is None or len(shape) != 3 or shape[-1] != h:
+        return "cos/sin is not an Unsqueeze on axis 1 of a [batch, sequence, head] value"
+    value = table
+    for _ in range(8):
+        node = value.producer()
+        if node is None or node.domain not in ("", "ai.onnx"):
+            break
+        if node.op_type in _ELEMENTWISE:
+            value = node.inputs[0]
+            continue
+        if node.op_type in ("Mul", "Div") and scalar(node.inputs[1]) is not None:
+            value = node.inputs[0]
+            continue
+        if node.op_type == "Mul" and scalar(node.inputs[0]) is not None:
+            value = node.inputs[1]
+            continue
+        if node.op_type == "Concat" and len(node.inputs) == 2 and node.inputs[0] is node.inputs[1]:
+            axis = node.attributes["axis"].value
+            if axis in (-1, 2):
+                return table
+        break
+    return "cos/sin is not an element-wise function of Concat(F, F) on the last axis (so not half-periodic)"
+
+
+def _same_dim(a, b) -> bool:
+    return a == b if isinstance(a, int) or isinstance(b, int) else (a is not None and str(a) == str(b))
+
+
+def _condition(m: Match):
+    neg, graph = m.root, m.graph
+    got = _half(neg.inputs[0], m)
+    if got is None or got[1] != "second":
+        src = neg.inputs[0].producer()
+        if _is(src, "Slice") and any(_ints(v) is None for v in src.inputs[1:4] if v is not None):
+            return ("the Neg reads a Slice whose bounds are computed (from a shape not known here), not constants: "
+                    "not proven the second half")
+        return "the Neg does not read the second half of a value's last axis"
+    x, _, h, slice_2 = got
+    cat = _sole_reader(neg.outputs[0], graph, "Concat")
+    if cat is None or len(cat.inputs) != 2 or cat.inputs[0] is not neg.outputs[0] \
+            or cat.attributes["axis"].value % len(infer(x, m.opsets)) != len(infer(x, m.opsets)) - 1:
+        return "the negated half is not the first part of a Concat on the last axis (rotate_half)"
+    first = _half(cat.inputs[1], m)
+    if first is None or first[1] != "first" or first[0] is not x:
+        return "the Concat's second part is not the first half of the same value"
+    slice_1 = first[3]
+    mul_s = _sole_reader(cat.outputs[0], graph, "Mul")
+    if mul_s is None:
+        return "rotate_half(x) is not multiplied by sin"
+    s_view = _other(mul_s, cat.outputs[0])
+    add = _sole_reader(mul_s.outputs[0], graph, "Add")
+    if add is None:
+        return "rotate_half(x) * sin is not added to x * cos"
+    c_prod = _other(add, mul_s.outputs[0])
+    mul_c = c_prod.producer() if c_prod is not None else None
+    if not _is(mul_c, "Mul") or not private(c_prod, graph) or x not in mul_c.inputs:
+        return "x * cos is not the other term"
+    c_view = _other(mul_c, x)
+    c3, s3 = _periodic(c_view, h, m), _periodic(s_view, h, m)
+    for t in (c3, s3):
+        if isinstance(t, str):
+            return t
+    if len(infer(x, m.opsets)) != 4:
+        return f"x has rank {len(infer(x, m.opsets))}, not 4 ([batch, heads, sequence, head])"
+    out, q, rot = add.outputs[0], x, h
+    nodes = [neg, cat, mul_s, mul_c, add]
+    halves = {slice_2, slice_1}
+    # partial rotary: x = q[..., :rot], the result concatenated with q[..., rot:]
+    tail = _sole_reader(add.outputs[0], graph, "Concat")
+    xs = x.producer()
+    if tail is not None and len(tail.inputs) == 2 and tail.inputs[0] is add.outputs[0] and _is(xs, "Slice"):
+        full = xs.inputs[0]
+        rest = tail.inputs[1].producer()
+        s0, e0 = _ints(xs.inputs[1]), _ints(xs.inputs[2])
+        fshape = infer(full, m.opsets)
+        if _is(rest, "Slice") and rest.inputs[0] is full and s0 == [0] and e0 == [h] and _ints(rest.inputs[1]) == [h] \
+                and fshape is not None and isinstance(fshape[-1], int) and fshape[-1] > h:
+            out, q, rot = tail.outputs[0], full, h
+            nodes += [tail]
+            halves |= {xs, rest}
+    # the halves' Slices/Split go when only this expression reads them
+    for node in halves:
+        if all(u.node in nodes or u.node in halves for o in node.outputs for u in o.uses()):
+            nodes.append(node)
+    dims = list(infer(q, m.opsets))
+    tdims = list(infer(c3, m.opsets))
+    sdims = list(infer(s3, m.opsets))
+    if not _same_dim(tdims[1], dims[2]):
+        return "cos/sin's sequence dimension is not x's"
+    if tdims[0] == 1:
+        shared = True
+    elif _same_dim(tdims[0], dims[0]):
+        shared = False
+    else:
+        return "cos/sin's batch dimension is neither 1 nor x's"
+    if not _same_dim(sdims[0], tdims[0]) or not _same_dim(sdims[1], tdims[1]):
+        return "cos and sin differ in shape"
+    dtype = dtype_of(q, m.opsets)
+    if dtype is None or dtype_of(c3, m.opsets) != dtype or dtype_of(s3, m.opsets) != dtype:
+        return "x, cos and sin differ in element type (or it is unknown)"
+    target = m.options.get("target", ORT_CPU)
+    has = kernel("RotaryEmbedding", "com.microsoft", 1, target, dtype)
+    if target == ORT_CUDA and dtype in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
+        has = True  # (onnxruntime-gpu registers these; the installed build may be the CPU one)
+    if has is False or (has is None and dtype != ir.DataType.FLOAT):
+        return f"no RotaryEmbedding kernel for {dtype.name.lower()} on {target}"
+    if m.opset("") < 15:
+        return f"the model imports opset {m.opset('')}: the row index needs Shape's start/end (opset 15)"
+    m.nodes = tuple(dict.fromkeys(nodes))
+    m.outputs = [out]
+    heads = dims[1] if isinstance(dims[1], int) else None
+    return {"q": q, "cos": c3, "sin": s3, "rot": rot, "head": dims[3] if isinstance(dims[3], int) else None,
+            "shared": shared, "heads": heads}
+
+
+def _table(m: Match, b, value: ir.Value, half: int) -> ir.Value:
+    """``value[..., :half]`` as a [rows, half] table (built once per value)."""
+    name = f"{value.name}_rotary_table"
+    found = earlier(m, name)
+    if found is not None:
+        return found
+    cut = b.op("Slice", value, b.const(np.array([0], np.int64), "zero"), b.const(np.array([half], np.int64), "half"),
+               b.const(np.array([-1], np.int64), "last"))
+    return b.name(b.op("Reshape", cut, b.const(np.array([-1, half], np.int64), "rows_by_half")), name)
+
+
+def _rows(m: Match, b, value: ir.Value) -> ir.Value:
+    """position_ids for per-token tables: ``b * S + s`` as [B, S] int64 (built on the device, once), or
+    ``[0]`` where the table has one row per position for every batch row."""
+    if m.plan["shared"]:
+        return b.const(np.array([0], np.int64), "rotary_offset")
+    name = f"{value.name}_rotary_rows"
+    found = earlier(m, name)
+    if found is not None:
+        return found
+    bs = b.op("Shape", value, start=0, end=2)
+    ones = b.op("ConstantOfShape", bs, value=ir.tensor(np.array([1], np.int64)))
+    flat = b.op("Reshape", ones, b.const(np.array([-1], np.int64), "flat"))
+    count = b.op("CumSum", flat, b.const(np.array(0, np.int64), "axis0"))
+    index = b.op("Sub", count, b.const(np.array(1, np.int64), "one"))
+    return b.name(b.op("Reshape", index, bs), name)
+
+
+def _replace(m: Match, b):
+    p = m.plan
+    half = p["rot"] // 2
+    attrs = {"interleaved": 0}
+    if p["head"] is not None and p["rot"] != p["head"]:
+        attrs["rotary_embedding_dim"] = p["rot"]
+    if p["heads"] is not None:
+        attrs["num_heads"] = p["heads"]
+    y = b.op("RotaryEmbedding", p["q"], _rows(m, b, p["cos"]), _table(m, b, p["cos"], half),
+             _table(m, b, p["sin"], half), domain="com.microsoft", **attrs)
+    return typed(y, m.outputs[0], m)
+
+
+RULES = [
+    Rule("rotary_embedding", Op("Neg", "x2"), _replace, condition=_condition, targets=ORT, benefit="rotary_embedding",
+         exact=False,
+         doc="x * cos + Concat(-x[..., h/2:], x[..., :h/2]) * sin (cos and sin half-periodic: element-wise functions "
+             "of Concat(F, F)), with partial rotary's pass-through, becomes com.microsoft RotaryEmbedding reading the "
+             "model's own per-token cos/sin as its tables."),
+]
