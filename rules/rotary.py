@@ -262,7 +262,7 @@ def _replace(m: Match, b):
 
 
 RULES = [
-    Rule("rotary_embedding", Op("Neg", "x2"), _replace, condition=_condition, targets=ORT,
+    Rule("rotary_embedding", Op("Neg", "x2"), _replace, condition=_condition, targets=ORT, benefit="rotary_embedding",
          exact=False,
          doc="x * cos + Concat(-x[..., h/2:], x[..., :h/2]) * sin (cos and sin half-periodic: element-wise functions "
              "of Concat(F, F)), with partial rotary's pass-through, becomes com.microsoft RotaryEmbedding reading the "
