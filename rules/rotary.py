@@ -193,13 +193,13 @@ def _condition(m: Match):
     tdims = list(infer(c3, m.opsets))
     sdims = list(infer(s3, m.opsets))
     if not _same_dim(tdims[1], dims[2]):
-        return "cos/sin's sequence dimension is not x's"
+        return "cos/sin's sequence dimension is not proven to be x's (positions computed inside the model)"
     if tdims[0] == 1:
         shared = True
     elif _same_dim(tdims[0], dims[0]):
         shared = False
     else:
-        return "cos/sin's batch dimension is neither 1 nor x's"
+        return "cos/sin's batch dimension is not proven to be 1 or x's"
     if not _same_dim(sdims[0], tdims[0]) or not _same_dim(sdims[1], tdims[1]):
         return "cos and sin differ in shape"
     dtype = dtype_of(q, m.opsets)
