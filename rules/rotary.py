@@ -83,6 +83,17 @@ def _half(value: ir.Value, m: Match):
     return None
 
 
+def _last_axis_slice(node: ir.Node, rank: int) -> tuple[int, int] | None:
+    """(start, end) of a Slice with constant bounds on the last axis of a rank-``rank`` value, step 1."""
+    if len(node.inputs) < 4 or node.inputs[3] is None:
+        return None
+    starts, ends, axes = (_ints(node.inputs[k]) for k in (1, 2, 3))
+    steps = _ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else [1]
+    if None in (starts, ends, axes, steps) or len(starts) != 1 or steps != [1] or axes[0] % rank != rank - 1:
+        return None
+    return starts[0], ends[0]
+
+
 def _sole_reader(value: ir.Value, graph: ir.Graph, op: str) -> ir.Node | None:
     if not private(value, graph):
         return None
@@ -139,8 +150,8 @@ def _condition(m: Match):
     if got is None or got[1] != "second":
         src = neg.inputs[0].producer()
         if _is(src, "Slice") and any(_ints(v) is None for v in src.inputs[1:4] if v is not None):
-            return ("the Neg reads a Slice whose bounds are computed (from a shape not known here), not constants: "
-                    "not proven the second half")
+            return ("the Neg reads a Slice whose bounds are computed from a shape not known here, so not proven "
+                    "the second half")
         return "the Neg does not read the second half of a value's last axis"
     x, _, h, slice_2 = got
     cat = _sole_reader(neg.outputs[0], graph, "Concat")
@@ -175,13 +186,15 @@ def _condition(m: Match):
     # partial rotary: x = q[..., :rot], the result concatenated with q[..., rot:]
     tail = _sole_reader(add.outputs[0], graph, "Concat")
     xs = x.producer()
-    if tail is not None and len(tail.inputs) == 2 and tail.inputs[0] is add.outputs[0] and _is(xs, "Slice"):
+    if tail is not None and len(tail.inputs) == 2 and tail.inputs[0] is add.outputs[0] and _is(xs, "Slice") \
+            and tail.attributes["axis"].value % 4 == 3:
         full = xs.inputs[0]
         rest = tail.inputs[1].producer()
-        s0, e0 = _ints(xs.inputs[1]), _ints(xs.inputs[2])
         fshape = infer(full, m.opsets)
-        if _is(rest, "Slice") and rest.inputs[0] is full and s0 == [0] and e0 == [h] and _ints(rest.inputs[1]) == [h] \
-                and fshape is not None and isinstance(fshape[-1], int) and fshape[-1] > h:
+        width = fshape[-1] if fshape is not None and len(fshape) == 4 and isinstance(fshape[-1], int) else None
+        head, pass_ = _last_axis_slice(xs, 4), _last_axis_slice(rest, 4) if _is(rest, "Slice") else None
+        if width is not None and width > h and head == (0, h) and pass_ is not None and rest.inputs[0] is full \
+                and pass_[0] == h and pass_[1] >= width:
             out, q, rot = tail.outputs[0], full, h
             nodes += [tail]
             halves |= {xs, rest}
