@@ -8,7 +8,7 @@ element-wise functions (Cos, Sin, Cast, Mul or Div by a scalar constant, Neg, Id
 on the last axis: whatever F is, ``C[..., i] == C[..., i + h/2]`` (and S likewise), which is all the fused op
 assumes. Partial rotary (Phi-3): ``x`` is the first ``rot`` dimensions of ``q`` and the result is concatenated
 with the rest: the op takes ``q`` with ``rotary_embedding_dim = rot``. Interleaved rotary is not matched (none
-of the exporters' models listed in docs/decoders has it).
+of the architectures in docs/decoders.md has it).
 
 The op reads its cos/sin from tables indexed by ``position_ids``. Rather than a table of positions 0..max
 (whose length the graph does not say: onnxruntime refuses a position past it), the tables are the model's own
