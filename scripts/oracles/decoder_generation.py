@@ -2,8 +2,9 @@
 (and the trained real-weights Llama, where it was trained: ``python -m scripts.data.train_decoder``) is
 optimized by onnxopt (``--target``, float32 and float16) and compared with its original over greedy generation
 with the key/value cache (``onnxopt.verify.decode``): 8 prompts x 64 steps; the trained model's prompts are the
-first 24 tokens after the first ``def`` of 8 of its held-out files. CI runs a subset (tests/test_verify_decode.py);
-this runs the whole.
+first 24 tokens after the first ``def`` of 8 of its held-out files. Where onnxruntime-genai is installed, its
+model builder's model of the trained folder is checked the same way against the export (the peer's fidelity,
+and the comparison across two cache layouts). CI runs a subset (tests/test_verify_decode.py); this runs the whole.
 
     python -m scripts.oracles.decoder_generation [--target ort-cpu] [--steps 64] [--models NAME ...]
         [--json scripts/results/decoders/generation-cpu.json] [--markdown ...md]
@@ -61,6 +62,31 @@ def _trained(work: Path) -> tuple[str, list] | None:
     return str(path), prompts
 
 
+def _genai_row(work: Path, steps: int) -> dict:
+    """The peer checked the same way: onnxruntime-genai's model builder (fp32, cpu) on the trained decoder's
+    folder, against the torch.onnx decode step of the same weights (each with its own cache: GroupQueryAttention's
+    and the export's Concat; the prompt read in one run against token by token)."""
+    row = {"model": "trained: onnxruntime-genai builder vs torch.onnx export", "precision": "fp32"}
+    try:
+        from onnxopt.models.trained_decoder import trained_decoder_dir
+        from scripts.bench._genai import build
+    except ImportError as exc:
+        return {**row, "skipped": f"not available: {exc}"}
+    out = work / "genai-trained"
+    built = build(trained_decoder_dir(), out, precision="fp32", execution_provider="cpu")
+    if not built.get("ok"):
+        return {**row, "skipped": f"the builder failed: {built.get('error')}"}
+    from onnxopt.verify.decode import compare_generation
+
+    _, prompts = _trained(work)
+    res = compare_generation(_session(str(work / "trained-kv-legacy.onnx")), _session(str(out / "model.onnx")),
+                             steps=steps, prompts=prompts, folders=(None, str(out)))
+    return {**row, "ok": res["ok"], "tokens_identical": res["tokens_identical"],
+            "tokens_compared": res["tokens_compared"], "first_divergence": res["first_divergence"],
+            "logits_max_abs": res["logits"]["max_abs"], "rotary_embedding": "-", "prompts": "held-out files",
+            "builder": built.get("command")}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="ort-cpu", choices=("ort-cpu", "ort-cuda"))
@@ -104,6 +130,9 @@ def main(argv=None) -> int:
                              "prompts": "held-out files" if prompts else "generated",
                              "seconds": round(time.perf_counter() - t0, 2)})
                 print(json.dumps(rows[-1]), flush=True)
+        if "trained" in names and any(r["model"] == "trained" and "skipped" not in r for r in rows):
+            rows.append(_genai_row(work, args.steps))
+            print(json.dumps(rows[-1]), flush=True)
     doc = {"target": args.target, "steps": args.steps, "machine": platform.processor() or platform.machine(),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
