@@ -22,9 +22,9 @@ from onnxopt.verify.decode import compare_generation, decoder_io, decoder_step_f
 
 
 def _session(path):
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    from onnxopt.verify.runtime import session
+
+    return session(str(path), "cpu")
 
 
 @pytest.fixture(scope="module")

@@ -52,6 +52,7 @@ from pathlib import Path
 
 from onnxopt.models.trained_decoder import METADATA_FILE, MODEL_NAME, default_trained_dir
 from onnxopt.models.transformers_models import import_transformers
+from scripts.bench.peers import machine_info
 
 TEST_DIRS = frozenset({"test", "tests", "idle_test"})
 EOT = "<|endoftext|>"
@@ -370,7 +371,7 @@ def train(recipe: Recipe, out: Path, threads: int, log=print) -> dict:
             "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                          "tokenizers": tokenizers.__version__, "safetensors": safetensors.__version__,
                          "python": platform.python_version()},
-            "machine": {"processor": _cpu_name(), "logical_cpus": os.cpu_count(),
+            "machine": {"processor": machine_info()["cpu"], "logical_cpus": os.cpu_count(),
                         "load_average_at_end": list(os.getloadavg())},
             "command": " ".join(["python -m scripts.data.train_decoder", *sys.argv[1:]]),
             "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -403,14 +404,7 @@ def greedy_sample(folder: Path, prompt: str, new_tokens: int = 64) -> str:
     return tok.decode(out[0, ids.shape[1]:])
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,7 +24,6 @@ import argparse
 import collections
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -35,6 +34,7 @@ import numpy as np
 import onnx
 
 from onnxopt.models import decoder_models as dm
+from scripts.bench.peers import machine_info
 
 TOLERANCE = 1e-4
 OUT = Path(__file__).resolve().parents[1] / "results" / "decoders"
@@ -45,14 +45,7 @@ WATCHED = ("MatMul", "Softmax", "Sin", "Cos", "Concat", "Expand", "Trilu", "Wher
            "Split", "Neg", "Range", "CumSum", "Pow", "ReduceMean", "Tanh")
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+
 
 
 def session(path: Path):
@@ -172,7 +165,7 @@ def main(argv=None) -> int:
 
     tf = dm.import_transformers()
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    meta = {"machine": f"{cpu_name()}, {os.cpu_count()} cores "
+    meta = {"machine": f"{machine_info()['cpu']}, {os.cpu_count()} cores "
                        f"(OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']})",
             "torch": torch.__version__, "transformers": tf.__version__, "onnxscript": onnxscript.__version__,
             "onnxruntime": onnxruntime.__version__, "tolerance": TOLERANCE,

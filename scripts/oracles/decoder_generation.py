@@ -15,22 +15,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from scripts.bench.peers import machine_info
+
 HERE = Path(__file__).resolve().parents[2]
 
 
 def _session(path: str):
-    import onnxruntime as ort
+    from onnxopt.verify.runtime import session
 
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.intra_op_num_threads = 1
-    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    return session(path, "cpu", threads=1)
 
 
 def _trained(work: Path) -> tuple[str, list] | None:
@@ -133,7 +131,7 @@ def main(argv=None) -> int:
         if "trained" in names and any(r["model"] == "trained" and "skipped" not in r for r in rows):
             rows.append(_genai_row(work, args.steps))
             print(json.dumps(rows[-1]), flush=True)
-    doc = {"target": args.target, "steps": args.steps, "machine": platform.processor() or platform.machine(),
+    doc = {"target": args.target, "steps": args.steps, "machine": f"{machine_info()['cpu']}, 1 thread",
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(doc, indent=1))
