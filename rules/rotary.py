@@ -26,21 +26,16 @@ import onnx_ir as ir
 
 from onnxopt.core.pattern import Match, Op, Rule
 from onnxopt.ir.shapes import infer
-from onnxopt.ir.util import constant_tensor
-from onnxopt.rules._semantic import dtype_of, earlier, kernel, private, scalar, typed
+from onnxopt.rules._semantic import const_array, dtype_of, earlier, kernel, private, scalar, typed
 from onnxopt.targets import ORT_CPU, ORT_CUDA
 
 ORT = (ORT_CPU, ORT_CUDA)
 _ELEMENTWISE = ("Cos", "Sin", "Cast", "Neg", "Identity")
-_BIG = 2**31 - 1
 
 
 def _ints(value: ir.Value | None) -> list[int] | None:
-    t = constant_tensor(value)
-    if t is None:
-        return None
-    a = np.asarray(t.numpy()).reshape(-1)
-    return [int(v) for v in a] if a.dtype.kind in "iu" else None
+    a = const_array(value)
+    return [int(v) for v in a.reshape(-1)] if a is not None and a.dtype.kind in "iu" else None
 
 
 def _is(node: ir.Node | None, op: str) -> bool:
@@ -58,12 +53,11 @@ def _half(value: ir.Value, m: Match):
     if shape is None or len(shape) < 1 or not isinstance(shape[-1], int) or shape[-1] % 2:
         return None
     rank, h = len(shape), shape[-1]
-    if node.op_type == "Slice" and len(node.inputs) >= 4:
-        starts, ends, axes = (_ints(node.inputs[k]) for k in (1, 2, 3))
-        steps = _ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else [1]
-        if None in (starts, ends, axes, steps) or len(starts) != 1 or steps != [1] or axes[0] % rank != rank - 1:
+    if node.op_type == "Slice":
+        bounds = _last_axis_slice(node, rank)
+        if bounds is None:
             return None
-        start, end = starts[0] % h if starts[0] < 0 else starts[0], ends[0]
+        start, end = bounds[0] % h if bounds[0] < 0 else bounds[0], bounds[1]
         if start == 0 and end == h // 2:
             return x, "first", h, node
         if start == h // 2 and end >= h:
@@ -154,9 +148,10 @@ def _condition(m: Match):
                     "the second half")
         return "the Neg does not read the second half of a value's last axis"
     x, _, h, slice_2 = got
+    rank = len(infer(x, m.opsets))  # (known: _half read its last dimension)
     cat = _sole_reader(neg.outputs[0], graph, "Concat")
     if cat is None or len(cat.inputs) != 2 or cat.inputs[0] is not neg.outputs[0] \
-            or cat.attributes["axis"].value % len(infer(x, m.opsets)) != len(infer(x, m.opsets)) - 1:
+            or cat.attributes["axis"].value % rank != rank - 1:
         return "the negated half is not the first part of a Concat on the last axis (rotate_half)"
     first = _half(cat.inputs[1], m)
     if first is None or first[1] != "first" or first[0] is not x:
@@ -178,8 +173,8 @@ def _condition(m: Match):
     for t in (c3, s3):
         if isinstance(t, str):
             return t
-    if len(infer(x, m.opsets)) != 4:
-        return f"x has rank {len(infer(x, m.opsets))}, not 4 ([batch, heads, sequence, head])"
+    if rank != 4:
+        return f"x has rank {rank}, not 4 ([batch, heads, sequence, head])"
     out, q, rot = add.outputs[0], x, h
     nodes = [neg, cat, mul_s, mul_c, add]
     halves = {slice_2, slice_1}
