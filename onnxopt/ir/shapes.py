@@ -9,6 +9,7 @@ outputs are unknown, and records the results on those values, so each value is i
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 import sys
@@ -713,34 +714,29 @@ def _light_source(source: onnx.ModelProto) -> onnx.ModelProto:
     return light
 
 
-_SYMBOLIC: list = []
-
-
+@functools.cache
 def _symbolic_shape_inference():
     """onnxruntime's SymbolicShapeInference class (None without onnxruntime or where the file moved), read from
     its file without importing the package ``onnxruntime.tools``: that package's ``__init__`` imports torch
     where torch is installed (1.5 s of every command that infers shapes; the tool itself needs only onnx,
     numpy and sympy). Loaded once per process, under the module's own name (its logger is then onnxruntime's
     child, which :func:`symbolic_infer` quiets)."""
-    if not _SYMBOLIC:
-        cls = None
-        done = sys.modules.get("onnxruntime.tools.symbolic_shape_infer")
-        try:
-            if done is not None:
-                cls = done.SymbolicShapeInference
-            else:
-                spec = importlib.util.find_spec("onnxruntime")
-                path = Path(list(spec.submodule_search_locations)[0]) / "tools" / "symbolic_shape_infer.py" \
-                    if spec is not None and spec.submodule_search_locations else None
-                if path is not None and path.is_file():
-                    file_spec = importlib.util.spec_from_file_location("onnxruntime.tools.symbolic_shape_infer", path)
-                    module = importlib.util.module_from_spec(file_spec)
-                    file_spec.loader.exec_module(module)
-                    cls = module.SymbolicShapeInference
-        except Exception:  # noqa: BLE001 - (an onnxruntime whose tool changed: no symbolic inference, as without it)
-            cls = None
-        _SYMBOLIC.append(cls)
-    return _SYMBOLIC[0]
+    done = sys.modules.get("onnxruntime.tools.symbolic_shape_infer")
+    try:
+        if done is not None:
+            return done.SymbolicShapeInference
+        spec = importlib.util.find_spec("onnxruntime")
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        path = Path(list(spec.submodule_search_locations)[0]) / "tools" / "symbolic_shape_infer.py"
+        if not path.is_file():
+            return None
+        file_spec = importlib.util.spec_from_file_location("onnxruntime.tools.symbolic_shape_infer", path)
+        module = importlib.util.module_from_spec(file_spec)
+        file_spec.loader.exec_module(module)
+        return module.SymbolicShapeInference
+    except Exception:  # noqa: BLE001 - (an onnxruntime whose tool changed: no symbolic inference, as without it)
+        return None
 
 
 def symbolic_infer(proto: onnx.ModelProto) -> onnx.ModelProto | None:
