@@ -149,38 +149,24 @@ def _session(path, profile: str | None = None):
     return make_session(path, PROVIDER, profile_prefix=profile, spin=False)
 
 
-def _kernels(path, feeds, work: Path) -> dict:
-    from onnxopt.verify import count_kernels
+def _kernels(path, feeds) -> dict:
+    """Kernels of one profiled run after a warm-up (onnxopt.verify.runtime.run_profiled)."""
+    from onnxopt.verify.runtime import run_profiled
 
-    s = _session(path, str(work / f"prof-{Path(path).stem}"))
-    for _ in range(2):
-        s.run(None, feeds)
-    prof = s.end_profiling()
-    with open(prof) as f:
-        events = json.load(f)
-    Path(prof).unlink()
-    k = count_kernels(events)
+    _, k, _ = run_profiled(path, feeds, PROVIDER, warmup=1)
     return {key: k[key] for key in ("kernels", "by_provider", "memcpy", "by_op")}
 
 
 def _latency(entries: dict[str, tuple[str, dict]], runs: int, warmup: int) -> dict:
-    sessions = {}
-    for name, (path, feeds) in entries.items():
-        s = _session(path)
-        for _ in range(warmup):
-            s.run(None, feeds)
-        sessions[name] = s
-    names = list(sessions)
-    times = {n: [] for n in names}
-    for r in range(runs):
-        k = r % len(names)
-        for n in names[k:] + names[:k]:
-            t0 = time.perf_counter()
-            sessions[n].run(None, entries[n][1])
-            times[n].append((time.perf_counter() - t0) * 1e3)
+    """Every entry timed in one interleaved run (onnxopt.verify.runtime.measure_latency, its own inputs each)."""
+    from onnxopt.verify.runtime import measure_latency
+
+    lat = measure_latency({n: p for n, (p, _) in entries.items()}, {}, provider=PROVIDER, runs=runs, warmup=warmup,
+                          budget_s=1e9, min_rounds=runs, gap_s=0.0, spin=False,
+                          entry_inputs={n: f for n, (_, f) in entries.items()})
     out = {}
-    for n, ts in times.items():
-        a = np.array(ts)
+    for n, r in lat["results"].items():
+        a = np.array(r["times_ms"])
         out[n] = {"median_ms": round(float(np.median(a)), 4), "p10_ms": round(float(np.percentile(a, 10)), 4),
                   "p90_ms": round(float(np.percentile(a, 90)), 4), "samples_ms": [round(float(t), 5) for t in a]}
     return out
@@ -327,7 +313,7 @@ def main(argv=None) -> int:
                     errs[tag] = [round(float(np.abs(np.asarray(a, np.float32) - r).max()), 6) for a, r in zip(got, ref[tag])]
                 v["max_abs_vs_original"] = errs
                 del s
-                v["kernels"] = _kernels(path, {k: x for k, x in fd.items() if k in names}, work)
+                v["kernels"] = _kernels(path, {k: x for k, x in fd.items() if k in names})
                 entries[name] = (path, {k: x for k, x in fd.items() if k in names})
             except Exception as exc:  # noqa: BLE001
                 v["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
