@@ -163,6 +163,12 @@ class _Generator:
         return logits
 
 
+def _vocab(sess, io: DecoderIO) -> int:
+    """The vocabulary size: the logits' last dimension where the model states it, else one run's."""
+    last = next(o.shape for o in sess.get_outputs() if o.name == io.logits)[-1]
+    return last if isinstance(last, int) else int(_Generator(sess, io).feed([0]).shape[-1])
+
+
 def generated_prompts(vocab: int, count: int = DECODE_PROMPTS, length: int = DECODE_PROMPT_TOKENS,
                       seed: int = 0) -> list[list[int]]:
     """``count`` prompts of ``length`` token ids drawn uniformly from the vocabulary (a fixed seed)."""
@@ -185,7 +191,7 @@ def decoder_step_feeds(sess, seed: int = 0, prompt_tokens: int = DECODE_PROMPT_T
         io = decoder_io(sess)
     except UsageError:
         return None
-    vocab = int(_Generator(sess, io).feed([0]).shape[-1])
+    vocab = _vocab(sess, io)
     prompt = generated_prompts(vocab, 1, prompt_tokens, seed)[0]
     gen = _Generator(sess, io)
     nxt = int(np.argmax(gen.feed(prompt)))
@@ -222,8 +228,7 @@ def compare_generation(before, after, *, steps: int, prompts: Sequence[Sequence[
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise UsageError(f"--decode {steps}: a number of tokens to generate, at least 1")
     io_b, io_a = decoder_io(before, "original", folders[0]), decoder_io(after, "optimized model", folders[1])
-    probe = _Generator(before, io_b)
-    vocab = int(probe.feed([0]).shape[-1])
+    vocab = _vocab(before, io_b)
     given = prompts is not None
     prompts = check_prompts(prompts, vocab) if given else generated_prompts(vocab, seed=seed)
     per_prompt, first = [], None
