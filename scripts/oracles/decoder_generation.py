@@ -60,7 +60,7 @@ def _trained(work: Path) -> tuple[str, list] | None:
     return str(path), prompts
 
 
-def _genai_row(work: Path, steps: int) -> dict:
+def _genai_row(work: Path, steps: int, export: str, prompts: list) -> dict:
     """The peer checked the same way: onnxruntime-genai's model builder (fp32, cpu) on the trained decoder's
     folder, against the torch.onnx decode step of the same weights (each with its own cache: GroupQueryAttention's
     and the export's Concat; the prompt read in one run against token by token)."""
@@ -76,8 +76,7 @@ def _genai_row(work: Path, steps: int) -> dict:
         return {**row, "skipped": f"the builder failed: {built.get('error')}"}
     from onnxopt.verify.decode import compare_generation
 
-    _, prompts = _trained(work)
-    res = compare_generation(_session(str(work / "trained-kv-legacy.onnx")), _session(str(out / "model.onnx")),
+    res = compare_generation(_session(export), _session(str(out / "model.onnx")),
                              steps=steps, prompts=prompts, folders=(None, str(out)))
     return {**row, "ok": res["ok"], "tokens_identical": res["tokens_identical"],
             "tokens_compared": res["tokens_compared"], "first_divergence": res["first_divergence"],
@@ -98,17 +97,17 @@ def main(argv=None) -> int:
     from onnxopt.verify.decode import compare_generation
 
     names = args.models or [s.name for s in zoo.SPECS if s.family == "decoder" and "-kv-" in s.name] + ["trained"]
-    rows = []
+    rows, trained = [], None
     with tempfile.TemporaryDirectory(prefix="onnxopt-gen-") as tmp:
         work = Path(tmp)
         for name in names:
             prompts = None
             if name == "trained":
-                got = _trained(work)
-                if got is None:
+                trained = _trained(work)
+                if trained is None:
                     rows.append({"model": name, "skipped": "not trained (python -m scripts.data.train_decoder)"})
                     continue
-                src, prompts = got
+                src, prompts = trained
             else:
                 spec = zoo.get(name)
                 src = str(spec.path()) if spec.path().exists() else str(work / f"{name}.onnx")
@@ -128,8 +127,8 @@ def main(argv=None) -> int:
                              "prompts": "held-out files" if prompts else "generated",
                              "seconds": round(time.perf_counter() - t0, 2)})
                 print(json.dumps(rows[-1]), flush=True)
-        if "trained" in names and any(r["model"] == "trained" and "skipped" not in r for r in rows):
-            rows.append(_genai_row(work, args.steps))
+        if trained is not None:  # (the trained decoder's export and prompts, made once above)
+            rows.append(_genai_row(work, args.steps, *trained))
             print(json.dumps(rows[-1]), flush=True)
     doc = {"target": args.target, "steps": args.steps, "machine": f"{machine_info()['cpu']}, 1 thread",
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows}
