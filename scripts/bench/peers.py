@@ -164,7 +164,9 @@ def evaluate(model_path: str, inputs: dict[str, np.ndarray], *, provider: str = 
     proto = onnx.load(model_path, load_external_data=False)
     nodes, ops = count_nodes(proto)
     del proto
-    profile_dir = profile_dir or tempfile.mkdtemp(prefix="bench-prof-")
+    # a folder of this evaluation's own (onnxruntime names a profile by prefix and the millisecond;
+    # evaluations side by side may profile models of the same name)
+    profile_dir = tempfile.mkdtemp(prefix="bench-prof-", dir=profile_dir)
     t0 = time.perf_counter()
     sess = session(model_path, provider, profile_prefix=str(Path(profile_dir) / f"{Path(model_path).stem}-{provider}"))
     init_s = time.perf_counter() - t0

@@ -587,12 +587,15 @@ def job_evaluate(job: dict) -> dict:
     half = job["provider"] == "cpu" and is_fp16(proto)
     del proto
     out: dict = {"nodes": nodes, "op_types": ops, "kernels": {}, "errors": {}}
+    # a folder of this job's own: onnxruntime names a profile by prefix and the millisecond, and
+    # evaluations run side by side (--jobs) profile models of the same name ("model.onnx")
+    prof_dir = tempfile.mkdtemp(prefix="eval-", dir=job["profile_dir"])
     for k, (label, options) in enumerate(job["option_sets"]):
         per_path: dict[str, list] = {}
         for batch, path in job["models"]:
             per_path.setdefault(path, []).append(batch)
         for path, batches in per_path.items():
-            prefix = str(Path(job["profile_dir"]) / f"{Path(path).stem}-{k}")
+            prefix = str(Path(prof_dir) / f"{Path(path).stem}-{k}")
             try:
                 t0 = time.perf_counter()
                 sess = make_session(path, job["provider"], options, profile_prefix=prefix, exact=True)
