@@ -83,291 +83,17 @@ from onnxopt.core.pattern import Match, Rule
 from onnxopt.ir.shapes import infer, same_symbol, shape_elements
 from onnxopt.ir.util import constant_tensor
 
-from onnxopt.rules._attention_parts import (MS, SAME_SHAPE, attention_output, dims_of, float_scalar,
-                                            head_merge, heads, is_scale, masked_scores, one_reader, prime_shapes,
-                                            read_key_padding, scaled_dot_product, softmax)
+from onnxopt.rules._attention_parts import (MS, attention_output, dims_of, head_merge, heads, masked_scores,
+                                            one_reader, read_key_padding, scaled_dot_product, softmax)
+from onnxopt.rules._head_layouts import (Layouts, NoFit, ancestors, apply_view, dtype_through, follow_heads,
+                                         located, scale_factor, show_layout)
 from onnxopt.rules._semantic import earlier, reduce_max, squeeze, unrepresentable, unsqueeze
 
 _FLOATS = {"ort-cpu": (ir.DataType.FLOAT,), "ort-cuda": (ir.DataType.FLOAT, ir.DataType.FLOAT16)}
 
 
-class _NoFit(Exception):
-    """A layout question with no answer; the message is the reason (short, no node names)."""
-
-
-# --------------------------------------------------------------------------------------------
-# Layouts: a tensor's dimensions as groups of atoms ("B", "S", "T", "N", "D"); a group's size is
-# the product of its atoms' sizes (an empty group is a dimension of size 1). Atoms of size 1 are
-# dropped: they do not change where an element lies.
-
-
-class _Ctx:
-    def __init__(self, m: Match):
-        self.m = m
-        self.sizes: dict[str, int | None] = {}
-        self.layouts: dict[ir.Value, list[tuple]] = {}  # every value whose layout is known
-        self.sources: dict[ir.Value, tuple[str, str]] = {}  # projection -> (batch atom, length atom)
-
-    def size(self, atom: str) -> int | None:
-        return self.sizes.get(atom)
-
-    def set_size(self, atom: str, size: int | None) -> None:
-        old = self.sizes.get(atom)
-        if old is not None and size is not None and old != size:
-            raise _NoFit(f"{atom} is {old} in one place and {size} in another")
-        if size is not None or atom not in self.sizes:
-            self.sizes[atom] = size
-
-    def norm(self, groups) -> list[tuple]:
-        return [tuple(a for a in g if self.size(a) != 1) for g in groups]
-
-
-def _dtype(value: ir.Value, opsets, depth: int = 0) -> ir.DataType | None:
-    """value's element type (inferred), looking through the contrib ops other fusions make and
-    taking a projection's from its constant weight."""
-    if value.type is None:
-        infer(value, opsets)
-    if isinstance(value.type, ir.TensorType):
-        return value.type.dtype
-    node = value.producer()
-    if node is None or depth > 6 or not (node.domain in ("", "ai.onnx") and node.op_type in ("MatMul", "Add", "Split")
-                                         or node.domain == MS and node.op_type in SAME_SHAPE):
-        return None
-    for v in node.inputs:
-        t = constant_tensor(v)
-        if t is not None and node.op_type != "Split":
-            return t.dtype
-    return _dtype(node.inputs[0], opsets, depth + 1)
-
-
-def _group_of_dim(ctx: _Ctx, ref) -> tuple:
-    """The group a ("dim", value, k) reference stands for."""
-    _, value, k = ref
-    layout = ctx.layouts.get(value)
-    if layout is not None and -len(layout) <= k < len(layout):
-        return layout[k]
-    if value in ctx.sources:  # dimension k of a projection [B, S, H]
-        b, s = ctx.sources[value]
-        if k in (0, -3):
-            return (b,)
-        if k in (1, -2):
-            return (s,)
-        return ("N", "D")
-    raise _NoFit("a reshape reads the shape of a value outside the attention")
-
-
-def _take(ctx: _Ctx, atoms: list, want: int, reverse: bool) -> tuple[tuple, list]:
-    """Atoms from one end of ``atoms`` whose sizes multiply to ``want``."""
-    taken, rest = [], list(atoms)
-    prod = 1
-    while prod != want:
-        if not rest:
-            raise _NoFit(f"a reshape dimension {want} does not fit the heads")
-        atom = rest.pop() if reverse else rest.pop(0)
-        size = ctx.size(atom)
-        if size is None:
-            raise _NoFit(f"a reshape dimension {want} meets a dimension of unknown size")
-        prod *= size
-        taken.append(atom)
-        if prod > want or want % prod:
-            raise _NoFit(f"a reshape dimension {want} does not fit the heads")
-    return (tuple(reversed(taken)) if reverse else tuple(taken)), rest
-
-
-def _reshape(ctx: _Ctx, layout: list[tuple], node: ir.Node) -> list[tuple]:
-    shape_value = node.inputs[1] if len(node.inputs) > 1 else None
-    prime_shapes(shape_value, ctx.m.opsets)
-    elements = shape_elements(shape_value)
-    if elements is None:
-        raise _NoFit("a reshape target is not readable")
-    allowzero = node.attributes.get("allowzero")
-    allowzero = allowzero is not None and allowzero.value == 1
-    tokens = []
-    for i, e in enumerate(elements):
-        if isinstance(e, int):
-            if e == 0 and not allowzero:
-                if i >= len(layout):
-                    raise _NoFit("a reshape copies a dimension its input lacks")
-                tokens.append(("group", layout[i]))
-            elif e == -1:
-                tokens.append(("rest",))
-            elif e < 0:
-                raise _NoFit("a reshape target is negative")
-            else:
-                tokens.append(("int", e))
-        else:
-            tokens.append(("group", ctx.norm([_group_of_dim(ctx, e)])[0]))
-    if sum(1 for t in tokens if t[0] == "rest") > 1:
-        raise _NoFit("a reshape target has two -1")
-    atoms = [a for g in layout for a in g]
-
-    def fill(toks, atoms, reverse):
-        out = []
-        for t in (reversed(toks) if reverse else toks):
-            if t[0] == "group":
-                g = t[1]
-                n = len(g)
-                part = atoms[len(atoms) - n:] if reverse else atoms[:n]
-                if tuple(part) != g:
-                    raise _NoFit("a reshape moves data across heads")
-                atoms = atoms[:len(atoms) - n] if reverse else atoms[n:]
-                out.append(g)
-            else:
-                g, atoms = _take(ctx, atoms, t[1], reverse)
-                out.append(g)
-        return (out[::-1] if reverse else out), atoms
-
-    if ("rest",) in tokens:
-        k = tokens.index(("rest",))
-        left, atoms = fill(tokens[:k], atoms, False)
-        right, atoms = fill(tokens[k + 1:], atoms, True)
-        return left + [tuple(atoms)] + right
-    out, atoms = fill(tokens, atoms, False)
-    if atoms:
-        raise _NoFit("a reshape target does not cover its input")
-    return out
-
-
-def _split_heads(ctx: _Ctx, x: ir.Value, node: ir.Node, b: str, s: str) -> list[tuple]:
-    """The first Reshape of a projection x [B, S, H] into [B, S, N, D] (or its 3-D flattenings)."""
-    dims = dims_of(x, ctx.m.opsets)
-    if dims is None or len(dims) != 3 or not isinstance(dims[2], int):
-        raise _NoFit("a projection is not [B, S, H] with H known")
-    h = dims[2]
-    ctx.set_size(b, dims[0] if isinstance(dims[0], int) else None)
-    ctx.set_size(s, dims[1] if isinstance(dims[1], int) else None)
-    shape_value = node.inputs[1] if len(node.inputs) > 1 else None
-    prime_shapes(shape_value, ctx.m.opsets)
-    elements = shape_elements(shape_value)
-    if elements is not None and len(elements) == 3 and ctx.size(b) == 1:
-        elements = [1] + elements  # (a batch of 1 dropped: [S, N, D])
-    if elements is None or len(elements) != 4:
-        raise _NoFit("the heads are not split by a 4-D reshape")
-    allowzero = node.attributes.get("allowzero")
-    allowzero = allowzero is not None and allowzero.value == 1
-    for i, atom in ((0, b), (1, s)):
-        e = elements[i]
-        ok = (e == 0 and not allowzero) or (isinstance(e, int) and e > 0 and e == ctx.size(atom)) \
-            or (not isinstance(e, int) and ctx.norm([_group_of_dim(ctx, e)])[0] == ctx.norm([(atom,)])[0])
-        if not ok and e == -1 and all(isinstance(v, int) and v > 0 for v in elements[1:]):
-            ok = i == 0 and ctx.size(s) in (elements[1],) and elements[2] * elements[3] == h
-        if not ok:
-            raise _NoFit("the heads' reshape does not keep batch and sequence")
-    n, d = elements[2], elements[3]
-    if n == -1 and isinstance(d, int) and d > 0 and h % d == 0:
-        n = h // d
-    elif d == -1 and isinstance(n, int) and n > 0 and h % n == 0:
-        d = h // n
-    if not (isinstance(n, int) and isinstance(d, int) and n > 0 and d > 0 and n * d == h):
-        raise _NoFit("the heads' reshape does not split H into N x D")
-    ctx.set_size("N", n)
-    ctx.set_size("D", d)
-    return ctx.norm([(b,), (s,), ("N",), ("D",)])
-
-
-def _apply(ctx: _Ctx, layout, node: ir.Node) -> list[tuple]:
-    if node.op_type == "Transpose":
-        perm = node.attributes.get("perm")
-        perm = list(perm.value) if perm is not None else list(range(len(layout)))[::-1]
-        if sorted(perm) != list(range(len(layout))):
-            raise _NoFit("a transpose does not fit the heads' rank")
-        return [layout[p] for p in perm]
-    if node.op_type == "Reshape":
-        return _reshape(ctx, layout, node)
-    if node.op_type in ("Unsqueeze", "Squeeze"):
-        axes = node.inputs[1] if len(node.inputs) > 1 else None
-        axes = constant_tensor(axes).numpy().reshape(-1).tolist() if axes is not None else (
-            list(node.attributes["axes"].value) if "axes" in node.attributes else None)
-        if axes is None:
-            raise _NoFit("a squeeze has no constant axes")
-        if node.op_type == "Unsqueeze":
-            rank = len(layout) + len(axes)
-            inserted = {a % rank for a in axes}
-            groups = iter(layout)
-            return [() if k in inserted else next(groups) for k in range(rank)]
-        removed = {a % len(layout) for a in axes}
-        if any(layout[k] for k in removed):
-            raise _NoFit("a squeeze removes a dimension of the heads")
-        return [g for k, g in enumerate(layout) if k not in removed]
-    return layout  # a scale
-
-
-def _follow(ctx: _Ctx, located, b: str, s: str, want: list[tuple], what: str) -> None:
-    """Prove the located chain gives a projection's heads in layout ``want``."""
-    nodes, start, _ = located
-    if not nodes:
-        raise _NoFit(f"{what} is not a reshape of a projection into heads")
-    layout = _split_heads(ctx, start, nodes[0], b, s)
-    ctx.layouts[nodes[0].outputs[0]] = layout
-    for node in nodes[1:]:
-        layout = _apply(ctx, layout, node)
-        ctx.layouts[node.outputs[0]] = layout
-    if layout != ctx.norm(want):
-        raise _NoFit(f"{what} does not reach the MatMul as {_show(want)}")
-
-
-def _small_const(value: ir.Value | None) -> bool:
-    t = constant_tensor(value)
-    return t is not None and len(t.shape) <= 1
-
-
-def _ancestors(x: ir.Value, opsets) -> list[ir.Value]:
-    """x and the values whose first two dimensions are x's: through Split, Add/Mul/Sub/Div of a
-    constant of rank <= 1, MatMul (x @ W), LayerNormalization and the contrib normalizations (a few
-    steps up)."""
-    out = [x]
-    for _ in range(4):
-        node = x.producer()
-        if node is None:
-            break
-        if node.domain == MS and node.op_type in SAME_SHAPE and x is node.outputs[0]:
-            nxt = node.inputs[0]
-        elif node.domain not in ("", "ai.onnx"):
-            break
-        elif node.op_type in ("Split", "MatMul", "LayerNormalization"):
-            nxt = node.inputs[0]
-        elif node.op_type in ("Add", "Sub", "Mul", "Div") and len(node.inputs) == 2:
-            a, c = node.inputs  # (a constant of rank <= 1 cannot add dimensions)
-            nxt = a if _small_const(c) else c if _small_const(a) else None
-        else:
-            break
-        if nxt is None:
-            break
-        dims = dims_of(nxt, opsets)
-        if dims is None or len(dims) != 3:
-            break
-        out.append(nxt)
-        x = nxt
-    return out
-
-
-def _show(groups) -> str:
-    return "[" + ",".join("*".join(g) or "1" for g in groups) + "]"
-
-
 # --------------------------------------------------------------------------------------------
 # The condition
-
-
-def _factor(node: ir.Node) -> float:
-    """The factor a scale step (see _attention_parts.scale_step) multiplies by: a Mul's scalar operand
-    (the second where it is one), 1 / a Div's; 1 for a view."""
-    if node.op_type == "Mul":
-        a, c = node.inputs
-        return float_scalar(c) if is_scale(c) else float_scalar(a)
-    if node.op_type == "Div":
-        return 1.0 / float_scalar(node.inputs[1])
-    return 1.0
-
-
-def _located(m: Match, p: str) -> tuple[list[ir.Node], ir.Value, float]:
-    """(the head split and the views after it, the projection, the product of the scales on the
-    way) of what ``heads(p)`` bound; the product taken from the MatMul back."""
-    views = m.chain(f"{p}_views")
-    scale = 1.0
-    for node in reversed(views):
-        scale *= _factor(node)
-    return [m.node(f"{p}_split"), *views], m[f"x{p}"], scale
 
 
 def attention_condition(m: Match):
@@ -383,32 +109,32 @@ def attention_condition(m: Match):
     # the scales on the scores, from the Softmax back: after the mask (their product must be 1), before it
     scale, mask = 1.0, m["mask"]
     for node in reversed(m.chain("scores_scales")):
-        scale *= _factor(node)
+        scale *= scale_factor(node)
     if mask is not None and scale != 1.0:
         return "the mask is added before a scale"
     for node in reversed(m.chain("qk_scales")):
-        scale *= _factor(node)
-    ctx = _Ctx(m)
+        scale *= scale_factor(node)
+    ctx = Layouts(m)
     try:
-        lq, lk, lv = (_located(m, p) for p in "qkv")
+        lq, lk, lv = (located(m, p) for p in "qkv")
         xq, xk, xv = lq[1], lk[1], lv[1]
         sq, sk, sv = lq[2], lk[2], lv[2]
         # self-attention (the key's projection and the query's read one input): one length atom
-        qa = _ancestors(xq, m.opsets)
-        ka = _ancestors(xk, m.opsets)
+        qa = ancestors(xq, m.opsets)
+        ka = ancestors(xk, m.opsets)
         t = "S" if set(qa) & set(ka) else "T"
-        for atom, anc in (("S", qa), (t, ka), (t, _ancestors(xv, m.opsets))):
+        for atom, anc in (("S", qa), (t, ka), (t, ancestors(xv, m.opsets))):
             for a in anc:
                 ctx.sources.setdefault(a, ("B", atom))
-        _follow(ctx, lq, "B", "S", [("B",), ("N",), ("S",), ("D",)], "Q")
-        _follow(ctx, lk, "B", t, [("B",), ("N",), ("D",), (t,)], "K")
-        _follow(ctx, lv, "B", t, [("B",), ("N",), (t,), ("D",)], "V")
+        follow_heads(ctx, lq, "B", "S", [("B",), ("N",), ("S",), ("D",)], "Q")
+        follow_heads(ctx, lk, "B", t, [("B",), ("N",), ("D",), (t,)], "K")
+        follow_heads(ctx, lv, "B", t, [("B",), ("N",), (t,), ("D",)], "V")
         if sv != 1.0:
-            raise _NoFit("V is scaled")
+            raise NoFit("V is scaled")
         layout = ctx.norm([("B",), ("N",), ("S",), ("D",)])
         ctx.layouts[m.node("pv").outputs[0]] = layout
         for node in (*m.chain("merge_views"), m.node("tr"), m.node("out")):
-            layout = _apply(ctx, layout, node)
+            layout = apply_view(ctx, layout, node)
             ctx.layouts[node.outputs[0]] = layout
         reshape = layout != ctx.norm([("B",), ("S",), ("N", "D")])
         if reshape:  # merged and then flattened further ([B*S, N*D] for a Gemm): the fused op, reshaped
@@ -416,11 +142,11 @@ def attention_condition(m: Match):
             elements = shape_elements(m["shape"])
             if [a for g in layout for a in g] != [a for g in ctx.norm([("B",), ("S",), ("N", "D")]) for a in g] \
                     or elements is None or not _zeros_fit(elements, m.attr("out", "allowzero", 0), before, ctx):
-                return f"the attention output is not merged into [B,S,N*D] (it is {_show(layout)})"
-    except _NoFit as exc:
+                return f"the attention output is not merged into [B,S,N*D] (it is {show_layout(layout)})"
+    except NoFit as exc:
         return str(exc)
-    dtype = _dtype(xq, m.opsets)
-    if dtype not in floats or _dtype(xk, m.opsets) != dtype or _dtype(xv, m.opsets) != dtype:
+    dtype = dtype_through(xq, m.opsets)
+    if dtype not in floats or dtype_through(xk, m.opsets) != dtype or dtype_through(xv, m.opsets) != dtype:
         return f"type {dtype or 'unknown'} has no fused kernel on {target}"
     scale *= sq * sk
     if reason := _scale_refusal(scale, dtype):
@@ -519,11 +245,11 @@ def _mask_filter(fill: float, dtype: ir.DataType, target: str | None) -> float:
     return low if not math.isfinite(fill) or fill < low else float(np.float32(fill))
 
 
-def _mask_plan(m: Match, ctx: _Ctx, mask: ir.Value, xq: ir.Value, xk: ir.Value, t: str):
+def _mask_plan(m: Match, ctx: Layouts, mask: ir.Value, xq: ir.Value, xk: ir.Value, t: str):
     """False when the mask is already [B|1, N|1, S, T]; True when it must be Expanded to S, T;
     a reason string when it cannot be used."""
     dims = dims_of(mask, m.opsets)
-    if _dtype(mask, m.opsets) != _dtype(xq, m.opsets):
+    if dtype_through(mask, m.opsets) != dtype_through(xq, m.opsets):
         return "the mask's type is not the scores'"
     if dims is None:
         return "the mask's rank is unknown"
