@@ -12,13 +12,17 @@ question with no answer raises ``NoFit`` with the reason the rule gives.
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import onnx_ir as ir
 
 from onnxopt.core.pattern import Match
-from onnxopt.ir.shapes import infer, shape_elements
+from onnxopt.ir.shapes import infer, scalar_element, shape_elements
 from onnxopt.ir.util import constant_tensor
 
 from onnxopt.rules._attention_parts import MS, SAME_SHAPE, dims_of, float_scalar, is_scale, prime_shapes
+from onnxopt.rules._semantic import reduce_max, squeeze, unrepresentable
 
 
 class NoFit(Exception):
@@ -104,10 +108,59 @@ def take_atoms(ctx: Layouts, atoms: list, want: int, reverse: bool) -> tuple[tup
     return (tuple(reversed(taken)) if reverse else tuple(taken)), rest
 
 
+_ARITHMETIC = {"Add": lambda a, c: a + c, "Sub": lambda a, c: a - c, "Mul": lambda a, c: a * c,
+               "Div": lambda a, c: a // c if c and a % c == 0 else None}  # (ONNX's integer Div truncates)
+
+
+def _number(ctx: Layouts, element) -> int | None:
+    """A target element as a number: itself, or the size of the heads' group it reads where known."""
+    if isinstance(element, int):
+        return element
+    try:
+        group = group_of_dim(ctx, element)
+    except NoFit:
+        return None
+    size = 1
+    for atom in group:
+        if ctx.size(atom) is None:
+            return None
+        size *= ctx.size(atom)
+    return size
+
+
+def _scalar(ctx: Layouts, value: ir.Value, depth: int = 0) -> int | None:
+    """A scalar computed from the heads' dimensions by Add/Sub/Mul/Div (a legacy export's head count
+    ``Div(Gather(Shape(q), 1), n_rep)``), as a number."""
+    node = value.producer()
+    if node is None or depth > 6 or node.domain not in ("", "ai.onnx") or node.op_type not in _ARITHMETIC \
+            or len(node.inputs) != 2:
+        return _number(ctx, scalar_element(value)) if scalar_element(value) is not None else None
+    a, c = (_scalar(ctx, v, depth + 1) for v in node.inputs)
+    return _ARITHMETIC[node.op_type](a, c) if a is not None and c is not None else None
+
+
+def target_elements(ctx: Layouts, value: ir.Value | None) -> list | None:
+    """A Reshape/Expand target as ``shape_elements`` reads it, or, where one of its parts is arithmetic on
+    the heads' dimensions, with that part's number (a Concat of such parts, each Unsqueezed)."""
+    elements = shape_elements(value)
+    if elements is not None or value is None:
+        return elements
+    node = value.producer()
+    if node is None or node.domain not in ("", "ai.onnx"):
+        return None
+    if node.op_type == "Concat":
+        parts = [target_elements(ctx, v) for v in node.inputs]
+        return None if any(p is None for p in parts) else [e for p in parts for e in p]
+    if node.op_type == "Unsqueeze":
+        number = _scalar(ctx, node.inputs[0])
+        return None if number is None else [number]
+    return None
+
+
 def reshape_layout(ctx: Layouts, layout: list[tuple], node: ir.Node) -> list[tuple]:
     shape_value = node.inputs[1] if len(node.inputs) > 1 else None
     prime_shapes(shape_value, ctx.m.opsets)
-    elements = shape_elements(shape_value)
+    elements = target_elements(ctx, shape_value)
     if elements is None:
         raise NoFit("a reshape target is not readable")
     allowzero = node.attributes.get("allowzero")
@@ -158,8 +211,11 @@ def reshape_layout(ctx: Layouts, layout: list[tuple], node: ir.Node) -> list[tup
     return out
 
 
-def split_heads(ctx: Layouts, x: ir.Value, node: ir.Node, b: str, s: str) -> list[tuple]:
-    """The first Reshape of a projection x [B, S, H] into [B, S, N, D] (or its 3-D flattenings)."""
+def split_heads(ctx: Layouts, x: ir.Value, node: ir.Node, b: str, s: str, heads: tuple = ("N",)) -> list[tuple]:
+    """The first Reshape of a projection x [B, S, H] into [B, S, N, D] (or its 3-D flattenings). The
+    heads dimension is the group ``heads``: one atom takes its size; several (a decoder's query heads
+    ("G", "R"), key/value heads outermost) must have every size but the last known, the last being
+    what is left."""
     dims = dims_of(x, ctx.m.opsets)
     if dims is None or len(dims) != 3 or not isinstance(dims[2], int):
         raise NoFit("a projection is not [B, S, H] with H known")
@@ -190,9 +246,17 @@ def split_heads(ctx: Layouts, x: ir.Value, node: ir.Node, b: str, s: str) -> lis
         d = h // n
     if not (isinstance(n, int) and isinstance(d, int) and n > 0 and d > 0 and n * d == h):
         raise NoFit("the heads' reshape does not split H into N x D")
-    ctx.set_size("N", n)
+    known = 1
+    for atom in heads[:-1]:
+        size = ctx.size(atom)
+        if size is None:
+            raise NoFit(f"the size of {atom} is not known where the heads are split")
+        known *= size
+    if n % known:
+        raise NoFit(f"{n} heads are not a multiple of {known}")
+    ctx.set_size(heads[-1], n // known)
     ctx.set_size("D", d)
-    return ctx.norm([(b,), (s,), ("N",), ("D",)])
+    return ctx.norm([(b,), (s,), tuple(heads), ("D",)])
 
 
 def apply_view(ctx: Layouts, layout, node: ir.Node) -> list[tuple]:
@@ -294,3 +358,56 @@ def located(m: Match, p: str) -> tuple[list[ir.Node], ir.Value, float]:
     for node in reversed(views):
         scale *= scale_factor(node)
     return [m.node(f"{p}_split"), *views], m[f"x{p}"], scale
+
+
+# --------------------------------------------------------------------------------------------
+# The fused ops' scale, and the rows no key reaches
+
+
+def scale_refusal(scale: float, dtype: ir.DataType) -> str | None:
+    """Why the product of the scales cannot be the fused op's ``scale`` (a float32 attribute), or
+    None: 0 means 1/sqrt(head_size) to the fused ops, so a product that rounds to 0 (1e-25 on Q and
+    on K: 1e-50) would change the answer, as would inf or a subnormal; a float16 model's kernels may
+    apply it in float16, where it must be a normal number too."""
+    if scale == 0.0 or not math.isfinite(scale):  # (the factors are nonzero and finite: float64 ran out)
+        return f"the attention scale (the product of the scales) is {scale} in float64"
+    reason = unrepresentable("the attention scale (the product of the scales)", scale, np.float32)
+    if reason is None and dtype == ir.DataType.FLOAT16:
+        reason = unrepresentable("the attention scale (the product of the scales)", scale, np.float16)
+    return reason
+
+
+def finite_mask(mask: ir.Value) -> bool:
+    """The additive mask holds no -inf: a finite constant, or Where(c, a, b) of finite constants."""
+    t = constant_tensor(mask)
+    if t is not None:
+        return bool(np.all(np.isfinite(t.numpy())))
+    node = mask.producer()
+    if node is None or node.op_type != "Where" or node.domain not in ("", "ai.onnx"):
+        return False
+    arrays = [constant_tensor(v) for v in node.inputs[1:]]
+    return all(a is not None and bool(np.all(np.isfinite(a.numpy()))) for a in arrays)
+
+
+def zero_masked_rows(m: Match, b, y: ir.Value, lead: list) -> ir.Value:
+    """y [B, S, N*D] with the rows (query, head) whose keys are all masked with -inf set to 0, as the
+    NaN guard after the Softmax does: y * (max over keys of the mask > -inf)."""
+    dt = m.plan["dtype"].numpy()
+    n, d = int(m.plan["num_heads"]), int(m.plan["head"])
+    mask = m.plan["mask"]
+    top = reduce_max(m, b, mask, [-1], name="attention_keys_axis")
+    any_key = b.op("Cast", b.op("Greater", top, b.const(np.array(-np.inf, dt), name="attention_ninf")),
+                   to=int(m.plan["dtype"]))  # [B|1, N|1, S, 1]
+    per_row = b.op("Transpose", any_key, perm=[0, 2, 1, 3])  # [B|1, S, N|1, 1]
+    dims = dims_of(mask, m.opsets)
+    if dims is not None and len(dims) == 4 and dims[1] == 1:  # one factor for every head: y [B, S, N*D] * [B|1, S, 1]
+        rows = squeeze(m, b, per_row, [2], name="attention_heads_axis")
+        zeroed = b.op("Mul", y, rows)
+        zeroed.type, zeroed.shape = ir.TensorType(m.plan["dtype"]), ir.Shape(lead + [n * d])
+        return zeroed
+    y4 = b.op("Reshape", y, b.const(np.array([0, 0, n, d], np.int64), name="attention_heads"))
+    zeroed = b.op("Mul", y4, per_row)
+    merged = b.op("Reshape", zeroed, b.const(np.array([0, 0, n * d], np.int64), name="attention_merged"))
+    for v, dims in ((y4, lead + [n, d]), (zeroed, lead + [n, d]), (merged, lead + [n * d])):
+        v.type, v.shape = ir.TensorType(m.plan["dtype"]), ir.Shape(dims)  # (the next layers' shapes need them)
+    return merged

@@ -266,7 +266,8 @@ def _replace(m: Match, b):
         attrs["num_heads"] = p["heads"]
     y = b.op("RotaryEmbedding", p["q"], _rows(m, b, p["cos"]), _table(m, b, p["cos"], half),
              _table(m, b, p["sin"], half), domain="com.microsoft", **attrs)
-    return typed(y, m.outputs[0], m)
+    # the op's output has its input's type and shape (the matched Add's may be less known: a legacy export's)
+    return typed(y, p["q"], m)
 
 
 RULES = [

@@ -1,0 +1,450 @@
+"""A decoder's attention, with or without a key/value cache -> com.microsoft GroupQueryAttention (ort-cpu).
+
+What is matched, from the pieces of rules/_attention_parts.py, rooted at the head merge as the encoder
+fusion (rules/attention.py) is:
+
+    out = head_merge(softmax(masked_scores(heads(Q') @ repeat(cache(K'))^T)) @ repeat(cache(V')))
+
+- Q' and K' are a projection split into heads, optionally rotated by com.microsoft RotaryEmbedding (which
+  rules/rotary.py makes of the exporters' ``x * cos + rotate_half(x) * sin``); V' the same without rotary.
+- ``cache(x)`` is ``Concat(past, x)`` on the sequence axis (the kv form: the Concat is the model's
+  ``present``) or ``x`` alone (a prefill without a cache).
+- ``repeat`` is transformers' ``repeat_kv``: ``Unsqueeze -> Expand -> Reshape`` (with an Identity in dynamo
+  exports), or nothing where every query head has its own key head.
+
+Matched by semantics, not by one exporter's node sequence: every Reshape, Transpose, Unsqueeze and Expand on
+the way is followed as a *layout* (rules/_head_layouts.py) with the atoms B, S (new tokens), T (keys: past +
+new), G (key/value heads), R (query heads per key/value head, N = G x R, key/value head outermost, as
+transformers' repeat_kv and GroupQueryAttention both group them) and D. The condition proves that Q reaches
+the first MatMul as [B, G*R, S, D], K as [B, G*R, D, T] (its R a broadcast), V the second as [B, G*R, T, D]
+and the output leaves as [B, S, G*R*D]; the scales' product is the op's ``scale``.
+
+The mask is kept exactly as the model computes it: the additive mask the scores receive (causal, padding,
+sliding window, whatever it holds) becomes the op's ``attention_bias`` [B|1, 1, S, T] and the op runs with
+``causal=0``, ``seqlens_k = T - 1`` and ``total_sequence_length = T`` for every row, so it attends exactly the
+keys the original does, left padding included (onnxruntime-genai's models instead read lengths from the
+mask, which is exact for right padding only). Rotary stays a RotaryEmbedding node (on the 3-D projection):
+the op's own rotary takes positions from ``seqlens_k``, not the model's ``position_ids``. torch's NaN guard
+(``Where(IsNaN(p), 0, p)``) with a -inf mask is kept as in rules/attention.py (the mask floored to the
+lowest float, the rows no key reaches zeroed by one Mul).
+
+The op writes the present key and value (past + new): ``group_query_attention_present`` then replaces the
+model's own ``Concat(past, new)`` with the op's output (no second copy of the cache). onnxruntime refuses a
+past with several new tokens at batch > 1 (measured, onnxruntime 1.32): a cached attention whose new
+length is not 1 and whose batch is not 1 is refused.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxopt.core.pattern import ANY, Explain, Match, Op, Or, Repeat, Rule, Var
+from onnxopt.ir.shapes import infer, same_symbol, shape_elements
+from onnxopt.ir.util import constant_tensor
+from onnxopt.rules._attention_parts import (MAX_VIEWS, MS, attention_output, dims_of, head_merge, head_split,
+                                            layout_step, masked_scores, one_reader, prime_shapes,
+                                            scaled_dot_product, softmax, view_step)
+from onnxopt.rules._head_layouts import (Layouts, NoFit, ancestors, apply_view, dtype_through, finite_mask, group_of_dim,
+                                         scale_factor, scale_refusal, show_layout, split_heads,
+                                         zero_masked_rows)
+from onnxopt.rules._semantic import kernel
+from onnxopt.targets import ORT_CPU
+
+PRESENT_KEY = "onnxopt.present_of"  # on the fused node: the names of the Concats its present outputs replace
+
+# --------------------------------------------------------------------------------------------
+# The pattern
+
+
+def _rotated(p: str):
+    """RotaryEmbedding of the heads of ``x<p>`` (``<p>_rot``; the views before it ``<p>_pre``)."""
+    pre = Repeat(layout_step, head_split(p), max=4, name=f"{p}_pre")
+    return Op("RotaryEmbedding", pre, Var(f"{p}_pos"), Var(f"{p}_cos"), Var(f"{p}_sin"), domain=MS, name=f"{p}_rot",
+              uses=one_reader)
+
+
+def _new(p: str):
+    """This step's keys or values: heads, rotated or not, and views (``<p>_post``)."""
+    return Repeat(layout_step, Or(_rotated(p), head_split(p)), max=4, name=f"{p}_post")
+
+
+def _repeat_step(rest):
+    """A view, a scale, or a step of repeat_kv (Expand of a size-1 axis; an Identity)."""
+    return Or(view_step(rest), Op("Expand", rest, ANY, uses=one_reader), Op("Identity", rest, uses=one_reader))
+
+
+def _cached(p: str, what: str):
+    """``<p>``'s keys/values as the MatMul reads them: the cache Concat (``<p>_cat``, shared: it is the model's
+    present, read on) of ``past_<p>`` and this step's, or this step's alone; then repeat_kv and views
+    (``<p>_views``)."""
+    cat = Op("Concat", Var(f"past_{p}"), _new(p), name=f"{p}_cat", shared=True)
+    return Explain(Repeat(_repeat_step, Or(cat, _new(p)), max=MAX_VIEWS, name=f"{p}_views"),
+                   f"{what} is not a projection's heads (rotated, cached, repeated)")
+
+
+_QUERY = Explain(Repeat(view_step, Or(_rotated("q"), head_split("q")), max=MAX_VIEWS - 1, name="q_views"),
+                 "Q is not a projection's heads (rotated or not)")
+
+DECODER_ATTENTION = head_merge(attention_output(
+    softmax(masked_scores(scaled_dot_product(_QUERY, _cached("k", "K")))), _cached("v", "V")))
+
+
+# --------------------------------------------------------------------------------------------
+# The condition
+
+
+def _expand(ctx: Layouts, layout: list[tuple], node: ir.Node) -> list[tuple]:
+    """repeat_kv's Expand: a size-1 axis broadcast to R; every other axis kept."""
+    target = node.inputs[1]
+    prime_shapes(target, ctx.m.opsets)
+    elements = shape_elements(target)
+    if elements is None or len(elements) != len(layout):
+        raise NoFit("an Expand of the keys has no readable target of its rank")
+    out = []
+    for group, e in zip(layout, elements):
+        size = 1
+        for atom in group:
+            size *= ctx.size(atom) or 0
+        if isinstance(e, int):
+            if e == 1 or (group and e == size):
+                out.append(group)
+            elif not group and e == ctx.size("R"):
+                out.append(("R",))
+            else:
+                raise NoFit(f"an Expand of the keys makes a dimension of {e}, not one of the query heads per key head")
+        elif ctx.norm([group_of_dim(ctx, e)])[0] == group:
+            out.append(group)
+        else:
+            raise NoFit("an Expand of the keys broadcasts to a size not read from the heads")
+    return out
+
+
+def _step(ctx: Layouts, layout: list[tuple], node: ir.Node) -> list[tuple]:
+    if node.op_type == "Expand":
+        return _expand(ctx, layout, node)
+    if node.op_type == "Identity":
+        return layout
+    return apply_view(ctx, layout, node)
+
+
+def _chain(ctx: Layouts, layout: list[tuple], nodes) -> list[tuple]:
+    for node in nodes:
+        layout = _step(ctx, layout, node)
+        ctx.layouts[node.outputs[0]] = layout
+    return layout
+
+
+def _rotary_ok(m: Match, ctx: Layouts, p: str, layout: list[tuple], heads: tuple) -> None:
+    """The RotaryEmbedding reads the heads as [B, heads, S, D] (the 4-D form) or [B, S, heads*D]: then the
+    same op on the 3-D projection [B, S, heads*D] rotates the same elements by the same positions."""
+    node = m.node(f"{p}_rot")
+    if node is None:
+        return
+    want4 = layout == ctx.norm([("B",), heads, ("S",), ("D",)])
+    want3 = layout == ctx.norm([("B",), ("S",), heads + ("D",)])
+    if not (want4 or want3):
+        raise NoFit(f"the rotary of {p.upper()} reads {show_layout(layout)}, not [B,heads,S,D]")
+    if node.attributes.get("interleaved") is not None and node.attributes["interleaved"].value not in (0, 1):
+        raise NoFit("the rotary's interleaved attribute is not 0 or 1")
+
+
+def _new_part(m: Match, ctx: Layouts, p: str, heads: tuple, length: str) -> list[tuple]:
+    """Follow ``<p>``'s split (and rotary) up to what the cache Concat (or the repeat) reads."""
+    split = m.node(f"{p}_split")
+    layout = split_heads(ctx, m[f"x{p}"], split, "B", length, heads)
+    ctx.layouts[split.outputs[0]] = layout
+    if m.node(f"{p}_rot") is not None:
+        layout = _chain(ctx, layout, m.chain(f"{p}_pre"))
+        _rotary_ok(m, ctx, p, layout, heads)
+        ctx.layouts[m.node(f"{p}_rot").outputs[0]] = layout
+    return layout if p == "q" else _chain(ctx, layout, m.chain(f"{p}_post"))
+
+
+def _cache(m: Match, ctx: Layouts, p: str, layout: list[tuple]) -> list[tuple]:
+    """The Concat of the past and this step's [B, G, S, D] on the sequence axis: [B, G, T, D]."""
+    cat = m.node(f"{p}_cat")
+    if cat is None:
+        return layout
+    if layout != ctx.norm([("B",), ("G",), ("S",), ("D",)]):
+        raise NoFit(f"the cache is concatenated with {show_layout(layout)}, not [B,G,S,D]")
+    axis = cat.attributes.get("axis")
+    if axis is None or axis.value not in (2, -2):
+        raise NoFit("the cache is not concatenated on the sequence axis")
+    past = m[f"past_{p}"]
+    dims = dims_of(past, m.opsets)
+    if dims is None or len(dims) != 4 or dims[1] != ctx.size("G") or dims[3] != ctx.size("D"):
+        raise NoFit("the past is not [B, G, P, D] with G and D known")
+    if dtype_through(past, m.opsets) != dtype_through(m[f"x{p}"], m.opsets):
+        raise NoFit("the past's type is not the projection's")
+    out = ctx.norm([("B",), ("G",), ("T",), ("D",)])
+    ctx.layouts[cat.outputs[0]] = out
+    return out
+
+
+def _length_sources(m: Match, ctx: Layouts) -> None:
+    """Graph inputs [B, T] (the attention mask: dynamo's repeat_kv reads its lengths from it) and [B, S]
+    known by their dimensions' symbols, so a Reshape/Expand target reading them is understood."""
+    xq, cat = m["xq"], m.node("k_cat")
+    for p in ("q", "k", "v"):  # the projections and what they project: [B, S, ...]
+        for a in ancestors(m[f"x{p}"], m.opsets):
+            ctx.sources.setdefault(a, ("B", "S"))
+    for g in m.graph.inputs:
+        if g.shape is None or len(g.shape) != 2 or not same_symbol(g, 0, xq, 0):
+            continue
+        if same_symbol(g, 1, xq, 1):
+            ctx.sources.setdefault(g, ("B", "S"))
+        elif cat is not None and same_symbol(g, 1, cat.outputs[0], 2):
+            ctx.sources.setdefault(g, ("B", "T"))
+
+
+def _unexpanded(m: Match, mask: ir.Value) -> tuple[ir.Value, ir.Node | None]:
+    """(the mask before an Expand that only repeats it, the Where around that Expand or None): ``Expand(x)``
+    -> x, ``Where(Expand(keep), a, b)`` -> ``Where(keep, a, b)`` (a and b constants). An Expand never
+    shrinks, and the layouts proved the merged output [B, S, N*D]: the scores plus the mask have the scores'
+    shape, so the Expand added nothing the Add's broadcast does not (legacy exports expand the causal mask to
+    a target computed at run time, which no shape says is [B, 1, S, T])."""
+    node = mask.producer()
+    if node is not None and node.op_type == "Expand" and node.domain in ("", "ai.onnx"):
+        return node.inputs[0], None
+    if node is not None and node.op_type == "Where" and node.domain in ("", "ai.onnx"):
+        inner = node.inputs[0].producer()
+        if inner is not None and inner.op_type == "Expand" and inner.domain in ("", "ai.onnx") \
+                and all(constant_tensor(v) is not None for v in node.inputs[1:]):
+            return inner.inputs[0], node
+    return mask, None
+
+
+def _mask_dims(m: Match, ctx: Layouts, mask: ir.Value, t_of: ir.Value, t_axis: int):
+    """(True when the mask is proven [B|1, 1, S, T], False when it must be Expanded to S and T) or a
+    reason."""
+    if dtype_through(mask, m.opsets) != dtype_through(m["xq"], m.opsets):
+        return "the mask's type is not the scores'"
+    dims = dims_of(mask, m.opsets)
+    if dims is not None and len(dims) == 4 and dims[1] != 1:
+        inner, where = _unexpanded(m, mask)
+        if inner is not mask:
+            m.plan_mask = (inner, where)
+            mask = inner
+            dims = dims_of(mask, m.opsets)
+    if dims is None or len(dims) != 4:
+        return "the mask is not of rank 4"
+    if dims[1] != 1:
+        return "the mask differs by head"
+    if isinstance(dims[0], int) and dims[0] not in (1, ctx.size("B")):
+        return "the mask does not broadcast over the batch"
+
+    def same(k, atom, value, axis):
+        d, size = dims[k], ctx.size(atom)
+        if isinstance(d, int):
+            return size is not None and d == size
+        return d is not None and same_symbol(mask, k, value, axis)
+
+    return same(2, "S", m["xq"], 1) and same(3, "T" if m.node("k_cat") is not None else "S", t_of, t_axis)
+
+
+def gqa_condition(m: Match):
+    axis = m.node("softmax").attributes.get("axis")
+    axis = -1 if axis is None and m.opset("") >= 13 else (axis.value if axis is not None else 1)
+    if axis not in (-1, 3):
+        return "Softmax is not over the last axis"
+    if (m.node("k_cat") is None) != (m.node("v_cat") is None):
+        return "the keys and the values are not both cached"
+    cached = m.node("k_cat") is not None
+    scale, mask = 1.0, m["mask"]
+    for node in reversed(m.chain("scores_scales")):
+        scale *= scale_factor(node)
+    if mask is not None and scale != 1.0:
+        return "the mask is added before a scale"
+    for name in ("qk_scales", "q_views", "k_views"):
+        for node in m.chain(name):
+            scale *= scale_factor(node)
+    if any(n.op_type in ("Mul", "Div") for n in m.chain("v_views")):
+        return "V is scaled"
+    ctx = Layouts(m)
+    t = "T" if cached else "S"
+    try:
+        _length_sources(m, ctx)
+        lk = _cache(m, ctx, "k", _new_part(m, ctx, "k", ("G",), "S"))
+        lv = _cache(m, ctx, "v", _new_part(m, ctx, "v", ("G",), "S"))
+        lq = _new_part(m, ctx, "q", ("G", "R"), "S")
+        lq = _chain(ctx, lq, m.chain("q_views"))
+        lk = _chain(ctx, lk, m.chain("k_views"))
+        lv = _chain(ctx, lv, m.chain("v_views"))
+        # the two ways the exporters multiply grouped heads: every query head with its key head repeated
+        # (repeat_kv: [B, G*R, S, D] @ [B, G*R, D, T]), or the query heads of one key head as rows of one
+        # matrix (torch's sdpa with enable_gqa, legacy: [B, G, R*S, D] @ [B, G, D, T])
+        forms = {"repeated": (("B",), ("G", "R"), ("S",)), "grouped": (("B",), ("G",), ("R", "S"))}
+        grouped = None
+        for form, (bb, hh, rows) in forms.items():
+            if lq == ctx.norm([bb, hh, rows, ("D",)]) and lk == ctx.norm([bb, hh, ("D",), (t,)]) \
+                    and lv == ctx.norm([bb, hh, (t,), ("D",)]):
+                grouped = form == "grouped"
+                layout = ctx.norm([bb, hh, rows, ("D",)])
+                break
+        else:
+            raise NoFit(f"Q, K and V reach the MatMuls as {show_layout(lq)}, {show_layout(lk)}, {show_layout(lv)}, "
+                        "not [B,N,S,D], [B,N,D,T], [B,N,T,D] (nor grouped by key head)")
+        ctx.layouts[m.node("pv").outputs[0]] = layout
+        for node in (*m.chain("merge_views"), m.node("tr"), m.node("out")):
+            layout = apply_view(ctx, layout, node)
+            ctx.layouts[node.outputs[0]] = layout
+        if layout != ctx.norm([("B",), ("S",), ("G", "R", "D")]):
+            raise NoFit(f"the attention output is not merged into [B,S,N*D] (it is {show_layout(layout)})")
+    except NoFit as exc:
+        return str(exc)
+    xq = m["xq"]
+    dtype = dtype_through(xq, m.opsets)
+    if dtype is None or any(dtype_through(m[x], m.opsets) != dtype for x in ("xk", "xv")):
+        return "Q, K and V differ in element type (or it is unknown)"
+    if kernel("GroupQueryAttention", MS, 1, m.options.get("target", ORT_CPU), dtype) is False:
+        return f"no GroupQueryAttention kernel for {dtype.name.lower()} on {m.options.get('target')}"
+    if reason := scale_refusal(scale, dtype):
+        return reason
+    if cached and ctx.size("S") != 1 and ctx.size("B") != 1:
+        return ("the cache is extended by a length not proven 1 at a batch not proven 1 (onnxruntime's "
+                "GroupQueryAttention refuses several new tokens after a past at batch > 1)")
+    expand = None
+    m.plan_mask = None
+    if mask is not None and grouped and ctx.size("S") != 1 and ctx.size("R") not in (None, 1):
+        return "the query heads are rows of one matrix per key head and the mask is not proven one row (S != 1)"
+    if mask is not None:
+        expand = _mask_dims(m, ctx, mask, m["past_k"] if cached else xq, 2 if cached else 1)
+        if isinstance(expand, str):
+            return expand
+        expand = not expand
+        if expand and m.opset("") < 15:
+            return "the mask's shape is not proven [.., S, T] (opset < 15: no Shape start/end to expand it)"
+    for p in ("q", "k"):
+        rot = m.node(f"{p}_rot")
+        if rot is not None and not one_reader(rot.inputs[0]):
+            return f"the rotated {p.upper()}'s input is read elsewhere"
+    guarded = m.node("guard") is not None
+    return {"xq": xq, "xk": m["xk"], "xv": m["xv"], "dtype": dtype, "scale": scale, "mask": mask,
+            "expand": expand, "keep_guard": guarded and mask is not None and not finite_mask(mask),
+            "num_heads": ctx.size("G") * (ctx.size("R") or 1), "kv_heads": ctx.size("G"), "head": ctx.size("D"),
+            "cached": cached, "unexpanded": m.plan_mask, "sizes": {a: ctx.size(a) for a in ("B", "S")}}
+
+
+# --------------------------------------------------------------------------------------------
+# The replacement
+
+
+def _i64(b, values, name):
+    return b.const(np.array(values, np.int64), name=name)
+
+
+def _rotate(m: Match, b, p: str, heads: int) -> ir.Value:
+    """``x<p>`` [B, S, heads*D], rotated as the model's RotaryEmbedding rotated its heads (same positions,
+    tables and attributes; the 3-D form with num_heads)."""
+    x, rot = m.plan[f"x{p}"], m.node(f"{p}_rot")
+    if rot is None:
+        return x
+    attrs = {k: a.value for k, a in rot.attributes.items()}
+    attrs["num_heads"] = heads
+    y = b.op("RotaryEmbedding", x, *rot.inputs[1:], domain=MS, **attrs)
+    y.type, y.shape = x.type, x.shape
+    return y
+
+
+def _lengths(m: Match, b) -> tuple[ir.Value, ir.Value]:
+    """(S, T) as 1-D int64 [1] values, T = past + S (constants where the sizes are known), built once per
+    rewrite (two equal Shape nodes would be one rewrite twice to the fixpoint driver)."""
+    xq, sizes = m.plan["xq"], m.plan["sizes"]
+    new = _i64(b, [sizes["S"]], "gqa_new_length") if sizes["S"] is not None else b.op("Shape", xq, start=1, end=2)
+    if not m.plan["cached"]:
+        return new, new
+    return new, b.op("Add", b.op("Shape", m["past_k"], start=2, end=3), new)
+
+
+def _sequence_lengths(m: Match, b, total: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """(seqlens_k [B] = T - 1 for every row, total_sequence_length = T) as int32."""
+    batch = m.plan["sizes"]["B"]
+    rows = _i64(b, [batch], "gqa_batch") if batch is not None else b.op("Shape", m.plan["xq"], start=0, end=1)
+    last = b.op("Expand", b.op("Sub", total, _i64(b, [1], "gqa_one")), rows)
+    seqlens = b.op("Cast", last, to=int(ir.DataType.INT32))
+    scalar = b.op("Cast", b.op("Reshape", total, _i64(b, [], "gqa_scalar")), to=int(ir.DataType.INT32))
+    return seqlens, scalar
+
+
+def _bias(m: Match, b, new: ir.Value, total: ir.Value) -> ir.Value | None:
+    mask = m.plan["mask"]
+    if mask is None:
+        return None
+    if m.plan["unexpanded"] is not None:
+        inner, where = m.plan["unexpanded"]
+        mask = inner if where is None else b.op("Where", inner, *where.inputs[1:])
+    if m.plan["keep_guard"]:  # -inf -> the lowest finite value: no NaN rows (the guard's Mul zeroes them)
+        lowest = np.array(np.finfo(m.plan["dtype"].numpy()).min, m.plan["dtype"].numpy())
+        mask = b.op("Max", mask, b.const(lowest, name="attention_mask_floor"))
+    if not m.plan["expand"]:
+        return mask
+    return b.op("Expand", mask, b.op("Concat", b.op("Shape", mask, start=0, end=2), new, total, axis=0))
+
+
+def gqa_replacement(m: Match, b):
+    p = m.plan
+    new, total = _lengths(m, b)
+    seqlens, total_scalar = _sequence_lengths(m, b, total)
+    inputs = [_rotate(m, b, "q", p["num_heads"]), _rotate(m, b, "k", p["kv_heads"]), p["xv"],
+              m["past_k"] if p["cached"] else None, m["past_v"] if p["cached"] else None, seqlens,
+              total_scalar, None, None, None, _bias(m, b, new, total)]
+    while inputs[-1] is None:
+        inputs.pop()
+    node_out = b.op("GroupQueryAttention", *inputs, domain=MS, outputs=3, num_heads=p["num_heads"],
+                    kv_num_heads=p["kv_heads"], scale=float(np.float32(p["scale"])), causal=0)
+    y = node_out[0]
+    node = y.producer()
+    if p["cached"]:
+        node.metadata_props[PRESENT_KEY] = json.dumps([m.node("k_cat").outputs[0].name,
+                                                       m.node("v_cat").outputs[0].name])
+    root = m.root.outputs[0]
+    qs = dims_of(p["xq"], m.opsets)
+    lead = qs[:2] if qs is not None and len(qs) == 3 else [None, None]
+    y.type, y.shape = ir.TensorType(p["dtype"]), ir.Shape(lead + [p["num_heads"] * p["head"]])
+    for k, name in ((1, "k_cat"), (2, "v_cat")):
+        if p["cached"]:
+            cat = m.node(name).outputs[0]
+            node_out[k].type, node_out[k].shape = cat.type, cat.shape
+    if p["keep_guard"]:
+        y = zero_masked_rows(m, b, y, lead)
+    shape = infer(root, m.opsets)
+    y.type = root.type if root.type is not None else ir.TensorType(p["dtype"])
+    if shape is not None and len(shape) == 3:
+        y.shape = ir.Shape([d if isinstance(d, int) else k for d, k in zip(shape, lead + [p["num_heads"] * p["head"]])])
+    return y
+
+
+# --------------------------------------------------------------------------------------------
+# The present: the op's own output instead of the model's Concat
+
+
+def _present_condition(m: Match):
+    cat = m.root
+    name = cat.outputs[0].name
+    for user, _ in m["past"].uses():
+        if user.op_type == "GroupQueryAttention" and user.domain == MS and PRESENT_KEY in user.metadata_props:
+            names = json.loads(user.metadata_props[PRESENT_KEY])
+            if name in names:
+                return {"value": user.outputs[1 + names.index(name)]}
+    return "no GroupQueryAttention writes this cache"
+
+
+def _present_replacement(m: Match, b):
+    return m.plan["value"]
+
+
+RULES = [
+    Rule("group_query_attention", DECODER_ATTENTION, gqa_replacement, condition=gqa_condition, priority=6,
+         targets=(ORT_CPU,), benefit="group_query_attention", exact=False,
+         doc="A decoder's attention (Q and K heads rotated by RotaryEmbedding or not, keys and values from a "
+             "Concat(past, new) cache or not, transformers' repeat_kv, any additive mask, Softmax with or "
+             "without the NaN guard) becomes com.microsoft GroupQueryAttention with the model's own mask as "
+             "attention_bias (causal=0: exact for any padding) and the rotary kept on the 3-D projections."),
+    Rule("group_query_attention_present", Op("Concat", "past", "new"), _present_replacement,
+         condition=_present_condition, targets=(ORT_CPU,), benefit="group_query_attention", exact=True,
+         doc="The model's present Concat(past, new) that a GroupQueryAttention already writes becomes that "
+             "op's present output."),
+]
