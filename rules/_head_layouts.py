@@ -154,7 +154,39 @@ def target_elements(ctx: Layouts, value: ir.Value | None) -> list | None:
     if node.op_type == "Unsqueeze":
         number = _scalar(ctx, node.inputs[0])
         return None if number is None else [number]
+    if node.op_type == "Where" and len(node.inputs) == 3:
+        return _minus_one_replaced(ctx, node)
     return None
+
+
+def _minus_one_replaced(ctx: Layouts, node: ir.Node) -> list | None:
+    """torch's ``expand(-1, ...)`` in a legacy export: ``Where(Equal(t, c), fill, t)`` with constants c and
+    fill: element i is fill[i] where t[i] == c[i], else t[i]. A dimension read from a shape is never
+    negative, so against a negative c[i] it is kept."""
+    cond, fill, t = node.inputs
+    eq = cond.producer()
+    fills = constant_tensor(fill)
+    if eq is None or eq.op_type != "Equal" or eq.domain not in ("", "ai.onnx") or fills is None \
+            or eq.inputs[0] is not t:
+        return None
+    versus = constant_tensor(eq.inputs[1])
+    elements = target_elements(ctx, t)
+    if versus is None or elements is None:
+        return None
+    cs, fs = versus.numpy().reshape(-1).tolist(), fills.numpy().reshape(-1).tolist()
+    cs = cs * len(elements) if len(cs) == 1 else cs
+    fs = fs * len(elements) if len(fs) == 1 else fs
+    if len(cs) != len(elements) or len(fs) != len(elements):
+        return None
+    out = []
+    for e, c, f in zip(elements, cs, fs):
+        if isinstance(e, int):
+            out.append(int(f) if e == c else e)
+        elif c < 0:
+            out.append(e)
+        else:
+            return None
+    return out
 
 
 def reshape_layout(ctx: Layouts, layout: list[tuple], node: ir.Node) -> list[tuple]:

@@ -85,9 +85,10 @@ from onnxopt.ir.util import constant_tensor
 
 from onnxopt.rules._attention_parts import (MS, attention_output, dims_of, head_merge, heads, masked_scores,
                                             one_reader, read_key_padding, scaled_dot_product, softmax)
-from onnxopt.rules._head_layouts import (Layouts, NoFit, ancestors, apply_view, dtype_through, follow_heads,
-                                         located, scale_factor, show_layout)
-from onnxopt.rules._semantic import earlier, reduce_max, squeeze, unrepresentable, unsqueeze
+from onnxopt.rules._head_layouts import (Layouts, NoFit, ancestors, apply_view, dtype_through, finite_mask,
+                                         follow_heads, located, scale_factor, scale_refusal, show_layout,
+                                         zero_masked_rows)
+from onnxopt.rules._semantic import earlier, reduce_max, unsqueeze
 
 _FLOATS = {"ort-cpu": (ir.DataType.FLOAT,), "ort-cuda": (ir.DataType.FLOAT, ir.DataType.FLOAT16)}
 
@@ -149,7 +150,7 @@ def attention_condition(m: Match):
     if dtype not in floats or dtype_through(xk, m.opsets) != dtype or dtype_through(xv, m.opsets) != dtype:
         return f"type {dtype or 'unknown'} has no fused kernel on {target}"
     scale *= sq * sk
-    if reason := _scale_refusal(scale, dtype):
+    if reason := scale_refusal(scale, dtype):
         return reason
     bias, padding, why = None, None, None
     if mask is not None:
@@ -160,23 +161,10 @@ def attention_condition(m: Match):
                 return bias
     # torch's NaN guard zeroes the rows where every key is masked with -inf; the fused ops give NaN
     # there (which the next layer spreads to every row, 0 * NaN), so the guard is kept around them
-    keep_guard = guarded and mask is not None and not _finite_mask(mask)
+    keep_guard = guarded and mask is not None and not finite_mask(mask)
     return {"xq": xq, "xk": xk, "xv": xv, "dtype": dtype, "scale": scale, "keep_guard": keep_guard,
             "mask": mask, "expand": bias, "padding": padding, "mask_form": why,
             "num_heads": ctx.size("N"), "head": ctx.size("D"), "guarded": guarded, "reshape": reshape}
-
-
-def _scale_refusal(scale: float, dtype: ir.DataType) -> str | None:
-    """Why the product of the scales cannot be the fused op's ``scale`` (a float32 attribute), or
-    None: 0 means 1/sqrt(head_size) to the fused ops, so a product that rounds to 0 (1e-25 on Q and
-    on K: 1e-50) would change the answer, as would inf or a subnormal; a float16 model's kernels may
-    apply it in float16, where it must be a normal number too."""
-    if scale == 0.0 or not math.isfinite(scale):  # (the factors are nonzero and finite: float64 ran out)
-        return f"the attention scale (the product of the scales) is {scale} in float64"
-    reason = unrepresentable("the attention scale (the product of the scales)", scale, np.float32)
-    if reason is None and dtype == ir.DataType.FLOAT16:
-        reason = unrepresentable("the attention scale (the product of the scales)", scale, np.float16)
-    return reason
 
 
 def _zeros_fit(elements, allowzero, before, ctx) -> bool:
@@ -187,18 +175,6 @@ def _zeros_fit(elements, allowzero, before, ctx) -> bool:
     mine = ctx.norm([("B",), ("S",), ("N", "D")])
     return all(not (isinstance(e, int) and e == 0) or (i < 2 and before[i] == mine[i])
                for i, e in enumerate(elements))
-
-
-def _finite_mask(mask: ir.Value) -> bool:
-    """The additive mask holds no -inf: a finite constant, or Where(c, a, b) of finite constants."""
-    t = constant_tensor(mask)
-    if t is not None:
-        return bool(np.all(np.isfinite(t.numpy())))
-    node = mask.producer()
-    if node is None or node.op_type != "Where" or node.domain not in ("", "ai.onnx"):
-        return False
-    arrays = [constant_tensor(v) for v in node.inputs[1:]]
-    return all(a is not None and bool(np.all(np.isfinite(a.numpy()))) for a in arrays)
 
 
 def _key_padding(m: Match, t: str, dtype: ir.DataType) -> tuple[dict | None, str | None]:
@@ -570,30 +546,6 @@ def _try_standard(provider: str | None, dtype: ir.DataType) -> bool:
     return y.shape == (b, s, n * d) and bool(np.all(np.isfinite(y)))
 
 
-def _zero_masked_rows(m: Match, b, y: ir.Value, lead: list) -> ir.Value:
-    """y [B, S, N*D] with the rows (query, head) whose keys are all masked with -inf set to 0, as the
-    NaN guard after the Softmax does: y * (max over keys of the mask > -inf)."""
-    dt = m.plan["dtype"].numpy()
-    n, d = int(m.plan["num_heads"]), int(m.plan["head"])
-    mask = m.plan["mask"]
-    top = reduce_max(m, b, mask, [-1], name="attention_keys_axis")
-    any_key = b.op("Cast", b.op("Greater", top, b.const(np.array(-np.inf, dt), name="attention_ninf")),
-                   to=int(m.plan["dtype"]))  # [B|1, N|1, S, 1]
-    per_row = b.op("Transpose", any_key, perm=[0, 2, 1, 3])  # [B|1, S, N|1, 1]
-    dims = dims_of(mask, m.opsets)
-    if dims is not None and len(dims) == 4 and dims[1] == 1:  # one factor for every head: y [B, S, N*D] * [B|1, S, 1]
-        rows = squeeze(m, b, per_row, [2], name="attention_heads_axis")
-        zeroed = b.op("Mul", y, rows)
-        zeroed.type, zeroed.shape = ir.TensorType(m.plan["dtype"]), ir.Shape(lead + [n * d])
-        return zeroed
-    y4 = b.op("Reshape", y, b.const(np.array([0, 0, n, d], np.int64), name="attention_heads"))
-    zeroed = b.op("Mul", y4, per_row)
-    merged = b.op("Reshape", zeroed, b.const(np.array([0, 0, n * d], np.int64), name="attention_merged"))
-    for v, dims in ((y4, lead + [n, d]), (zeroed, lead + [n, d]), (merged, lead + [n * d])):
-        v.type, v.shape = ir.TensorType(m.plan["dtype"]), ir.Shape(dims)  # (the next layers' shapes need them)
-    return merged
-
-
 def _out(m: Match, b, y: ir.Value) -> ir.Value:
     """The fused op's output (reshaped as the root was, where it flattened further), with the root's
     type and shape: onnx's shape inference knows no contrib op, and the layers after this one need
@@ -611,7 +563,7 @@ def _out(m: Match, b, y: ir.Value) -> ir.Value:
             y = b.op("Mul", y, _rows_seen(m, b))
             y.type, y.shape = ir.TensorType(m.plan["dtype"]), ir.Shape(lead + [n * d])
         else:
-            y = _zero_masked_rows(m, b, y, lead)
+            y = zero_masked_rows(m, b, y, lead)
     if m.plan["reshape"]:
         y.type = ir.TensorType(m.plan["dtype"])
         qs = infer(xq, m.opsets)

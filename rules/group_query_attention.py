@@ -41,14 +41,14 @@ import json
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.core.pattern import ANY, Explain, Match, Op, Or, Repeat, Rule, Var
-from onnxopt.ir.shapes import infer, same_symbol, shape_elements
+from onnxopt.core.pattern import ANY, Absorbed, Explain, Match, Op, Or, Repeat, Rule, Var
+from onnxopt.ir.shapes import infer, same_symbol
 from onnxopt.ir.util import constant_tensor
-from onnxopt.rules._attention_parts import (MAX_VIEWS, MS, attention_output, dims_of, head_merge, head_split,
+from onnxopt.rules._attention_parts import (MAX_VIEWS, MS, attention_output, dims_of, head_split,
                                             layout_step, masked_scores, one_reader, prime_shapes,
                                             scaled_dot_product, softmax, view_step)
 from onnxopt.rules._head_layouts import (Layouts, NoFit, ancestors, apply_view, dtype_through, finite_mask, group_of_dim,
-                                         scale_factor, scale_refusal, show_layout, split_heads,
+                                         scale_factor, scale_refusal, show_layout, split_heads, target_elements,
                                          zero_masked_rows)
 from onnxopt.rules._semantic import kernel
 from onnxopt.targets import ORT_CPU
@@ -88,7 +88,14 @@ def _cached(p: str, what: str):
 _QUERY = Explain(Repeat(view_step, Or(_rotated("q"), head_split("q")), max=MAX_VIEWS - 1, name="q_views"),
                  "Q is not a projection's heads (rotated or not)")
 
-DECODER_ATTENTION = head_merge(attention_output(
+def _merged(attn):
+    """The root: the Reshape that merges the heads, after any views (``merge_views``: a Transpose, or the
+    Reshape a Transpose of a size-1 axis became), all absorbed (the layouts say whether they merge)."""
+    return Op("Reshape", Absorbed(Repeat(layout_step, attn, max=MAX_VIEWS - 1, name="merge_views")), "shape",
+              name="out")
+
+
+DECODER_ATTENTION = _merged(attention_output(
     softmax(masked_scores(scaled_dot_product(_QUERY, _cached("k", "K")))), _cached("v", "V")))
 
 
@@ -100,7 +107,7 @@ def _expand(ctx: Layouts, layout: list[tuple], node: ir.Node) -> list[tuple]:
     """repeat_kv's Expand: a size-1 axis broadcast to R; every other axis kept."""
     target = node.inputs[1]
     prime_shapes(target, ctx.m.opsets)
-    elements = shape_elements(target)
+    elements = target_elements(ctx, target)
     if elements is None or len(elements) != len(layout):
         raise NoFit("an Expand of the keys has no readable target of its rank")
     out = []
@@ -192,6 +199,10 @@ def _length_sources(m: Match, ctx: Layouts) -> None:
         for a in ancestors(m[f"x{p}"], m.opsets):
             ctx.sources.setdefault(a, ("B", "S"))
     for g in m.graph.inputs:
+        if g.shape is not None and len(g.shape) > 2 and same_symbol(g, 0, xq, 0):
+            # (a past of any layer: exporters read the batch from one for all; its other dimensions are
+            # atoms of their own, which no layout of the heads has)
+            ctx.layouts.setdefault(g, [("B",)] + [(f"{g.name}[{k}]",) for k in range(1, len(g.shape))])
         if g.shape is None or len(g.shape) != 2 or not same_symbol(g, 0, xq, 0):
             continue
         if same_symbol(g, 1, xq, 1):
@@ -288,7 +299,7 @@ def gqa_condition(m: Match):
             raise NoFit(f"Q, K and V reach the MatMuls as {show_layout(lq)}, {show_layout(lk)}, {show_layout(lv)}, "
                         "not [B,N,S,D], [B,N,D,T], [B,N,T,D] (nor grouped by key head)")
         ctx.layouts[m.node("pv").outputs[0]] = layout
-        for node in (*m.chain("merge_views"), m.node("tr"), m.node("out")):
+        for node in (*m.chain("merge_views"), m.node("out")):
             layout = apply_view(ctx, layout, node)
             ctx.layouts[node.outputs[0]] = layout
         if layout != ctx.norm([("B",), ("S",), ("G", "R", "D")]):
