@@ -205,9 +205,19 @@ def additive_mask(scores: Pattern) -> Pattern:
     return Op("Add", scores, Or(key_padding_bias(), Var("mask")), commutative=True, name="mask_add", uses=one_reader)
 
 
-def masked_scores(qk: Pattern) -> Pattern:
-    """The scores, scaled, with an additive mask or none, scaled again (see the module docstring)."""
-    return Repeat(scale_step, Or(additive_mask(Repeat(scale_step, qk, max=2, name="qk_scales")), qk),
+def soft_capped(scores: Pattern) -> Pattern:
+    """Gemma 2's soft-capping of the scaled scores: ``Mul(Tanh(Div(s, cap_in)), cap_out)`` (``cap``)."""
+    return Op("Mul", Op("Tanh", Op("Div", scores, Const("cap_in", check=is_scale), uses=one_reader), uses=one_reader),
+              Const("cap_out", check=is_scale), commutative=True, name="cap", uses=one_reader)
+
+
+def masked_scores(qk: Pattern, softcap: bool = False) -> Pattern:
+    """The scores, scaled, with an additive mask or none, scaled again (see the module docstring);
+    ``softcap``: also soft-capped (``soft_capped``) after the first scales, before the mask."""
+    scaled = Repeat(scale_step, qk, max=2, name="qk_scales")
+    if not softcap:
+        return Repeat(scale_step, Or(additive_mask(scaled), qk), max=3, name="scores_scales")
+    return Repeat(scale_step, Or(additive_mask(Or(soft_capped(scaled), scaled)), soft_capped(scaled), qk),
                   max=3, name="scores_scales")
 
 

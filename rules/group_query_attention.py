@@ -96,7 +96,7 @@ def _merged(attn):
 
 
 DECODER_ATTENTION = _merged(attention_output(
-    softmax(masked_scores(scaled_dot_product(_QUERY, _cached("k", "K")))), _cached("v", "V")))
+    softmax(masked_scores(scaled_dot_product(_QUERY, _cached("k", "K")), softcap=True)), _cached("v", "V")))
 
 
 # --------------------------------------------------------------------------------------------
@@ -269,6 +269,14 @@ def gqa_condition(m: Match):
         scale *= scale_factor(node)
     if mask is not None and scale != 1.0:
         return "the mask is added before a scale"
+    softcap = 0.0
+    if m.node("cap") is not None:  # cap * tanh(s / cap): the op's softcap (applied before the mask, as here)
+        cap_in, cap_out = (float(m.const(c).reshape(-1)[0]) for c in ("cap_in", "cap_out"))
+        if cap_in != cap_out or not cap_in > 0:
+            return f"the soft-cap divides by {cap_in} and multiplies by {cap_out}"
+        if scale != 1.0:
+            return "the soft-capped scores are scaled again"
+        softcap = cap_in
     for name in ("qk_scales", "q_views", "k_views"):
         for node in m.chain(name):
             scale *= scale_factor(node)
@@ -306,6 +314,8 @@ def gqa_condition(m: Match):
             raise NoFit(f"the attention output is not merged into [B,S,N*D] (it is {show_layout(layout)})")
     except NoFit as exc:
         return str(exc)
+    if not cached and m.node("q_rot") is None and m.node("k_rot") is None and ctx.size("R") in (None, 1):
+        return "no cache, rotary or grouped heads: an encoder's attention (attention_fusion's)"
     xq = m["xq"]
     dtype = dtype_through(xq, m.opsets)
     if dtype is None or any(dtype_through(m[x], m.opsets) != dtype for x in ("xk", "xv")):
@@ -336,7 +346,7 @@ def gqa_condition(m: Match):
     return {"xq": xq, "xk": m["xk"], "xv": m["xv"], "dtype": dtype, "scale": scale, "mask": mask,
             "expand": expand, "keep_guard": guarded and mask is not None and not finite_mask(mask),
             "num_heads": ctx.size("G") * (ctx.size("R") or 1), "kv_heads": ctx.size("G"), "head": ctx.size("D"),
-            "cached": cached, "unexpanded": m.plan_mask, "sizes": {a: ctx.size(a) for a in ("B", "S")}}
+            "cached": cached, "softcap": softcap, "unexpanded": m.plan_mask, "sizes": {a: ctx.size(a) for a in ("B", "S")}}
 
 
 # --------------------------------------------------------------------------------------------
@@ -405,7 +415,8 @@ def gqa_replacement(m: Match, b):
     while inputs[-1] is None:
         inputs.pop()
     node_out = b.op("GroupQueryAttention", *inputs, domain=MS, outputs=3, num_heads=p["num_heads"],
-                    kv_num_heads=p["kv_heads"], scale=float(np.float32(p["scale"])), causal=0)
+                    kv_num_heads=p["kv_heads"], scale=float(np.float32(p["scale"])), causal=0,
+                    **({"softcap": float(np.float32(p["softcap"]))} if p["softcap"] else {}))
     y = node_out[0]
     node = y.producer()
     if p["cached"]:

@@ -171,7 +171,7 @@ def test_not_for_portable_and_cuda():
 
 # The zoo's exported decoders: batch 2, kv feeds left-padded, prefill feeds right-padded (models/decoder_models.py)
 ZOO_FIRES = ["llama-kv-legacy", "llama-kv-dynamo", "llama-prefill-legacy", "llama-prefill-dynamo",
-             "llama-mha-kv-legacy", "mistral-kv-dynamo", "qwen2-kv-legacy", "phi3-kv-dynamo"]
+             "llama-mha-kv-legacy", "mistral-kv-dynamo", "qwen2-kv-legacy", "phi3-kv-dynamo", "gemma2-kv-legacy"]
 
 
 @pytest.mark.parametrize("name", ZOO_FIRES)
