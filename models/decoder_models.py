@@ -19,13 +19,17 @@ heads: grouped-query attention; vocabulary 512):
                layer type
     mistral    MistralForCausalLM: sliding window 8 on every layer
 
-Two forms (``FORMS``):
+Three forms (``FORMS``):
 
     prefill  input_ids, attention_mask, position_ids [batch, sequence] -> logits [batch, sequence, vocab];
              no cache
     kv       one decode step: input_ids, position_ids [batch, 1], attention_mask [batch, past + 1],
              past_key_values.N.key/value [batch, kv_heads, past, head_dim] -> logits [batch, 1, vocab],
              present.N.key/value [batch, kv_heads, past + 1, head_dim] (onnxruntime-genai's names, BNSH)
+    chunk    any number of new tokens after a past (empty for a prompt): input_ids, position_ids
+             [batch, sequence], attention_mask [batch, past + sequence], past as kv -> logits [batch, sequence,
+             vocab], present [batch, kv_heads, past + sequence, head_dim]: what onnxruntime-genai's generator
+             runs (the prompt with an empty past, then one token at a time)
 
 The kv form's wrapper (``CacheStep``) takes the flat past tensors, builds a ``DynamicCache`` of plain
 (full) layers inside forward, and returns the flat presents: presents are always past + 1 long; the
@@ -57,7 +61,8 @@ import numpy as np
 from .transformers_models import OPSET, _export_torch, import_transformers
 
 ARCHS = ("llama", "llama-mha", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "mistral")
-FORMS = ("prefill", "kv")
+FORMS = ("prefill", "kv", "chunk")
+ZOO_FORMS = ("prefill", "kv")  # the zoo's decoders (chunk: exported where a test or benchmark needs it)
 EXPORTERS = ("legacy", "dynamo")
 
 # transformers class names: (config class, model class)
@@ -95,6 +100,7 @@ TINY_EXTRA = {
 # Feeds: prefill batch 2 of 16 tokens; kv: one new token after a past of 12 (both longer than the window)
 PREFILL_SEQ = 16
 KV_PAST = 12
+CHUNK_NEW = 3  # chunk feeds: three new tokens after the kv past
 
 
 def tiny_config(arch: str) -> dict:
@@ -161,7 +167,7 @@ def io_names(form: str, layers: int) -> tuple[list[str], list[str]]:
     names = ["input_ids", "attention_mask", "position_ids"]
     if form == "prefill":
         return names, ["logits"]
-    if form != "kv":
+    if form not in ("kv", "chunk"):
         raise ValueError(f"unknown form {form!r}; known: {', '.join(FORMS)}")
     past = [f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
     present = [f"present.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
@@ -200,7 +206,7 @@ def wrap(form: str, model):
 
     if form == "prefill":
         return Prefill(model).eval()
-    if form == "kv":
+    if form in ("kv", "chunk"):
         return CacheStep(model).eval()
     raise ValueError(f"unknown form {form!r}; known: {', '.join(FORMS)}")
 
@@ -235,10 +241,11 @@ def kv_prefix(vocab_size: int, batch: int = 2, past: int = KV_PAST, *, seed: int
     return ids, mask, pos, rng.integers(3, vocab_size, size=(batch, 1), dtype=np.int64)
 
 
-def kv_feeds(model, batch: int = 2, past: int = KV_PAST, *, seed: int = 0, pad_id: int = 0) -> dict[str, np.ndarray]:
+def kv_feeds(model, batch: int = 2, past: int = KV_PAST, *, seed: int = 0, pad_id: int = 0,
+             new: int = 1) -> dict[str, np.ndarray]:
     """One decode step after a real past: the prefix of ``kv_prefix`` run through the torch ``model`` for its
-    cache (a DynamicCache of full layers); then one new token per row, attention_mask [batch, past + 1],
-    position_ids [batch, 1] = the real tokens before it."""
+    cache (a DynamicCache of full layers); then ``new`` new tokens per row, attention_mask [batch, past + new],
+    position_ids [batch, new] = the real tokens before each."""
     import torch
 
     tf = import_transformers()
@@ -248,9 +255,12 @@ def kv_feeds(model, batch: int = 2, past: int = KV_PAST, *, seed: int = 0, pad_i
         out = model(input_ids=torch.from_numpy(prefix_ids), attention_mask=torch.from_numpy(prefix_mask),
                     position_ids=torch.from_numpy(prefix_pos), past_key_values=tf.DynamicCache(), use_cache=True,
                     return_dict=True)
+    if new > 1:
+        new_ids = np.concatenate([new_ids, np.random.default_rng(seed + 1).integers(
+            3, model.config.vocab_size, size=(batch, new - 1), dtype=np.int64)], axis=1)
     feeds = {"input_ids": new_ids,
-             "attention_mask": np.concatenate([prefix_mask, np.ones((batch, 1), np.int64)], axis=1),
-             "position_ids": prefix_mask.sum(axis=1, keepdims=True).astype(np.int64)}
+             "attention_mask": np.concatenate([prefix_mask, np.ones((batch, new), np.int64)], axis=1),
+             "position_ids": (prefix_mask.sum(axis=1, keepdims=True) + np.arange(new)).astype(np.int64)}
     for i, layer in enumerate(out.past_key_values.layers):
         for kv, t in (("key", layer.keys), ("value", layer.values)):
             a = t.detach().numpy().astype(np.float32)
@@ -268,6 +278,8 @@ def feeds(form: str, model, batch: int = 2, length: int | None = None, *, seed: 
         return prefill_feeds(model.config.vocab_size, batch, length or PREFILL_SEQ, seed=seed, pad_id=pad)
     if form == "kv":
         return kv_feeds(model, batch, length or KV_PAST, seed=seed, pad_id=pad)
+    if form == "chunk":
+        return kv_feeds(model, batch, length or KV_PAST, seed=seed, pad_id=pad, new=CHUNK_NEW)
     raise ValueError(f"unknown form {form!r}; known: {', '.join(FORMS)}")
 
 
@@ -331,6 +343,25 @@ def _kv_shapes(names):
     return ({0: batch}, {0: batch, 1: past + 1}, {0: batch}, tuple({0: batch, 2: past} for _ in names[3:]))
 
 
+def _chunk_axes(names, outs) -> dict:
+    axes = _kv_axes(names, outs)
+    axes.update({n: {0: "batch", 1: "sequence"} for n in ("input_ids", "position_ids", "logits")})
+    return axes
+
+
+def _chunk_shapes(names):
+    import torch
+
+    batch, seq = torch.export.Dim("batch", min=1, max=1024), torch.export.Dim("sequence", min=1, max=4096)
+    past = torch.export.Dim("past_sequence", min=2, max=4096)
+    total = torch.export.Dim("total_sequence", min=3, max=8192)  # (torch.export adds no Dim to a Dim: past + seq)
+    return ({0: batch, 1: seq}, {0: batch, 1: total}, {0: batch, 1: seq},
+            tuple({0: batch, 2: past} for _ in names[3:]))
+
+
+_AXES = {"prefill": (_prefill_axes, _prefill_shapes), "kv": (_kv_axes, _kv_shapes), "chunk": (_chunk_axes, _chunk_shapes)}
+
+
 def export_module(model, form: str, path: str | Path, exporter: str = "legacy", *, opset: int | None = None,
                   seed: int = 0) -> Path:
     """Export the built torch ``model`` in ``form`` to the single file ``path`` (traced on the feeds of ``seed``)."""
@@ -341,7 +372,7 @@ def export_module(model, form: str, path: str | Path, exporter: str = "legacy", 
     names, outs = io_names(form, dims(model)[0])
     feed = feeds(form, model, seed=seed)
     args = tuple(torch.from_numpy(np.ascontiguousarray(feed[n])) for n in names)
-    axes, shapes = (_prefill_axes, _prefill_shapes) if form == "prefill" else (_kv_axes, _kv_shapes)
+    axes, shapes = _AXES[form]
     return _export_torch(wrap(form, model), args, path, exporter, opset or OPSET[exporter], names, outs, axes, shapes)
 
 

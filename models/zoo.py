@@ -142,7 +142,7 @@ for _kind, (_desc, _inputs) in _TEXT.items():
 
 # Decoder LLMs, tiny configs (decoder_models): prefill (no cache) and kv (one decode step, genai's cache names)
 for _arch in decoder_models.ARCHS:
-    for _form in decoder_models.FORMS:
+    for _form in decoder_models.ZOO_FORMS:
         for _exp in ("legacy", "dynamo"):
             SPECS.append(ModelSpec(
                 f"{_arch}-{_form}-{_exp}", "decoder",

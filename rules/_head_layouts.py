@@ -41,6 +41,7 @@ class Layouts:
         self.sizes: dict[str, int | None] = {}
         self.layouts: dict[ir.Value, list[tuple]] = {}  # every value whose layout is known
         self.sources: dict[ir.Value, tuple[str, str]] = {}  # projection -> (batch atom, length atom)
+        self.sum_of = None  # (element, element) -> the element their sum is, or None (see _element)
 
     def size(self, atom: str) -> int | None:
         return self.sizes.get(atom)
@@ -128,15 +129,25 @@ def _number(ctx: Layouts, element) -> int | None:
     return size
 
 
-def _scalar(ctx: Layouts, value: ir.Value, depth: int = 0) -> int | None:
-    """A scalar computed from the heads' dimensions by Add/Sub/Mul/Div (a legacy export's head count
-    ``Div(Gather(Shape(q), 1), n_rep)``), as a number."""
+def _element(ctx: Layouts, value: ir.Value, depth: int = 0):
+    """A scalar as a target element: a number, a dimension read (``("dim", value, k)``), or arithmetic on
+    them: Add/Sub/Mul/Div of numbers and of dimensions whose heads' group has a known size (a legacy export's
+    head count ``Div(Gather(Shape(q), 1), n_rep)``), or a sum of dimensions that ``ctx.sum_of`` names (a
+    decoder's keys, past + new); else None."""
+    element = scalar_element(value)
     node = value.producer()
-    if node is None or depth > 6 or node.domain not in ("", "ai.onnx") or node.op_type not in _ARITHMETIC \
-            or len(node.inputs) != 2:
-        return _number(ctx, scalar_element(value)) if scalar_element(value) is not None else None
-    a, c = (_scalar(ctx, v, depth + 1) for v in node.inputs)
-    return _ARITHMETIC[node.op_type](a, c) if a is not None and c is not None else None
+    if element is not None or node is None or depth > 6 or node.domain not in ("", "ai.onnx") \
+            or node.op_type not in _ARITHMETIC or len(node.inputs) != 2:
+        return element
+    a, c = (_element(ctx, v, depth + 1) for v in node.inputs)
+    if a is None or c is None:
+        return None
+    na, nc = _number(ctx, a), _number(ctx, c)
+    if na is not None and nc is not None:
+        return _ARITHMETIC[node.op_type](na, nc)
+    if node.op_type == "Add" and ctx.sum_of is not None:
+        return ctx.sum_of(a, c)
+    return None
 
 
 def target_elements(ctx: Layouts, value: ir.Value | None) -> list | None:
@@ -151,9 +162,11 @@ def target_elements(ctx: Layouts, value: ir.Value | None) -> list | None:
     if node.op_type == "Concat":
         parts = [target_elements(ctx, v) for v in node.inputs]
         return None if any(p is None for p in parts) else [e for p in parts for e in p]
-    if node.op_type == "Unsqueeze":
-        number = _scalar(ctx, node.inputs[0])
-        return None if number is None else [number]
+    if node.op_type == "Unsqueeze" or node.op_type == "Reshape" and len(node.inputs) == 2 \
+            and constant_tensor(node.inputs[1]) is not None \
+            and constant_tensor(node.inputs[1]).numpy().reshape(-1).tolist() in ([1], [-1]):
+        element = _element(ctx, node.inputs[0])  # (a scalar made 1-D)
+        return None if element is None else [element]
     if node.op_type == "Where" and len(node.inputs) == 3:
         return _minus_one_replaced(ctx, node)
     return None

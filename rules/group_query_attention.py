@@ -195,17 +195,19 @@ def _length_sources(m: Match, ctx: Layouts) -> None:
     """Graph inputs [B, T] (the attention mask: dynamo's repeat_kv reads its lengths from it) and [B, S]
     known by their dimensions' symbols, so a Reshape/Expand target reading them is understood."""
     xq, cat = m["xq"], m.node("k_cat")
+    if cat is not None:
+        ctx.sum_of = lambda a, c: _keys_length(m, ctx, a, c)
     for p in ("q", "k", "v"):  # the projections and what they project: [B, S, ...]
         for a in ancestors(m[f"x{p}"], m.opsets):
             ctx.sources.setdefault(a, ("B", "S"))
     for g in m.graph.inputs:
-        if g.shape is not None and len(g.shape) > 2 and same_symbol(g, 0, xq, 0):
+        if g.shape is not None and len(g.shape) > 2 and _same_dim(g, 0, xq, 0):
             # (a past of any layer: exporters read the batch from one for all; its other dimensions are
             # atoms of their own, which no layout of the heads has)
             ctx.layouts.setdefault(g, [("B",)] + [(f"{g.name}[{k}]",) for k in range(1, len(g.shape))])
-        if g.shape is None or len(g.shape) != 2 or not same_symbol(g, 0, xq, 0):
+        if g.shape is None or len(g.shape) != 2 or not _same_dim(g, 0, xq, 0):
             continue
-        if same_symbol(g, 1, xq, 1):
+        if _same_dim(g, 1, xq, 1):
             ctx.sources.setdefault(g, ("B", "S"))
         elif cat is not None and same_symbol(g, 1, cat.outputs[0], 2):
             ctx.sources.setdefault(g, ("B", "T"))
@@ -226,6 +228,32 @@ def _unexpanded(m: Match, mask: ir.Value) -> tuple[ir.Value, ir.Node | None]:
                 and all(constant_tensor(v) is not None for v in node.inputs[1:]):
             return inner.inputs[0], node
     return mask, None
+
+
+def _same_dim(a: ir.Value, k: int, x: ir.Value, j: int) -> bool:
+    """Dimension k of a is dimension j of x: the same number, or the same named symbol."""
+    if a.shape is None or x.shape is None or not (-len(a.shape) <= k < len(a.shape) and -len(x.shape) <= j < len(x.shape)):
+        return False
+    da, dx = a.shape[k], x.shape[j]
+    if isinstance(da, int) or isinstance(dx, int):
+        return da == dx
+    return same_symbol(a, k, x, j)
+
+
+def _keys_length(m: Match, ctx: Layouts, a, c):
+    """past + new, read from a past's sequence dimension and the new tokens' (dynamo's ``sym_size`` sum), is
+    the keys' length T: the cache Concat's sequence dimension."""
+    past = m["past_k"]
+    for x, y in ((a, c), (c, a)):
+        if isinstance(x, int) or isinstance(y, int) or not same_symbol(x[1], x[2], past, 2):
+            continue
+        try:
+            new = group_of_dim(ctx, y)
+        except NoFit:
+            continue
+        if ctx.norm([new])[0] == ctx.norm([("S",)])[0] and ctx.norm([("S",)])[0]:
+            return ("dim", m.node("k_cat").outputs[0], 2)
+    return None
 
 
 def _mask_dims(m: Match, ctx: Layouts, mask: ir.Value, t_of: ir.Value, t_axis: int):
