@@ -12,12 +12,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
 import onnx_ir as ir
 
-from onnxopt.ir import io
+from onnxopt.ir import genai, io
 from onnxopt.transforms import edges as layouts
 from onnxopt.core import pipeline
 from onnxopt.library import registry
@@ -290,6 +291,8 @@ class _Run:
     memory: dict | None = None
     edited: dict | None = None
     plan: Any = None  # onnxopt.ir.io.plan_give_back's: the outputs claimed before the work
+    genai: Any = None  # onnxopt.ir.genai.claim's files (with ``genai``), and the Outputs this run commits
+    own_outputs: Any = None
     result: Any = None  # onnxopt.core.pipeline.run's
     fp16: Any = None
     before: dict | None = None
@@ -384,8 +387,19 @@ def _plan_output(run: _Run) -> None:
     """The output claimed before the work (a clash is an error now, and a failure later leaves
     nothing): ``onnxopt.ir.io.plan_give_back``."""
     read = [(run.verify_options or {}).get("inputs")] if run.verify else []  # (the verifier's inputs file)
-    run.plan = io.plan_give_back(run.loaded, run.output, external_data=run.options.save.external_data,
-                                 outputs=run.options.save.outputs, also_read=read)
+    save = run.options.save
+    outputs = save.outputs
+    if save.genai is not None:  # the genai files are committed with the model: one Outputs for all of them
+        if run.output is None:
+            raise UsageError("genai= writes files beside the output: give output=")
+        folder = genai.check_folder(save.genai)
+        genai.config(run.loaded.model, folder, Path(run.output).name)  # (not a decoder: one line, before the work)
+        if outputs is None:
+            outputs = run.own_outputs = io.Outputs()
+    run.plan = io.plan_give_back(run.loaded, run.output, external_data=save.external_data,
+                                 outputs=outputs, also_read=read)
+    if save.genai is not None:
+        run.genai = genai.claim(outputs, run.output, folder)
 
 
 def _rewrite(run: _Run) -> None:
@@ -497,6 +511,11 @@ def _save(run: _Run) -> None:
     """The result written (atomically, with the outputs planned) or converted to the input's kind."""
     run.progress(f"saving {run.output}" if run.output is not None else "converting the result")
     run.out = io.give_back(run.loaded, run.output, run.plan)
+    if run.genai is not None:
+        made = genai.config(run.loaded.model, Path(run.options.save.genai), Path(run.output).name)
+        genai.stage(run.plan.outputs, run.genai, made)
+    if run.own_outputs is not None:
+        run.own_outputs.commit()
 
 
 # optimize()'s flow, in order: a stage is a function of the run (adding a stage is adding an entry)
@@ -518,6 +537,8 @@ def _optimize(model, output, opts: OptimizeOptions, edges):
     except BaseException:
         if run.plan is not None and run.plan.own:
             run.plan.outputs.abort()  # the claimed output's staging goes; nothing was written
+        if run.own_outputs is not None:
+            run.own_outputs.abort()
         raise
     run.clock["end"] = time.perf_counter()
     if not run.return_report:

@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 from onnxopt import targets
 from onnxopt import verify as verifier
 from onnxopt.errors import UsageError
-from onnxopt.ir import evaluate
+from onnxopt.ir import evaluate, genai
 from onnxopt.ir import input_shapes as shapes
 from onnxopt.transforms import edges as layouts
 
@@ -137,6 +137,11 @@ def keyword_of(f: dataclasses.Field, opt: Option) -> str | None:
 def _input_shapes(value, key):
     parsed = shapes.normalize(value)
     return [f"{name}={shapes.format_dims(dims)}" for name, dims in parsed.items()]
+
+
+def _genai_folder(value, key):
+    genai.check_folder(value)  # (one line: not a folder, no config.json, no tokenizer)
+    return str(value)
 
 
 def _layout(value, key):
@@ -297,6 +302,12 @@ class SaveOptions:
         exclusive=True, from_cli=lambda args: False if args.single_file else args.external_data,
         key="external_data", kind="boolean|string", about="true: weights in OUTPUT.data; a file name: weights "
         "there; false: one file (--single-file)")
+    genai: str | None = option(
+        None, flags=("--genai",), argparse={"metavar": "HF_FOLDER"},
+        help="also write onnxruntime-genai's genai_config.json and the tokenizer of this Hugging Face folder "
+             "(the one the decoder was exported from) beside OUTPUT: OUTPUT's folder runs in onnxruntime-genai",
+        key="genai", kind="string", about="the Hugging Face folder a decoder was exported from: "
+        "genai_config.json and its tokenizer written beside the output (path)", path=True, check=_genai_folder)
     check: bool = option(True)
     inplace: bool = option(False)
     outputs: Any = option(None)  # an onnxopt.ir.io.Outputs

@@ -115,6 +115,7 @@ MAIN_CASES = [
     ("external_data", 'external_data = "w.bin"', lambda kw, d: kw["external_data"] == "w.bin"),
     ("external_data", "external_data = false", lambda kw, d: kw["external_data"] is False),
     ("external_data", "external_data = true", lambda kw, d: kw["external_data"] is True),
+    ("genai", 'genai = "hf"', lambda kw, d: kw["genai"] == str(d / "hf")),
     ("input_shapes", "[input_shapes]\nx = [1, 3, 8, 8]", lambda kw, d: kw["input_shapes"] == {"x": (1, 3, 8, 8)}),
     ("input_shapes", '[input_shapes]\nx = "n,3,8,8"', lambda kw, d: kw["input_shapes"] == {"x": ("n", 3, 8, 8)}),
     ("layout.input", '[layout]\ninput = {x = "NHWC"}', lambda kw, d: kw["input_layout"] == {"x": "NHWC"}),
@@ -171,6 +172,9 @@ def test_each_key_reaches_optimize(key, text, ok, src, tmp_path, seen, capsys, m
     folder.mkdir()
     (folder / "my_rules.py").write_text(USER_RULES)
     (folder / "feeds.npz").write_bytes(b"")
+    (folder / "hf").mkdir()  # (a Hugging Face folder as --genai checks it: a config and a tokenizer)
+    for name in ("config.json", "tokenizer.json"):
+        (folder / "hf" / name).write_text("{}")
     cfg = write(folder, text)
     monkeypatch.chdir(tmp_path)  # (relative paths are the file's, not the working folder's)
     code, _, err = run_main(capsys, src, "-o", tmp_path / "out.onnx", "-c", cfg)

@@ -1,0 +1,107 @@
+"""``--genai HF_FOLDER`` (onnxopt/ir/genai.py): an exported decoder, optimized (GroupQueryAttention), written
+with genai_config.json and the tokenizer, runs in onnxruntime-genai and generates what transformers generates.
+
+The decoder: the tiny Llama-style Hugging Face folder of scripts/bench/_genai.py (the peer's test model),
+exported in the chunk form (models/decoder_models.py: the prompt with an empty past, then one token at a
+time), batch fixed to 1 (``--input-shape input_ids=1,sequence``: onnxruntime's GroupQueryAttention takes
+several new tokens after a past only at batch 1). Skips, saying why, without onnxruntime-genai or torch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from scripts.bench import _genai
+
+og = pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed (setup.cfg's genai extra: "
+                                                     "pip install -e '.[genai]')")
+pytest.importorskip("torch", reason="the decoder is exported from transformers (the export extra)")
+pytest.importorskip("tokenizers", reason="the test folder's tokenizer is made with tokenizers")
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = "def main(argv):\n    parser = "
+NEW_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """(the Hugging Face folder, its chunk export, transformers' greedy tokens for PROMPT)."""
+    root = tmp_path_factory.mktemp("genai-out")
+    hf_dir = _genai.write_tiny_llama(root / "hf")
+    _genai.skip_torchvision_meta_registrations()
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from onnxopt.models import decoder_models
+
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    path = decoder_models.export_module(hf, "chunk", root / "chunk.onnx", "legacy")
+    ids = AutoTokenizer.from_pretrained(hf_dir)(PROMPT).input_ids
+    with torch.no_grad():
+        gen = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                          max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
+    return hf_dir, path, ids, gen[0, len(ids):].tolist()
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "onnxopt", *map(str, args)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
+
+
+def test_genai_runs_the_optimized_decoder_and_generates_transformers_tokens(exported, tmp_path):
+    hf_dir, path, ids, expected = exported
+    out = tmp_path / "out"
+    out.mkdir()
+    r = _cli(path, "-o", out / "model.onnx", "--target", "ort-cpu", "--input-shape", "input_ids=1,sequence",
+             "--genai", hf_dir)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert {p.name for p in out.iterdir()} == {"model.onnx", "genai_config.json", "tokenizer.json",
+                                               "tokenizer_config.json"}
+    proto = onnx.load(out / "model.onnx")
+    onnx.checker.check_model(proto)
+    ops = [n.op_type for n in proto.graph.node]
+    assert ops.count("GroupQueryAttention") == 2 and "Softmax" not in ops
+    cfg = json.loads((out / "genai_config.json").read_text())
+    dec = cfg["model"]["decoder"]
+    assert (dec["num_hidden_layers"], dec["num_attention_heads"], dec["num_key_value_heads"], dec["head_size"]) \
+        == (2, 4, 2, 16)
+    assert dec["inputs"]["position_ids"] == "position_ids" and cfg["search"]["past_present_share_buffer"] is False
+    assert cfg["model"]["eos_token_id"] == 1 and cfg["model"]["context_length"] == 256
+
+    model = _genai.load_model(out, threads=1)
+    assert list(og.Tokenizer(model).encode(PROMPT)) == ids
+    assert _genai.greedy_tokens(model, [ids], NEW_TOKENS) == [expected]
+
+
+def test_the_original_export_generates_the_same_in_genai(exported, tmp_path):
+    """The reference the optimized folder is held to: the unoptimized export with the same config."""
+    hf_dir, path, ids, expected = exported
+    out = tmp_path / "orig"
+    out.mkdir()
+    from onnxopt import optimize
+
+    optimize(str(path), str(out / "model.onnx"), target="portable", genai=str(hf_dir))
+    model = _genai.load_model(out, threads=1)
+    assert _genai.greedy_tokens(model, [ids], NEW_TOKENS) == [expected]
+
+
+def test_bad_genai_input_is_one_line_and_nothing_is_written(exported, tmp_path):
+    from onnx import TensorProto, helper
+
+    hf_dir, path, _, _ = exported
+    plain = tmp_path / "plain.onnx"  # no cache: not what genai runs
+    graph = helper.make_graph([helper.make_node("Cast", ["input_ids"], ["logits"], to=TensorProto.FLOAT)], "g",
+                              [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "s"])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["b", "s"])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), plain)
+    for model, folder, want in ((path, tmp_path / "missing", "not a folder"), (path, tmp_path, "no config.json"),
+                                (plain, hf_dir, "not a decoder with onnxruntime-genai's names")):
+        r = _cli(model, "-o", tmp_path / "o.onnx", "--genai", folder)
+        assert r.returncode == 2 and want in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain.onnx"]
