@@ -50,7 +50,7 @@ from onnxopt.rules._attention_parts import (MAX_VIEWS, MS, attention_output, dim
 from onnxopt.rules._head_layouts import (Layouts, NoFit, ancestors, apply_view, dtype_through, finite_mask, group_of_dim,
                                          scale_factor, scale_refusal, show_layout, split_heads, target_elements,
                                          zero_masked_rows)
-from onnxopt.rules._semantic import kernel
+from onnxopt.rules._semantic import earlier, kernel
 from onnxopt.targets import ORT_CPU
 
 PRESENT_KEY = "onnxopt.present_of"  # on the fused node: the names of the Concats its present outputs replace
@@ -371,7 +371,10 @@ def gqa_condition(m: Match):
         if rot is not None and not one_reader(rot.inputs[0]):
             return f"the rotated {p.upper()}'s input is read elsewhere"
     guarded = m.node("guard") is not None
-    return {"xq": xq, "xk": m["xk"], "xv": m["xv"], "dtype": dtype, "scale": scale, "mask": mask,
+    want = ("B", "T") if cached else ("B", "S")
+    length_input = next((g for g in m.graph.inputs if ctx.sources.get(g) == want), None)
+    new_input = next((g for g in m.graph.inputs if ctx.sources.get(g) == ("B", "S")), None)
+    return {"length_input": length_input, "new_input": new_input,"xq": xq, "xk": m["xk"], "xv": m["xv"], "dtype": dtype, "scale": scale, "mask": mask,
             "expand": expand, "keep_guard": guarded and mask is not None and not finite_mask(mask),
             "num_heads": ctx.size("G") * (ctx.size("R") or 1), "kv_heads": ctx.size("G"), "head": ctx.size("D"),
             "cached": cached, "softcap": softcap, "unexpanded": m.plan_mask, "sizes": {a: ctx.size(a) for a in ("B", "S")}}
@@ -400,21 +403,41 @@ def _rotate(m: Match, b, p: str, heads: int) -> ir.Value:
 
 def _lengths(m: Match, b) -> tuple[ir.Value, ir.Value]:
     """(S, T) as 1-D int64 [1] values, T = past + S (constants where the sizes are known), built once per
-    rewrite (two equal Shape nodes would be one rewrite twice to the fixpoint driver)."""
-    xq, sizes = m.plan["xq"], m.plan["sizes"]
-    new = _i64(b, [sizes["S"]], "gqa_new_length") if sizes["S"] is not None else b.op("Shape", xq, start=1, end=2)
+    rewrite (two equal Shape nodes would be one rewrite twice to the fixpoint driver); T read once for every
+    layer from a graph input that carries it (the attention mask [B, T]; the ids [B, S] without a cache)."""
+    xq, sizes, src, ids = m.plan["xq"], m.plan["sizes"], m.plan["length_input"], m.plan["new_input"]
+    if sizes["S"] is not None:
+        new = _i64(b, [sizes["S"]], "gqa_new_length")
+    elif ids is not None:  # (the new tokens' count from a graph input: one Shape for every layer)
+        name = f"{ids.name}_gqa_new_length"
+        new = earlier(m, name) or b.name(b.op("Shape", ids, start=1, end=2), name)
+    else:
+        new = b.op("Shape", xq, start=1, end=2)
+    if src is not None:
+        name = f"{src.name}_gqa_total_length"
+        return new, earlier(m, name) or b.name(b.op("Shape", src, start=1, end=2), name)
     if not m.plan["cached"]:
         return new, new
     return new, b.op("Add", b.op("Shape", m["past_k"], start=2, end=3), new)
 
 
 def _sequence_lengths(m: Match, b, total: ir.Value) -> tuple[ir.Value, ir.Value]:
-    """(seqlens_k [B] = T - 1 for every row, total_sequence_length = T) as int32."""
+    """(seqlens_k [B] = T - 1 for every row, total_sequence_length = T) as int32 (once for every layer where
+    T is read from a graph input)."""
+    src = m.plan["length_input"]
+    if src is not None:
+        names = f"{src.name}_gqa_seqlens_k", f"{src.name}_gqa_total_sequence_length"
+        found = [earlier(m, n) for n in names]
+        if all(v is not None for v in found):
+            return found[0], found[1]
     batch = m.plan["sizes"]["B"]
-    rows = _i64(b, [batch], "gqa_batch") if batch is not None else b.op("Shape", m.plan["xq"], start=0, end=1)
+    rows = _i64(b, [batch], "gqa_batch") if batch is not None else \
+        b.op("Shape", src if src is not None else m.plan["xq"], start=0, end=1)
     last = b.op("Expand", b.op("Sub", total, _i64(b, [1], "gqa_one")), rows)
     seqlens = b.op("Cast", last, to=int(ir.DataType.INT32))
     scalar = b.op("Cast", b.op("Reshape", total, _i64(b, [], "gqa_scalar")), to=int(ir.DataType.INT32))
+    if src is not None:
+        seqlens, scalar = b.name(seqlens, names[0]), b.name(scalar, names[1])
     return seqlens, scalar
 
 
@@ -424,7 +447,12 @@ def _bias(m: Match, b, new: ir.Value, total: ir.Value) -> ir.Value | None:
         return None
     if m.plan["unexpanded"] is not None:
         inner, where = m.plan["unexpanded"]
-        mask = inner if where is None else b.op("Where", inner, *where.inputs[1:])
+        if where is not None:
+            mask = b.op("Where", inner, *where.inputs[1:])
+            mask.type, mask.shape = ir.TensorType(m.plan["dtype"]), inner.shape
+        else:
+            mask = inner
+    m.plan["guard_mask"] = mask  # (the rows no key reaches are read from it: one factor for every head)
     if m.plan["keep_guard"]:  # -inf -> the lowest finite value: no NaN rows (the guard's Mul zeroes them)
         lowest = np.array(np.finfo(m.plan["dtype"].numpy()).min, m.plan["dtype"].numpy())
         mask = b.op("Max", mask, b.const(lowest, name="attention_mask_floor"))
@@ -459,7 +487,9 @@ def gqa_replacement(m: Match, b):
             cat = m.node(name).outputs[0]
             node_out[k].type, node_out[k].shape = cat.type, cat.shape
     if p["keep_guard"]:
+        original, p["mask"] = p["mask"], p.get("guard_mask", p["mask"])
         y = zero_masked_rows(m, b, y, lead)
+        p["mask"] = original
     shape = infer(root, m.opsets)
     y.type = root.type if root.type is not None else ir.TensorType(p["dtype"])
     if shape is not None and len(shape) == 3:
