@@ -177,7 +177,7 @@ def _condition(m: Match):
         return f"x has rank {rank}, not 4 ([batch, heads, sequence, head])"
     out, q, rot = add.outputs[0], x, h
     nodes = [neg, cat, mul_s, mul_c, add]
-    halves = {slice_2, slice_1}
+    halves = list(dict.fromkeys((slice_2, slice_1)))  # (ordered: the rewrite's node order, and so its bytes)
     # partial rotary: x = q[..., :rot], the result concatenated with q[..., rot:]
     tail = _sole_reader(add.outputs[0], graph, "Concat")
     xs = x.producer()
@@ -192,7 +192,7 @@ def _condition(m: Match):
                 and pass_[0] == h and pass_[1] >= width:
             out, q, rot = tail.outputs[0], full, h
             nodes += [tail]
-            halves |= {xs, rest}
+            halves += [n for n in (xs, rest) if n not in halves]
     # the halves' Slices/Split go when only this expression reads them
     for node in halves:
         if all(u.node in nodes or u.node in halves for o in node.outputs for u in o.uses()):

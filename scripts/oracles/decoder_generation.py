@@ -80,7 +80,8 @@ def _genai_row(work: Path, steps: int, export: str, prompts: list) -> dict:
                              steps=steps, prompts=prompts, folders=(None, str(out)))
     return {**row, "ok": res["ok"], "tokens_identical": res["tokens_identical"],
             "tokens_compared": res["tokens_compared"], "first_divergence": res["first_divergence"],
-            "logits_max_abs": res["logits"]["max_abs"], "rotary_embedding": "-", "prompts": "held-out files",
+            "logits_max_abs": res["logits"]["max_abs"], "rotary_embedding": "-", "group_query_attention": "-",
+            "prompts": "held-out files",
             "builder": built.get("command")}
 
 
@@ -124,6 +125,7 @@ def main(argv=None) -> int:
                              "tokens_identical": res["tokens_identical"], "tokens_compared": res["tokens_compared"],
                              "first_divergence": res["first_divergence"], "logits_max_abs": res["logits"]["max_abs"],
                              "rotary_embedding": (report.fusions.get("rotary_embedding") or {}).get("hits"),
+                             "group_query_attention": (report.fusions.get("group_query_attention") or {}).get("hits"),
                              "prompts": "held-out files" if prompts else "generated",
                              "seconds": round(time.perf_counter() - t0, 2)})
                 print(json.dumps(rows[-1]), flush=True)
@@ -136,16 +138,17 @@ def main(argv=None) -> int:
     Path(args.json).write_text(json.dumps(doc, indent=1))
     lines = [f"# Greedy generation after `--target {args.target}`: {args.steps} steps x 8 prompts, each model with "
              f"its own cache ({doc['date']})", "",
-             "| model | precision | tokens identical | first divergence | logits max abs | rotary fused |",
-             "|---|---|---:|---|---:|---:|"]
+             "| model | precision | tokens identical | first divergence | logits max abs | rotary fused | GQA fused |",
+             "|---|---|---:|---|---:|---:|---:|"]
     for r in rows:
         if "skipped" in r:
-            lines.append(f"| {r['model']} | - | {r['skipped']} | | | |")
+            lines.append(f"| {r['model']} | - | {r['skipped']} | | | | |")
             continue
         fd = r["first_divergence"]
         where = "-" if fd is None else f"prompt {fd['prompt']} step {fd['step']}"
         lines.append(f"| {r['model']} | {r['precision']} | {r['tokens_identical']} / {r['tokens_compared']} | "
-                     f"{where} | {r['logits_max_abs']:.2g} | {r['rotary_embedding']} |")
+                     f"{where} | {r['logits_max_abs']:.2g} | {r['rotary_embedding']} | "
+                     f"{r.get('group_query_attention', '-')} |")
     Path(args.markdown).write_text("\n".join(lines) + "\n")
     failed = [r for r in rows if r.get("ok") is False]
     print(f"{len(rows) - len(failed)} of {len(rows)} rows pass", file=sys.stderr)

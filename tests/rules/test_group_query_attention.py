@@ -194,3 +194,21 @@ def test_zoo_decoders_every_layer_and_outputs_agree(name):
     got = _session(out).run(None, feeds)
     for x, y in zip(ref, got):
         np.testing.assert_allclose(y, x, rtol=1e-4, atol=2e-5)
+
+
+def test_the_whole_optimization_of_a_decoder_gives_the_same_bytes_in_two_processes(tmp_path):
+    """(Node sets ordered by address once made the rotary rewrite's node order vary from run to run.)"""
+    import hashlib
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch", reason="the zoo's decoders are exported from transformers")
+    path = shared_zoo_model("llama-kv-legacy")
+    digests = set()
+    for i in range(2):
+        out = tmp_path / f"o{i}.onnx"
+        r = subprocess.run([sys.executable, "-m", "onnxopt", str(path), "-o", str(out), "--target", "ort-cpu", "-q"],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-1000:]
+        digests.add(hashlib.sha256(out.read_bytes()).hexdigest())
+    assert len(digests) == 1
