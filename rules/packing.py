@@ -51,7 +51,6 @@ import onnx_ir as ir
 
 from onnxopt.core.pattern import Explain, Match, Op, Rule, Var
 from onnxopt.ir.util import constant_tensor, use_count
-from onnxopt.rules._semantic import const_array
 from onnxopt.targets import ORT_CPU, ORT_CUDA
 
 ORT = (ORT_CPU, ORT_CUDA)
@@ -146,9 +145,9 @@ def _scalar(value: ir.Value | None) -> bool:
     dynamo export's scale, ``CastLike(sqrt(1/sqrt(d)), q)``, before folding)."""
     if value is None:
         return False
-    array = const_array(value)
-    if array is not None:
-        return array.size == 1
+    tensor = constant_tensor(value)
+    if tensor is not None:
+        return int(np.prod(_shape(tensor))) == 1
     node = value.producer()
     shape = value.shape
     if node is None or shape is None or any(d != 1 for d in shape):
@@ -160,7 +159,7 @@ def _scalar(value: ir.Value | None) -> bool:
         if seen > 8 or node.domain not in ("", "ai.onnx"):
             return False
         for i, v in enumerate(node.inputs):
-            if v is None or const_array(v) is not None or (node.op_type == "CastLike" and i == 1):
+            if v is None or constant_tensor(v) is not None or (node.op_type == "CastLike" and i == 1):
                 continue
             if v.producer() is None:
                 return False
@@ -188,7 +187,7 @@ def _near_softmax(value: ir.Value, forward: bool) -> bool:
         if forward:
             value = node.outputs[0]
         else:  # (the operand that is not a constant, nor IsNaN's test)
-            rest = [v for v in node.inputs if v is not None and const_array(v) is None
+            rest = [v for v in node.inputs if v is not None and constant_tensor(v) is None
                     and not _onnx(v.producer(), "IsNaN")]
             if not rest:
                 return False
@@ -198,14 +197,20 @@ def _near_softmax(value: ir.Value, forward: bool) -> bool:
 
 def _attention_packs(outs: list[ir.Value], widths: list[int]) -> bool:
     """The three projections ``outs`` are an attention's Q, K and V that attention_fusion packs itself (see
-    the module docstring)."""
+    the module docstring): two reach one MatMul (the scores, before a Softmax), the third the MatMul that
+    reads the probabilities."""
     if len(outs) != 3 or len(set(widths)) != 1:
         return False
     reached = [_through_views(v) for v in outs]
-    if any(n is None for n in reached):
+    if any(n is None for n in reached) or len(set(reached)) != 2:
         return False
-    q, k, v = reached
-    return q is k and _near_softmax(q.outputs[0], True) and _near_softmax(v.inputs[0], False)
+    scores = next(n for n in reached if reached.count(n) == 2)
+    output = next(n for n in reached if reached.count(n) == 1)
+    return _near_softmax(scores.outputs[0], True) and _near_softmax(output.inputs[0], False)
+
+
+def _shape(tensor) -> tuple:
+    return tuple(int(d) for d in tensor.shape)
 
 
 def _condition(m: Match):
@@ -216,45 +221,48 @@ def _condition(m: Match):
     dtype = m.dtype("x")
     if dtype not in _FLOATS:
         return f"x is not of a float type ({dtype.name.lower() if dtype is not None else 'unknown'})"
-    members = _graph_order(m.graph, _members(x))  # packed in graph order, the new nodes before the first
-    weights = []
+    # (the checks read the constants' shapes and types only: a weight is read when it is packed)
+    members = _members(x)
+    widths = []
     for node in members:
-        w = node.inputs[1]
-        name = node.name or node.op_type
+        w, name = node.inputs[1], node.name or node.op_type
         if not _private(w, node):
             return f"the weight of {name} is read elsewhere too (packing would copy it)"
-        array = const_array(w)
-        if array is None:
-            return f"the weight of {name} cannot be read"
-        if array.ndim != 2:
-            return f"the weight of {name} has rank {array.ndim}, not 2 (its output's other dimensions differ)"
-        if ir.DataType.from_numpy(array.dtype) != dtype:
-            return f"the weight of {name} is {array.dtype}, x is {dtype.name.lower()}"
-        if isinstance(dims[-1], int) and array.shape[0] != dims[-1]:
-            return f"the weight of {name} has {array.shape[0]} rows, x's last dimension is {dims[-1]}"
-        if array.shape[1] == 0:
+        tensor = constant_tensor(w)
+        shape = _shape(tensor)
+        if len(shape) != 2:
+            return f"the weight of {name} has rank {len(shape)}, not 2 (its output's other dimensions differ)"
+        if tensor.dtype != dtype:
+            return f"the weight of {name} is {tensor.dtype.name.lower()}, x is {dtype.name.lower()}"
+        if isinstance(dims[-1], int) and shape[0] != dims[-1]:
+            return f"the weight of {name} has {shape[0]} rows, x's last dimension is {dims[-1]}"
+        if shape[1] == 0:
             return f"{name} projects to no columns"
-        weights.append(array)
+        widths.append(shape[1])
     biases = [_bias(n) for n in members]
     packed_bias = all(b is not None for b in biases)
     if packed_bias:
-        for node, w, (add, b) in zip(members, weights, biases):
-            array = const_array(b)
-            if array is None or array.shape != (w.shape[1],) or array.dtype != w.dtype:
+        for node, n, (add, b) in zip(members, widths, biases):
+            tensor = constant_tensor(b)
+            if _shape(tensor) != (n,) or tensor.dtype != dtype:
                 packed_bias = False  # (a bias of another shape or type stays an Add of its own)
                 break
             if not _private(b, add):
                 return f"the bias of {node.name or node.op_type} is read elsewhere too (packing would copy it)"
-    widths = [w.shape[1] for w in weights]
-    outs = [add.outputs[0] for add, _ in biases] if packed_bias else [n.outputs[0] for n in members]
     if _attention_packs([b[0].outputs[0] if b is not None else n.outputs[0] for n, b in zip(members, biases)],
-                       widths):
+                        widths):
         return "an attention's Q, K and V of one width: attention_fusion packs them into com.microsoft Attention"
-    m.root = members[0]  # (the driver puts the new nodes before the root, and names them after it)
+    # packed in graph order; the driver puts the new nodes before the root (the first) and names them after it
+    order = _graph_order(m.graph, members)
+    at = {node: i for i, node in enumerate(members)}
+    members = order
+    widths = [widths[at[n]] for n in order]
+    biases = [biases[at[n]] for n in order]
+    m.root = members[0]
     m.nodes = tuple(members) + (tuple(add for add, _ in biases) if packed_bias else ())
-    m.outputs = outs
-    return {"weights": weights, "widths": widths,
-            "biases": [const_array(b) for _, b in biases] if packed_bias else None}
+    m.outputs = [add.outputs[0] for add, _ in biases] if packed_bias else [n.outputs[0] for n in members]
+    return {"weights": [n.inputs[1] for n in members], "widths": widths,
+            "biases": [b for _, b in biases] if packed_bias else None}
 
 
 def _graph_order(graph: ir.Graph, nodes: list[ir.Node]) -> list[ir.Node]:
@@ -271,10 +279,12 @@ def _graph_order(graph: ir.Graph, nodes: list[ir.Node]) -> list[ir.Node]:
 def _replace(m: Match, b):
     plan = m.plan
     name = m.root.name or "projection"
-    weight = b.const(np.concatenate(plan["weights"], axis=1), name=f"{name}_packed_weight")
+    weights = [constant_tensor(w).numpy() for w in plan["weights"]]
+    weight = b.const(np.concatenate(weights, axis=1), name=f"{name}_packed_weight")
     y = b.op("MatMul", m["x"], weight)
     if plan["biases"] is not None:
-        y = b.op("Add", y, b.const(np.concatenate(plan["biases"]), name=f"{name}_packed_bias"))
+        biases = [constant_tensor(v).numpy() for v in plan["biases"]]
+        y = b.op("Add", y, b.const(np.concatenate(biases), name=f"{name}_packed_bias"))
     sizes = np.array(plan["widths"], np.int64)
     n = len(plan["widths"])
     if m.opset("") >= 13:
