@@ -261,7 +261,7 @@ def _condition(m: Match):
     m.root = members[0]
     m.nodes = tuple(members) + (tuple(add for add, _ in biases) if packed_bias else ())
     m.outputs = [add.outputs[0] for add, _ in biases] if packed_bias else [n.outputs[0] for n in members]
-    return {"weights": [n.inputs[1] for n in members], "widths": widths,
+    return {"weights": [n.inputs[1] for n in members], "widths": widths, "axis": len(dims) - 1,
             "biases": [b for _, b in biases] if packed_bias else None}
 
 
@@ -286,11 +286,11 @@ def _replace(m: Match, b):
         biases = [constant_tensor(v).numpy() for v in plan["biases"]]
         y = b.op("Add", y, b.const(np.concatenate(biases), name=f"{name}_packed_bias"))
     sizes = np.array(plan["widths"], np.int64)
-    n = len(plan["widths"])
+    n, axis = len(plan["widths"]), plan["axis"]  # (the last, counted from the front: before opset 11 no axis is -1)
     if m.opset("") >= 13:
-        outs = b.op("Split", y, b.const(sizes, name=f"{name}_packed_sizes"), outputs=n, axis=-1)
+        outs = b.op("Split", y, b.const(sizes, name=f"{name}_packed_sizes"), outputs=n, axis=axis)
     else:
-        outs = b.op("Split", y, outputs=n, axis=-1, split=[int(s) for s in sizes])
+        outs = b.op("Split", y, outputs=n, axis=axis, split=[int(s) for s in sizes])
     return list(outs)
 
 
