@@ -140,29 +140,31 @@ def _through_views(value: ir.Value) -> ir.Node | None:
     return None
 
 
+_ELEMENTWISE = ("Cast", "CastLike", "Sqrt", "Reciprocal", "Neg", "Identity", "Mul", "Div", "Add", "Sub", "Pow")
+
+
 def _scalar(value: ir.Value | None) -> bool:
-    """``value`` is a constant of one element, or a value of one element computed from constants only (the
-    dynamo export's scale, ``CastLike(sqrt(1/sqrt(d)), q)``, before folding)."""
+    """``value`` is a constant of one element, or element-wise arithmetic of such constants (the dynamo
+    export's scale, ``CastLike(sqrt(1 / sqrt(d)), q)``, before folding; CastLike's target gives only a type)."""
     if value is None:
         return False
     tensor = constant_tensor(value)
     if tensor is not None:
         return int(np.prod(_shape(tensor))) == 1
-    node = value.producer()
-    shape = value.shape
-    if node is None or shape is None or any(d != 1 for d in shape):
-        return False
-    seen, stack = 0, [node]
-    while stack:  # (a few nodes up, every input a constant, another such node, or CastLike's target type)
+    seen, stack = 0, [value.producer()]
+    while stack:  # (a few nodes up)
         node = stack.pop()
         seen += 1
-        if seen > 8 or node.domain not in ("", "ai.onnx"):
+        if node is None or seen > 8 or not _onnx(node, *_ELEMENTWISE):
             return False
         for i, v in enumerate(node.inputs):
-            if v is None or constant_tensor(v) is not None or (node.op_type == "CastLike" and i == 1):
+            if v is None or (node.op_type == "CastLike" and i == 1):
                 continue
-            if v.producer() is None:
-                return False
+            tensor = constant_tensor(v)
+            if tensor is not None:
+                if int(np.prod(_shape(tensor))) != 1:
+                    return False
+                continue
             stack.append(v.producer())
     return True
 
