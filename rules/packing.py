@@ -21,12 +21,13 @@ too (one Add of the concatenated biases before the Split). Where only some are, 
 each biased member keeps its own Add, now reading its Split output: a zero bias for the others would turn
 a -0.0 into +0.0 and cost a wider Add for nothing.
 
-Refused, with the reason: a weight (or a packed bias) read elsewhere too (packing would copy it and keep the
-original), a member whose weight is constant but not 2-D (its output's other dimensions are not x's), weights
-of another type than x or not a float type, x of unknown rank, an empty projection. MatMuls of x by a
-weight that is not constant (activation products) are no members; a weight still computed from constants
-(the dynamo exporter's ``Transpose(W)``, which constant folding turns into an initializer) makes the group
-wait for it (not a candidate yet), so a group is packed once, whole.
+Refused, with the reason: a weight (or a packed bias) read outside the group too (packing would copy it and
+keep the original; one that only the group's members share, as a legacy export shares a zero bias, is packed
+as copies and dropped), a member whose weight is constant but not 2-D (its output's other dimensions are not
+x's), weights of another type than x or not a float type, x of unknown rank, an empty projection. MatMuls of
+x by a weight that is not constant (activation products) are no members; a weight still computed from
+constants (the dynamo exporter's ``Transpose(W)``, which constant folding turns into an initializer) makes
+the group wait for it (not a candidate yet), so a group is packed once, whole.
 
 Not packed where attention_fusion packs the group itself (rules/attention.py): exactly three projections of
 one width whose outputs each reach an attention's MatMuls (the scores for Q and K, the output for V) through
@@ -107,9 +108,10 @@ def _bias(node: ir.Node) -> tuple[ir.Node, ir.Value] | None:
     return add, other
 
 
-def _private(value: ir.Value, reader: ir.Node) -> bool:
-    """``reader`` is the only reader of ``value``, which is no graph output."""
-    return not value.is_graph_output() and all(u.node is reader for u in value.uses())
+def _private(value: ir.Value, readers: set[ir.Node]) -> bool:
+    """``value`` is read by ``readers`` only (the group's own nodes: a zero bias the exporter shares between
+    q and k is packed as two copies, the original dropped), and is no graph output."""
+    return not value.is_graph_output() and all(u.node in readers for u in value.uses())
 
 
 def _readers(value: ir.Value) -> list[ir.Node] | None:
@@ -225,10 +227,10 @@ def _condition(m: Match):
         return f"x is not of a float type ({dtype.name.lower() if dtype is not None else 'unknown'})"
     # (the checks read the constants' shapes and types only: a weight is read when it is packed)
     members = _members(x)
-    widths = []
+    widths, group = [], set(members)
     for node in members:
         w, name = node.inputs[1], node.name or node.op_type
-        if not _private(w, node):
+        if not _private(w, group):
             return f"the weight of {name} is read elsewhere too (packing would copy it)"
         tensor = constant_tensor(w)
         shape = _shape(tensor)
@@ -244,12 +246,13 @@ def _condition(m: Match):
     biases = [_bias(n) for n in members]
     packed_bias = all(b is not None for b in biases)
     if packed_bias:
+        adds = {add for add, _ in biases}
         for node, n, (add, b) in zip(members, widths, biases):
             tensor = constant_tensor(b)
             if _shape(tensor) != (n,) or tensor.dtype != dtype:
                 packed_bias = False  # (a bias of another shape or type stays an Add of its own)
                 break
-            if not _private(b, add):
+            if not _private(b, adds):
                 return f"the bias of {node.name or node.op_type} is read elsewhere too (packing would copy it)"
     if _attention_packs([b[0].outputs[0] if b is not None else n.outputs[0] for n, b in zip(members, biases)],
                         widths):

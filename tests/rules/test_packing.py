@@ -29,7 +29,7 @@ def projections(widths=WIDTHS, *, biases=(), shared_weight=False, shared_bias=Fa
                 activation=False, pending=(), unknown_rank=False, dtype=TensorProto.FLOAT, opset=17,
                 outputs_direct=False):
     """x [2, 3, K] -> MatMul(x, W_i) (+ b_i for i in ``biases``) -> Relu -> y_i. ``shared_weight``: W_0 is
-    read by another MatMul too; ``activation``: x is also multiplied by itself (x @ x^T); ``pending``: those
+    read by a MatMul of another activation too; ``activation``: x is also multiplied by itself (x @ x^T); ``pending``: those
     W_i are Transpose(W_i^T) (constant folding makes them initializers); ``outputs_direct``: the projections
     are graph outputs (no Relu)."""
     rng = np.random.default_rng(1)
@@ -56,7 +56,8 @@ def projections(widths=WIDTHS, *, biases=(), shared_weight=False, shared_bias=Fa
             nodes.append(helper.make_node("Relu", [y], [f"y{i}"]))
         outs.append(tinfo(f"y{i}", ["b", "s", n] if rank == 3 else (["b", n] if rank == 2 else rank), dtype))
     if shared_weight:
-        nodes.append(helper.make_node("MatMul", ["x", "w0"], ["z"], name="elsewhere"))
+        nodes += [helper.make_node("Neg", ["x"], ["nx"]),
+                  helper.make_node("MatMul", ["nx", "w0"], ["z"], name="elsewhere")]
         outs.append(tinfo("z", ["b", "s", widths[0]], dtype))
     if shared_bias:
         nodes.append(helper.make_node("Add", ["x", "b0"], ["zb"], name="bias_elsewhere"))
@@ -123,6 +124,19 @@ def test_where_only_some_have_a_bias_their_adds_stay():
     add = next(n for n in out.graph.node if n.op_type == "Add")
     split = next(n for n in out.graph.node if n.op_type == "Split")
     assert add.input[0] == split.output[1]  # the biased projection's own Add reads its part
+
+
+def test_a_bias_the_group_shares_is_packed_as_copies():
+    m = projections((4, 4), biases=(0, 1))
+    b1 = next(i for i in m.graph.initializer if i.name == "b1")
+    m.graph.initializer.remove(b1)
+    next(n for n in m.graph.node if n.name == "bias1").input[1] = "b0"  # (a legacy export's shared zero bias)
+    out, _ = fires("packed_projections", m, feeds=_feeds(), tol=TOL, target="ort-cpu")
+    add = next(n for n in out.graph.node if n.op_type == "Add")
+    bias = next(numpy_helper.to_array(i) for i in out.graph.initializer if i.name == add.input[1])
+    b0 = next(numpy_helper.to_array(i) for i in m.graph.initializer if i.name == "b0")
+    np.testing.assert_array_equal(bias, np.concatenate([b0, b0]))
+    assert "b0" not in {i.name for i in out.graph.initializer}
 
 
 def test_a_product_of_activations_is_no_member():
@@ -209,10 +223,11 @@ def test_encoder_qkv_is_left_to_attention_fusion():
 
 
 @pytest.mark.parametrize("name", ["llama-kv-legacy", "llama-kv-dynamo", "llama-prefill-legacy",
-                                  "llama-prefill-dynamo"])
+                                  "llama-prefill-dynamo", "qwen2-kv-dynamo"])
 def test_zoo_decoders_pack_qkv_and_gate_up(name):
     """The tiny llama (4 heads, 2 key/value heads: q 64 wide, k and v 32; the MLP 128): per layer one packed
-    QKV and one gate/up; the outputs (logits, and the presents of the kv form) are the original's."""
+    QKV and one gate/up; the outputs (logits, and the presents of the kv form) are the original's. Qwen2's
+    q/k/v have biases (zeros at transformers' init: packed, then gone as x + 0)."""
     pytest.importorskip("torch", reason="the zoo's decoders are exported from transformers")
     from onnxopt import optimize
     from onnxopt.models import zoo
