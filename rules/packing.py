@@ -17,13 +17,13 @@ the same bytes. The weights are concatenated once; the originals become unused a
 weight is held twice (models over 2 GB stay as large as they were).
 
 Biases: where every member is followed by an Add of a constant [N_i] (its only reader), the Adds are packed
-too (one Add of the concatenated biases before the Split). Where only some are, the MatMuls are packed and
+too (one Add of the concatenated biases before the Split; a bias read elsewhere too, as a legacy export shares
+equal biases between layers, is copied: N values, where a weight would be K x N). Where only some are, the MatMuls are packed and
 each biased member keeps its own Add, now reading its Split output: a zero bias for the others would turn
 a -0.0 into +0.0 and cost a wider Add for nothing.
 
-Refused, with the reason: a weight (or a packed bias) read outside the group too (packing would copy it and
-keep the original; one that only the group's members share, as a legacy export shares a zero bias, is packed
-as copies and dropped), a member whose weight is constant but not 2-D (its output's other dimensions are not
+Refused, with the reason: a weight read outside the group too (packing would copy it and keep the original;
+one that only the group's members read is packed as copies and dropped), a member whose weight is constant but not 2-D (its output's other dimensions are not
 x's), weights of another type than x or not a float type, x of unknown rank, an empty projection. MatMuls of
 x by a weight that is not constant (activation products) are no members; a weight still computed from
 constants (the dynamo exporter's ``Transpose(W)``, which constant folding turns into an initializer) makes
@@ -109,8 +109,7 @@ def _bias(node: ir.Node) -> tuple[ir.Node, ir.Value] | None:
 
 
 def _private(value: ir.Value, readers: set[ir.Node]) -> bool:
-    """``value`` is read by ``readers`` only (the group's own nodes: a zero bias the exporter shares between
-    q and k is packed as two copies, the original dropped), and is no graph output."""
+    """``value`` is read by ``readers`` only (the group's own nodes), and is no graph output."""
     return not value.is_graph_output() and all(u.node in readers for u in value.uses())
 
 
@@ -245,15 +244,12 @@ def _condition(m: Match):
         widths.append(shape[1])
     biases = [_bias(n) for n in members]
     packed_bias = all(b is not None for b in biases)
-    if packed_bias:
-        adds = {add for add, _ in biases}
-        for node, n, (add, b) in zip(members, widths, biases):
+    if packed_bias:  # (a bias read elsewhere too is copied: N values, where a weight would be K x N)
+        for n, (_, b) in zip(widths, biases):
             tensor = constant_tensor(b)
             if _shape(tensor) != (n,) or tensor.dtype != dtype:
                 packed_bias = False  # (a bias of another shape or type stays an Add of its own)
                 break
-            if not _private(b, adds):
-                return f"the bias of {node.name or node.op_type} is read elsewhere too (packing would copy it)"
     if _attention_packs([b[0].outputs[0] if b is not None else n.outputs[0] for n, b in zip(members, biases)],
                         widths):
         return "an attention's Q, K and V of one width: attention_fusion packs them into com.microsoft Attention"
