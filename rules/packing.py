@@ -17,17 +17,18 @@ the same bytes. The weights are concatenated once; the originals become unused a
 weight is held twice (models over 2 GB stay as large as they were).
 
 Biases: where every member is followed by an Add of a constant [N_i] (its only reader), the Adds are packed
-too (one Add of the concatenated biases before the Split; a bias read elsewhere too, as a legacy export shares
-equal biases between layers, is copied: N values, where a weight would be K x N). Where only some are, the MatMuls are packed and
-each biased member keeps its own Add, now reading its Split output: a zero bias for the others would turn
-a -0.0 into +0.0 and cost a wider Add for nothing.
+too (one Add of the concatenated biases before the Split; a bias read elsewhere too, as a legacy export
+shares equal biases between layers, is copied: N values, where a weight would be K x N). Where only some
+are, the MatMuls are packed and each biased member keeps its own Add, now reading its Split output: a zero
+bias for the others would turn a -0.0 into +0.0 and cost a wider Add for nothing.
 
 Refused, with the reason: a weight read outside the group too (packing would copy it and keep the original;
-one that only the group's members read is packed as copies and dropped), a member whose weight is constant but not 2-D (its output's other dimensions are not
-x's), weights of another type than x or not a float type, x of unknown rank, an empty projection. MatMuls of
-x by a weight that is not constant (activation products) are no members; a weight still computed from
-constants (the dynamo exporter's ``Transpose(W)``, which constant folding turns into an initializer) makes
-the group wait for it (not a candidate yet), so a group is packed once, whole.
+one that only the group's members read is packed as copies and dropped), a member whose weight is constant
+but not 2-D (its output's other dimensions are not x's), weights of another type than x or not a float
+type, x of unknown rank, an empty projection. MatMuls of x by a weight that is not constant (activation
+products) are no members; a weight still computed from constants (the dynamo exporter's ``Transpose(W)``,
+which constant folding turns into an initializer) makes the group wait for it (not a candidate yet), so a
+group is packed once, whole.
 
 Not packed where attention_fusion packs the group itself (rules/attention.py): exactly three projections of
 one width whose outputs each reach an attention's MatMuls (the scores for Q and K, the output for V) through
@@ -287,7 +288,7 @@ def _replace(m: Match, b):
         biases = [constant_tensor(v).numpy() for v in plan["biases"]]
         y = b.op("Add", y, b.const(np.concatenate(biases), name=f"{name}_packed_bias"))
     sizes = np.array(plan["widths"], np.int64)
-    n, axis = len(plan["widths"]), plan["axis"]  # (the last, counted from the front: before opset 11 no axis is -1)
+    n, axis = len(plan["widths"]), plan["axis"]  # (the last, from the front: no -1 before opset 11)
     if m.opset("") >= 13:
         outs = b.op("Split", y, b.const(sizes, name=f"{name}_packed_sizes"), outputs=n, axis=axis)
     else:

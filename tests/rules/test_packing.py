@@ -29,9 +29,9 @@ def projections(widths=WIDTHS, *, biases=(), shared_weight=False, shared_bias=Fa
                 activation=False, pending=(), unknown_rank=False, dtype=TensorProto.FLOAT, opset=17,
                 outputs_direct=False):
     """x [2, 3, K] -> MatMul(x, W_i) (+ b_i for i in ``biases``) -> Relu -> y_i. ``shared_weight``: W_0 is
-    read by a MatMul of another activation too; ``activation``: x is also multiplied by itself (x @ x^T); ``pending``: those
-    W_i are Transpose(W_i^T) (constant folding makes them initializers); ``outputs_direct``: the projections
-    are graph outputs (no Relu)."""
+    read by a MatMul of another activation too; ``shared_bias``: b_0 is added to x too; ``activation``: x
+    is also multiplied by itself (x @ x^T); ``pending``: those W_i are Transpose(W_i^T) (constant folding
+    makes them initializers); ``outputs_direct``: the projections are graph outputs (no Relu)."""
     rng = np.random.default_rng(1)
     np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
     nodes, inits, outs = [], [], []
