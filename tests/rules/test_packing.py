@@ -249,3 +249,8 @@ def test_zoo_decoders_pack_qkv_and_gate_up(name):
     got = ort.InferenceSession(out.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
     for x, y in zip(ref, got, strict=True):
         np.testing.assert_allclose(y, x, rtol=1e-4, atol=1e-5)
+    if name == "llama-kv-legacy":  # the same export, the same bytes (the rule alone: its weights are initializers)
+        once, report = run_rule("packed_projections", original, target="ort-cpu")
+        assert report.rules["packed_projections"].fired == 4
+        assert run_rule("packed_projections", original, target="ort-cpu")[0].SerializeToString() == \
+            once.SerializeToString()
