@@ -185,6 +185,19 @@ def test_bench_benefit_a_model_without_a_match_or_broken_is_a_row(tmp_path):
     assert "broken" in p.stdout and "no model exercised the rules" in p.stdout
 
 
+def test_bench_benefit_reads_given_feeds(tmp_path):
+    """--feeds NAME=NPZ: a --model's inputs as given (a decoder's kv step: a mask one longer than its past),
+    the others generated at --batch."""
+    from scripts.data.benefit import load_models
+
+    model = _tiny(tmp_path / "tiny.onnx")
+    x = np.arange(5 * 32, dtype=np.float32).reshape(5, 32)
+    np.savez(tmp_path / "tiny.npz", x=x)
+    got = load_models([], [f"tiny={model}", f"other={model}"], 1, 128, None, [f"tiny={tmp_path / 'tiny.npz'}"])
+    np.testing.assert_array_equal(got["tiny"]["feeds"]["x"], x)
+    assert got["other"]["feeds"]["x"].shape == (1, 32)
+
+
 def test_the_table_ships_in_the_package():
     import configparser
 

@@ -103,7 +103,8 @@ def test_the_shipped_table_leaves_skip_layer_normalization_out_on_cpu_only():
 
 def test_builtin_rules_with_a_benefit_key_use_known_keys():
     keys = {"layer_normalization", "rms_normalization", "gelu", "fast_gelu", "bias_gelu", "skip_layer_normalization",
-            "attention", "embed_layer_normalization", "rotary_embedding", "group_query_attention"}
+            "attention", "embed_layer_normalization", "rotary_embedding", "group_query_attention",
+            "packed_projections"}
     for r in registry.builtin_rules():
         if r.benefit is not None:
             assert r.benefit in keys, f"{r.name}: benefit key {r.benefit!r} is not one of the table's keys"
