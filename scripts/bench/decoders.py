@@ -25,11 +25,12 @@ the prefill: its ``prefill`` form; torch.onnx ``dynamo`` and ``legacy``):
 
 - ``original``: the export itself;
 - ``onnxopt``: ``python -m onnxopt IN -o OUT --target ort-cpu`` (the CLI, as a user runs it);
-- ``ort-llama``: onnxruntime's Llama recipe for a model exported elsewhere,
+- ``ort-llama-cli``: onnxruntime's Llama recipe for a model exported elsewhere, as its README gives it:
   ``python -m onnxruntime.transformers.models.llama.convert_to_onnx -m HF_DIR -i IN -o OUT -p fp32 -e cpu
-  --optimize_optimum --use_gqa`` (its README's path for an existing export). That script cannot start
-  from the onnxruntime 1.32.0 wheel (``No module named 'models.torch_export_patches'``: the wheel lacks the
-  module it imports), so its steps (``optimize_export``) run through the same public API: ``optimize_model(IN,
+  --optimize_optimum --use_gqa``. From the onnxruntime 1.32.0 wheel it cannot start (``No module named
+  'models.torch_export_patches'``: the wheel lacks a module it imports); its row keeps that reason, measured
+  on every run;
+- ``ort-llama``: so the same recipe's steps (its ``optimize_export``) through the public API: ``optimize_model(IN,
   model_type="gpt2", num_heads=N, hidden_size=H, opt_level=0, optimization_options=FusionOptions("gpt2"))``,
   ``replace_mha_with_gqa(model, "attention_mask", kv_heads)`` (its ``--use_gqa``), ``prune_graph``,
   ``update_graph``, then its symbolic shape inference; N, H, kv_heads from the HF config;
@@ -40,10 +41,10 @@ the prefill: its ``prefill`` form; torch.onnx ``dynamo`` and ``legacy``):
 - ``genai``: onnxruntime-genai's model builder on the same HF folder (``scripts.bench._genai.build``:
   ``-p fp32 -e cpu``), one model per model (no exporter): its own graph with GroupQueryAttention.
 
-Peers (the ratio's denominator): ort-llama, ort-qwen3, onnxscript of the same exporter, and genai; the best
-is the fastest whose fidelity holds. Tools other than onnxopt's own and the builder need torch only in
-a child process; every tool runs in a subprocess with a timeout, and a tool that fails keeps its row with
-its one-line reason (the stderr's exception line).
+Peers (the ratio's denominator): ort-llama-cli, ort-llama, ort-qwen3, onnxscript of the same exporter, and
+genai; the best is the fastest whose fidelity holds. Every tool runs in a subprocess with a timeout (the ones
+that import transformers after the torchvision stand-in of scripts/bench/_genai.py), and a tool that fails
+keeps its row with its one-line reason (the exception line of its stderr).
 
 Inputs, the same token state for every variant: rows of random token ids (``--seed``) of full length (no
 padding: the genai model's GroupQueryAttention takes positions from the mask's count, so left padding would
@@ -76,7 +77,6 @@ import argparse
 import dataclasses
 import datetime
 import json
-import os
 import shlex
 import shutil
 import subprocess
@@ -223,20 +223,23 @@ class Tool:
 
 TOOLS = {
     "onnxopt": Tool("onnxopt", False, "python -m onnxopt IN -o OUT --target ort-cpu"),
+    "ort-llama-cli": Tool("ort-llama-cli", True,
+                          "python -m onnxruntime.transformers.models.llama.convert_to_onnx -m HF_DIR -i IN -o OUT "
+                          "-p fp32 -e cpu --optimize_optimum --use_gqa (onnxruntime's Llama README, for a model "
+                          "exported elsewhere; the model is OUT/<HF folder name>.onnx)"),
     "ort-llama": Tool("ort-llama", True,
-                      "python -m onnxruntime.transformers.models.llama.convert_to_onnx -m HF_DIR -i IN -o OUT "
-                      "-p fp32 -e cpu --optimize_optimum --use_gqa; its steps through the public API (the script "
-                      "cannot start from the wheel): optimize_model(IN, model_type='gpt2', num_heads=N, "
+                      "the steps of convert_to_onnx --optimize_optimum --use_gqa (ort-llama-cli) through the "
+                      "public API: optimize_model(IN, model_type='gpt2', num_heads=N, "
                       "hidden_size=H, opt_level=0, optimization_options=FusionOptions('gpt2')), "
                       "replace_mha_with_gqa(m, 'attention_mask', KV), prune_graph, update_graph, symbolic shape "
-                      "inference"),
+                      "inference (its output: OUT)"),
     "ort-qwen3": Tool("ort-qwen3", True, "python -m onnxruntime.transformers.optimizer --input IN --output OUT "
                       "--model_type qwen3 --num_heads N --hidden_size H"),
     "onnxscript": Tool("onnxscript", True, "onnxscript.rewriter.ort_fusions.optimize_for_ort(onnx_ir.load(IN)); "
                        "onnx_ir.save(model, OUT)"),
     GENAI: Tool(GENAI, True, "python -m onnxruntime_genai.models.builder -i HF_DIR -o OUT -p fp32 -e cpu"),
 }
-EXPORT_TOOLS = ("onnxopt", "ort-llama", "ort-qwen3", "onnxscript")
+EXPORT_TOOLS = ("onnxopt", "ort-llama-cli", "ort-llama", "ort-qwen3", "onnxscript")
 LLAMA_RECIPE_CLI = ("python -m onnxruntime.transformers.models.llama.convert_to_onnx -m HF_DIR -i IN -o OUT "
                     "-p fp32 -e cpu --optimize_optimum --use_gqa")
 
@@ -251,6 +254,10 @@ def tool_argv(tool: str, src: Path, dst: Path, hf_dir: Path) -> list[str]:
         return [py, "-c", _RUN_MODULE_CHILD, "onnxruntime.transformers.optimizer", "--input", str(src), "--output",
                 str(dst), "--model_type", "qwen3", "--num_heads", str(d["num_heads"]), "--hidden_size",
                 str(d["hidden_size"])]
+    if tool == "ort-llama-cli":
+        return [py, "-c", _RUN_MODULE_CHILD, "onnxruntime.transformers.models.llama.convert_to_onnx", "-m",
+                str(hf_dir), "-i", str(src), "-o", str(dst.parent / dst.stem), "-p", "fp32", "-e", "cpu",
+                "--optimize_optimum", "--use_gqa"]
     if tool in ("ort-llama", "onnxscript"):
         return [py, "-c", _RUN_TOOL_CHILD, tool, str(src), str(dst), str(hf_dir)]
     raise ValueError(f"unknown tool {tool!r}; known: {', '.join(TOOLS)}")
@@ -306,9 +313,14 @@ def run_tool(tool: str, src: Path, dst: Path, hf_dir: Path, timeout: float = TOO
     if proc.returncode != 0:
         info["error"] = _genai._error_line(proc.stderr) or f"exited with {proc.returncode}"
         return info
+    if tool == "ort-llama-cli":  # it writes OUT/<model name>.onnx (+ .data) into the folder OUT
+        made = dst.parent / dst.stem / f"{hf_dir.name}.onnx"
+        if made.is_file():
+            dst = made
     if not dst.is_file():
         info["error"] = f"exited 0 but wrote no {dst.name}"
         return info
+    info["model"] = str(dst)
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("{"):
             try:
@@ -321,13 +333,13 @@ def run_tool(tool: str, src: Path, dst: Path, hf_dir: Path, timeout: float = TOO
 
 
 def _user_command(tool: str, src: Path, dst: Path, hf_dir: Path) -> str:
+    """``TOOLS[tool].command`` with its placeholders (HF_DIR, IN, OUT, N, H, KV) filled in."""
+    import re
+
     d = hf_dims(hf_dir)
-    text = TOOLS[tool].command
-    for k, v in (("HF_DIR", str(hf_dir)), ("IN", src.name), ("OUT", dst.name), ("KV", str(d["kv_heads"])),
-                 ("num_heads=N", f"num_heads={d['num_heads']}"), ("hidden_size=H", f"hidden_size={d['hidden_size']}"),
-                 ("--num_heads N", f"--num_heads {d['num_heads']}"), ("--hidden_size H", f"--hidden_size {d['hidden_size']}")):
-        text = text.replace(k, v)
-    return text
+    values = {"HF_DIR": str(hf_dir), "IN": src.name, "OUT": dst.stem if tool == "ort-llama-cli" else dst.name,
+              "N": str(d["num_heads"]), "H": str(d["hidden_size"]), "KV": str(d["kv_heads"])}
+    return re.sub(r"\b(HF_DIR|IN|OUT|KV|N|H)\b", lambda m: values[m.group(1)], TOOLS[tool].command)
 
 
 def graph_facts(path: Path) -> dict:
@@ -448,11 +460,7 @@ def prepare_model(name: str, args, work: Path, log) -> tuple[dict, dict, object,
     entry: dict = {"hf_dir": str(hf), "description": MODELS[name].description, "weights": MODELS[name].weights,
                    "dims": dims, "variants": {}}
     if name == "trained":
-        from onnxopt.models.trained_decoder import metadata
-
-        meta = metadata(hf)
-        entry["trained"] = {k: meta.get(k) for k in ("held_out_perplexity", "perplexity", "steps", "seconds")
-                            if meta.get(k) is not None}
+        entry["trained"] = trained_facts(hf)
     model = load_torch(hf)
     paths: dict[str, dict[str, Path]] = {f: {} for f in args.forms}
     work.mkdir(parents=True, exist_ok=True)
@@ -476,10 +484,11 @@ def prepare_model(name: str, args, work: Path, log) -> tuple[dict, dict, object,
                 out = work / f"{name}-{form}-{exporter}-{tool}.onnx"
                 if out.exists():
                     out.unlink()
+                shutil.rmtree(out.parent / out.stem, ignore_errors=True)
                 res = run_tool(tool, dst, out, hf)
                 if res["ok"]:
-                    res.update(graph_facts(out))
-                    paths[form][f"{exporter}/{tool}"] = out
+                    res.update(graph_facts(Path(res["model"])))
+                    paths[form][f"{exporter}/{tool}"] = Path(res["model"])
                 entry["variants"][f"{form}/{exporter}/{tool}"] = res
                 log(f"  {form}/{exporter}/{tool}: " + (f"{res['nodes']} nodes, {res['seconds']} s" if res["ok"]
                                                         else res["error"]))
@@ -494,8 +503,19 @@ def prepare_model(name: str, args, work: Path, log) -> tuple[dict, dict, object,
             for form in args.forms:
                 paths[form][f"-/{GENAI}"] = mp
         entry["variants"][GENAI] = res
-        log(f"  genai: " + (f"{res['nodes']} nodes, {res['seconds']} s" if res.get("ok") else res.get("error", "?")))
+        log("  genai: " + (f"{res['nodes']} nodes, {res['seconds']} s" if res.get("ok") else res.get("error", "?")))
     return entry, paths, model, dims
+
+
+def trained_facts(folder: Path) -> dict:
+    """What the trained model's train_metadata.json says of it: parameters, held-out perplexity, weights' hash."""
+    from onnxopt.models.trained_decoder import metadata
+
+    meta = metadata(folder)
+    held = meta.get("held_out") or {}
+    return {"parameters": meta.get("parameters"), "held_out_perplexity": held.get("perplexity"),
+            "held_out_tokens": held.get("tokens_scored"), "command": meta.get("command"),
+            "model_safetensors_sha256": meta.get("model_safetensors_sha256")}
 
 
 def _one_line(exc: BaseException, limit: int = 300) -> str:
@@ -688,7 +708,14 @@ def render_markdown(report: dict) -> str:
         lines += [f"## {name}: {entry.get('description')}", "",
                   f"{entry.get('weights')} weights; {d.get('layers')} layers, hidden {d.get('hidden_size')}, "
                   f"{d.get('num_heads')} heads / {d.get('kv_heads')} KV heads of {d.get('head_size')}; "
-                  f"HF folder `{entry.get('hf_dir')}`.", ""]
+                  f"HF folder `{entry.get('hf_dir')}`"
+                  + (f"; {t['parameters']:,} parameters, held-out perplexity {t['held_out_perplexity']} "
+                     f"(train_metadata.json)" if (t := entry.get("trained")) and t.get("parameters") else "")
+                  + ".", ""]
+        wrong = config_failure_lines({"models": {name: entry}})
+        if wrong:
+            lines += ["**Configuration failure** (a peer says it was called wrongly: a bug of this benchmark, its "
+                      "figures are not the peer's):", ""] + [f"- {w}" for w in wrong] + [""]
         failed = [(k, v) for k, v in entry.get("variants", {}).items() if not v.get("ok")]
         if failed:
             lines += ["Tools that failed (their rows stay, with this reason):", ""]
@@ -800,7 +827,19 @@ def main(argv: list[str] | None = None) -> int:
         report["rows"] += rows
         _write(report, args)  # after each model: a later failure keeps what was measured
     _write(report, args)
+    wrong = config_failure_lines(report)
+    if wrong:  # a peer called wrongly: its figures are not the peer's (the other benchmarks' convention)
+        for line in wrong:
+            print(f"error: a peer was called wrongly: {line}", file=sys.stderr)
+        return 3
     return 0
+
+
+def config_failure_lines(report: dict) -> list[str]:
+    """``model variant: line`` for each log line of a peer that says it was called wrongly
+    (``scripts.bench._peers.CONFIG_FAILURES``)."""
+    return [f"{name} {key}: {line}" for name, entry in report.get("models", {}).items()
+            for key, v in entry.get("variants", {}).items() for line in v.get("config_failures", [])]
 
 
 if __name__ == "__main__":
