@@ -16,8 +16,10 @@ committed; the trained one is ``onnxopt.models.trained_decoder``'s):
 
 - ``trained``: the real-weights Llama (4 layers, 256 wide, 8 heads / 4 KV heads of 32, vocabulary 4096),
   trained by ``scripts/data/train_decoder.py``;
-- ``llama-8l512``: random weights (seed 0), 8 layers, 512 wide, 8 heads / 2 KV heads of 64, SwiGLU 1408,
-  vocabulary 4096; the trained model's tokenizer is copied into its folder (the genai builder needs one);
+- ``llama-8l512``: random weights (seed 0, initializer_range 0.1 as the zoo's decoders), 8 layers, 512 wide,
+  8 heads / 2 KV heads of 64, SwiGLU 1408, vocabulary 4096; the trained model's tokenizer is copied into its
+  folder (the genai builder needs one); ``decbench_recipe.json`` records what it was built from (a folder of
+  another recipe is rebuilt);
 - ``tiny``: ``scripts.bench._genai.write_tiny_llama`` (2 layers, 64 wide): for the tests.
 
 Variants (``TOOLS``), per model and exporter (the decode step: ``onnxopt.models.decoder_models``' ``kv`` form;
@@ -140,9 +142,12 @@ MODELS = {
     "tiny": DecoderModel("tiny", "scripts.bench._genai.write_tiny_llama: 2 layers, 64 wide, 4 heads / 2 KV heads, "
                          "vocabulary 512 (tests)", "random"),
 }
+# over decoder_models' tiny base config (so initializer_range 0.1, as the zoo's decoders: attention that is not
+# near-uniform on random weights)
 LLAMA_8L512 = dict(vocab_size=4096, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
-                   num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-5,
-                   tie_word_embeddings=False)
+                   num_attention_heads=8, num_key_value_heads=2, head_dim=64, max_position_embeddings=2048,
+                   rms_norm_eps=1e-5, tie_word_embeddings=False)
+RECIPE_FILE = "decbench_recipe.json"  # what a built folder was built from: another recipe is rebuilt
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
@@ -162,8 +167,9 @@ def hf_folder(name: str, cache: str | Path | None = None, log=print) -> Path:
 
         return trained_decoder_dir(cache=cache) if cache else trained_decoder_dir()
     folder = bench_cache(cache) / name
-    if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file() and \
-            all((folder / f).is_file() for f in TOKENIZER_FILES):
+    recipe = {"model": name, "seed": 0, "config": LLAMA_8L512 if name == "llama-8l512" else "write_tiny_llama"}
+    built = folder / RECIPE_FILE
+    if built.is_file() and json.loads(built.read_text()) == recipe and (folder / "model.safetensors").is_file():
         return folder
     log(f"building {name} into {folder}")
     tmp = folder.with_name(folder.name + ".tmp")
@@ -172,6 +178,7 @@ def hf_folder(name: str, cache: str | Path | None = None, log=print) -> Path:
         _genai.write_tiny_llama(tmp, seed=0)
     else:
         _write_random_llama(tmp, LLAMA_8L512, seed=0, cache=cache)
+    (tmp / RECIPE_FILE).write_text(json.dumps(recipe, indent=1) + "\n")
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
     return folder
