@@ -122,14 +122,24 @@ def test_rank_picks_the_fastest_peer_whose_fidelity_holds():
     assert rows[5]["latency"]["best_peer"] == "-/genai"  # the legacy original: only genai is its peer
 
 
-def test_merge_keeps_every_model_and_replaces_a_rerun_one():
+def test_merge_keeps_every_model_replaces_a_rerun_one_and_ranks_again():
+    def rows(model, version, ours_ms):
+        setting = {"model": model, "form": "decode", "batch": 1, "past": 8, "v": version}
+        return [{**_row("legacy", "original", [2.0] * 12), **setting},
+                {**_row("legacy", "onnxopt", [ours_ms] * 12), **setting}, {**_row("-", "genai", [1.0] * 12), **setting}]
+
     a = {"runs": [{"date": "1"}], "models": {"trained": {}, "tiny": {}},
-         "rows": [{"model": "trained", "v": 1}, {"model": "tiny", "v": 1}]}
-    b = {"runs": [{"date": "2"}], "models": {"tiny": {"again": True}}, "rows": [{"model": "tiny", "v": 2}]}
+         "rows": rows("trained", 1, 1.5) + rows("tiny", 1, 1.5)}
+    b = {"runs": [{"date": "2"}], "models": {"tiny": {"again": True}}, "rows": rows("tiny", 2, 0.9)}
     m = decoders.merge([a, b])
     assert [r["date"] for r in m["runs"]] == ["1", "2"]
     assert m["models"]["tiny"] == {"again": True} and set(m["models"]) == {"trained", "tiny"}
-    assert sorted((r["model"], r["v"]) for r in m["rows"]) == [("tiny", 2), ("trained", 1)]
+    assert sorted({(r["model"], r["v"]) for r in m["rows"]}) == [("tiny", 2), ("trained", 1)]
+    ours = {r["model"]: r["latency"] for r in m["rows"] if r["variant"] == "onnxopt"}
+    assert ours["tiny"]["x_genai"] == pytest.approx(0.9) and ours["trained"]["x_genai"] == pytest.approx(1.5)
+    assert decoders.target_verdict(ours["tiny"], "genai", 1.0) == "met"
+    assert decoders.target_verdict(ours["trained"], "genai", 1.0) == "missed"
+    assert ours["tiny"]["x_original"] == pytest.approx(0.45)
 
 
 @pytest.mark.parametrize("argv", [["--past", "0", "--json", "x.json"], ["--models", "tiny"],

@@ -451,6 +451,34 @@ def rank(rows: list[dict]) -> None:
                 lat["x_best_peer"] = lat["median_ms"] / best["latency"]["median_ms"]
                 lat["x_best_peer_interval"] = ci.get("interval")
                 lat["x_best_peer_verdict"] = ci.get("verdict")
+    genai = by_variant.get(f"-/{GENAI}")
+    for r in rows:  # onnxopt against the original and the builder's model: issue 30's targets (TARGETS)
+        lat = r.get("latency")
+        if r["variant"] != "onnxopt" or not lat:
+            continue
+        base = by_variant.get(f"{r['exporter']}/{ORIGINAL}")
+        for key, against in (("original", base), ("genai", genai)):
+            if against:
+                ci = ratio_interval(against["latency"]["times_ms"], lat["times_ms"], confidence=CONFIDENCE)
+                lat[f"x_{key}_interval"] = ci.get("interval")
+                if key == "genai":
+                    lat["x_genai"] = ci.get("ratio")
+
+
+# issue 30's CPU targets for onnxopt's latency ratios: (against, at most); "at most X" holds when the ratio meets
+# X and the upper end of its 90% interval is at most X + MARGIN
+TARGETS = {"decode": (("genai", 1.0), ("original", 1 / 1.2)), "prefill": (("genai", 1.02),)}
+MARGIN = 0.03
+
+
+def target_verdict(lat: dict, against: str, bound: float) -> str:
+    """"met", "missed" or "not measured" for onnxopt's ratio to ``against`` (x_original / x_genai)."""
+    x, ci = lat.get(f"x_{against}"), lat.get(f"x_{against}_interval")
+    if x is None:
+        return "not measured"
+    if ci is None:
+        return "met (no interval)" if x <= bound else "missed"
+    return "met" if x <= bound and ci[1] <= bound + MARGIN else "missed"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -653,7 +681,18 @@ def merge(reports: list[dict]) -> dict:
         out["models"].update(rep.get("models", {}))
         names = set(rep.get("models", {}))
         out["rows"] = [r for r in out["rows"] if r["model"] not in names] + rep.get("rows", [])
+    rerank(out["rows"])
     return out
+
+
+def rerank(rows: list[dict]) -> None:
+    """``rank`` again on every setting of a report's rows (from their round times: the ratios and intervals of
+    this version of the script)."""
+    settings: dict[tuple, list[dict]] = {}
+    for r in rows:
+        settings.setdefault((r["model"], r["form"], r["batch"], r.get("past"), r.get("sequence")), []).append(r)
+    for group in settings.values():
+        rank(group)
 
 
 def _ms(x) -> str:
@@ -727,6 +766,7 @@ def render_markdown(report: dict) -> str:
         if failed:
             lines += ["Tools that failed (their rows stay, with this reason):", ""]
             lines += [f"- `{k}`: {v.get('error')}" for k, v in failed] + [""]
+        lines += _targets_table(name, report.get("rows", []))
         for form in FORMS:
             rows = [r for r in report.get("rows", []) if r["model"] == name and r["form"] == form]
             if not rows:
@@ -753,6 +793,29 @@ def render_markdown(report: dict) -> str:
                     f"{_ratio_cell(lat)} | {_fid_cell(r)} |")
             lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def _targets_table(name: str, rows: list[dict]) -> list[str]:
+    """onnxopt's rows against issue 30's CPU targets (``TARGETS``)."""
+    ours = [r for r in rows if r["model"] == name and r["variant"] == "onnxopt" and r.get("latency")]
+    if not ours:
+        return []
+    out = ["### onnxopt against issue 30's targets (decode: latency at most the genai model's, at most 1/1.2 of the "
+           f"original's; prefill: at most 1.02x the genai model's; met when the ratio meets the bound and its 90% "
+           f"interval's upper end is at most the bound + {MARGIN})", "",
+           "| form | batch | length | exporter | x genai (90% CI) | target | x original (90% CI) | target |",
+           "|---|---:|---:|---|---|---|---|---|"]
+    for r in ours:
+        lat = r["latency"]
+        cells = []
+        for against in ("genai", "original"):
+            bound = dict(TARGETS[r["form"]]).get(against)
+            x, ci = lat.get(f"x_{against}"), lat.get(f"x_{against}_interval")
+            cells.append("-" if x is None else f"{x:.2f}" + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else ""))
+            cells.append("-" if bound is None else f"<= {bound:.2f}: {target_verdict(lat, against, bound)}")
+        out.append(f"| {r['form']} | {r['batch']} | {r.get('past', r.get('sequence'))} | {r['exporter']} | "
+                   + " | ".join(cells) + " |")
+    return out + [""]
 
 
 def _cell(text: str, limit: int = 160) -> str:
