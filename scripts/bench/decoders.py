@@ -505,8 +505,7 @@ def prepare_model(name: str, args, work: Path, log) -> tuple[dict, dict, object,
             dst = work / f"{name}-{form}-{exporter}.onnx"
             t0 = time.perf_counter()
             try:
-                if not dst.is_file():
-                    dm.export_module(model, EXPORT_FORM[form], dst, exporter)
+                dm.export_module(model, EXPORT_FORM[form], dst, exporter)
                 entry["variants"][key] = {"ok": True, "command": f"onnxopt.models.decoder_models.export_module(model, "
                                           f"{EXPORT_FORM[form]!r}, path, {exporter!r})",
                                           "seconds": round(time.perf_counter() - t0, 2), **graph_facts(dst)}
@@ -576,7 +575,9 @@ def measure_setting(name: str, form: str, batch: int, length: int, paths: dict[s
         info = entry["variants"].get(GENAI if variant == GENAI else f"{form}/{key}", {})
         row = {**base, "exporter": exporter, "variant": variant, "variant_key": key}
         if key not in paths:
-            row["error"] = info.get("error") or "not built"
+            export = entry["variants"].get(f"{form}/{exporter}/{ORIGINAL}", {})
+            row["error"] = info.get("error") or (f"no {exporter} export: {export['error']}" if export.get("error")
+                                                 else "not built")
             if info.get("config_failures"):
                 row["config_failures"] = info["config_failures"]
             rows.append(row)
@@ -845,7 +846,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--seed", type=int, default=0, help="of the token ids")
     p.add_argument("--cache", help="the zoo cache (default: $ONNXOPT_CACHE or ~/.cache/onnxopt/models)")
-    p.add_argument("--keep", help="keep the exports and tools' models in this folder (default: a temporary one)")
+    p.add_argument("--keep", help="keep the exports and the tools' models in this folder (default: a temporary "
+                   "one, removed); every run makes them again")
     p.add_argument("--note", default=DEFAULT_NOTE, help="what the markdown says of the machine")
     p.add_argument("--json", help="write the report here")
     p.add_argument("--markdown", help="write the tables here")
