@@ -8,7 +8,7 @@ against the tools a user would pick instead, every variant in one interleaved ru
     python -m scripts.bench.decoders --merge part1.json part2.json --json all.json --markdown all.md
 
 The rerun after a change to onnxopt (e.g. a GroupQueryAttention fusion) is the first command as it stands
-(about 15 minutes for both models on 2 shared cores; ``--models trained`` alone takes about 5). Each
+(about 11 minutes for both models on the shared 2-core machine, of which ``trained`` about 4). Each
 ``--models`` entry may run as its own command and the JSON files merge (``--merge``).
 
 Models (``MODELS``), Hugging Face folders in the zoo cache (``<cache>/_decbench/<name>``, built seeded, never
