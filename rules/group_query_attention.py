@@ -21,7 +21,9 @@ and the output leaves as [B, S, G*R*D]; the scales' product is the op's ``scale`
 
 The mask is kept exactly as the model computes it: the additive mask the scores receive (causal, padding,
 sliding window, whatever it holds) becomes the op's ``attention_bias`` [B|1, 1, S, T] and the op runs with
-``causal=0``, ``seqlens_k = T - 1`` and ``total_sequence_length = T`` for every row, so it attends exactly the
+``causal=0`` (``causal=1`` where one token is new: its query sees every key either way, and the kernel is ~20%
+faster so: 0.48 vs 0.58 ms at batch 4, past 512, 8/2 heads of 64, 1 thread), ``seqlens_k = T - 1`` and
+``total_sequence_length = T`` for every row, so it attends exactly the
 keys the original does, left padding included (onnxruntime-genai's models instead read lengths from the
 mask, which is exact for right padding only). Rotary stays a RotaryEmbedding node (on the 3-D projection):
 the op's own rotary takes positions from ``seqlens_k``, not the model's ``position_ids``. torch's NaN guard
@@ -471,7 +473,8 @@ def gqa_replacement(m: Match, b):
     while inputs[-1] is None:
         inputs.pop()
     node_out = b.op("GroupQueryAttention", *inputs, domain=MS, outputs=3, num_heads=p["num_heads"],
-                    kv_num_heads=p["kv_heads"], scale=float(np.float32(p["scale"])), causal=0,
+                    kv_num_heads=p["kv_heads"], scale=float(np.float32(p["scale"])),
+                    causal=int(p["sizes"]["S"] == 1),
                     **({"softcap": float(np.float32(p["softcap"]))} if p["softcap"] else {}))
     y = node_out[0]
     node = y.producer()
