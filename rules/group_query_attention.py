@@ -259,15 +259,17 @@ def _keys_length(m: Match, ctx: Layouts, a, c):
 
 
 def _mask_dims(m: Match, ctx: Layouts, mask: ir.Value, t_of: ir.Value, t_axis: int):
-    """(True when the mask is proven [B|1, 1, S, T], False when it must be Expanded to S and T) or a
-    reason."""
+    """(proven, unexpanded): proven True when the mask is [B|1, 1, S, T] (T: dimension ``t_axis`` of
+    ``t_of``), False when it must be Expanded to S and T; unexpanded ``_unexpanded``'s pair where the mask is
+    read from before an Expand, else None. Or a reason."""
     if dtype_through(mask, m.opsets) != dtype_through(m["xq"], m.opsets):
         return "the mask's type is not the scores'"
     dims = dims_of(mask, m.opsets)
+    unexpanded = None
     if dims is not None and len(dims) == 4 and dims[1] != 1:
         inner, where = _unexpanded(m, mask)
         if inner is not mask:
-            m.plan_mask = (inner, where)
+            unexpanded = (inner, where)
             mask = inner
             dims = dims_of(mask, m.opsets)
     if dims is None or len(dims) != 4:
@@ -283,7 +285,7 @@ def _mask_dims(m: Match, ctx: Layouts, mask: ir.Value, t_of: ir.Value, t_axis: i
             return size is not None and d == size
         return d is not None and same_symbol(mask, k, value, axis)
 
-    return same(2, "S", m["xq"], 1) and same(3, "T" if m.node("k_cat") is not None else "S", t_of, t_axis)
+    return same(2, "S", m["xq"], 1) and same(3, "T" if m.node("k_cat") is not None else "S", t_of, t_axis), unexpanded
 
 
 def gqa_condition(m: Match):
@@ -357,15 +359,16 @@ def gqa_condition(m: Match):
     if cached and ctx.size("S") != 1 and ctx.size("B") != 1:
         return ("the cache is extended by a length not proven 1 at a batch not proven 1 (onnxruntime's "
                 "GroupQueryAttention refuses several new tokens after a past at batch > 1)")
-    expand = None
-    m.plan_mask = None
+    expand, unexpanded = None, None
     if mask is not None and grouped and ctx.size("S") != 1 and ctx.size("R") not in (None, 1):
         return "the query heads are rows of one matrix per key head and the mask is not proven one row (S != 1)"
     if mask is not None:
-        expand = _mask_dims(m, ctx, mask, m["past_k"] if cached else xq, 2 if cached else 1)
-        if isinstance(expand, str):
-            return expand
-        expand = not expand
+        # T: the keys' length, the cache Concat's sequence dimension (the ids' without a cache)
+        found = _mask_dims(m, ctx, mask, m.node("k_cat").outputs[0] if cached else xq, 2 if cached else 1)
+        if isinstance(found, str):
+            return found
+        proven, unexpanded = found
+        expand = not proven
         if expand and m.opset("") < 15:
             return "the mask's shape is not proven [.., S, T] (opset < 15: no Shape start/end to expand it)"
     for p in ("q", "k"):
@@ -379,7 +382,7 @@ def gqa_condition(m: Match):
     return {"length_input": length_input, "new_input": new_input,"xq": xq, "xk": m["xk"], "xv": m["xv"], "dtype": dtype, "scale": scale, "mask": mask,
             "expand": expand, "keep_guard": guarded and mask is not None and not finite_mask(mask),
             "num_heads": ctx.size("G") * (ctx.size("R") or 1), "kv_heads": ctx.size("G"), "head": ctx.size("D"),
-            "cached": cached, "softcap": softcap, "unexpanded": m.plan_mask, "sizes": {a: ctx.size(a) for a in ("B", "S")}}
+            "cached": cached, "softcap": softcap, "unexpanded": unexpanded, "sizes": {a: ctx.size(a) for a in ("B", "S")}}
 
 
 # --------------------------------------------------------------------------------------------
