@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.core.pattern import Around, Const, Explain, Match, Op, Opt, Or, Rule
+from onnxopt.core.pattern import Around, Const, Explain, Match, Op, Opt, Or, Rule, Var
 from onnxopt.ir.shapes import infer
 from onnxopt.targets import ORT_CPU, ORT_CUDA
 
@@ -365,7 +365,9 @@ def _skip_replace(m: Match, b):
 
 def _fold_condition(m: Match):
     norm, graph = m.root, m.graph
-    for out in norm.outputs[1:]:
+    skip = norm.op_type == "SkipSimplifiedLayerNormalization"
+    # (a Skip normalization's fourth output, input + skip, does not change: it may be read on)
+    for out in norm.outputs[1:3] if skip else norm.outputs[1:]:
         if out.uses() or out.is_graph_output():
             return "the normalization's statistics outputs are used"
     dims = _dims(m["x"], m)
@@ -405,12 +407,25 @@ def _fold_condition(m: Match):
         return reason
     m.nodes = tuple(dict.fromkeys((*m.nodes, nxt)))
     m.outputs = [nxt.outputs[0]]
+    if skip and len(norm.outputs) > 3 and (norm.outputs[3].uses() or norm.outputs[3].is_graph_output()):
+        m.outputs.append(norm.outputs[3])
     return new_scale, new_bias
 
 
 def _fold_replace(m: Match, b):
     new_scale, new_bias = m.plan
     norm = m.root
+    if norm.op_type == "SkipSimplifiedLayerNormalization":  # (input, skip, gamma[, bias]): the gamma replaced
+        ins = list(norm.inputs)
+        ins[2] = b.const(new_scale, name="norm_scale")
+        outs = b.op(norm.op_type, *ins, domain=norm.domain, outputs=len(norm.outputs),
+                    attrs=list(norm.attributes.values()))
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        y = typed(outs[0], m["x"], m)
+        if len(m.outputs) > 1:
+            outs[3].type, outs[3].shape = norm.outputs[3].type, norm.outputs[3].shape
+            return y, outs[3]
+        return y
     ins = [m["x"], b.const(new_scale, name="norm_scale")]
     if new_bias is not None:
         ins.append(b.const(new_bias, name="norm_bias"))
@@ -447,6 +462,13 @@ RULES = [
          _fold_replace, condition=_fold_condition, targets=ORT, benefit="rms_normalization", exact=False,
          doc="SimplifiedLayerNormalization followed by a Mul by a constant along the last axis takes it into its "
              "scale."),
+    Rule("skip_simplified_layer_normalization_scale_fold",
+         Op("SkipSimplifiedLayerNormalization", "x", "skip", Const("scale"), Opt(Var("skip_bias")), domain="com.microsoft",
+            name="norm"),
+         _fold_replace, condition=_fold_condition, targets=ORT, benefit="rms_normalization", exact=False,
+         doc="com.microsoft SkipSimplifiedLayerNormalization followed by a Mul by a constant along the last axis "
+             "takes it into its gamma (the exporters' RMSNorm weight Mul, left outside where a Cast stood between "
+             "it and the normalization when that was fused); its input + skip output is unchanged."),
     Rule("rms_normalization_std_scale_fold", Op("RMSNormalization", "x", Const("scale"), name="norm"),
          _fold_replace, condition=_fold_condition, targets=ORT, benefit="rms_normalization", exact=False,
          doc="RMSNormalization followed by a Mul by a constant along the last axis takes it into its scale."),

@@ -312,6 +312,20 @@ def test_scale_folds():
     assert ops(out) == {"RMSNormalization": 1}
 
 
+def test_skip_scale_fold_takes_the_weight_and_keeps_the_sum():
+    """An exporter's RMSNorm weight Mul left after SkipSimplifiedLayerNormalization (a Cast stood between when
+    it was fused) goes into its gamma; the input + skip output (the next residual) reads the same."""
+    w2 = RNG.uniform(0.5, 1.5, H).astype(np.float32)
+    skip = helper.make_node("SkipSimplifiedLayerNormalization", ["x", "r", "gamma"], ["l", "", "", "sum"],
+                            domain="com.microsoft", name="sln", epsilon=1e-6)
+    m = build([skip, n("Mul", ["w2", "l"], "m"), n("Add", ["m", "sum"], "y")], {"gamma": GAMMA, "w2": w2},
+              extra_inputs=[("r", ("b", "s", H))], ms=True)
+    out, _ = fires("skip_simplified_layer_normalization_scale_fold", m, tol=TOL, **CPU)
+    assert ops(out) == {"com.microsoft:SkipSimplifiedLayerNormalization": 1, "Add": 1}
+    unread = build([skip, n("Mul", ["l", "x"], "y")], {"gamma": GAMMA}, extra_inputs=[("r", ("b", "s", H))], ms=True)
+    refuses("skip_simplified_layer_normalization_scale_fold", unread, "not followed by a Mul", **CPU)
+
+
 def test_scale_fold_refuses_a_scale_that_underflows():
     """Issue 27: gamma 1e-20 times a following 1e-20 is 1e-40, a float32 subnormal: not folded."""
     nodes = [n("LayerNormalization", ["x", "gamma", "beta"], "l", axis=-1), n("Mul", ["l", "w2"], "m"),
