@@ -138,7 +138,7 @@ def test_zoo_registers_the_decoders(exported):
     from onnxopt.models import zoo
 
     names = {s.name for s in zoo.SPECS if s.family == "decoder"}
-    assert names == {f"{a}-{f}-{e}" for a in dm.ARCHS for f in dm.FORMS for e in dm.EXPORTERS}
+    assert names == {f"{a}-{f}-{e}" for a in dm.ARCHS for f in dm.ZOO_FORMS for e in dm.EXPORTERS}
     arch, form, model, sess, path = exported
     spec = zoo.get(path.stem)
     feed = spec.inputs(path, 0)
