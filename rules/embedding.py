@@ -56,7 +56,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxopt.core.pattern import Around, Const, Match, Op, Opt, Or, Rule
-from onnxopt.ir.shapes import is_dim_of, same_symbol, scalar_element, shape_elements
+from onnxopt.ir.shapes import is_dim_of, same_dim, scalar_element, shape_elements
 from onnxopt.ir.util import constant_tensor
 from onnxopt.targets import ORT_CPU, ORT_CUDA
 
@@ -96,14 +96,6 @@ def _dim(value: ir.Value, k: int):
     return None if shape is None or not -len(shape) <= k < len(shape) else shape[k]
 
 
-def _same_dim(a: ir.Value, k: int, x: ir.Value, j: int) -> bool:
-    """Dimension k of a is proven equal to dimension j of x (equal numbers, or one named symbol)."""
-    da, dx = _dim(a, k), _dim(x, j)
-    if isinstance(da, int) and isinstance(dx, int):
-        return da == dx
-    return same_symbol(a, k, x, j)
-
-
 def _is_sequence(element, ids: ir.Value) -> bool:
     """A shape element (a number or a DimRef) is the ids' sequence length (dimension 1)."""
     if element is None:
@@ -132,8 +124,8 @@ def _ints(value: ir.Value | None) -> list[int] | None:
 
 def _full_shape(value: ir.Value, ids: ir.Value) -> bool:
     """``value`` is proven of the input ids' shape [batch, sequence]."""
-    return value.shape is not None and len(value.shape) == 2 and _same_dim(value, 0, ids, 0) \
-        and _same_dim(value, 1, ids, 1)
+    return value.shape is not None and len(value.shape) == 2 and same_dim(value, 0, ids, 0) \
+        and same_dim(value, 1, ids, 1)
 
 
 def _positions_reason(m: Match, ids: ir.Value, pos: ir.Value | None) -> str | None:
@@ -145,9 +137,9 @@ def _positions_reason(m: Match, ids: ir.Value, pos: ir.Value | None) -> str | No
             return "the position ids input is not int32/int64"
         if pos.shape is None or len(pos.shape) != 2:
             return "the position ids input is not 2-D"
-        if not _same_dim(pos, 1, ids, 1):
+        if not same_dim(pos, 1, ids, 1):
             return "the position ids input's sequence length is not proven the input ids'"
-        if not (_dim(pos, 0) == 1 or _same_dim(pos, 0, ids, 0)):
+        if not (_dim(pos, 0) == 1 or same_dim(pos, 0, ids, 0)):
             return "the position ids input's batch is neither 1 nor the input ids'"
         return None
     if m.node("position_slice") is not None:

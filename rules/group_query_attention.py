@@ -44,7 +44,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxopt.core.pattern import ANY, Absorbed, Explain, Match, Op, Or, Repeat, Rule, Var
-from onnxopt.ir.shapes import infer, same_symbol
+from onnxopt.ir.shapes import infer, same_dim, same_symbol
 from onnxopt.ir.util import constant_tensor
 from onnxopt.rules._attention_parts import (MAX_VIEWS, MS, attention_output, dims_of, head_split,
                                             layout_step, masked_scores, one_reader, prime_shapes,
@@ -203,13 +203,13 @@ def _length_sources(m: Match, ctx: Layouts) -> None:
         for a in ancestors(m[f"x{p}"], m.opsets):
             ctx.sources.setdefault(a, ("B", "S"))
     for g in m.graph.inputs:
-        if g.shape is not None and len(g.shape) > 2 and _same_dim(g, 0, xq, 0):
+        if g.shape is not None and len(g.shape) > 2 and same_dim(g, 0, xq, 0):
             # (a past of any layer: exporters read the batch from one for all; its other dimensions are
             # atoms of their own, which no layout of the heads has)
             ctx.layouts.setdefault(g, [("B",)] + [(f"{g.name}[{k}]",) for k in range(1, len(g.shape))])
-        if g.shape is None or len(g.shape) != 2 or not _same_dim(g, 0, xq, 0):
+        if g.shape is None or len(g.shape) != 2 or not same_dim(g, 0, xq, 0):
             continue
-        if _same_dim(g, 1, xq, 1):
+        if same_dim(g, 1, xq, 1):
             ctx.sources.setdefault(g, ("B", "S"))
         elif cat is not None and same_symbol(g, 1, cat.outputs[0], 2):
             ctx.sources.setdefault(g, ("B", "T"))
@@ -230,16 +230,6 @@ def _unexpanded(m: Match, mask: ir.Value) -> tuple[ir.Value, ir.Node | None]:
                 and all(constant_tensor(v) is not None for v in node.inputs[1:]):
             return inner.inputs[0], node
     return mask, None
-
-
-def _same_dim(a: ir.Value, k: int, x: ir.Value, j: int) -> bool:
-    """Dimension k of a is dimension j of x: the same number, or the same named symbol."""
-    if a.shape is None or x.shape is None or not (-len(a.shape) <= k < len(a.shape) and -len(x.shape) <= j < len(x.shape)):
-        return False
-    da, dx = a.shape[k], x.shape[j]
-    if isinstance(da, int) or isinstance(dx, int):
-        return da == dx
-    return same_symbol(a, k, x, j)
 
 
 def _keys_length(m: Match, ctx: Layouts, a, c):

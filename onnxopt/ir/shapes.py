@@ -371,6 +371,17 @@ def scalar_element(value: ir.Value | None, depth: int = 0):
     return src[i] if -len(src) <= i < len(src) else None
 
 
+def same_dim(a: ir.Value, k: int, x: ir.Value, j: int) -> bool:
+    """Dimension k of a is proven equal to dimension j of x: equal numbers, or one named symbol."""
+    if a.shape is None or x.shape is None or not (-len(a.shape) <= k < len(a.shape)
+                                                  and -len(x.shape) <= j < len(x.shape)):
+        return False
+    da, dx = a.shape[k], x.shape[j]
+    if isinstance(da, int) and isinstance(dx, int):
+        return da == dx
+    return same_symbol(a, k, x, j)
+
+
 def same_symbol(a: ir.Value, k: int, x: ir.Value, j: int) -> bool:
     """Dimension k of a and dimension j of x carry the same named symbol (onnx's shape inference
     gives equal dimensions equal names, and distinct unknowns distinct ones)."""
