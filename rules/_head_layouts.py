@@ -434,12 +434,13 @@ def finite_mask(mask: ir.Value) -> bool:
     return all(a is not None and bool(np.all(np.isfinite(a.numpy()))) for a in arrays)
 
 
-def zero_masked_rows(m: Match, b, y: ir.Value, lead: list) -> ir.Value:
+def zero_masked_rows(m: Match, b, y: ir.Value, lead: list, mask: ir.Value | None = None) -> ir.Value:
     """y [B, S, N*D] with the rows (query, head) whose keys are all masked with -inf set to 0, as the
-    NaN guard after the Softmax does: y * (max over keys of the mask > -inf)."""
+    NaN guard after the Softmax does: y * (max over keys of the mask > -inf); ``mask``: the additive mask
+    to read (default the plan's)."""
     dt = m.plan["dtype"].numpy()
     n, d = int(m.plan["num_heads"]), int(m.plan["head"])
-    mask = m.plan["mask"]
+    mask = m.plan["mask"] if mask is None else mask
     top = reduce_max(m, b, mask, [-1], name="attention_keys_axis")
     any_key = b.op("Cast", b.op("Greater", top, b.const(np.array(-np.inf, dt), name="attention_ninf")),
                    to=int(m.plan["dtype"]))  # [B|1, N|1, S, 1]

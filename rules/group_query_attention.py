@@ -369,7 +369,7 @@ def gqa_condition(m: Match):
     want = ("B", "T") if cached else ("B", "S")
     length_input = next((g for g in m.graph.inputs if ctx.sources.get(g) == want), None)
     new_input = next((g for g in m.graph.inputs if ctx.sources.get(g) == ("B", "S")), None)
-    return {"length_input": length_input, "new_input": new_input,"xq": xq, "xk": m["xk"], "xv": m["xv"], "dtype": dtype, "scale": scale, "mask": mask,
+    return {"length_input": length_input, "new_input": new_input, "xq": xq, "xk": m["xk"], "xv": m["xv"], "dtype": dtype, "scale": scale, "mask": mask,
             "expand": expand, "keep_guard": guarded and mask is not None and not finite_mask(mask),
             "num_heads": ctx.size("G") * (ctx.size("R") or 1), "kv_heads": ctx.size("G"), "head": ctx.size("D"),
             "cached": cached, "softcap": softcap, "unexpanded": unexpanded, "sizes": {a: ctx.size(a) for a in ("B", "S")}}
@@ -436,10 +436,12 @@ def _sequence_lengths(m: Match, b, total: ir.Value) -> tuple[ir.Value, ir.Value]
     return seqlens, scalar
 
 
-def _bias(m: Match, b, new: ir.Value, total: ir.Value) -> ir.Value | None:
+def _bias(m: Match, b, new: ir.Value, total: ir.Value) -> tuple[ir.Value | None, ir.Value | None]:
+    """(the op's attention_bias, the mask the NaN guard's rows are read from: before the floor and the Expand,
+    so one factor serves every head)."""
     mask = m.plan["mask"]
     if mask is None:
-        return None
+        return None, None
     if m.plan["unexpanded"] is not None:
         inner, where = m.plan["unexpanded"]
         if where is not None:
@@ -447,22 +449,24 @@ def _bias(m: Match, b, new: ir.Value, total: ir.Value) -> ir.Value | None:
             mask.type, mask.shape = ir.TensorType(m.plan["dtype"]), inner.shape
         else:
             mask = inner
-    m.plan["guard_mask"] = mask  # (the rows no key reaches are read from it: one factor for every head)
+    guard = mask
     if m.plan["keep_guard"]:  # -inf -> the lowest finite value: no NaN rows (the guard's Mul zeroes them)
         lowest = np.array(np.finfo(m.plan["dtype"].numpy()).min, m.plan["dtype"].numpy())
         mask = b.op("Max", mask, b.const(lowest, name="attention_mask_floor"))
     if not m.plan["expand"]:
-        return mask
-    return b.op("Expand", mask, b.op("Concat", b.op("Shape", mask, start=0, end=2), new, total, axis=0))
+        return mask, guard
+    return b.op("Expand", mask, b.op("Concat", b.op("Shape", mask, start=0, end=2), new, total, axis=0)), guard
 
 
 def gqa_replacement(m: Match, b):
     p = m.plan
     new, total = _lengths(m, b)
     seqlens, total_scalar = _sequence_lengths(m, b, total)
-    inputs = [_rotate(m, b, "q", p["num_heads"]), _rotate(m, b, "k", p["kv_heads"]), p["xv"],
+    q, k = _rotate(m, b, "q", p["num_heads"]), _rotate(m, b, "k", p["kv_heads"])
+    bias, guard = _bias(m, b, new, total)
+    inputs = [q, k, p["xv"],
               m["past_k"] if p["cached"] else None, m["past_v"] if p["cached"] else None, seqlens,
-              total_scalar, None, None, None, _bias(m, b, new, total)]
+              total_scalar, None, None, None, bias]
     while inputs[-1] is None:
         inputs.pop()
     node_out = b.op("GroupQueryAttention", *inputs, domain=MS, outputs=3, num_heads=p["num_heads"],
@@ -483,9 +487,7 @@ def gqa_replacement(m: Match, b):
             cat = m.node(name).outputs[0]
             node_out[k].type, node_out[k].shape = cat.type, cat.shape
     if p["keep_guard"]:
-        original, p["mask"] = p["mask"], p.get("guard_mask", p["mask"])
-        y = zero_masked_rows(m, b, y, lead)
-        p["mask"] = original
+        y = zero_masked_rows(m, b, y, lead, guard)
     shape = infer(root, m.opsets)
     y.type = root.type if root.type is not None else ir.TensorType(p["dtype"])
     if shape is not None and len(shape) == 3:
