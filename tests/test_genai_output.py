@@ -13,7 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import onnx
 import pytest
 
@@ -35,7 +34,6 @@ def exported(tmp_path_factory):
     root = tmp_path_factory.mktemp("genai-out")
     hf_dir = _genai.write_tiny_llama(root / "hf")
     _genai.skip_torchvision_meta_registrations()
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from onnxopt.models import decoder_models
@@ -43,10 +41,7 @@ def exported(tmp_path_factory):
     hf = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
     path = decoder_models.export_module(hf, "chunk", root / "chunk.onnx", "legacy")
     ids = AutoTokenizer.from_pretrained(hf_dir)(PROMPT).input_ids
-    with torch.no_grad():
-        gen = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                          max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
-    return hf_dir, path, ids, gen[0, len(ids):].tolist()
+    return hf_dir, path, ids, _genai.transformers_greedy(hf_dir, [ids], NEW_TOKENS)[0]
 
 
 def _cli(*args):

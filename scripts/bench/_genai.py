@@ -218,6 +218,23 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
+def transformers_greedy(hf_dir: str | Path, prompts, new_tokens: int) -> list[list[int]]:
+    """transformers' greedy continuation of each prompt (token ids, batch 1, ``new_tokens`` tokens, no early
+    stop): the reference a genai folder's tokens are held to."""
+    skip_torchvision_meta_registrations()
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    out = []
+    with torch.no_grad():
+        for p in prompts:
+            g = model.generate(torch.tensor([list(p)]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                               max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+            out.append(g[0, len(p):].tolist())
+    return out
+
+
 def greedy_tokens(model, prompt_ids, new_tokens: int) -> list[list[int]]:
     """Greedy generation of ``new_tokens`` tokens after each prompt (a list of equal-length id lists)
     with the generator; returns the new tokens of each row."""

@@ -89,15 +89,14 @@ def _export_folder(hf: Path, chunk: Path, out: Path) -> None:
     """The export as it is, with onnxopt's genai_config.json and the tokenizer (no rewriting)."""
     import onnx_ir as ir
 
-    from onnxopt.ir import genai
+    from onnxopt.ir import genai, io
 
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(chunk, out / "model.onnx")
-    made = genai.config(ir.load(chunk), genai.check_folder(hf), "model.onnx")
-    (out / genai.CONFIG).write_text(json.dumps(made, indent=2, sort_keys=True) + "\n")
-    for name in genai.TOKENIZER_FILES:
-        if (hf / name).is_file():
-            shutil.copyfile(hf / name, out / name)
+    folder = genai.check_folder(hf)
+    with io.Outputs() as outputs:  # (onnxopt's own writer: claimed, staged, committed)
+        genai.stage(outputs, genai.claim(outputs, out / "model.onnx", folder),
+                    genai.config(ir.load(chunk), folder, "model.onnx"))
 
 
 def _onnxopt_folder(hf: Path, chunk: Path, out: Path) -> dict:
@@ -137,21 +136,6 @@ def _prompts(hf: Path, count: int, tokens: int, vocab: int, seed: int = 0) -> li
             return [ids[i * step:i * step + tokens] for i in range(count)]
     rng = np.random.default_rng(seed)
     return [rng.integers(3, vocab, size=tokens).tolist() for _ in range(count)]
-
-
-def _reference(hf: Path, prompts: list[list[int]], new: int) -> list[list[int]]:
-    _genai.skip_torchvision_meta_registrations()
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(hf).eval()
-    out = []
-    with torch.no_grad():
-        for p in prompts:
-            g = model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                               max_new_tokens=new, min_new_tokens=new, do_sample=False)
-            out.append(g[0, len(p):].tolist())
-    return out
 
 
 def _one_run(og, model, prompt: np.ndarray, total: int) -> tuple[float, float, list[int]]:
@@ -206,7 +190,7 @@ def bench_folder(hf: Path, work: Path, args) -> dict:
     vocab = int(cfg["model"]["vocab_size"])
     prompts = _prompts(hf, args.prompts, args.prompt, vocab)
     _log(f"{name}: transformers' greedy tokens ({len(prompts)} prompts x {args.new})")
-    expected = _reference(hf, prompts, args.new)
+    expected = _genai.transformers_greedy(hf, prompts, args.new)
     total = args.prompt + args.new
     for v in live:
         got = [_one_run(og, models[v], np.asarray([p], np.int32), total)[2] for p in prompts]
