@@ -9,6 +9,7 @@ several new tokens after a past only at batch 1). Skips, saying why, without onn
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -100,3 +101,10 @@ def test_bad_genai_input_is_one_line_and_nothing_is_written(exported, tmp_path):
         r = _cli(model, "-o", tmp_path / "o.onnx", "--genai", folder)
         assert r.returncode == 2 and want in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plain.onnx"]
+    same = tmp_path / "same"  # the output beside the folder's own tokenizer: never written over
+    shutil.copytree(hf_dir, same)
+    before = {p.name: p.read_bytes() for p in same.iterdir()}
+    r = _cli(path, "-o", same / "model.onnx", "--genai", same)
+    assert r.returncode == 2 and "never overwrites what it reads" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert {p.name: p.read_bytes() for p in same.iterdir()} == before

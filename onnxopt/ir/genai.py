@@ -61,6 +61,9 @@ def _hf_config(folder: Path) -> dict:
 def claim(outputs, model_path: str | Path, folder: Path) -> list[tuple[Path, Path | None]]:
     """Claim the config and the tokenizer files beside ``model_path``: [(target, source file or None)]."""
     where = Path(model_path).parent
+    for name in (*TOKENIZER_FILES, "config.json", "generation_config.json"):  # (read: never written over)
+        if (folder / name).is_file():
+            outputs.protect(folder / name, f"a file {FLAG} reads (the Hugging Face folder's)")
     files = [(outputs.claim(where / CONFIG, f"{FLAG}'s {CONFIG}"), None)]
     for name in TOKENIZER_FILES:
         if (folder / name).is_file():
