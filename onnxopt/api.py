@@ -416,7 +416,10 @@ def _rewrite(run: _Run) -> None:
                               progress=run.progress,
                               options={"fold_size_limit": int(rw.fold_size_limit),
                                        "fold_input_limit": int(rw.fold_input_limit), "exact": bool(run.exact),
-                                       "target": targets.normalize(run.target), "precision": run.precision})
+                                       "target": targets.normalize(run.target), "precision": run.precision,
+                                       "padding": run.options.layout.padding})
+    if run.options.layout.padding != "any":  # (the promise the rewrites relied on: the verifier keeps it)
+        loaded.model.metadata_props[io.PADDING_KEY] = run.options.layout.padding
     if edited and not run.exact and rw.stop_after is None:  # (folding changes the rounding: not exact)
         layouts.fold(loaded.model, edited)
     elif edited:
@@ -512,7 +515,8 @@ def _save(run: _Run) -> None:
     run.progress(f"saving {run.output}" if run.output is not None else "converting the result")
     run.out = io.give_back(run.loaded, run.output, run.plan)
     if run.genai is not None:
-        made = genai.config(run.loaded.model, Path(run.options.save.genai), Path(run.output).name)
+        made = genai.config(run.loaded.model, Path(run.options.save.genai), Path(run.output).name,
+                            provider="cuda" if targets.normalize(run.target) == targets.ORT_CUDA else None)
         genai.stage(run.plan.outputs, run.genai, made)
     if run.own_outputs is not None:
         run.own_outputs.commit()
@@ -581,6 +585,7 @@ def _report(run: _Run) -> Report:
                   settings={"target": targets.normalize(target), "exact": bool(run.exact),
                             "input_shapes": {name: list(dims) for name, dims in run.input_shapes.items()},
                             **({"precision": precision} if precision != "fp32" else {}),
+                            **({"padding": run.options.layout.padding} if run.options.layout.padding != "any" else {}),
                             **(edges.as_dict() if edges else {})},
                   skipped=run.skipped, advice=run.advice, fusions=_fusions(run.chosen, result.rules),
                   precision=fp16.as_dict() if fp16 is not None else None, layout=run.edited,

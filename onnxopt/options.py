@@ -46,6 +46,7 @@ DEFAULT_FIDELITY_DB = 20.0
 DEFAULT_METHOD = "minmax"
 # the calibration methods onnxopt.quantize.calibrate implements (it reads them from here: settings are declared once)
 QUANTIZE_METHODS = ("minmax", "percentile", "entropy", "mse")
+PADDING = ("any", "right", "none")  # where a decoder's attention_mask may hold zeros (LayoutOptions.padding)
 
 _order = itertools.count()
 
@@ -196,6 +197,11 @@ def _all_targets() -> tuple:
     return (*targets.TARGETS, *targets.ALIASES)
 
 
+def _check_padding(value) -> None:
+    if value not in PADDING:
+        raise UsageError(f"padding {value!r}: choose any, right or none")
+
+
 def _check_precision(value) -> None:
     if value not in ("fp32", "fp16"):
         raise UsageError(f"precision {value!r}: choose fp32 or fp16")
@@ -339,6 +345,16 @@ class LayoutOptions:
         help="an output the model is to return channels-last, e.g. y=NHWC (repeatable)",
         key="layout.output", kind="string|table", about="output name = \"NHWC\" (channels-last output)",
         check=_layout)
+    padding: str = option(
+        "any", flags=("--padding",), group=_INPUTS, argparse={"choices": PADDING, "default": "any"},
+        help="where a decoder's attention_mask holds zeros: any (default: GroupQueryAttention reads the model's "
+             "own mask, exact for every mask; ort-cpu only), right (each row's zeros at its end, as onnxruntime-genai "
+             "feeds its models) or none (every entry 1): GroupQueryAttention reads the sequence lengths from the "
+             "mask instead (needed on ort-cuda, whose kernel takes no mask), after checking that the model's mask "
+             "is causal with that padding (and a sliding window)",
+        key="padding", about="a decoder's attention_mask: any (default), right (zeros at the end of each row) or none "
+        "(all ones): lengths read from the mask (GroupQueryAttention on ort-cuda)", choices=lambda: PADDING,
+        validate=_check_padding)
     input_preprocess: Any = option(
         None, flags=("--input-preprocess",), group=_LAYOUT,
         argparse={"metavar": "NAME=SPEC", "action": "append", "default": []},

@@ -105,6 +105,7 @@ def write(folder: Path, text: str, name="onnxopt.toml") -> Path:
 MAIN_CASES = [
     ("target", 'target = "ort-cuda"', lambda kw, d: kw["target"] == "ort-cuda"),
     ("precision", 'precision = "fp16"', lambda kw, d: kw["precision"] == "fp16"),
+    ("padding", 'padding = "right"', lambda kw, d: kw["padding"] == "right"),
     ("exact", "exact = true", lambda kw, d: kw["exact"] is True),
     ("max_rewrites", "max_rewrites = 7", lambda kw, d: kw["max_rewrites"] == 7),
     ("fold_size_limit", "fold_size_limit = 4096", lambda kw, d: kw["fold_size_limit"] == 4096),

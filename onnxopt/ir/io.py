@@ -1003,6 +1003,9 @@ def plan_give_back(loaded: Loaded, output: str | os.PathLike | None, *, external
 
 
 VERSION_KEY = "onnxopt.version"  # the model's metadata_props: the onnxopt that processed it
+# the model's metadata_props: "right" ("none") where it was optimized for attention masks padded at the end of
+# each row (not padded: --padding right/none): the verifier feeds such masks
+PADDING_KEY = "onnxopt.padding"
 
 
 def record_version(model: ir.Model) -> None:

@@ -242,7 +242,8 @@ def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_s
         step = decoder_step_feeds(session(before.source(), "cpu"), seed)
         if step is not None:
             feeds, decoder_how = step
-    feeds, how = inputs_for(before, feeds, inputs, input_shapes, int_ranges, seed, layouts.pixel_inputs(edges))
+    feeds, how = inputs_for(before, feeds, inputs, input_shapes, int_ranges, seed, layouts.pixel_inputs(edges),
+                            padding=_metadata(after.proto).get(io.PADDING_KEY, "any"))
     how = decoder_how or how
     model_feeds = {"before": feeds, "after": feeds}
     if edges:  # (the data given is what runs: raw pixels, or those the given float values are made of)

@@ -170,8 +170,12 @@ def data_shapes(model: ir.Model, options: Mapping | None) -> dict[str, list[int]
 
 def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
                 int_ranges: Mapping[str, tuple[int, int]] | None = None, npz: str | os.PathLike | None = None,
-                seed: int = 0, pixels: Mapping | None = None) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
+                seed: int = 0, pixels: Mapping | None = None,
+                padding: str = "any") -> tuple[dict[str, np.ndarray], dict[str, dict]]:
     """Inputs for every graph input of ``model`` (path, proto or onnx_ir model), and how each was made.
+
+    ``padding`` "right": a 2-D integer input named like a mask is ones then zeros in each row (a random count of
+    ones, at least one); "none": all ones: the inputs a model optimized with ``--padding right|none`` is promised.
 
     From ``npz`` where it has the input; otherwise generated, the same for the same seed:
     floats from a standard normal distribution, integers uniformly in a valid range (the user's
@@ -277,6 +281,13 @@ def make_inputs(model, *, shapes: Mapping[str, Sequence[int]] | None = None,
         except (ValueError, MemoryError) as exc:  # a shape too large for numpy or for memory
             raise UsageError(f"input {vi.name!r}: cannot make an array of shape {dims_text(shape)}: "
                              f"{io.first_line(exc, 200)}") from None
+        if padding != "any" and "mask" in vi.name.lower() and len(shape) == 2 and vi.name not in int_ranges \
+                and np.issubdtype(dtype, np.integer) and shape[1] > 0:
+            # (the optimized model was made for masks padded at the end of each row, or not at all: --padding)
+            kept = rng.integers(1, shape[1], shape[0], endpoint=True) if padding == "right" else \
+                np.full(shape[0], shape[1])
+            arr = (np.arange(shape[1])[None, :] < kept[:, None]).astype(dtype)
+            info["distribution"] = f"ones, then zeros (as the optimized model's onnxopt.padding says: {padding})"
         feeds[vi.name] = arr
         how[vi.name] = info
     return feeds, how
@@ -328,11 +339,13 @@ def run_failure(model: str, exc: BaseException, how: Mapping[str, dict], provide
     return UsageError(f"onnxruntime ({provider}) cannot run {model} {at}: {ort_reason(exc, 300)}; {fix}")
 
 
-def inputs_for(model: OrtModel, feeds, inputs, input_shapes, int_ranges, seed, pixels=None) -> tuple[dict, dict]:
+def inputs_for(model: OrtModel, feeds, inputs, input_shapes, int_ranges, seed, pixels=None,
+               padding: str = "any") -> tuple[dict, dict]:
     """The inputs to run and how each was made: ``feeds`` as given, else :func:`make_inputs`
-    (``pixels``: as it takes them)."""
+    (``pixels``, ``padding``: as it takes them)."""
     if feeds is None:
-        return make_inputs(model, shapes=input_shapes, int_ranges=int_ranges, npz=inputs, seed=seed, pixels=pixels)
+        return make_inputs(model, shapes=input_shapes, int_ranges=int_ranges, npz=inputs, seed=seed, pixels=pixels,
+                           padding=padding)
     inits = {i.name for i in model.proto.graph.initializer}
     takes = {i.name for i in model.proto.graph.input if i.name not in inits}
     if set(feeds) != takes:
