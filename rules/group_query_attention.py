@@ -53,7 +53,8 @@ from onnxopt.rules._head_layouts import (Layouts, NoFit, ancestors, apply_view, 
                                          scale_factor, scale_refusal, show_layout, split_heads, target_elements,
                                          zero_masked_rows)
 from onnxopt.rules._semantic import earlier, kernel
-from onnxopt.targets import ORT_CPU
+from onnxopt.rules._mask_probe import CUDA_WINDOW_EXTRA, causal_padding_window, read_input, window_extra
+from onnxopt.targets import ORT_CPU, ORT_CUDA
 
 PRESENT_KEY = "onnxopt.present_of"  # on the fused node: the names of the Concats its present outputs replace
 
@@ -342,13 +343,17 @@ def gqa_condition(m: Match):
     dtype = dtype_through(xq, m.opsets)
     if dtype is None or any(dtype_through(m[x], m.opsets) != dtype for x in ("xk", "xv")):
         return "Q, K and V differ in element type (or it is unknown)"
-    if kernel("GroupQueryAttention", MS, 1, m.options.get("target", ORT_CPU), dtype) is False:
-        return f"no GroupQueryAttention kernel for {dtype.name.lower()} on {m.options.get('target')}"
+    target = m.options.get("target", ORT_CPU)
+    if target == ORT_CUDA:
+        runs_as = ir.DataType.FLOAT16 if dtype == ir.DataType.FLOAT and m.options.get("precision") == "fp16" \
+            else dtype
+        if runs_as not in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
+            return (f"onnxruntime's CUDA GroupQueryAttention has float16 and bfloat16 kernels only (the model is "
+                    f"{dtype.name.lower()}, --precision fp16 converts it)")
+    elif kernel("GroupQueryAttention", MS, 1, target, dtype) is False:
+        return f"no GroupQueryAttention kernel for {dtype.name.lower()} on {target}"
     if reason := scale_refusal(scale, dtype):
         return reason
-    if cached and ctx.size("S") != 1 and ctx.size("B") != 1:
-        return ("the cache is extended by a length not proven 1 at a batch not proven 1 (onnxruntime's "
-                "GroupQueryAttention refuses several new tokens after a past at batch > 1)")
     expand, unexpanded = None, None
     if mask is not None and grouped and ctx.size("S") != 1 and ctx.size("R") not in (None, 1):
         return "the query heads are rows of one matrix per key head and the mask is not proven one row (S != 1)"
@@ -369,10 +374,51 @@ def gqa_condition(m: Match):
     want = ("B", "T") if cached else ("B", "S")
     length_input = next((g for g in m.graph.inputs if ctx.sources.get(g) == want), None)
     new_input = next((g for g in m.graph.inputs if ctx.sources.get(g) == ("B", "S")), None)
-    return {"length_input": length_input, "new_input": new_input, "xq": xq, "xk": m["xk"], "xv": m["xv"], "dtype": dtype, "scale": scale, "mask": mask,
+    lengths = None
+    if m.options.get("padding", "any") != "any" or target == ORT_CUDA:
+        lengths = _lengths_form(m, mask, new_input, dtype)
+        if isinstance(lengths, str) and target == ORT_CUDA:
+            return lengths
+        if isinstance(lengths, str):  # (ort-cpu: the model's own mask as attention_bias, exact for any padding)
+            lengths = None
+    if cached and ctx.size("S") != 1 and ctx.size("B") != 1 and lengths is None:
+        # (with --padding right the inputs are onnxruntime-genai's: a prompt at any batch after an empty past,
+        # several tokens after a past at batch 1 only, as in its own models: the op's error otherwise)
+        return ("the cache is extended by a length not proven 1 at a batch not proven 1 (onnxruntime's "
+                "GroupQueryAttention refuses several new tokens after a past at batch > 1, and with --padding right "
+                "takes onnxruntime-genai's inputs: a prompt after an empty past at any batch)")
+    return {"lengths": lengths, "length_input": length_input, "new_input": new_input, "xq": xq, "xk": m["xk"], "xv": m["xv"], "dtype": dtype, "scale": scale, "mask": mask,
             "expand": expand, "keep_guard": guarded and mask is not None and not finite_mask(mask),
             "num_heads": ctx.size("G") * (ctx.size("R") or 1), "kv_heads": ctx.size("G"), "head": ctx.size("D"),
             "cached": cached, "softcap": softcap, "unexpanded": unexpanded, "sizes": {a: ctx.size(a) for a in ("B", "S")}}
+
+
+def _lengths_form(m: Match, mask: ir.Value | None, new_input: ir.Value | None, dtype: ir.DataType) -> dict | str:
+    """The op reading sequence lengths from the attention mask (``seqlens_k = sum - 1``, causal, a window
+    where the mask has one) instead of the mask itself: the user promised right padding or none (``--padding``;
+    ort-cuda's kernel takes no mask), and the mask is checked to be the causal mask of that padding
+    (rules/_mask_probe.py); a window only without padding (the op counts it over a row's real keys). ``{"attention_mask": value, "window": W or None, "checked_keys": n}`` or the reason."""
+    padding = m.options.get("padding", "any")
+    if padding == "any":
+        return ("onnxruntime's CUDA GroupQueryAttention takes no mask (it reads sequence lengths, exact only when "
+                "the attention mask's padding is at the end of each row, --padding right, or absent, none)")
+    if mask is None:
+        return "no mask is added to the scores (a causal mask of the attention mask's padding is expected)"
+    length_input = read_input(m, mask)
+    if length_input is None:
+        return "the mask does not read one integer graph input [batch, keys] (the attention mask)"
+    answer = causal_padding_window(m, mask, length_input, new_input if new_input is not length_input else None,
+                                   m["past_k"] if m.node("k_cat") is not None else None, dtype)
+    if isinstance(answer, str):
+        return f"{answer} (--padding {padding})"
+    if answer["window"] is not None and padding == "right":
+        return (f"a sliding window of {answer['window']} keys with padding (onnxruntime's GroupQueryAttention counts "
+                "the window over a row's real keys, the model over its positions, padding included; exact without "
+                "padding, --padding none)")
+    extra = CUDA_WINDOW_EXTRA if m.options.get("target") == ORT_CUDA else window_extra()
+    if answer["window"] is not None and extra is None:
+        return "onnxruntime's GroupQueryAttention does not run here, so its window (local_window_size) cannot be read"
+    return {"attention_mask": length_input, "window_extra": extra, **answer}
 
 
 # --------------------------------------------------------------------------------------------
@@ -458,20 +504,43 @@ def _bias(m: Match, b, new: ir.Value, total: ir.Value) -> tuple[ir.Value | None,
     return b.op("Expand", mask, b.op("Concat", b.op("Shape", mask, start=0, end=2), new, total, axis=0)), guard
 
 
+def _mask_lengths(m: Match, b) -> tuple[ir.Value, ir.Value]:
+    """(seqlens_k = ReduceSum(attention_mask) - 1 per row, total_sequence_length = its length) as int32, once
+    for every layer: onnxruntime-genai's models' reading of a right-padded mask."""
+    am = m.plan["lengths"]["attention_mask"]
+    names = f"{am.name}_gqa_mask_seqlens_k", f"{am.name}_gqa_mask_total_length"
+    found = [earlier(m, n) for n in names]
+    if all(v is not None for v in found):
+        return found[0], found[1]
+    kept = b.op("ReduceSum", am, _i64(b, [1], "gqa_keys_axis"), keepdims=0)
+    seqlens = b.op("Cast", b.op("Sub", kept, _i64(b, [1], "gqa_one")), to=int(ir.DataType.INT32))
+    total = b.op("Cast", b.op("Reshape", b.op("Shape", am, start=1, end=2), _i64(b, [], "gqa_scalar")),
+                 to=int(ir.DataType.INT32))
+    return b.name(seqlens, names[0]), b.name(total, names[1])
+
+
 def gqa_replacement(m: Match, b):
     p = m.plan
-    new, total = _lengths(m, b)
-    seqlens, total_scalar = _sequence_lengths(m, b, total)
+    if p["lengths"] is not None:
+        seqlens, total_scalar = _mask_lengths(m, b)
+    else:
+        new, total = _lengths(m, b)
+        seqlens, total_scalar = _sequence_lengths(m, b, total)
     q, k = _rotate(m, b, "q", p["num_heads"]), _rotate(m, b, "k", p["kv_heads"])
-    bias, guard = _bias(m, b, new, total)
+    if p["lengths"] is not None:
+        bias = guard = None
+        window = p["lengths"]["window"]
+        mask_attrs = {"local_window_size": window - p["lengths"]["window_extra"]} if window else {}  # (causal: 1)
+    else:
+        bias, guard = _bias(m, b, new, total)
+        mask_attrs = {"causal": int(p["sizes"]["S"] == 1)}
     inputs = [q, k, p["xv"],
               m["past_k"] if p["cached"] else None, m["past_v"] if p["cached"] else None, seqlens,
               total_scalar, None, None, None, bias]
     while inputs[-1] is None:
         inputs.pop()
     node_out = b.op("GroupQueryAttention", *inputs, domain=MS, outputs=3, num_heads=p["num_heads"],
-                    kv_num_heads=p["kv_heads"], scale=float(np.float32(p["scale"])),
-                    causal=int(p["sizes"]["S"] == 1),
+                    kv_num_heads=p["kv_heads"], scale=float(np.float32(p["scale"])), **mask_attrs,
                     **({"softcap": float(np.float32(p["softcap"]))} if p["softcap"] else {}))
     y = node_out[0]
     node = y.producer()
@@ -486,7 +555,7 @@ def gqa_replacement(m: Match, b):
         if p["cached"]:
             cat = m.node(name).outputs[0]
             node_out[k].type, node_out[k].shape = cat.type, cat.shape
-    if p["keep_guard"]:
+    if p["keep_guard"] and guard is not None:
         y = zero_masked_rows(m, b, y, lead, guard)
     shape = infer(root, m.opsets)
     y.type = root.type if root.type is not None else ir.TensorType(p["dtype"])
@@ -516,13 +585,13 @@ def _present_replacement(m: Match, b):
 
 RULES = [
     Rule("group_query_attention", DECODER_ATTENTION, gqa_replacement, condition=gqa_condition, priority=6,
-         targets=(ORT_CPU,), benefit="group_query_attention", exact=False,
+         targets=(ORT_CPU, ORT_CUDA), benefit="group_query_attention", exact=False,
          doc="A decoder's attention (Q and K heads rotated by RotaryEmbedding or not, keys and values from a "
              "Concat(past, new) cache or not, transformers' repeat_kv, any additive mask, Softmax with or "
              "without the NaN guard) becomes com.microsoft GroupQueryAttention with the model's own mask as "
              "attention_bias (causal=0: exact for any padding) and the rotary kept on the 3-D projections."),
     Rule("group_query_attention_present", Op("Concat", "past", "new"), _present_replacement,
-         condition=_present_condition, targets=(ORT_CPU,), benefit="group_query_attention", exact=False,
+         condition=_present_condition, targets=(ORT_CPU, ORT_CUDA), benefit="group_query_attention", exact=False,
          doc="The model's present Concat(past, new) that a GroupQueryAttention already writes becomes that "
              "op's present output (its new keys rotated by the 3-D RotaryEmbedding: equal up to rounding)."),
 ]
