@@ -114,8 +114,13 @@ def prime_shapes(value: ir.Value | None, opsets, depth: int = 0) -> None:
 
 def float_scalar(value: ir.Value | None) -> float | None:
     """The number a one-element float constant of rank 0 or 1 holds, else None (a [1,1,1,1] factor
-    could raise the rank)."""
+    could raise the rank); also the square root of one (``Sqrt(c)``: torch's sdpa scales q and k by
+    sqrt(scale) each, and a float16 export keeps that Sqrt, which constant folding cannot fold exactly)."""
     t = constant_tensor(value)
+    node = value.producer() if value is not None and t is None else None
+    if node is not None and node.op_type == "Sqrt" and node.domain in ("", "ai.onnx") and is_sqrt_scale(node.inputs[0]):
+        c = constant_tensor(node.inputs[0]).numpy().reshape(-1)
+        return float(np.sqrt(c)[0])  # (in the constant's own type: as the model computes it)
     if t is None:
         return None
     a = t.numpy()
@@ -128,6 +133,14 @@ def is_scale(value: ir.Value) -> bool:
     """value is a float scalar constant a Mul or Div can scale by: nonzero and finite."""
     f = float_scalar(value)
     return f is not None and f != 0 and math.isfinite(f)
+
+
+def is_sqrt_scale(value: ir.Value) -> bool:
+    """value is a positive float16/bfloat16 scalar constant whose Sqrt scales: constant folding leaves such a Sqrt
+    (onnxruntime's CPU provider computes it in float32 with its float16 reader), a float32 one it folds first."""
+    t = constant_tensor(value)
+    return t is not None and t.dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16) and is_scale(value) \
+        and float_scalar(value) > 0
 
 
 def is_zero(value: ir.Value) -> bool:
@@ -160,10 +173,15 @@ def is_head_split(node: ir.Node, opsets) -> bool:
 # One node of a chain: each takes the pattern of what comes before it (see Repeat)
 
 
+def scale_factor_pattern() -> Pattern:
+    """A scalar constant, or the square root of one (see ``float_scalar``)."""
+    return Or(Const(check=is_scale), Op("Sqrt", Const(check=is_sqrt_scale), uses=one_reader))
+
+
 def scale_step(rest: Pattern) -> Pattern:
     """A Mul (either operand order) or Div by a scalar constant."""
-    return Or(Op("Mul", rest, Const(check=is_scale), commutative=True, uses=one_reader),
-              Op("Div", rest, Const(check=is_scale), uses=one_reader))
+    return Or(Op("Mul", rest, scale_factor_pattern(), commutative=True, uses=one_reader),
+              Op("Div", rest, scale_factor_pattern(), uses=one_reader))
 
 
 def layout_step(rest: Pattern) -> Pattern:
@@ -176,8 +194,8 @@ def layout_step(rest: Pattern) -> Pattern:
 def view_step(rest: Pattern) -> Pattern:
     """A view or a scale: what lies between a head split and the MatMul that reads the heads."""
     return Or(layout_step(rest),
-              Op("Mul", rest, Const(check=is_scale), commutative=True, uses=one_reader),
-              Op("Div", rest, Const(check=is_scale), uses=one_reader))
+              Op("Mul", rest, scale_factor_pattern(), commutative=True, uses=one_reader),
+              Op("Div", rest, scale_factor_pattern(), uses=one_reader))
 
 
 # --------------------------------------------------------------------------------------------

@@ -389,7 +389,7 @@ def scale_factor(node: ir.Node) -> float:
     (the second where it is one), 1 / a Div's; 1 for a view."""
     if node.op_type == "Mul":
         a, c = node.inputs
-        return float_scalar(c) if is_scale(c) else float_scalar(a)
+        return float_scalar(c) if float_scalar(c) is not None else float_scalar(a)
     if node.op_type == "Div":
         return 1.0 / float_scalar(node.inputs[1])
     return 1.0
