@@ -263,7 +263,7 @@ def kv_feeds(model, batch: int = 2, past: int = KV_PAST, *, seed: int = 0, pad_i
              "position_ids": (prefix_mask.sum(axis=1, keepdims=True) + np.arange(new)).astype(np.int64)}
     for i, layer in enumerate(out.past_key_values.layers):
         for kv, t in (("key", layer.keys), ("value", layer.values)):
-            a = t.detach().numpy().astype(np.float32)
+            a = t.detach().float().numpy().astype(np.float16 if t.dtype == torch.float16 else np.float32)
             if not np.isfinite(a).all():
                 raise RuntimeError(f"the torch model's cache of layer {i} has non-finite {kv}s")
             feeds[f"past_key_values.{i}.{kv}"] = np.ascontiguousarray(a)

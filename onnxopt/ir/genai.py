@@ -75,8 +75,9 @@ def _dims(value: ir.Value) -> list:
     return [d if isinstance(d, int) else None for d in value.shape] if value.shape is not None else []
 
 
-def config(model: ir.Model, folder: Path, filename: str) -> dict[str, Any]:
-    """genai_config.json for ``model`` saved as ``filename``, from the model and the Hugging Face folder."""
+def config(model: ir.Model, folder: Path, filename: str, provider: str | None = None) -> dict[str, Any]:
+    """genai_config.json for ``model`` saved as ``filename``, from the model and the Hugging Face folder;
+    ``provider`` "cuda" (the target ort-cuda) makes onnxruntime-genai run it on its CUDA provider (else its CPU)."""
     hf = _hf_config(folder)
     inputs = {v.name: v for v in model.graph.inputs}
     outputs = {v.name: v for v in model.graph.outputs}
@@ -122,7 +123,8 @@ def config(model: ir.Model, folder: Path, filename: str) -> dict[str, Any]:
             "bos_token_id": token("bos_token_id", 0),
             "context_length": context,
             "decoder": {
-                "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
+                "session_options": {"log_id": "onnxruntime-genai",
+                                    "provider_options": [{provider: {}}] if provider else []},
                 "filename": filename, "head_size": head,
                 "hidden_size": hf.get("hidden_size", num_heads * head),
                 "inputs": names,
