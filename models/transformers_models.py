@@ -181,8 +181,9 @@ def example_inputs(kind: str, batch: int = 2, seq: int = 16, seed: int = 0):
 
 
 def cap_ir_version(path: Path, max_ir: int = MAX_IR_VERSION) -> None:
-    """Lower the IR version of the model at ``path`` to ``max_ir`` (what onnxruntime reads), in place."""
-    proto = onnx.load(str(path))
+    """Lower the IR version of the model at ``path`` to ``max_ir`` (what onnxruntime reads), in place (its
+    external data, if any, left where it is)."""
+    proto = onnx.load(str(path), load_external_data=False)
     if proto.ir_version > max_ir:
         proto.ir_version = max_ir
         onnx.save(proto, str(path))
@@ -222,7 +223,8 @@ def _text_shapes(names):
 
 
 def _export_torch(model, args, path, exporter: str, opset: int, names: list, outs: list, axes, shapes) -> Path:
-    """Export ``model`` on ``args`` to the single file ``path`` with the legacy exporter
+    """Export ``model`` on ``args`` to the single file ``path`` (with ``path``.data beside it past 1.8 GB of
+    weights: dynamo) with the legacy exporter
     (``axes(names, outs)``: its dynamic axes, constant folding on) or dynamo (``shapes(names)``: its
     dynamic shapes, not optimized), the IR version capped for onnxruntime."""
     import torch
@@ -239,7 +241,9 @@ def _export_torch(model, args, path, exporter: str, opset: int, names: list, out
         else:
             program = torch.onnx.export(model, args, dynamo=True, optimize=False, opset_version=opset, verbose=False,
                                         input_names=names, output_names=outs, dynamic_shapes=shapes(names))
-            program.save(str(path), external_data=False)
+            # (over 2 GB of weights a protobuf cannot hold: PATH.data beside it, e.g. the GPU benchmark's 1B decoder)
+            large = sum(p.numel() * p.element_size() for p in model.parameters()) > 1_800_000_000
+            program.save(str(path), external_data=large)
     cap_ir_version(path)
     return path
 
