@@ -173,11 +173,55 @@ def _layer_replace(m: Match, b):
     return typed(b.op("LayerNormalization", *ins, axis=-1, epsilon=float(eps)), x, m)
 
 
+def _upcast(m: Match, x: ir.Value, gamma: np.ndarray):
+    """float16 statistics taken in float32 (transformers' LlamaRMSNorm of a float16 model:
+    ``weight * (x.float() * rsqrt(mean(x.float()^2) + eps)).half()``): where the normalized ``x``
+    is a Cast to float of a float16 value and the result (after its float32 scale, if any) is read
+    by a Cast back to float16 alone, ``(x16, gamma16)``: the fused op takes the float16 input and
+    computes its statistics in float32 (onnxruntime's kernels for float16; the standard
+    RMSNormalization's stash_type 1), and ``m.nodes`` and ``m.outputs`` take in both Casts and a
+    float16 scale by a constant after them (where no float32 one came before). None where it is not
+    that form (the float32 rule as before); the reason where it is and cannot be fused."""
+    up = producer(x, m.graph, "Cast", only_use=False)
+    if up is None or up.attributes.get("to") is None or up.attributes["to"].value != ir.DataType.FLOAT:
+        return None
+    x16 = up.inputs[0]
+    if dtype_of(x16, m.opsets) != ir.DataType.FLOAT16:
+        return None
+    down = _consumer(m.outputs[0], m.graph)
+    if down is None or down.op_type != "Cast" or down.attributes.get("to") is None \
+            or down.attributes["to"].value != ir.DataType.FLOAT16:
+        return None
+    if x.is_graph_output() or {u.node for u in x.uses()} - set(m.nodes):
+        return "the float16 input's float32 copy is read elsewhere"
+    with np.errstate(over="ignore"):
+        gamma16 = gamma.astype(np.float16)
+    if not np.array_equal(gamma16.astype(np.float32), gamma):
+        return "the float32 scale is not exact in float16 (the fused op's scale has the input's type)"
+    nodes, out = [up, down], down.outputs[0]
+    weigh = _consumer(out, m.graph)
+    if "gamma" not in m and weigh is not None and weigh.op_type == "Mul" and len(weigh.inputs) == 2:
+        w = const_array(_other(weigh, out))
+        dims = _dims(x16, m)
+        vec = None if w is None else _per_channel(w, None if dims is None else len(dims), gamma.shape[0], "the weight")
+        if isinstance(vec, np.ndarray) and vec.dtype == np.float16:
+            gamma16, out = vec, weigh.outputs[0]
+            nodes.append(weigh)
+    m.nodes = tuple(dict.fromkeys((*m.nodes, *nodes)))
+    m.outputs = [out]
+    return x16, gamma16
+
+
 def _rms_condition(m: Match):
     plan = _norm_plan(m, layer=False)
     if isinstance(plan, str):
         return plan
     x, eps, gamma, _, dtype = plan
+    upcast = _upcast(m, x, gamma)
+    if isinstance(upcast, str):
+        return upcast
+    if upcast is not None:
+        (x, gamma), dtype = upcast, ir.DataType.FLOAT16
     target, opset = _target(m), m.opset("")
     std = opset >= 23 and kernel("RMSNormalization", "", opset, target, dtype)
     # the residual Add before it makes com.microsoft SkipSimplifiedLayerNormalization (one kernel for
