@@ -1,5 +1,5 @@
-"""Normalization fusions for onnxruntime (targets ort-cpu and ort-cuda only; ``portable`` never sees
-them).
+"""Normalization fusions for onnxruntime (targets ort-cpu and ort-cuda; ``portable`` sees
+``rms_normalization`` alone, which gives it the standard RMSNormalization at opset >= 23 and nothing else).
 
 Matched by what the nodes compute. The patterns of ``layer_normalization`` and ``rms_normalization``
 say the whole expression, rooted at its output (the division, the scale or the shift), from the pieces
@@ -16,13 +16,22 @@ means' axes, the constants' values and the types:
   (the condition's choice, not the pattern's) com.microsoft SkipSimplifiedLayerNormalization, else
   the standard RMSNormalization where the model imports opset >= 23 and onnxruntime has the
   kernel; else refused (onnxruntime's SimplifiedLayerNormalization is registered in the ONNX domain
-  without being an ONNX operator: onnx.checker refuses it).
+  without being an ONNX operator: onnx.checker refuses it). The float16 form with float32 statistics
+  (transformers' LlamaRMSNorm exported in float16: x32 = Cast<float>(x16), x32 / sqrt(mean(x32^2) +
+  eps) [* a float32 scale float16 holds exactly], Cast<float16>, [* a float16 weight]) fuses on the
+  float16 input and weight, both Casts and the weight inside: onnxruntime's float16 kernels
+  (SkipSimplifiedLayerNormalization, RMSNormalization; CPU and CUDA) take the statistics in float32,
+  and the standard RMSNormalization's stash_type 1 (its default) is that very computation; the
+  residual Add is then the float16 one before the Cast.
 - ``skip_layer_normalization``: LayerNormalization(a + b [+ bias]) over the last axis, a and b of
   the shapes com.microsoft SkipLayerNormalization takes -> SkipLayerNormalization; where the sum
   is read elsewhere too (a pre-LN transformer's residual stream) its fourth output gives it.
 
 Not exact (``exact=False``): the kernels accumulate in their own order; fp32 outputs agree within
-1e-5 relative on the zoo models.
+1e-5 relative on the zoo models. In the float16 form the export rounds twice (the normalized value
+to float16, then its product by the weight), onnxruntime's kernels compute in float32 and round the
+output: outputs agree within float16 rounding (on onnxruntime CPU both within 2 ulps of a float64
+reference, tests/rules/test_normalization.py).
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ import onnx_ir as ir
 
 from onnxopt.core.pattern import Around, Const, Explain, Match, Op, Opt, Or, Rule, Var
 from onnxopt.ir.shapes import infer
-from onnxopt.targets import ORT_CPU, ORT_CUDA
+from onnxopt.targets import ORT_CPU, ORT_CUDA, PORTABLE
 
 from onnxopt.rules._normalization_parts import (affine, centred, divided, not_centred, read_by_a_division,
                                                 root_mean_square, scaled)
@@ -223,12 +232,15 @@ def _rms_condition(m: Match):
     if upcast is not None:
         (x, gamma), dtype = upcast, ir.DataType.FLOAT16
     target, opset = _target(m), m.opset("")
-    std = opset >= 23 and kernel("RMSNormalization", "", opset, target, dtype)
+    # portable: the standard op alone, where the installed onnxruntime (if any) runs it on the CPU
+    portable = target == PORTABLE
+    std = opset >= 23 and (kernel("RMSNormalization", "", opset, ORT_CPU, dtype) is not False if portable
+                           else kernel("RMSNormalization", "", opset, target, dtype))
     # the residual Add before it makes com.microsoft SkipSimplifiedLayerNormalization (one kernel for
     # both); before opset 23 that is the only form: ONNX has no RMS normalization, and onnxruntime's
     # SimplifiedLayerNormalization is registered in the ONNX domain without being an ONNX operator
     # (onnx.checker refuses the model)
-    add = producer(x, m.graph, "Add", only_use=False)
+    add = None if portable else producer(x, m.graph, "Add", only_use=False)
     reason = None
     if add is not None:
         op = "SkipSimplifiedLayerNormalization"
@@ -245,7 +257,11 @@ def _rms_condition(m: Match):
     if std:
         return "std", x, eps, gamma
     if opset >= 23:
+        if portable:
+            return f"the installed onnxruntime has no RMSNormalization kernel for {dtype.name.lower()}"
         return reason or f"no RMSNormalization kernel for {dtype.name.lower()} on {target}"
+    if portable:
+        return f"ONNX has no RMS normalization before opset 23 (the model imports {opset})"
     return reason or (f"ONNX has no RMS normalization before opset 23 (the model imports {opset}) and no "
                       "residual Add precedes it (onnxruntime's SimplifiedLayerNormalization is no ONNX operator)")
 
@@ -481,10 +497,12 @@ RULES = [
          benefit="layer_normalization", exact=False,
          doc="(x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps) [* gamma] [+ beta] over the last axis becomes "
              "LayerNormalization (opset >= 17)."),
-    Rule("rms_normalization", RMS_NORMALIZATION, _rms_replace, condition=_rms_condition, targets=ORT,
+    Rule("rms_normalization", RMS_NORMALIZATION, _rms_replace, condition=_rms_condition, targets=(*ORT, PORTABLE),
          benefit="rms_normalization", exact=False,
          doc="x / sqrt(mean(x^2) + eps) [* weight] over the last axis becomes RMSNormalization (opset >= 23 with "
-             "onnxruntime's kernel), or with the residual Add before it com.microsoft SkipSimplifiedLayerNormalization."),
+             "onnxruntime's kernel; portable: this alone), or with the residual Add before it com.microsoft "
+             "SkipSimplifiedLayerNormalization; a float16 input cast to float32 for it and the result cast back "
+             "(then weighted in float16) fuses in float16 (the kernels' statistics are float32)."),
     Rule("skip_layer_normalization",
          Op("LayerNormalization", Op("Add", "a", "b", name="add", shared=True), Const("gamma"), Opt(Const("beta")),
             name="ln"),
