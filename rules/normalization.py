@@ -192,7 +192,8 @@ def _upcast(m: Match, x: ir.Value, gamma: np.ndarray):
     computes its statistics in float32 (onnxruntime's kernels for float16; the standard
     RMSNormalization's stash_type 1), and ``m.nodes`` and ``m.outputs`` take in both Casts and a
     float16 scale by a constant after them (where no float32 one came before). None where it is not
-    that form (the float32 rule as before); the reason where it is and cannot be fused."""
+    that form; the reason where it is and cannot be fused so (then the float32 form is tried, as
+    before, on the Cast's output; ``m`` untouched)."""
     up = producer(x, m.graph, "Cast", only_use=False)
     if up is None or up.attributes.get("to") is None or up.attributes["to"].value != ir.DataType.FLOAT:
         return None
@@ -230,9 +231,17 @@ def _rms_condition(m: Match):
     x, eps, gamma, _, dtype = plan
     upcast = _upcast(m, x, gamma)
     if isinstance(upcast, str):
-        return upcast
+        # the float32 form on the Cast's output, as before this form was known; its refusal says both
+        # (no ": " inside, where the driver's report would keep only what follows it)
+        plan = _rms_plan(m, x, eps, gamma, dtype)
+        return f"{plan}; nor in float16 with float32 statistics, as {upcast}" if isinstance(plan, str) else plan
     if upcast is not None:
         (x, gamma), dtype = upcast, ir.DataType.FLOAT16
+    return _rms_plan(m, x, eps, gamma, dtype)
+
+
+def _rms_plan(m: Match, x: ir.Value, eps: float, gamma: np.ndarray, dtype: ir.DataType):
+    """The fused form for the RMS normalization of ``x`` (its type ``dtype``), or the reason."""
     target, opset = _target(m), m.opset("")
     # portable: the standard op alone, where the installed onnxruntime (if any) runs it on the CPU
     portable = target == PORTABLE

@@ -703,12 +703,18 @@ def test_rms_normalization_float16_upcast_float32_scale():
                    **CPU)
     assert ops(out) == {"com.microsoft:SkipSimplifiedLayerNormalization": 1, "Mul": 1}, ops(out)
     refuses("rms_normalization", rms16_model(scale32=np.full(H, 1 + 2 ** -12, np.float32)), feeds=feeds,
-            reason="the float32 scale is not exact in float16", **CPU)
+            reason="nor in float16 with float32 statistics, as the float32 scale is not exact in float16", **CPU)
 
 
 def test_rms_normalization_float16_upcast_refuses_a_float32_copy_read_elsewhere():
+    """The float32 copy read elsewhere: not the float16 form; the float32 one (before this form was
+    known, the only one) on the Cast's output, which at opset 18 without an Add there is refused with
+    both reasons; at opset 23 the float32 RMSNormalization, between the two Casts."""
     refuses("rms_normalization", rms16_model(upcast_read=True), "the float16 input's float32 copy is read elsewhere",
             feeds=hidden16(1.0), **CPU)
+    out, _ = fires("rms_normalization", rms16_model(upcast_read=True, opset=23), feeds=hidden16(1.0), tol=TOL16,
+                   **CPU)
+    assert ops(out)["RMSNormalization"] == 1 and ops(out)["Cast"] == 3, ops(out)
 
 
 def test_rms_normalization_float16_without_the_cast_back_stays_float32():
