@@ -1,5 +1,7 @@
-"""Normalization fusions for onnxruntime (targets ort-cpu and ort-cuda only; ``portable`` never sees
-them).
+"""Normalization fusions for onnxruntime (targets ort-cpu and ort-cuda; ``portable`` sees
+``rms_normalization_portable`` alone: rms_normalization's pattern and condition, giving the standard
+RMSNormalization at opset >= 23 and nothing else; a rule of its own, as a fusion with a benefit key
+is for onnxruntime's targets).
 
 Matched by what the nodes compute. The patterns of ``layer_normalization`` and ``rms_normalization``
 say the whole expression, rooted at its output (the division, the scale or the shift), from the pieces
@@ -16,13 +18,22 @@ means' axes, the constants' values and the types:
   (the condition's choice, not the pattern's) com.microsoft SkipSimplifiedLayerNormalization, else
   the standard RMSNormalization where the model imports opset >= 23 and onnxruntime has the
   kernel; else refused (onnxruntime's SimplifiedLayerNormalization is registered in the ONNX domain
-  without being an ONNX operator: onnx.checker refuses it).
+  without being an ONNX operator: onnx.checker refuses it). The float16 form with float32 statistics
+  (transformers' LlamaRMSNorm exported in float16: x32 = Cast<float>(x16), x32 / sqrt(mean(x32^2) +
+  eps) [* a float32 scale float16 holds exactly], Cast<float16>, [* a float16 weight]) fuses on the
+  float16 input and weight, both Casts and the weight inside: onnxruntime's float16 kernels
+  (SkipSimplifiedLayerNormalization, RMSNormalization; CPU and CUDA) take the statistics in float32,
+  and the standard RMSNormalization's stash_type 1 (its default) is that very computation; the
+  residual Add is then the float16 one before the Cast.
 - ``skip_layer_normalization``: LayerNormalization(a + b [+ bias]) over the last axis, a and b of
   the shapes com.microsoft SkipLayerNormalization takes -> SkipLayerNormalization; where the sum
   is read elsewhere too (a pre-LN transformer's residual stream) its fourth output gives it.
 
 Not exact (``exact=False``): the kernels accumulate in their own order; fp32 outputs agree within
-1e-5 relative on the zoo models.
+1e-5 relative on the zoo models. In the float16 form the export rounds twice (the normalized value
+to float16, then its product by the weight), onnxruntime's kernels compute in float32 and round the
+output: outputs agree within float16 rounding (on onnxruntime CPU both within 2 ulps of a float64
+reference, tests/rules/test_normalization.py).
 """
 
 from __future__ import annotations
@@ -32,7 +43,7 @@ import onnx_ir as ir
 
 from onnxopt.core.pattern import Around, Const, Explain, Match, Op, Opt, Or, Rule, Var
 from onnxopt.ir.shapes import infer
-from onnxopt.targets import ORT_CPU, ORT_CUDA
+from onnxopt.targets import ORT_CPU, ORT_CUDA, PORTABLE
 
 from onnxopt.rules._normalization_parts import (affine, centred, divided, not_centred, read_by_a_division,
                                                 root_mean_square, scaled)
@@ -173,18 +184,74 @@ def _layer_replace(m: Match, b):
     return typed(b.op("LayerNormalization", *ins, axis=-1, epsilon=float(eps)), x, m)
 
 
+def _upcast(m: Match, x: ir.Value, gamma: np.ndarray):
+    """float16 statistics taken in float32 (transformers' LlamaRMSNorm of a float16 model:
+    ``weight * (x.float() * rsqrt(mean(x.float()^2) + eps)).half()``): where the normalized ``x``
+    is a Cast to float of a float16 value and the result (after its float32 scale, if any) is read
+    by a Cast back to float16 alone, ``(x16, gamma16)``: the fused op takes the float16 input and
+    computes its statistics in float32 (onnxruntime's kernels for float16; the standard
+    RMSNormalization's stash_type 1), and ``m.nodes`` and ``m.outputs`` take in both Casts and a
+    float16 scale by a constant after them (where no float32 one came before). None where it is not
+    that form; the reason where it is and cannot be fused so (then the float32 form is tried, as
+    before, on the Cast's output; ``m`` untouched)."""
+    up = producer(x, m.graph, "Cast", only_use=False)
+    if up is None or up.attributes.get("to") is None or up.attributes["to"].value != ir.DataType.FLOAT:
+        return None
+    x16 = up.inputs[0]
+    if dtype_of(x16, m.opsets) != ir.DataType.FLOAT16:
+        return None
+    down = _consumer(m.outputs[0], m.graph)
+    if down is None or down.op_type != "Cast" or down.attributes.get("to") is None \
+            or down.attributes["to"].value != ir.DataType.FLOAT16:
+        return None
+    if x.is_graph_output() or {u.node for u in x.uses()} - set(m.nodes):
+        return "the float16 input's float32 copy is read elsewhere"
+    with np.errstate(over="ignore"):
+        gamma16 = gamma.astype(np.float16)
+    if not np.array_equal(gamma16.astype(np.float32), gamma):
+        return "the float32 scale is not exact in float16 (the fused op's scale has the input's type)"
+    nodes, out = [up, down], down.outputs[0]
+    weigh = _consumer(out, m.graph)
+    if "gamma" not in m and weigh is not None and weigh.op_type == "Mul" and len(weigh.inputs) == 2:
+        w = const_array(_other(weigh, out))
+        dims = _dims(x16, m)
+        vec = None if w is None else _per_channel(w, None if dims is None else len(dims), gamma.shape[0], "the weight")
+        if isinstance(vec, np.ndarray) and vec.dtype == np.float16:
+            gamma16, out = vec, weigh.outputs[0]
+            nodes.append(weigh)
+    m.nodes = tuple(dict.fromkeys((*m.nodes, *nodes)))
+    m.outputs = [out]
+    return x16, gamma16
+
+
 def _rms_condition(m: Match):
     plan = _norm_plan(m, layer=False)
     if isinstance(plan, str):
         return plan
     x, eps, gamma, _, dtype = plan
+    upcast = _upcast(m, x, gamma)
+    if isinstance(upcast, str):
+        # the float32 form on the Cast's output, as before this form was known; its refusal says both
+        # (no ": " inside, where the driver's report would keep only what follows it)
+        plan = _rms_plan(m, x, eps, gamma, dtype)
+        return f"{plan}; nor in float16 with float32 statistics, as {upcast}" if isinstance(plan, str) else plan
+    if upcast is not None:
+        (x, gamma), dtype = upcast, ir.DataType.FLOAT16
+    return _rms_plan(m, x, eps, gamma, dtype)
+
+
+def _rms_plan(m: Match, x: ir.Value, eps: float, gamma: np.ndarray, dtype: ir.DataType):
+    """The fused form for the RMS normalization of ``x`` (its type ``dtype``), or the reason."""
     target, opset = _target(m), m.opset("")
-    std = opset >= 23 and kernel("RMSNormalization", "", opset, target, dtype)
+    # portable: the standard op alone, where the installed onnxruntime (if any) runs it on the CPU
+    portable = target == PORTABLE
+    std = opset >= 23 and (kernel("RMSNormalization", "", opset, ORT_CPU, dtype) is not False if portable
+                           else kernel("RMSNormalization", "", opset, target, dtype))
     # the residual Add before it makes com.microsoft SkipSimplifiedLayerNormalization (one kernel for
     # both); before opset 23 that is the only form: ONNX has no RMS normalization, and onnxruntime's
     # SimplifiedLayerNormalization is registered in the ONNX domain without being an ONNX operator
     # (onnx.checker refuses the model)
-    add = producer(x, m.graph, "Add", only_use=False)
+    add = None if portable else producer(x, m.graph, "Add", only_use=False)
     reason = None
     if add is not None:
         op = "SkipSimplifiedLayerNormalization"
@@ -201,7 +268,11 @@ def _rms_condition(m: Match):
     if std:
         return "std", x, eps, gamma
     if opset >= 23:
+        if portable:
+            return f"the installed onnxruntime has no RMSNormalization kernel for {dtype.name.lower()}"
         return reason or f"no RMSNormalization kernel for {dtype.name.lower()} on {target}"
+    if portable:
+        return f"ONNX has no RMS normalization before opset 23 (the model imports {opset})"
     return reason or (f"ONNX has no RMS normalization before opset 23 (the model imports {opset}) and no "
                       "residual Add precedes it (onnxruntime's SimplifiedLayerNormalization is no ONNX operator)")
 
@@ -440,7 +511,13 @@ RULES = [
     Rule("rms_normalization", RMS_NORMALIZATION, _rms_replace, condition=_rms_condition, targets=ORT,
          benefit="rms_normalization", exact=False,
          doc="x / sqrt(mean(x^2) + eps) [* weight] over the last axis becomes RMSNormalization (opset >= 23 with "
-             "onnxruntime's kernel), or with the residual Add before it com.microsoft SkipSimplifiedLayerNormalization."),
+             "onnxruntime's kernel), or with the residual Add before it com.microsoft "
+             "SkipSimplifiedLayerNormalization; a float16 input cast to float32 for it and the result cast back "
+             "(then weighted in float16) fuses in float16 (the kernels' statistics are float32)."),
+    Rule("rms_normalization_portable", RMS_NORMALIZATION, _rms_replace, condition=_rms_condition, targets=(PORTABLE,),
+         exact=False,
+         doc="rms_normalization's pattern for portable: the standard RMSNormalization at opset >= 23 (where the "
+             "installed onnxruntime, if any, has its CPU kernel), the residual Add left; nothing before opset 23."),
     Rule("skip_layer_normalization",
          Op("LayerNormalization", Op("Add", "a", "b", name="add", shared=True), Const("gamma"), Opt(Const("beta")),
             name="ln"),

@@ -18,6 +18,7 @@ import json
 import numpy as np
 import onnx
 import pytest
+from conftest import run_ort
 from helpers import init, model, tinfo
 from onnx import TensorProto, helper
 
@@ -571,3 +572,201 @@ def test_llama_rms_normalization(tmp_path, exporter):
         feeds = {"input_ids": rng.integers(0, 512, (batch, seq)).astype(np.int64), "attention_mask": m}
         for a, o in zip(run_ort(src, feeds), run_ort(out, feeds), strict=True):
             np.testing.assert_allclose(o, a, rtol=1e-4, atol=1e-4 * float(np.abs(a).max()))
+
+
+# --- float16 with float32 statistics (transformers' LlamaRMSNorm in a float16 export) --------------
+
+F16 = TensorProto.FLOAT16
+W16 = RNG.uniform(0.5, 1.5, H).astype(np.float16)
+TOL16 = 4e-3  # a few float16 ulps at the outputs' magnitudes: the export rounds twice (after the
+# normalization and after the weight), the fused kernels once
+
+
+def rms16_nodes(*, residual=True, form="reciprocal", scale32=None, read_on=False, weight=True, upcast_read=False):
+    """``weight16 * Cast<float16>(x32 * rsqrt(mean(x32^2) + eps))`` with ``x32 = Cast<float>(x16)``, x16
+    the float16 residual sum x + res (``residual``) or x; torch.onnx dynamo's Reciprocal(Sqrt), legacy's
+    Div(1, Sqrt) (``form="one-div"``). ``scale32``: a float32 scale before the Cast back (Gemma's
+    (1 + w).float()); ``read_on``: the sum read after the norm (the next residual); ``upcast_read``: the
+    float32 copy read elsewhere too."""
+    x, nodes = ("xs", [n("Add", ["x", "res"], "xs")]) if residual else ("x", [])
+    nodes += [n("Cast", [x], "x32", to=TensorProto.FLOAT), n("Pow", ["x32", "two"], "sq"),
+              n("ReduceMean", ["sq", "axes"], "var"), n("Add", ["var", "eps"], "ve"), n("Sqrt", ["ve"], "sd")]
+    if form == "reciprocal":
+        nodes += [n("Reciprocal", ["sd"], "rc")]
+    else:
+        nodes += [n("Div", ["one", "sd"], "rc")]
+    nodes += [n("Mul", ["x32", "rc"], "nd")]
+    if scale32 is not None:
+        nodes += [n("Mul", ["nd", "g32"], "nd_scaled")]
+    nodes += [n("Cast", ["nd_scaled" if scale32 is not None else "nd"], "n16", to=F16)]
+    last = "y" if not (read_on or upcast_read) else "yn"
+    nodes += [n("Mul", ["w", "n16"], last)] if weight else [n("Identity", ["n16"], last)]
+    if read_on:
+        nodes += [n("Add", ["yn", x], "y")]
+    if upcast_read:
+        nodes += [n("Cast", ["x32"], "x16_again", to=F16), n("Add", ["yn", "x16_again"], "y")]
+    return nodes
+
+
+def rms16_model(*, opset=18, residual=True, scale32=None, **kw):
+    consts = [init("two", np.float32(2.0)), init("eps", np.float32(1e-6)), init("one", np.float32(1.0)),
+              init("w", W16), init("axes", np.array([-1], np.int64))]
+    if scale32 is not None:
+        consts.append(init("g32", np.asarray(scale32, np.float32)))
+    ins = [tinfo("x", ["b", "s", H], F16)] + ([tinfo("res", ["b", "s", H], F16)] if residual else [])
+    return model(rms16_nodes(residual=residual, scale32=scale32, **kw), ins, [tinfo("y", 3, F16)], consts,
+                 opset=opset)
+
+
+def hidden16(scale: float, residual=True, seed=1) -> dict:
+    """float16 hidden states of a decoder's magnitude (``scale``: 300 makes x^2 overflow float16, so
+    statistics taken in float16 would give inf)."""
+    rng = np.random.default_rng(seed)
+    feeds = {"x": (rng.standard_normal((2, 5, H)) * scale).astype(np.float16)}
+    if residual:
+        feeds["res"] = (rng.standard_normal((2, 5, H)) * scale).astype(np.float16)
+    return feeds
+
+
+def rms16_reference(feeds, *, residual=True) -> np.ndarray:
+    """The RMSNorm in float64, weight applied: what both graphs round to float16."""
+    x = feeds["x"].astype(np.float64) + (feeds["res"].astype(np.float64) if residual else 0)
+    x = x.astype(np.float16).astype(np.float64) if residual else x  # (the float16 sum both compute)
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * W16.astype(np.float64)
+
+
+@pytest.mark.parametrize("scale", [1.0, 300.0], ids=["unit", "overflows-fp16-squares"])
+@pytest.mark.parametrize("form", ["reciprocal", "one-div"], ids=["dynamo", "legacy"])
+@pytest.mark.parametrize("target", ["ort-cpu", "ort-cuda"])
+def test_rms_normalization_float16_upcast_is_skip_simplified(form, scale, target):
+    """The residual sum in float16, cast up, normalized in float32, cast back and weighted in float16
+    becomes one SkipSimplifiedLayerNormalization on the float16 operands and weight (its kernels take
+    the statistics in float32), the weight inside, no Cast left; onnxruntime CPU's outputs agree with
+    the export's within float16 rounding, both within 2 ulps of a float64 reference, at hidden states
+    whose squares overflow float16 too; the sum read on comes from the fused node's fourth output."""
+    m = rms16_model(form=form, read_on=True)
+    feeds = hidden16(scale)
+    out, _ = fires("rms_normalization", m, feeds=feeds, tol=TOL16 * scale, target=target)
+    assert ops(out) == {"com.microsoft:SkipSimplifiedLayerNormalization": 1, "Add": 1}, ops(out)
+    node = next(x for x in out.graph.node if x.op_type == "SkipSimplifiedLayerNormalization")
+    w = next(i for i in out.graph.initializer if i.name == node.input[2])
+    assert w.data_type == F16 and np.array_equal(onnx.numpy_helper.to_array(w), W16)
+    onnx.checker.check_model(out, full_check=True)
+    alone = rms16_model(form=form)  # (the normalization's own output, against float64)
+    fused, _ = fires("rms_normalization", alone, feeds=feeds, tol=TOL16 * scale, target=target)
+    ref = rms16_reference(feeds)
+    ulp = np.spacing(np.abs(ref).astype(np.float16)).astype(np.float64)
+    for graph in (alone, fused):
+        got = run_ort(graph, feeds)[0].astype(np.float64)
+        assert np.all(np.abs(got - ref) <= 2 * ulp), np.abs(got - ref).max()
+
+
+@pytest.mark.parametrize("target", ["ort-cpu", "portable"])
+def test_rms_normalization_float16_upcast_alone(target):
+    """Without a residual Add: at opset 23 the standard RMSNormalization on the float16 input and weight
+    (its stash_type 1 is this very computation: statistics in float32, normalized value cast back, then
+    weighted), on onnxruntime's targets and portable; before opset 23 refused with the reason."""
+    feeds = hidden16(1.0, residual=False)
+    rule = "rms_normalization_portable" if target == "portable" else "rms_normalization"
+    out, _ = fires(rule, rms16_model(opset=23, residual=False), feeds=feeds, tol=TOL16, target=target)
+    assert ops(out) == {"RMSNormalization": 1}, ops(out)
+    node = out.graph.node[0]
+    assert [(a.name, a.i) for a in node.attribute if a.name == "stash_type"] in ([], [("stash_type", 1)])
+    assert onnx.numpy_helper.to_array(next(i for i in out.graph.initializer if i.name == node.input[1])).dtype \
+        == np.float16
+    onnx.checker.check_model(out, full_check=True)
+    refuses(rule, rms16_model(residual=False), "ONNX has no RMS normalization before opset 23 "
+            "(the model imports 18)", feeds=feeds, target=target)
+
+
+def test_rms_normalization_portable_takes_no_residual_add():
+    """portable (rms_normalization_portable: the rule without a benefit key) has standard ops alone: a
+    residual sum's RMSNorm (float16 upcast or float32) becomes RMSNormalization at opset 23, the Add
+    kept; before opset 23 nothing."""
+    out, _ = fires("rms_normalization_portable", rms16_model(opset=23), feeds=hidden16(1.0), tol=TOL16,
+                   target="portable")
+    assert ops(out) == {"RMSNormalization": 1, "Add": 1}, ops(out)
+    m = build(rms_nodes(opset=23, residual=True), RMS_CONSTS, opset=23, extra_inputs=[("res", ("b", "s", H))])
+    out, _ = fires("rms_normalization_portable", m, tol=TOL, target="portable")
+    assert ops(out) == {"RMSNormalization": 1, "Add": 1}, ops(out)
+    refuses("rms_normalization_portable", build(rms_nodes(residual=True), RMS_CONSTS,
+                                                extra_inputs=[("res", ("b", "s", H))]),
+            "ONNX has no RMS normalization before opset 23 (the model imports 17)", target="portable")
+
+
+def test_rms_normalization_float16_upcast_float32_scale():
+    """A float32 scale before the Cast back (Gemma's (1 + w).float()) is taken into the fused op where
+    float16 holds it exactly, the float16 weight after the Cast left to the scale fold; refused with
+    the reason where it does not."""
+    feeds = hidden16(1.0)
+    out, _ = fires("rms_normalization", rms16_model(scale32=W16.astype(np.float32) * 2), feeds=feeds, tol=2 * TOL16,
+                   **CPU)
+    assert ops(out) == {"com.microsoft:SkipSimplifiedLayerNormalization": 1, "Mul": 1}, ops(out)
+    refuses("rms_normalization", rms16_model(scale32=np.full(H, 1 + 2 ** -12, np.float32)), feeds=feeds,
+            reason="nor in float16 with float32 statistics, as the float32 scale is not exact in float16", **CPU)
+
+
+def test_rms_normalization_float16_upcast_refuses_a_float32_copy_read_elsewhere():
+    """The float32 copy read elsewhere: not the float16 form; the float32 one (before this form was
+    known, the only one) on the Cast's output, which at opset 18 without an Add there is refused with
+    both reasons; at opset 23 the float32 RMSNormalization, between the two Casts."""
+    refuses("rms_normalization", rms16_model(upcast_read=True), "the float16 input's float32 copy is read elsewhere",
+            feeds=hidden16(1.0), **CPU)
+    out, _ = fires("rms_normalization", rms16_model(upcast_read=True, opset=23), feeds=hidden16(1.0), tol=TOL16,
+                   **CPU)
+    assert ops(out)["RMSNormalization"] == 1 and ops(out)["Cast"] == 3, ops(out)
+
+
+def test_rms_normalization_float16_without_the_cast_back_stays_float32():
+    """The float32 result read as float32 (no Cast back): the float32 form as before, on the Cast's
+    output (a residual Add in float16 before the Cast is not the fused op's)."""
+    nodes = rms16_nodes(weight=False)[:-2]  # (ends at the float32 normalized value "nd")
+    nodes.append(n("Identity", ["nd"], "y"))
+    consts = [init("two", np.float32(2.0)), init("eps", np.float32(1e-6)), init("axes", np.array([-1], np.int64))]
+    m = model(nodes, [tinfo("x", ["b", "s", H], F16), tinfo("res", ["b", "s", H], F16)], [tinfo("y", 3)], consts,
+              opset=23)
+    out, _ = fires("rms_normalization", m, feeds=hidden16(1.0), tol=TOL, **CPU)
+    assert ops(out) == {"Add": 1, "Cast": 1, "RMSNormalization": 1, "Identity": 1}, ops(out)
+
+
+def test_llama_rms_normalization_float16_legacy_export(tmp_path):
+    """transformers' LlamaRMSNorm in float16 through torch.onnx legacy (Cast up, Div(1, Sqrt), Cast back,
+    weight; the dynamo exporter's Reciprocal spelling is rms16_nodes' default, its export too slow for
+    here): the norm of the residual sum becomes SkipSimplifiedLayerNormalization in float16, the sum
+    read on from its fourth output; the norm of the bare input is refused (opset 17); outputs within
+    float16 rounding on onnxruntime CPU."""
+    import warnings
+
+    torch = pytest.importorskip("torch", reason="torch exports the model")
+    pytest.importorskip("transformers", reason="transformers has LlamaRMSNorm")
+    from onnxopt.models.transformers_models import import_transformers
+
+    import_transformers()
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.n1, self.n2 = LlamaRMSNorm(64, eps=1e-6), LlamaRMSNorm(64, eps=1e-6)
+            for norm in (self.n1, self.n2):
+                torch.nn.init.uniform_(norm.weight, 0.5, 1.5)
+
+        def forward(self, x, r):
+            s = x + r
+            return self.n1(s) + s, self.n2(x)
+
+    torch.manual_seed(0)
+    x, r = torch.randn(2, 5, 64).half(), torch.randn(2, 5, 64).half()
+    path = tmp_path / "rms16-legacy.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Block().half().eval(), (x, r), str(path), opset_version=17, dynamo=False,
+                          input_names=["x", "r"], dynamic_axes={"x": {0: "b", 1: "s"}, "r": {0: "b", 1: "s"}})
+    src = onnx.load(str(path))
+    out, report = fires("rms_normalization", src, feeds={"x": x.numpy(), "r": r.numpy()}, tol=8 * TOL16, **CPU)
+    counts = ops(out)
+    assert counts["com.microsoft:SkipSimplifiedLayerNormalization"] == 1 and counts["Pow"] == 1, counts
+    assert "ONNX has no RMS normalization before opset 23" in " ".join(report.rules["rms_normalization"].reasons)
+    skip = next(x for x in out.graph.node if x.op_type == "SkipSimplifiedLayerNormalization")
+    assert len(skip.output) == 4 and skip.output[3]
+    onnx.checker.check_model(out, full_check=True)
