@@ -14,6 +14,13 @@ shape and the types are facts a rule's condition reads from what they bind.
   (``<p>_views``, data order) up to the MatMul that reads it; the split is the first such Reshape
   on the way (the dynamo exporter's key goes 4-D -> 3-D -> 4-D again). Missing: "<what> is not a
   reshape of a projection into heads".
+- ``head_norm(p)``: the heads of ``x<p>`` (its split, then any Reshape/Transpose views:
+  ``<p>_norm_views``, the last one ``<p>_norm_view``) RMS-normalized over their last axis, per head
+  (Qwen3 and Gemma 3's QK-norm): ``x / sqrt(mean(x^2) [+ eps]) [* gamma]`` as the exporters write it
+  (``<p>_square``, ``<p>_mean``, ``<p>_eps_add``/``<p>_eps``, ``<p>_sqrt``, ``<p>_reciprocal``,
+  ``<p>_divide``, ``<p>_scale``/``<p>_gamma``), or one RMSNormalization / SimplifiedLayerNormalization
+  node (``<p>_norm_op``); the normalized value ``<p>_norm_in`` is read by the square and the division
+  alone. The axes, the epsilon and the weight's shape are a condition's to read.
 - ``scaled_dot_product(q, k)``: ``MatMul(q, k)`` (``qk``), the scores.
 - ``masked_scores(qk)``: the scores scaled (``qk_scales``), an additive mask added (``mask_add``,
   the mask ``mask``; either operand order) or none, scaled again (``scores_scales``: a rule refuses
@@ -44,7 +51,7 @@ import onnx_ir as ir
 
 import numpy as np
 
-from onnxopt.core.pattern import ANY, Absorbed, Const, Explain, Op, Opt, Or, Pattern, Repeat, Var
+from onnxopt.core.pattern import ANY, Absorbed, All, Const, Explain, Op, Opt, Or, Pattern, Repeat, Var
 from onnxopt.ir.shapes import infer, infer_outputs, is_dim_of, same_symbol, scalar_element, shape_elements
 from onnxopt.ir.util import constant_tensor
 
@@ -189,6 +196,36 @@ def head_split(p: str) -> Pattern:
     return Op("Reshape", Var(f"x{p}"), ANY, name=f"{p}_split", uses=one_reader, check=is_head_split)
 
 
+def read_by_a_norm(value: ir.Value) -> bool:
+    """value is read by two nodes (an RMS normalization's square and division; Shape readers aside)."""
+    if value.is_graph_output():
+        return False
+    return len({id(n) for n, _ in value.uses() if n.op_type != "Shape"}) == 2
+
+
+def head_norm(p: str) -> Pattern:
+    """The heads of ``x<p>`` RMS-normalized per head over their last axis (see the module docstring)."""
+    x = Var(f"{p}_norm_in")
+    split = Op("Reshape", Var(f"x{p}"), ANY, name=f"{p}_split", uses=read_by_a_norm, check=is_head_split)
+    below = Repeat(layout_step, head_split(p), max=3, name=f"{p}_norm_views")
+    viewed = Or(Op("Reshape", below, ANY, name=f"{p}_norm_view", uses=read_by_a_norm),
+                Op("Transpose", below, name=f"{p}_norm_view", uses=read_by_a_norm))
+    split_heads = All(x, Or(split, viewed))
+    square = Or(Op("Pow", x, Const(check=_is_two), name=f"{p}_square"),
+                Op("Mul", x, x, name=f"{p}_square"))
+    mean = Op("ReduceMean", square, Opt(Const()), name=f"{p}_mean")
+    rms = Op("Sqrt", Or(Op("Add", mean, Const(f"{p}_eps", check=_is_scalar), commutative=True, name=f"{p}_eps_add"),
+                        mean), name=f"{p}_sqrt")
+    divided = Or(Op("Div", split_heads, rms, name=f"{p}_divide"),
+                 Op("Mul", split_heads, Op("Reciprocal", rms, name=f"{p}_reciprocal"), commutative=True,
+                    name=f"{p}_divide"),
+                 Op("Mul", split_heads, Op("Div", Const(check=_is_one), rms, name=f"{p}_reciprocal"),
+                    commutative=True, name=f"{p}_divide"))
+    return Or(Op("Mul", divided, Const(f"{p}_gamma"), commutative=True, name=f"{p}_scale"), divided,
+              Op("RMSNormalization", split_heads, Const(f"{p}_gamma"), name=f"{p}_norm_op"),
+              Op("SimplifiedLayerNormalization", split_heads, Const(f"{p}_gamma"), name=f"{p}_norm_op"))
+
+
 def heads(p: str, what: str) -> Pattern:
     """A projection's heads as a MatMul reads them (see the module docstring)."""
     return Explain(Repeat(view_step, head_split(p), max=MAX_VIEWS - 1, name=f"{p}_views"),
@@ -272,6 +309,10 @@ def key_padding_bias() -> Pattern:
 
 def _is_one(value: ir.Value) -> bool:
     return float_scalar(value) == 1.0
+
+
+def _is_two(value: ir.Value) -> bool:
+    return float_scalar(value) == 2.0
 
 
 def _is_scalar(value: ir.Value) -> bool:
