@@ -26,6 +26,7 @@ import onnx_ir as ir
 
 from onnxopt.core.pattern import Match, Op, Rule
 from onnxopt.ir.shapes import infer
+from onnxopt.rules._attention_parts import MS, SAME_SHAPE, dims_of
 from onnxopt.rules._semantic import const_array, dtype_of, earlier, kernel, private, scalar, typed
 from onnxopt.targets import ORT_CPU, ORT_CUDA
 
@@ -36,6 +37,164 @@ _ELEMENTWISE = ("Cos", "Sin", "Cast", "Neg", "Identity")
 def _ints(value: ir.Value | None) -> list[int] | None:
     a = const_array(value)
     return [int(v) for v in a.reshape(-1)] if a is not None and a.dtype.kind in "iu" else None
+
+
+_UNKNOWN = "unk__"  # (how onnx's inference names a dimension it tied to nothing)
+_SAME = ("Neg", "Cast", "Identity", "Relu", "Sqrt", "Reciprocal", "Cos", "Sin", "Erf", "Tanh", "Sigmoid", "Softmax")
+_BROADCAST = ("Add", "Sub", "Mul", "Div", "Pow", "Where")
+
+
+def _rank(value: ir.Value, m: Match) -> int | None:
+    shape = infer(value, m.opsets)
+    if shape is None:
+        shape = dims_of(value, m.opsets)
+    return None if shape is None else len(shape)
+
+
+def _dim(value: ir.Value | None, axis: int, m: Match, depth: int = 0, memo: dict | None = None):
+    """Dimension ``axis`` of ``value``: the recorded one where it is a number or a named symbol, else read
+    through the nodes that made it (Transpose, Slice, Reshape to a constant target, element-wise and
+    broadcasting ops, MatMul, Gather, the com.microsoft ops that keep their input's shape). A shape recorded
+    before a rewrite proved more stays behind it: a legacy export's Reshape to a computed target, which
+    reshape_shape_from_input makes constant, leaves onnx's unknown symbols on every value after it (Phi-3's
+    legacy export: the rotated half's width and the heads' sequence)."""
+    rank = _rank(value, m) if value is not None else None
+    if rank is None or not -rank <= axis < rank:
+        return None
+    axis %= rank
+    shape = infer(value, m.opsets)
+    d = shape[axis] if shape is not None else None
+    if isinstance(d, int) or (d is not None and not str(d).startswith(_UNKNOWN)) or depth > 32:
+        return d
+    memo = {} if memo is None else memo
+    if (id(value), axis) not in memo:
+        memo[(id(value), axis)] = d  # (while it is being read: a value met again on the way is what is recorded)
+        found = _traced_dim(value, axis, rank, m, depth, memo)
+        memo[(id(value), axis)] = found if found is not None else d
+    return memo[(id(value), axis)]
+
+
+def _known_dim(d) -> bool:
+    return isinstance(d, int) or (d is not None and not str(d).startswith(_UNKNOWN))
+
+
+def _traced_dim(value: ir.Value, axis: int, rank: int, m: Match, depth: int, memo: dict):
+    """``_dim``'s reading of dimension ``axis`` (of ``rank``) through the node that made ``value``; None where
+    that node does not say it."""
+    node = value.producer()
+    if node is None or value is not node.outputs[0]:
+        return None
+
+    op, ins = node.op_type, node.inputs
+    found = None
+    if node.domain == MS:
+        found = _dim(ins[0], axis, m, depth + 1, memo) if op in SAME_SHAPE else None
+    elif node.domain not in ("", "ai.onnx"):
+        found = None
+    elif op in _SAME:
+        found = _dim(ins[0], axis, m, depth + 1, memo)
+    elif op == "Transpose":
+        perm = node.attributes.get("perm")
+        perm = list(perm.value) if perm is not None else list(range(rank))[::-1]
+        found = _dim(ins[0], perm[axis], m, depth + 1, memo)
+    elif op == "Slice" and len(ins) >= 4 and ins[3] is not None:
+        starts, ends, axes = (_ints(ins[k]) for k in (1, 2, 3))
+        steps = _ints(ins[4]) if len(ins) > 4 and ins[4] is not None else None
+        inner = _dim(ins[0], axis, m, depth + 1, memo)
+        if None in (starts, ends, axes) or (steps is not None and any(t != 1 for t in steps)):
+            found = None
+        elif axis not in [a % rank for a in axes]:
+            found = inner
+        elif isinstance(inner, int):
+            k = [a % rank for a in axes].index(axis)
+            lo, hi = (min(max(v + inner if v < 0 else v, 0), inner) for v in (starts[k], ends[k]))
+            found = max(hi - lo, 0)
+    elif op == "Reshape" and len(ins) > 1:
+        target = _ints(ins[1])
+        zero_copies = node.attributes.get("allowzero") is None or node.attributes["allowzero"].value == 0
+        if target is not None and len(target) == rank:
+            t = target[axis]
+            found = t if t > 0 else _dim(ins[0], axis, m, depth + 1, memo) if t == 0 and zero_copies else None
+            if t == -1 and zero_copies and target.count(-1) == 1:  # (what the others leave; copied ones cancel)
+                in_rank = _rank(ins[0], m)
+                copied = {i for i, e in enumerate(target) if e == 0}
+                rest = [_dim(ins[0], i, m, depth + 1, memo) for i in range(in_rank or 0) if i not in copied]
+                out = int(np.prod([e for e in target if e > 0]))
+                if in_rank is not None and max(copied, default=-1) < in_rank and out > 0 \
+                        and all(isinstance(e, int) for e in rest) and int(np.prod(rest)) % out == 0:
+                    found = int(np.prod(rest)) // out
+    elif op in _BROADCAST:  # (the dimension of an operand that is not 1, or 1 where every operand's is)
+        seen = []
+        for v in ins:
+            r = _rank(v, m) if v is not None else None
+            e = _dim(v, axis - (rank - r), m, depth + 1, memo) if r is not None and axis - (rank - r) >= 0 else 1
+            if _known_dim(e) and e != 1:
+                return e
+            seen.append(e)
+        found = 1 if all(e == 1 for e in seen) else None
+    elif op == "ReduceMean" or op == "ReduceSum":
+        axes = _ints(ins[1]) if len(ins) > 1 and ins[1] is not None else \
+            (list(node.attributes["axes"].value) if node.attributes.get("axes") is not None else None)
+        keep = node.attributes.get("keepdims") is None or node.attributes["keepdims"].value == 1
+        if axes and keep:
+            found = 1 if axis in [a % rank for a in axes] else _dim(ins[0], axis, m, depth + 1, memo)
+    elif op == "MatMul" and rank >= 2:
+        a_rank = _rank(ins[0], m)
+        if axis == rank - 1:
+            found = _dim(ins[1], -1, m, depth + 1, memo)
+        elif a_rank == rank:
+            found = _dim(ins[0], axis, m, depth + 1, memo)
+    elif op == "Gather":
+        g_axis = node.attributes.get("axis")
+        i_rank = _rank(ins[1], m)
+        if (g_axis is None or g_axis.value == 0) and i_rank is not None:
+            found = _dim(ins[1], axis, m, depth + 1, memo) if axis < i_rank else \
+                _dim(ins[0], axis - i_rank + 1, m, depth + 1, memo)
+    return found
+
+
+def _int_elements(value: ir.Value | None, m: Match, depth: int = 0) -> list[int | None] | None:
+    """The integers of a small shape computation (constants, Shape, Gather, Unsqueeze/Squeeze/Reshape/Cast,
+    integer Add/Sub/Mul/Div, Concat), the dimensions it reads found by ``_dim`` (None for an element that
+    reads an unknown one); None where the computation is not one of these."""
+    found = _ints(value)
+    if found is not None or value is None or depth > 8:
+        return found
+    node = value.producer()
+    if node is None or node.domain not in ("", "ai.onnx"):
+        return None
+    op, ins = node.op_type, node.inputs
+    if op == "Shape":
+        rank = _rank(ins[0], m)
+        if rank is None:
+            return None
+        start, end = (node.attributes.get(k) for k in ("start", "end"))
+        lo = 0 if start is None else start.value % rank if start.value < 0 else min(start.value, rank)
+        hi = rank if end is None else end.value % rank if end.value < 0 else min(end.value, rank)
+        return [d if isinstance(d, int) else None for d in (_dim(ins[0], k, m) for k in range(lo, hi))]
+    if op in ("Unsqueeze", "Squeeze", "Reshape", "Cast", "Identity"):
+        return _int_elements(ins[0], m, depth + 1)
+    if op == "Gather":
+        data, idx = _int_elements(ins[0], m, depth + 1), _ints(ins[1])
+        axis = node.attributes.get("axis")
+        if data is None or idx is None or (axis is not None and axis.value != 0):
+            return None
+        return [data[i] for i in idx] if all(-len(data) <= i < len(data) for i in idx) else None
+    if op in ("Add", "Sub", "Mul", "Div") and len(ins) == 2:
+        a, b = (_int_elements(v, m, depth + 1) for v in ins)
+        if a is None or b is None or (len(a) != len(b) and 1 not in (len(a), len(b))):
+            return None
+        n = max(len(a), len(b))
+        a, b = (x * n if len(x) == 1 else x for x in (a, b))
+        if op == "Div" and 0 in b:
+            return None
+        f = {"Add": lambda x, y: x + y, "Sub": lambda x, y: x - y, "Mul": lambda x, y: x * y,
+             "Div": lambda x, y: int(x / y)}[op]  # (onnx's integer Div truncates toward zero)
+        return [None if x is None or y is None else f(x, y) for x, y in zip(a, b)]
+    if op == "Concat":
+        parts = [_int_elements(v, m, depth + 1) for v in ins]
+        return None if any(p is None for p in parts) else [e for p in parts for e in p]
+    return None
 
 
 def _is(node: ir.Node | None, op: str) -> bool:
@@ -49,12 +208,12 @@ def _half(value: ir.Value, m: Match):
     if node is None or node.domain not in ("", "ai.onnx"):
         return None
     x = node.inputs[0]
-    shape = infer(x, m.opsets)
-    if shape is None or len(shape) < 1 or not isinstance(shape[-1], int) or shape[-1] % 2:
+    rank = _rank(x, m)
+    h = _dim(x, -1, m) if rank else None
+    if not isinstance(h, int) or h % 2:
         return None
-    rank, h = len(shape), shape[-1]
     if node.op_type == "Slice":
-        bounds = _last_axis_slice(node, rank)
+        bounds = _last_axis_slice(node, rank, m)
         if bounds is None:
             return None
         start, end = bounds[0] % h if bounds[0] < 0 else bounds[0], bounds[1]
@@ -77,11 +236,14 @@ def _half(value: ir.Value, m: Match):
     return None
 
 
-def _last_axis_slice(node: ir.Node, rank: int) -> tuple[int, int] | None:
-    """(start, end) of a Slice with constant bounds on the last axis of a rank-``rank`` value, step 1."""
+def _last_axis_slice(node: ir.Node, rank: int, m: Match) -> tuple[int, int] | None:
+    """(start, end) of a Slice on the last axis of a rank-``rank`` value, step 1, its bounds constants or
+    computed from dimensions ``_dim`` finds (``x.shape[-1] // 2``)."""
     if len(node.inputs) < 4 or node.inputs[3] is None:
         return None
-    starts, ends, axes = (_ints(node.inputs[k]) for k in (1, 2, 3))
+    starts, ends = (_int_elements(node.inputs[k], m) for k in (1, 2))
+    starts, ends = (None if v is None or None in v else v for v in (starts, ends))
+    axes = _ints(node.inputs[3])
     steps = _ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else [1]
     if None in (starts, ends, axes, steps) or len(starts) != 1 or steps != [1] or axes[0] % rank != rank - 1:
         return None
@@ -109,8 +271,7 @@ def _periodic(view: ir.Value, h: int, m: Match):
     axes = _ints(unsq.inputs[1]) if len(unsq.inputs) > 1 else list(unsq.attributes["axes"].value) \
         if unsq.attributes.get("axes") is not None else None
     table = unsq.inputs[0]
-    shape = infer(table, m.opsets)
-    if axes != [1] or shape is None or len(shape) != 3 or shape[-1] != h:
+    if axes != [1] or _rank(table, m) != 3 or _dim(table, -1, m) != h:
         return "cos/sin is not an Unsqueeze on axis 1 of a [batch, sequence, head] value"
     value = table
     for _ in range(8):
@@ -143,12 +304,13 @@ def _condition(m: Match):
     got = _half(neg.inputs[0], m)
     if got is None or got[1] != "second":
         src = neg.inputs[0].producer()
-        if _is(src, "Slice") and any(_ints(v) is None for v in src.inputs[1:4] if v is not None):
+        if _is(src, "Slice") and any((_int_elements(v, m) or [None])[0] is None for v in src.inputs[1:4]
+                                     if v is not None):
             return ("the Neg reads a Slice whose bounds are computed from a shape not known here, so not proven "
                     "the second half")
         return "the Neg does not read the second half of a value's last axis"
     x, _, h, slice_2 = got
-    rank = len(infer(x, m.opsets))  # (known: _half read its last dimension)
+    rank = _rank(x, m)  # (known: _half read its last dimension)
     cat = _sole_reader(neg.outputs[0], graph, "Concat")
     if cat is None or len(cat.inputs) != 2 or cat.inputs[0] is not neg.outputs[0] \
             or cat.attributes["axis"].value % rank != rank - 1:
@@ -185,9 +347,9 @@ def _condition(m: Match):
             and tail.attributes["axis"].value % 4 == 3:
         full = xs.inputs[0]
         rest = tail.inputs[1].producer()
-        fshape = infer(full, m.opsets)
-        width = fshape[-1] if fshape is not None and len(fshape) == 4 and isinstance(fshape[-1], int) else None
-        head, pass_ = _last_axis_slice(xs, 4), _last_axis_slice(rest, 4) if _is(rest, "Slice") else None
+        width = _dim(full, -1, m) if _rank(full, m) == 4 else None
+        width = width if isinstance(width, int) else None
+        head, pass_ = _last_axis_slice(xs, 4, m), _last_axis_slice(rest, 4, m) if _is(rest, "Slice") else None
         if width is not None and width > h and head == (0, h) and pass_ is not None and rest.inputs[0] is full \
                 and pass_[0] == h and pass_[1] >= width:
             out, q, rot = tail.outputs[0], full, h
@@ -197,9 +359,9 @@ def _condition(m: Match):
     for node in halves:
         if all(u.node in nodes or u.node in halves for o in node.outputs for u in o.uses()):
             nodes.append(node)
-    dims = list(infer(q, m.opsets))
-    tdims = list(infer(c3, m.opsets))
-    sdims = list(infer(s3, m.opsets))
+    dims = [_dim(q, k, m) for k in range(4)]
+    tdims = [_dim(c3, k, m) for k in range(3)]
+    sdims = [_dim(s3, k, m) for k in range(3)]
     if not _same_dim(tdims[1], dims[2]):
         return "cos/sin's sequence dimension is not proven to be x's (positions computed inside the model)"
     if tdims[0] == 1:
@@ -221,6 +383,8 @@ def _condition(m: Match):
         return f"no RotaryEmbedding kernel for {dtype.name.lower()} on {target}"
     if m.opset("") < 15:
         return f"the model imports opset {m.opset('')}: the row index needs Shape's start/end (opset 15)"
+    if rot != dims[3] and not isinstance(dims[1], int):
+        return "partial rotary needs the number of heads, and x's is not known"
     m.nodes = tuple(dict.fromkeys(nodes))
     m.outputs = [out]
     heads = dims[1] if isinstance(dims[1], int) else None
