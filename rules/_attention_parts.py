@@ -119,6 +119,127 @@ def prime_shapes(value: ir.Value | None, opsets, depth: int = 0) -> None:
         prime_shapes(v, opsets, depth + 1)
 
 
+_UNKNOWN = "unk__"  # (how onnx's inference names a dimension it tied to nothing)
+_SAME = ("Neg", "Cast", "Identity", "Relu", "Sqrt", "Reciprocal", "Cos", "Sin", "Erf", "Tanh", "Sigmoid", "Softmax")
+_BROADCAST = ("Add", "Sub", "Mul", "Div", "Pow", "Where")
+
+
+def rank_of(value: ir.Value, opsets) -> int | None:
+    shape = infer(value, opsets)
+    if shape is None:
+        shape = dims_of(value, opsets)
+    return None if shape is None else len(shape)
+
+
+def dim_through(value: ir.Value | None, axis: int, opsets, depth: int = 0, memo: dict | None = None):
+    """Dimension ``axis`` of ``value``: the recorded one where it is a number or a named symbol, else read
+    through the nodes that made it (Transpose, Slice, Reshape to a constant target, element-wise and
+    broadcasting ops, MatMul, Gather, the com.microsoft ops that keep their input's shape). A shape recorded
+    before a rewrite proved more stays behind it: a legacy export's Reshape to a computed target, which
+    reshape_shape_from_input makes constant, leaves onnx's unknown symbols on every value after it (Phi-3's
+    legacy export: the rotated half's width and the heads' sequence)."""
+    rank = rank_of(value, opsets) if value is not None else None
+    if rank is None or not -rank <= axis < rank:
+        return None
+    axis %= rank
+    shape = infer(value, opsets)
+    d = shape[axis] if shape is not None else None
+    if isinstance(d, int) or (d is not None and not str(d).startswith(_UNKNOWN)) or depth > 32:
+        return d
+    memo = {} if memo is None else memo
+    if (id(value), axis) not in memo:
+        memo[(id(value), axis)] = d  # (while it is being read: a value met again on the way is what is recorded)
+        found = _traced_dim(value, axis, rank, opsets, depth, memo)
+        memo[(id(value), axis)] = found if found is not None else d
+    return memo[(id(value), axis)]
+
+
+def _known_dim(d) -> bool:
+    return isinstance(d, int) or (d is not None and not str(d).startswith(_UNKNOWN))
+
+
+def _traced_dim(value: ir.Value, axis: int, rank: int, opsets, depth: int, memo: dict):
+    """``dim_through``'s reading of dimension ``axis`` (of ``rank``) through the node that made ``value``; None where
+    that node does not say it."""
+    node = value.producer()
+    if node is None or value is not node.outputs[0]:
+        return None
+
+    op, ins = node.op_type, node.inputs
+    found = None
+    if node.domain == MS:
+        found = dim_through(ins[0], axis, opsets, depth + 1, memo) if op in SAME_SHAPE else None
+    elif node.domain not in ("", "ai.onnx"):
+        found = None
+    elif op in _SAME:
+        found = dim_through(ins[0], axis, opsets, depth + 1, memo)
+    elif op == "Transpose":
+        perm = node.attributes.get("perm")
+        perm = list(perm.value) if perm is not None else list(range(rank))[::-1]
+        found = dim_through(ins[0], perm[axis], opsets, depth + 1, memo)
+    elif op == "Slice" and len(ins) >= 4 and ins[3] is not None:
+        starts, ends, axes = (_const_ints(ins[k]) for k in (1, 2, 3))
+        steps = _const_ints(ins[4]) if len(ins) > 4 and ins[4] is not None else None
+        inner = dim_through(ins[0], axis, opsets, depth + 1, memo)
+        if None in (starts, ends, axes) or (steps is not None and any(t != 1 for t in steps)):
+            found = None
+        elif axis not in [a % rank for a in axes]:
+            found = inner
+        elif isinstance(inner, int):
+            k = [a % rank for a in axes].index(axis)
+            lo, hi = (min(max(v + inner if v < 0 else v, 0), inner) for v in (starts[k], ends[k]))
+            found = max(hi - lo, 0)
+    elif op == "Reshape" and len(ins) > 1:
+        target = _const_ints(ins[1])
+        zero_copies = node.attributes.get("allowzero") is None or node.attributes["allowzero"].value == 0
+        if target is not None and len(target) == rank:
+            t = target[axis]
+            found = t if t > 0 else dim_through(ins[0], axis, opsets, depth + 1, memo) if t == 0 and zero_copies else None
+            if t == -1 and zero_copies and target.count(-1) == 1:  # (what the others leave; copied ones cancel)
+                in_rank = rank_of(ins[0], opsets)
+                copied = {i for i, e in enumerate(target) if e == 0}
+                rest = [dim_through(ins[0], i, opsets, depth + 1, memo) for i in range(in_rank or 0) if i not in copied]
+                out = int(np.prod([e for e in target if e > 0]))
+                if in_rank is not None and max(copied, default=-1) < in_rank and out > 0 \
+                        and all(isinstance(e, int) for e in rest) and int(np.prod(rest)) % out == 0:
+                    found = int(np.prod(rest)) // out
+    elif op in _BROADCAST:  # (the dimension of an operand that is not 1, or 1 where every operand's is)
+        seen = []
+        for v in ins:
+            r = rank_of(v, opsets) if v is not None else None
+            e = dim_through(v, axis - (rank - r), opsets, depth + 1, memo) if r is not None and axis - (rank - r) >= 0 else 1
+            if _known_dim(e) and e != 1:
+                return e
+            seen.append(e)
+        found = 1 if all(e == 1 for e in seen) else None
+    elif op == "ReduceMean" or op == "ReduceSum":
+        axes = _const_ints(ins[1]) if len(ins) > 1 and ins[1] is not None else \
+            (list(node.attributes["axes"].value) if node.attributes.get("axes") is not None else None)
+        keep = node.attributes.get("keepdims") is None or node.attributes["keepdims"].value == 1
+        if axes and keep:
+            found = 1 if axis in [a % rank for a in axes] else dim_through(ins[0], axis, opsets, depth + 1, memo)
+    elif op == "MatMul" and rank >= 2:
+        a_rank = rank_of(ins[0], opsets)
+        if axis == rank - 1:
+            found = dim_through(ins[1], -1, opsets, depth + 1, memo)
+        elif a_rank == rank:
+            found = dim_through(ins[0], axis, opsets, depth + 1, memo)
+    elif op == "Gather":
+        g_axis = node.attributes.get("axis")
+        i_rank = rank_of(ins[1], opsets)
+        if (g_axis is None or g_axis.value == 0) and i_rank is not None:
+            found = dim_through(ins[1], axis, opsets, depth + 1, memo) if axis < i_rank else \
+                dim_through(ins[0], axis - i_rank + 1, opsets, depth + 1, memo)
+    return found
+
+
+def _const_ints(value: ir.Value | None) -> list[int] | None:
+    t = constant_tensor(value) if value is not None else None
+    if t is None or t.dtype not in (ir.DataType.INT64, ir.DataType.INT32):
+        return None
+    return [int(v) for v in t.numpy().reshape(-1)]
+
+
 def float_scalar(value: ir.Value | None) -> float | None:
     """The number a one-element float constant of rank 0 or 1 holds, else None (a [1,1,1,1] factor
     could raise the rank)."""

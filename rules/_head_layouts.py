@@ -21,7 +21,7 @@ from onnxopt.core.pattern import Match
 from onnxopt.ir.shapes import infer, scalar_element, shape_elements
 from onnxopt.ir.util import constant_tensor
 
-from onnxopt.rules._attention_parts import MS, SAME_SHAPE, dims_of, float_scalar, is_scale, prime_shapes
+from onnxopt.rules._attention_parts import MS, SAME_SHAPE, dim_through, dims_of, float_scalar, is_scale, prime_shapes
 from onnxopt.rules._semantic import reduce_max, squeeze, unrepresentable
 
 
@@ -262,7 +262,11 @@ def split_heads(ctx: Layouts, x: ir.Value, node: ir.Node, b: str, s: str, heads:
     ("G", "R"), key/value heads outermost) must have every size but the last known, the last being
     what is left."""
     dims = dims_of(x, ctx.m.opsets)
-    if dims is None or len(dims) != 3 or not isinstance(dims[2], int):
+    if dims is None or len(dims) != 3:
+        raise NoFit("a projection is not [B, S, H] with H known")
+    # (a dimension recorded as unknown read again through the nodes that made it: Phi-3 legacy's second layer)
+    dims = [d if isinstance(d, int) else dim_through(x, k, ctx.m.opsets) for k, d in enumerate(dims)]
+    if not isinstance(dims[2], int):
         raise NoFit("a projection is not [B, S, H] with H known")
     h = dims[2]
     ctx.set_size(b, dims[0] if isinstance(dims[0], int) else None)

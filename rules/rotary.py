@@ -26,7 +26,7 @@ import onnx_ir as ir
 
 from onnxopt.core.pattern import Match, Op, Rule
 from onnxopt.ir.shapes import infer
-from onnxopt.rules._attention_parts import MS, SAME_SHAPE, dims_of
+from onnxopt.rules._attention_parts import dim_through, rank_of
 from onnxopt.rules._semantic import const_array, dtype_of, earlier, kernel, private, scalar, typed
 from onnxopt.targets import ORT_CPU, ORT_CUDA
 
@@ -37,120 +37,6 @@ _ELEMENTWISE = ("Cos", "Sin", "Cast", "Neg", "Identity")
 def _ints(value: ir.Value | None) -> list[int] | None:
     a = const_array(value)
     return [int(v) for v in a.reshape(-1)] if a is not None and a.dtype.kind in "iu" else None
-
-
-_UNKNOWN = "unk__"  # (how onnx's inference names a dimension it tied to nothing)
-_SAME = ("Neg", "Cast", "Identity", "Relu", "Sqrt", "Reciprocal", "Cos", "Sin", "Erf", "Tanh", "Sigmoid", "Softmax")
-_BROADCAST = ("Add", "Sub", "Mul", "Div", "Pow", "Where")
-
-
-def _rank(value: ir.Value, m: Match) -> int | None:
-    shape = infer(value, m.opsets)
-    if shape is None:
-        shape = dims_of(value, m.opsets)
-    return None if shape is None else len(shape)
-
-
-def _dim(value: ir.Value | None, axis: int, m: Match, depth: int = 0, memo: dict | None = None):
-    """Dimension ``axis`` of ``value``: the recorded one where it is a number or a named symbol, else read
-    through the nodes that made it (Transpose, Slice, Reshape to a constant target, element-wise and
-    broadcasting ops, MatMul, Gather, the com.microsoft ops that keep their input's shape). A shape recorded
-    before a rewrite proved more stays behind it: a legacy export's Reshape to a computed target, which
-    reshape_shape_from_input makes constant, leaves onnx's unknown symbols on every value after it (Phi-3's
-    legacy export: the rotated half's width and the heads' sequence)."""
-    rank = _rank(value, m) if value is not None else None
-    if rank is None or not -rank <= axis < rank:
-        return None
-    axis %= rank
-    shape = infer(value, m.opsets)
-    d = shape[axis] if shape is not None else None
-    if isinstance(d, int) or (d is not None and not str(d).startswith(_UNKNOWN)) or depth > 32:
-        return d
-    memo = {} if memo is None else memo
-    if (id(value), axis) not in memo:
-        memo[(id(value), axis)] = d  # (while it is being read: a value met again on the way is what is recorded)
-        found = _traced_dim(value, axis, rank, m, depth, memo)
-        memo[(id(value), axis)] = found if found is not None else d
-    return memo[(id(value), axis)]
-
-
-def _known_dim(d) -> bool:
-    return isinstance(d, int) or (d is not None and not str(d).startswith(_UNKNOWN))
-
-
-def _traced_dim(value: ir.Value, axis: int, rank: int, m: Match, depth: int, memo: dict):
-    """``_dim``'s reading of dimension ``axis`` (of ``rank``) through the node that made ``value``; None where
-    that node does not say it."""
-    node = value.producer()
-    if node is None or value is not node.outputs[0]:
-        return None
-
-    op, ins = node.op_type, node.inputs
-    found = None
-    if node.domain == MS:
-        found = _dim(ins[0], axis, m, depth + 1, memo) if op in SAME_SHAPE else None
-    elif node.domain not in ("", "ai.onnx"):
-        found = None
-    elif op in _SAME:
-        found = _dim(ins[0], axis, m, depth + 1, memo)
-    elif op == "Transpose":
-        perm = node.attributes.get("perm")
-        perm = list(perm.value) if perm is not None else list(range(rank))[::-1]
-        found = _dim(ins[0], perm[axis], m, depth + 1, memo)
-    elif op == "Slice" and len(ins) >= 4 and ins[3] is not None:
-        starts, ends, axes = (_ints(ins[k]) for k in (1, 2, 3))
-        steps = _ints(ins[4]) if len(ins) > 4 and ins[4] is not None else None
-        inner = _dim(ins[0], axis, m, depth + 1, memo)
-        if None in (starts, ends, axes) or (steps is not None and any(t != 1 for t in steps)):
-            found = None
-        elif axis not in [a % rank for a in axes]:
-            found = inner
-        elif isinstance(inner, int):
-            k = [a % rank for a in axes].index(axis)
-            lo, hi = (min(max(v + inner if v < 0 else v, 0), inner) for v in (starts[k], ends[k]))
-            found = max(hi - lo, 0)
-    elif op == "Reshape" and len(ins) > 1:
-        target = _ints(ins[1])
-        zero_copies = node.attributes.get("allowzero") is None or node.attributes["allowzero"].value == 0
-        if target is not None and len(target) == rank:
-            t = target[axis]
-            found = t if t > 0 else _dim(ins[0], axis, m, depth + 1, memo) if t == 0 and zero_copies else None
-            if t == -1 and zero_copies and target.count(-1) == 1:  # (what the others leave; copied ones cancel)
-                in_rank = _rank(ins[0], m)
-                copied = {i for i, e in enumerate(target) if e == 0}
-                rest = [_dim(ins[0], i, m, depth + 1, memo) for i in range(in_rank or 0) if i not in copied]
-                out = int(np.prod([e for e in target if e > 0]))
-                if in_rank is not None and max(copied, default=-1) < in_rank and out > 0 \
-                        and all(isinstance(e, int) for e in rest) and int(np.prod(rest)) % out == 0:
-                    found = int(np.prod(rest)) // out
-    elif op in _BROADCAST:  # (the dimension of an operand that is not 1, or 1 where every operand's is)
-        seen = []
-        for v in ins:
-            r = _rank(v, m) if v is not None else None
-            e = _dim(v, axis - (rank - r), m, depth + 1, memo) if r is not None and axis - (rank - r) >= 0 else 1
-            if _known_dim(e) and e != 1:
-                return e
-            seen.append(e)
-        found = 1 if all(e == 1 for e in seen) else None
-    elif op == "ReduceMean" or op == "ReduceSum":
-        axes = _ints(ins[1]) if len(ins) > 1 and ins[1] is not None else \
-            (list(node.attributes["axes"].value) if node.attributes.get("axes") is not None else None)
-        keep = node.attributes.get("keepdims") is None or node.attributes["keepdims"].value == 1
-        if axes and keep:
-            found = 1 if axis in [a % rank for a in axes] else _dim(ins[0], axis, m, depth + 1, memo)
-    elif op == "MatMul" and rank >= 2:
-        a_rank = _rank(ins[0], m)
-        if axis == rank - 1:
-            found = _dim(ins[1], -1, m, depth + 1, memo)
-        elif a_rank == rank:
-            found = _dim(ins[0], axis, m, depth + 1, memo)
-    elif op == "Gather":
-        g_axis = node.attributes.get("axis")
-        i_rank = _rank(ins[1], m)
-        if (g_axis is None or g_axis.value == 0) and i_rank is not None:
-            found = _dim(ins[1], axis, m, depth + 1, memo) if axis < i_rank else \
-                _dim(ins[0], axis - i_rank + 1, m, depth + 1, memo)
-    return found
 
 
 def _int_elements(value: ir.Value | None, m: Match, depth: int = 0) -> list[int | None] | None:
@@ -165,13 +51,13 @@ def _int_elements(value: ir.Value | None, m: Match, depth: int = 0) -> list[int 
         return None
     op, ins = node.op_type, node.inputs
     if op == "Shape":
-        rank = _rank(ins[0], m)
+        rank = rank_of(ins[0], m.opsets)
         if rank is None:
             return None
         start, end = (node.attributes.get(k) for k in ("start", "end"))
         lo = 0 if start is None else start.value % rank if start.value < 0 else min(start.value, rank)
         hi = rank if end is None else end.value % rank if end.value < 0 else min(end.value, rank)
-        return [d if isinstance(d, int) else None for d in (_dim(ins[0], k, m) for k in range(lo, hi))]
+        return [d if isinstance(d, int) else None for d in (dim_through(ins[0], k, m.opsets) for k in range(lo, hi))]
     if op in ("Unsqueeze", "Squeeze", "Reshape", "Cast", "Identity"):
         return _int_elements(ins[0], m, depth + 1)
     if op == "Gather":
@@ -208,8 +94,8 @@ def _half(value: ir.Value, m: Match):
     if node is None or node.domain not in ("", "ai.onnx"):
         return None
     x = node.inputs[0]
-    rank = _rank(x, m)
-    h = _dim(x, -1, m) if rank else None
+    rank = rank_of(x, m.opsets)
+    h = dim_through(x, -1, m.opsets) if rank else None
     if not isinstance(h, int) or h % 2:
         return None
     if node.op_type == "Slice":
@@ -271,7 +157,7 @@ def _periodic(view: ir.Value, h: int, m: Match):
     axes = _ints(unsq.inputs[1]) if len(unsq.inputs) > 1 else list(unsq.attributes["axes"].value) \
         if unsq.attributes.get("axes") is not None else None
     table = unsq.inputs[0]
-    if axes != [1] or _rank(table, m) != 3 or _dim(table, -1, m) != h:
+    if axes != [1] or rank_of(table, m.opsets) != 3 or dim_through(table, -1, m.opsets) != h:
         return "cos/sin is not an Unsqueeze on axis 1 of a [batch, sequence, head] value"
     value = table
     for _ in range(8):
@@ -310,7 +196,7 @@ def _condition(m: Match):
                     "the second half")
         return "the Neg does not read the second half of a value's last axis"
     x, _, h, slice_2 = got
-    rank = _rank(x, m)  # (known: _half read its last dimension)
+    rank = rank_of(x, m.opsets)  # (known: _half read its last dimension)
     cat = _sole_reader(neg.outputs[0], graph, "Concat")
     if cat is None or len(cat.inputs) != 2 or cat.inputs[0] is not neg.outputs[0] \
             or cat.attributes["axis"].value % rank != rank - 1:
@@ -347,7 +233,7 @@ def _condition(m: Match):
             and tail.attributes["axis"].value % 4 == 3:
         full = xs.inputs[0]
         rest = tail.inputs[1].producer()
-        width = _dim(full, -1, m) if _rank(full, m) == 4 else None
+        width = dim_through(full, -1, m.opsets) if rank_of(full, m.opsets) == 4 else None
         width = width if isinstance(width, int) else None
         head, pass_ = _last_axis_slice(xs, 4, m), _last_axis_slice(rest, 4, m) if _is(rest, "Slice") else None
         if width is not None and width > h and head == (0, h) and pass_ is not None and rest.inputs[0] is full \
@@ -359,9 +245,9 @@ def _condition(m: Match):
     for node in halves:
         if all(u.node in nodes or u.node in halves for o in node.outputs for u in o.uses()):
             nodes.append(node)
-    dims = [_dim(q, k, m) for k in range(4)]
-    tdims = [_dim(c3, k, m) for k in range(3)]
-    sdims = [_dim(s3, k, m) for k in range(3)]
+    dims = [dim_through(q, k, m.opsets) for k in range(4)]
+    tdims = [dim_through(c3, k, m.opsets) for k in range(3)]
+    sdims = [dim_through(s3, k, m.opsets) for k in range(3)]
     if not _same_dim(tdims[1], dims[2]):
         return "cos/sin's sequence dimension is not proven to be x's (positions computed inside the model)"
     if tdims[0] == 1:
