@@ -273,7 +273,9 @@ def _condition(m: Match):
         return "partial rotary needs the number of heads, and x's is not known"
     m.nodes = tuple(dict.fromkeys(nodes))
     m.outputs = [out]
-    heads = dims[1] if isinstance(dims[1], int) else None
+    # num_heads where the recorded shape says it, or partial rotary needs it (onnxruntime refuses it missing)
+    recorded = infer(q, m.opsets)
+    heads = dims[1] if isinstance(dims[1], int) and (rot != dims[3] or isinstance(recorded[1], int)) else None
     return {"q": q, "cos": c3, "sin": s3, "rot": rot, "head": dims[3] if isinstance(dims[3], int) else None,
             "shared": shared, "heads": heads}
 
