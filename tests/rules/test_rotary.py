@@ -71,6 +71,28 @@ def test_rotary_fires_on_slices_and_split(split):
     assert ops.count("RotaryEmbedding") == 1 and "Neg" not in ops and "Sin" in ops  # the model's own sin, as table
 
 
+def test_halves_computed_from_a_shape_recorded_as_unknown():
+    """Phi-3's legacy export: rotate_half's bounds are ``x.shape[-1] // 2`` (Shape, Gather, Div, Unsqueeze), and
+    x's recorded shape holds onnx's unknown symbols (left by a Reshape an earlier rewrite made constant): its
+    last dimension is read through the node that made it."""
+    m = rotary_model()
+    nodes = list(m.graph.node)
+    for node in nodes:  # x -> xs = Identity(x), recorded [unk__0, unk__1, unk__2, unk__3]
+        node.input[:] = ["xs" if i == "x" else i for i in node.input]
+    x1, x2 = (n for n in nodes if n.op_type == "Slice")
+    x1.input[2], x2.input[1] = "half", "half"
+    extra = [helper.make_node("Identity", ["x"], ["xs"]), helper.make_node("Shape", ["xs"], ["xs_shape"]),
+             helper.make_node("Gather", ["xs_shape", "three"], ["width"], axis=0),
+             helper.make_node("Div", ["width", "two_i"], ["half0"]),
+             helper.make_node("Unsqueeze", ["half0", "zero"], ["half"])]
+    del m.graph.node[:]
+    m.graph.node.extend(extra + nodes)
+    m.graph.initializer.extend([init("three", np.array(3, np.int64)), init("two_i", np.array(2, np.int64))])
+    m.graph.value_info.append(tinfo("xs", [f"unk__{k}" for k in range(4)]))
+    out, _ = fires("rotary_embedding", m, feeds=_feeds(), tol=TOL, target="ort-cpu")
+    assert [n.op_type for n in out.graph.node].count("RotaryEmbedding") == 1
+
+
 def test_partial_rotary_takes_the_whole_head_with_its_rotary_dim():
     out, _ = fires("rotary_embedding", rotary_model(partial=4), feeds=_feeds(width=H + 4), tol=TOL, target="ort-cpu")
     node = next(n for n in out.graph.node if n.op_type == "RotaryEmbedding")
