@@ -214,7 +214,10 @@ def test_not_for_portable_and_cuda():
 
 # The zoo's exported decoders: batch 2, kv feeds left-padded, prefill feeds right-padded (models/decoder_models.py)
 ZOO_FIRES = ["llama-kv-legacy", "llama-kv-dynamo", "llama-prefill-legacy", "llama-prefill-dynamo",
-             "llama-mha-kv-legacy", "mistral-kv-dynamo", "qwen2-kv-legacy", "phi3-kv-dynamo", "gemma2-kv-legacy"]
+             "llama-mha-kv-legacy", "mistral-kv-dynamo", "qwen2-kv-legacy", "phi3-kv-dynamo", "gemma2-kv-legacy",
+             # QK-norm (Qwen3, Gemma 3: two rotary tables, sliding window); Phi-3's legacy rotary (computed halves)
+             "qwen3-kv-dynamo", "qwen3-prefill-legacy", "gemma3-kv-legacy", "gemma3-prefill-dynamo",
+             "phi3-prefill-legacy", "phi3-kv-legacy"]
 
 
 @pytest.mark.parametrize("name", ZOO_FIRES)
