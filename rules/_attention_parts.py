@@ -40,7 +40,11 @@ shape and the types are facts a rule's condition reads from what they bind.
 
 Every value inside is read by the next piece alone (``one_reader``: readers that are Shape nodes do
 not count, they die with it), except the NaN guard's Softmax output, read by the guard's IsNaN and
-Where.
+Where, and a normalized head's input (``read_by_a_norm``: the square and the division).
+
+Facts about values: ``dims_of`` (inferred dimensions, through the contrib ops), ``dim_through`` (one
+dimension, read again through the nodes that made a value where its recorded shape holds onnx's unknown
+symbols), ``rank_of``.
 """
 
 from __future__ import annotations
@@ -125,6 +129,7 @@ _BROADCAST = ("Add", "Sub", "Mul", "Div", "Pow", "Where")
 
 
 def rank_of(value: ir.Value, opsets) -> int | None:
+    """value's rank (inferred, or through the contrib ops: dims_of), or None."""
     shape = infer(value, opsets)
     if shape is None:
         shape = dims_of(value, opsets)
@@ -159,12 +164,11 @@ def _known_dim(d) -> bool:
 
 
 def _traced_dim(value: ir.Value, axis: int, rank: int, opsets, depth: int, memo: dict):
-    """``dim_through``'s reading of dimension ``axis`` (of ``rank``) through the node that made ``value``; None where
-    that node does not say it."""
+    """``dim_through``'s reading of dimension ``axis`` (of ``rank``) through the node that made ``value``; None
+    where that node does not say it."""
     node = value.producer()
     if node is None or value is not node.outputs[0]:
         return None
-
     op, ins = node.op_type, node.inputs
     found = None
     if node.domain == MS:
@@ -194,7 +198,10 @@ def _traced_dim(value: ir.Value, axis: int, rank: int, opsets, depth: int, memo:
         zero_copies = node.attributes.get("allowzero") is None or node.attributes["allowzero"].value == 0
         if target is not None and len(target) == rank:
             t = target[axis]
-            found = t if t > 0 else dim_through(ins[0], axis, opsets, depth + 1, memo) if t == 0 and zero_copies else None
+            if t > 0:
+                found = t
+            elif t == 0 and zero_copies:
+                found = dim_through(ins[0], axis, opsets, depth + 1, memo)
             if t == -1 and zero_copies and target.count(-1) == 1:  # (what the others leave; copied ones cancel)
                 in_rank = rank_of(ins[0], opsets)
                 copied = {i for i, e in enumerate(target) if e == 0}
@@ -207,7 +214,8 @@ def _traced_dim(value: ir.Value, axis: int, rank: int, opsets, depth: int, memo:
         seen = []
         for v in ins:
             r = rank_of(v, opsets) if v is not None else None
-            e = dim_through(v, axis - (rank - r), opsets, depth + 1, memo) if r is not None and axis - (rank - r) >= 0 else 1
+            k = axis - (rank - r) if r is not None else -1
+            e = dim_through(v, k, opsets, depth + 1, memo) if k >= 0 else 1
             if _known_dim(e) and e != 1:
                 return e
             seen.append(e)
@@ -219,11 +227,22 @@ def _traced_dim(value: ir.Value, axis: int, rank: int, opsets, depth: int, memo:
         if axes and keep:
             found = 1 if axis in [a % rank for a in axes] else dim_through(ins[0], axis, opsets, depth + 1, memo)
     elif op == "MatMul" and rank >= 2:
-        a_rank = rank_of(ins[0], opsets)
-        if axis == rank - 1:
+        ranks = [rank_of(v, opsets) for v in ins[:2]]
+        if None in ranks or min(ranks) < 2:
+            found = None
+        elif axis == rank - 1:
             found = dim_through(ins[1], -1, opsets, depth + 1, memo)
-        elif a_rank == rank:
-            found = dim_through(ins[0], axis, opsets, depth + 1, memo)
+        elif axis == rank - 2:
+            found = dim_through(ins[0], -2, opsets, depth + 1, memo)
+        else:  # (a batch axis: broadcast, as an element-wise op's)
+            seen = []
+            for v, r in zip(ins[:2], ranks):
+                k = axis - (rank - r)
+                e = dim_through(v, k, opsets, depth + 1, memo) if 0 <= k < r - 2 else 1
+                if _known_dim(e) and e != 1:
+                    return e
+                seen.append(e)
+            found = 1 if all(e == 1 for e in seen) else None
     elif op == "Gather":
         g_axis = node.attributes.get("axis")
         i_rank = rank_of(ins[1], opsets)

@@ -182,3 +182,27 @@ def test_zoo_decoders_rotate_every_q_and_k(name):
         got = ort.InferenceSession(out.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
         for x, y in zip(ref, got):
             np.testing.assert_allclose(y, x, rtol=1e-4, atol=1e-5)
+
+
+def test_dim_through_reads_past_unknown_symbols():
+    """dim_through: a dimension recorded as onnx's unknown is read through Transpose, Reshape (0 copies, -1 what
+    the others leave), Slice and a broadcasting MatMul; a named symbol is kept; what no node says stays unknown."""
+    import onnx_ir as ir
+
+    from onnxopt.rules._attention_parts import dim_through
+
+    nodes = [helper.make_node("Slice", ["x", "zero", "s64", "last"], ["xs"]),  # [b, s, 64]
+             helper.make_node("Reshape", ["xs", "split"], ["x4"]),  # [b, s, 4, 16]
+             helper.make_node("Transpose", ["x4"], ["xt"], perm=[0, 2, 1, 3]),  # [b, 4, s, 16]
+             helper.make_node("MatMul", ["xt", "w"], ["y"])]  # [b, 4, s, 3]
+    inits = [init("zero", np.array([0], np.int64)), init("s64", np.array([64], np.int64)),
+             init("last", np.array([-1], np.int64)), init("split", np.array([0, 0, -1, 16], np.int64)),
+             init("w", np.zeros((1, 1, 16, 3), np.float32))]
+    proto = model(nodes, [tinfo("x", ["b", "s", 128])], [tinfo("y", [f"unk__{k}" for k in range(4)])], inits, opset=18)
+    for name in ("xs", "x4", "xt"):
+        proto.graph.value_info.append(tinfo(name, [f"unk__{name}{k}" for k in range(3 if name == "xs" else 4)]))
+    g = ir.serde.deserialize_model(proto).graph
+    y = g.outputs[0]
+    opsets = {"": 18}
+    assert [str(dim_through(y, k, opsets)) for k in range(4)] == ["b", "4", "s", "3"]
+    assert dim_through(y, 1, opsets) == 4 and dim_through(y, -1, opsets) == 3
