@@ -14,6 +14,13 @@ shape and the types are facts a rule's condition reads from what they bind.
   (``<p>_views``, data order) up to the MatMul that reads it; the split is the first such Reshape
   on the way (the dynamo exporter's key goes 4-D -> 3-D -> 4-D again). Missing: "<what> is not a
   reshape of a projection into heads".
+- ``head_norm(p)``: the heads of ``x<p>`` (its split, then any Reshape/Transpose views:
+  ``<p>_norm_views``, the last one ``<p>_norm_view``) RMS-normalized over their last axis, per head
+  (Qwen3 and Gemma 3's QK-norm): ``x / sqrt(mean(x^2) [+ eps]) [* gamma]`` as the exporters write it
+  (``<p>_square``, ``<p>_mean``, ``<p>_eps_add``/``<p>_eps``, ``<p>_sqrt``, ``<p>_reciprocal``,
+  ``<p>_divide``, ``<p>_scale``/``<p>_gamma``), or one RMSNormalization / SimplifiedLayerNormalization
+  node (``<p>_norm_op``); the normalized value ``<p>_norm_in`` is read by the square and the division
+  alone. The axes, the epsilon and the weight's shape are a condition's to read.
 - ``scaled_dot_product(q, k)``: ``MatMul(q, k)`` (``qk``), the scores.
 - ``masked_scores(qk)``: the scores scaled (``qk_scales``), an additive mask added (``mask_add``,
   the mask ``mask``; either operand order) or none, scaled again (``scores_scales``: a rule refuses
@@ -33,7 +40,11 @@ shape and the types are facts a rule's condition reads from what they bind.
 
 Every value inside is read by the next piece alone (``one_reader``: readers that are Shape nodes do
 not count, they die with it), except the NaN guard's Softmax output, read by the guard's IsNaN and
-Where.
+Where, and a normalized head's input (``read_by_a_norm``: the square and the division).
+
+Facts about values: ``dims_of`` (inferred dimensions, through the contrib ops), ``dim_through`` (one
+dimension, read again through the nodes that made a value where its recorded shape holds onnx's unknown
+symbols), ``rank_of``.
 """
 
 from __future__ import annotations
@@ -44,7 +55,7 @@ import onnx_ir as ir
 
 import numpy as np
 
-from onnxopt.core.pattern import ANY, Absorbed, Const, Explain, Op, Opt, Or, Pattern, Repeat, Var
+from onnxopt.core.pattern import ANY, Absorbed, All, Const, Explain, Op, Opt, Or, Pattern, Repeat, Var
 from onnxopt.ir.shapes import infer, infer_outputs, is_dim_of, same_symbol, scalar_element, shape_elements
 from onnxopt.ir.util import constant_tensor
 
@@ -110,6 +121,142 @@ def prime_shapes(value: ir.Value | None, opsets, depth: int = 0) -> None:
         return
     for v in node.inputs:
         prime_shapes(v, opsets, depth + 1)
+
+
+_UNKNOWN = "unk__"  # (how onnx's inference names a dimension it tied to nothing)
+_SAME = ("Neg", "Cast", "Identity", "Relu", "Sqrt", "Reciprocal", "Cos", "Sin", "Erf", "Tanh", "Sigmoid", "Softmax")
+_BROADCAST = ("Add", "Sub", "Mul", "Div", "Pow", "Where")
+
+
+def rank_of(value: ir.Value, opsets) -> int | None:
+    """value's rank (inferred, or through the contrib ops: dims_of), or None."""
+    shape = infer(value, opsets)
+    if shape is None:
+        shape = dims_of(value, opsets)
+    return None if shape is None else len(shape)
+
+
+def dim_through(value: ir.Value | None, axis: int, opsets, depth: int = 0, memo: dict | None = None):
+    """Dimension ``axis`` of ``value``: the recorded one where it is a number or a named symbol, else read
+    through the nodes that made it (Transpose, Slice, Reshape to a constant target, element-wise and
+    broadcasting ops, MatMul, Gather, the com.microsoft ops that keep their input's shape). A shape recorded
+    before a rewrite proved more stays behind it: a legacy export's Reshape to a computed target, which
+    reshape_shape_from_input makes constant, leaves onnx's unknown symbols on every value after it (Phi-3's
+    legacy export: the rotated half's width and the heads' sequence)."""
+    rank = rank_of(value, opsets) if value is not None else None
+    if rank is None or not -rank <= axis < rank:
+        return None
+    axis %= rank
+    shape = infer(value, opsets)
+    d = shape[axis] if shape is not None else None
+    if isinstance(d, int) or (d is not None and not str(d).startswith(_UNKNOWN)) or depth > 32:
+        return d
+    memo = {} if memo is None else memo
+    if (id(value), axis) not in memo:
+        memo[(id(value), axis)] = d  # (while it is being read: a value met again on the way is what is recorded)
+        found = _traced_dim(value, axis, rank, opsets, depth, memo)
+        memo[(id(value), axis)] = found if found is not None else d
+    return memo[(id(value), axis)]
+
+
+def _known_dim(d) -> bool:
+    return isinstance(d, int) or (d is not None and not str(d).startswith(_UNKNOWN))
+
+
+def _traced_dim(value: ir.Value, axis: int, rank: int, opsets, depth: int, memo: dict):
+    """``dim_through``'s reading of dimension ``axis`` (of ``rank``) through the node that made ``value``; None
+    where that node does not say it."""
+    node = value.producer()
+    if node is None or value is not node.outputs[0]:
+        return None
+    op, ins = node.op_type, node.inputs
+    found = None
+    if node.domain == MS:
+        found = dim_through(ins[0], axis, opsets, depth + 1, memo) if op in SAME_SHAPE else None
+    elif node.domain not in ("", "ai.onnx"):
+        found = None
+    elif op in _SAME:
+        found = dim_through(ins[0], axis, opsets, depth + 1, memo)
+    elif op == "Transpose":
+        perm = node.attributes.get("perm")
+        perm = list(perm.value) if perm is not None else list(range(rank))[::-1]
+        found = dim_through(ins[0], perm[axis], opsets, depth + 1, memo)
+    elif op == "Slice" and len(ins) >= 4 and ins[3] is not None:
+        starts, ends, axes = (_const_ints(ins[k]) for k in (1, 2, 3))
+        steps = _const_ints(ins[4]) if len(ins) > 4 and ins[4] is not None else None
+        inner = dim_through(ins[0], axis, opsets, depth + 1, memo)
+        if None in (starts, ends, axes) or (steps is not None and any(t != 1 for t in steps)):
+            found = None
+        elif axis not in [a % rank for a in axes]:
+            found = inner
+        elif isinstance(inner, int):
+            k = [a % rank for a in axes].index(axis)
+            lo, hi = (min(max(v + inner if v < 0 else v, 0), inner) for v in (starts[k], ends[k]))
+            found = max(hi - lo, 0)
+    elif op == "Reshape" and len(ins) > 1:
+        target = _const_ints(ins[1])
+        zero_copies = node.attributes.get("allowzero") is None or node.attributes["allowzero"].value == 0
+        if target is not None and len(target) == rank:
+            t = target[axis]
+            if t > 0:
+                found = t
+            elif t == 0 and zero_copies:
+                found = dim_through(ins[0], axis, opsets, depth + 1, memo)
+            if t == -1 and zero_copies and target.count(-1) == 1:  # (what the others leave; copied ones cancel)
+                in_rank = rank_of(ins[0], opsets)
+                copied = {i for i, e in enumerate(target) if e == 0}
+                rest = [dim_through(ins[0], i, opsets, depth + 1, memo) for i in range(in_rank or 0) if i not in copied]
+                out = int(np.prod([e for e in target if e > 0]))
+                if in_rank is not None and max(copied, default=-1) < in_rank and out > 0 \
+                        and all(isinstance(e, int) for e in rest) and int(np.prod(rest)) % out == 0:
+                    found = int(np.prod(rest)) // out
+    elif op in _BROADCAST:  # (the dimension of an operand that is not 1, or 1 where every operand's is)
+        seen = []
+        for v in ins:
+            r = rank_of(v, opsets) if v is not None else None
+            k = axis - (rank - r) if r is not None else -1
+            e = dim_through(v, k, opsets, depth + 1, memo) if k >= 0 else 1
+            if _known_dim(e) and e != 1:
+                return e
+            seen.append(e)
+        found = 1 if all(e == 1 for e in seen) else None
+    elif op == "ReduceMean" or op == "ReduceSum":
+        axes = _const_ints(ins[1]) if len(ins) > 1 and ins[1] is not None else \
+            (list(node.attributes["axes"].value) if node.attributes.get("axes") is not None else None)
+        keep = node.attributes.get("keepdims") is None or node.attributes["keepdims"].value == 1
+        if axes and keep:
+            found = 1 if axis in [a % rank for a in axes] else dim_through(ins[0], axis, opsets, depth + 1, memo)
+    elif op == "MatMul" and rank >= 2:
+        ranks = [rank_of(v, opsets) for v in ins[:2]]
+        if None in ranks or min(ranks) < 2:
+            found = None
+        elif axis == rank - 1:
+            found = dim_through(ins[1], -1, opsets, depth + 1, memo)
+        elif axis == rank - 2:
+            found = dim_through(ins[0], -2, opsets, depth + 1, memo)
+        else:  # (a batch axis: broadcast, as an element-wise op's)
+            seen = []
+            for v, r in zip(ins[:2], ranks):
+                k = axis - (rank - r)
+                e = dim_through(v, k, opsets, depth + 1, memo) if 0 <= k < r - 2 else 1
+                if _known_dim(e) and e != 1:
+                    return e
+                seen.append(e)
+            found = 1 if all(e == 1 for e in seen) else None
+    elif op == "Gather":
+        g_axis = node.attributes.get("axis")
+        i_rank = rank_of(ins[1], opsets)
+        if (g_axis is None or g_axis.value == 0) and i_rank is not None:
+            found = dim_through(ins[1], axis, opsets, depth + 1, memo) if axis < i_rank else \
+                dim_through(ins[0], axis - i_rank + 1, opsets, depth + 1, memo)
+    return found
+
+
+def _const_ints(value: ir.Value | None) -> list[int] | None:
+    t = constant_tensor(value) if value is not None else None
+    if t is None or t.dtype not in (ir.DataType.INT64, ir.DataType.INT32):
+        return None
+    return [int(v) for v in t.numpy().reshape(-1)]
 
 
 def float_scalar(value: ir.Value | None) -> float | None:
@@ -207,6 +354,36 @@ def head_split(p: str) -> Pattern:
     return Op("Reshape", Var(f"x{p}"), ANY, name=f"{p}_split", uses=one_reader, check=is_head_split)
 
 
+def read_by_a_norm(value: ir.Value) -> bool:
+    """value is read by two nodes (an RMS normalization's square and division; Shape readers aside)."""
+    if value.is_graph_output():
+        return False
+    return len({id(n) for n, _ in value.uses() if n.op_type != "Shape"}) == 2
+
+
+def head_norm(p: str) -> Pattern:
+    """The heads of ``x<p>`` RMS-normalized per head over their last axis (see the module docstring)."""
+    x = Var(f"{p}_norm_in")
+    split = Op("Reshape", Var(f"x{p}"), ANY, name=f"{p}_split", uses=read_by_a_norm, check=is_head_split)
+    below = Repeat(layout_step, head_split(p), max=3, name=f"{p}_norm_views")
+    viewed = Or(Op("Reshape", below, ANY, name=f"{p}_norm_view", uses=read_by_a_norm),
+                Op("Transpose", below, name=f"{p}_norm_view", uses=read_by_a_norm))
+    split_heads = All(x, Or(split, viewed))
+    square = Or(Op("Pow", x, Const(check=_is_two), name=f"{p}_square"),
+                Op("Mul", x, x, name=f"{p}_square"))
+    mean = Op("ReduceMean", square, Opt(Const()), name=f"{p}_mean")
+    rms = Op("Sqrt", Or(Op("Add", mean, Const(f"{p}_eps", check=_is_scalar), commutative=True, name=f"{p}_eps_add"),
+                        mean), name=f"{p}_sqrt")
+    divided = Or(Op("Div", split_heads, rms, name=f"{p}_divide"),
+                 Op("Mul", split_heads, Op("Reciprocal", rms, name=f"{p}_reciprocal"), commutative=True,
+                    name=f"{p}_divide"),
+                 Op("Mul", split_heads, Op("Div", Const(check=_is_one), rms, name=f"{p}_reciprocal"),
+                    commutative=True, name=f"{p}_divide"))
+    return Or(Op("Mul", divided, Const(f"{p}_gamma"), commutative=True, name=f"{p}_scale"), divided,
+              Op("RMSNormalization", split_heads, Const(f"{p}_gamma"), name=f"{p}_norm_op"),
+              Op("SimplifiedLayerNormalization", split_heads, Const(f"{p}_gamma"), name=f"{p}_norm_op"))
+
+
 def heads(p: str, what: str) -> Pattern:
     """A projection's heads as a MatMul reads them (see the module docstring)."""
     return Explain(Repeat(view_step, head_split(p), max=MAX_VIEWS - 1, name=f"{p}_views"),
@@ -290,6 +467,10 @@ def key_padding_bias() -> Pattern:
 
 def _is_one(value: ir.Value) -> bool:
     return float_scalar(value) == 1.0
+
+
+def _is_two(value: ir.Value) -> bool:
+    return float_scalar(value) == 2.0
 
 
 def _is_scalar(value: ir.Value) -> bool:

@@ -21,7 +21,7 @@ from onnxopt.core.pattern import Match
 from onnxopt.ir.shapes import infer, scalar_element, shape_elements
 from onnxopt.ir.util import constant_tensor
 
-from onnxopt.rules._attention_parts import MS, SAME_SHAPE, dims_of, float_scalar, is_scale, prime_shapes
+from onnxopt.rules._attention_parts import MS, SAME_SHAPE, dim_through, dims_of, float_scalar, is_scale, prime_shapes
 from onnxopt.rules._semantic import reduce_max, squeeze, unrepresentable
 
 
@@ -262,7 +262,11 @@ def split_heads(ctx: Layouts, x: ir.Value, node: ir.Node, b: str, s: str, heads:
     ("G", "R"), key/value heads outermost) must have every size but the last known, the last being
     what is left."""
     dims = dims_of(x, ctx.m.opsets)
-    if dims is None or len(dims) != 3 or not isinstance(dims[2], int):
+    if dims is None or len(dims) != 3:
+        raise NoFit("a projection is not [B, S, H] with H known")
+    # (a dimension recorded as unknown read again through the nodes that made it: Phi-3 legacy's second layer)
+    dims = [d if isinstance(d, int) else dim_through(x, k, ctx.m.opsets) for k, d in enumerate(dims)]
+    if not isinstance(dims[2], int):
         raise NoFit("a projection is not [B, S, H] with H known")
     h = dims[2]
     ctx.set_size(b, dims[0] if isinstance(dims[0], int) else None)
@@ -350,10 +354,18 @@ def small_const(value: ir.Value | None) -> bool:
     return t is not None and len(t.shape) <= 1
 
 
+def _last_axis_only(node: ir.Node, opsets) -> bool:
+    """node (a Slice) slices its rank-3 input on the last axis alone (constant axes)."""
+    axes = constant_tensor(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else None
+    dims = dims_of(node.inputs[0], opsets)
+    return axes is not None and dims is not None and len(dims) == 3 \
+        and all(int(a) % 3 == 2 for a in axes.numpy().reshape(-1))
+
+
 def ancestors(x: ir.Value, opsets) -> list[ir.Value]:
-    """x and the values whose first two dimensions are x's: through Split, Add/Mul/Sub/Div of a
-    constant of rank <= 1, MatMul (x @ W), LayerNormalization and the contrib normalizations (a few
-    steps up)."""
+    """x and the values whose first two dimensions are x's: through Split, a Slice of the last axis,
+    Add/Mul/Sub/Div of a constant of rank <= 1, MatMul (x @ W), LayerNormalization and the contrib
+    normalizations (a few steps up)."""
     out = [x]
     for _ in range(4):
         node = x.producer()
@@ -364,6 +376,8 @@ def ancestors(x: ir.Value, opsets) -> list[ir.Value]:
         elif node.domain not in ("", "ai.onnx"):
             break
         elif node.op_type in ("Split", "MatMul", "LayerNormalization"):
+            nxt = node.inputs[0]
+        elif node.op_type == "Slice" and _last_axis_only(node, opsets):  # (a fused qkv's part: Phi-3 legacy)
             nxt = node.inputs[0]
         elif node.op_type in ("Add", "Sub", "Mul", "Div") and len(node.inputs) == 2:
             a, c = node.inputs  # (a constant of rank <= 1 cannot add dimensions)

@@ -46,7 +46,7 @@ import onnx_ir as ir
 from onnxopt.core.pattern import ANY, Absorbed, Explain, Match, Op, Or, Repeat, Rule, Var
 from onnxopt.ir.shapes import infer, same_dim, same_symbol
 from onnxopt.ir.util import constant_tensor
-from onnxopt.rules._attention_parts import (MAX_VIEWS, MS, attention_output, dims_of, head_split,
+from onnxopt.rules._attention_parts import (MAX_VIEWS, MS, attention_output, dims_of, head_norm, head_split,
                                             layout_step, masked_scores, one_reader, prime_shapes,
                                             scaled_dot_product, softmax, view_step)
 from onnxopt.rules._head_layouts import (Layouts, NoFit, ancestors, apply_view, dtype_through, finite_mask, group_of_dim,
@@ -62,16 +62,21 @@ PRESENT_KEY = "onnxopt.present_of"  # on the fused node: the names of the Concat
 # The pattern
 
 
+def _heads(p: str):
+    """``x<p>`` split into heads; Q's and K's also RMS-normalized per head (QK-norm: ``head_norm``)."""
+    return Or(head_split(p), head_norm(p)) if p in ("q", "k") else head_split(p)
+
+
 def _rotated(p: str):
     """RotaryEmbedding of the heads of ``x<p>`` (``<p>_rot``; the views before it ``<p>_pre``)."""
-    pre = Repeat(layout_step, head_split(p), max=4, name=f"{p}_pre")
+    pre = Repeat(layout_step, _heads(p), max=4, name=f"{p}_pre")
     return Op("RotaryEmbedding", pre, Var(f"{p}_pos"), Var(f"{p}_cos"), Var(f"{p}_sin"), domain=MS, name=f"{p}_rot",
               uses=one_reader)
 
 
 def _new(p: str):
     """This step's keys or values: heads, rotated or not, and views (``<p>_post``)."""
-    return Repeat(layout_step, Or(_rotated(p), head_split(p)), max=4, name=f"{p}_post")
+    return Repeat(layout_step, Or(_rotated(p), _heads(p)), max=4, name=f"{p}_post")
 
 
 def _repeat_step(rest):
@@ -85,11 +90,11 @@ def _cached(p: str, what: str):
     (``<p>_views``)."""
     cat = Op("Concat", Var(f"past_{p}"), _new(p), name=f"{p}_cat", shared=True)
     return Explain(Repeat(_repeat_step, Or(cat, _new(p)), max=MAX_VIEWS, name=f"{p}_views"),
-                   f"{what} is not a projection's heads (rotated, cached, repeated)")
+                   f"{what} is not a projection's heads (normalized, rotated, cached, repeated)")
 
 
-_QUERY = Explain(Repeat(view_step, Or(_rotated("q"), head_split("q")), max=MAX_VIEWS - 1, name="q_views"),
-                 "Q is not a projection's heads (rotated or not)")
+_QUERY = Explain(Repeat(view_step, Or(_rotated("q"), _heads("q")), max=MAX_VIEWS - 1, name="q_views"),
+                 "Q is not a projection's heads (normalized per head or not, rotated or not)")
 
 def _merged(attn):
     """The root: the Reshape that merges the heads, after any views (``merge_views``: a Transpose, or the
@@ -161,11 +166,66 @@ def _rotary_ok(m: Match, ctx: Layouts, p: str, layout: list[tuple], heads: tuple
         raise NoFit("the rotary's interleaved attribute is not 0 or 1")
 
 
+_NORM_NODES = ("square", "mean", "eps_add", "sqrt", "reciprocal", "divide", "scale", "norm_op")
+
+
+def _norm_nodes(m: Match, p: str) -> list[ir.Node]:
+    """The nodes of ``<p>``'s per-head normalization (QK-norm), in data order; [] where there is none."""
+    if p not in ("q", "k"):  # (V is never normalized: the pattern has no norm for it)
+        return []
+    return [n for n in (m.node(f"{p}_{k}") for k in _NORM_NODES) if n is not None]
+
+
+def _ints_of(value: ir.Value | None) -> list[int] | None:
+    t = constant_tensor(value) if value is not None else None
+    return None if t is None or t.numpy().dtype.kind not in "iu" else [int(a) for a in t.numpy().reshape(-1)]
+
+
+def _norm_ok(m: Match, ctx: Layouts, p: str, layout: list[tuple]) -> list[tuple]:
+    """``<p>``'s per-head RMS normalization (if any) normalizes each head's D elements alone: over the
+    last axis of a layout whose last dimension is D, the epsilon one number, the weight one per D (or one);
+    the layout of what it reads and writes (the same elements, the same order)."""
+    nodes = _norm_nodes(m, p)
+    if not nodes:
+        return layout
+    views = (*m.chain(f"{p}_norm_views"), *filter(None, [m.node(f"{p}_norm_view")]))
+    layout = _chain(ctx, layout, views)
+    if len(layout) != 4 or layout[-1] != ctx.norm([("D",)])[0]:
+        raise NoFit(f"{p.upper()} is normalized over the last axis of {show_layout(layout)}, not over D")
+    d = ctx.size("D")
+    op = m.node(f"{p}_norm_op")
+    if op is not None:
+        axis = op.attributes.get("axis")
+        if axis is not None and axis.value not in (-1, 3):
+            raise NoFit(f"{p.upper()}'s {op.op_type} normalizes from axis {axis.value}, not the last one")
+        eps = op.attributes.get("epsilon")
+        eps = 1e-5 if eps is None else eps.value
+    else:
+        mean = m.node(f"{p}_mean")
+        keep = mean.attributes.get("keepdims")
+        axes = _ints_of(mean.inputs[1]) if len(mean.inputs) > 1 and mean.inputs[1] is not None \
+            else (list(mean.attributes["axes"].value) if mean.attributes.get("axes") is not None else None)
+        if (keep is not None and keep.value != 1) or axes not in ([-1], [3]):
+            raise NoFit(f"{p.upper()}'s RMS normalization does not average the last axis (keeping it)")
+        eps = float(m.const(f"{p}_eps").reshape(-1)[0]) if m.node(f"{p}_eps_add") is not None else 0.0
+    if not eps >= 0:
+        raise NoFit(f"{p.upper()}'s RMS normalization adds {eps}, not a number >= 0")
+    gamma = m.const(f"{p}_gamma")
+    if gamma is not None and (gamma.ndim > 4 or any(k != 1 for k in gamma.shape[:-1])
+                              or gamma.size not in (1, d) or gamma.dtype.kind != "f"):
+        raise NoFit(f"{p.upper()}'s normalization weight has shape {list(gamma.shape)}, not [D]")
+    for node in nodes[nodes.index(m.node(f"{p}_divide") or op):]:  # (the division, the weight: the same layout)
+        ctx.layouts[node.outputs[0]] = layout
+    return layout
+
+
 def _new_part(m: Match, ctx: Layouts, p: str, heads: tuple, length: str) -> list[tuple]:
-    """Follow ``<p>``'s split (and rotary) up to what the cache Concat (or the repeat) reads."""
+    """Follow ``<p>``'s split (per-head normalization and rotary) up to what the cache Concat (or the repeat)
+    reads."""
     split = m.node(f"{p}_split")
     layout = split_heads(ctx, m[f"x{p}"], split, "B", length, heads)
     ctx.layouts[split.outputs[0]] = layout
+    layout = _norm_ok(m, ctx, p, layout)
     if m.node(f"{p}_rot") is not None:
         layout = _chain(ctx, layout, m.chain(f"{p}_pre"))
         _rotary_ok(m, ctx, p, layout, heads)
@@ -429,10 +489,27 @@ def _i64(b, values, name):
     return b.const(np.array(values, np.int64), name=name)
 
 
+def _normalize(m: Match, b, p: str, heads: int) -> ir.Value:
+    """``x<p>`` [B, S, heads*D], normalized per head as the model normalized its heads (QK-norm): the same
+    nodes (so the same arithmetic) on its [B, S, heads, D] view, then back to [B, S, heads*D]."""
+    x, nodes = m.plan[f"x{p}"], _norm_nodes(m, p)
+    if not nodes:
+        return x
+    d = m.plan["head"]
+    mapped = {m[f"{p}_norm_in"]: b.op("Reshape", x, _i64(b, [0, 0, heads, d], f"gqa_{p}_heads"))}
+    for node in nodes:
+        attrs = {k: a.value for k, a in node.attributes.items()}
+        y = b.op(node.op_type, *(mapped.get(v, v) for v in node.inputs), domain=node.domain, **attrs)
+        mapped[node.outputs[0]] = y
+    y = b.op("Reshape", y, _i64(b, [0, 0, heads * d], f"gqa_{p}_merged"))
+    y.type, y.shape = x.type, x.shape
+    return y
+
+
 def _rotate(m: Match, b, p: str, heads: int) -> ir.Value:
-    """``x<p>`` [B, S, heads*D], rotated as the model's RotaryEmbedding rotated its heads (same positions,
-    tables and attributes; the 3-D form with num_heads)."""
-    x, rot = m.plan[f"x{p}"], m.node(f"{p}_rot")
+    """``x<p>`` [B, S, heads*D] (normalized per head where the model does), rotated as the model's
+    RotaryEmbedding rotated its heads (same positions, tables and attributes; the 3-D form with num_heads)."""
+    x, rot = _normalize(m, b, p, heads), m.node(f"{p}_rot")
     if rot is None:
         return x
     attrs = {k: a.value for k, a in rot.attributes.items()}

@@ -26,6 +26,7 @@ import onnx_ir as ir
 
 from onnxopt.core.pattern import Match, Op, Rule
 from onnxopt.ir.shapes import infer
+from onnxopt.rules._attention_parts import dim_through, rank_of
 from onnxopt.rules._semantic import const_array, dtype_of, earlier, kernel, private, scalar, typed
 from onnxopt.targets import ORT_CPU, ORT_CUDA
 
@@ -36,6 +37,50 @@ _ELEMENTWISE = ("Cos", "Sin", "Cast", "Neg", "Identity")
 def _ints(value: ir.Value | None) -> list[int] | None:
     a = const_array(value)
     return [int(v) for v in a.reshape(-1)] if a is not None and a.dtype.kind in "iu" else None
+
+
+def _int_elements(value: ir.Value | None, m: Match, depth: int = 0) -> list[int | None] | None:
+    """The integers of a small shape computation (constants, Shape, Gather, Unsqueeze/Squeeze/Reshape/Cast,
+    integer Add/Sub/Mul/Div, Concat), the dimensions it reads found by ``_dim`` (None for an element that
+    reads an unknown one); None where the computation is not one of these."""
+    found = _ints(value)
+    if found is not None or value is None or depth > 8:
+        return found
+    node = value.producer()
+    if node is None or node.domain not in ("", "ai.onnx"):
+        return None
+    op, ins = node.op_type, node.inputs
+    if op == "Shape":
+        rank = rank_of(ins[0], m.opsets)
+        if rank is None:
+            return None
+        start, end = (node.attributes.get(k) for k in ("start", "end"))
+        lo = 0 if start is None else start.value % rank if start.value < 0 else min(start.value, rank)
+        hi = rank if end is None else end.value % rank if end.value < 0 else min(end.value, rank)
+        return [d if isinstance(d, int) else None for d in (dim_through(ins[0], k, m.opsets) for k in range(lo, hi))]
+    if op in ("Unsqueeze", "Squeeze", "Reshape", "Cast", "Identity"):
+        return _int_elements(ins[0], m, depth + 1)
+    if op == "Gather":
+        data, idx = _int_elements(ins[0], m, depth + 1), _ints(ins[1])
+        axis = node.attributes.get("axis")
+        if data is None or idx is None or (axis is not None and axis.value != 0):
+            return None
+        return [data[i] for i in idx] if all(-len(data) <= i < len(data) for i in idx) else None
+    if op in ("Add", "Sub", "Mul", "Div") and len(ins) == 2:
+        a, b = (_int_elements(v, m, depth + 1) for v in ins)
+        if a is None or b is None or (len(a) != len(b) and 1 not in (len(a), len(b))):
+            return None
+        n = max(len(a), len(b))
+        a, b = (x * n if len(x) == 1 else x for x in (a, b))
+        if op == "Div" and 0 in b:
+            return None
+        f = {"Add": lambda x, y: x + y, "Sub": lambda x, y: x - y, "Mul": lambda x, y: x * y,
+             "Div": lambda x, y: int(x / y)}[op]  # (onnx's integer Div truncates toward zero)
+        return [None if x is None or y is None else f(x, y) for x, y in zip(a, b)]
+    if op == "Concat":
+        parts = [_int_elements(v, m, depth + 1) for v in ins]
+        return None if any(p is None for p in parts) else [e for p in parts for e in p]
+    return None
 
 
 def _is(node: ir.Node | None, op: str) -> bool:
@@ -49,12 +94,12 @@ def _half(value: ir.Value, m: Match):
     if node is None or node.domain not in ("", "ai.onnx"):
         return None
     x = node.inputs[0]
-    shape = infer(x, m.opsets)
-    if shape is None or len(shape) < 1 or not isinstance(shape[-1], int) or shape[-1] % 2:
+    rank = rank_of(x, m.opsets)
+    h = dim_through(x, -1, m.opsets) if rank else None
+    if not isinstance(h, int) or h % 2:
         return None
-    rank, h = len(shape), shape[-1]
     if node.op_type == "Slice":
-        bounds = _last_axis_slice(node, rank)
+        bounds = _last_axis_slice(node, rank, m)
         if bounds is None:
             return None
         start, end = bounds[0] % h if bounds[0] < 0 else bounds[0], bounds[1]
@@ -77,11 +122,14 @@ def _half(value: ir.Value, m: Match):
     return None
 
 
-def _last_axis_slice(node: ir.Node, rank: int) -> tuple[int, int] | None:
-    """(start, end) of a Slice with constant bounds on the last axis of a rank-``rank`` value, step 1."""
+def _last_axis_slice(node: ir.Node, rank: int, m: Match) -> tuple[int, int] | None:
+    """(start, end) of a Slice on the last axis of a rank-``rank`` value, step 1, its bounds constants or
+    computed from dimensions ``_dim`` finds (``x.shape[-1] // 2``)."""
     if len(node.inputs) < 4 or node.inputs[3] is None:
         return None
-    starts, ends, axes = (_ints(node.inputs[k]) for k in (1, 2, 3))
+    starts, ends = (_int_elements(node.inputs[k], m) for k in (1, 2))
+    starts, ends = (None if v is None or None in v else v for v in (starts, ends))
+    axes = _ints(node.inputs[3])
     steps = _ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else [1]
     if None in (starts, ends, axes, steps) or len(starts) != 1 or steps != [1] or axes[0] % rank != rank - 1:
         return None
@@ -109,8 +157,7 @@ def _periodic(view: ir.Value, h: int, m: Match):
     axes = _ints(unsq.inputs[1]) if len(unsq.inputs) > 1 else list(unsq.attributes["axes"].value) \
         if unsq.attributes.get("axes") is not None else None
     table = unsq.inputs[0]
-    shape = infer(table, m.opsets)
-    if axes != [1] or shape is None or len(shape) != 3 or shape[-1] != h:
+    if axes != [1] or rank_of(table, m.opsets) != 3 or dim_through(table, -1, m.opsets) != h:
         return "cos/sin is not an Unsqueeze on axis 1 of a [batch, sequence, head] value"
     value = table
     for _ in range(8):
@@ -143,12 +190,13 @@ def _condition(m: Match):
     got = _half(neg.inputs[0], m)
     if got is None or got[1] != "second":
         src = neg.inputs[0].producer()
-        if _is(src, "Slice") and any(_ints(v) is None for v in src.inputs[1:4] if v is not None):
+        if _is(src, "Slice") and any((_int_elements(v, m) or [None])[0] is None for v in src.inputs[1:4]
+                                     if v is not None):
             return ("the Neg reads a Slice whose bounds are computed from a shape not known here, so not proven "
                     "the second half")
         return "the Neg does not read the second half of a value's last axis"
     x, _, h, slice_2 = got
-    rank = len(infer(x, m.opsets))  # (known: _half read its last dimension)
+    rank = rank_of(x, m.opsets)  # (known: _half read its last dimension)
     cat = _sole_reader(neg.outputs[0], graph, "Concat")
     if cat is None or len(cat.inputs) != 2 or cat.inputs[0] is not neg.outputs[0] \
             or cat.attributes["axis"].value % rank != rank - 1:
@@ -185,9 +233,9 @@ def _condition(m: Match):
             and tail.attributes["axis"].value % 4 == 3:
         full = xs.inputs[0]
         rest = tail.inputs[1].producer()
-        fshape = infer(full, m.opsets)
-        width = fshape[-1] if fshape is not None and len(fshape) == 4 and isinstance(fshape[-1], int) else None
-        head, pass_ = _last_axis_slice(xs, 4), _last_axis_slice(rest, 4) if _is(rest, "Slice") else None
+        width = dim_through(full, -1, m.opsets) if rank_of(full, m.opsets) == 4 else None
+        width = width if isinstance(width, int) else None
+        head, pass_ = _last_axis_slice(xs, 4, m), _last_axis_slice(rest, 4, m) if _is(rest, "Slice") else None
         if width is not None and width > h and head == (0, h) and pass_ is not None and rest.inputs[0] is full \
                 and pass_[0] == h and pass_[1] >= width:
             out, q, rot = tail.outputs[0], full, h
@@ -197,9 +245,9 @@ def _condition(m: Match):
     for node in halves:
         if all(u.node in nodes or u.node in halves for o in node.outputs for u in o.uses()):
             nodes.append(node)
-    dims = list(infer(q, m.opsets))
-    tdims = list(infer(c3, m.opsets))
-    sdims = list(infer(s3, m.opsets))
+    dims = [dim_through(q, k, m.opsets) for k in range(4)]
+    tdims = [dim_through(c3, k, m.opsets) for k in range(3)]
+    sdims = [dim_through(s3, k, m.opsets) for k in range(3)]
     if not _same_dim(tdims[1], dims[2]):
         return "cos/sin's sequence dimension is not proven to be x's (positions computed inside the model)"
     if tdims[0] == 1:
@@ -221,9 +269,13 @@ def _condition(m: Match):
         return f"no RotaryEmbedding kernel for {dtype.name.lower()} on {target}"
     if m.opset("") < 15:
         return f"the model imports opset {m.opset('')}: the row index needs Shape's start/end (opset 15)"
+    if rot != dims[3] and not isinstance(dims[1], int):
+        return "partial rotary needs the number of heads, and x's is not known"
     m.nodes = tuple(dict.fromkeys(nodes))
     m.outputs = [out]
-    heads = dims[1] if isinstance(dims[1], int) else None
+    # num_heads where the recorded shape says it, or partial rotary needs it (onnxruntime refuses it missing)
+    recorded = infer(q, m.opsets)
+    heads = dims[1] if isinstance(dims[1], int) and (rot != dims[3] or isinstance(recorded[1], int)) else None
     return {"q": q, "cos": c3, "sin": s3, "rot": rot, "head": dims[3] if isinstance(dims[3], int) else None,
             "shared": shared, "heads": heads}
 

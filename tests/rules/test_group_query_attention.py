@@ -41,12 +41,24 @@ def _session(model):
     return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
 
 
-def decoder_attention(batch, new, *, fill=-np.inf, guard=True, past=True):
+def _rms_norm(nodes, c, x, y, axis, gamma):
+    """``y = x / sqrt(mean(x^2, axis) + eps) * gamma`` as the exporters write an RMSNorm (Qwen3's QK-norm)."""
+    c += [init(f"{y}_axes", np.array([axis], np.int64)), init(f"{y}_gamma", gamma)]
+    nodes += [helper.make_node("Pow", [x, "two"], [f"{y}_sq"]),
+              helper.make_node("ReduceMean", [f"{y}_sq"], [f"{y}_ms"], axes=[axis], keepdims=1),
+              helper.make_node("Add", [f"{y}_ms", "eps"], [f"{y}_ve"]), helper.make_node("Sqrt", [f"{y}_ve"], [f"{y}_rs"]),
+              helper.make_node("Reciprocal", [f"{y}_rs"], [f"{y}_inv"]), helper.make_node("Mul", [x, f"{y}_inv"], [f"{y}_n"]),
+              helper.make_node("Mul", [f"{y}_n", f"{y}_gamma"], [y])]
+
+
+def decoder_attention(batch, new, *, fill=-np.inf, guard=True, past=True, qk_norm=None):
     """One cached attention as transformers' eager/sdpa code exports it: x [B, S, H] projected to Q (N heads)
     and K, V (G heads), K/V concatenated after ``past_key``/``past_value`` [B, G, P, D] (the model's present
     outputs), repeat_kv (Unsqueeze/Expand/Reshape), scores scaled, the mask ``Where(keep, 0, fill)`` added
     (``keep`` [B, 1, S, T] a graph input), Softmax (with torch's NaN guard), merged, o_proj. ``batch``/``new``
-    an int or a symbol name."""
+    an int or a symbol name. ``qk_norm``: Q and K RMS-normalized per head over D (weights not 1) on the split
+    [B, S, heads, D] ("split", Qwen3's order) or on the transposed [B, heads, S, D] ("heads", Gemma 3's), or over
+    the heads axis of the split ("heads-axis": not a per-head norm)."""
     rng = np.random.default_rng(0)
     hid = N * D
     t = f"{new}+{P}" if isinstance(new, str) else new + P if past else new
@@ -59,9 +71,18 @@ def decoder_attention(batch, new, *, fill=-np.inf, guard=True, past=True):
          init("fill", np.array(fill, np.float32))]
     nodes = [helper.make_node("MatMul", ["x", "wq"], ["q"]), helper.make_node("MatMul", ["x", "wk"], ["k"]),
              helper.make_node("MatMul", ["x", "wv"], ["v"])]
+    c += [init("two", np.array(2.0, np.float32)), init("eps", np.array(1e-6, np.float32))]
     for p, shape in (("q", "q_shape"), ("k", "kv_shape"), ("v", "kv_shape")):
-        nodes += [helper.make_node("Reshape", [p, shape], [f"{p}4"]),
-                  helper.make_node("Transpose", [f"{p}4"], [f"{p}h"], perm=[0, 2, 1, 3])]
+        nodes.append(helper.make_node("Reshape", [p, shape], [f"{p}4"]))
+        gamma = (1 + 0.5 * rng.standard_normal(D)).astype(np.float32)
+        if qk_norm in ("split", "heads-axis") and p != "v":
+            _rms_norm(nodes, c, f"{p}4", f"{p}4n", -1 if qk_norm == "split" else 2,
+                      gamma if qk_norm == "split" else np.float32(1.5))
+        normed = qk_norm is not None and p != "v"
+        nodes.append(helper.make_node("Transpose", [f"{p}4n" if normed and qk_norm != "heads" else f"{p}4"],
+                                      [f"{p}h0" if normed and qk_norm == "heads" else f"{p}h"], perm=[0, 2, 1, 3]))
+        if normed and qk_norm == "heads":
+            _rms_norm(nodes, c, f"{p}h0", f"{p}h", 3, gamma)
     for p in ("k", "v"):
         src = f"{p}h"
         if past:
@@ -161,6 +182,28 @@ def test_a_mask_that_differs_by_head_is_refused():
     assert "the mask differs by head" in report.fusions["group_query_attention"]["reasons"]
 
 
+@pytest.mark.parametrize("where", ["split", "heads"])
+def test_heads_normalized_per_head_qk_norm_fuse_and_agree(where):
+    """Qwen3 / Gemma 3's QK-norm (an RMSNorm over D of each head of Q and K, before or after the heads'
+    Transpose): matched, and rebuilt on the op's [B, S, N, D] view of the projection (the same nodes)."""
+    model = decoder_attention("batch", 1, qk_norm=where)
+    out = _fused(model, _feeds(3, 1))
+    ops = [n.op_type for n in out.graph.node]
+    assert ops.count("GroupQueryAttention") == 1 and "Softmax" not in ops, ops
+    assert ops.count("ReduceMean") == 2 and ops.count("Sqrt") == 2  # (Q's and K's norms, on the 3-D projections)
+    prefill = decoder_attention("batch", "seq", past=False, qk_norm=where)
+    assert [n.op_type for n in _fused(prefill, _feeds(2, 5, past=False)).graph.node].count("GroupQueryAttention") == 1
+
+
+def test_a_norm_over_the_heads_axis_is_refused_with_the_reason():
+    from onnxopt import optimize
+
+    _, report = optimize(decoder_attention("batch", 1, qk_norm="heads-axis"), target="ort-cpu", return_report=True)
+    found = report.fusions["group_query_attention"]
+    assert found["hits"] == 0
+    assert any("does not average the last axis" in r for r in found["reasons"]), found["reasons"]
+
+
 def test_not_for_portable_and_cuda():
     from onnxopt import optimize
 
@@ -171,7 +214,10 @@ def test_not_for_portable_and_cuda():
 
 # The zoo's exported decoders: batch 2, kv feeds left-padded, prefill feeds right-padded (models/decoder_models.py)
 ZOO_FIRES = ["llama-kv-legacy", "llama-kv-dynamo", "llama-prefill-legacy", "llama-prefill-dynamo",
-             "llama-mha-kv-legacy", "mistral-kv-dynamo", "qwen2-kv-legacy", "phi3-kv-dynamo", "gemma2-kv-legacy"]
+             "llama-mha-kv-legacy", "mistral-kv-dynamo", "qwen2-kv-legacy", "phi3-kv-dynamo", "gemma2-kv-legacy",
+             # QK-norm (Qwen3, Gemma 3: two rotary tables, sliding window); Phi-3's legacy rotary (computed halves)
+             "qwen3-kv-dynamo", "qwen3-prefill-legacy", "gemma3-kv-legacy", "gemma3-prefill-dynamo",
+             "phi3-prefill-legacy", "phi3-kv-legacy"]
 
 
 @pytest.mark.parametrize("name", ZOO_FIRES)

@@ -71,6 +71,28 @@ def test_rotary_fires_on_slices_and_split(split):
     assert ops.count("RotaryEmbedding") == 1 and "Neg" not in ops and "Sin" in ops  # the model's own sin, as table
 
 
+def test_halves_computed_from_a_shape_recorded_as_unknown():
+    """Phi-3's legacy export: rotate_half's bounds are ``x.shape[-1] // 2`` (Shape, Gather, Div, Unsqueeze), and
+    x's recorded shape holds onnx's unknown symbols (left by a Reshape an earlier rewrite made constant): its
+    last dimension is read through the node that made it."""
+    m = rotary_model()
+    nodes = list(m.graph.node)
+    for node in nodes:  # x -> xs = Identity(x), recorded [unk__0, unk__1, unk__2, unk__3]
+        node.input[:] = ["xs" if i == "x" else i for i in node.input]
+    x1, x2 = (n for n in nodes if n.op_type == "Slice")
+    x1.input[2], x2.input[1] = "half", "half"
+    extra = [helper.make_node("Identity", ["x"], ["xs"]), helper.make_node("Shape", ["xs"], ["xs_shape"]),
+             helper.make_node("Gather", ["xs_shape", "three"], ["width"], axis=0),
+             helper.make_node("Div", ["width", "two_i"], ["half0"]),
+             helper.make_node("Unsqueeze", ["half0", "zero"], ["half"])]
+    del m.graph.node[:]
+    m.graph.node.extend(extra + nodes)
+    m.graph.initializer.extend([init("three", np.array(3, np.int64)), init("two_i", np.array(2, np.int64))])
+    m.graph.value_info.append(tinfo("xs", [f"unk__{k}" for k in range(4)]))
+    out, _ = fires("rotary_embedding", m, feeds=_feeds(), tol=TOL, target="ort-cpu")
+    assert [n.op_type for n in out.graph.node].count("RotaryEmbedding") == 1
+
+
 def test_partial_rotary_takes_the_whole_head_with_its_rotary_dim():
     out, _ = fires("rotary_embedding", rotary_model(partial=4), feeds=_feeds(width=H + 4), tol=TOL, target="ort-cpu")
     node = next(n for n in out.graph.node if n.op_type == "RotaryEmbedding")
@@ -160,3 +182,27 @@ def test_zoo_decoders_rotate_every_q_and_k(name):
         got = ort.InferenceSession(out.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
         for x, y in zip(ref, got):
             np.testing.assert_allclose(y, x, rtol=1e-4, atol=1e-5)
+
+
+def test_dim_through_reads_past_unknown_symbols():
+    """dim_through: a dimension recorded as onnx's unknown is read through Transpose, Reshape (0 copies, -1 what
+    the others leave), Slice and a broadcasting MatMul; a named symbol is kept; what no node says stays unknown."""
+    import onnx_ir as ir
+
+    from onnxopt.rules._attention_parts import dim_through
+
+    nodes = [helper.make_node("Slice", ["x", "zero", "s64", "last"], ["xs"]),  # [b, s, 64]
+             helper.make_node("Reshape", ["xs", "split"], ["x4"]),  # [b, s, 4, 16]
+             helper.make_node("Transpose", ["x4"], ["xt"], perm=[0, 2, 1, 3]),  # [b, 4, s, 16]
+             helper.make_node("MatMul", ["xt", "w"], ["y"])]  # [b, 4, s, 3]
+    inits = [init("zero", np.array([0], np.int64)), init("s64", np.array([64], np.int64)),
+             init("last", np.array([-1], np.int64)), init("split", np.array([0, 0, -1, 16], np.int64)),
+             init("w", np.zeros((1, 1, 16, 3), np.float32))]
+    proto = model(nodes, [tinfo("x", ["b", "s", 128])], [tinfo("y", [f"unk__{k}" for k in range(4)])], inits, opset=18)
+    for name in ("xs", "x4", "xt"):
+        proto.graph.value_info.append(tinfo(name, [f"unk__{name}{k}" for k in range(3 if name == "xs" else 4)]))
+    g = ir.serde.deserialize_model(proto).graph
+    y = g.outputs[0]
+    opsets = {"": 18}
+    assert [str(dim_through(y, k, opsets)) for k in range(4)] == ["b", "4", "s", "3"]
+    assert dim_through(y, 1, opsets) == 4 and dim_through(y, -1, opsets) == 3
