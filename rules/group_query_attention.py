@@ -446,7 +446,7 @@ def gqa_condition(m: Match):
         # several tokens after a past at batch 1 only, as in its own models: the op's error otherwise)
         return ("the cache is extended by a length not proven 1 at a batch not proven 1 (onnxruntime's "
                 "GroupQueryAttention refuses several new tokens after a past at batch > 1, and with --padding right "
-                "takes onnxruntime-genai's inputs: a prompt after an empty past at any batch)")
+                "takes onnxruntime-genai's inputs, a prompt after an empty past at any batch)")
     return {"lengths": lengths, "length_input": length_input, "new_input": new_input, "xq": xq, "xk": m["xk"], "xv": m["xv"], "dtype": dtype, "scale": scale, "mask": mask,
             "expand": expand, "keep_guard": guarded and mask is not None and not finite_mask(mask),
             "num_heads": ctx.size("G") * (ctx.size("R") or 1), "kv_heads": ctx.size("G"), "head": ctx.size("D"),
