@@ -10,7 +10,12 @@ files, copied. Every file is claimed before the work and committed with the mode
 The model must be a decoder with genai's names: ``input_ids``, ``attention_mask`` (and ``position_ids``
 where the model takes them), ``past_key_values.%d.key``/``.value`` in, ``logits`` and
 ``present.%d.key``/``.value`` out. Its past and present are separate buffers that grow by the new tokens
-(``past_present_share_buffer`` false), as an exported model's are.
+(``past_present_share_buffer`` false), as an exported model's are, unless the model can share them
+(``shares_buffers``): every past is read by GroupQueryAttention alone, as its past input, every present is
+that op's output, and the op reads the sequence lengths from the attention mask (no ``attention_bias``: the
+form ``--padding right|none`` and ort-cuda make). Then genai gives each layer one buffer of the whole length,
+the op writes the new keys in place (onnxruntime-genai's own models run so), and nothing else in the model
+reads the past's length, which is then the buffer's, not the tokens'.
 """
 
 from __future__ import annotations
@@ -75,6 +80,24 @@ def _dims(value: ir.Value) -> list:
     return [d if isinstance(d, int) else None for d in value.shape] if value.shape is not None else []
 
 
+def shares_buffers(model: ir.Model) -> bool:
+    """Whether onnxruntime-genai may give the model's past and present one buffer (the module docstring)."""
+    past = {v for v in model.graph.inputs if _PAST.fullmatch(v.name)}
+    if not past:
+        return False
+    for v in past:
+        for node, idx in v.uses():
+            if node.op_type != "GroupQueryAttention" or node.domain != "com.microsoft" or idx not in (3, 4) \
+                    or len(node.inputs) > 10 and node.inputs[10] is not None:
+                return False
+    for v in model.graph.outputs:
+        if v.name.startswith("present."):
+            node = v.producer()
+            if node is None or node.op_type != "GroupQueryAttention" or v not in node.outputs[1:3]:
+                return False
+    return True
+
+
 def config(model: ir.Model, folder: Path, filename: str, provider: str | None = None) -> dict[str, Any]:
     """genai_config.json for ``model`` saved as ``filename``, from the model and the Hugging Face folder;
     ``provider`` "cuda" (the target ort-cuda) makes onnxruntime-genai run it on its CUDA provider (else its CPU)."""
@@ -137,7 +160,7 @@ def config(model: ir.Model, folder: Path, filename: str, provider: str | None = 
             "vocab_size": vocab},
         "search": {"diversity_penalty": 0.0, "do_sample": False, "early_stopping": True, "length_penalty": 1.0,
                    "max_length": context, "min_length": 0, "no_repeat_ngram_size": 0, "num_beams": 1,
-                   "num_return_sequences": 1, "past_present_share_buffer": False, "repetition_penalty": 1.0,
+                   "num_return_sequences": 1, "past_present_share_buffer": shares_buffers(model), "repetition_penalty": 1.0,
                    "temperature": 1.0, "top_k": 1, "top_p": 1.0},
     }
 
