@@ -434,7 +434,9 @@ def test_no_temporary_directories_are_left(syn, tmp_path, monkeypatch):
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     verify.verify(syn["src"], syn["bad"], runs=0)  # culprit search writes exposed models
-    bisect.bisect(syn["src"], extra_rules=__import__("onnxopt").registry.load_rules_file(str(syn["rules"])))
+    from onnxopt.library import registry
+
+    bisect.bisect(syn["src"], extra_rules=registry.load_rules_file(str(syn["rules"])))
     assert list(tmp_path.iterdir()) == []
 
 

@@ -292,7 +292,7 @@ def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_s
             continue
         outputs[p] = got
         entry["outputs"] = (_compare_int8(got["before"], got["after"], int8) if int8 is not None else
-                            _compare_fp16(got["before"], got["after"]) if fp16 else
+                            _compare_fp16(got["before"], got["after"]) if fp16 or low else
                             compare_all(got["before"], got["after"], low_precision=low, rtol=rtol, atol=atol))
         entry["ok"] = all(r["ok"] for r in entry["outputs"])
         if decode:
@@ -300,7 +300,7 @@ def _verify(before: OrtModel, after: OrtModel, providers, feeds, inputs, input_s
             entry["decode"] = compare_generation(
                 session(before.source(), p, threads=threads, provider_options=provider_options),
                 session(after.source(), p, threads=threads, provider_options=provider_options),
-                steps=decode, prompts=prompts, seed=seed, fp16=fp16, folders=(_folder(before), _folder(after)))
+                steps=decode, prompts=prompts, seed=seed, fp16=fp16 or low, folders=(_folder(before), _folder(after)))
             entry["ok"] = entry["ok"] and entry["decode"]["ok"]
         if latency and runs:
             progress(f"{p}: latency", step, steps)
