@@ -108,3 +108,36 @@ def test_bad_genai_input_is_one_line_and_nothing_is_written(exported, tmp_path):
     assert r.returncode == 2 and "never overwrites what it reads" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     assert {p.name: p.read_bytes() for p in same.iterdir()} == before
+
+
+def test_shared_buffers_only_where_nothing_else_reads_the_past_length():
+    """past_present_share_buffer: every past read by GroupQueryAttention alone (a Shape of its batch is
+    harmless, one of its length is not), every present the op's output."""
+    import onnx_ir as ir
+
+    from onnxopt.ir.genai import shares_buffers
+
+    def model(shape_of=None):
+        past_k = ir.Value(name="past_key_values.0.key", type=ir.TensorType(ir.DataType.FLOAT16),
+                          shape=ir.Shape(["batch", 2, "past", 8]))
+        past_v = ir.Value(name="past_key_values.0.value", type=ir.TensorType(ir.DataType.FLOAT16),
+                          shape=ir.Shape(["batch", 2, "past", 8]))
+        q = ir.Value(name="q", type=ir.TensorType(ir.DataType.FLOAT16), shape=ir.Shape(["batch", 1, 32]))
+        lens = ir.Value(name="seqlens_k", type=ir.TensorType(ir.DataType.INT32), shape=ir.Shape(["batch"]))
+        total = ir.Value(name="total", type=ir.TensorType(ir.DataType.INT32), shape=ir.Shape([]))
+        gqa = ir.node("GroupQueryAttention", [q, q, q, past_k, past_v, lens, total], domain="com.microsoft",
+                      num_outputs=3, attributes={"num_heads": 4, "kv_num_heads": 2})
+        nodes, outs = [gqa], [gqa.outputs[0], gqa.outputs[1], gqa.outputs[2]]
+        gqa.outputs[1].name, gqa.outputs[2].name, gqa.outputs[0].name = "present.0.key", "present.0.value", "y"
+        if shape_of is not None:
+            shape = ir.node("Shape", [past_k], attributes=shape_of)
+            shape.outputs[0].name = "s"
+            nodes.append(shape)
+            outs.append(shape.outputs[0])
+        return ir.Model(ir.Graph([q, past_k, past_v, lens, total], outs, nodes=nodes,
+                                 opset_imports={"": 18, "com.microsoft": 1}), ir_version=10)
+
+    assert shares_buffers(model())
+    assert shares_buffers(model({"end": 1}))  # the batch
+    assert not shares_buffers(model({"start": 2, "end": 3}))  # the past's length
+    assert not shares_buffers(model({}))  # the whole shape

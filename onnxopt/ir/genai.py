@@ -13,7 +13,8 @@ where the model takes them), ``past_key_values.%d.key``/``.value`` in, ``logits`
 (``past_present_share_buffer`` false), as an exported model's are, unless the model can share them
 (``shares_buffers``): every past is read by GroupQueryAttention alone, as its past input, every present is
 that op's output, and the op reads the sequence lengths from the attention mask (no ``attention_bias``: the
-form ``--padding right|none`` and ort-cuda make). Then genai gives each layer one buffer of the whole length,
+form ``--padding right|none`` and ort-cuda make); a Shape of a past that leaves out its length axis is harmless
+(torch 2.11's export reads the batch there). Then genai gives each layer one buffer of the whole length,
 the op writes the new keys in place (onnxruntime-genai's own models run so), and nothing else in the model
 reads the past's length, which is then the buffer's, not the tokens'.
 """
@@ -87,6 +88,8 @@ def shares_buffers(model: ir.Model) -> bool:
         return False
     for v in past:
         for node, idx in v.uses():
+            if node.op_type == "Shape" and not _reads_length(node):
+                continue  # (the batch, the heads, the head size: the same in one buffer of the whole length)
             if node.op_type != "GroupQueryAttention" or node.domain != "com.microsoft" or idx not in (3, 4) \
                     or len(node.inputs) > 10 and node.inputs[10] is not None:
                 return False
@@ -96,6 +99,15 @@ def shares_buffers(model: ir.Model) -> bool:
             if node is None or node.op_type != "GroupQueryAttention" or v not in node.outputs[1:3]:
                 return False
     return True
+
+
+def _reads_length(shape: ir.Node) -> bool:
+    """A Shape of a past [batch, kv_heads, length, head_size] whose [start, end) takes axis 2 (the length)."""
+    start, end = shape.attributes.get("start"), shape.attributes.get("end")
+    lo = start.value if start is not None else 0
+    hi = end.value if end is not None else 4
+    lo, hi = (lo + 4 if lo < 0 else lo), (hi + 4 if hi < 0 else hi)
+    return lo <= 2 < hi
 
 
 def config(model: ir.Model, folder: Path, filename: str, provider: str | None = None) -> dict[str, Any]:
