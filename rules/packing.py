@@ -289,7 +289,18 @@ def _concatenated(tensors: list) -> np.ndarray | ir.LazyTensor:
     dtype = tensors[0].dtype
     if rows * shape[1] * dtype.itemsize < DEFERRED_MIN_BYTES:
         return np.concatenate([t.numpy() for t in tensors], axis=1)
-    return deferred(lambda: np.concatenate([t.numpy() for t in tensors], axis=1), dtype, shape)
+
+    def side_by_side() -> np.ndarray:  # (each source read into place: a source computed when read, a folded
+        out = np.empty(shape, dtype.numpy())  # Transpose, is held one at a time beside the result)
+        start = 0
+        for tensor in tensors:
+            block = tensor.numpy()
+            out[:, start:start + block.shape[1]] = block
+            start += block.shape[1]
+            del block
+        return out
+
+    return deferred(side_by_side, dtype, shape)
 
 
 def _replace(m: Match, b):
