@@ -49,7 +49,8 @@ import onnx_ir as ir
 
 from onnxopt.models import decoder_models
 from scripts import child_env
-from scripts.oracles.big_model import ALIGN, GiB, SAMPLE_SECONDS, SLICE, _evict, _files_size, _mem_available, run_sampled
+from scripts.oracles.big_model import (ALIGN, SAMPLE_SECONDS, SLICE, GiB, _evict, _files_size, _mem_available,
+                                      run_sampled)
 
 ARCH = "llama"
 OPSET = 18
@@ -162,7 +163,8 @@ def rewritten_bytes(src: Path, out: Path) -> dict:
         if tensor.nbytes < 1024:
             continue
         got = tensor.numpy().reshape(-1)
-        if any(t.dtype == tensor.dtype and np.array_equal(t.numpy().reshape(-1), got) for t in by_size.get(tensor.nbytes, ())):
+        same = by_size.get(tensor.nbytes, ())
+        if any(t.dtype == tensor.dtype and np.array_equal(t.numpy().reshape(-1), got) for t in same):
             kept += tensor.nbytes
         else:
             new.append((tensor.nbytes, name))
@@ -190,6 +192,23 @@ def fusions_fired(fusions: dict[str, int], layers: int) -> bool:
     norms = fusions["SimplifiedLayerNormalization"] + fusions["SkipSimplifiedLayerNormalization"]
     return fusions["GroupQueryAttention"] == layers and rotary and fusions["packed_projections"] == 2 * layers \
         and norms >= 2 * layers
+
+
+def verify_figures(verification: dict) -> dict:
+    """From ``onnxopt verify --json``'s report (CPU): the outputs' largest differences, the greedy decode's
+    agreement and the latency ratio."""
+    cpu = verification.get("providers", {}).get("cpu", {})
+    outputs = cpu.get("outputs", [])
+    decode = cpu.get("decode") or {}
+    latency = cpu.get("latency") or {}
+    return {"outputs_max_abs": max((o.get("max_abs") or 0.0 for o in outputs), default=None),
+            "outputs_min_cosine": min((o.get("cosine") or 1.0 for o in outputs), default=None),
+            "decode": {k: decode.get(k) for k in ("ok", "steps", "prompts", "tokens_compared", "tokens_identical",
+                                                  "first_divergence", "logits")} if decode else None,
+            "latency_median_ms": {"before": latency.get("before", {}).get("median_ms"),
+                                  "after": latency.get("after", {}).get("median_ms"),
+                                  "ratio": latency.get("ratio_median"), "rounds": latency.get("rounds")}
+            if latency else None}
 
 
 def _command(src: Path, out: Path, *options: str) -> list[str]:
@@ -307,7 +326,8 @@ def _run(args, cfg: dict, folder: Path, size: int) -> int:
                      "small_weights_peak_rss_anon_bytes": baseline.get("RssAnon")},
         "verify": {"exit": check.returncode, "wall_seconds": round(verify_wall, 1), "decode_steps": args.decode,
                    "inputs": "decode step: batch 2, past 12, row 1 left-padded by 3", "ok": verification.get("ok"),
-                   "summary": summary, "peak_vm_hwm_bytes": verify_peaks.get("VmHWM")},
+                   "summary": summary, "peak_vm_hwm_bytes": verify_peaks.get("VmHWM"),
+                   **verify_figures(verification)},
         "machine": {"cpus": os.cpu_count(), "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")},
     }
     if args.json:
