@@ -4,7 +4,9 @@ Also the shape arithmetic exporters emit (``Shape -> Gather -> Unsqueeze -> Conc
 ``Shape``/``Size`` of a value whose shape is static fold, and so do ``Gather``/``Slice`` of a
 ``Shape`` that pick only static dimensions, so dynamic axes stay dynamic while everything known is
 computed once. Evaluation, exclusions and the size limit are described in ``onnxopt.ir.evaluate``; the
-limit is ``optimize(fold_size_limit=...)`` / ``--fold-size-limit`` (default 1 MiB).
+limit is ``optimize(fold_size_limit=...)`` / ``--fold-size-limit`` (default 1 MiB). A Transpose of a weight
+of 1 MiB or more (the dynamo exporter's ``Transpose(W)`` before each MatMul) becomes a tensor computed when
+read (``evaluate.evaluate_deferred``): a model's transposed weights are never all in memory at once.
 
 Exact mode (``Rule.exact``): constant folding gives the bits onnxruntime's own folding gives (the same
 kernel), except where onnxruntime does something else with the node, which exact mode leaves alone
@@ -32,13 +34,17 @@ def _consts(b, m: Match, arrays) -> list[ir.Value]:
     out = []
     for value, array in zip(m.root.outputs, arrays):
         # what the model records for the value must be what the node computes (a graph output keeps it)
-        have = ir.DataType.from_numpy(array.dtype)
+        # (an array, or a tensor computed when read: evaluate.evaluate_deferred)
+        deferred = isinstance(array, ir.LazyTensor)
+        have = array.dtype if deferred else ir.DataType.from_numpy(array.dtype)
+        dims = tuple(int(d) for d in array.shape)
         if isinstance(value.type, ir.TensorType) and value.type.dtype != have:
             raise Refuse(f"evaluation gave {have.name}, the model records {value.type.dtype.name}")
-        if value.shape is not None and (len(value.shape) != array.ndim or any(
-                isinstance(d, int) and d != n for d, n in zip(value.shape, array.shape))):
-            raise Refuse(f"evaluation gave shape {array.shape}, the model records {list(value.shape)}")
-        array = array if array.flags.c_contiguous else array.copy(order="C")  # (ascontiguousarray makes 0-d 1-d)
+        if value.shape is not None and (len(value.shape) != len(dims) or any(
+                isinstance(d, int) and d != n for d, n in zip(value.shape, dims))):
+            raise Refuse(f"evaluation gave shape {dims}, the model records {list(value.shape)}")
+        if not deferred and not array.flags.c_contiguous:
+            array = array.copy(order="C")  # (ascontiguousarray makes 0-d 1-d)
         out.append(b.const(array, name=value.name or "folded"))
     return out
 
@@ -121,7 +127,10 @@ def constant_folding_replacement(m: Match, b):
     if any(t is not None and t.dtype == ir.DataType.STRING for t in tensors):
         raise Refuse("string inputs are not folded")
     try:
-        results = evaluate.evaluate(node, m.opsets, tensors, evaluate.allowed_bytes(node, _limit(m)))
+        allowed = evaluate.allowed_bytes(node, _limit(m))
+        results = evaluate.evaluate_deferred(node, m.opsets, tensors, allowed)  # (a weight's Transpose)
+        if results is None:
+            results = evaluate.evaluate(node, m.opsets, tensors, allowed)
     except evaluate.EvaluationError as exc:
         raise Refuse(str(exc)) from None
     return _consts(b, m, results)

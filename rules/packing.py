@@ -13,8 +13,10 @@ each ``y_i`` taking the place of the projection it stands for (its name, type an
 ``sum N_i`` columns instead of n narrow ones, as onnxruntime-genai's model builder writes (its packed QKV and
 gate_up). The group is every MatMul of the graph that reads ``x`` as its first input by a constant weight,
 packed in graph order (the new nodes go before the first of them, named after it), so the same model gives
-the same bytes. The weights are concatenated once; the originals become unused and are dropped, so no
-weight is held twice (models over 2 GB stay as large as they were).
+the same bytes. The originals become unused and are dropped, so no weight is held twice (models over 2 GB
+stay as large as they were); a packed weight of 1 MiB or more is concatenated when it is read (the save
+writes it, then lets it go: ``onnxopt.ir.util.deferred``), so a model's packed weights are never all in
+memory at once, and the originals, an input's external data, are not read before.
 
 Biases: where every member is followed by an Add of a constant [N_i] (its only reader), the Adds are packed
 too (one Add of the concatenated biases before the Split; a bias read elsewhere too, as a legacy export
@@ -52,7 +54,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxopt.core.pattern import Explain, Match, Op, Rule, Var
-from onnxopt.ir.util import constant_tensor, use_count
+from onnxopt.ir.util import DEFERRED_MIN_BYTES, constant_tensor, deferred, use_count
 from onnxopt.targets import ORT_CPU, ORT_CUDA
 
 ORT = (ORT_CPU, ORT_CUDA)
@@ -278,11 +280,33 @@ def _graph_order(graph: ir.Graph, nodes: list[ir.Node]) -> list[ir.Node]:
     return out
 
 
+def _concatenated(tensors: list) -> np.ndarray | ir.LazyTensor:
+    """The weights [K, N_i] side by side: computed when read where they make DEFERRED_MIN_BYTES or more
+    (``onnxopt.ir.util.deferred``: the sources, an input's external data among them, are not read now, and
+    the packed weight is not held beyond its reading), else now."""
+    rows = int(tensors[0].shape[0])
+    shape = (rows, sum(int(t.shape[1]) for t in tensors))
+    dtype = tensors[0].dtype
+    if rows * shape[1] * dtype.itemsize < DEFERRED_MIN_BYTES:
+        return np.concatenate([t.numpy() for t in tensors], axis=1)
+
+    def side_by_side() -> np.ndarray:  # (each source read into place: a source computed when read, a folded
+        out = np.empty(shape, dtype.numpy())  # Transpose, is held one at a time beside the result)
+        start = 0
+        for tensor in tensors:
+            block = tensor.numpy()
+            out[:, start:start + block.shape[1]] = block
+            start += block.shape[1]
+            del block
+        return out
+
+    return deferred(side_by_side, dtype, shape)
+
+
 def _replace(m: Match, b):
     plan = m.plan
     name = m.root.name or "projection"
-    weights = [constant_tensor(w).numpy() for w in plan["weights"]]
-    weight = b.const(np.concatenate(weights, axis=1), name=f"{name}_packed_weight")
+    weight = b.const(_concatenated([constant_tensor(w) for w in plan["weights"]]), name=f"{name}_packed_weight")
     y = b.op("MatMul", m["x"], weight)
     if plan["biases"] is not None:
         biases = [constant_tensor(v).numpy() for v in plan["biases"]]

@@ -20,7 +20,8 @@ What lives where:
 - ``oracles/``: checks of onnxopt against an independent answer: ``fold`` (constant folding against
   onnxruntime and exact arithmetic), ``flops``, ``fp16``, ``gpu_fp16_arith``, ``zoo_exact``,
   ``zoo_hashes`` (outputs byte-identical), ``fuzz_transposes``, ``memory_*`` (measured peak memory),
-  ``diff_alignment``, ``transpose_report``, ``quant_profile``, ``big_model`` (past 2 GB),
+  ``diff_alignment``, ``transpose_report``, ``quant_profile``, ``big_model`` and ``big_decoder`` (past 2 GB:
+  an encoder, a KV-cached decoder),
   ``keras_models`` (and ``build_keras_models`` with ``keras_models.sh``, in TensorFlow's own
   environment).
 - ``gpu/``: shell commands for the lent GPU machine (``bash scripts/gpu/bench.sh``; ``env.sh`` is

@@ -64,7 +64,7 @@ import onnx_ir as ir
 
 from onnxopt.ir.io import first_line, onnxruntime_module  # noqa: E402
 from onnxopt.ir.kernels import kernel_defs  # noqa: E402
-from onnxopt.ir.util import RANDOM_OPS, constant_tensor, nbytes, use_count  # noqa: E402  (RANDOM_OPS: one list, what is never folded, merged or assumed fixed)
+from onnxopt.ir.util import DEFERRED_MIN_BYTES, RANDOM_OPS, constant_tensor, deferred, nbytes, use_count  # noqa: E402  (RANDOM_OPS: one list, what is never folded, merged or assumed fixed)
 from onnxopt.ir.shapes import SMALL_CONST, infer, infer_node_outputs, slice_positions, small_tensor_proto  # noqa: E402
 
 # Not folded here: Constant nodes become initializers by their own rule; Identity of a constant
@@ -112,6 +112,39 @@ def evaluate(node: ir.Node, opsets: Mapping[str, int], inputs: Sequence[ir.Tenso
                 raise EvaluationError(f"evaluation gave shape {r.shape}, inference {shape}")
             r = r.reshape(shape)
         out.append(r)
+    return out
+
+
+def evaluate_deferred(node: ir.Node, opsets: Mapping[str, int], inputs: Sequence[ir.TensorProtocol | None],
+                      max_bytes: int) -> list[ir.TensorProtocol] | None:
+    """The outputs of a Transpose of a constant of at least ``DEFERRED_MIN_BYTES`` (a dtype numpy and
+    onnxruntime share) as tensors computed when read (``onnxopt.ir.util.deferred``): the elements moved,
+    which is what onnxruntime computes, bit for bit; the source (an input's external data, memory-mapped)
+    is not read now and the result is never held beyond its reading (a model over 2 GB whose exporter
+    writes ``Transpose(W)`` before every MatMul keeps one transposed weight in memory at a time). The
+    same checks as :func:`evaluate` (EvaluationError); None for any other node: evaluate it."""
+    if node.op_type != "Transpose" or len(inputs) != 1 or inputs[0] is None:
+        return None
+    source = inputs[0]
+    if nbytes(source) < DEFERRED_MIN_BYTES or source.dtype.numpy() not in _EXCHANGED:
+        return None
+    ((dtype, shape),) = _before_evaluating(node, opsets, inputs, max_bytes)
+    attr = node.attributes.get("perm")
+    perm = tuple(int(p) for p in attr.value) if attr is not None else tuple(range(len(source.shape)))[::-1]
+    return [deferred(lambda: _transposed(source.numpy(), perm), dtype, shape)]
+
+
+_TRANSPOSE_ROWS = 64  # rows of a matrix transposed at a time (numpy's whole-matrix strided copy is ~3x slower)
+
+
+def _transposed(array: np.ndarray, perm: tuple[int, ...]) -> np.ndarray:
+    """``array`` transposed by ``perm``, contiguous: a matrix a band of rows at a time, which keeps the
+    reads and writes in cache (0.10 s for 46 MB here, against 0.30 s for one copy, 0.08 s for onnxruntime)."""
+    if array.ndim != 2 or perm != (1, 0):
+        return np.ascontiguousarray(np.transpose(array, perm))
+    out = np.empty((array.shape[1], array.shape[0]), array.dtype)
+    for start in range(0, array.shape[0], _TRANSPOSE_ROWS):
+        out[:, start:start + _TRANSPOSE_ROWS] = array[start:start + _TRANSPOSE_ROWS].T
     return out
 
 

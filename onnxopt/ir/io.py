@@ -966,19 +966,22 @@ def write_streamed(model: ir.Model, path: Path) -> bool:
         for key, val in tensor.metadata_props.items():
             entry = header.metadata_props.add()
             entry.key, entry.value = key, val
-        data = _tensor_buffer(tensor)
-        n = data.nbytes if isinstance(data, memoryview) else len(data)
+        n = tensor.nbytes  # (the buffer is taken when written: a tensor computed when read is held one at a time)
         head = header.SerializeToString() + b"\x4a" + _varint(n)  # raw_data = field 9, bytes
         prefix = b"\x2a" + _varint(len(head) + n) + head  # GraphProto.initializer = field 5
-        entries.append((prefix, data))
+        entries.append((prefix, tensor, n))
         graph_len += len(prefix) + n
     with open(path, "wb") as f:
         f.write(proto.SerializeToString())
         f.write(b"\x3a" + _varint(graph_len))  # ModelProto.graph = field 7
         f.write(graph_bytes)
-        for prefix, data in entries:
+        for prefix, tensor, n in entries:
+            data = _tensor_buffer(tensor)
+            if (data.nbytes if isinstance(data, memoryview) else len(data)) != n:
+                raise AssertionError(f"tensor {tensor.name!r} gave {len(data)} bytes, its type and shape {n}")
             f.write(prefix)
             f.write(data)
+            del data
     return True
 
 

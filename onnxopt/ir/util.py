@@ -72,6 +72,36 @@ def opset_of(opsets: Mapping[str, int], domain_name: str = "") -> int:
 
 
 # --------------------------------------------------------------------------------------------
+# Weights computed when they are read
+
+# A rewrite that derives a tensor of at least this many bytes from other constants by moving their
+# elements (a transpose, a concatenation) defers it: see :func:`deferred`.
+DEFERRED_MIN_BYTES = 1 << 20
+
+
+def deferred(compute: Callable[[], np.ndarray], dtype: ir.DataType, shape: Sequence[int]) -> ir.LazyTensor:
+    """A tensor whose values ``compute()`` derives from other tensors each time they are read, kept nowhere.
+
+    A rewrite that moves a weight's elements (a folded Transpose, packed projections' concatenation)
+    gives its result so: the source tensors stay as they are (an input's external data stays
+    memory-mapped, never copied), and the result exists only while something reads it: a rule that
+    reads it, or the save, which writes the tensors one at a time (``onnx_ir``'s writer calls
+    ``tofile`` on each). So optimizing a model over 2 GB holds one rewritten weight at a time, not all
+    of them. ``compute`` must give the same array each time (it reads constants only); the array is
+    checked against ``dtype`` and ``shape``."""
+    shape = tuple(int(d) for d in shape)
+
+    def materialise() -> ir.Tensor:
+        array = np.ascontiguousarray(compute())
+        if array.shape != shape or ir.DataType.from_numpy(array.dtype) != dtype:
+            raise AssertionError(f"a deferred tensor computed {array.dtype}{list(array.shape)}, "
+                                 f"declared {dtype.name}{list(shape)}")
+        return ir.Tensor(array, dtype=dtype)
+
+    return ir.LazyTensor(materialise, dtype=dtype, shape=ir.Shape(shape), cache=False)
+
+
+# --------------------------------------------------------------------------------------------
 # What a value holds, who reads it
 
 

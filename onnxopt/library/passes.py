@@ -158,16 +158,18 @@ def deduplicate_initializers(model: ir.Model, touched: Touched | None = None) ->
             firsts: dict[bytes, ir.Value | None] = {}  # by sample: the first tensor (None once hashed)
             whole: dict[bytes, ir.Value] = {}  # by a digest of all the bytes (look-alikes only)
             for value in values:
-                data = _bytes(value)
-                if data is None:
+                sample = _sample(value)
+                if sample is None:
                     continue
-                sample = _digest(data[::max(1, data.size // 256)])
                 first = firsts.setdefault(sample, value)
                 if first is value:
                     continue
                 if first is not None:
                     whole.setdefault(_digest(_bytes(first)), first)
                     firsts[sample] = None
+                data = _bytes(value)
+                if data is None:
+                    continue
                 keep = whole.setdefault(_digest(data), value)
                 if keep is value or not np.array_equal(_bytes(keep), data):
                     continue
@@ -177,6 +179,25 @@ def deduplicate_initializers(model: ir.Model, touched: Touched | None = None) ->
                     touched(redirected, ())
                 merged += 1
     return merged
+
+
+_SAMPLE_KEY = "onnxopt.sample_digest"  # a deferred tensor's sample, kept on it (see _sample)
+
+
+def _sample(value: ir.Value) -> bytes | None:
+    """A digest of a strided sample of the initializer's bytes (None when they cannot be read). A tensor
+    computed when read (``onnxopt.ir.util.deferred``: a folded Transpose, packed weights) keeps its
+    sample in its ``meta``: its values never change, and computing them again at every pass would cost
+    the transpose or concatenation each time."""
+    tensor = value.const_value
+    deferred = isinstance(tensor, ir.LazyTensor)
+    if deferred and _SAMPLE_KEY in tensor.meta:
+        return tensor.meta[_SAMPLE_KEY]
+    data = _bytes(value)
+    sample = None if data is None else _digest(data[::max(1, data.size // 256)])
+    if deferred:
+        tensor.meta[_SAMPLE_KEY] = sample
+    return sample
 
 
 def _bytes(value: ir.Value) -> np.ndarray | None:
