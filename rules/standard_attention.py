@@ -1,0 +1,125 @@
+"""A decoder's attention as the standard ``Attention`` (opset 23), for target ``portable``.
+
+Matched by rules/group_query_attention.py's pattern and condition (``decoder_attention``, ``gqa_condition``)
+with the rotary read as the standard ``RotaryEmbedding`` (rules/standard_rotary.py's output, which runs
+first): Q/K heads of projections (rotated or not), keys and values from the model's ``Concat(past, new)``
+cache or the new ones alone, transformers' ``repeat_kv`` or torch's grouped sdpa form, the scales, an
+additive mask, soft-capping, Softmax with or without the NaN guard, the heads merged into [B, S, N*D].
+The layouts the condition proves are the op's 3-D form, so it becomes:
+
+    Attention(Q, K, V, attn_mask, past_key, past_value) -> Y [B, S, N*D], present_key, present_value
+
+- Q, K, V: the 3-D projections [B, S, heads*D], rotated where the model rotated their heads by the same
+  RotaryEmbedding on the 3-D form (``num_heads``; the same caches, so the same positions);
+- ``q_num_heads`` = N and ``kv_num_heads`` = G (grouped-query attention: the op repeats the key heads as
+  repeat_kv did), ``scale`` the product of the model's scales, ``softcap`` Gemma 2's cap;
+- ``attn_mask``: the additive mask exactly as the model computes it (causal, padding, sliding window),
+  Expanded to S and T where its shape is not proven, so every padding layout attends as the original;
+  ``is_causal`` stays 0;
+- the cache: ``past_key``/``past_value`` are the model's past inputs; the op's ``present_key``/
+  ``present_value`` (past + new, [B, G, T, D]) replace the model's Concats (its present outputs). A Concat
+  read before the attention by another node is refused (the op's output would come after its reader).
+
+Torch's NaN guard with a -inf mask is kept as rules/attention.py keeps it (the mask floored to the lowest
+float, the rows no key reaches zeroed by one Mul). Written only where the model imports opset >= 23 and
+the installed onnxruntime has the kernel (rules/_standard_parts.py), else refused with the reason; the
+condition's other refusals are group_query_attention's (including its one for a cached step of several new
+tokens at batch > 1, which comes from onnxruntime's GroupQueryAttention and is kept here for one matcher).
+An encoder's attention (no cache, rotary nor grouped heads) is not this rule's.
+
+Not exact (``exact=False``): the kernel's softmax and sums run in its own order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxopt.core.pattern import Match, Rule
+from onnxopt.ir.shapes import infer
+from onnxopt.targets import PORTABLE
+
+from onnxopt.rules._attention_parts import dims_of
+from onnxopt.rules._head_layouts import zero_masked_rows
+from onnxopt.rules._standard_parts import standard_refusal
+from onnxopt.rules.group_query_attention import _bias, _lengths, decoder_attention, gqa_condition
+
+STANDARD_DECODER_ATTENTION = decoder_attention(rotary_domain="")
+
+
+def _condition(m: Match):
+    plan = gqa_condition(m)
+    if isinstance(plan, str):
+        return plan
+    if reason := standard_refusal("Attention", m.opset(""), plan["dtype"]):
+        return reason
+    outputs = [m.root.outputs[0]]
+    if plan["cached"]:
+        before = set()
+        for node in m.graph:
+            if node is m.root:
+                break
+            before.add(node)
+        matched = set(m.nodes) | set(m.absorbed)
+        for name in ("k_cat", "v_cat"):
+            present = m.node(name).outputs[0]
+            if ({u.node for u in present.uses()} - matched) & before:
+                return "the cache Concat is read before the attention (the op's present would come after its reader)"
+            outputs.append(present)
+    m.outputs = outputs
+    return plan
+
+
+def _rotate(m: Match, b, p: str, heads: int) -> ir.Value:
+    """``x<p>`` [B, S, heads*D], rotated as the model's RotaryEmbedding rotated its heads (the same caches
+    and attributes, the 3-D form with ``num_heads``)."""
+    x, rot = m.plan[f"x{p}"], m.node(f"{p}_rot")
+    if rot is None:
+        return x
+    attrs = {k: a.value for k, a in rot.attributes.items()}
+    attrs["num_heads"] = heads
+    y = b.op("RotaryEmbedding", x, *rot.inputs[1:], **attrs)
+    y.type, y.shape = x.type, x.shape
+    return y
+
+
+def _replace(m: Match, b):
+    p = m.plan
+    q, k = _rotate(m, b, "q", p["num_heads"]), _rotate(m, b, "k", p["kv_heads"])
+    new, total = _lengths(m, b) if p["expand"] else (None, None)
+    bias, guard = _bias(m, b, new, total)
+    inputs = [q, k, p["xv"], bias, m["past_k"] if p["cached"] else None, m["past_v"] if p["cached"] else None]
+    while inputs[-1] is None:
+        inputs.pop()
+    attrs = {"q_num_heads": p["num_heads"], "kv_num_heads": p["kv_heads"], "scale": float(np.float32(p["scale"]))}
+    if p["softcap"]:
+        attrs["softcap"] = float(np.float32(p["softcap"]))
+    outs = b.op("Attention", *inputs, outputs=3 if p["cached"] else 1, **attrs)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    y = outs[0]
+    qs = dims_of(p["xq"], m.opsets)
+    lead = qs[:2] if qs is not None and len(qs) == 3 else [None, None]
+    y.type, y.shape = ir.TensorType(p["dtype"]), ir.Shape(lead + [p["num_heads"] * p["head"]])
+    if p["cached"]:
+        for out, name in zip(outs[1:], ("k_cat", "v_cat")):
+            cat = m.node(name).outputs[0]
+            out.type, out.shape = cat.type, cat.shape
+    if p["keep_guard"]:
+        y = zero_masked_rows(m, b, y, lead, guard)
+    root = m.root.outputs[0]
+    shape = infer(root, m.opsets)
+    y.type = root.type if root.type is not None else ir.TensorType(p["dtype"])
+    if shape is not None and len(shape) == 3:
+        y.shape = ir.Shape([d if isinstance(d, int) else k for d, k in zip(shape, lead + [p["num_heads"] * p["head"]])])
+    return [y, *outs[1:]]
+
+
+RULES = [
+    Rule("standard_attention", STANDARD_DECODER_ATTENTION, _replace, condition=_condition, priority=6,
+         targets=(PORTABLE,), benefit="group_query_attention", exact=False,
+         doc="A decoder's attention (Q and K heads rotated by the standard RotaryEmbedding or not, keys and values "
+             "from a Concat(past, new) cache or not, repeat_kv, any additive mask, soft-capping, Softmax with or "
+             "without the NaN guard) becomes the standard Attention (portable; opset >= 23 and onnxruntime's "
+             "kernel): q_num_heads/kv_num_heads, the model's mask as attn_mask, past_key/past_value in and "
+             "present_key/present_value replacing the model's cache Concats."),
+]
