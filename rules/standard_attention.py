@@ -17,8 +17,10 @@ The layouts the condition proves are the op's 3-D form, so it becomes:
   Expanded to S and T where its shape is not proven, so every padding layout attends as the original;
   ``is_causal`` stays 0;
 - the cache: ``past_key``/``past_value`` are the model's past inputs; the op's ``present_key``/
-  ``present_value`` (past + new, [B, G, T, D]) replace the model's Concats (its present outputs). A Concat
-  read before the attention by another node is refused (the op's output would come after its reader).
+  ``present_value`` (past + new, [B, G, T, D]) replace the model's Concats (its present outputs). Where a
+  node before the attention reads a Concat (Gemma 2's legacy export reads the keys' length from it), the
+  op's output would come after its reader: the Concats stay and the op's present is not read (onnxruntime's
+  kernel refuses a past without a present).
 
 Torch's NaN guard with a -inf mask is kept as rules/attention.py keeps it (the mask floored to the lowest
 float, the rows no key reaches zeroed by one Mul). Written only where the model imports opset >= 23 and
@@ -54,6 +56,7 @@ def _condition(m: Match):
     if reason := standard_refusal("Attention", m.opset(""), plan["dtype"]):
         return reason
     outputs = [m.root.outputs[0]]
+    plan["present"] = False
     if plan["cached"]:
         before = set()
         for node in m.graph:
@@ -61,11 +64,12 @@ def _condition(m: Match):
                 break
             before.add(node)
         matched = set(m.nodes) | set(m.absorbed)
-        for name in ("k_cat", "v_cat"):
-            present = m.node(name).outputs[0]
-            if ({u.node for u in present.uses()} - matched) & before:
-                return "the cache Concat is read before the attention (the op's present would come after its reader)"
-            outputs.append(present)
+        presents = [m.node(name).outputs[0] for name in ("k_cat", "v_cat")]
+        # the op's present replaces the model's Concat, unless a node before the attention reads it (Gemma 2's
+        # legacy export reads the keys' length from it): then the Concat stays for it and the op writes no present
+        if not any(({u.node for u in v.uses()} - matched) & before for v in presents):
+            outputs += presents
+            plan["present"] = True
     m.outputs = outputs
     return plan
 
@@ -94,7 +98,7 @@ def _replace(m: Match, b):
     attrs = {"q_num_heads": p["num_heads"], "kv_num_heads": p["kv_heads"], "scale": float(np.float32(p["scale"]))}
     if p["softcap"]:
         attrs["softcap"] = float(np.float32(p["softcap"]))
-    outs = b.op("Attention", *inputs, outputs=3 if p["cached"] else 1, **attrs)
+    outs = b.op("Attention", *inputs, outputs=3 if p["cached"] else 1, **attrs)  # (onnxruntime: a past needs a present)
     outs = outs if isinstance(outs, tuple) else (outs,)
     y = outs[0]
     qs = dims_of(p["xq"], m.opsets)
@@ -111,7 +115,7 @@ def _replace(m: Match, b):
     y.type = root.type if root.type is not None else ir.TensorType(p["dtype"])
     if shape is not None and len(shape) == 3:
         y.shape = ir.Shape([d if isinstance(d, int) else k for d, k in zip(shape, lead + [p["num_heads"] * p["head"]])])
-    return [y, *outs[1:]]
+    return [y, *outs[1:]] if p["present"] else y
 
 
 RULES = [

@@ -71,13 +71,18 @@ def test_before_opset_23_it_is_refused_with_the_reason():
     assert any("Attention is a standard op from opset 23" in r for r in report.fusions[RULE]["reasons"])
 
 
-def test_a_cache_read_before_the_attention_is_refused():
+def test_a_cache_read_before_the_attention_stays_and_the_ops_present_is_not_read():
     model = at(decoder_attention("batch", 1), 23)
     g = model.graph
     k = next(i for i, n in enumerate(g.node) if n.op_type == "Concat" and n.output[0] == "present_k")
     g.node.insert(k + 1, helper.make_node("Identity", ["present_k"], ["present_k_early"]))
     g.output.append(helper.make_tensor_value_info("present_k_early", onnx.TensorProto.FLOAT, ["batch", G, None, D]))
-    refuses(RULE, model, "the cache Concat is read before the attention", feeds=_feeds(3, 1))
+    out, _ = fires(RULE, model, feeds=_feeds(3, 1), tol=1e-5)
+    node = next(n for n in out.graph.node if n.op_type == "Attention")
+    assert list(node.input[4:]) == ["past_k", "past_v"]
+    assert not [n for n in out.graph.node if set(n.input) & set(node.output[1:])]  # (its present unread)
+    assert sorted(n.output[0] for n in out.graph.node if n.op_type == "Concat"
+                  and n.input[0] in ("past_k", "past_v")) == ["present_k", "present_v"]
 
 
 # --- the tiny Llama exported at opset 23 ------------------------------------------------------------
