@@ -27,7 +27,10 @@ float, the rows no key reaches zeroed by one Mul). Written only where the model 
 the installed onnxruntime has the kernel (rules/_standard_parts.py), else refused with the reason; the
 condition's other refusals are group_query_attention's (including its one for a cached step of several new
 tokens at batch > 1, which comes from onnxruntime's GroupQueryAttention and is kept here for one matcher).
-An encoder's attention (no cache, rotary nor grouped heads) is not this rule's.
+An encoder's attention (no cache, rotary nor grouped heads) is ``standard_encoder_attention``'s: rules/attention.py's
+pattern, condition and replacement (its standard-op path, which it takes at opset >= 23 where onnxruntime runs
+the op: Q/K/V [B, S, N*D], ``q_num_heads`` = ``kv_num_heads`` = N, the mask as ``attn_mask``, a key-padding mask
+of a 2-D graph input reduced once to one [B, 1, T, T] bias for every layer).
 
 Not exact (``exact=False``): the kernel's softmax and sums run in its own order.
 """
@@ -44,6 +47,8 @@ from onnxopt.targets import PORTABLE
 from onnxopt.rules._attention_parts import dims_of
 from onnxopt.rules._head_layouts import zero_masked_rows
 from onnxopt.rules._standard_parts import standard_refusal
+from onnxopt.rules.attention import (ENCODER_ATTENTION, attention_condition, attention_replacement,
+                                     standard_attention_runs)
 from onnxopt.rules.group_query_attention import _bias, _lengths, decoder_attention, gqa_condition
 
 STANDARD_DECODER_ATTENTION = decoder_attention(rotary_domain="")
@@ -118,6 +123,17 @@ def _replace(m: Match, b):
     return [y, *outs[1:]] if p["present"] else y
 
 
+def _encoder_condition(m: Match):
+    plan = attention_condition(m)
+    if isinstance(plan, str):
+        return plan
+    if reason := standard_refusal("Attention", m.opset(""), plan["dtype"]):
+        return reason
+    if not standard_attention_runs(PORTABLE, plan["dtype"]):  # (attention_replacement's own test: the standard op)
+        return f"the installed onnxruntime does not run the standard Attention for {plan['dtype'].name.lower()}"
+    return plan
+
+
 RULES = [
     Rule("standard_attention", STANDARD_DECODER_ATTENTION, _replace, condition=_condition, priority=6,
          targets=(PORTABLE,), benefit="group_query_attention", exact=False,
@@ -126,4 +142,9 @@ RULES = [
              "without the NaN guard) becomes the standard Attention (portable; opset >= 23 and onnxruntime's "
              "kernel): q_num_heads/kv_num_heads, the model's mask as attn_mask, past_key/past_value in and "
              "present_key/present_value replacing the model's cache Concats."),
+    Rule("standard_encoder_attention", ENCODER_ATTENTION, attention_replacement, condition=_encoder_condition,
+         priority=5, targets=(PORTABLE,), benefit="attention", exact=False,
+         doc="An encoder's scaled dot-product attention (attention_fusion's forms: BERT, GPT-2, cross-attention) "
+             "becomes the standard Attention (portable; opset >= 23 and onnxruntime's kernel) on the 3-D "
+             "projections, the mask as attn_mask (a key-padding mask reduced once for all layers)."),
 ]

@@ -6,8 +6,9 @@ the model imports opset >= 23 and onnxruntime has the kernel, refused with the r
 The end-to-end tests export the tiny Llama (models/decoder_models.py) with torch.onnx's legacy exporter at
 opset 23 and optimize it for ``portable`` with every rule: RMSNormalization, RotaryEmbedding and Attention
 appear, nothing of com.microsoft, and onnxruntime gives the same outputs (logits and presents) on the zoo's
-feeds (batch 2, padded rows). The zoo's opset-17 Llama gets the normalization's and the rotary's miss reasons (its attention is then
-no candidate: its Q is still the decomposed rotary)."""
+feeds (batch 2, padded rows). The zoo's opset-17 Llama gets the normalization's and the rotary's miss
+reasons (its attention is then no candidate: its Q is still the decomposed rotary). An encoder's attention
+(rules/attention.py's forms) becomes the standard op through ``standard_encoder_attention``."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from .test_group_query_attention import D, G, N, _feeds, _session, decoder_atten
 ort = pytest.importorskip("onnxruntime")
 
 RULE = "standard_attention"
-STANDARD = ("standard_rms_normalization", "standard_rotary_embedding", "standard_attention")
+STANDARD = ("standard_rms_normalization", "standard_rotary_embedding", "standard_attention")  # (the decoder's)
 
 
 def at(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
@@ -140,3 +141,25 @@ def test_a_decoder_below_opset_23_gets_the_miss_reasons():
 def test_only_for_portable():
     assert all(RULES[r].targets == frozenset({"portable"}) or tuple(RULES[r].targets) == ("portable",)
                for r in STANDARD)
+
+
+# --- an encoder's attention ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("form", [dict(proj="bert"), dict(proj="gpt2", mask="where"),
+                                  dict(proj="cross", mask="pad", static=True)], ids=["bert", "gpt2", "cross"])
+def test_an_encoders_attention_becomes_the_standard_op(form):
+    from .test_attention import attention_model, feeds
+
+    m = attention_model(opset=23, **form)
+    out, report = fires("standard_encoder_attention", m, feeds=feeds(m), tol=1e-4)
+    ops = [n.op_type for n in out.graph.node]
+    assert ops.count("Attention") == 1 and "Softmax" not in ops and {n.domain for n in out.graph.node} <= {""}
+    onnx.checker.check_model(out, full_check=True)
+
+
+def test_an_encoder_below_opset_23_is_refused_with_the_reason():
+    from .test_attention import attention_model, feeds
+
+    m = attention_model()
+    refuses("standard_encoder_attention", m, "Attention is a standard op from opset 23; the model imports opset 17",
+            feeds=feeds(m))
