@@ -64,11 +64,11 @@ PRESENT_KEY = "onnxopt.present_of"  # on the fused node: the names of the Concat
 def _rotated(p: str, domain: str = MS):
     """RotaryEmbedding (of ``domain``) of the heads of ``x<p>`` (``<p>_rot``; the views before it ``<p>_pre``)."""
     pre = Repeat(layout_step, head_split(p), max=4, name=f"{p}_pre")
-    rotary = (Op("RotaryEmbedding", pre, Var(f"{p}_pos"), Var(f"{p}_cos"), Var(f"{p}_sin"), domain=MS, name=f"{p}_rot",
-                 uses=one_reader) if domain == MS else  # (the standard op: X, cos_cache, sin_cache[, position_ids])
-              Op("RotaryEmbedding", pre, Var(f"{p}_cos"), Var(f"{p}_sin"), domain=domain, name=f"{p}_rot",
-                 uses=one_reader))
-    return rotary
+    if domain == MS:
+        return Op("RotaryEmbedding", pre, Var(f"{p}_pos"), Var(f"{p}_cos"), Var(f"{p}_sin"), domain=MS,
+                  name=f"{p}_rot", uses=one_reader)
+    # the standard op (rules/standard_rotary.py's: X, cos_cache, sin_cache, no position_ids)
+    return Op("RotaryEmbedding", pre, Var(f"{p}_cos"), Var(f"{p}_sin"), domain=domain, name=f"{p}_rot", uses=one_reader)
 
 
 def _new(p: str, domain: str = MS):
