@@ -49,6 +49,7 @@ count of real tokens before the new one.
 dicts only, built on the GPU machine, never in tests.
 
     python -m onnxopt.models.decoder_models llama kv out.onnx [--exporter legacy|dynamo] [--attn eager|sdpa]
+        [--opset 23] [--config '{"hidden_size": 512}'] [--feeds feeds.npz --batch 1 --length 128]
 """
 
 from __future__ import annotations
@@ -392,9 +393,35 @@ def main(argv=None) -> int:
     p.add_argument("output")
     p.add_argument("--exporter", choices=EXPORTERS, default="legacy")
     p.add_argument("--attn", choices=("eager", "sdpa"), default=None)
+    p.add_argument("--opset", type=int, default=None,
+                   help="the default domain's opset (default: the exporter's, " + ", ".join(
+                       f"{k} {v}" for k, v in OPSET.items()) + "; 23 or more for the standard Attention, "
+                   "RotaryEmbedding and RMSNormalization that portable fuses into)")
+    p.add_argument("--config", type=_config_entries, default=None, metavar="JSON",
+                   help='config entries over the tiny config, e.g. \'{"hidden_size": 512, "num_hidden_layers": 8}\'')
+    p.add_argument("--feeds", default=None, metavar="NPZ",
+                   help="also write the model's feeds (--batch rows, --length tokens: the prompt, or the past) here")
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--length", type=int, default=None)
     args = p.parse_args(argv)
-    print(export(args.arch, args.form, args.output, exporter=args.exporter, attn=args.attn))
+    model = build_module(args.arch, config=args.config, attn=args.attn)
+    print(export_module(model, args.form, args.output, args.exporter, opset=args.opset))
+    if args.feeds:
+        np.savez(args.feeds, **feeds(args.form, model, args.batch, args.length))
+        print(args.feeds)
     return 0
+
+
+def _config_entries(text: str) -> dict:
+    import json
+
+    try:
+        entries = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--config is not JSON: {exc}") from None
+    if not isinstance(entries, dict):
+        raise argparse.ArgumentTypeError("--config is not a JSON object of config entries")
+    return entries
 
 
 if __name__ == "__main__":

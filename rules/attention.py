@@ -90,7 +90,9 @@ from onnxopt.rules._head_layouts import (Layouts, NoFit, ancestors, apply_view, 
                                          zero_masked_rows)
 from onnxopt.rules._semantic import earlier, reduce_max, unsqueeze
 
-_FLOATS = {"ort-cpu": (ir.DataType.FLOAT,), "ort-cuda": (ir.DataType.FLOAT, ir.DataType.FLOAT16)}
+_FLOATS = {"ort-cpu": (ir.DataType.FLOAT,), "ort-cuda": (ir.DataType.FLOAT, ir.DataType.FLOAT16),
+           # (rules/standard_attention.py: portable, the standard op only, its kernel checked there)
+           "portable": (ir.DataType.FLOAT, ir.DataType.FLOAT16)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -505,7 +507,9 @@ def _length_source(m: Match, x: ir.Value) -> tuple[ir.Value, int]:
     return x, 1
 
 
-_PROVIDERS = {"ort-cpu": "CPUExecutionProvider", "ort-cuda": "CUDAExecutionProvider"}
+# (portable: the standard op as the installed onnxruntime's CPU provider runs it, rules/standard_attention.py)
+_PROVIDERS = {"ort-cpu": "CPUExecutionProvider", "ort-cuda": "CUDAExecutionProvider",
+              "portable": "CPUExecutionProvider"}
 _STANDARD: dict[tuple, bool] = {}
 
 

@@ -62,21 +62,25 @@ PRESENT_KEY = "onnxopt.present_of"  # on the fused node: the names of the Concat
 # The pattern
 
 
-def _heads(p: str):
-    """``x<p>`` split into heads; Q's and K's also RMS-normalized per head (QK-norm: ``head_norm``)."""
-    return Or(head_split(p), head_norm(p)) if p in ("q", "k") else head_split(p)
+def _heads(p: str, domain: str = MS):
+    """``x<p>`` split into heads; Q's and K's also RMS-normalized per head (QK-norm: ``head_norm``) for the
+    com.microsoft ops (rules/standard_attention.py's standard op takes no norm yet)."""
+    return Or(head_split(p), head_norm(p)) if p in ("q", "k") and domain == MS else head_split(p)
 
 
-def _rotated(p: str):
-    """RotaryEmbedding of the heads of ``x<p>`` (``<p>_rot``; the views before it ``<p>_pre``)."""
-    pre = Repeat(layout_step, _heads(p), max=4, name=f"{p}_pre")
-    return Op("RotaryEmbedding", pre, Var(f"{p}_pos"), Var(f"{p}_cos"), Var(f"{p}_sin"), domain=MS, name=f"{p}_rot",
-              uses=one_reader)
+def _rotated(p: str, domain: str = MS):
+    """RotaryEmbedding (of ``domain``) of the heads of ``x<p>`` (``<p>_rot``; the views before it ``<p>_pre``)."""
+    pre = Repeat(layout_step, _heads(p, domain), max=4, name=f"{p}_pre")
+    if domain == MS:
+        return Op("RotaryEmbedding", pre, Var(f"{p}_pos"), Var(f"{p}_cos"), Var(f"{p}_sin"), domain=MS,
+                  name=f"{p}_rot", uses=one_reader)
+    # the standard op (rules/standard_rotary.py's: X, cos_cache, sin_cache, no position_ids)
+    return Op("RotaryEmbedding", pre, Var(f"{p}_cos"), Var(f"{p}_sin"), domain=domain, name=f"{p}_rot", uses=one_reader)
 
 
-def _new(p: str):
+def _new(p: str, domain: str = MS):
     """This step's keys or values: heads, rotated or not, and views (``<p>_post``)."""
-    return Repeat(layout_step, Or(_rotated(p), _heads(p)), max=4, name=f"{p}_post")
+    return Repeat(layout_step, Or(_rotated(p, domain), _heads(p, domain)), max=4, name=f"{p}_post")
 
 
 def _repeat_step(rest):
@@ -84,17 +88,19 @@ def _repeat_step(rest):
     return Or(view_step(rest), Op("Expand", rest, ANY, uses=one_reader), Op("Identity", rest, uses=one_reader))
 
 
-def _cached(p: str, what: str):
+def _cached(p: str, what: str, domain: str = MS):
     """``<p>``'s keys/values as the MatMul reads them: the cache Concat (``<p>_cat``, shared: it is the model's
     present, read on) of ``past_<p>`` and this step's, or this step's alone; then repeat_kv and views
     (``<p>_views``)."""
-    cat = Op("Concat", Var(f"past_{p}"), _new(p), name=f"{p}_cat", shared=True)
-    return Explain(Repeat(_repeat_step, Or(cat, _new(p)), max=MAX_VIEWS, name=f"{p}_views"),
+    cat = Op("Concat", Var(f"past_{p}"), _new(p, domain), name=f"{p}_cat", shared=True)
+    return Explain(Repeat(_repeat_step, Or(cat, _new(p, domain)), max=MAX_VIEWS, name=f"{p}_views"),
                    f"{what} is not a projection's heads (normalized, rotated, cached, repeated)")
 
 
-_QUERY = Explain(Repeat(view_step, Or(_rotated("q"), _heads("q")), max=MAX_VIEWS - 1, name="q_views"),
-                 "Q is not a projection's heads (normalized per head or not, rotated or not)")
+def _query(domain: str = MS):
+    return Explain(Repeat(view_step, Or(_rotated("q", domain), _heads("q", domain)), max=MAX_VIEWS - 1,
+                          name="q_views"),
+                   "Q is not a projection's heads (normalized per head or not, rotated or not)")
 
 def _merged(attn):
     """The root: the Reshape that merges the heads, after any views (``merge_views``: a Transpose, or the
@@ -103,8 +109,15 @@ def _merged(attn):
               name="out")
 
 
-DECODER_ATTENTION = _merged(attention_output(
-    softmax(masked_scores(scaled_dot_product(_QUERY, _cached("k", "K")), softcap=True)), _cached("v", "V")))
+def decoder_attention(rotary_domain: str = MS):
+    """The decoder's attention pattern, its rotary the ``rotary_domain``'s RotaryEmbedding (com.microsoft here;
+    rules/standard_attention.py's: the standard op's)."""
+    return _merged(attention_output(softmax(masked_scores(
+        scaled_dot_product(_query(rotary_domain), _cached("k", "K", rotary_domain)), softcap=True)),
+        _cached("v", "V", rotary_domain)))
+
+
+DECODER_ATTENTION = decoder_attention()
 
 
 # --------------------------------------------------------------------------------------------

@@ -185,7 +185,12 @@ def _same_dim(a, b) -> bool:
     return a == b if isinstance(a, int) or isinstance(b, int) else (a is not None and str(a) == str(b))
 
 
-def _condition(m: Match):
+def rotary_match(m: Match):
+    """What ``x * cos + rotate_half(x) * sin`` rooted at ``m.root`` (the Neg) is, or the reason it is not
+    one: {"q" (the rotated [B, N, S, h] value, the whole head for partial rotary), "cos"/"sin" (the
+    [B', S, h'] values), "rot", "head", "heads", "shared" (B' == 1), "dtype", "nodes" (what the rewrite
+    replaces), "out" (the value it gives)}. Shared with rules/standard_rotary.py; the fused op's own
+    checks (kernel, opset) are the caller's."""
     neg, graph = m.root, m.graph
     got = _half(neg.inputs[0], m)
     if got is None or got[1] != "second":
@@ -261,6 +266,17 @@ def _condition(m: Match):
     dtype = dtype_of(q, m.opsets)
     if dtype is None or dtype_of(c3, m.opsets) != dtype or dtype_of(s3, m.opsets) != dtype:
         return "x, cos and sin differ in element type (or it is unknown)"
+    heads = dims[1] if isinstance(dims[1], int) else None
+    return {"q": q, "cos": c3, "sin": s3, "rot": rot, "head": dims[3] if isinstance(dims[3], int) else None,
+            "shared": shared, "heads": heads, "dtype": dtype, "nodes": tuple(dict.fromkeys(nodes)), "out": out,
+            "dims": dims}
+
+
+def _condition(m: Match):
+    found = rotary_match(m)
+    if isinstance(found, str):
+        return found
+    dtype = found["dtype"]
     target = m.options.get("target", ORT_CPU)
     has = kernel("RotaryEmbedding", "com.microsoft", 1, target, dtype)
     if target == ORT_CUDA and dtype in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
@@ -269,15 +285,15 @@ def _condition(m: Match):
         return f"no RotaryEmbedding kernel for {dtype.name.lower()} on {target}"
     if m.opset("") < 15:
         return f"the model imports opset {m.opset('')}: the row index needs Shape's start/end (opset 15)"
+    q, dims, rot = found["q"], found["dims"], found["rot"]
     if rot != dims[3] and not isinstance(dims[1], int):
         return "partial rotary needs the number of heads, and x's is not known"
-    m.nodes = tuple(dict.fromkeys(nodes))
-    m.outputs = [out]
+    m.nodes = found["nodes"]
+    m.outputs = [found["out"]]
     # num_heads where the recorded shape says it, or partial rotary needs it (onnxruntime refuses it missing)
     recorded = infer(q, m.opsets)
     heads = dims[1] if isinstance(dims[1], int) and (rot != dims[3] or isinstance(recorded[1], int)) else None
-    return {"q": q, "cos": c3, "sin": s3, "rot": rot, "head": dims[3] if isinstance(dims[3], int) else None,
-            "shared": shared, "heads": heads}
+    return {**{k: found[k] for k in ("q", "cos", "sin", "rot", "head", "shared")}, "heads": heads}
 
 
 def _table(m: Match, b, value: ir.Value, half: int) -> ir.Value:

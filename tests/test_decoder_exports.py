@@ -161,3 +161,22 @@ def test_bench_configs_are_real_sizes():
             + 3 * c["hidden_size"] * c["intermediate_size"]
         params = c["num_hidden_layers"] * layer + c["vocab_size"] * c["hidden_size"]
         assert (0.9e9 < params < 1.6e9) if name == "llama-1b" else (0.3e9 < params < 0.7e9), (name, params)
+
+
+@needs_torch
+def test_the_command_line_exports_at_an_opset_with_config_entries_and_writes_feeds(tmp_path, capsys):
+    """``--opset 23`` (the standard ops portable fuses into), ``--config`` over the tiny config, ``--feeds``
+    of --batch rows and --length tokens; a --config that is not a JSON object is one line, exit 2."""
+    from onnxopt.models import decoder_models as dm
+
+    out, npz = tmp_path / "m.onnx", tmp_path / "f.npz"
+    assert dm.main(["llama", "prefill", str(out), "--opset", "23", "--config", '{"num_hidden_layers": 1}',
+                    "--feeds", str(npz), "--batch", "1", "--length", "7"]) == 0
+    model = onnx.load(str(out))
+    assert [(o.domain, o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")] == [("", 23)]
+    assert sum(n.op_type == "Softmax" for n in model.graph.node) == 1  # (one layer)
+    with np.load(npz) as f:
+        assert sorted(f.files) == sorted(i.name for i in model.graph.input) and f["input_ids"].shape == (1, 7)
+    with pytest.raises(SystemExit) as exc:
+        dm.main(["llama", "prefill", str(out), "--config", "[1]"])
+    assert exc.value.code == 2 and "not a JSON object" in capsys.readouterr().err

@@ -11,7 +11,8 @@
 
 For every benefit key (``Rule(..., benefit="<key>")``: the built-in rules' and a ``--rules-file``'s;
 ``--keys`` picks some) and every target (``ort-cpu`` runs on onnxruntime's CPU provider, ``ort-cuda``
-on its CUDA provider), each model is optimized twice for the target: *with* the key's rules (the
+on its CUDA provider, ``portable``, whose rules/standard_*.py fusions write standard opset-23 ops, on the
+CPU provider), each model is optimized twice for the target: *with* the key's rules (the
 table in effect, that key's entry for the target set aside so they run) and *without* them
 (``disable=``); every other rule as the shipped table decides. A model where the key's rules fire
 nowhere is recorded as not exercised. Both are run on the same inputs (outputs compared) and timed
@@ -54,7 +55,7 @@ import numpy as np
 TEXT_MODELS = [f"{kind}-{exporter}" for kind in ("bert", "gpt2", "minilm") for exporter in ("legacy", "dynamo")]
 NHWC_MODELS = ["resnet50-legacy", "mobilenet_v2-legacy", "ppocrv4-det"]
 GRAPH_MODELS = ["bert-legacy", "gpt2-legacy", "resnet50-legacy"]
-PROVIDER = {"ort-cpu": "cpu", "ort-cuda": "cuda"}
+PROVIDER = {"ort-cpu": "cpu", "ort-cuda": "cuda", "portable": "cpu"}  # (portable's standard ops: timed on the CPU provider)
 
 
 def _gm(xs: list[float]) -> float:
