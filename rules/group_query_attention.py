@@ -63,9 +63,9 @@ PRESENT_KEY = "onnxopt.present_of"  # on the fused node: the names of the Concat
 
 
 def _heads(p: str, domain: str = MS):
-    """``x<p>`` split into heads; Q's and K's also RMS-normalized per head (QK-norm: ``head_norm``) for the
-    com.microsoft ops (rules/standard_attention.py's standard op takes no norm yet)."""
-    return Or(head_split(p), head_norm(p)) if p in ("q", "k") and domain == MS else head_split(p)
+    """``x<p>`` split into heads; Q's and K's also RMS-normalized per head (QK-norm: ``head_norm``; the
+    standard path, rules/standard_attention.py, refuses a norm: its replacement takes none yet)."""
+    return Or(head_split(p), head_norm(p)) if p in ("q", "k") else head_split(p)
 
 
 def _rotated(p: str, domain: str = MS):

@@ -1,7 +1,5 @@
-"""Normalization fusions for onnxruntime (targets ort-cpu and ort-cuda; ``portable`` sees
-``rms_normalization_portable`` alone: rms_normalization's pattern and condition, giving the standard
-RMSNormalization at opset >= 23 and nothing else; a rule of its own, as a fusion with a benefit key
-is for onnxruntime's targets).
+"""Normalization fusions for onnxruntime (targets ort-cpu and ort-cuda; ``portable``'s standard
+RMSNormalization at opset >= 23 is rules/standard_normalization.py's, on this pattern).
 
 Matched by what the nodes compute. The patterns of ``layer_normalization`` and ``rms_normalization``
 say the whole expression, rooted at its output (the division, the scale or the shift), from the pieces
@@ -514,10 +512,6 @@ RULES = [
              "onnxruntime's kernel), or with the residual Add before it com.microsoft "
              "SkipSimplifiedLayerNormalization; a float16 input cast to float32 for it and the result cast back "
              "(then weighted in float16) fuses in float16 (the kernels' statistics are float32)."),
-    Rule("rms_normalization_portable", RMS_NORMALIZATION, _rms_replace, condition=_rms_condition, targets=(PORTABLE,),
-         exact=False,
-         doc="rms_normalization's pattern for portable: the standard RMSNormalization at opset >= 23 (where the "
-             "installed onnxruntime, if any, has its CPU kernel), the residual Add left; nothing before opset 23."),
     Rule("skip_layer_normalization",
          Op("LayerNormalization", Op("Add", "a", "b", name="add", shared=True), Const("gamma"), Opt(Const("beta")),
             name="ln"),

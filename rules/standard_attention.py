@@ -55,6 +55,8 @@ STANDARD_DECODER_ATTENTION = decoder_attention(rotary_domain="")
 
 
 def _condition(m: Match):
+    if any(m.node(f"{p}_{part}") is not None for p in ("q", "k") for part in ("square", "norm_op")):
+        return "Q or K is normalized per head (QK-norm), which the standard path does not rebuild yet"
     plan = gqa_condition(m)
     if isinstance(plan, str):
         return plan

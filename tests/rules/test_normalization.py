@@ -661,13 +661,12 @@ def test_rms_normalization_float16_upcast_is_skip_simplified(form, scale, target
         assert np.all(np.abs(got - ref) <= 2 * ulp), np.abs(got - ref).max()
 
 
-@pytest.mark.parametrize("target", ["ort-cpu", "portable"])
-def test_rms_normalization_float16_upcast_alone(target):
+def test_rms_normalization_float16_upcast_alone():
     """Without a residual Add: at opset 23 the standard RMSNormalization on the float16 input and weight
     (its stash_type 1 is this very computation: statistics in float32, normalized value cast back, then
-    weighted), on onnxruntime's targets and portable; before opset 23 refused with the reason."""
+    weighted); before opset 23 refused with the reason. (portable: rules/standard_normalization.py.)"""
     feeds = hidden16(1.0, residual=False)
-    rule = "rms_normalization_portable" if target == "portable" else "rms_normalization"
+    rule, target = "rms_normalization", "ort-cpu"
     out, _ = fires(rule, rms16_model(opset=23, residual=False), feeds=feeds, tol=TOL16, target=target)
     assert ops(out) == {"RMSNormalization": 1}, ops(out)
     node = out.graph.node[0]
@@ -677,21 +676,6 @@ def test_rms_normalization_float16_upcast_alone(target):
     onnx.checker.check_model(out, full_check=True)
     refuses(rule, rms16_model(residual=False), "ONNX has no RMS normalization before opset 23 "
             "(the model imports 18)", feeds=feeds, target=target)
-
-
-def test_rms_normalization_portable_takes_no_residual_add():
-    """portable (rms_normalization_portable: the rule without a benefit key) has standard ops alone: a
-    residual sum's RMSNorm (float16 upcast or float32) becomes RMSNormalization at opset 23, the Add
-    kept; before opset 23 nothing."""
-    out, _ = fires("rms_normalization_portable", rms16_model(opset=23), feeds=hidden16(1.0), tol=TOL16,
-                   target="portable")
-    assert ops(out) == {"RMSNormalization": 1, "Add": 1}, ops(out)
-    m = build(rms_nodes(opset=23, residual=True), RMS_CONSTS, opset=23, extra_inputs=[("res", ("b", "s", H))])
-    out, _ = fires("rms_normalization_portable", m, tol=TOL, target="portable")
-    assert ops(out) == {"RMSNormalization": 1, "Add": 1}, ops(out)
-    refuses("rms_normalization_portable", build(rms_nodes(residual=True), RMS_CONSTS,
-                                                extra_inputs=[("res", ("b", "s", H))]),
-            "ONNX has no RMS normalization before opset 23 (the model imports 17)", target="portable")
 
 
 def test_rms_normalization_float16_upcast_float32_scale():

@@ -135,7 +135,8 @@ def test_a_decoder_below_opset_23_gets_the_miss_reasons():
         assert any("is a standard op from opset 23; the model imports opset 17" in r for r in f["reasons"]), f
     # the rotary left as it is, the attention's Q is no candidate (its own opset refusal: the test above)
     assert report.fusions["standard_attention"]["hits"] == 0
-    assert "Q is not a projection's heads (rotated or not)" in report.rules["standard_attention"].reasons
+    assert "Q is not a projection's heads (normalized per head or not, rotated or not)" in \
+        report.rules["standard_attention"].reasons
 
 
 def test_only_for_portable():
