@@ -25,7 +25,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxopt.core.pattern import Match, Op, Rule
-from onnxopt.ir.shapes import infer
+from onnxopt.ir.shapes import infer, scalar_element, shape_elements
 from onnxopt.rules._semantic import const_array, dtype_of, earlier, kernel, private, scalar, typed
 from onnxopt.targets import ORT_CPU, ORT_CUDA
 
@@ -50,11 +50,12 @@ def _half(value: ir.Value, m: Match):
         return None
     x = node.inputs[0]
     shape = infer(x, m.opsets)
-    if shape is None or len(shape) < 1 or not isinstance(shape[-1], int) or shape[-1] % 2:
+    h = _dim(x, -1, m) if shape is not None and len(shape) >= 1 else None
+    if h is None or h % 2:
         return None
-    rank, h = len(shape), shape[-1]
+    rank = len(shape)
     if node.op_type == "Slice":
-        bounds = _last_axis_slice(node, rank)
+        bounds = _last_axis_slice(node, rank, m)
         if bounds is None:
             return None
         start, end = bounds[0] % h if bounds[0] < 0 else bounds[0], bounds[1]
@@ -77,11 +78,82 @@ def _half(value: ir.Value, m: Match):
     return None
 
 
-def _last_axis_slice(node: ir.Node, rank: int) -> tuple[int, int] | None:
-    """(start, end) of a Slice with constant bounds on the last axis of a rank-``rank`` value, step 1."""
+_INT_ARITHMETIC = {"Add": lambda a, c: a + c, "Sub": lambda a, c: a - c, "Mul": lambda a, c: a * c,
+                   "Div": lambda a, c: a // c if c and a % c == 0 else None}  # (ONNX's integer Div truncates)
+
+
+def _bound(value: ir.Value | None, m: Match | None, depth: int = 0) -> list[int] | None:
+    """A Slice bound as ints: a constant, or shape arithmetic on dimensions inference knows (a legacy
+    export's ``x[..., x.shape[-1] // 2:]`` is ``Unsqueeze(Div(Gather(Shape(x), 3), 2))``; Phi-3's
+    ``q[..., :cos.shape[-1]]``): Unsqueeze of a scalar, Gather of a dimension through Shape, and integer
+    Add/Sub/Mul/Div (exact division only) of such scalars."""
+    got = _ints(value)
+    if got is not None or m is None or value is None or depth > 6:
+        return got
+    node = value.producer()
+    if node is None or node.domain not in ("", "ai.onnx"):
+        return None
+    if node.op_type == "Unsqueeze":
+        inner = _bound(node.inputs[0], m, depth + 1)
+        return inner if inner is not None and len(inner) == 1 else None
+    if node.op_type in _INT_ARITHMETIC and len(node.inputs) == 2:
+        a, c = (_bound(v, m, depth + 1) for v in node.inputs)
+        if a is None or c is None or len(a) != 1 or len(c) != 1:
+            return None
+        r = _INT_ARITHMETIC[node.op_type](a[0], c[0])
+        return None if r is None else [r]
+    element = scalar_element(value)
+    if element is None:
+        elements = shape_elements(value)
+        element = elements[0] if elements is not None and len(elements) == 1 else None
+    if isinstance(element, int):
+        return [element]
+    if element is None:
+        return None
+    _, of, k = element
+    size = _dim(of, k, m, depth + 1)
+    return None if size is None else [size]
+
+
+def _dim(value: ir.Value, k: int, m: Match, depth: int = 0) -> int | None:
+    """Dimension ``k`` of ``value`` as an int: inferred, or, where inference has only a symbol (onnx's fresh
+    ``unk__N`` for a dimension it could not compute: a Slice whose bound was computed), read through a
+    Transpose, a Reshape of constant target, or the length a Slice with known bounds on that axis leaves of
+    a known dimension (Phi-3's ``q[..., :rotary_dim]``, ``rotary_dim = cos.shape[-1]``)."""
+    shape = infer(value, m.opsets)
+    if shape is None or not -len(shape) <= k < len(shape):
+        return None
+    if isinstance(shape[k], int):
+        return shape[k]
+    node = value.producer()
+    rank = len(shape)
+    if _is(node, "Transpose") and depth <= 6:
+        perm = node.attributes.get("perm")
+        return _dim(node.inputs[0], perm.value[k % rank], m, depth + 1) if perm is not None else None
+    if _is(node, "Reshape") and depth <= 6:
+        target = _ints(node.inputs[1])
+        if target is not None and len(target) == rank and target[k % rank] > 0:
+            return target[k % rank]
+        return None
+    if not _is(node, "Slice") or depth > 6 or len(node.inputs) < 4 or node.inputs[3] is None:
+        return None
+    starts, ends, axes = (_bound(node.inputs[i], m, depth + 1) for i in (1, 2, 3))
+    steps = _bound(node.inputs[4], m, depth + 1) if len(node.inputs) > 4 and node.inputs[4] is not None else [1]
+    if None in (starts, ends, axes, steps) or len(axes) != 1 or steps != [1] or axes[0] % rank != k % rank:
+        return None
+    full = _dim(node.inputs[0], k, m, depth + 1)
+    if full is None:
+        return None
+    start, end = (max(0, min(full, b + full if b < 0 else b)) for b in (starts[0], ends[0]))
+    return max(0, end - start)
+
+
+def _last_axis_slice(node: ir.Node, rank: int, m: Match | None = None) -> tuple[int, int] | None:
+    """(start, end) of a Slice on the last axis of a rank-``rank`` value, step 1, its bounds constants (or,
+    with ``m``, shape arithmetic on known dimensions: ``_bound``)."""
     if len(node.inputs) < 4 or node.inputs[3] is None:
         return None
-    starts, ends, axes = (_ints(node.inputs[k]) for k in (1, 2, 3))
+    starts, ends, axes = (_bound(node.inputs[k], m) for k in (1, 2, 3))
     steps = _ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else [1]
     if None in (starts, ends, axes, steps) or len(starts) != 1 or steps != [1] or axes[0] % rank != rank - 1:
         return None
@@ -138,12 +210,89 @@ def _same_dim(a, b) -> bool:
     return a == b if isinstance(a, int) or isinstance(b, int) else (a is not None and str(a) == str(b))
 
 
+def _known(d) -> bool:
+    return isinstance(d, int) or (d is not None and getattr(d, "value", d) is not None)
+
+
+def _expand_batch(node: ir.Node, m: Match):
+    """The first dimension an Expand's target gives: its first element, read as ``shape_elements`` reads it,
+    or through torch's ``expand(-1, ...)`` (``Where(Equal(t, c), fill, t)``: a dimension read from a shape is
+    never negative, so against a negative ``c[0]`` it is kept); None when not known."""
+    target = node.inputs[1] if len(node.inputs) > 1 else None
+    elements = shape_elements(target)
+    where = target.producer() if target is not None and elements is None else None
+    if _is(where, "Where") and len(where.inputs) == 3:
+        cond, fill, t = where.inputs
+        eq = cond.producer()
+        cs, fs = _ints(eq.inputs[1]) if _is(eq, "Equal") and eq.inputs[0] is t else None, _ints(fill)
+        elements = shape_elements(t)
+        if not cs or not fs or not elements:
+            return None
+        first = elements[0]
+        if isinstance(first, int):
+            elements = [fs[0] if first == cs[0] else first]
+        elif cs[0] < 0:
+            elements = [first]
+        else:
+            return None
+    if not elements:
+        return None
+    first = elements[0]
+    if isinstance(first, int):
+        return first
+    _, value, k = first
+    shape = infer(value, m.opsets)
+    return shape[k] if shape is not None and -len(shape) <= k < len(shape) and _known(shape[k]) else None
+
+
+def _batch_dim(value: ir.Value, m: Match, depth: int = 0):
+    """``value``'s first dimension, read through what cos/sin tables are built of: element-wise ops,
+    Unsqueeze/Squeeze of other axes, Concat on another axis, a Transpose keeping axis 0, a batched MatMul
+    (its operands' batch dimensions equal, or one of them 1) and an Expand of a batch of 1 (transformers 4.x:
+    ``inv_freq[None, :, None].expand(position_ids.shape[0], -1, 1) @ position_ids[:, None, :]``, whose batch
+    an exporter's shape inference names with a fresh symbol); else the inferred dimension where it is known;
+    None when neither says."""
+    shape = infer(value, m.opsets)
+    if shape is None or len(shape) == 0:
+        return None
+    inferred = shape[0] if _known(shape[0]) else None
+    node = value.producer()
+    if isinstance(inferred, int) or node is None or depth > 12 or node.domain not in ("", "ai.onnx"):
+        return inferred
+    op, rank = node.op_type, len(shape)
+    got = None
+    if op in _ELEMENTWISE or op in ("Mul", "Div") and scalar(node.inputs[1]) is not None:
+        got = _batch_dim(node.inputs[0], m, depth + 1)
+    elif op == "Mul" and scalar(node.inputs[0]) is not None:
+        got = _batch_dim(node.inputs[1], m, depth + 1)
+    elif op in ("Unsqueeze", "Squeeze"):
+        axes = _ints(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else None
+        if axes and all(a > 0 for a in axes):
+            got = _batch_dim(node.inputs[0], m, depth + 1)
+    elif op == "Concat" and node.attributes["axis"].value % rank != 0:
+        parts = [_batch_dim(v, m, depth + 1) for v in node.inputs]
+        got = parts[0] if all(p is not None and _same_dim(p, parts[0]) for p in parts) else None
+    elif op == "Transpose":
+        perm = node.attributes.get("perm")
+        got = _batch_dim(node.inputs[0], m, depth + 1) if perm is not None and perm.value[0] == 0 else None
+    elif op == "MatMul" and rank >= 3 and all(len(infer(v, m.opsets) or ()) == rank for v in node.inputs):
+        a, c = (_batch_dim(v, m, depth + 1) for v in node.inputs)
+        if a is not None and c is not None:
+            got = c if a == 1 else a if c == 1 or _same_dim(a, c) else None
+    elif op == "Expand":
+        inner = infer(node.inputs[0], m.opsets)
+        first = _expand_batch(node, m)
+        if inner is not None and len(inner) == rank and first is not None:
+            got = first if inner[0] == 1 else inner[0] if first == 1 else first if _same_dim(inner[0], first) else None
+    return got if got is not None else inferred
+
+
 def _condition(m: Match):
     neg, graph = m.root, m.graph
     got = _half(neg.inputs[0], m)
     if got is None or got[1] != "second":
         src = neg.inputs[0].producer()
-        if _is(src, "Slice") and any(_ints(v) is None for v in src.inputs[1:4] if v is not None):
+        if _is(src, "Slice") and any(_bound(v, m) is None for v in src.inputs[1:4] if v is not None):
             return ("the Neg reads a Slice whose bounds are computed from a shape not known here, so not proven "
                     "the second half")
         return "the Neg does not read the second half of a value's last axis"
@@ -187,7 +336,7 @@ def _condition(m: Match):
         rest = tail.inputs[1].producer()
         fshape = infer(full, m.opsets)
         width = fshape[-1] if fshape is not None and len(fshape) == 4 and isinstance(fshape[-1], int) else None
-        head, pass_ = _last_axis_slice(xs, 4), _last_axis_slice(rest, 4) if _is(rest, "Slice") else None
+        head, pass_ = _last_axis_slice(xs, 4, m), _last_axis_slice(rest, 4, m) if _is(rest, "Slice") else None
         if width is not None and width > h and head == (0, h) and pass_ is not None and rest.inputs[0] is full \
                 and pass_[0] == h and pass_[1] >= width:
             out, q, rot = tail.outputs[0], full, h
@@ -202,6 +351,7 @@ def _condition(m: Match):
     sdims = list(infer(s3, m.opsets))
     if not _same_dim(tdims[1], dims[2]):
         return "cos/sin's sequence dimension is not proven to be x's (positions computed inside the model)"
+    tdims[0], sdims[0] = _batch_dim(c3, m), _batch_dim(s3, m)
     if tdims[0] == 1:
         shared = True
     elif _same_dim(tdims[0], dims[0]):
@@ -221,11 +371,13 @@ def _condition(m: Match):
         return f"no RotaryEmbedding kernel for {dtype.name.lower()} on {target}"
     if m.opset("") < 15:
         return f"the model imports opset {m.opset('')}: the row index needs Shape's start/end (opset 15)"
+    heads, head = _dim(q, 1, m), _dim(q, 3, m)
+    if head is None or rot != head and heads is None:
+        return ("partial rotary: the head count is not known here (onnxruntime's RotaryEmbedding needs num_heads "
+                "with rotary_embedding_dim)" if head is not None else "x's head size is not known here")
     m.nodes = tuple(dict.fromkeys(nodes))
     m.outputs = [out]
-    heads = dims[1] if isinstance(dims[1], int) else None
-    return {"q": q, "cos": c3, "sin": s3, "rot": rot, "head": dims[3] if isinstance(dims[3], int) else None,
-            "shared": shared, "heads": heads}
+    return {"q": q, "cos": c3, "sin": s3, "rot": rot, "head": head, "shared": shared, "heads": heads}
 
 
 def _table(m: Match, b, value: ir.Value, half: int) -> ir.Value:
