@@ -351,9 +351,9 @@ def small_const(value: ir.Value | None) -> bool:
 
 
 def ancestors(x: ir.Value, opsets) -> list[ir.Value]:
-    """x and the values whose first two dimensions are x's: through Split, Add/Mul/Sub/Div of a
-    constant of rank <= 1, MatMul (x @ W), LayerNormalization and the contrib normalizations (a few
-    steps up)."""
+    """x and the values whose first two dimensions are x's: through Split, a Slice of the last axis, Add/Mul/
+    Sub/Div of a constant of rank <= 1, MatMul (x @ W), LayerNormalization and the contrib normalizations (a
+    few steps up)."""
     out = [x]
     for _ in range(4):
         node = x.producer()
@@ -364,6 +364,8 @@ def ancestors(x: ir.Value, opsets) -> list[ir.Value]:
         elif node.domain not in ("", "ai.onnx"):
             break
         elif node.op_type in ("Split", "MatMul", "LayerNormalization"):
+            nxt = node.inputs[0]
+        elif node.op_type == "Slice" and _last_axis_only(node, opsets):  # (a packed projection's part: Phi-3's qkv)
             nxt = node.inputs[0]
         elif node.op_type in ("Add", "Sub", "Mul", "Div") and len(node.inputs) == 2:
             a, c = node.inputs  # (a constant of rank <= 1 cannot add dimensions)
@@ -378,6 +380,13 @@ def ancestors(x: ir.Value, opsets) -> list[ir.Value]:
         out.append(nxt)
         x = nxt
     return out
+
+
+def _last_axis_only(node: ir.Node, opsets) -> bool:
+    """A Slice of a rank-3 value on its last axis alone (constant axes; any bounds)."""
+    axes = constant_tensor(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else None
+    dims = dims_of(node.inputs[0], opsets) if axes is not None else None
+    return dims is not None and len(dims) == 3 and all(int(a) % 3 == 2 for a in axes.numpy().reshape(-1))
 
 
 def show_layout(groups) -> str:

@@ -131,10 +131,7 @@ def _dim(value: ir.Value, k: int, m: Match, depth: int = 0) -> int | None:
         perm = node.attributes.get("perm")
         return _dim(node.inputs[0], perm.value[k % rank], m, depth + 1) if perm is not None else None
     if _is(node, "Reshape") and depth <= 6:
-        target = _ints(node.inputs[1])
-        if target is not None and len(target) == rank and target[k % rank] > 0:
-            return target[k % rank]
-        return None
+        return _reshaped_dim(node, k % rank, rank, m, depth + 1)
     if not _is(node, "Slice") or depth > 6 or len(node.inputs) < 4 or node.inputs[3] is None:
         return None
     starts, ends, axes = (_bound(node.inputs[i], m, depth + 1) for i in (1, 2, 3))
@@ -146,6 +143,77 @@ def _dim(value: ir.Value, k: int, m: Match, depth: int = 0) -> int | None:
         return None
     start, end = (max(0, min(full, b + full if b < 0 else b)) for b in (starts[0], ends[0]))
     return max(0, end - start)
+
+
+def _sym(value: ir.Value, k: int, m: Match, depth: int = 0):
+    """Dimension ``k`` of ``value``: an int, or the name of the symbol it is, read through Transposes,
+    Reshapes (a target element that is a dimension read through Shape is that dimension) and Slices of
+    other axes before inference's own answer (which names a dimension it could not compute with a fresh
+    ``unk__N``); None when unknown."""
+    shape = infer(value, m.opsets)
+    if shape is None or not -len(shape) <= k < len(shape):
+        return None
+    rank, k = len(shape), k % len(shape)
+    inferred = shape[k] if isinstance(shape[k], int) else str(shape[k]) if _known(shape[k]) else None
+    node = value.producer()
+    if isinstance(inferred, int) or depth > 8 or node is None:
+        return inferred
+    got = None
+    if _is(node, "Transpose") and node.attributes.get("perm") is not None:
+        got = _sym(node.inputs[0], node.attributes["perm"].value[k], m, depth + 1)
+    elif _is(node, "Reshape"):
+        elements = shape_elements(node.inputs[1])
+        e = elements[k] if elements is not None and len(elements) == rank else None
+        if isinstance(e, tuple):
+            got = _sym(e[1], e[2], m, depth + 1)
+        elif e == -1:
+            got = _reshaped_dim(node, k, rank, m, depth + 1)
+        elif isinstance(e, int) and e > 0:
+            got = e
+    elif _is(node, "Slice") and len(node.inputs) > 3 and node.inputs[3] is not None:
+        axes = _ints(node.inputs[3])
+        if axes is not None and all(a % rank != k for a in axes):
+            got = _sym(node.inputs[0], k, m, depth + 1)
+    return got if got is not None else inferred
+
+
+def _reshaped_dim(node: ir.Node, k: int, rank: int, m: Match, depth: int) -> int | None:
+    """Dimension ``k`` of a Reshape's output: its target's element k where that is a number, or, for the -1
+    (transformers' ``view(*input_shape, -1, head_dim)``), the input's size over the target's other elements,
+    where their symbols (dimensions read through Shape, or copied by a 0) cancel the input's."""
+    elements = shape_elements(node.inputs[1])
+    if elements is None or len(elements) != rank:
+        return None
+    e = elements[k]
+    if isinstance(e, int) and e > 0:
+        return e
+    src = infer(node.inputs[0], m.opsets)
+    if e != -1 or src is None:
+        return None
+
+    def size(of, j):
+        got = _dim(of, j, m, depth + 1)
+        if got is not None:
+            return got
+        d = (infer(of, m.opsets) or [None] * (j + 1))[j]
+        return str(d) if _known(d) else None
+
+    num = [size(node.inputs[0], j) for j in range(len(src))]
+    den = [size(x[1], x[2]) if isinstance(x, tuple) else num[j] if x == 0 and j < len(num) else x
+           for j, x in enumerate(elements) if j != k]
+    if any(d is None for d in num + den):
+        return None
+    symbols = [d for d in num if isinstance(d, str)]
+    for d in den:
+        if isinstance(d, str):
+            if d not in symbols:
+                return None
+            symbols.remove(d)
+    if symbols:
+        return None
+    top = int(np.prod([d for d in num if isinstance(d, int)]))
+    bottom = int(np.prod([d for d in den if isinstance(d, int)]))
+    return top // bottom if bottom > 0 and top % bottom == 0 else None
 
 
 def _last_axis_slice(node: ir.Node, rank: int, m: Match | None = None) -> tuple[int, int] | None:
@@ -335,7 +403,7 @@ def _condition(m: Match):
         full = xs.inputs[0]
         rest = tail.inputs[1].producer()
         fshape = infer(full, m.opsets)
-        width = fshape[-1] if fshape is not None and len(fshape) == 4 and isinstance(fshape[-1], int) else None
+        width = _dim(full, -1, m) if fshape is not None and len(fshape) == 4 else None
         head, pass_ = _last_axis_slice(xs, 4, m), _last_axis_slice(rest, 4, m) if _is(rest, "Slice") else None
         if width is not None and width > h and head == (0, h) and pass_ is not None and rest.inputs[0] is full \
                 and pass_[0] == h and pass_[1] >= width:
@@ -347,6 +415,7 @@ def _condition(m: Match):
         if all(u.node in nodes or u.node in halves for o in node.outputs for u in o.uses()):
             nodes.append(node)
     dims = list(infer(q, m.opsets))
+    dims[0], dims[2] = _sym(q, 0, m), _sym(q, 2, m)
     tdims = list(infer(c3, m.opsets))
     sdims = list(infer(s3, m.opsets))
     if not _same_dim(tdims[1], dims[2]):

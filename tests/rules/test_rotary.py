@@ -158,6 +158,33 @@ def test_partial_rotary_of_an_unknown_head_count_is_refused():
             feeds=_feeds(width=H + 4), target="ort-cpu")
 
 
+def test_partial_rotary_reads_the_head_count_of_a_view_with_minus_one():
+    """x = Transpose(Reshape(x3, [x3.shape[0], x3.shape[1], -1, head])) (transformers' view(*input_shape, -1,
+    head_dim)): the -1 is x3's size over the others, their symbols cancelling: num_heads is N."""
+    m = rotary_model(partial=4, heads="n")
+    g = m.graph
+    width = H + 4
+    g.input[0].CopyFrom(tinfo("x3", ["b", "s", N * width]))
+    g.initializer.extend([init("i0s", np.array(0, np.int64)), init("i1s", np.array(1, np.int64)),
+                          init("ax0s", np.array([0], np.int64)), init("m1", np.array([-1], np.int64)),
+                          init("head", np.array([width], np.int64))])
+    view = [helper.make_node("Shape", ["x3"], ["x3s"]),
+            helper.make_node("Gather", ["x3s", "i0s"], ["d0"], axis=0), helper.make_node("Gather", ["x3s", "i1s"], ["d1"], axis=0),
+            helper.make_node("Unsqueeze", ["d0", "ax0s"], ["d0u"]), helper.make_node("Unsqueeze", ["d1", "ax0s"], ["d1u"]),
+            helper.make_node("Concat", ["d0u", "d1u", "m1", "head"], ["tgt"], axis=0),
+            helper.make_node("Reshape", ["x3", "tgt"], ["x4"]), helper.make_node("Transpose", ["x4"], ["x"], perm=[0, 2, 1, 3])]
+    nodes = view + list(g.node)
+    del g.node[:]
+    g.node.extend(nodes)
+    rng = np.random.default_rng(0)
+    feeds = {"x3": rng.standard_normal((B, S, N * width)).astype(np.float32),
+             "pos": rng.integers(0, 40, (B, S)).astype(np.int64)}
+    out, _ = fires("rotary_embedding", m, feeds=feeds, tol=TOL, target="ort-cpu")
+    node = next(n for n in out.graph.node if n.op_type == "RotaryEmbedding")
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    assert attrs["num_heads"] == N and attrs["rotary_embedding_dim"] == H
+
+
 def test_not_half_periodic_is_refused():
     refuses("rotary_embedding", rotary_model(second="scaled"), "not half-periodic", feeds=_feeds(),
             target="ort-cpu")
