@@ -76,7 +76,8 @@ REPORT = {"fusions": {
     "rotary_embedding": {"hits": 4, "missed": 0, "reasons": {}},
     "rms_normalization": {"hits": 4, "missed": 2, "reasons": {"no residual Add precedes it": 2}},
     "packed_projections": {"hits": 4, "missed": 0, "reasons": {}}},
-    "op_types_after": {"RotaryEmbedding": 4, "SkipSimplifiedLayerNormalization": 4, "MatMul": 9}}
+    "op_types_after": {"com.microsoft.RotaryEmbedding": 4, "com.microsoft.SkipSimplifiedLayerNormalization": 4,
+                       "MatMul": 9}}
 
 
 def test_fusions_and_table_from_a_recorded_report():
@@ -97,6 +98,7 @@ def test_fusions_and_table_from_a_recorded_report():
     table = [ln for ln in md if ln.startswith("| llama") or ln.startswith("| foo")]
     assert len(table) == 3
     assert "| 4/4 |" in table[0] and "128/128 tokens" in table[0] and "2.0e-06" in table[0]
+    assert "RotaryEmbedding 4, SkipSimplifiedLayerNormalization 4" in table[0]
     assert "--input-shape input_ids=1,sequence_length" in table[1]
     assert table[2].endswith("| ValueError: a / b |")  # (a | in the error kept out of the table's cells)
 

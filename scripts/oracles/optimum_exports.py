@@ -114,8 +114,12 @@ def fusion_summary(report: dict) -> dict:
             for r, n in e.get("reasons", {}).items():
                 reasons[r] = reasons.get(r, 0) + n
         out[family] = {"hits": hits, "missed": missed, "reasons": reasons}
-    after = report.get("op_types_after", {})
-    out["ops"] = {op: after[op] for op in FUSED_OPS if after.get(op)}
+    after = report.get("op_types_after", {})  # (contrib ops named with their domain: com.microsoft.X)
+    out["ops"] = {}
+    for name, count in after.items():
+        op = name.rsplit(".", 1)[-1]
+        if op in FUSED_OPS and count:
+            out["ops"][op] = out["ops"].get(op, 0) + count
     return out
 
 
@@ -131,6 +135,11 @@ def _cell(f: dict | None) -> str:
     return s
 
 
+def _count(f: dict | None) -> str:
+    """hits/(hits+misses) alone (the present rule misses wherever no GroupQueryAttention was fused)."""
+    return "" if not f else f"{f['hits']}/{f['hits'] + f['missed']}" if f["hits"] + f["missed"] else "-"
+
+
 def markdown(rows: list[dict], meta: dict) -> str:
     """The table of ``rows`` (as ``run`` returns them)."""
     lines = ["# Decoders exported by optimum: export, check, onnxopt's fusions and verification", "",
@@ -140,7 +149,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
              f"folder of the tiny config (`onnxopt.models.decoder_models`, seed 0, random weights). Diff: max "
              f"|ONNX - transformers| over all outputs on the realistic feeds and other sizes. Then "
              f"`python -m onnxopt IN -o OUT --target {meta['target']}` (fusions: hits/(hits+misses), the "
-             f"commonest miss reasons) and `python -m onnxopt verify IN OUT` (kv: `--decode {meta['decode']}`). "
+             f"misses' reasons, commonest first, then the pattern's; GQA present: the cache Concats the fused op's "
+             f"present output would replace; -: the rule's pattern never reached its condition) and `python -m onnxopt verify IN OUT` (kv: `--decode {meta['decode']}`). "
              f"Produced by `python -m scripts.oracles.optimum_exports`.", "",
              "| arch | form | export | nodes | diff | onnxopt flags | GQA | GQA present | rotary | RMSNorm | packed "
              "| ops after | verify | generation | error |",
@@ -155,7 +165,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
         lines.append(f"| {r['arch']} | {r['form']} | {r['status']} | {r.get('nodes', '')} | "
                      f"{'' if diff is None else f'{diff:.1e}'} | "
                      f"{'--input-shape ' + r['input_shape'] if r.get('input_shape') else ''} | {_cell(fu.get('gqa'))} | "
-                     f"{_cell(fu.get('gqa_present'))} | {_cell(fu.get('rotary'))} | {_cell(fu.get('rms'))} | "
+                     f"{_count(fu.get('gqa_present'))} | {_cell(fu.get('rotary'))} | {_cell(fu.get('rms'))} | "
                      f"{_cell(fu.get('packed'))} | {ops} | {r.get('verify', '')} | {gen_s} | "
                      f"{r.get('error', '').replace('|', '/')} |")
     return "\n".join(lines) + "\n"
@@ -335,7 +345,9 @@ def optimize_and_verify(rec: dict, work: Path, target: str, decode: int) -> dict
     rec["fusions"] = fusion_summary(report)
     rec["nodes_after"] = report.get("nodes_after")
     vrep = work / f"{tag}.verify.json"
-    cmd = [sys.executable, "-m", "onnxopt", "verify", src, str(dst), "--json", str(vrep), "--runs", "20", *shape]
+    # (verify's --input-shape takes numbers only; the batch-1 model is verified at the batch verify generates
+    # for it: decode runs each prompt as a batch of one)
+    cmd = [sys.executable, "-m", "onnxopt", "verify", src, str(dst), "--json", str(vrep), "--runs", "20"]
     if rec["form"] == "kv" and decode:
         cmd += ["--decode", str(decode)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -406,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
             for k in ("path", "hf_dir"):
                 rec.pop(k, None)
+            rec["command"] = rec.get("command", "").replace(f"{work.resolve()}/", "")  # (the kept folder's names)
     import onnxruntime
 
     meta = {"machine": f"{machine_info()['cpu']}, {os.cpu_count()} cores (OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']})",
