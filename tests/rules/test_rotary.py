@@ -23,19 +23,43 @@ def _feeds(pos_batch=B, seed=0, width=H):
             "pos": rng.integers(0, 40, (pos_batch, S)).astype(np.int64)}
 
 
-def rotary_model(*, split=False, partial=0, pos_batch=B, second=None, table_b=None, rank4=True, dtype=TensorProto.FLOAT):
+def rotary_model(*, split=False, partial=0, pos_batch=B, second=None, table_b=None, rank4=True, dtype=TensorProto.FLOAT,
+                 expanded=False, computed_half=False, heads=N):
     """x [B, N, S, H (+ partial)] rotated by the cos/sin of position ids ``pos`` [pos_batch, S] (HF's
     LlamaRotaryEmbedding and apply_rotary_pos_emb, as torch.onnx exports them). ``second``: the second
-    operand of the angle Concat (default the first: half-periodic); ``table_b``: the Unsqueeze axis."""
+    operand of the angle Concat (default the first: half-periodic); ``table_b``: the Unsqueeze axis;
+    ``expanded``: the angles as transformers 4.x computes them (optimum's exports): ``inv_freq[None, :, None]
+    .expand(pos.shape[0], -1, 1) @ pos[:, None, :]``, transposed (the expand's target through torch's
+    ``Where(Equal(t, -1), 1, t)``: inference does not know the batch); ``computed_half``: the second half's
+    start is ``x.shape[-1] // 2`` computed in the graph (a legacy export's Shape, Gather, Div, Unsqueeze);
+    ``heads``: x's head dimension (a name: not known)."""
     h = H
     inv = (1.0 / 10000 ** (np.arange(0, h, 2, dtype=np.float32) / h)).astype(np.float32)
-    nodes = [helper.make_node("Unsqueeze", ["pos", "ax2"], ["p3"]),
-             helper.make_node("Cast", ["p3"], ["pf"], to=TensorProto.FLOAT),
-             helper.make_node("Mul", ["pf", "inv"], ["F"])]
+    if expanded:
+        nodes = [helper.make_node("Shape", ["pos"], ["pshape"]),
+                 helper.make_node("Gather", ["pshape", "i0"], ["pb"], axis=0),
+                 helper.make_node("Unsqueeze", ["pb", "ax0"], ["pb1"]),
+                 helper.make_node("Concat", ["pb1", "minus1", "one1"], ["t"], axis=0),
+                 helper.make_node("Equal", ["t", "minus1x3"], ["is_m1"]),
+                 helper.make_node("Where", ["is_m1", "ones3", "t"], ["target"]),
+                 helper.make_node("Expand", ["inv3", "target"], ["invb"]),
+                 helper.make_node("Unsqueeze", ["pos", "ax1p"], ["p3"]),
+                 helper.make_node("Cast", ["p3"], ["pf"], to=TensorProto.FLOAT),
+                 helper.make_node("MatMul", ["invb", "pf"], ["Ft"]),
+                 helper.make_node("Transpose", ["Ft"], ["F"], perm=[0, 2, 1])]
+    else:
+        nodes = [helper.make_node("Unsqueeze", ["pos", "ax2"], ["p3"]),
+                 helper.make_node("Cast", ["p3"], ["pf"], to=TensorProto.FLOAT),
+                 helper.make_node("Mul", ["pf", "inv"], ["F"])]
     inits = [init("inv", inv), init("ax2", np.array([2], np.int64)), init("ax1", np.array([table_b or 1], np.int64)),
              init("h2", np.array([h // 2], np.int64)), init("zero", np.array([0], np.int64)),
              init("big", np.array([2**62], np.int64)), init("last", np.array([-1], np.int64)),
              init("hw", np.array([h], np.int64)), init("two", np.array(2.0, np.float32))]
+    if expanded:
+        inits += [init("inv3", inv.reshape(1, -1, 1)), init("i0", np.array(0, np.int64)),
+                  init("ax0", np.array([0], np.int64)), init("ax1p", np.array([1], np.int64)),
+                  init("minus1", np.array([-1], np.int64)), init("one1", np.array([1], np.int64)),
+                  init("minus1x3", np.array([-1, -1, -1], np.int64)), init("ones3", np.array([1, 1, 1], np.int64))]
     other = "F"
     if second == "scaled":
         nodes.append(helper.make_node("Mul", ["F", "two"], ["F2"]))
@@ -50,6 +74,13 @@ def rotary_model(*, split=False, partial=0, pos_batch=B, second=None, table_b=No
         x = "xr"
     if split:
         nodes.append(helper.make_node("Split", [x], ["x1", "x2"], axis=-1, num_outputs=2))
+    elif computed_half:
+        inits += [init("i3", np.array(3, np.int64)), init("two_i", np.array(2, np.int64)),
+                  init("ax0h", np.array([0], np.int64))]
+        nodes += [helper.make_node("Shape", [x], ["xshape"]), helper.make_node("Gather", ["xshape", "i3"], ["xw"], axis=0),
+                  helper.make_node("Div", ["xw", "two_i"], ["xh"]), helper.make_node("Unsqueeze", ["xh", "ax0h"], ["xh1"]),
+                  helper.make_node("Slice", [x, "zero", "xh1", "last"], ["x1"]),
+                  helper.make_node("Slice", [x, "xh1", "big", "last"], ["x2"])]
     else:
         nodes += [helper.make_node("Slice", [x, "zero", "h2", "last"], ["x1"]),
                   helper.make_node("Slice", [x, "h2", "big", "last"], ["x2"])]
@@ -59,7 +90,7 @@ def rotary_model(*, split=False, partial=0, pos_batch=B, second=None, table_b=No
     if partial:
         nodes.append(helper.make_node("Concat", ["yr", "xp"], ["y"], axis=-1))
     width = h + partial
-    shape = ["b", N, "s", width] if rank4 else ["b", "s", width]
+    shape = ["b", heads, "s", width] if rank4 else ["b", "s", width]
     return model(nodes, [tinfo("x", shape, dtype), tinfo("pos", ["b" if pos_batch == B else 1, "s"], TensorProto.INT64)],
                  [tinfo("y", shape, dtype)], inits, opset=18)
 
@@ -127,6 +158,53 @@ def test_the_tables_are_built_once_for_q_and_k():
     out, _ = fires("rotary_embedding", m, times=2, feeds=feeds, tol=TOL, target="ort-cuda")
     ops = [n.op_type for n in out.graph.node]
     assert ops.count("RotaryEmbedding") == 2 and ops.count("CumSum") == 1 and ops.count("Reshape") == 4
+
+
+def test_angles_of_an_expanded_inv_freq_fire():
+    """transformers 4.x (optimum's exports): the angles' batch is Expand(inv_freq, [Shape(pos)[0], -1, 1]) through
+    torch's Where(Equal(t, -1), 1, t), MatMul'd with the positions: read through, it is the positions' batch."""
+    out, _ = fires("rotary_embedding", rotary_model(expanded=True), feeds=_feeds(), tol=TOL, target="ort-cpu")
+    assert [n.op_type for n in out.graph.node].count("RotaryEmbedding") == 1
+
+
+def test_halves_at_a_computed_bound_fire():
+    """The second half starting at x.shape[-1] // 2 computed in the graph (Shape, Gather, Div, Unsqueeze)."""
+    out, _ = fires("rotary_embedding", rotary_model(computed_half=True), feeds=_feeds(), tol=TOL, target="ort-cpu")
+    assert [n.op_type for n in out.graph.node].count("RotaryEmbedding") == 1
+
+
+def test_partial_rotary_of_an_unknown_head_count_is_refused():
+    """onnxruntime's RotaryEmbedding needs num_heads with rotary_embedding_dim (its kernel refuses the model
+    otherwise)."""
+    refuses("rotary_embedding", rotary_model(partial=4, heads="n"), "head count is not known",
+            feeds=_feeds(width=H + 4), target="ort-cpu")
+
+
+def test_partial_rotary_reads_the_head_count_of_a_view_with_minus_one():
+    """x = Transpose(Reshape(x3, [x3.shape[0], x3.shape[1], -1, head])) (transformers' view(*input_shape, -1,
+    head_dim)): the -1 is x3's size over the others, their symbols cancelling: num_heads is N."""
+    m = rotary_model(partial=4, heads="n")
+    g = m.graph
+    width = H + 4
+    g.input[0].CopyFrom(tinfo("x3", ["b", "s", N * width]))
+    g.initializer.extend([init("i0s", np.array(0, np.int64)), init("i1s", np.array(1, np.int64)),
+                          init("ax0s", np.array([0], np.int64)), init("m1", np.array([-1], np.int64)),
+                          init("head", np.array([width], np.int64))])
+    view = [helper.make_node("Shape", ["x3"], ["x3s"]),
+            helper.make_node("Gather", ["x3s", "i0s"], ["d0"], axis=0), helper.make_node("Gather", ["x3s", "i1s"], ["d1"], axis=0),
+            helper.make_node("Unsqueeze", ["d0", "ax0s"], ["d0u"]), helper.make_node("Unsqueeze", ["d1", "ax0s"], ["d1u"]),
+            helper.make_node("Concat", ["d0u", "d1u", "m1", "head"], ["tgt"], axis=0),
+            helper.make_node("Reshape", ["x3", "tgt"], ["x4"]), helper.make_node("Transpose", ["x4"], ["x"], perm=[0, 2, 1, 3])]
+    nodes = view + list(g.node)
+    del g.node[:]
+    g.node.extend(nodes)
+    rng = np.random.default_rng(0)
+    feeds = {"x3": rng.standard_normal((B, S, N * width)).astype(np.float32),
+             "pos": rng.integers(0, 40, (B, S)).astype(np.int64)}
+    out, _ = fires("rotary_embedding", m, feeds=feeds, tol=TOL, target="ort-cpu")
+    node = next(n for n in out.graph.node if n.op_type == "RotaryEmbedding")
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    assert attrs["num_heads"] == N and attrs["rotary_embedding_dim"] == H
 
 
 def test_not_half_periodic_is_refused():
