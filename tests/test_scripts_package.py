@@ -91,7 +91,7 @@ def test_the_layout_is_the_documented_one():
                  "scripts.oracles.fold", "scripts.oracles.zoo_hashes", "scripts.docs.screenshots"):
         assert name in RUNNABLE, name
     assert sorted(p.name for p in (SCRIPTS / "gpu").glob("*.sh")) == [
-        "bench.sh", "benefit.sh", "env.sh", "layout.sh", "layout_verify.sh", "targets.sh", "transformers.sh",
+        "bench.sh", "benefit.sh", "decoders.sh", "env.sh", "layout.sh", "layout_verify.sh", "targets.sh", "transformers.sh",
         "verify.sh"]
     assert [p.name for p in SCRIPTS.glob("*.py")] == ["__init__.py"]  # nothing loose at the top
 
