@@ -125,7 +125,7 @@ def prime_shapes(value: ir.Value | None, opsets, depth: int = 0) -> None:
 
 _UNKNOWN = "unk__"  # (how onnx's inference names a dimension it tied to nothing)
 _SAME = ("Neg", "Cast", "Identity", "Relu", "Sqrt", "Reciprocal", "Cos", "Sin", "Erf", "Tanh", "Sigmoid", "Softmax")
-_BROADCAST = ("Add", "Sub", "Mul", "Div", "Pow", "Where")
+_BROADCAST = ("Add", "Sub", "Mul", "Div", "Pow", "Where", "And", "Or")
 
 
 def rank_of(value: ir.Value, opsets) -> int | None:
@@ -187,10 +187,10 @@ def _traced_dim(value: ir.Value, axis: int, rank: int, opsets, depth: int, memo:
         starts, ends, axes = (_const_ints(ins[k]) for k in (1, 2, 3))
         steps = _const_ints(ins[4]) if len(ins) > 4 and ins[4] is not None else None
         inner = dim_through(ins[0], axis, opsets, depth + 1, memo)
-        if None in (starts, ends, axes) or (steps is not None and any(t != 1 for t in steps)):
-            found = None
-        elif axis not in [a % rank for a in axes]:
+        if axes is not None and axis not in [a % rank for a in axes]:  # (another axis's bounds: any)
             found = inner
+        elif None in (starts, ends, axes) or (steps is not None and any(t != 1 for t in steps)):
+            found = None
         elif isinstance(inner, int):
             k = [a % rank for a in axes].index(axis)
             lo, hi = (min(max(v + inner if v < 0 else v, 0), inner) for v in (starts[k], ends[k]))
@@ -315,7 +315,8 @@ def _rest_of(data: ir.Value, target: list, opsets, depth: int, memo: dict):
 def minus_one_kept(elements: list, versus: list, fills: list) -> list | None:
     """torch's ``expand(-1, ...)``, ``Where(Equal(t, c), fill, t)`` with constants c and fill, on t's
     ``elements`` (ints and DimRefs): element i is fill[i] where t[i] == c[i], else t[i]. A dimension read
-    from a shape is never negative, so against a negative c[i] it is kept; None where not decided."""
+    from a shape is never negative, so against a negative c[i] it is kept (an unknown one, None, stays
+    unknown); None where not decided."""
     versus = versus * len(elements) if len(versus) == 1 else versus
     fills = fills * len(elements) if len(fills) == 1 else fills
     if len(versus) != len(elements) or len(fills) != len(elements):
@@ -346,10 +347,61 @@ def expand_target(value: ir.Value | None, opsets=None) -> list | None:
     eq = cond.producer()
     if eq is None or eq.op_type != "Equal" or eq.domain not in ("", "ai.onnx") or eq.inputs[0] is not t:
         return None
-    versus, fills, inner = _const_ints(eq.inputs[1]), _const_ints(fill), shape_elements(t)
-    if versus is None or fills is None or inner is None:
+    flat = t.producer()
+    if flat is not None and flat.op_type == "Reshape" and _const_ints(flat.inputs[1]) == [-1]:
+        flat = flat.inputs[0]  # (transformers 4.57's mask flattens the Concat: Reshape(t, [-1]))
+    else:
+        flat = t
+    inner = _parts(flat, opsets)
+    if inner is None:
+        return None
+    versus, fills = (_filled(v, t, len(inner)) for v in (eq.inputs[1], fill))
+    if versus is None or fills is None:
         return None
     return minus_one_kept(inner, versus, fills)
+
+
+def _parts(value: ir.Value, opsets) -> list | None:
+    """``shape_elements``' reading of a shape vector, or, for a Concat of parts of known lengths, each part's
+    with None for the elements of a part it cannot read (a kv export's past + new length, an Add of scalars);
+    None where neither says how many elements there are."""
+    elements = shape_elements(value)
+    node = value.producer()
+    if elements is not None or node is None or node.op_type != "Concat" or node.domain not in ("", "ai.onnx"):
+        return elements
+    out = []
+    for v in node.inputs:
+        part = shape_elements(v)
+        if part is None:
+            shape = infer(v, opsets) if opsets is not None else None
+            if shape is None or len(shape) != 1 or not isinstance(shape[0], int):
+                return None
+            part = [None] * shape[0]
+        out.extend(part)
+    return out
+
+
+def _filled(value: ir.Value, like: ir.Value, n: int, depth: int = 0) -> list[int] | None:
+    """The ``n`` ints of a vector the size of ``like``: a constant, ``ConstantOfShape(Shape(like))`` (torch's
+    ``expand(-1, ...)`` as transformers 4.57's mask writes it: ``Equal(t, ConstantOfShape(Shape(t)) * -1)``),
+    or a Mul of such; None otherwise."""
+    got = _const_ints(value)
+    if got is not None or depth > 4:
+        return got * n if got is not None and len(got) == 1 else got
+    node = value.producer()
+    if node is None or node.domain not in ("", "ai.onnx"):
+        return None
+    if node.op_type == "ConstantOfShape":
+        shape = node.inputs[0].producer()
+        fill = node.attributes.get("value")
+        of = fill.value.numpy().reshape(-1) if fill is not None else np.zeros(1, np.float32)
+        if shape is None or shape.op_type != "Shape" or shape.inputs[0] is not like or of.dtype.kind not in "iu":
+            return None
+        return [int(of[0])] * n
+    if node.op_type == "Mul" and len(node.inputs) == 2:
+        a, c = (_filled(v, like, n, depth + 1) for v in node.inputs)
+        return None if a is None or c is None or len(a) != n or len(c) != n else [x * y for x, y in zip(a, c)]
+    return None
 
 
 def _const_ints(value: ir.Value | None) -> list[int] | None:

@@ -46,7 +46,7 @@ import onnx_ir as ir
 from onnxopt.core.pattern import ANY, Absorbed, Explain, Match, Op, Or, Repeat, Rule, Var
 from onnxopt.ir.shapes import infer, same_dim, same_symbol
 from onnxopt.ir.util import constant_tensor
-from onnxopt.rules._attention_parts import (MAX_VIEWS, MS, attention_output, dims_of, head_norm, head_split,
+from onnxopt.rules._attention_parts import (MAX_VIEWS, MS, attention_output, dim_through, dims_of, head_norm, head_split,
                                             layout_step, masked_scores, one_reader, prime_shapes,
                                             scaled_dot_product, softmax, view_step)
 from onnxopt.rules._head_layouts import (Layouts, NoFit, ancestors, apply_view, dtype_through, finite_mask, group_of_dim,
@@ -338,6 +338,10 @@ def _mask_dims(m: Match, ctx: Layouts, mask: ir.Value, t_of: ir.Value, t_axis: i
             dims = dims_of(mask, m.opsets)
     if dims is None or len(dims) != 4:
         return "the mask is not of rank 4"
+    if dims[1] != 1 and dim_through(mask, 1, m.opsets) == 1:
+        # (read through what made it: transformers 4.57's sdpa mask, a Slice of the keys of an Expand of
+        # And([1, 1, S, T], padding [B, 1, 1, T]) to Where(Equal([B, -1, S, T], -1), 1, .), inferred [None]*4)
+        dims = [dims[0], 1, *dims[2:]]
     if dims[1] != 1:
         return "the mask differs by head"
     if isinstance(dims[0], int) and dims[0] not in (1, ctx.size("B")):
