@@ -199,17 +199,19 @@ def _traced_dim(value: ir.Value, axis: int, rank: int, opsets, depth: int, memo:
         target = _const_ints(ins[1])
         if target is None:  # (a computed target: transformers' view(*input_shape, -1, head_dim))
             prime_shapes(ins[1], opsets)
-            target = shape_elements(ins[1])
+            target = _parts(ins[1], opsets)  # (None for an element it cannot read: kv heads * n_rep)
         zero_copies = node.attributes.get("allowzero") is None or node.attributes["allowzero"].value == 0
         if target is not None and len(target) == rank:
             t = target[axis]
-            if isinstance(t, tuple):
+            if t is None:
+                found = None
+            elif isinstance(t, tuple):
                 found = dim_through(t[1], t[2], opsets, depth + 1, memo)
             elif t > 0:
                 found = t
             elif t == 0 and zero_copies:
                 found = dim_through(ins[0], axis, opsets, depth + 1, memo)
-            if t == -1 and zero_copies and target.count(-1) == 1:
+            if t == -1 and zero_copies and target.count(-1) == 1 and None not in target:
                 found = _rest_of(ins[0], target, opsets, depth, memo)
     elif op == "Concat":
         c_axis = node.attributes["axis"].value % rank
@@ -376,9 +378,40 @@ def _parts(value: ir.Value, opsets) -> list | None:
             shape = infer(v, opsets) if opsets is not None else None
             if shape is None or len(shape) != 1 or not isinstance(shape[0], int):
                 return None
-            part = [None] * shape[0]
+            part = [_int_of(v, opsets)] if shape[0] == 1 else [None] * shape[0]
         out.extend(part)
     return out
+
+
+_INT_OPS = {"Add": lambda a, c: a + c, "Sub": lambda a, c: a - c, "Mul": lambda a, c: a * c,
+            "Div": lambda a, c: int(a / c) if c else None}  # (onnx's integer Div truncates toward zero)
+
+
+def _int_of(value: ir.Value | None, opsets, depth: int = 0) -> int | None:
+    """A one-element shape computation as a number: integer Add/Sub/Mul/Div of constants and of dimensions
+    ``dim_through`` knows as numbers (read through Shape/Gather, Unsqueeze, Squeeze, Cast); None otherwise."""
+    if value is None or depth > 8:
+        return None
+    got = _const_ints(value)
+    if got is not None:
+        return got[0] if len(got) == 1 else None
+    element = scalar_element(value)
+    if element is None:
+        elements = shape_elements(value)
+        element = elements[0] if elements is not None and len(elements) == 1 else None
+    if isinstance(element, tuple):
+        element = dim_through(element[1], element[2], opsets)
+    if isinstance(element, int):
+        return element
+    node = value.producer()
+    if node is None or node.domain not in ("", "ai.onnx"):
+        return None
+    if node.op_type in ("Unsqueeze", "Squeeze", "Cast", "Identity"):
+        return _int_of(node.inputs[0], opsets, depth + 1)
+    if node.op_type in _INT_OPS and len(node.inputs) == 2:
+        a, c = (_int_of(v, opsets, depth + 1) for v in node.inputs)
+        return None if a is None or c is None else _INT_OPS[node.op_type](a, c)
+    return None
 
 
 def _filled(value: ir.Value, like: ir.Value, n: int, depth: int = 0) -> list[int] | None:
