@@ -174,7 +174,8 @@ def _traced_dim(value: ir.Value, axis: int, rank: int, opsets, depth: int, memo:
     op, ins = node.op_type, node.inputs
     found = None
     if node.domain == MS:
-        found = dim_through(ins[0], axis, opsets, depth + 1, memo) if op in SAME_SHAPE else None
+        same = op in SAME_SHAPE or op == "RotaryEmbedding"  # (its output has its input's shape)
+        found = dim_through(ins[0], axis, opsets, depth + 1, memo) if same else None
     elif node.domain not in ("", "ai.onnx"):
         found = None
     elif op in _SAME:
