@@ -323,10 +323,12 @@ def _reads(value: ir.Value | None, wanted: set, limit: int = 400) -> bool:
 
 
 def _key_slice(m: Match, mask: ir.Value, caches: set):
-    """(Slice, Where or None) where the mask reads the cache only for the keys' length: ``[Where(]Slice(x, 0,
-    end, [-1|3])[, a, b)]`` (a, b constants; transformers 4.57's ``causal_mask[:, :, :, :key.shape[-2]]``),
-    ``end`` a dimension proven the cache Concat's sequence one and ``x`` not reading the cache: the rewrite
-    slices to its own T (the present the op writes cannot feed its own mask). Else the reason."""
+    """(Slice, Where or None) where the mask reads the keys (``caches``: the cache Concats, or the keys'
+    projection without a cache) only for their length: ``[Where(]Slice(x, 0, end, [-1|3])[, a, b)]`` (a, b
+    constants; transformers 4.57's ``causal_mask[:, :, :, :key.shape[-2]]``), ``end`` a dimension proven the
+    keys' length (the cache Concat's sequence dimension, or the projection's) and ``x`` not reading them: the
+    rewrite slices to its own T (the present the op writes cannot feed its own mask, and the keys it absorbs
+    need not stay for a Shape). Else the reason."""
     reason = "the mask reads the cache (the present the op writes would feed its own mask)"
     node, where = mask.producer(), None
     if node is not None and node.op_type == "Where" and node.domain in ("", "ai.onnx") \
@@ -343,7 +345,8 @@ def _key_slice(m: Match, mask: ir.Value, caches: set):
         return reason
     prime_shapes(ins[2], m.opsets)
     end = shape_elements(ins[2])
-    keys = dim_through(m.node("k_cat").outputs[0], 2, m.opsets)
+    cat = m.node("k_cat")
+    keys = dim_through(cat.outputs[0], 2, m.opsets) if cat is not None else dim_through(m["xk"], 1, m.opsets)
     if end is None or len(end) != 1 or not isinstance(end[0], tuple) or _reads(ins[0], caches) \
             or str(dim_through(end[0][1], end[0][2], m.opsets)) != str(keys) \
             or keys is None or str(keys).startswith("unk__") or getattr(keys, "value", keys) is None:
@@ -486,12 +489,16 @@ def gqa_condition(m: Match):
             return found
         proven, unexpanded = found
         expand = not proven
-        caches = {m.node("k_cat").outputs[0], m.node("v_cat").outputs[0]} if cached else set()
-        if cached and _reads(mask, caches):
-            key_slice = _key_slice(m, mask, caches) if unexpanded is None else \
+        # the keys' length read from the keys (transformers 4.57): from the cache, a cycle once the present is
+        # the op's (refused unless rebuilt); without one, what the op absorbs kept alive for a Shape (rebuilt)
+        keys = {m.node("k_cat").outputs[0], m.node("v_cat").outputs[0]} if cached else {m["xk"]}
+        if _reads(mask, keys):
+            key_slice = _key_slice(m, mask, keys) if unexpanded is None else \
                 "the mask reads the cache (the present the op writes would feed its own mask)"
             if isinstance(key_slice, str):
-                return key_slice
+                if cached:
+                    return key_slice
+                key_slice = None
         if expand and m.opset("") < 15:
             return "the mask's shape is not proven [.., S, T] (opset < 15: no Shape start/end to expand it)"
     for p in ("q", "k"):
