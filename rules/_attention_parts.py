@@ -125,7 +125,7 @@ def prime_shapes(value: ir.Value | None, opsets, depth: int = 0) -> None:
 
 _UNKNOWN = "unk__"  # (how onnx's inference names a dimension it tied to nothing)
 _SAME = ("Neg", "Cast", "Identity", "Relu", "Sqrt", "Reciprocal", "Cos", "Sin", "Erf", "Tanh", "Sigmoid", "Softmax")
-_BROADCAST = ("Add", "Sub", "Mul", "Div", "Pow", "Where")
+_BROADCAST = ("Add", "Sub", "Mul", "Div", "Pow", "Where", "And", "Or")
 
 
 def rank_of(value: ir.Value, opsets) -> int | None:
@@ -149,7 +149,7 @@ def dim_through(value: ir.Value | None, axis: int, opsets, depth: int = 0, memo:
     axis %= rank
     shape = infer(value, opsets)
     d = shape[axis] if shape is not None else None
-    if isinstance(d, int) or (d is not None and not str(d).startswith(_UNKNOWN)) or depth > 32:
+    if _known_dim(d) or depth > 32:
         return d
     memo = {} if memo is None else memo
     if (id(value), axis) not in memo:
@@ -160,7 +160,9 @@ def dim_through(value: ir.Value | None, axis: int, opsets, depth: int = 0, memo:
 
 
 def _known_dim(d) -> bool:
-    return isinstance(d, int) or (d is not None and not str(d).startswith(_UNKNOWN))
+    """d is a number or a named symbol (not onnx's unknown ``unk__N``, nor a symbol without a name)."""
+    return isinstance(d, int) or (d is not None and getattr(d, "value", d) is not None
+                                  and not str(d).startswith(_UNKNOWN))
 
 
 def _traced_dim(value: ir.Value, axis: int, rank: int, opsets, depth: int, memo: dict):
@@ -172,7 +174,8 @@ def _traced_dim(value: ir.Value, axis: int, rank: int, opsets, depth: int, memo:
     op, ins = node.op_type, node.inputs
     found = None
     if node.domain == MS:
-        found = dim_through(ins[0], axis, opsets, depth + 1, memo) if op in SAME_SHAPE else None
+        same = op in SAME_SHAPE or op == "RotaryEmbedding"  # (its output has its input's shape)
+        found = dim_through(ins[0], axis, opsets, depth + 1, memo) if same else None
     elif node.domain not in ("", "ai.onnx"):
         found = None
     elif op in _SAME:
@@ -185,31 +188,63 @@ def _traced_dim(value: ir.Value, axis: int, rank: int, opsets, depth: int, memo:
         starts, ends, axes = (_const_ints(ins[k]) for k in (1, 2, 3))
         steps = _const_ints(ins[4]) if len(ins) > 4 and ins[4] is not None else None
         inner = dim_through(ins[0], axis, opsets, depth + 1, memo)
-        if None in (starts, ends, axes) or (steps is not None and any(t != 1 for t in steps)):
-            found = None
-        elif axis not in [a % rank for a in axes]:
+        if axes is not None and axis not in [a % rank for a in axes]:  # (another axis's bounds: any)
             found = inner
+        elif None in (starts, ends, axes) or (steps is not None and any(t != 1 for t in steps)):
+            found = None
         elif isinstance(inner, int):
             k = [a % rank for a in axes].index(axis)
             lo, hi = (min(max(v + inner if v < 0 else v, 0), inner) for v in (starts[k], ends[k]))
             found = max(hi - lo, 0)
     elif op == "Reshape" and len(ins) > 1:
         target = _const_ints(ins[1])
+        if target is None:  # (a computed target: transformers' view(*input_shape, -1, head_dim))
+            prime_shapes(ins[1], opsets)
+            target = _parts(ins[1], opsets)  # (None for an element it cannot read: kv heads * n_rep)
         zero_copies = node.attributes.get("allowzero") is None or node.attributes["allowzero"].value == 0
         if target is not None and len(target) == rank:
             t = target[axis]
-            if t > 0:
+            if t is None:
+                found = None
+            elif isinstance(t, tuple):
+                found = dim_through(t[1], t[2], opsets, depth + 1, memo)
+            elif t > 0:
                 found = t
             elif t == 0 and zero_copies:
                 found = dim_through(ins[0], axis, opsets, depth + 1, memo)
-            if t == -1 and zero_copies and target.count(-1) == 1:  # (what the others leave; copied ones cancel)
-                in_rank = rank_of(ins[0], opsets)
-                copied = {i for i, e in enumerate(target) if e == 0}
-                rest = [dim_through(ins[0], i, opsets, depth + 1, memo) for i in range(in_rank or 0) if i not in copied]
-                out = int(np.prod([e for e in target if e > 0]))
-                if in_rank is not None and max(copied, default=-1) < in_rank and out > 0 \
-                        and all(isinstance(e, int) for e in rest) and int(np.prod(rest)) % out == 0:
-                    found = int(np.prod(rest)) // out
+            if t == -1 and zero_copies and target.count(-1) == 1 and None not in target:
+                found = _rest_of(ins[0], target, opsets, depth, memo)
+    elif op == "Concat":
+        c_axis = node.attributes["axis"].value % rank
+        parts = [dim_through(v, axis, opsets, depth + 1, memo) for v in ins]
+        if axis != c_axis:  # (equal in every operand: the first one known)
+            found = next((d for d in parts if _known_dim(d)), None)
+        elif all(isinstance(d, int) for d in parts):
+            found = sum(parts)
+    elif op in ("Unsqueeze", "Squeeze"):
+        axes = _const_ints(ins[1]) if len(ins) > 1 and ins[1] is not None else \
+            (list(node.attributes["axes"].value) if node.attributes.get("axes") is not None else None)
+        in_rank = rank_of(ins[0], opsets)
+        if axes is not None and in_rank is not None:
+            if op == "Unsqueeze":
+                axes = sorted(a % rank for a in axes)
+                kept = [k for k in range(rank) if k not in axes]
+                found = 1 if axis in axes else dim_through(ins[0], kept.index(axis), opsets, depth + 1, memo)
+            else:
+                axes = [a % in_rank for a in axes]
+                kept = [k for k in range(in_rank) if k not in axes]
+                found = dim_through(ins[0], kept[axis], opsets, depth + 1, memo) if len(kept) == rank else None
+    elif op == "Expand" and len(ins) > 1:
+        target = expand_target(ins[1], opsets)
+        in_rank = rank_of(ins[0], opsets)
+        if target is not None and in_rank is not None and len(target) <= rank and in_rank <= rank:
+            k_in, k_t = axis - (rank - in_rank), axis - (rank - len(target))
+            e = dim_through(ins[0], k_in, opsets, depth + 1, memo) if k_in >= 0 else 1
+            t = target[k_t] if k_t >= 0 else 1
+            t = dim_through(t[1], t[2], opsets, depth + 1, memo) if isinstance(t, tuple) else t
+            if isinstance(t, int) and t < 0:
+                t = None
+            found = t if e == 1 else e if t == 1 else e if _known_dim(e) and str(e) == str(t) else None
     elif op in _BROADCAST:  # (the dimension of an operand that is not 1, or 1 where every operand's is)
         seen = []
         for v in ins:
@@ -250,6 +285,157 @@ def _traced_dim(value: ir.Value, axis: int, rank: int, opsets, depth: int, memo:
             found = dim_through(ins[1], axis, opsets, depth + 1, memo) if axis < i_rank else \
                 dim_through(ins[0], axis - i_rank + 1, opsets, depth + 1, memo)
     return found
+
+
+def _rest_of(data: ir.Value, target: list, opsets, depth: int, memo: dict):
+    """The -1 of a Reshape's ``target`` (ints and DimRefs): ``data``'s size over the target's other
+    elements, their dimensions (a DimRef's, or ``data``'s own copied by a 0) cancelling ``data``'s symbols;
+    None where they do not cancel or the division leaves a remainder."""
+    in_rank = rank_of(data, opsets)
+    if in_rank is None:
+        return None
+    copied = {i for i, e in enumerate(target) if isinstance(e, int) and e == 0}
+    if max(copied, default=-1) >= in_rank:
+        return None
+    num = [dim_through(data, i, opsets, depth + 1, memo) for i in range(in_rank) if i not in copied]
+    den = [dim_through(e[1], e[2], opsets, depth + 1, memo) if isinstance(e, tuple) else e
+           for e in target if isinstance(e, tuple) or e > 0]
+    if not all(_known_dim(d) for d in num + den):
+        return None
+    symbols = [str(d) for d in num if not isinstance(d, int)]
+    for d in den:
+        if not isinstance(d, int):
+            if str(d) not in symbols:
+                return None
+            symbols.remove(str(d))
+    if symbols:
+        return None
+    top = int(np.prod([d for d in num if isinstance(d, int)]))
+    bottom = int(np.prod([d for d in den if isinstance(d, int)]))
+    return top // bottom if bottom > 0 and top % bottom == 0 else None
+
+
+def minus_one_kept(elements: list, versus: list, fills: list) -> list | None:
+    """torch's ``expand(-1, ...)``, ``Where(Equal(t, c), fill, t)`` with constants c and fill, on t's
+    ``elements`` (ints and DimRefs): element i is fill[i] where t[i] == c[i], else t[i]. A dimension read
+    from a shape is never negative, so against a negative c[i] it is kept (an unknown one, None, stays
+    unknown); None where not decided."""
+    versus = versus * len(elements) if len(versus) == 1 else versus
+    fills = fills * len(elements) if len(fills) == 1 else fills
+    if len(versus) != len(elements) or len(fills) != len(elements):
+        return None
+    out = []
+    for e, c, f in zip(elements, versus, fills):
+        if isinstance(e, int):
+            out.append(int(f) if e == c else e)
+        elif c < 0:
+            out.append(e)
+        else:
+            return None
+    return out
+
+
+def expand_target(value: ir.Value | None, opsets=None) -> list | None:
+    """An Expand's target as ``shape_elements`` reads it (ints and DimRefs), also through torch's
+    ``expand(-1, ...)`` (``minus_one_kept``); None where it is computed otherwise."""
+    if value is None:
+        return None
+    if opsets is not None:
+        prime_shapes(value, opsets)
+    elements = shape_elements(value)
+    node = value.producer() if elements is None else None
+    if node is None or node.op_type != "Where" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 3:
+        return elements
+    cond, fill, t = node.inputs
+    eq = cond.producer()
+    if eq is None or eq.op_type != "Equal" or eq.domain not in ("", "ai.onnx") or eq.inputs[0] is not t:
+        return None
+    flat = t.producer()
+    if flat is not None and flat.op_type == "Reshape" and _const_ints(flat.inputs[1]) == [-1]:
+        flat = flat.inputs[0]  # (transformers 4.57's mask flattens the Concat: Reshape(t, [-1]))
+    else:
+        flat = t
+    inner = _parts(flat, opsets)
+    if inner is None:
+        return None
+    versus, fills = (_filled(v, t, len(inner)) for v in (eq.inputs[1], fill))
+    if versus is None or fills is None:
+        return None
+    return minus_one_kept(inner, versus, fills)
+
+
+def _parts(value: ir.Value, opsets) -> list | None:
+    """``shape_elements``' reading of a shape vector, or, for a Concat of parts of known lengths, each part's
+    with None for the elements of a part it cannot read (a kv export's past + new length, an Add of scalars);
+    None where neither says how many elements there are."""
+    elements = shape_elements(value)
+    node = value.producer()
+    if elements is not None or node is None or node.op_type != "Concat" or node.domain not in ("", "ai.onnx"):
+        return elements
+    out = []
+    for v in node.inputs:
+        part = shape_elements(v)
+        if part is None:
+            shape = infer(v, opsets) if opsets is not None else None
+            if shape is None or len(shape) != 1 or not isinstance(shape[0], int):
+                return None
+            part = [_int_of(v, opsets)] if shape[0] == 1 else [None] * shape[0]
+        out.extend(part)
+    return out
+
+
+_INT_OPS = {"Add": lambda a, c: a + c, "Sub": lambda a, c: a - c, "Mul": lambda a, c: a * c,
+            "Div": lambda a, c: int(a / c) if c else None}  # (onnx's integer Div truncates toward zero)
+
+
+def _int_of(value: ir.Value | None, opsets, depth: int = 0) -> int | None:
+    """A one-element shape computation as a number: integer Add/Sub/Mul/Div of constants and of dimensions
+    ``dim_through`` knows as numbers (read through Shape/Gather, Unsqueeze, Squeeze, Cast); None otherwise."""
+    if value is None or depth > 8:
+        return None
+    got = _const_ints(value)
+    if got is not None:
+        return got[0] if len(got) == 1 else None
+    element = scalar_element(value)
+    if element is None:
+        elements = shape_elements(value)
+        element = elements[0] if elements is not None and len(elements) == 1 else None
+    if isinstance(element, tuple):
+        element = dim_through(element[1], element[2], opsets)
+    if isinstance(element, int):
+        return element
+    node = value.producer()
+    if node is None or node.domain not in ("", "ai.onnx"):
+        return None
+    if node.op_type in ("Unsqueeze", "Squeeze", "Cast", "Identity"):
+        return _int_of(node.inputs[0], opsets, depth + 1)
+    if node.op_type in _INT_OPS and len(node.inputs) == 2:
+        a, c = (_int_of(v, opsets, depth + 1) for v in node.inputs)
+        return None if a is None or c is None else _INT_OPS[node.op_type](a, c)
+    return None
+
+
+def _filled(value: ir.Value, like: ir.Value, n: int, depth: int = 0) -> list[int] | None:
+    """The ``n`` ints of a vector the size of ``like``: a constant, ``ConstantOfShape(Shape(like))`` (torch's
+    ``expand(-1, ...)`` as transformers 4.57's mask writes it: ``Equal(t, ConstantOfShape(Shape(t)) * -1)``),
+    or a Mul of such; None otherwise."""
+    got = _const_ints(value)
+    if got is not None or depth > 4:
+        return got * n if got is not None and len(got) == 1 else got
+    node = value.producer()
+    if node is None or node.domain not in ("", "ai.onnx"):
+        return None
+    if node.op_type == "ConstantOfShape":
+        shape = node.inputs[0].producer()
+        fill = node.attributes.get("value")
+        of = fill.value.numpy().reshape(-1) if fill is not None else np.zeros(1, np.float32)
+        if shape is None or shape.op_type != "Shape" or shape.inputs[0] is not like or of.dtype.kind not in "iu":
+            return None
+        return [int(of[0])] * n
+    if node.op_type == "Mul" and len(node.inputs) == 2:
+        a, c = (_filled(v, like, n, depth + 1) for v in node.inputs)
+        return None if a is None or c is None or len(a) != n or len(c) != n else [x * y for x, y in zip(a, c)]
+    return None
 
 
 def _const_ints(value: ir.Value | None) -> list[int] | None:

@@ -21,7 +21,8 @@ from onnxopt.core.pattern import Match
 from onnxopt.ir.shapes import infer, scalar_element, shape_elements
 from onnxopt.ir.util import constant_tensor
 
-from onnxopt.rules._attention_parts import MS, SAME_SHAPE, dim_through, dims_of, float_scalar, is_scale, prime_shapes
+from onnxopt.rules._attention_parts import (MS, SAME_SHAPE, dim_through, dims_of, float_scalar, is_scale,
+                                           minus_one_kept, prime_shapes)
 from onnxopt.rules._semantic import reduce_max, squeeze, unrepresentable
 
 
@@ -186,20 +187,7 @@ def _minus_one_replaced(ctx: Layouts, node: ir.Node) -> list | None:
     elements = target_elements(ctx, t)
     if versus is None or elements is None:
         return None
-    cs, fs = versus.numpy().reshape(-1).tolist(), fills.numpy().reshape(-1).tolist()
-    cs = cs * len(elements) if len(cs) == 1 else cs
-    fs = fs * len(elements) if len(fs) == 1 else fs
-    if len(cs) != len(elements) or len(fs) != len(elements):
-        return None
-    out = []
-    for e, c, f in zip(elements, cs, fs):
-        if isinstance(e, int):
-            out.append(int(f) if e == c else e)
-        elif c < 0:
-            out.append(e)
-        else:
-            return None
-    return out
+    return minus_one_kept(elements, versus.numpy().reshape(-1).tolist(), fills.numpy().reshape(-1).tolist())
 
 
 def reshape_layout(ctx: Layouts, layout: list[tuple], node: ir.Node) -> list[tuple]:

@@ -34,6 +34,8 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from onnxopt.rules._attention_parts import dim_through
+
 LONG = 131072
 SHORT_LONG = 2048
 PREFILL_LONG = 4096
@@ -90,6 +92,7 @@ class _Probe:
 
     def __init__(self, m, mask: ir.Value, attention_mask: ir.Value, ids: ir.Value | None, past: ir.Value | None):
         self.mask, self.am, self.ids, self.past = mask, attention_mask, ids, past
+        self.opsets = m.opsets
         self.reason: str | None = None
         found = _subgraph(m.graph, mask)
         if isinstance(found, str):
@@ -158,11 +161,16 @@ class _Probe:
 
         def dims(v: ir.Value) -> list[int]:
             out = []
-            for d in v.shape.dims:
+            for i, d in enumerate(v.shape.dims):
+                if not isinstance(d, int) and not any(_same(d, e) for e in self.dims.values()):
+                    d = dim_through(v, i, self.opsets)  # (recorded as onnx's unknown: read through its makers)
                 if isinstance(d, int):
                     out.append(d)
-                else:
-                    out.append(next(size[k] for k, e in self.dims.items() if _same(d, e)))
+                    continue
+                got = next((size[k] for k, e in self.dims.items() if _same(d, e)), None)
+                if got is None:
+                    raise ValueError(f"the mask reads dimension {i} of {v.name!r}, not one the probe sizes")
+                out.append(got)
             return out
 
         feeds = {}
@@ -284,7 +292,7 @@ def _answer(m, mask, attention_mask, ids, past, dtype) -> dict | str:
                 return f"the mask is not causal with the attention mask's padding" \
                        f"{f' and a window of {window}' if window else ''} ({what})"
     except Exception as exc:  # noqa: BLE001 - onnxruntime's answer on the probe is the reason
-        return f"the mask's computation fails on a probe ({str(exc).splitlines()[0][:120]})"
+        return f"the mask's computation fails on a probe ({(str(exc).splitlines() or [type(exc).__name__])[0][:120]})"
     return {"window": window, "checked_keys": n}
 
 

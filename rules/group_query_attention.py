@@ -44,9 +44,9 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxopt.core.pattern import ANY, Absorbed, Explain, Match, Op, Or, Repeat, Rule, Var
-from onnxopt.ir.shapes import infer, same_dim, same_symbol
+from onnxopt.ir.shapes import infer, same_dim, same_symbol, shape_elements
 from onnxopt.ir.util import constant_tensor
-from onnxopt.rules._attention_parts import (MAX_VIEWS, MS, attention_output, dims_of, head_norm, head_split,
+from onnxopt.rules._attention_parts import (MAX_VIEWS, MS, attention_output, dim_through, dims_of, head_norm, head_split,
                                             layout_step, masked_scores, one_reader, prime_shapes,
                                             scaled_dot_product, softmax, view_step)
 from onnxopt.rules._head_layouts import (Layouts, NoFit, ancestors, apply_view, dtype_through, finite_mask, group_of_dim,
@@ -306,6 +306,54 @@ def _unexpanded(m: Match, mask: ir.Value) -> tuple[ir.Value, ir.Node | None]:
     return mask, None
 
 
+def _reads(value: ir.Value | None, wanted: set, limit: int = 400) -> bool:
+    """value is computed from one of ``wanted`` (a walk up the producers, at most ``limit`` values)."""
+    todo, seen = [value], set()
+    while todo and len(seen) < limit:
+        v = todo.pop()
+        if v is None or id(v) in seen:
+            continue
+        if v in wanted:
+            return True
+        seen.add(id(v))
+        node = v.producer()
+        if node is not None:
+            todo.extend(node.inputs)
+    return bool(todo)  # (not walked to the end: assumed to read it)
+
+
+def _key_slice(m: Match, mask: ir.Value, caches: set):
+    """(Slice, Where or None) where the mask reads the keys (``caches``: the cache Concats, or the keys'
+    projection without a cache) only for their length: ``[Where(]Slice(x, 0, end, [-1|3])[, a, b)]`` (a, b
+    constants; transformers 4.57's ``causal_mask[:, :, :, :key.shape[-2]]``), ``end`` a dimension proven the
+    keys' length (the cache Concat's sequence dimension, or the projection's) and ``x`` not reading them: the
+    rewrite slices to its own T (the present the op writes cannot feed its own mask, and the keys it absorbs
+    need not stay for a Shape). Else the reason."""
+    reason = "the mask reads the cache (the present the op writes would feed its own mask)"
+    node, where = mask.producer(), None
+    if node is not None and node.op_type == "Where" and node.domain in ("", "ai.onnx") \
+            and all(constant_tensor(v) is not None for v in node.inputs[1:]):
+        node, where = node.inputs[0].producer(), node
+    if node is None or node.op_type != "Slice" or node.domain not in ("", "ai.onnx") or len(node.inputs) < 4:
+        return reason
+    ins = list(node.inputs) + [None] * (5 - len(node.inputs))
+    starts, axes = (constant_tensor(v) if v is not None else None for v in (ins[1], ins[3]))
+    steps = constant_tensor(ins[4]) if ins[4] is not None else None
+    if starts is None or axes is None or starts.numpy().reshape(-1).tolist() != [0] \
+            or axes.numpy().reshape(-1).tolist() not in ([3], [-1]) \
+            or (ins[4] is not None and (steps is None or steps.numpy().reshape(-1).tolist() != [1])):
+        return reason
+    prime_shapes(ins[2], m.opsets)
+    end = shape_elements(ins[2])
+    cat = m.node("k_cat")
+    keys = dim_through(cat.outputs[0], 2, m.opsets) if cat is not None else dim_through(m["xk"], 1, m.opsets)
+    if end is None or len(end) != 1 or not isinstance(end[0], tuple) or _reads(ins[0], caches) \
+            or str(dim_through(end[0][1], end[0][2], m.opsets)) != str(keys) \
+            or keys is None or str(keys).startswith("unk__") or getattr(keys, "value", keys) is None:
+        return reason
+    return node, where
+
+
 def _keys_length(m: Match, ctx: Layouts, a, c):
     """past + new, read from a past's sequence dimension and the new tokens' (dynamo's ``sym_size`` sum), is
     the keys' length T: the cache Concat's sequence dimension."""
@@ -338,6 +386,10 @@ def _mask_dims(m: Match, ctx: Layouts, mask: ir.Value, t_of: ir.Value, t_axis: i
             dims = dims_of(mask, m.opsets)
     if dims is None or len(dims) != 4:
         return "the mask is not of rank 4"
+    if dims[1] != 1 and dim_through(mask, 1, m.opsets) == 1:
+        # (read through what made it: transformers 4.57's sdpa mask, a Slice of the keys of an Expand of
+        # And([1, 1, S, T], padding [B, 1, 1, T]) to Where(Equal([B, -1, S, T], -1), 1, .), inferred [None]*4)
+        dims = [dims[0], 1, *dims[2:]]
     if dims[1] != 1:
         return "the mask differs by head"
     if isinstance(dims[0], int) and dims[0] not in (1, ctx.size("B")):
@@ -427,7 +479,7 @@ def gqa_condition(m: Match):
         return f"no GroupQueryAttention kernel for {dtype.name.lower()} on {target}"
     if reason := scale_refusal(scale, dtype):
         return reason
-    expand, unexpanded = None, None
+    expand, unexpanded, key_slice = None, None, None
     if mask is not None and grouped and ctx.size("S") != 1 and ctx.size("R") not in (None, 1):
         return "the query heads are rows of one matrix per key head and the mask is not proven one row (S != 1)"
     if mask is not None:
@@ -437,6 +489,16 @@ def gqa_condition(m: Match):
             return found
         proven, unexpanded = found
         expand = not proven
+        # the keys' length read from the keys (transformers 4.57): from the cache, a cycle once the present is
+        # the op's (refused unless rebuilt); without one, what the op absorbs kept alive for a Shape (rebuilt)
+        keys = {m.node("k_cat").outputs[0], m.node("v_cat").outputs[0]} if cached else {m["xk"]}
+        if _reads(mask, keys):
+            key_slice = _key_slice(m, mask, keys) if unexpanded is None else \
+                "the mask reads the cache (the present the op writes would feed its own mask)"
+            if isinstance(key_slice, str):
+                if cached:
+                    return key_slice
+                key_slice = None
         if expand and m.opset("") < 15:
             return "the mask's shape is not proven [.., S, T] (opset < 15: no Shape start/end to expand it)"
     for p in ("q", "k"):
@@ -463,7 +525,7 @@ def gqa_condition(m: Match):
     return {"lengths": lengths, "length_input": length_input, "new_input": new_input, "xq": xq, "xk": m["xk"], "xv": m["xv"], "dtype": dtype, "scale": scale, "mask": mask,
             "expand": expand, "keep_guard": guarded and mask is not None and not finite_mask(mask),
             "num_heads": ctx.size("G") * (ctx.size("R") or 1), "kv_heads": ctx.size("G"), "head": ctx.size("D"),
-            "cached": cached, "softcap": softcap, "unexpanded": unexpanded, "sizes": {a: ctx.size(a) for a in ("B", "S")}}
+            "cached": cached, "softcap": softcap, "unexpanded": unexpanded, "key_slice": key_slice, "sizes": {a: ctx.size(a) for a in ("B", "S")}}
 
 
 def _lengths_form(m: Match, mask: ir.Value | None, new_input: ir.Value | None, dtype: ir.DataType) -> dict | str:
@@ -578,6 +640,13 @@ def _bias(m: Match, b, new: ir.Value, total: ir.Value) -> tuple[ir.Value | None,
     mask = m.plan["mask"]
     if mask is None:
         return None, None
+    if m.plan["key_slice"] is not None:  # (sliced to the op's own T: not the cache's, which the op writes)
+        cut, where = m.plan["key_slice"]
+        mask = b.op("Slice", cut.inputs[0], cut.inputs[1], total, *cut.inputs[3:])
+        mask.type, mask.shape = cut.outputs[0].type, cut.outputs[0].shape
+        if where is not None:
+            mask = b.op("Where", mask, *where.inputs[1:])
+            mask.type, mask.shape = where.outputs[0].type, where.outputs[0].shape
     if m.plan["unexpanded"] is not None:
         inner, where = m.plan["unexpanded"]
         if where is not None:

@@ -287,7 +287,8 @@ def _condition(m: Match):
         return f"the model imports opset {m.opset('')}: the row index needs Shape's start/end (opset 15)"
     q, dims, rot = found["q"], found["dims"], found["rot"]
     if rot != dims[3] and not isinstance(dims[1], int):
-        return "partial rotary needs the number of heads, and x's is not known"
+        return ("partial rotary: the head count is not known here (onnxruntime's RotaryEmbedding needs num_heads "
+                "with rotary_embedding_dim)")
     m.nodes = found["nodes"]
     m.outputs = [found["out"]]
     # num_heads where the recorded shape says it, or partial rotary needs it (onnxruntime refuses it missing)

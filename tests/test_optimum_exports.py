@@ -141,7 +141,7 @@ def test_batch_one_names_the_sequence_symbol(tmp_path):
 def test_optimum_exports_llama_with_cache_and_onnxopt_rotates_it(tmp_path):
     """optimum-cli's export of the tiny Llama with the cache agrees with transformers (its own environment's),
     takes decoder_models' names, and onnxopt fuses its four rotary embeddings (transformers 4.x's expanded
-    inv_freq) and verifies it over 8 generated prompts."""
+    inv_freq) and verifies it over 8 generated prompts; at batch 1 its two attentions become GroupQueryAttention."""
     res = oe.export_all(["llama"], ["kv"], tmp_path)
     (rec,) = res["rows"]
     assert rec["status"] == "ok", rec
@@ -152,3 +152,9 @@ def test_optimum_exports_llama_with_cache_and_onnxopt_rotates_it(tmp_path):
     assert rec["fusions"]["rotary"]["hits"] == 4, rec["fusions"]["rotary"]
     assert rec["verify_ok"] and rec["decode"]["tokens_identical"] == rec["decode"]["tokens_compared"] > 0
     assert json.dumps(rec)  # (the row is what the JSON records)
+    # at batch 1, GroupQueryAttention: transformers 4.57's sdpa mask (its head axis read through the Slice of
+    # the keys and the Expand; the Slice's end, the cache's length, rebuilt from the op's own T)
+    one = {**rec, "input_shape": oe.batch_one(rec["path"])}
+    oe.optimize_and_verify(one, tmp_path, "ort-cpu", 4)
+    assert one["fusions"]["gqa"]["hits"] == 2, one["fusions"]["gqa"]
+    assert one["verify_ok"] and one["decode"]["tokens_identical"] == one["decode"]["tokens_compared"] > 0, one

@@ -355,6 +355,7 @@ def optimize_and_verify(rec: dict, work: Path, target: str, decode: int) -> dict
         v = json.loads(vrep.read_text())
     except (OSError, ValueError):
         rec["verify"] = f"verify exited with {proc.returncode}: {exporter_error(proc.stderr, proc.returncode)}"
+        rec["verify_ok"] = False  # (a model verify cannot run is a failure, not a pass)
         return rec
     verdict = re.search(r"^verdict: (.*)$", proc.stdout, re.M)
     rec["verify"] = verdict.group(1) if verdict else ("outputs agree" if v.get("ok") else "outputs differ")
