@@ -337,7 +337,7 @@ def _kv_axes(names, outs) -> dict:
     return axes
 
 
-def _kv_shapes(names):
+def kv_shapes(names):
     import torch
 
     batch, past = torch.export.Dim("batch", min=1, max=1024), torch.export.Dim("past_sequence", min=2, max=4096)
@@ -360,7 +360,7 @@ def _chunk_shapes(names):
             tuple({0: batch, 2: past} for _ in names[3:]))
 
 
-_AXES = {"prefill": (_prefill_axes, _prefill_shapes), "kv": (_kv_axes, _kv_shapes), "chunk": (_chunk_axes, _chunk_shapes)}
+_AXES = {"prefill": (_prefill_axes, _prefill_shapes), "kv": (_kv_axes, kv_shapes), "chunk": (_chunk_axes, _chunk_shapes)}
 
 
 def export_module(model, form: str, path: str | Path, exporter: str = "legacy", *, opset: int | None = None,

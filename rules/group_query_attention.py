@@ -594,7 +594,7 @@ def _rotate(m: Match, b, p: str, heads: int) -> ir.Value:
     return y
 
 
-def _lengths(m: Match, b) -> tuple[ir.Value, ir.Value]:
+def new_and_total(m: Match, b) -> tuple[ir.Value, ir.Value]:
     """(S, T) as 1-D int64 [1] values, T = past + S (constants where the sizes are known), built once per
     rewrite (two equal Shape nodes would be one rewrite twice to the fixpoint driver); T read once for every
     layer from a graph input that carries it (the attention mask [B, T]; the ids [B, S] without a cache)."""
@@ -634,7 +634,7 @@ def _sequence_lengths(m: Match, b, total: ir.Value) -> tuple[ir.Value, ir.Value]
     return seqlens, scalar
 
 
-def _bias(m: Match, b, new: ir.Value, total: ir.Value) -> tuple[ir.Value | None, ir.Value | None]:
+def mask_bias(m: Match, b, new: ir.Value, total: ir.Value) -> tuple[ir.Value | None, ir.Value | None]:
     """(the op's attention_bias, the mask the NaN guard's rows are read from: before the floor and the Expand,
     so one factor serves every head)."""
     mask = m.plan["mask"]
@@ -683,7 +683,7 @@ def gqa_replacement(m: Match, b):
     if p["lengths"] is not None:
         seqlens, total_scalar = _mask_lengths(m, b)
     else:
-        new, total = _lengths(m, b)
+        new, total = new_and_total(m, b)
         seqlens, total_scalar = _sequence_lengths(m, b, total)
     q, k = _rotate(m, b, "q", p["num_heads"]), _rotate(m, b, "k", p["kv_heads"])
     if p["lengths"] is not None:
@@ -691,7 +691,7 @@ def gqa_replacement(m: Match, b):
         window = p["lengths"]["window"]
         mask_attrs = {"local_window_size": window - p["lengths"]["window_extra"]} if window else {}  # (causal: 1)
     else:
-        bias, guard = _bias(m, b, new, total)
+        bias, guard = mask_bias(m, b, new, total)
         mask_attrs = {"causal": int(p["sizes"]["S"] == 1)}
     inputs = [q, k, p["xv"],
               m["past_k"] if p["cached"] else None, m["past_v"] if p["cached"] else None, seqlens,

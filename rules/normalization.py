@@ -117,7 +117,7 @@ def _per_channel(array: np.ndarray, rank: int | None, h: int | None, what: str):
     return vec
 
 
-def _norm_plan(m: Match, layer: bool):
+def norm_plan(m: Match, layer: bool):
     """(x, eps, gamma, beta, dtype) of a matched normalization, or the reason it cannot be fused:
     what the pattern leaves to it (the readers of the centred value, the means' axes, the scale's
     and shift's values, the epsilon, the types)."""
@@ -164,7 +164,7 @@ def _target(m: Match) -> str:
 
 
 def _layer_condition(m: Match):
-    plan = _norm_plan(m, layer=True)
+    plan = norm_plan(m, layer=True)
     if isinstance(plan, str):
         return plan
     if m.opset("") < 17:
@@ -223,7 +223,7 @@ def _upcast(m: Match, x: ir.Value, gamma: np.ndarray):
 
 
 def _rms_condition(m: Match):
-    plan = _norm_plan(m, layer=False)
+    plan = norm_plan(m, layer=False)
     if isinstance(plan, str):
         return plan
     x, eps, gamma, _, dtype = plan

@@ -49,7 +49,7 @@ from onnxopt.rules._head_layouts import zero_masked_rows
 from onnxopt.rules._standard_parts import standard_refusal
 from onnxopt.rules.attention import (ENCODER_ATTENTION, attention_condition, attention_replacement,
                                      standard_attention_runs)
-from onnxopt.rules.group_query_attention import _bias, _lengths, decoder_attention, gqa_condition
+from onnxopt.rules.group_query_attention import mask_bias, new_and_total, decoder_attention, gqa_condition
 
 STANDARD_DECODER_ATTENTION = decoder_attention(rotary_domain="")
 
@@ -97,8 +97,8 @@ def _rotate(m: Match, b, p: str, heads: int) -> ir.Value:
 def _replace(m: Match, b):
     p = m.plan
     q, k = _rotate(m, b, "q", p["num_heads"]), _rotate(m, b, "k", p["kv_heads"])
-    new, total = _lengths(m, b) if p["expand"] else (None, None)
-    bias, guard = _bias(m, b, new, total)
+    new, total = new_and_total(m, b) if p["expand"] else (None, None)
+    bias, guard = mask_bias(m, b, new, total)
     inputs = [q, k, p["xv"], bias, m["past_k"] if p["cached"] else None, m["past_v"] if p["cached"] else None]
     while inputs[-1] is None:
         inputs.pop()

@@ -18,11 +18,11 @@ from onnxopt.targets import PORTABLE
 
 from onnxopt.rules._semantic import typed
 from onnxopt.rules._standard_parts import standard_refusal
-from onnxopt.rules.normalization import RMS_NORMALIZATION, _norm_plan
+from onnxopt.rules.normalization import RMS_NORMALIZATION, norm_plan
 
 
 def _condition(m: Match):
-    plan = _norm_plan(m, layer=False)
+    plan = norm_plan(m, layer=False)
     if isinstance(plan, str):
         return plan
     x, eps, gamma, _, dtype = plan

@@ -92,7 +92,7 @@ def _export_graph(cfg: dict) -> tuple[ir.Model, dict]:
         warnings.simplefilter("ignore")
         program = torch.onnx.export(decoder_models.wrap("kv", model), args, dynamo=True, optimize=False,
                                     opset_version=OPSET, verbose=False, input_names=names, output_names=outs,
-                                    dynamic_shapes=decoder_models._kv_shapes(names))
+                                    dynamic_shapes=decoder_models.kv_shapes(names))
     rotary = type(model.model.rotary_emb)(config=model.config)  # (built outside the meta device)
     buffers = {"inner.model.rotary_emb.inv_freq": rotary.inv_freq.numpy().astype(np.float32)}
     return program.model, buffers
