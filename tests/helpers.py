@@ -221,3 +221,22 @@ def shared_zoo_model(name: str) -> Path:
             spec.build(folder / f"{name}.onnx")
             _SHARED_ZOO[name] = folder / f"{name}.onnx"
     return _SHARED_ZOO[name]
+
+
+def optimum_absent() -> str | None:
+    """Why optimum-onnx's own environment (scripts/bench/_optimum.py) is not here; None when it is."""
+    from scripts.bench import _optimum
+
+    try:
+        _optimum.environment()
+    except _optimum.OptimumUnavailable as exc:
+        return str(exc)
+    return None
+
+
+def optimum_mark():
+    """A skip mark for tests that run optimum in its environment, with the reason it is absent."""
+    import pytest
+
+    reason = optimum_absent()
+    return pytest.mark.skipif(reason is not None, reason=f"optimum-onnx's environment: {reason}")

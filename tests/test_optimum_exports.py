@@ -12,21 +12,12 @@ import json
 
 import pytest
 
+from helpers import optimum_mark
+
 from scripts.oracles import optimum_exports as oe
 
 
-def _optimum_absent() -> str | None:
-    from scripts.bench import _optimum
-
-    try:
-        _optimum.environment()
-    except _optimum.OptimumUnavailable as exc:
-        return str(exc)
-    return None
-
-
-needs_optimum = pytest.mark.skipif(_optimum_absent() is not None,
-                                   reason=f"optimum-onnx's environment: {_optimum_absent()}")
+needs_optimum = optimum_mark()
 needs_torch = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in ("torch", "transformers", "onnxruntime")),
     reason="needs torch, transformers and onnxruntime")

@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers import optimum_absent, optimum_mark
+
 from scripts import ROOT
 from scripts.bench import _peers as peers
 from scripts.bench import peers as bench
@@ -134,19 +136,7 @@ def _targets_job(bm_name: str, tool, src: Path, dst: Path) -> dict:
     return bench._job({"kind": "optimize", "target": tool.target, "src": str(src), "dst": str(dst), "ctx": ctx})
 
 
-def _optimum_absent() -> str | None:
-    """Why optimum's environment is not here (None when it is)."""
-    from scripts.bench import _optimum
-
-    try:
-        _optimum.environment()
-    except _optimum.OptimumUnavailable as exc:
-        return str(exc)
-    return None
-
-
-needs_optimum = pytest.mark.skipif(_optimum_absent() is not None,
-                                   reason=f"optimum-onnx's environment: {_optimum_absent()}")
+needs_optimum = optimum_mark()
 
 
 @needs_torch
@@ -157,7 +147,7 @@ def test_target_bench_peers_run_as_documented(exports, tmp_path, kind):
     GPT-2 (whose attention it does not match) keeps its row with a note."""
     peers_here = [t for t in bt.TOOLS if t.peer and t.families and "encoder" in t.families and t.makes("fp32", "cpu")
                   and not t.per_batch  # (the fixed-shape rows: test_fixed_peer_gets_the_model_onnxsim_fixed)
-                  and (not t.name.startswith("optimum") or _optimum_absent() is None)]
+                  and (not t.name.startswith("optimum") or optimum_absent() is None)]
     assert {t.name for t in peers_here} >= {"ort-transformers", "ort-transformers-o0", "ort-transformers-o2",
                                             "ort-transformers-o99", "onnxscript-ort"}
     for tool in peers_here:
